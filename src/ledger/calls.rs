@@ -1,0 +1,401 @@
+//! The protected transitions: one SQL function call each.
+//!
+//! Round trips: each call below is one statement. On a pooled connection
+//! that has prepared the statement before, that is one round trip; the first
+//! use on a new connection adds one Parse/Describe round trip.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::FromRow;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::{
+    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseState, Ledger, LedgerError,
+    MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, Rejection, RunCreateOutcome, RunId, RunStatus,
+    RunSummary, check_text,
+};
+
+/// The `ledger_write_result` composite every fenced function returns.
+#[derive(Debug, FromRow)]
+struct WriteRow {
+    outcome: String,
+    run_status: Option<String>,
+    revision: Option<i64>,
+    lease_owner: Option<String>,
+    lease_epoch: Option<i64>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    db_now: DateTime<Utc>,
+}
+
+/// The `run_create_result` composite.
+#[derive(Debug, FromRow)]
+struct CreateRow {
+    outcome: String,
+    run_id: Option<Uuid>,
+    attempt: Option<i32>,
+    run_status: Option<String>,
+    lease_owner: Option<String>,
+    lease_epoch: Option<i64>,
+    lease_expires_at: Option<DateTime<Utc>>,
+}
+
+fn parse_status(call: &'static str, value: Option<&str>) -> Result<RunStatus, LedgerError> {
+    value
+        .and_then(RunStatus::parse)
+        .ok_or_else(|| LedgerError::Protocol {
+            call,
+            detail: format!("run status {value:?} is not one this build knows"),
+        })
+}
+
+fn missing(call: &'static str, field: &str) -> LedgerError {
+    LedgerError::Protocol {
+        call,
+        detail: format!("{field} missing from the answer"),
+    }
+}
+
+impl WriteRow {
+    fn lease_state(&self) -> LeaseState {
+        let expires_at = self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+        LeaseState {
+            owner: self.lease_owner.clone(),
+            epoch: self.lease_epoch.unwrap_or(0),
+            expires_at,
+            expired: expires_at <= self.db_now,
+        }
+    }
+
+    fn applied(&self, call: &'static str) -> Result<Applied, LedgerError> {
+        Ok(Applied {
+            run_status: parse_status(call, self.run_status.as_deref())?,
+            revision: self.revision.ok_or_else(|| missing(call, "revision"))?,
+            lease_expires_at: self
+                .lease_expires_at
+                .ok_or_else(|| missing(call, "lease_expires_at"))?,
+        })
+    }
+
+    /// Turns the function's verdict into a typed outcome. `expected_revision`
+    /// and `needs` describe what the caller asked for, so that rejections can
+    /// name expected and found values.
+    fn into_fenced(
+        self,
+        call: &'static str,
+        claim: Option<&LeaseClaim>,
+        expected_revision: Option<i64>,
+        needs: Option<RunStatus>,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        let rejection = match self.outcome.as_str() {
+            "applied" => return Ok(Fenced::Applied(self.applied(call)?)),
+            "not_found" => Rejection::NotFound,
+            "lease_lost" => Rejection::LeaseLost {
+                expected: claim.cloned().ok_or_else(|| missing(call, "claim"))?,
+                found: self.lease_state(),
+            },
+            "terminal" => Rejection::Terminal {
+                status: parse_status(call, self.run_status.as_deref())?,
+            },
+            "conflict" => Rejection::Conflict {
+                expected_revision: expected_revision.ok_or_else(|| missing(call, "revision"))?,
+                found: self.revision.ok_or_else(|| missing(call, "revision"))?,
+            },
+            "wrong_status" => Rejection::WrongStatus {
+                expected: needs.ok_or_else(|| missing(call, "expected status"))?,
+                found: parse_status(call, self.run_status.as_deref())?,
+            },
+            other => {
+                return Err(LedgerError::Protocol {
+                    call,
+                    detail: format!("unknown outcome {other:?}"),
+                });
+            }
+        };
+        Ok(Fenced::Rejected(rejection))
+    }
+}
+
+impl CreateRow {
+    fn summary(&self, call: &'static str) -> Result<RunSummary, LedgerError> {
+        Ok(RunSummary {
+            run_id: RunId::from_uuid(self.run_id.ok_or_else(|| missing(call, "run_id"))?),
+            attempt: self.attempt.ok_or_else(|| missing(call, "attempt"))?,
+            status: parse_status(call, self.run_status.as_deref())?,
+            lease_owner: self.lease_owner.clone(),
+            lease_epoch: self.lease_epoch.unwrap_or(0),
+            lease_expires_at: self
+                .lease_expires_at
+                .unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
+        })
+    }
+}
+
+/// A lease to hold from the moment the run exists.
+#[derive(Debug, Clone, Copy)]
+pub struct InitialLease<'a> {
+    pub owner: &'a str,
+    pub ttl_ms: i64,
+}
+
+impl Ledger {
+    /// Creates the task if new, a pending run with id `run_id`, and its lease
+    /// row, in one transaction; the run becomes the task's active run. Pick
+    /// `run_id` with [`RunId::generate`] before the call and reuse it when
+    /// retrying after [`LedgerError::OutcomeUnknown`]: the replay answers
+    /// [`RunCreateOutcome::Exists`].
+    pub async fn run_create(
+        &self,
+        run_id: RunId,
+        tenant_id: &str,
+        task_id: &str,
+        lease: Option<InitialLease<'_>>,
+    ) -> Result<RunCreateOutcome, LedgerError> {
+        const CALL: &str = "run_create";
+        check_text("tenant_id", tenant_id, MAX_TENANT_LEN)?;
+        check_text("task_id", task_id, MAX_TASK_LEN)?;
+        if let Some(lease) = lease {
+            check_text("owner", lease.owner, MAX_OWNER_LEN)?;
+            self.check_ttl(lease.ttl_ms)?;
+        }
+        let row: CreateRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM run_create($1, $2, $3, $4, $5)")
+                    .bind(tenant_id)
+                    .bind(task_id)
+                    .bind(run_id.as_uuid())
+                    .bind(lease.map(|l| l.owner))
+                    .bind(lease.map(|l| l.ttl_ms))
+            })
+            .await?;
+        Ok(match row.outcome.as_str() {
+            "created" => RunCreateOutcome::Created(row.summary(CALL)?),
+            "exists" => RunCreateOutcome::Exists(row.summary(CALL)?),
+            "active_run_live" => RunCreateOutcome::ActiveRunLive(row.summary(CALL)?),
+            "run_id_taken" => RunCreateOutcome::RunIdTaken,
+            other => {
+                return Err(LedgerError::Protocol {
+                    call: CALL,
+                    detail: format!("unknown outcome {other:?}"),
+                });
+            }
+        })
+    }
+
+    /// Acquires a free lease or takes over an expired one (epoch + 1). Waits
+    /// for a protected write in flight on the same run, then judges the
+    /// lease as that write left it.
+    pub async fn lease_acquire(
+        &self,
+        run_id: RunId,
+        owner: &str,
+        ttl_ms: i64,
+    ) -> Result<AcquireOutcome, LedgerError> {
+        const CALL: &str = "lease_acquire";
+        check_text("owner", owner, MAX_OWNER_LEN)?;
+        self.check_ttl(ttl_ms)?;
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM lease_acquire($1, $2, $3)")
+                    .bind(run_id.as_uuid())
+                    .bind(owner)
+                    .bind(ttl_ms)
+            })
+            .await?;
+        Ok(match row.outcome.as_str() {
+            "acquired" | "taken_over" => {
+                let applied = row.applied(CALL)?;
+                AcquireOutcome::Acquired(LeaseGrant {
+                    claim: LeaseClaim {
+                        run_id,
+                        owner: owner.to_owned(),
+                        epoch: row.lease_epoch.ok_or_else(|| missing(CALL, "lease_epoch"))?,
+                    },
+                    expires_at: applied.lease_expires_at,
+                    took_over: row.outcome == "taken_over",
+                    run_status: applied.run_status,
+                    revision: applied.revision,
+                })
+            }
+            "busy" => AcquireOutcome::Busy {
+                owner: row
+                    .lease_owner
+                    .clone()
+                    .ok_or_else(|| missing(CALL, "lease_owner"))?,
+                expires_at: row
+                    .lease_expires_at
+                    .ok_or_else(|| missing(CALL, "lease_expires_at"))?,
+            },
+            "not_found" => AcquireOutcome::NotFound,
+            "terminal" => AcquireOutcome::Terminal {
+                status: parse_status(CALL, row.run_status.as_deref())?,
+            },
+            other => {
+                return Err(LedgerError::Protocol {
+                    call: CALL,
+                    detail: format!("unknown outcome {other:?}"),
+                });
+            }
+        })
+    }
+
+    /// Extends the lease by `ttl_ms` from now (database clock). Rejected as
+    /// lease lost once expired, even if nobody took over: a lost lease is
+    /// never resurrected. A terminal run answers [`Rejection::Terminal`].
+    pub async fn lease_renew(
+        &self,
+        claim: &LeaseClaim,
+        ttl_ms: i64,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "lease_renew";
+        self.check_ttl(ttl_ms)?;
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(ttl_ms)
+            })
+            .await?;
+        row.into_fenced(CALL, Some(claim), None, None)
+    }
+
+    /// Gives the lease up; the epoch is kept so the next acquire is epoch + 1.
+    pub async fn lease_release(&self, claim: &LeaseClaim) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "lease_release";
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM lease_release($1, $2, $3)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+            })
+            .await?;
+        row.into_fenced(CALL, Some(claim), None, None)
+    }
+
+    /// Saves a checkpoint: lease check, then revision CAS on a running run.
+    pub async fn checkpoint_save(
+        &self,
+        claim: &LeaseClaim,
+        expected_revision: i64,
+        checkpoint: &Value,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "checkpoint_save";
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM checkpoint_save($1, $2, $3, $4, $5)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(expected_revision)
+                    .bind(Json(checkpoint))
+            })
+            .await?;
+        row.into_fenced(
+            CALL,
+            Some(claim),
+            Some(expected_revision),
+            Some(RunStatus::Running),
+        )
+    }
+
+    /// pending → running.
+    pub async fn run_start(
+        &self,
+        claim: &LeaseClaim,
+        expected_revision: i64,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "run_start";
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM run_start($1, $2, $3, $4)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(expected_revision)
+            })
+            .await?;
+        row.into_fenced(
+            CALL,
+            Some(claim),
+            Some(expected_revision),
+            Some(RunStatus::Pending),
+        )
+    }
+
+    /// running → succeeded, optionally replacing the checkpoint with a final one.
+    pub async fn run_complete(
+        &self,
+        claim: &LeaseClaim,
+        expected_revision: i64,
+        final_checkpoint: Option<&Value>,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "run_complete";
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM run_complete($1, $2, $3, $4, $5)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(expected_revision)
+                    .bind(final_checkpoint.map(Json))
+            })
+            .await?;
+        row.into_fenced(
+            CALL,
+            Some(claim),
+            Some(expected_revision),
+            Some(RunStatus::Running),
+        )
+    }
+
+    /// running → failed: a deterministic business failure, with its reason
+    /// kept in the event history. Not for lease loss or unknown outcomes.
+    pub async fn run_fail(
+        &self,
+        claim: &LeaseClaim,
+        expected_revision: i64,
+        reason: &Value,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "run_fail";
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM run_fail($1, $2, $3, $4, $5)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(expected_revision)
+                    .bind(Json(reason))
+            })
+            .await?;
+        row.into_fenced(
+            CALL,
+            Some(claim),
+            Some(expected_revision),
+            Some(RunStatus::Running),
+        )
+    }
+
+    /// Control plane: pending/running → cancelled, without a lease. `actor`
+    /// (who asked) and `reason` go to the event history.
+    pub async fn run_cancel(
+        &self,
+        run_id: RunId,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "run_cancel";
+        check_text("actor", actor, MAX_OWNER_LEN)?;
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM run_cancel($1, $2, $3)")
+                    .bind(run_id.as_uuid())
+                    .bind(actor)
+                    .bind(reason)
+            })
+            .await?;
+        row.into_fenced(CALL, None, None, None)
+    }
+}

@@ -1,0 +1,318 @@
+//! The PostgreSQL ledger: typed calls of the protected SQL functions.
+//!
+//! Every write in this module is one call of one SQL function created by
+//! `migrations/`, sent as one statement, so it is one short transaction and
+//! (once the statement is prepared on the connection) one round trip. The
+//! functions lock, validate and write; this module only binds arguments,
+//! retries aborted transactions and turns the answer into types.
+//!
+//! # Invariants (numbering follows DESIGN.md)
+//!
+//! 1. Only the current run's current epoch writes workflow state: every
+//!    fenced function locks the lease row `FOR UPDATE`, checks owner, epoch
+//!    and expiry, and writes in the same transaction (`_lease_fence`).
+//! 2. Within one epoch, writes are ordered by a revision compare-and-swap.
+//! 5. No transaction spans a network call: the transaction is the statement.
+//! 6. A retry of a task is a new run; terminal runs are never reused.
+//! 7. Lease time is the database's `clock_timestamp()`, never this host's.
+//! 8. Every status change is appended to `ledger_events` with its actor.
+//!
+//! The application's database role (`leasegate_app`) may execute these
+//! functions and SELECT, and nothing else, so no caller can bypass fencing.
+//! [`Ledger::connect`] switches every pooled session to that role.
+//!
+//! # Failure handling
+//!
+//! - SQLSTATE 40001 / 40P01: the transaction was rolled back; the whole call
+//!   is sent again, up to [`LedgerOptions::retry_attempts`] times.
+//! - Connection lost with the statement in flight (which includes a lost
+//!   COMMIT): [`LedgerError::OutcomeUnknown`] — "read back", never success or
+//!   failure. Each call is safe to read back: runs by their caller-chosen id,
+//!   leases and revisions by [`Ledger::run_get`].
+//! - If the process dies while a call is in flight, the database finishes or
+//!   rolls back that one statement on its own; no half-written state exists.
+
+mod calls;
+mod error;
+mod read;
+mod types;
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::query::QueryAs;
+use sqlx::{FromRow, PgPool, Postgres};
+
+pub use calls::InitialLease;
+pub use error::{Delivery, InvalidInput, LedgerError};
+pub use read::DbHealth;
+pub use types::{
+    AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
+    LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary, RunView,
+};
+
+use error::{ErrorClass, classify};
+
+/// The schema and every protected transition, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The database role the application runs as (created by the migrations).
+pub const APP_ROLE: &str = "leasegate_app";
+
+/// Settings of a [`Ledger`]. The defaults suit the seed's starting points
+/// (30 s TTL, 5 s heartbeat); the ceiling keeps a typo from parking a run for
+/// days.
+#[derive(Debug, Clone)]
+pub struct LedgerOptions {
+    /// Largest lease TTL a caller may ask for, in milliseconds.
+    pub max_lease_ttl_ms: i64,
+    /// Role every pooled session switches to (`SET ROLE`). `None` keeps the
+    /// login role, which should then itself lack table write rights.
+    pub session_role: Option<String>,
+    /// Server-side cap on one call, lock waits included.
+    pub statement_timeout: Duration,
+    /// Attempts for a call whose transaction keeps aborting with 40001/40P01.
+    pub retry_attempts: u32,
+    pub max_connections: u32,
+    /// How long to wait for a pooled connection before reporting
+    /// [`LedgerError::Unavailable`].
+    pub acquire_timeout: Duration,
+    pub application_name: String,
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        Self {
+            max_lease_ttl_ms: 10 * 60 * 1000,
+            session_role: Some(APP_ROLE.to_owned()),
+            statement_timeout: Duration::from_secs(10),
+            retry_attempts: 5,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(5),
+            application_name: "leasegate".to_owned(),
+        }
+    }
+}
+
+/// Handle to the ledger. Cheap to clone (the pool is shared).
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pool: PgPool,
+    options: LedgerOptions,
+}
+
+/// Longest text accepted for owners, tenants, task ids and actors.
+const MAX_OWNER_LEN: usize = 200;
+const MAX_TENANT_LEN: usize = 128;
+const MAX_TASK_LEN: usize = 256;
+
+impl Ledger {
+    /// Connects with a database URL; see [`Ledger::connect_with`].
+    pub async fn connect(url: &str, options: LedgerOptions) -> Result<Self, LedgerError> {
+        let connect = PgConnectOptions::from_str(url).map_err(|source| LedgerError::Unavailable {
+            call: "connect",
+            source,
+        })?;
+        Self::connect_with(connect, options).await
+    }
+
+    /// Opens a pool whose sessions run as [`LedgerOptions::session_role`]
+    /// with the statement timeout applied, and checks one connection.
+    pub async fn connect_with(
+        connect: PgConnectOptions,
+        options: LedgerOptions,
+    ) -> Result<Self, LedgerError> {
+        let connect = connect.application_name(&options.application_name);
+        let role = options.session_role.clone();
+        let statement_timeout_ms = options.statement_timeout.as_millis().to_string();
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            // A liveness ping before each call would double the round trips;
+            // a dead idle connection instead surfaces as an error on use.
+            .test_before_acquire(false)
+            .idle_timeout(Some(Duration::from_secs(60)))
+            .after_connect(move |conn, _meta| {
+                let role = role.clone();
+                let statement_timeout_ms = statement_timeout_ms.clone();
+                Box::pin(async move {
+                    sqlx::query("SELECT set_config('statement_timeout', $1, false)")
+                        .bind(statement_timeout_ms)
+                        .execute(&mut *conn)
+                        .await?;
+                    if let Some(role) = role {
+                        sqlx::query("SELECT set_config('role', $1, false)")
+                            .bind(role)
+                            .execute(&mut *conn)
+                            .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(connect)
+            .await
+            .map_err(|source| LedgerError::Unavailable {
+                call: "connect",
+                source,
+            })?;
+        Ok(Self { pool, options })
+    }
+
+    /// Applies the migrations with the privileges of `url`'s login role
+    /// (which must own the schema, and create the application role if it is
+    /// missing). Running it again is a no-op.
+    pub async fn migrate(url: &str) -> Result<(), LedgerError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .map_err(|source| LedgerError::Unavailable {
+                call: "migrate",
+                source,
+            })?;
+        let result = MIGRATOR.run(&pool).await;
+        pool.close().await;
+        result?;
+        Ok(())
+    }
+
+    /// Creates the database named in `url` if it does not exist yet.
+    /// Returns whether it was created.
+    pub async fn create_database_if_missing(url: &str) -> Result<bool, LedgerError> {
+        use sqlx::migrate::MigrateDatabase;
+        let unavailable = |source| LedgerError::Unavailable {
+            call: "create_database",
+            source,
+        };
+        if Postgres::database_exists(url).await.map_err(unavailable)? {
+            return Ok(false);
+        }
+        Postgres::create_database(url).await.map_err(unavailable)?;
+        Ok(true)
+    }
+
+    pub fn options(&self) -> &LedgerOptions {
+        &self.options
+    }
+
+    /// Closes the pool, waiting for calls in flight.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    fn check_ttl(&self, ttl_ms: i64) -> Result<(), InvalidInput> {
+        if ttl_ms <= 0 {
+            return Err(InvalidInput::TtlNotPositive { ttl_ms });
+        }
+        if ttl_ms > self.options.max_lease_ttl_ms {
+            return Err(InvalidInput::TtlAboveCeiling {
+                ttl_ms,
+                ceiling_ms: self.options.max_lease_ttl_ms,
+            });
+        }
+        Ok(())
+    }
+
+    /// Sends one statement, retrying the whole transaction on 40001/40P01.
+    /// `writes` says whether a broken connection leaves the outcome unknown
+    /// (a write) or merely failed (a read).
+    async fn invoke<'q, O>(
+        &self,
+        call: &'static str,
+        writes: bool,
+        build: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> Result<O, LedgerError>
+    where
+        O: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+    {
+        self.invoke_optional(call, writes, build)
+            .await?
+            .ok_or_else(|| LedgerError::Protocol {
+                call,
+                detail: "no row in the answer".to_owned(),
+            })
+    }
+
+    /// [`Ledger::invoke`] for statements that may answer no row.
+    async fn invoke_optional<'q, O>(
+        &self,
+        call: &'static str,
+        writes: bool,
+        build: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> Result<Option<O>, LedgerError>
+    where
+        O: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+    {
+        let mut attempt = 1;
+        loop {
+            let mut conn = self
+                .pool
+                .acquire()
+                .await
+                .map_err(|source| LedgerError::Unavailable { call, source })?;
+            let error = match build().fetch_optional(&mut *conn).await {
+                Ok(row) => return Ok(row),
+                Err(error) => error,
+            };
+            match classify(&error) {
+                ErrorClass::RetryTransaction(sqlstate) => {
+                    if attempt >= self.options.retry_attempts {
+                        return Err(LedgerError::RetryBudgetSpent {
+                            call,
+                            attempts: attempt,
+                            sqlstate,
+                        });
+                    }
+                    tracing::debug!(call, attempt, sqlstate, "transaction aborted; retrying");
+                    drop(conn);
+                    tokio::time::sleep(retry_backoff(attempt)).await;
+                    attempt += 1;
+                }
+                ErrorClass::Refused => {
+                    return Err(LedgerError::Database {
+                        call,
+                        source: error,
+                    });
+                }
+                ErrorClass::InFlight => {
+                    // The session may be broken; never hand it out again.
+                    conn.close_on_drop();
+                    return Err(if writes {
+                        LedgerError::OutcomeUnknown {
+                            call,
+                            source: error,
+                        }
+                    } else {
+                        LedgerError::Unavailable {
+                            call,
+                            source: error,
+                        }
+                    });
+                }
+                ErrorClass::Undecodable => {
+                    return Err(LedgerError::Protocol {
+                        call,
+                        detail: error.to_string(),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// 5 ms, 10 ms, 20 ms, ... capped at 200 ms, with jitter so that two
+/// deadlock victims do not collide again in lockstep.
+fn retry_backoff(attempt: u32) -> Duration {
+    let base = 5u64 << attempt.min(6).saturating_sub(1);
+    let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0]) % (base / 2 + 1);
+    Duration::from_millis((base + jitter).min(200))
+}
+
+fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {
+    let len = value.chars().count();
+    if len == 0 || len > max {
+        return Err(InvalidInput::TextLength { field, len, max });
+    }
+    Ok(())
+}

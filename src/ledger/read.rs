@@ -1,0 +1,165 @@
+//! Read side: runs, their event history, and the health of the connection.
+//! Reads take no locks and may be served while writes are in flight; what
+//! they return is a committed snapshot of one statement.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::FromRow;
+use uuid::Uuid;
+
+use super::{LeaseState, Ledger, LedgerError, LedgerEvent, RunId, RunView};
+
+#[derive(Debug, FromRow)]
+struct RunRow {
+    run_id: Uuid,
+    tenant_id: String,
+    task_id: String,
+    attempt: i32,
+    status: String,
+    revision: i64,
+    checkpoint: sqlx::types::Json<serde_json::Value>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    lease_owner: Option<String>,
+    lease_epoch: i64,
+    lease_expires_at: DateTime<Utc>,
+    lease_expired: bool,
+    active: bool,
+}
+
+#[derive(Debug, FromRow)]
+struct EventRow {
+    event_id: i64,
+    at: DateTime<Utc>,
+    run_id: Uuid,
+    operation_id: Option<String>,
+    subject: String,
+    from_status: Option<String>,
+    to_status: String,
+    actor_kind: String,
+    actor: Option<String>,
+    epoch: Option<i64>,
+    revision: Option<i64>,
+    detail: sqlx::types::Json<serde_json::Value>,
+}
+
+/// What the ledger's connection reports about itself.
+#[derive(Debug, Clone, Serialize, FromRow)]
+pub struct DbHealth {
+    /// The role calls run as (the application role when `SET ROLE` applied).
+    pub current_user: String,
+    pub server_version: String,
+    /// True on a standby: leases must never be judged there (seed section 10).
+    pub in_recovery: bool,
+    pub db_now: DateTime<Utc>,
+}
+
+impl Ledger {
+    /// A run with its lease, or `None` when no such run exists.
+    pub async fn run_get(&self, run_id: RunId) -> Result<Option<RunView>, LedgerError> {
+        const CALL: &str = "run_get";
+        let row: Option<RunRow> = self
+            .invoke_optional(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT r.run_id, r.tenant_id, r.task_id, r.attempt, r.status, r.revision,
+                            r.checkpoint, r.created_at, r.updated_at,
+                            l.owner AS lease_owner, l.epoch AS lease_epoch,
+                            l.expires_at AS lease_expires_at,
+                            l.expires_at <= clock_timestamp() AS lease_expired,
+                            t.active_run_id IS NOT DISTINCT FROM r.run_id AS active
+                       FROM agent_runs r
+                       JOIN worker_leases l ON l.run_id = r.run_id
+                       JOIN agent_tasks t ON t.tenant_id = r.tenant_id AND t.task_id = r.task_id
+                      WHERE r.run_id = $1",
+                )
+                .bind(run_id.as_uuid())
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let status = super::RunStatus::parse(&row.status).ok_or_else(|| LedgerError::Protocol {
+            call: CALL,
+            detail: format!("unknown run status {:?}", row.status),
+        })?;
+        Ok(Some(RunView {
+            run_id: RunId::from_uuid(row.run_id),
+            tenant_id: row.tenant_id,
+            task_id: row.task_id,
+            attempt: row.attempt,
+            status,
+            revision: row.revision,
+            checkpoint: row.checkpoint.0,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            lease: LeaseState {
+                owner: row.lease_owner,
+                epoch: row.lease_epoch,
+                expires_at: row.lease_expires_at,
+                expired: row.lease_expired,
+            },
+            active: row.active,
+        }))
+    }
+
+    /// The run's status history (run and lease events), oldest first.
+    pub async fn run_events(&self, run_id: RunId) -> Result<Vec<LedgerEvent>, LedgerError> {
+        let rows: Vec<EventRow> = self
+            .fetch_all("run_events", || {
+                sqlx::query_as(
+                    "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status,
+                            actor_kind, actor, epoch, revision, detail
+                       FROM ledger_events WHERE run_id = $1 ORDER BY event_id",
+                )
+                .bind(run_id.as_uuid())
+            })
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| LedgerEvent {
+                event_id: row.event_id,
+                at: row.at,
+                run_id: RunId::from_uuid(row.run_id),
+                operation_id: row.operation_id,
+                subject: row.subject,
+                from_status: row.from_status,
+                to_status: row.to_status,
+                actor_kind: row.actor_kind,
+                actor: row.actor,
+                epoch: row.epoch,
+                revision: row.revision,
+                detail: row.detail.0,
+            })
+            .collect())
+    }
+
+    /// Who we are connected as, to what, and whether it is a primary.
+    pub async fn health(&self) -> Result<DbHealth, LedgerError> {
+        self.invoke("health", false, || {
+            sqlx::query_as(
+                "SELECT current_user::text AS current_user,
+                        current_setting('server_version') AS server_version,
+                        pg_is_in_recovery() AS in_recovery,
+                        clock_timestamp() AS db_now",
+            )
+        })
+        .await
+    }
+
+    async fn fetch_all<'q, O>(
+        &self,
+        call: &'static str,
+        build: impl Fn() -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> Result<Vec<O>, LedgerError>
+    where
+        O: for<'r> FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
+    {
+        build()
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|source| match source {
+                sqlx::Error::Database(_) => LedgerError::Database { call, source },
+                _ => LedgerError::Unavailable { call, source },
+            })
+    }
+}
