@@ -1,0 +1,187 @@
+//! Shared test harness: a fresh database per test (from `#[sqlx::test]`),
+//! a superuser pool for arranging and inspecting, a `Ledger` running as the
+//! application role, and condition waits with deadlines.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use leasegate::ledger::{
+    AcquireOutcome, Fenced, LeaseClaim, LeaseGrant, Ledger, LedgerOptions, RunCreateOutcome, RunId,
+};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// Every wait in a test ends by this deadline, or the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+pub struct TestDb {
+    /// Superuser pool: arranges states and inspects rows, bypassing fencing.
+    pub admin: PgPool,
+    /// The ledger as the application uses it (SET ROLE leasegate_app).
+    pub ledger: Ledger,
+    /// URL of this test's database, for child processes.
+    pub url: String,
+}
+
+impl TestDb {
+    pub async fn new(pool: PgPoolOptions, connect: PgConnectOptions) -> Self {
+        Self::with_options(pool, connect, LedgerOptions::default()).await
+    }
+
+    pub async fn with_options(
+        pool: PgPoolOptions,
+        connect: PgConnectOptions,
+        options: LedgerOptions,
+    ) -> Self {
+        let url = format!(
+            "postgres://{}@{}:{}/{}",
+            connect.get_username(),
+            connect.get_host(),
+            connect.get_port(),
+            connect.get_database().expect("sqlx::test names the database"),
+        );
+        let admin = pool
+            .max_connections(8)
+            .connect_with(connect.clone())
+            .await
+            .expect("connect the admin pool (is PostgreSQL up at DATABASE_URL?)");
+        let ledger = Ledger::connect_with(connect, options)
+            .await
+            .expect("connect the ledger as the application role");
+        Self { admin, ledger, url }
+    }
+
+    /// A fresh task with one pending run and a free lease.
+    pub async fn pending_run(&self) -> RunId {
+        let run_id = RunId::generate();
+        let task = format!("task-{run_id}");
+        match self
+            .ledger
+            .run_create(run_id, "tenant-a", &task, None)
+            .await
+            .expect("run_create")
+        {
+            RunCreateOutcome::Created(summary) => summary.run_id,
+            other => panic!("expected a created run, got {other:?}"),
+        }
+    }
+
+    pub async fn acquire(&self, run_id: RunId, owner: &str, ttl_ms: i64) -> LeaseGrant {
+        match self
+            .ledger
+            .lease_acquire(run_id, owner, ttl_ms)
+            .await
+            .expect("lease_acquire")
+        {
+            AcquireOutcome::Acquired(grant) => grant,
+            other => panic!("expected to acquire, got {other:?}"),
+        }
+    }
+
+    /// A running run held by `owner`; returns the claim and the revision.
+    pub async fn running_run(&self, owner: &str, ttl_ms: i64) -> (LeaseClaim, i64) {
+        let run_id = self.pending_run().await;
+        let grant = self.acquire(run_id, owner, ttl_ms).await;
+        let applied = match self
+            .ledger
+            .run_start(&grant.claim, grant.revision)
+            .await
+            .expect("run_start")
+        {
+            Fenced::Applied(applied) => applied,
+            Fenced::Rejected(rejection) => panic!("start rejected: {rejection}"),
+        };
+        (grant.claim, applied.revision)
+    }
+
+    /// (status, revision, checkpoint, lease owner, lease epoch) as committed.
+    pub async fn run_row(
+        &self,
+        run_id: RunId,
+    ) -> (String, i64, serde_json::Value, Option<String>, i64) {
+        sqlx::query_as::<_, (String, i64, sqlx::types::Json<serde_json::Value>, Option<String>, i64)>(
+            "SELECT r.status, r.revision, r.checkpoint, l.owner, l.epoch
+               FROM agent_runs r JOIN worker_leases l USING (run_id) WHERE run_id = $1",
+        )
+        .bind(run_id.as_uuid())
+        .fetch_one(&self.admin)
+        .await
+        .map(|(s, r, c, o, e)| (s, r, c.0, o, e))
+        .expect("read the run row")
+    }
+
+    pub async fn event_count(&self, run_id: RunId) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM ledger_events WHERE run_id = $1")
+            .bind(run_id.as_uuid())
+            .fetch_one(&self.admin)
+            .await
+            .expect("count events")
+    }
+
+    /// Waits until the run's lease has expired on the database clock.
+    pub async fn wait_lease_expired(&self, run_id: RunId) {
+        wait_until("the lease to expire on the database clock", || async {
+            let expired: bool = sqlx::query_scalar(
+                "SELECT expires_at <= clock_timestamp() FROM worker_leases WHERE run_id = $1",
+            )
+            .bind(run_id.as_uuid())
+            .fetch_one(&self.admin)
+            .await
+            .expect("read lease");
+            expired.then_some(())
+        })
+        .await
+    }
+
+    /// Waits until `count` backends of this database wait on a row lock while
+    /// running a statement that contains `statement`; returns their pids.
+    pub async fn wait_lock_waiters(&self, statement: &str, count: usize) -> Vec<i32> {
+        let pattern = format!("%{statement}%");
+        wait_until(&format!("{count} backend(s) blocked in {statement}"), || async {
+            let pids: Vec<i32> = sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'
+                    AND query LIKE $1 AND pid <> pg_backend_pid()",
+            )
+            .bind(&pattern)
+            .fetch_all(&self.admin)
+            .await
+            .expect("read pg_stat_activity");
+            (pids.len() >= count).then_some(pids)
+        })
+        .await
+    }
+}
+
+/// Polls `probe` until it yields `Some`, failing the test after [`DEADLINE`].
+pub async fn wait_until<T, F, Fut>(what: &str, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {DEADLINE:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Awaits `future`, failing the test after [`DEADLINE`].
+pub async fn within<T>(what: &str, future: impl Future<Output = T>) -> T {
+    tokio::time::timeout(DEADLINE, future)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {DEADLINE:?} waiting for {what}"))
+}
+
+pub fn applied<T: std::fmt::Debug>(outcome: Fenced<T>) -> T {
+    match outcome {
+        Fenced::Applied(value) => value,
+        Fenced::Rejected(rejection) => panic!("expected the write to apply, got: {rejection}"),
+    }
+}
