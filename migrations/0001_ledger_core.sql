@@ -278,7 +278,8 @@ BEGIN
   IF t.active_run_id IS NOT NULL THEN
     SELECT * INTO r FROM agent_runs WHERE run_id = t.active_run_id;
     IF r.status IN ('pending', 'running') THEN
-      res.outcome := 'active_run_live';
+      -- A concurrent replay of this very create committed first.
+      res.outcome := CASE WHEN r.run_id = p_run_id THEN 'exists' ELSE 'active_run_live' END;
       res.run_id := r.run_id;
       res.attempt := r.attempt;
       res.run_status := r.status;

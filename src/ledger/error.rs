@@ -133,6 +133,11 @@ pub(crate) fn classify(error: &sqlx::Error) -> ErrorClass {
     match error {
         sqlx::Error::Database(db) => match db.code().as_deref() {
             Some(code @ ("40001" | "40P01")) => ErrorClass::RetryTransaction(code.to_owned()),
+            // The session is being torn down (administrator command, crash,
+            // shutdown, connection failure): treat it like a lost connection.
+            Some(code) if code.starts_with("08") || code.starts_with("57P") => {
+                ErrorClass::InFlight
+            }
             _ => ErrorClass::Refused,
         },
         sqlx::Error::Io(_)

@@ -1,0 +1,124 @@
+//! The database is the safety boundary (seed section 12): the application
+//! role can only run the protected functions and read; the event history is
+//! append-only; migrations are repeatable and tolerate the shared role.
+
+mod common;
+
+use common::TestDb;
+use leasegate::ledger::Ledger;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+async fn as_app_role(db: &TestDb, statement: &'static str) -> Result<u64, String> {
+    let mut tx = db.admin.begin().await.unwrap();
+    sqlx::query("SET LOCAL ROLE leasegate_app").execute(&mut *tx).await.unwrap();
+    let result = sqlx::query(statement).execute(&mut *tx).await;
+    tx.rollback().await.unwrap();
+    result.map(|done| done.rows_affected()).map_err(|error| {
+        let code = error
+            .as_database_error()
+            .and_then(|db| db.code().map(|c| c.into_owned()))
+            .unwrap_or_default();
+        format!("{code}: {error}")
+    })
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn application_role_cannot_write_tables_directly(pool: PgPoolOptions, connect: PgConnectOptions) {
+    let db = TestDb::new(pool, connect).await;
+    let (claim, _) = db.running_run("worker", 30_000).await;
+
+    // The ledger itself runs as the application role.
+    assert_eq!(db.ledger.health().await.unwrap().current_user, "leasegate_app");
+
+    for statement in [
+        "UPDATE agent_runs SET status = 'failed'",
+        "UPDATE worker_leases SET owner = 'intruder', epoch = epoch + 1",
+        "DELETE FROM agent_runs",
+        "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('x', 'y')",
+        "INSERT INTO ledger_events (run_id, subject, to_status, actor_kind) SELECT run_id, 'run', 'failed', 'worker' FROM agent_runs",
+        "UPDATE tool_operations SET status = 'succeeded'",
+        "SELECT _lease_fence(run_id, 'worker', 1) FROM agent_runs",
+        "SELECT _run_advance(run_id, 'worker', 1, 1, 'running', 'failed', NULL, NULL) FROM agent_runs",
+    ] {
+        let error = as_app_role(&db, statement).await.expect_err(statement);
+        assert!(error.starts_with("42501"), "{statement}: expected permission denied, got {error}");
+    }
+    // Reading is allowed.
+    assert_eq!(as_app_role(&db, "SELECT * FROM agent_runs").await, Ok(1));
+    let (status, _, _, owner, epoch) = db.run_row(claim.run_id).await;
+    assert_eq!((status.as_str(), owner.as_deref(), epoch), ("running", Some("worker"), 1));
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn event_history_refuses_update_delete_and_truncate_even_for_the_owner(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let run_id = db.pending_run().await;
+    for statement in [
+        "UPDATE ledger_events SET to_status = 'succeeded'",
+        "DELETE FROM ledger_events",
+        "TRUNCATE ledger_events",
+    ] {
+        let error = sqlx::query(statement).execute(&db.admin).await.expect_err(statement);
+        assert!(error.to_string().contains("append-only"), "{statement}: {error}");
+    }
+    assert_eq!(db.event_count(run_id).await, 1);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn migrating_twice_is_a_no_op_and_databases_migrate_concurrently(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect.clone()).await;
+    let run_id = db.pending_run().await;
+    Ledger::migrate(&db.url).await.expect("second migration is a no-op");
+    assert!(db.ledger.run_get(run_id).await.unwrap().is_some(), "data kept");
+
+    // Several fresh databases of one cluster migrate at the same time; the
+    // cluster-wide role is shared by all of them.
+    let names: Vec<String> = (0..4)
+        .map(|i| format!("leasegate_migrate_{}_{i}", uuid::Uuid::new_v4().simple()))
+        .collect();
+    let mut admin = sqlx::PgConnection::connect_with(&connect).await.unwrap();
+    for name in &names {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let base = db.url.rsplit_once('/').unwrap().0.to_owned();
+    let migrations = names.iter().map(|name| {
+        let url = format!("{base}/{name}");
+        async move { (Ledger::migrate(&url).await, Ledger::migrate(&url).await) }
+    });
+    let results = common::within("concurrent migrations", futures_join_all(migrations)).await;
+    for name in &names {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE \"{name}\" WITH (FORCE)")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    for (first, second) in results {
+        first.expect("concurrent migration");
+        second.expect("repeated migration");
+    }
+    admin.close().await.unwrap();
+}
+
+/// `join_all` without pulling the futures crate for one call.
+async fn futures_join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut outputs = Vec::new();
+    for handle in handles {
+        outputs.push(handle.await.unwrap());
+    }
+    outputs
+}
