@@ -8,7 +8,11 @@ use clap::{Parser, Subcommand};
 const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/leasegate";
 
 #[derive(Debug, Parser)]
-#[command(name = "leasegate", version, about = "MCP tool-call idempotency proxy with a fenced PostgreSQL ledger")]
+#[command(
+    name = "leasegate",
+    version,
+    about = "MCP tool-call idempotency proxy with a fenced PostgreSQL ledger"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

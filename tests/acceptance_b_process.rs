@@ -24,8 +24,21 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
 
     let child = Command::new(env!("CARGO_BIN_EXE_leasegate-example-worker"))
         .args(["--database-url", &db.url, "--run-id", &run_id.to_string()])
-        .args(["--owner", "worker-1", "--ttl-ms", "1500", "--heartbeat-ms", "300"])
-        .args(["--renew-timeout-ms", "500", "--save-every-ms", "50", "--stale-probe"])
+        .args([
+            "--owner",
+            "worker-1",
+            "--ttl-ms",
+            "1500",
+            "--heartbeat-ms",
+            "300",
+        ])
+        .args([
+            "--renew-timeout-ms",
+            "500",
+            "--save-every-ms",
+            "50",
+            "--stale-probe",
+        ])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -75,13 +88,19 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
         .map(|line| serde_json::from_str(line).expect("worker prints JSON lines"))
         .collect();
 
-    assert_eq!(output.status.code(), Some(4), "worker 1 stops as stale: {lines:#?}");
+    assert_eq!(
+        output.status.code(),
+        Some(4),
+        "worker 1 stops as stale: {lines:#?}"
+    );
     let stopped = lines
         .iter()
         .find(|line| line["event"] == "stopped")
         .expect("worker 1 reports why it stopped");
     assert!(
-        stopped["cause"].as_str().is_some_and(|cause| !cause.is_empty()),
+        stopped["cause"]
+            .as_str()
+            .is_some_and(|cause| !cause.is_empty()),
         "{stopped}"
     );
     let stale: Vec<(&str, &str)> = lines
@@ -124,7 +143,10 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
             .fetch_one(&db.admin)
             .await
             .unwrap();
-    assert_eq!(lease_expiry_after, lease_expiry_before, "worker 1 extended nothing");
+    assert_eq!(
+        lease_expiry_after, lease_expiry_before,
+        "worker 1 extended nothing"
+    );
     let stale_events: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM ledger_events WHERE run_id = $1 AND event_id > $2",
     )

@@ -114,19 +114,24 @@ async fn acceptance_d_takeover_waits_for_the_transaction_that_locked_the_lease_r
         .execute(&mut *tx_a)
         .await
         .unwrap();
-    let (outcome, saved_revision): (String, i64) = sqlx::query_as(
-        "SELECT outcome, revision FROM checkpoint_save($1, $2, $3, $4, $5)",
-    )
-    .bind(claim_a.run_id.as_uuid())
-    .bind(&claim_a.owner)
-    .bind(claim_a.epoch)
-    .bind(revision)
-    .bind(sqlx::types::Json(json!({"writer": "a"})))
-    .fetch_one(&mut *tx_a)
-    .await
-    .unwrap();
-    assert_eq!((outcome.as_str(), saved_revision), ("applied", revision + 1));
-    order.lock().unwrap().push("a validated and wrote, uncommitted");
+    let (outcome, saved_revision): (String, i64) =
+        sqlx::query_as("SELECT outcome, revision FROM checkpoint_save($1, $2, $3, $4, $5)")
+            .bind(claim_a.run_id.as_uuid())
+            .bind(&claim_a.owner)
+            .bind(claim_a.epoch)
+            .bind(revision)
+            .bind(sqlx::types::Json(json!({"writer": "a"})))
+            .fetch_one(&mut *tx_a)
+            .await
+            .unwrap();
+    assert_eq!(
+        (outcome.as_str(), saved_revision),
+        ("applied", revision + 1)
+    );
+    order
+        .lock()
+        .unwrap()
+        .push("a validated and wrote, uncommitted");
 
     db.wait_lease_expired(claim_a.run_id).await;
     let takeover = {
@@ -140,7 +145,10 @@ async fn acceptance_d_takeover_waits_for_the_transaction_that_locked_the_lease_r
         })
     };
     db.wait_lock_waiters("lease_acquire", 1).await;
-    assert!(!takeover.is_finished(), "B must wait while A holds the lease row");
+    assert!(
+        !takeover.is_finished(),
+        "B must wait while A holds the lease row"
+    );
     order.lock().unwrap().push("b blocked on the lease row");
 
     order.lock().unwrap().push("a commits");
@@ -167,7 +175,11 @@ async fn acceptance_d_takeover_waits_for_the_transaction_that_locked_the_lease_r
     // From now on A cannot write.
     let late = db
         .ledger
-        .checkpoint_save(&claim_a, revision + 1, &json!({"writer": "a", "late": true}))
+        .checkpoint_save(
+            &claim_a,
+            revision + 1,
+            &json!({"writer": "a", "late": true}),
+        )
         .await
         .unwrap();
     assert!(
@@ -177,5 +189,8 @@ async fn acceptance_d_takeover_waits_for_the_transaction_that_locked_the_lease_r
     let (_, stored_revision, checkpoint, owner, epoch) = db.run_row(claim_a.run_id).await;
     assert_eq!(stored_revision, revision + 1);
     assert_eq!(checkpoint, json!({"writer": "a"}));
-    assert_eq!((owner.as_deref(), epoch), (Some("worker-b"), claim_a.epoch + 1));
+    assert_eq!(
+        (owner.as_deref(), epoch),
+        (Some("worker-b"), claim_a.epoch + 1)
+    );
 }

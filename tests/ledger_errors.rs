@@ -25,15 +25,24 @@ async fn invalid_ttls_are_refused_before_anything_is_written(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let options = LedgerOptions { max_lease_ttl_ms: 60_000, ..LedgerOptions::default() };
+    let options = LedgerOptions {
+        max_lease_ttl_ms: 60_000,
+        ..LedgerOptions::default()
+    };
     let db = TestDb::with_options(pool, connect, options).await;
     let (claim, _) = db.running_run("worker", 30_000).await;
-    let before = (db.run_row(claim.run_id).await, db.event_count(claim.run_id).await);
+    let before = (
+        db.run_row(claim.run_id).await,
+        db.event_count(claim.run_id).await,
+    );
 
     let cases = [
         (0, "lease ttl must be > 0 ms, got 0 ms"),
         (-5, "lease ttl must be > 0 ms, got -5 ms"),
-        (60_001, "lease ttl 60001 ms is above the ceiling of 60000 ms"),
+        (
+            60_001,
+            "lease ttl 60001 ms is above the ceiling of 60000 ms",
+        ),
     ];
     for (ttl_ms, message) in cases {
         let error = invalid(db.ledger.lease_acquire(claim.run_id, "other", ttl_ms).await);
@@ -43,23 +52,46 @@ async fn invalid_ttls_are_refused_before_anything_is_written(
         assert_eq!(error.to_string(), message);
         let create = db
             .ledger
-            .run_create(RunId::generate(), "acme", "fresh", Some(InitialLease { owner: "w", ttl_ms }))
+            .run_create(
+                RunId::generate(),
+                "acme",
+                "fresh",
+                Some(InitialLease { owner: "w", ttl_ms }),
+            )
             .await;
-        assert!(matches!(&create, Err(e) if e.delivery() == Delivery::NotSent), "{create:?}");
+        assert!(
+            matches!(&create, Err(e) if e.delivery() == Delivery::NotSent),
+            "{create:?}"
+        );
     }
-    assert_eq!((db.run_row(claim.run_id).await, db.event_count(claim.run_id).await), before);
-    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_tasks").fetch_one(&db.admin).await.unwrap();
+    assert_eq!(
+        (
+            db.run_row(claim.run_id).await,
+            db.event_count(claim.run_id).await
+        ),
+        before
+    );
+    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_tasks")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
     assert_eq!(tasks, 1, "the refused create wrote no task");
 
     // The database refuses a non-positive TTL on its own as well.
     let mut tx = db.admin.begin().await.unwrap();
-    sqlx::query("SET LOCAL ROLE leasegate_app").execute(&mut *tx).await.unwrap();
+    sqlx::query("SET LOCAL ROLE leasegate_app")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     let error = sqlx::query("SELECT * FROM lease_renew($1, 'worker', 1, 0)")
         .bind(claim.run_id.as_uuid())
         .execute(&mut *tx)
         .await
         .unwrap_err();
-    assert_eq!(error.as_database_error().unwrap().code().as_deref(), Some("22023"));
+    assert_eq!(
+        error.as_database_error().unwrap().code().as_deref(),
+        Some("22023")
+    );
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -69,23 +101,53 @@ async fn unknown_runs_and_malformed_ids_are_named_and_write_nothing(
 ) {
     let db = TestDb::new(pool, connect).await;
     let missing = RunId::generate();
-    let claim = leasegate::ledger::LeaseClaim { run_id: missing, owner: "w".into(), epoch: 1 };
-    assert_eq!(db.ledger.lease_acquire(missing, "w", 1_000).await.unwrap(), AcquireOutcome::NotFound);
+    let claim = leasegate::ledger::LeaseClaim {
+        run_id: missing,
+        owner: "w".into(),
+        epoch: 1,
+    };
+    assert_eq!(
+        db.ledger.lease_acquire(missing, "w", 1_000).await.unwrap(),
+        AcquireOutcome::NotFound
+    );
     let not_found = Fenced::Rejected(Rejection::NotFound);
-    assert_eq!(db.ledger.lease_renew(&claim, 1_000).await.unwrap(), not_found);
+    assert_eq!(
+        db.ledger.lease_renew(&claim, 1_000).await.unwrap(),
+        not_found
+    );
     assert_eq!(db.ledger.lease_release(&claim).await.unwrap(), not_found);
-    assert_eq!(db.ledger.checkpoint_save(&claim, 0, &json!({})).await.unwrap(), not_found);
+    assert_eq!(
+        db.ledger
+            .checkpoint_save(&claim, 0, &json!({}))
+            .await
+            .unwrap(),
+        not_found
+    );
     assert_eq!(db.ledger.run_start(&claim, 0).await.unwrap(), not_found);
-    assert_eq!(db.ledger.run_cancel(missing, "ops", None).await.unwrap(), not_found);
+    assert_eq!(
+        db.ledger.run_cancel(missing, "ops", None).await.unwrap(),
+        not_found
+    );
     assert!(db.ledger.run_get(missing).await.unwrap().is_none());
 
     let error = "42".parse::<RunId>().unwrap_err();
     assert_eq!(error.code(), "invalid_run_id");
     let error = invalid(db.ledger.lease_acquire(RunId::generate(), "", 1_000).await);
-    assert_eq!(error.to_string(), "owner must be 1 to 200 characters, got 0");
+    assert_eq!(
+        error.to_string(),
+        "owner must be 1 to 200 characters, got 0"
+    );
     let long_owner = "o".repeat(201);
-    invalid(db.ledger.lease_acquire(RunId::generate(), &long_owner, 1_000).await);
-    invalid(db.ledger.run_create(RunId::generate(), "", "task", None).await);
+    invalid(
+        db.ledger
+            .lease_acquire(RunId::generate(), &long_owner, 1_000)
+            .await,
+    );
+    invalid(
+        db.ledger
+            .run_create(RunId::generate(), "", "task", None)
+            .await,
+    );
 
     // The example worker refuses a malformed run id with exit code 2.
     let output = within(
@@ -128,7 +190,11 @@ async fn connection_lost_with_a_write_in_flight_is_outcome_unknown_and_read_back
     let save = {
         let ledger = db.ledger.clone();
         let claim = claim.clone();
-        tokio::spawn(async move { ledger.checkpoint_save(&claim, revision, &json!({"cut": true})).await })
+        tokio::spawn(async move {
+            ledger
+                .checkpoint_save(&claim, revision, &json!({"cut": true}))
+                .await
+        })
     };
     let pids = db.wait_lock_waiters("checkpoint_save", 1).await;
     let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
@@ -138,16 +204,33 @@ async fn connection_lost_with_a_write_in_flight_is_outcome_unknown_and_read_back
         .unwrap();
     assert!(terminated);
     let error = within("the cut save", save).await.unwrap().unwrap_err();
-    assert!(matches!(error, LedgerError::OutcomeUnknown { call: "checkpoint_save", .. }), "{error:?}");
+    assert!(
+        matches!(
+            error,
+            LedgerError::OutcomeUnknown {
+                call: "checkpoint_save",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
     assert_eq!(error.delivery(), Delivery::Unknown);
-    assert!(error.to_string().starts_with("outcome unknown: read back"), "{error}");
+    assert!(
+        error.to_string().starts_with("outcome unknown: read back"),
+        "{error}"
+    );
     gate.rollback().await.unwrap();
 
     // Reading back from the primary tells what happened: not applied.
     let view = db.ledger.run_get(claim.run_id).await.unwrap().unwrap();
     assert_eq!(view.revision, revision);
     // The ledger keeps working on fresh connections.
-    applied(db.ledger.checkpoint_save(&claim, revision, &json!({"after": true})).await.unwrap());
+    applied(
+        db.ledger
+            .checkpoint_save(&claim, revision, &json!({"after": true}))
+            .await
+            .unwrap(),
+    );
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -172,7 +255,11 @@ async fn deadlock_victim_is_retried_as_a_whole_transaction(
     let save = {
         let ledger = db.ledger.clone();
         let claim = claim.clone();
-        tokio::spawn(async move { ledger.checkpoint_save(&claim, revision, &json!({"retried": true})).await })
+        tokio::spawn(async move {
+            ledger
+                .checkpoint_save(&claim, revision, &json!({"retried": true}))
+                .await
+        })
     };
     db.wait_lock_waiters("checkpoint_save", 1).await;
     sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
@@ -184,8 +271,14 @@ async fn deadlock_victim_is_retried_as_a_whole_transaction(
     db.wait_lock_waiters("checkpoint_save", 1).await;
     other.commit().await.unwrap();
 
-    let outcome = within("the retried save", save).await.unwrap().expect("retried, not failed");
+    let outcome = within("the retried save", save)
+        .await
+        .unwrap()
+        .expect("retried, not failed");
     assert_eq!(applied(outcome).revision, revision + 1);
     let (_, stored, checkpoint, _, _) = db.run_row(claim.run_id).await;
-    assert_eq!((stored, checkpoint), (revision + 1, json!({"retried": true})));
+    assert_eq!(
+        (stored, checkpoint),
+        (revision + 1, json!({"retried": true}))
+    );
 }

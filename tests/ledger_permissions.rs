@@ -11,7 +11,10 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 async fn as_app_role(db: &TestDb, statement: &'static str) -> Result<u64, String> {
     let mut tx = db.admin.begin().await.unwrap();
-    sqlx::query("SET LOCAL ROLE leasegate_app").execute(&mut *tx).await.unwrap();
+    sqlx::query("SET LOCAL ROLE leasegate_app")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
     let result = sqlx::query(statement).execute(&mut *tx).await;
     tx.rollback().await.unwrap();
     result.map(|done| done.rows_affected()).map_err(|error| {
@@ -24,12 +27,18 @@ async fn as_app_role(db: &TestDb, statement: &'static str) -> Result<u64, String
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn application_role_cannot_write_tables_directly(pool: PgPoolOptions, connect: PgConnectOptions) {
+async fn application_role_cannot_write_tables_directly(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
     let db = TestDb::new(pool, connect).await;
     let (claim, _) = db.running_run("worker", 30_000).await;
 
     // The ledger itself runs as the application role.
-    assert_eq!(db.ledger.health().await.unwrap().current_user, "leasegate_app");
+    assert_eq!(
+        db.ledger.health().await.unwrap().current_user,
+        "leasegate_app"
+    );
 
     for statement in [
         "UPDATE agent_runs SET status = 'failed'",
@@ -42,12 +51,18 @@ async fn application_role_cannot_write_tables_directly(pool: PgPoolOptions, conn
         "SELECT _run_advance(run_id, 'worker', 1, 1, 'running', 'failed', NULL, NULL) FROM agent_runs",
     ] {
         let error = as_app_role(&db, statement).await.expect_err(statement);
-        assert!(error.starts_with("42501"), "{statement}: expected permission denied, got {error}");
+        assert!(
+            error.starts_with("42501"),
+            "{statement}: expected permission denied, got {error}"
+        );
     }
     // Reading is allowed.
     assert_eq!(as_app_role(&db, "SELECT * FROM agent_runs").await, Ok(1));
     let (status, _, _, owner, epoch) = db.run_row(claim.run_id).await;
-    assert_eq!((status.as_str(), owner.as_deref(), epoch), ("running", Some("worker"), 1));
+    assert_eq!(
+        (status.as_str(), owner.as_deref(), epoch),
+        ("running", Some("worker"), 1)
+    );
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -62,8 +77,14 @@ async fn event_history_refuses_update_delete_and_truncate_even_for_the_owner(
         "DELETE FROM ledger_events",
         "TRUNCATE ledger_events",
     ] {
-        let error = sqlx::query(statement).execute(&db.admin).await.expect_err(statement);
-        assert!(error.to_string().contains("append-only"), "{statement}: {error}");
+        let error = sqlx::query(statement)
+            .execute(&db.admin)
+            .await
+            .expect_err(statement);
+        assert!(
+            error.to_string().contains("append-only"),
+            "{statement}: {error}"
+        );
     }
     assert_eq!(db.event_count(run_id).await, 1);
 }
@@ -75,8 +96,13 @@ async fn migrating_twice_is_a_no_op_and_databases_migrate_concurrently(
 ) {
     let db = TestDb::new(pool, connect.clone()).await;
     let run_id = db.pending_run().await;
-    Ledger::migrate(&db.url).await.expect("second migration is a no-op");
-    assert!(db.ledger.run_get(run_id).await.unwrap().is_some(), "data kept");
+    Ledger::migrate(&db.url)
+        .await
+        .expect("second migration is a no-op");
+    assert!(
+        db.ledger.run_get(run_id).await.unwrap().is_some(),
+        "data kept"
+    );
 
     // Several fresh databases of one cluster migrate at the same time; the
     // cluster-wide role is shared by all of them.
@@ -97,10 +123,12 @@ async fn migrating_twice_is_a_no_op_and_databases_migrate_concurrently(
     });
     let results = common::within("concurrent migrations", futures_join_all(migrations)).await;
     for name in &names {
-        sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE \"{name}\" WITH (FORCE)")))
-            .execute(&mut admin)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
     }
     for (first, second) in results {
         first.expect("concurrent migration");
@@ -110,9 +138,9 @@ async fn migrating_twice_is_a_no_op_and_databases_migrate_concurrently(
 }
 
 /// `join_all` without pulling the futures crate for one call.
-async fn futures_join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();

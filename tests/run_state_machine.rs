@@ -5,8 +5,7 @@ mod common;
 
 use common::{TestDb, applied};
 use leasegate::ledger::{
-    AcquireOutcome, Fenced, ForbiddenTransition, LeaseClaim, Rejection, RunEvent, RunId,
-    RunStatus,
+    AcquireOutcome, Fenced, ForbiddenTransition, LeaseClaim, Rejection, RunEvent, RunId, RunStatus,
 };
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -66,9 +65,17 @@ async fn database_follows_the_transition_table_for_every_status_and_event(
                     };
                     assert_eq!(applied.run_status, to, "{case}");
                     assert_eq!(applied.revision, revision + 1, "{case}");
-                    assert_eq!((status.as_str(), stored_revision), (to.as_str(), revision + 1), "{case}");
+                    assert_eq!(
+                        (status.as_str(), stored_revision),
+                        (to.as_str(), revision + 1),
+                        "{case}"
+                    );
                     let expected_events = if to == from { 0 } else { 1 };
-                    assert_eq!(db.event_count(claim.run_id).await - events_before, expected_events, "{case}");
+                    assert_eq!(
+                        db.event_count(claim.run_id).await - events_before,
+                        expected_events,
+                        "{case}"
+                    );
                 }
                 Err(forbidden) => {
                     let expected = match forbidden {
@@ -78,8 +85,16 @@ async fn database_follows_the_transition_table_for_every_status_and_event(
                         }
                     };
                     assert_eq!(outcome, Fenced::Rejected(expected), "{case}");
-                    assert_eq!((status.as_str(), stored_revision), (from.as_str(), revision), "{case}: unchanged");
-                    assert_eq!(db.event_count(claim.run_id).await, events_before, "{case}: no event");
+                    assert_eq!(
+                        (status.as_str(), stored_revision),
+                        (from.as_str(), revision),
+                        "{case}: unchanged"
+                    );
+                    assert_eq!(
+                        db.event_count(claim.run_id).await,
+                        events_before,
+                        "{case}: no event"
+                    );
                 }
             }
         }
@@ -97,9 +112,15 @@ async fn worker_that_lost_its_lease_cannot_mark_the_run_failed_or_succeeded(
     let new = db.acquire(old.run_id, "new-owner", 30_000).await;
 
     for outcome in [
-        db.ledger.run_fail(&old, revision, &json!("stale says failed")).await,
-        db.ledger.run_complete(&old, revision, Some(&json!({"stale": true}))).await,
-        db.ledger.checkpoint_save(&old, revision, &json!({"stale": true})).await,
+        db.ledger
+            .run_fail(&old, revision, &json!("stale says failed"))
+            .await,
+        db.ledger
+            .run_complete(&old, revision, Some(&json!({"stale": true})))
+            .await,
+        db.ledger
+            .checkpoint_save(&old, revision, &json!({"stale": true}))
+            .await,
     ] {
         match outcome.unwrap() {
             Fenced::Rejected(Rejection::LeaseLost { expected, found }) => {
@@ -127,14 +148,28 @@ async fn expired_lease_is_never_resurrected_by_its_owner(
 
     // Nobody took over, yet the expired owner may neither renew nor save.
     let renew = db.ledger.lease_renew(&claim, 30_000).await.unwrap();
-    let save = db.ledger.checkpoint_save(&claim, revision, &json!({"late": 1})).await.unwrap();
+    let save = db
+        .ledger
+        .checkpoint_save(&claim, revision, &json!({"late": 1}))
+        .await
+        .unwrap();
     for outcome in [renew, save] {
         match outcome {
             Fenced::Rejected(rejection @ Rejection::LeaseLost { .. }) => {
-                let Rejection::LeaseLost { found, .. } = &rejection else { unreachable!() };
+                let Rejection::LeaseLost { found, .. } = &rejection else {
+                    unreachable!()
+                };
                 assert!(found.expired);
-                assert_eq!((found.owner.as_deref(), found.epoch), (Some("sleepy"), claim.epoch));
-                assert!(rejection.to_string().starts_with("lease lost: epoch 1 of owner sleepy expired at"), "{rejection}");
+                assert_eq!(
+                    (found.owner.as_deref(), found.epoch),
+                    (Some("sleepy"), claim.epoch)
+                );
+                assert!(
+                    rejection
+                        .to_string()
+                        .starts_with("lease lost: epoch 1 of owner sleepy expired at"),
+                    "{rejection}"
+                );
             }
             other => panic!("expected lease lost, got {other:?}"),
         }
@@ -142,7 +177,10 @@ async fn expired_lease_is_never_resurrected_by_its_owner(
     // It may still release what it held, which frees the run for the next owner.
     applied(db.ledger.lease_release(&claim).await.unwrap());
     let next = db.acquire(claim.run_id, "next", 30_000).await;
-    assert!(!next.took_over, "a released lease is acquired, not taken over");
+    assert!(
+        !next.took_over,
+        "a released lease is acquired, not taken over"
+    );
     assert_eq!(next.claim.epoch, claim.epoch + 1);
 }
 
@@ -158,14 +196,21 @@ async fn release_keeps_the_epoch_and_the_next_acquire_increments_it(
         let grant = db.acquire(run_id, &format!("owner-{round}"), 30_000).await;
         epochs.push(grant.claim.epoch);
         // A stranger cannot release it.
-        let stranger = LeaseClaim { owner: "stranger".into(), ..grant.claim.clone() };
+        let stranger = LeaseClaim {
+            owner: "stranger".into(),
+            ..grant.claim.clone()
+        };
         assert!(matches!(
             db.ledger.lease_release(&stranger).await.unwrap(),
             Fenced::Rejected(Rejection::LeaseLost { .. })
         ));
         applied(db.ledger.lease_release(&grant.claim).await.unwrap());
         let (_, _, _, owner, epoch) = db.run_row(run_id).await;
-        assert_eq!((owner, epoch), (None, grant.claim.epoch), "release keeps the epoch");
+        assert_eq!(
+            (owner, epoch),
+            (None, grant.claim.epoch),
+            "release keeps the epoch"
+        );
         // Releasing twice is refused: the lease is no longer this owner's.
         assert!(matches!(
             db.ledger.lease_release(&grant.claim).await.unwrap(),
@@ -183,7 +228,12 @@ async fn acquire_reports_busy_missing_and_terminal_runs_apart(
     let db = TestDb::new(pool, connect).await;
     let (holder, revision) = db.running_run("holder", 30_000).await;
 
-    match db.ledger.lease_acquire(holder.run_id, "rival", 30_000).await.unwrap() {
+    match db
+        .ledger
+        .lease_acquire(holder.run_id, "rival", 30_000)
+        .await
+        .unwrap()
+    {
         AcquireOutcome::Busy { owner, expires_at } => {
             assert_eq!(owner, "holder");
             assert!(expires_at > chrono::Utc::now() - chrono::Duration::minutes(5));
@@ -191,14 +241,27 @@ async fn acquire_reports_busy_missing_and_terminal_runs_apart(
         other => panic!("expected busy, got {other:?}"),
     }
     assert_eq!(
-        db.ledger.lease_acquire(RunId::generate(), "rival", 30_000).await.unwrap(),
+        db.ledger
+            .lease_acquire(RunId::generate(), "rival", 30_000)
+            .await
+            .unwrap(),
         AcquireOutcome::NotFound
     );
-    applied(db.ledger.run_complete(&holder, revision, None).await.unwrap());
+    applied(
+        db.ledger
+            .run_complete(&holder, revision, None)
+            .await
+            .unwrap(),
+    );
     applied(db.ledger.lease_release(&holder).await.unwrap());
     assert_eq!(
-        db.ledger.lease_acquire(holder.run_id, "rival", 30_000).await.unwrap(),
-        AcquireOutcome::Terminal { status: RunStatus::Succeeded }
+        db.ledger
+            .lease_acquire(holder.run_id, "rival", 30_000)
+            .await
+            .unwrap(),
+        AcquireOutcome::Terminal {
+            status: RunStatus::Succeeded
+        }
     );
     let (_, _, _, owner, epoch) = db.run_row(holder.run_id).await;
     assert_eq!((owner, epoch), (None, 1), "refused acquires change nothing");
@@ -211,18 +274,44 @@ async fn cancelled_run_refuses_every_worker_write_and_renewal(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (claim, revision) = db.running_run("worker", 30_000).await;
-    applied(db.ledger.run_cancel(claim.run_id, "ops@example", Some("customer asked")).await.unwrap());
-    let cancelled = Fenced::Rejected(Rejection::Terminal { status: RunStatus::Cancelled });
-    assert_eq!(db.ledger.lease_renew(&claim, 30_000).await.unwrap(), cancelled);
+    applied(
+        db.ledger
+            .run_cancel(claim.run_id, "ops@example", Some("customer asked"))
+            .await
+            .unwrap(),
+    );
+    let cancelled = Fenced::Rejected(Rejection::Terminal {
+        status: RunStatus::Cancelled,
+    });
     assert_eq!(
-        db.ledger.checkpoint_save(&claim, revision + 1, &json!({})).await.unwrap(),
+        db.ledger.lease_renew(&claim, 30_000).await.unwrap(),
         cancelled
     );
-    assert_eq!(db.ledger.run_cancel(claim.run_id, "ops@example", None).await.unwrap(), cancelled);
-    let events = db.ledger.run_events(claim.run_id).await.unwrap();
-    let cancel = events.iter().find(|e| e.to_status == "cancelled").expect("cancel event");
     assert_eq!(
-        (cancel.from_status.as_deref(), cancel.actor_kind.as_str(), cancel.actor.as_deref()),
+        db.ledger
+            .checkpoint_save(&claim, revision + 1, &json!({}))
+            .await
+            .unwrap(),
+        cancelled
+    );
+    assert_eq!(
+        db.ledger
+            .run_cancel(claim.run_id, "ops@example", None)
+            .await
+            .unwrap(),
+        cancelled
+    );
+    let events = db.ledger.run_events(claim.run_id).await.unwrap();
+    let cancel = events
+        .iter()
+        .find(|e| e.to_status == "cancelled")
+        .expect("cancel event");
+    assert_eq!(
+        (
+            cancel.from_status.as_deref(),
+            cancel.actor_kind.as_str(),
+            cancel.actor.as_deref()
+        ),
         (Some("running"), "operator", Some("ops@example"))
     );
     assert_eq!(cancel.detail["reason"], "customer asked");
@@ -231,7 +320,10 @@ async fn cancelled_run_refuses_every_worker_write_and_renewal(
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn database_status_values_equal_the_rust_enum(pool: PgPoolOptions, connect: PgConnectOptions) {
+async fn database_status_values_equal_the_rust_enum(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
     let db = TestDb::new(pool, connect).await;
     let definition: String = sqlx::query_scalar(
         "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
@@ -248,10 +340,22 @@ async fn database_status_values_equal_the_rust_enum(pool: PgPoolOptions, connect
         .map(str::to_owned)
         .collect();
     in_database.sort();
-    let mut in_rust: Vec<String> = RunStatus::ALL.iter().map(|s| s.as_str().to_owned()).collect();
+    let mut in_rust: Vec<String> = RunStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_owned())
+        .collect();
     in_rust.sort();
     assert_eq!(in_database, in_rust, "from {definition}");
 }
+
+/// (subject, from, to, actor, epoch)
+type HistoryRow<'a> = (
+    &'a str,
+    Option<&'a str>,
+    &'a str,
+    Option<&'a str>,
+    Option<i64>,
+);
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn every_run_status_change_is_in_the_event_history_with_its_actor(
@@ -260,13 +364,32 @@ async fn every_run_status_change_is_in_the_event_history_with_its_actor(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (claim, revision) = db.running_run("w1", 30_000).await;
-    let revision = applied(db.ledger.checkpoint_save(&claim, revision, &json!({"n": 1})).await.unwrap()).revision;
-    applied(db.ledger.run_complete(&claim, revision, Some(&json!({"result": "ok"}))).await.unwrap());
+    let revision = applied(
+        db.ledger
+            .checkpoint_save(&claim, revision, &json!({"n": 1}))
+            .await
+            .unwrap(),
+    )
+    .revision;
+    applied(
+        db.ledger
+            .run_complete(&claim, revision, Some(&json!({"result": "ok"})))
+            .await
+            .unwrap(),
+    );
     applied(db.ledger.lease_release(&claim).await.unwrap());
     let events = db.ledger.run_events(claim.run_id).await.unwrap();
-    let history: Vec<(&str, Option<&str>, &str, Option<&str>, Option<i64>)> = events
+    let history: Vec<HistoryRow> = events
         .iter()
-        .map(|e| (e.subject.as_str(), e.from_status.as_deref(), e.to_status.as_str(), e.actor.as_deref(), e.epoch))
+        .map(|e| {
+            (
+                e.subject.as_str(),
+                e.from_status.as_deref(),
+                e.to_status.as_str(),
+                e.actor.as_deref(),
+                e.epoch,
+            )
+        })
         .collect();
     assert_eq!(
         history,

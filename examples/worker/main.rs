@@ -181,10 +181,7 @@ async fn work(args: Args, run_id: RunId, config: HeartbeatConfig) -> anyhow::Res
         return Ok(ExitCode::SUCCESS);
     }
 
-    let cause = cancel
-        .cause()
-        .map(ToString::to_string)
-        .unwrap_or_default();
+    let cause = cancel.cause().map(ToString::to_string).unwrap_or_default();
     emit("stopped", json!({ "cause": cause }));
     let _ = heartbeat.await;
 
@@ -192,14 +189,24 @@ async fn work(args: Args, run_id: RunId, config: HeartbeatConfig) -> anyhow::Res
         // What a stale worker's in-flight code could still try. The ledger
         // must refuse each one.
         let attempts = [
-            ("lease_renew", ledger.lease_renew(&claim, config.ttl_ms).await),
+            (
+                "lease_renew",
+                ledger.lease_renew(&claim, config.ttl_ms).await,
+            ),
             (
                 "checkpoint_save",
                 ledger
-                    .checkpoint_save(&claim, revision, &json!({ "owner": claim.owner, "stale": true }))
+                    .checkpoint_save(
+                        &claim,
+                        revision,
+                        &json!({ "owner": claim.owner, "stale": true }),
+                    )
                     .await,
             ),
-            ("run_complete", ledger.run_complete(&claim, revision, None).await),
+            (
+                "run_complete",
+                ledger.run_complete(&claim, revision, None).await,
+            ),
             (
                 "run_fail",
                 ledger

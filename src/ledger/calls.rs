@@ -124,9 +124,7 @@ impl CreateRow {
             status: parse_status(call, self.run_status.as_deref())?,
             lease_owner: self.lease_owner.clone(),
             lease_epoch: self.lease_epoch.unwrap_or(0),
-            lease_expires_at: self
-                .lease_expires_at
-                .unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
+            lease_expires_at: self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
         })
     }
 }
@@ -209,7 +207,9 @@ impl Ledger {
                     claim: LeaseClaim {
                         run_id,
                         owner: owner.to_owned(),
-                        epoch: row.lease_epoch.ok_or_else(|| missing(CALL, "lease_epoch"))?,
+                        epoch: row
+                            .lease_epoch
+                            .ok_or_else(|| missing(CALL, "lease_epoch"))?,
                     },
                     expires_at: applied.lease_expires_at,
                     took_over: row.outcome == "taken_over",

@@ -13,7 +13,9 @@ pub enum InvalidInput {
     TtlNotPositive { ttl_ms: i64 },
     #[error("lease ttl {ttl_ms} ms is above the ceiling of {ceiling_ms} ms")]
     TtlAboveCeiling { ttl_ms: i64, ceiling_ms: i64 },
-    #[error("invalid run id {value:?}: expected a UUID such as 0192e4b0-7c1a-7d2e-9f00-3b5c6d7e8f90")]
+    #[error(
+        "invalid run id {value:?}: expected a UUID such as 0192e4b0-7c1a-7d2e-9f00-3b5c6d7e8f90"
+    )]
     RunId { value: String },
     #[error("{field} must be 1 to {max} characters, got {len}")]
     TextLength {
@@ -135,9 +137,7 @@ pub(crate) fn classify(error: &sqlx::Error) -> ErrorClass {
             Some(code @ ("40001" | "40P01")) => ErrorClass::RetryTransaction(code.to_owned()),
             // The session is being torn down (administrator command, crash,
             // shutdown, connection failure): treat it like a lost connection.
-            Some(code) if code.starts_with("08") || code.starts_with("57P") => {
-                ErrorClass::InFlight
-            }
+            Some(code) if code.starts_with("08") || code.starts_with("57P") => ErrorClass::InFlight,
             _ => ErrorClass::Refused,
         },
         sqlx::Error::Io(_)

@@ -110,10 +110,11 @@ const MAX_TASK_LEN: usize = 256;
 impl Ledger {
     /// Connects with a database URL; see [`Ledger::connect_with`].
     pub async fn connect(url: &str, options: LedgerOptions) -> Result<Self, LedgerError> {
-        let connect = PgConnectOptions::from_str(url).map_err(|source| LedgerError::Unavailable {
-            call: "connect",
-            source,
-        })?;
+        let connect =
+            PgConnectOptions::from_str(url).map_err(|source| LedgerError::Unavailable {
+                call: "connect",
+                source,
+            })?;
         Self::connect_with(connect, options).await
     }
 

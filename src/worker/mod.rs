@@ -30,8 +30,8 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::ledger::{
-    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, Ledger, LedgerError, Rejection,
-    RunId, RunStatus,
+    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, Ledger, LedgerError, Rejection, RunId,
+    RunStatus,
 };
 
 /// Why a worker was told to stop.
@@ -145,7 +145,8 @@ pub fn spawn_heartbeat(
     cancel: WorkerCancellation,
 ) -> JoinHandle<StopCause> {
     tokio::spawn(async move {
-        let mut ticker = tokio::time::interval_at(Instant::now() + config.interval, config.interval);
+        let mut ticker =
+            tokio::time::interval_at(Instant::now() + config.interval, config.interval);
         // After a freeze, renew once rather than in a burst of missed ticks.
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {

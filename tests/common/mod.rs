@@ -39,7 +39,9 @@ impl TestDb {
             connect.get_username(),
             connect.get_host(),
             connect.get_port(),
-            connect.get_database().expect("sqlx::test names the database"),
+            connect
+                .get_database()
+                .expect("sqlx::test names the database"),
         );
         let admin = pool
             .max_connections(8)
@@ -100,7 +102,16 @@ impl TestDb {
         &self,
         run_id: RunId,
     ) -> (String, i64, serde_json::Value, Option<String>, i64) {
-        sqlx::query_as::<_, (String, i64, sqlx::types::Json<serde_json::Value>, Option<String>, i64)>(
+        sqlx::query_as::<
+            _,
+            (
+                String,
+                i64,
+                sqlx::types::Json<serde_json::Value>,
+                Option<String>,
+                i64,
+            ),
+        >(
             "SELECT r.status, r.revision, r.checkpoint, l.owner, l.epoch
                FROM agent_runs r JOIN worker_leases l USING (run_id) WHERE run_id = $1",
         )
@@ -138,18 +149,21 @@ impl TestDb {
     /// running a statement that contains `statement`; returns their pids.
     pub async fn wait_lock_waiters(&self, statement: &str, count: usize) -> Vec<i32> {
         let pattern = format!("%{statement}%");
-        wait_until(&format!("{count} backend(s) blocked in {statement}"), || async {
-            let pids: Vec<i32> = sqlx::query_scalar(
-                "SELECT pid FROM pg_stat_activity
+        wait_until(
+            &format!("{count} backend(s) blocked in {statement}"),
+            || async {
+                let pids: Vec<i32> = sqlx::query_scalar(
+                    "SELECT pid FROM pg_stat_activity
                   WHERE datname = current_database() AND wait_event_type = 'Lock'
                     AND query LIKE $1 AND pid <> pg_backend_pid()",
-            )
-            .bind(&pattern)
-            .fetch_all(&self.admin)
-            .await
-            .expect("read pg_stat_activity");
-            (pids.len() >= count).then_some(pids)
-        })
+                )
+                .bind(&pattern)
+                .fetch_all(&self.admin)
+                .await
+                .expect("read pg_stat_activity");
+                (pids.len() >= count).then_some(pids)
+            },
+        )
         .await
     }
 }
