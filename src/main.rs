@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("leasegate: {error:#}");
+            eprintln!("leasegate: {}", error_chain(&error));
             ExitCode::FAILURE
         }
     }
@@ -60,4 +60,18 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The error and its causes on one line, without repeating a cause that the
+/// message before it already quotes.
+fn error_chain(error: &anyhow::Error) -> String {
+    let mut line = error.to_string();
+    for cause in error.chain().skip(1) {
+        let cause = cause.to_string();
+        if !line.contains(&cause) {
+            line.push_str(": ");
+            line.push_str(&cause);
+        }
+    }
+    line
 }

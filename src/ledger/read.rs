@@ -146,6 +146,18 @@ impl Ledger {
         .await
     }
 
+    /// A new transaction id (`txid_current()`, which assigns one). The
+    /// difference of two readings counts the write transactions committed or
+    /// aborted in between, cluster-wide; benchmarks use it to show that one
+    /// ledger call is one transaction.
+    pub async fn transaction_id(&self) -> Result<i64, LedgerError> {
+        self.invoke("transaction_id", false, || {
+            sqlx::query_as::<_, (i64,)>("SELECT txid_current()")
+        })
+        .await
+        .map(|(id,)| id)
+    }
+
     async fn fetch_all<'q, O>(
         &self,
         call: &'static str,
