@@ -35,5 +35,7 @@
 //! 8. Nothing is deleted; every status change is in `ledger_events`, which
 //!    refuses UPDATE, DELETE and TRUNCATE.
 
+pub mod ids;
+pub mod intent;
 pub mod ledger;
 pub mod worker;

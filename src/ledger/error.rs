@@ -9,14 +9,18 @@
 /// Input the ledger refuses before sending anything.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidInput {
-    #[error("lease ttl must be > 0 ms, got {ttl_ms} ms")]
-    TtlNotPositive { ttl_ms: i64 },
-    #[error("lease ttl {ttl_ms} ms is above the ceiling of {ceiling_ms} ms")]
-    TtlAboveCeiling { ttl_ms: i64, ceiling_ms: i64 },
-    #[error(
-        "invalid run id {value:?}: expected a UUID such as 0192e4b0-7c1a-7d2e-9f00-3b5c6d7e8f90"
-    )]
-    RunId { value: String },
+    #[error("{what} must be > 0 ms, got {ttl_ms} ms")]
+    TtlNotPositive { what: &'static str, ttl_ms: i64 },
+    #[error("{what} {ttl_ms} ms is above the ceiling of {ceiling_ms} ms")]
+    TtlAboveCeiling {
+        what: &'static str,
+        ttl_ms: i64,
+        ceiling_ms: i64,
+    },
+    #[error("{0}")]
+    Batch(String),
+    #[error(transparent)]
+    RunId(#[from] crate::ids::InvalidRunId),
     #[error("{field} must be 1 to {max} characters, got {len}")]
     TextLength {
         field: &'static str,
@@ -32,8 +36,8 @@ impl InvalidInput {
             InvalidInput::TtlNotPositive { .. } | InvalidInput::TtlAboveCeiling { .. } => {
                 "invalid_ttl"
             }
-            InvalidInput::RunId { .. } => "invalid_run_id",
-            InvalidInput::TextLength { .. } => "invalid_input",
+            InvalidInput::RunId(invalid) => invalid.code(),
+            InvalidInput::TextLength { .. } | InvalidInput::Batch(_) => "invalid_input",
         }
     }
 }

@@ -34,6 +34,8 @@
 
 mod calls;
 mod error;
+mod operation_types;
+mod operations;
 mod read;
 mod types;
 
@@ -46,6 +48,12 @@ use sqlx::{FromRow, PgPool, Postgres};
 
 pub use calls::InitialLease;
 pub use error::{Delivery, InvalidInput, LedgerError};
+pub use operation_types::{
+    ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, InlineClaim,
+    MarkUnknownOutcome, OperationEvent, OperationRecord, OperationStatus, OperationView,
+    Registered, SettleOutcome, StaleReason, SupersedeOutcome, UnknownSummary,
+};
+pub use operations::PlannedCheckpoint;
 pub use read::DbHealth;
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
@@ -67,6 +75,8 @@ pub const APP_ROLE: &str = "leasegate_app";
 pub struct LedgerOptions {
     /// Largest lease TTL a caller may ask for, in milliseconds.
     pub max_lease_ttl_ms: i64,
+    /// Largest dispatch claim TTL, in milliseconds.
+    pub max_claim_ttl_ms: i64,
     /// Role every pooled session switches to (`SET ROLE`). `None` keeps the
     /// login role, which should then itself lack table write rights.
     pub session_role: Option<String>,
@@ -85,6 +95,7 @@ impl Default for LedgerOptions {
     fn default() -> Self {
         Self {
             max_lease_ttl_ms: 10 * 60 * 1000,
+            max_claim_ttl_ms: 10 * 60 * 1000,
             session_role: Some(APP_ROLE.to_owned()),
             statement_timeout: Duration::from_secs(10),
             retry_attempts: 5,
@@ -203,16 +214,11 @@ impl Ledger {
     }
 
     fn check_ttl(&self, ttl_ms: i64) -> Result<(), InvalidInput> {
-        if ttl_ms <= 0 {
-            return Err(InvalidInput::TtlNotPositive { ttl_ms });
-        }
-        if ttl_ms > self.options.max_lease_ttl_ms {
-            return Err(InvalidInput::TtlAboveCeiling {
-                ttl_ms,
-                ceiling_ms: self.options.max_lease_ttl_ms,
-            });
-        }
-        Ok(())
+        check_ttl_within("lease ttl", ttl_ms, self.options.max_lease_ttl_ms)
+    }
+
+    fn check_claim_ttl(&self, ttl_ms: i64) -> Result<(), InvalidInput> {
+        check_ttl_within("claim ttl", ttl_ms, self.options.max_claim_ttl_ms)
     }
 
     /// Sends one statement, retrying the whole transaction on 40001/40P01.
@@ -245,6 +251,23 @@ impl Ledger {
     where
         O: for<'r> FromRow<'r, PgRow> + Send + Unpin,
     {
+        Ok(self
+            .invoke_all(call, writes, build)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// [`Ledger::invoke`] for statements that answer any number of rows.
+    async fn invoke_all<'q, O>(
+        &self,
+        call: &'static str,
+        writes: bool,
+        build: impl Fn() -> QueryAs<'q, Postgres, O, PgArguments>,
+    ) -> Result<Vec<O>, LedgerError>
+    where
+        O: for<'r> FromRow<'r, PgRow> + Send + Unpin,
+    {
         let mut attempt = 1;
         loop {
             let mut conn = self
@@ -252,8 +275,8 @@ impl Ledger {
                 .acquire()
                 .await
                 .map_err(|source| LedgerError::Unavailable { call, source })?;
-            let error = match build().fetch_optional(&mut *conn).await {
-                Ok(row) => return Ok(row),
+            let error = match build().fetch_all(&mut *conn).await {
+                Ok(rows) => return Ok(rows),
                 Err(error) => error,
             };
             match classify(&error) {
@@ -308,6 +331,20 @@ fn retry_backoff(attempt: u32) -> Duration {
     let base = 5u64 << attempt.min(6).saturating_sub(1);
     let jitter = u64::from(uuid::Uuid::new_v4().as_bytes()[0]) % (base / 2 + 1);
     Duration::from_millis((base + jitter).min(200))
+}
+
+fn check_ttl_within(what: &'static str, ttl_ms: i64, ceiling_ms: i64) -> Result<(), InvalidInput> {
+    if ttl_ms <= 0 {
+        return Err(InvalidInput::TtlNotPositive { what, ttl_ms });
+    }
+    if ttl_ms > ceiling_ms {
+        return Err(InvalidInput::TtlAboveCeiling {
+            what,
+            ttl_ms,
+            ceiling_ms,
+        });
+    }
+    Ok(())
 }
 
 fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {

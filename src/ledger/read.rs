@@ -27,6 +27,15 @@ struct RunRow {
     active: bool,
 }
 
+const EVENTS_OF_RUN: &str =
+    "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status,
+        actor_kind, actor, epoch, revision, detail
+   FROM ledger_events WHERE run_id = $1 ORDER BY event_id";
+const EVENTS_OF_OPERATION: &str =
+    "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status,
+        actor_kind, actor, epoch, revision, detail
+   FROM ledger_events WHERE operation_id = $1 ORDER BY event_id";
+
 #[derive(Debug, FromRow)]
 struct EventRow {
     event_id: i64,
@@ -41,6 +50,25 @@ struct EventRow {
     epoch: Option<i64>,
     revision: Option<i64>,
     detail: sqlx::types::Json<serde_json::Value>,
+}
+
+impl EventRow {
+    fn into_event(self) -> LedgerEvent {
+        LedgerEvent {
+            event_id: self.event_id,
+            at: self.at,
+            run_id: RunId::from_uuid(self.run_id),
+            operation_id: self.operation_id,
+            subject: self.subject,
+            from_status: self.from_status,
+            to_status: self.to_status,
+            actor_kind: self.actor_kind,
+            actor: self.actor,
+            epoch: self.epoch,
+            revision: self.revision,
+            detail: self.detail.0,
+        }
+    }
 }
 
 /// What the ledger's connection reports about itself.
@@ -102,35 +130,27 @@ impl Ledger {
         }))
     }
 
-    /// The run's status history (run and lease events), oldest first.
+    /// The run's status history (run, lease and operation events), oldest first.
     pub async fn run_events(&self, run_id: RunId) -> Result<Vec<LedgerEvent>, LedgerError> {
         let rows: Vec<EventRow> = self
-            .fetch_all("run_events", || {
-                sqlx::query_as(
-                    "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status,
-                            actor_kind, actor, epoch, revision, detail
-                       FROM ledger_events WHERE run_id = $1 ORDER BY event_id",
-                )
-                .bind(run_id.as_uuid())
+            .invoke_all("run_events", false, || {
+                sqlx::query_as(EVENTS_OF_RUN).bind(run_id.as_uuid())
             })
             .await?;
-        Ok(rows
-            .into_iter()
-            .map(|row| LedgerEvent {
-                event_id: row.event_id,
-                at: row.at,
-                run_id: RunId::from_uuid(row.run_id),
-                operation_id: row.operation_id,
-                subject: row.subject,
-                from_status: row.from_status,
-                to_status: row.to_status,
-                actor_kind: row.actor_kind,
-                actor: row.actor,
-                epoch: row.epoch,
-                revision: row.revision,
-                detail: row.detail.0,
+        Ok(rows.into_iter().map(EventRow::into_event).collect())
+    }
+
+    /// One operation's status history, oldest first.
+    pub async fn operation_events(
+        &self,
+        operation_id: &crate::intent::OperationId,
+    ) -> Result<Vec<LedgerEvent>, LedgerError> {
+        let rows: Vec<EventRow> = self
+            .invoke_all("operation_events", false, || {
+                sqlx::query_as(EVENTS_OF_OPERATION).bind(operation_id.as_str())
             })
-            .collect())
+            .await?;
+        Ok(rows.into_iter().map(EventRow::into_event).collect())
     }
 
     /// Who we are connected as, to what, and whether it is a primary.
@@ -156,22 +176,5 @@ impl Ledger {
         })
         .await
         .map(|(id,)| id)
-    }
-
-    async fn fetch_all<'q, O>(
-        &self,
-        call: &'static str,
-        build: impl Fn() -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
-    ) -> Result<Vec<O>, LedgerError>
-    where
-        O: for<'r> FromRow<'r, sqlx::postgres::PgRow> + Send + Unpin,
-    {
-        build()
-            .fetch_all(&self.pool)
-            .await
-            .map_err(|source| match source {
-                sqlx::Error::Database(_) => LedgerError::Database { call, source },
-                _ => LedgerError::Unavailable { call, source },
-            })
     }
 }

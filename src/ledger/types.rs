@@ -17,51 +17,11 @@
 //! Terminal statuses never return to `running`: a retry is a new run.
 
 use std::fmt;
-use std::str::FromStr;
 
+pub use crate::ids::RunId;
+use crate::intent::{OperationId, RequestDigest};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
-
-use super::error::InvalidInput;
-
-/// One execution instance of a task; new on every retry (invariant 6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct RunId(Uuid);
-
-impl RunId {
-    /// A fresh, time-ordered run id (UUID v7).
-    pub fn generate() -> Self {
-        Self(Uuid::now_v7())
-    }
-
-    pub fn from_uuid(uuid: Uuid) -> Self {
-        Self(uuid)
-    }
-
-    pub fn as_uuid(&self) -> Uuid {
-        self.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl FromStr for RunId {
-    type Err = InvalidInput;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        Uuid::parse_str(value.trim())
-            .map(Self)
-            .map_err(|_| InvalidInput::RunId {
-                value: value.chars().take(80).collect(),
-            })
-    }
-}
 
 /// Status of a run. The strings are the seed's and the database's CHECK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -244,6 +204,21 @@ pub enum Rejection {
     Terminal { status: RunStatus },
     #[error("run not found")]
     NotFound,
+    /// The intent's identity (operation id, or run + step + effect_version)
+    /// is registered with a different request: a bug or a corrupted request,
+    /// never a retry. Nothing was written.
+    #[error(
+        "intent conflict on operation {operation_id}: expected digest {expected_digest}, \
+         found {found_digest} (tool {found_tool}, step {found_step} v{found_effect_version})"
+    )]
+    IntentConflict {
+        operation_id: OperationId,
+        expected_digest: RequestDigest,
+        found_digest: RequestDigest,
+        found_tool: String,
+        found_step: String,
+        found_effect_version: i32,
+    },
 }
 
 fn lease_lost_message(expected: &LeaseClaim, found: &LeaseState) -> String {
@@ -272,6 +247,7 @@ impl Rejection {
             Rejection::WrongStatus { .. } => "wrong_status",
             Rejection::Terminal { .. } => "terminal_run",
             Rejection::NotFound => "not_found",
+            Rejection::IntentConflict { .. } => "intent_conflict",
         }
     }
 }
@@ -421,17 +397,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn run_id_parse_errors_name_the_value() {
-        let err = "not-a-uuid".parse::<RunId>().unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid run id \"not-a-uuid\": expected a UUID such as 0192e4b0-7c1a-7d2e-9f00-3b5c6d7e8f90"
-        );
-        let id = RunId::generate();
-        assert_eq!(id.to_string().parse::<RunId>().unwrap(), id);
     }
 
     #[test]

@@ -1,0 +1,64 @@
+//! RFC 8785 canonical JSON, behind one function. The canonicalizer is
+//! serde_json_canonicalizer (it passes the RFC's reference vectors, kept as
+//! golden files in `tests/fixtures/jcs/`).
+
+use serde_json::Value;
+
+use super::IntentError;
+
+/// 2^53: the largest magnitude up to which every integer is an IEEE double.
+pub const MAX_SAFE_INTEGER: u64 = 1 << 53;
+
+/// What to do with integers that RFC 8785 cannot keep apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IntegerPolicy {
+    /// Refuse integers with |n| > 2^53 (two of them could share a digest).
+    #[default]
+    Reject,
+    /// Accept RFC 8785's double semantics: such integers are rounded.
+    AsDouble,
+}
+
+/// The canonical bytes of `value` under `policy`.
+pub fn canonical_bytes(value: &Value, policy: IntegerPolicy) -> Result<Vec<u8>, IntentError> {
+    if policy == IntegerPolicy::Reject {
+        check_integers(value, &mut String::from("$"))?;
+    }
+    serde_json_canonicalizer::to_vec(value).map_err(|e| IntentError::Canonicalize(e.to_string()))
+}
+
+fn check_integers(value: &Value, path: &mut String) -> Result<(), IntentError> {
+    match value {
+        Value::Number(number) => {
+            let magnitude = number
+                .as_u64()
+                .or_else(|| number.as_i64().map(i64::unsigned_abs));
+            if magnitude.is_some_and(|m| m > MAX_SAFE_INTEGER) {
+                return Err(IntentError::UnsafeInteger {
+                    path: path.clone(),
+                    value: number.to_string(),
+                });
+            }
+        }
+        Value::Array(items) => {
+            for (index, item) in items.iter().enumerate() {
+                let len = path.len();
+                path.push_str(&format!("[{index}]"));
+                check_integers(item, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                let len = path.len();
+                path.push('.');
+                path.push_str(key);
+                check_integers(item, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Null | Value::Bool(_) | Value::String(_) => {}
+    }
+    Ok(())
+}

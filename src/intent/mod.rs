@@ -1,0 +1,245 @@
+//! Intent identity: what makes two tool calls "the same side effect".
+//!
+//! - `request_digest` = hex SHA-256 of the RFC 8785 canonical JSON of
+//!   `{"tool": <name>, "arguments": <arguments>}`. Key order, whitespace and
+//!   equal number spellings (`1.0` vs `1`) do not change it; any change of
+//!   the tool or a value does. Transport noise never enters it: the JSON-RPC
+//!   id, `_meta` (progress token, trace context, leasegate's own keys) and the
+//!   operation id leasegate injects live outside `arguments`, and the digest
+//!   is taken before anything is injected.
+//! - `operation_id` = a deterministic function of (tenant, run_id, step_id,
+//!   effect_version) only — never owner, epoch, attempt or time (DESIGN.md
+//!   invariant 3). It is a UUID (version 8, from SHA-256), 36 characters of
+//!   `[0-9a-f-]`, so every third-party idempotency key field accepts it
+//!   (Stripe: up to 255 characters; many APIs: a UUID).
+//!
+//! # Integers beyond 2^53
+//!
+//! RFC 8785 prints numbers as IEEE doubles, so `9007199254740993` and
+//! `9007199254740992` canonicalize to the same bytes. Two different requests
+//! would share a digest. [`IntegerPolicy::Reject`] (the default) refuses
+//! integers with a magnitude above 2^53; [`IntegerPolicy::AsDouble`] accepts
+//! RFC 8785's double semantics knowingly. Non-integer spellings are judged as
+//! doubles by the JSON parser already (`1e400` does not parse).
+
+mod canonical;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::ids::RunId;
+
+pub use canonical::{IntegerPolicy, MAX_SAFE_INTEGER, canonical_bytes};
+
+/// Longest accepted step id, tool name and tenant.
+pub const MAX_STEP_ID_LEN: usize = 512;
+pub const MAX_TOOL_NAME_LEN: usize = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntentError {
+    #[error(
+        "integer {value} at {path} is beyond ±2^53: RFC 8785 would give it the digest of a \
+         different number; send it as a string"
+    )]
+    UnsafeInteger { path: String, value: String },
+    #[error("arguments cannot be canonicalized: {0}")]
+    Canonicalize(String),
+    #[error("{field} must be 1 to {max} characters, got {len}")]
+    TextLength {
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("effect_version must be >= 1, got {0}")]
+    EffectVersion(i64),
+}
+
+impl IntentError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            IntentError::UnsafeInteger { .. } => "unsafe_integer",
+            IntentError::Canonicalize(_) => "invalid_arguments",
+            IntentError::TextLength { .. } | IntentError::EffectVersion(_) => "invalid_input",
+        }
+    }
+}
+
+/// Hex SHA-256 of the canonical request: 64 lowercase hex characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RequestDigest(String);
+
+impl RequestDigest {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Wraps a digest read back from the ledger.
+    pub fn from_hex(hex: String) -> Self {
+        Self(hex)
+    }
+}
+
+impl std::fmt::Display for RequestDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The stable identity of one side-effect intent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct OperationId(String);
+
+impl OperationId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Wraps an id read back from the ledger or given by an operator.
+    pub fn from_string(id: String) -> Self {
+        Self(id)
+    }
+}
+
+impl std::fmt::Display for OperationId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The digest of a `tools/call`: tool name and arguments only.
+pub fn request_digest(
+    tool: &str,
+    arguments: &Value,
+    policy: IntegerPolicy,
+) -> Result<RequestDigest, IntentError> {
+    check_text("tool_name", tool, MAX_TOOL_NAME_LEN)?;
+    let request = json!({ "tool": tool, "arguments": arguments });
+    let bytes = canonical_bytes(&request, policy)?;
+    Ok(RequestDigest(hex::encode(Sha256::digest(&bytes))))
+}
+
+/// The digest of a `tools/call` from its JSON-RPC `params`
+/// (`{"name", "arguments", "_meta"}`): `_meta` never enters it.
+pub fn request_digest_of_params(
+    params: &Value,
+    policy: IntegerPolicy,
+) -> Result<RequestDigest, IntentError> {
+    let tool = params.get("name").and_then(Value::as_str).unwrap_or("");
+    let arguments = params.get("arguments").cloned().unwrap_or(Value::Null);
+    request_digest(tool, &arguments, policy)
+}
+
+/// The operation id of (tenant, run, step, effect_version), and nothing else.
+pub fn operation_id(
+    tenant_id: &str,
+    run_id: RunId,
+    step_id: &str,
+    effect_version: i32,
+) -> OperationId {
+    // Domain-separated and canonical, so no two tuples share an input.
+    let input = json!([
+        "leasegate/operation/v1",
+        tenant_id,
+        run_id.to_string(),
+        step_id,
+        effect_version
+    ]);
+    let bytes = canonical_bytes(&input, IntegerPolicy::Reject)
+        .expect("strings and a small integer always canonicalize");
+    let hash = Sha256::digest(&bytes);
+    let mut first = [0u8; 16];
+    first.copy_from_slice(&hash[..16]);
+    OperationId(uuid::Uuid::new_v8(first).to_string())
+}
+
+/// The step id used when the caller names none: the same call (tool and
+/// digest) in the same run is the same intent. A caller that calls the same
+/// tool with the same arguments twice *on purpose* must name its steps.
+pub fn default_step_id(tool: &str, digest: &RequestDigest) -> String {
+    format!("auto:{tool}:{digest}")
+}
+
+/// Where a call sits in the run's plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRef {
+    pub step_id: String,
+    pub effect_version: i32,
+}
+
+/// One side-effect intent, ready for the ledger.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Intent {
+    pub operation_id: OperationId,
+    pub step_id: String,
+    pub effect_version: i32,
+    pub tool_name: String,
+    pub request_digest: RequestDigest,
+    /// What the ledger stores of the request (the arguments, or less, per
+    /// the data policy of the caller).
+    pub request_body: Value,
+}
+
+impl Intent {
+    /// Builds the intent of calling `tool` with `arguments` as step `step`
+    /// (or the default step) of `run_id`. The request body stored is the
+    /// arguments as given.
+    pub fn new(
+        tenant_id: &str,
+        run_id: RunId,
+        step: Option<StepRef>,
+        tool: &str,
+        arguments: &Value,
+        policy: IntegerPolicy,
+    ) -> Result<Self, IntentError> {
+        let digest = request_digest(tool, arguments, policy)?;
+        let step = step.unwrap_or_else(|| StepRef {
+            step_id: default_step_id(tool, &digest),
+            effect_version: 1,
+        });
+        check_text("step_id", &step.step_id, MAX_STEP_ID_LEN)?;
+        if step.effect_version < 1 {
+            return Err(IntentError::EffectVersion(step.effect_version.into()));
+        }
+        Ok(Self {
+            operation_id: operation_id(tenant_id, run_id, &step.step_id, step.effect_version),
+            step_id: step.step_id,
+            effect_version: step.effect_version,
+            tool_name: tool.to_owned(),
+            request_digest: digest,
+            request_body: arguments.clone(),
+        })
+    }
+
+    /// The same step with a changed plan: effect_version + 1, new id.
+    pub fn revise(
+        &self,
+        tenant_id: &str,
+        run_id: RunId,
+        tool: &str,
+        arguments: &Value,
+        policy: IntegerPolicy,
+    ) -> Result<Self, IntentError> {
+        Self::new(
+            tenant_id,
+            run_id,
+            Some(StepRef {
+                step_id: self.step_id.clone(),
+                effect_version: self.effect_version + 1,
+            }),
+            tool,
+            arguments,
+            policy,
+        )
+    }
+}
+
+fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), IntentError> {
+    let len = value.chars().count();
+    if len == 0 || len > max {
+        return Err(IntentError::TextLength { field, len, max });
+    }
+    Ok(())
+}

@@ -1,0 +1,358 @@
+//! Types of the operations ledger: the operation state machine and the
+//! typed outcomes of its transitions.
+//!
+//! # State model (seed section 9.3)
+//!
+//! ```text
+//!  register ─▶ prepared ──claim──▶ dispatching ──settle──▶ succeeded | failed_final
+//!                 │                    │
+//!   run cancelled │                    │ claim expired / holder gave up
+//!   plan changed  ▼                    ▼
+//!             cancelled             unknown ──converge (evidence)──▶ succeeded | failed_final
+//! ```
+//!
+//! `dispatching` never returns to `prepared`; cancelling a run leaves
+//! `dispatching` and `unknown` as they are.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::RunId;
+use crate::intent::{OperationId, RequestDigest};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OperationStatus {
+    Prepared,
+    Dispatching,
+    Unknown,
+    Succeeded,
+    FailedFinal,
+    Cancelled,
+}
+
+/// What can happen to an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OperationEvent {
+    /// A dispatcher or the inline path claims it.
+    Claim,
+    /// The live claim's holder records a verified response.
+    Settle { succeeded: bool },
+    /// The claim expired, or its holder gave up after a timeout or a send
+    /// error that may have left bytes on the wire.
+    MarkUnknown,
+    /// Verified evidence (query, same-key retry, operator) settles it.
+    Converge { succeeded: bool },
+    /// The run was cancelled.
+    CancelRun,
+    /// The plan for this step changed (a new effect_version replaces it).
+    Supersede,
+}
+
+impl OperationEvent {
+    pub const ALL: [OperationEvent; 8] = [
+        OperationEvent::Claim,
+        OperationEvent::Settle { succeeded: true },
+        OperationEvent::Settle { succeeded: false },
+        OperationEvent::MarkUnknown,
+        OperationEvent::Converge { succeeded: true },
+        OperationEvent::Converge { succeeded: false },
+        OperationEvent::CancelRun,
+        OperationEvent::Supersede,
+    ];
+}
+
+impl OperationStatus {
+    pub const ALL: [OperationStatus; 6] = [
+        OperationStatus::Prepared,
+        OperationStatus::Dispatching,
+        OperationStatus::Unknown,
+        OperationStatus::Succeeded,
+        OperationStatus::FailedFinal,
+        OperationStatus::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OperationStatus::Prepared => "prepared",
+            OperationStatus::Dispatching => "dispatching",
+            OperationStatus::Unknown => "unknown",
+            OperationStatus::Succeeded => "succeeded",
+            OperationStatus::FailedFinal => "failed_final",
+            OperationStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<OperationStatus> {
+        OperationStatus::ALL
+            .into_iter()
+            .find(|s| s.as_str() == value)
+    }
+
+    /// Settled: the remote fact is recorded (or the intent was never sent).
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            OperationStatus::Succeeded | OperationStatus::FailedFinal | OperationStatus::Cancelled
+        )
+    }
+
+    /// The seed's table as a pure function: `Some(next)` when the event
+    /// applies (a cancelled run keeps `dispatching` and `unknown` as they
+    /// are, which is `Some(self)`), `None` when it is refused.
+    pub fn transition(self, event: OperationEvent) -> Option<OperationStatus> {
+        use OperationEvent::*;
+        use OperationStatus::*;
+        let outcome = |succeeded: bool| if succeeded { Succeeded } else { FailedFinal };
+        match (self, event) {
+            (Prepared, Claim) => Some(Dispatching),
+            (Dispatching, Settle { succeeded }) => Some(outcome(succeeded)),
+            (Dispatching, MarkUnknown) => Some(Unknown),
+            (Unknown, Converge { succeeded }) => Some(outcome(succeeded)),
+            (Prepared, CancelRun | Supersede) => Some(Cancelled),
+            (Dispatching | Unknown, CancelRun) => Some(self),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for OperationStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An operation as the ledger holds it (without its request body).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationRecord {
+    pub operation_id: OperationId,
+    pub run_id: RunId,
+    pub step_id: String,
+    pub effect_version: i32,
+    pub tool_name: String,
+    pub request_digest: RequestDigest,
+    pub status: OperationStatus,
+    pub revision: i64,
+    pub dispatch_owner: Option<String>,
+    pub dispatch_until: Option<DateTime<Utc>>,
+    pub dispatch_count: i32,
+    pub remote_id: Option<String>,
+    pub result: Option<serde_json::Value>,
+}
+
+/// What the holder of a claim needs to settle or give it up: the guard of
+/// every later write (seed 9.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DispatchClaim {
+    pub operation_id: OperationId,
+    pub dispatch_owner: String,
+    pub revision: i64,
+    pub request_digest: RequestDigest,
+    pub until: DateTime<Utc>,
+}
+
+impl OperationRecord {
+    /// The claim this record shows, when it is `dispatching`.
+    pub fn claim(&self) -> Option<DispatchClaim> {
+        match (self.status, &self.dispatch_owner, self.dispatch_until) {
+            (OperationStatus::Dispatching, Some(owner), Some(until)) => Some(DispatchClaim {
+                operation_id: self.operation_id.clone(),
+                dispatch_owner: owner.clone(),
+                revision: self.revision,
+                request_digest: self.request_digest.clone(),
+                until,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One intent of an `operation_register` call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Registered {
+    pub operation: OperationRecord,
+    /// False when the intent already existed (same digest): a replay.
+    pub newly_registered: bool,
+}
+
+/// The outcome of the inline register-and-claim.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InlineClaim {
+    /// The caller holds the claim and may send.
+    Claimed {
+        operation: OperationRecord,
+        claim: DispatchClaim,
+    },
+    /// The intent exists and is not claimable: settled (replay its result),
+    /// in flight under another claim, unknown, or cancelled. Do not send.
+    Existing(OperationRecord),
+}
+
+/// A prepared operation claimed by a dispatcher, with what it must send.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedOperation {
+    pub operation: OperationRecord,
+    pub claim: DispatchClaim,
+    pub request_body: serde_json::Value,
+}
+
+/// Why a write guarded by a claim did not apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StaleReason {
+    /// The operation is no longer `dispatching` under this owner and
+    /// revision (marked unknown, re-claimed, settled or cancelled).
+    StaleClaim,
+    /// The response is for another request than the one recorded.
+    DigestMismatch,
+}
+
+/// The outcome of `operation_settle`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SettleOutcome {
+    Settled(OperationRecord),
+    /// Kept as evidence (`evidence_id`); nothing was settled.
+    KeptAsEvidence {
+        reason: StaleReason,
+        found: OperationRecord,
+        evidence_id: i64,
+    },
+    NotFound,
+}
+
+/// The outcome of `operation_mark_unknown`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MarkUnknownOutcome {
+    MarkedUnknown {
+        operation: OperationRecord,
+        evidence_id: i64,
+    },
+    /// The claim has not expired and the caller is not its holder.
+    ClaimStillLive(OperationRecord),
+    /// Not `dispatching` under this owner and revision any more.
+    StaleClaim(OperationRecord),
+    NotFound,
+}
+
+/// Evidence that settles an unknown operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvergeEvidence {
+    /// The tool's query operation, asked by operation id.
+    QueryResult,
+    /// A retry with the same idempotency key inside its retention window.
+    RetryResult,
+    /// An operator's resolution (needs a note).
+    Operator,
+}
+
+impl ConvergeEvidence {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConvergeEvidence::QueryResult => "query_result",
+            ConvergeEvidence::RetryResult => "retry_result",
+            ConvergeEvidence::Operator => "operator",
+        }
+    }
+}
+
+/// The outcome of `operation_converge`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConvergeOutcome {
+    Converged {
+        operation: OperationRecord,
+        evidence_id: i64,
+    },
+    /// Only `unknown` operations converge.
+    NotUnknown(OperationRecord),
+    /// The operation changed since it was read.
+    Conflict {
+        expected_revision: i64,
+        found: OperationRecord,
+    },
+    NotFound,
+}
+
+/// The outcome of `operation_supersede` past the lease fence.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SupersedeOutcome {
+    /// The new intent (registered or found); the old one is cancelled.
+    Superseded(OperationRecord),
+    /// The old intent is no longer prepared: its side effect may be under way.
+    NotChangeable(OperationRecord),
+}
+
+/// One piece of evidence kept for an operation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Evidence {
+    pub evidence_id: i64,
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    pub source: String,
+    pub claim_owner: Option<String>,
+    pub claim_revision: Option<i64>,
+    pub outcome: Option<String>,
+    pub remote_id: Option<String>,
+    pub body: serde_json::Value,
+}
+
+/// An operation with everything known about it: the fate of a call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationView {
+    pub operation: OperationRecord,
+    pub request_body: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub superseded_by: Option<OperationId>,
+    pub events: Vec<super::LedgerEvent>,
+    pub evidence: Vec<Evidence>,
+}
+
+/// How many operations are `unknown`, and for how long the oldest has been.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UnknownSummary {
+    pub count: i64,
+    pub oldest_operation_id: Option<OperationId>,
+    /// Seconds since the oldest unknown operation last changed (database clock).
+    pub oldest_age_seconds: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transition_table_matches_the_seed() {
+        use OperationEvent::*;
+        use OperationStatus::*;
+        let allowed: &[(OperationStatus, OperationEvent, OperationStatus)] = &[
+            (Prepared, Claim, Dispatching),
+            (Dispatching, Settle { succeeded: true }, Succeeded),
+            (Dispatching, Settle { succeeded: false }, FailedFinal),
+            (Dispatching, MarkUnknown, Unknown),
+            (Unknown, Converge { succeeded: true }, Succeeded),
+            (Unknown, Converge { succeeded: false }, FailedFinal),
+            (Prepared, CancelRun, Cancelled),
+            (Prepared, Supersede, Cancelled),
+            (Dispatching, CancelRun, Dispatching),
+            (Unknown, CancelRun, Unknown),
+        ];
+        for from in OperationStatus::ALL {
+            for event in OperationEvent::ALL {
+                let expected = allowed
+                    .iter()
+                    .find(|(f, e, _)| *f == from && *e == event)
+                    .map(|(_, _, to)| *to);
+                assert_eq!(from.transition(event), expected, "{from} + {event:?}");
+            }
+        }
+        // Nothing ever goes back to prepared.
+        for from in OperationStatus::ALL {
+            for event in OperationEvent::ALL {
+                assert_ne!(from.transition(event), Some(Prepared));
+            }
+        }
+    }
+}

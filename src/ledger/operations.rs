@@ -1,0 +1,678 @@
+//! The operations ledger: side-effect intents, claims, settlement, unknown
+//! outcomes and evidence. One SQL function call each (see
+//! `migrations/0002_operations.sql`), so the proxy's hot path costs two
+//! round trips: `operation_register_claim` before the upstream call and
+//! `operation_settle` after it.
+//!
+//! # Failure handling (at each durability boundary)
+//!
+//! - Crash after `operation_register_claim` committed, before the upstream
+//!   call: the row is `dispatching` under a claim nobody holds; when the
+//!   claim expires `operation_mark_unknown` (reconciler) makes it `unknown`,
+//!   and its adapter's capability decides how it converges. It is never
+//!   re-sent as if new and never returns to `prepared`.
+//! - Crash after the upstream call, before `operation_settle`: same, and the
+//!   remote side effect exists; convergence finds it by operation id.
+//! - A response that arrives after its claim lost validity is stored as
+//!   evidence by `operation_settle` and settles nothing.
+//! - A lost connection during any of these calls is
+//!   [`LedgerError::OutcomeUnknown`]: read the operation back with
+//!   [`Ledger::operation_get`] before acting.
+
+use chrono::{DateTime, Utc};
+use serde_json::{Value, json};
+use sqlx::FromRow;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use super::{
+    ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, Fenced,
+    InlineClaim, InvalidInput, LeaseClaim, LeaseState, Ledger, LedgerError, MAX_OWNER_LEN,
+    MarkUnknownOutcome, OperationRecord, OperationStatus, OperationView, Registered, Rejection,
+    RunId, RunStatus, SettleOutcome, StaleReason, SupersedeOutcome, UnknownSummary, check_text,
+};
+use crate::intent::{Intent, OperationId, RequestDigest};
+
+/// Most intents registered in one call.
+const MAX_INTENTS_PER_CALL: usize = 1_000;
+
+/// The `operation_result` composite.
+#[derive(Debug, FromRow)]
+struct OpRow {
+    outcome: String,
+    run_status: Option<String>,
+    run_revision: Option<i64>,
+    lease_owner: Option<String>,
+    lease_epoch: Option<i64>,
+    lease_expires_at: Option<DateTime<Utc>>,
+    db_now: DateTime<Utc>,
+    operation_id: Option<String>,
+    run_id: Option<Uuid>,
+    step_id: Option<String>,
+    effect_version: Option<i32>,
+    tool_name: Option<String>,
+    request_digest: Option<String>,
+    status: Option<String>,
+    revision: Option<i64>,
+    dispatch_owner: Option<String>,
+    dispatch_until: Option<DateTime<Utc>>,
+    dispatch_count: Option<i32>,
+    remote_id: Option<String>,
+    result: Option<Json<Value>>,
+    evidence_id: Option<i64>,
+}
+
+/// A `tool_operations` row, as the dispatcher's claim returns it.
+#[derive(Debug, FromRow)]
+struct TableRow {
+    operation_id: String,
+    run_id: Uuid,
+    step_id: String,
+    effect_version: i32,
+    tool_name: String,
+    request_digest: String,
+    request_body: Json<Value>,
+    status: String,
+    dispatch_owner: Option<String>,
+    dispatch_until: Option<DateTime<Utc>>,
+    remote_id: Option<String>,
+    result: Option<Json<Value>>,
+    revision: i64,
+    updated_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    dispatch_count: i32,
+    superseded_by: Option<String>,
+}
+
+#[derive(Debug, FromRow)]
+struct EvidenceRow {
+    evidence_id: i64,
+    at: DateTime<Utc>,
+    kind: String,
+    source: String,
+    claim_owner: Option<String>,
+    claim_revision: Option<i64>,
+    outcome: Option<String>,
+    remote_id: Option<String>,
+    body: Json<Value>,
+}
+
+fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
+    LedgerError::Protocol {
+        call,
+        detail: detail.into(),
+    }
+}
+
+fn operation_status(call: &'static str, value: &str) -> Result<OperationStatus, LedgerError> {
+    OperationStatus::parse(value).ok_or_else(|| {
+        protocol(
+            call,
+            format!("operation status {value:?} is not one this build knows"),
+        )
+    })
+}
+
+impl TableRow {
+    fn record(&self, call: &'static str) -> Result<OperationRecord, LedgerError> {
+        Ok(OperationRecord {
+            operation_id: OperationId::from_string(self.operation_id.clone()),
+            run_id: RunId::from_uuid(self.run_id),
+            step_id: self.step_id.clone(),
+            effect_version: self.effect_version,
+            tool_name: self.tool_name.clone(),
+            request_digest: RequestDigest::from_hex(self.request_digest.clone()),
+            status: operation_status(call, &self.status)?,
+            revision: self.revision,
+            dispatch_owner: self.dispatch_owner.clone(),
+            dispatch_until: self.dispatch_until,
+            dispatch_count: self.dispatch_count,
+            remote_id: self.remote_id.clone(),
+            result: self.result.as_ref().map(|json| json.0.clone()),
+        })
+    }
+}
+
+impl OpRow {
+    /// The operation this row reports, if it names one.
+    fn record(&self, call: &'static str) -> Result<OperationRecord, LedgerError> {
+        let missing = |field: &str| protocol(call, format!("{field} missing from the answer"));
+        Ok(OperationRecord {
+            operation_id: OperationId::from_string(
+                self.operation_id
+                    .clone()
+                    .ok_or_else(|| missing("operation_id"))?,
+            ),
+            run_id: RunId::from_uuid(self.run_id.ok_or_else(|| missing("run_id"))?),
+            step_id: self.step_id.clone().ok_or_else(|| missing("step_id"))?,
+            effect_version: self
+                .effect_version
+                .ok_or_else(|| missing("effect_version"))?,
+            tool_name: self.tool_name.clone().ok_or_else(|| missing("tool_name"))?,
+            request_digest: RequestDigest::from_hex(
+                self.request_digest
+                    .clone()
+                    .ok_or_else(|| missing("request_digest"))?,
+            ),
+            status: operation_status(
+                call,
+                self.status.as_deref().ok_or_else(|| missing("status"))?,
+            )?,
+            revision: self.revision.ok_or_else(|| missing("revision"))?,
+            dispatch_owner: self.dispatch_owner.clone(),
+            dispatch_until: self.dispatch_until,
+            dispatch_count: self.dispatch_count.unwrap_or(0),
+            remote_id: self.remote_id.clone(),
+            result: self.result.as_ref().map(|json| json.0.clone()),
+        })
+    }
+
+    fn evidence_id(&self, call: &'static str) -> Result<i64, LedgerError> {
+        self.evidence_id
+            .ok_or_else(|| protocol(call, "evidence_id missing from the answer"))
+    }
+
+    /// The lease-fence and run-state verdicts every worker-side call shares.
+    fn rejection(
+        &self,
+        call: &'static str,
+        claim: &LeaseClaim,
+        expected_revision: Option<i64>,
+        expected: Option<&Intent>,
+    ) -> Result<Option<Rejection>, LedgerError> {
+        let run_status = || {
+            self.run_status
+                .as_deref()
+                .and_then(RunStatus::parse)
+                .ok_or_else(|| protocol(call, "run status missing from the answer"))
+        };
+        Ok(Some(match self.outcome.as_str() {
+            "not_found" => Rejection::NotFound,
+            "lease_lost" => {
+                let expires_at = self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+                Rejection::LeaseLost {
+                    expected: claim.clone(),
+                    found: LeaseState {
+                        owner: self.lease_owner.clone(),
+                        epoch: self.lease_epoch.unwrap_or(0),
+                        expires_at,
+                        expired: expires_at <= self.db_now,
+                    },
+                }
+            }
+            "terminal" => Rejection::Terminal {
+                status: run_status()?,
+            },
+            "conflict" => Rejection::Conflict {
+                expected_revision: expected_revision
+                    .ok_or_else(|| protocol(call, "conflict without an expected revision"))?,
+                found: self
+                    .run_revision
+                    .ok_or_else(|| protocol(call, "run revision missing from the answer"))?,
+            },
+            "wrong_status" => Rejection::WrongStatus {
+                expected: RunStatus::Running,
+                found: run_status()?,
+            },
+            "intent_conflict" => {
+                let found = self.record(call)?;
+                Rejection::IntentConflict {
+                    expected_digest: expected
+                        .filter(|intent| {
+                            intent.operation_id == found.operation_id
+                                || (intent.step_id == found.step_id
+                                    && intent.effect_version == found.effect_version)
+                        })
+                        .map(|intent| intent.request_digest.clone())
+                        .unwrap_or_else(|| RequestDigest::from_hex(String::new())),
+                    operation_id: found.operation_id,
+                    found_digest: found.request_digest,
+                    found_tool: found.tool_name,
+                    found_step: found.step_id,
+                    found_effect_version: found.effect_version,
+                }
+            }
+            _ => return Ok(None),
+        }))
+    }
+}
+
+fn intent_json(intent: &Intent) -> Value {
+    json!({
+        "operation_id": intent.operation_id.as_str(),
+        "step_id": intent.step_id,
+        "effect_version": intent.effect_version,
+        "tool_name": intent.tool_name,
+        "request_digest": intent.request_digest.as_str(),
+        "request_body": intent.request_body,
+    })
+}
+
+/// A checkpoint written in the same transaction as planned intents.
+#[derive(Debug, Clone, Copy)]
+pub struct PlannedCheckpoint<'a> {
+    pub expected_revision: i64,
+    pub checkpoint: &'a Value,
+}
+
+impl Ledger {
+    /// Registers intents as `prepared` under the caller's lease — the seed's
+    /// "step planned" (9.1) — optionally with a checkpoint CAS in the same
+    /// transaction. All or nothing: one conflicting intent (same identity,
+    /// different request) rejects the call with
+    /// [`Rejection::IntentConflict`] and nothing is written. Intents that
+    /// already exist with the same request come back as replays.
+    pub async fn operation_register(
+        &self,
+        claim: &LeaseClaim,
+        intents: &[Intent],
+        checkpoint: Option<PlannedCheckpoint<'_>>,
+    ) -> Result<Fenced<Vec<Registered>>, LedgerError> {
+        const CALL: &str = "operation_register";
+        if intents.is_empty() || intents.len() > MAX_INTENTS_PER_CALL {
+            return Err(InvalidInput::Batch(format!(
+                "register 1 to {MAX_INTENTS_PER_CALL} intents per call, got {}",
+                intents.len()
+            ))
+            .into());
+        }
+        for (index, intent) in intents.iter().enumerate() {
+            if intents[..index].iter().any(|earlier| {
+                earlier.operation_id == intent.operation_id
+                    || (earlier.step_id == intent.step_id
+                        && earlier.effect_version == intent.effect_version)
+            }) {
+                return Err(InvalidInput::Batch(format!(
+                    "step {} v{} appears twice in one registration",
+                    intent.step_id, intent.effect_version
+                ))
+                .into());
+            }
+        }
+        let batch = Value::Array(intents.iter().map(intent_json).collect());
+        let rows: Vec<OpRow> = self
+            .invoke_all(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_register($1, $2, $3, $4, $5, $6)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(Json(&batch))
+                    .bind(checkpoint.map(|c| c.expected_revision))
+                    .bind(checkpoint.map(|c| Json(c.checkpoint)))
+            })
+            .await?;
+        let expected_revision = checkpoint.map(|c| c.expected_revision);
+        let mut registered = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let expected = intents.iter().find(|intent| {
+                row.operation_id.as_deref() == Some(intent.operation_id.as_str())
+                    || (row.step_id.as_deref() == Some(intent.step_id.as_str())
+                        && row.effect_version == Some(intent.effect_version))
+            });
+            if let Some(rejection) = row.rejection(CALL, claim, expected_revision, expected)? {
+                return Ok(Fenced::Rejected(rejection));
+            }
+            let newly_registered = match row.outcome.as_str() {
+                "registered" => true,
+                "exists" => false,
+                other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+            };
+            registered.push(Registered {
+                operation: row.record(CALL)?,
+                newly_registered,
+            });
+        }
+        if registered.len() != intents.len() {
+            return Err(protocol(
+                CALL,
+                format!("{} rows for {} intents", registered.len(), intents.len()),
+            ));
+        }
+        Ok(Fenced::Applied(registered))
+    }
+
+    /// The proxy's hot path, one transaction: validate the lease, register
+    /// or find the intent (comparing run, tool and digest on every path),
+    /// and claim it under `dispatch_owner` for `claim_ttl_ms`.
+    pub async fn operation_register_claim(
+        &self,
+        claim: &LeaseClaim,
+        intent: &Intent,
+        dispatch_owner: &str,
+        claim_ttl_ms: i64,
+    ) -> Result<Fenced<InlineClaim>, LedgerError> {
+        const CALL: &str = "operation_register_claim";
+        check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
+        self.check_claim_ttl(claim_ttl_ms)?;
+        let body = intent_json(intent);
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(Json(&body))
+                    .bind(dispatch_owner)
+                    .bind(claim_ttl_ms)
+            })
+            .await?;
+        if let Some(rejection) = row.rejection(CALL, claim, None, Some(intent))? {
+            return Ok(Fenced::Rejected(rejection));
+        }
+        let operation = row.record(CALL)?;
+        Ok(Fenced::Applied(match row.outcome.as_str() {
+            "claimed" => {
+                let claim = operation
+                    .claim()
+                    .ok_or_else(|| protocol(CALL, "claimed without a claim"))?;
+                InlineClaim::Claimed { operation, claim }
+            }
+            "exists" => InlineClaim::Existing(operation),
+            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        }))
+    }
+
+    /// The dispatcher's claim: up to `limit` prepared operations of live
+    /// runs, skipping rows other claimers hold (`FOR UPDATE SKIP LOCKED`).
+    pub async fn operation_claim(
+        &self,
+        dispatch_owner: &str,
+        claim_ttl_ms: i64,
+        limit: u16,
+    ) -> Result<Vec<ClaimedOperation>, LedgerError> {
+        const CALL: &str = "operation_claim";
+        check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
+        self.check_claim_ttl(claim_ttl_ms)?;
+        let rows: Vec<TableRow> = self
+            .invoke_all(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_claim($1, $2, $3)")
+                    .bind(dispatch_owner)
+                    .bind(claim_ttl_ms)
+                    .bind(i32::from(limit))
+            })
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                let operation = row.record(CALL)?;
+                let claim = operation
+                    .claim()
+                    .ok_or_else(|| protocol(CALL, "claimed row without a claim"))?;
+                Ok(ClaimedOperation {
+                    operation,
+                    claim,
+                    request_body: row.request_body.0,
+                })
+            })
+            .collect()
+    }
+
+    /// Records a verified response: `succeeded` (with the remote id and
+    /// result) or `failed_final` (e.g. the tool answered `isError: true`).
+    /// Only the live claim settles; anything else is kept as evidence.
+    pub async fn operation_settle(
+        &self,
+        claim: &DispatchClaim,
+        succeeded: bool,
+        remote_id: Option<&str>,
+        result: &Value,
+    ) -> Result<SettleOutcome, LedgerError> {
+        const CALL: &str = "operation_settle";
+        let status = if succeeded {
+            "succeeded"
+        } else {
+            "failed_final"
+        };
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_settle($1, $2, $3, $4, $5, $6, $7)")
+                    .bind(claim.operation_id.as_str())
+                    .bind(claim.dispatch_owner.as_str())
+                    .bind(claim.revision)
+                    .bind(claim.request_digest.as_str())
+                    .bind(status)
+                    .bind(remote_id)
+                    .bind(Json(result))
+            })
+            .await?;
+        Ok(match row.outcome.as_str() {
+            "settled" => SettleOutcome::Settled(row.record(CALL)?),
+            "stale_claim" | "digest_mismatch" => SettleOutcome::KeptAsEvidence {
+                reason: if row.outcome == "stale_claim" {
+                    StaleReason::StaleClaim
+                } else {
+                    StaleReason::DigestMismatch
+                },
+                found: row.record(CALL)?,
+                evidence_id: row.evidence_id(CALL)?,
+            },
+            "not_found" => SettleOutcome::NotFound,
+            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        })
+    }
+
+    /// `dispatching` → `unknown`, guarded by the claim's owner and revision.
+    /// `holder`: the caller holds the claim and gives it up now (its request
+    /// timed out, or broke after bytes may have left); otherwise (the
+    /// reconciler) only an expired claim is marked. `evidence` (error text,
+    /// timeout) is kept; `timed_out` picks its kind.
+    pub async fn operation_mark_unknown(
+        &self,
+        claim: &DispatchClaim,
+        holder: bool,
+        actor: &str,
+        timed_out: bool,
+        evidence: &Value,
+    ) -> Result<MarkUnknownOutcome, LedgerError> {
+        const CALL: &str = "operation_mark_unknown";
+        check_text("actor", actor, MAX_OWNER_LEN)?;
+        let kind = if timed_out { "timeout" } else { "send_error" };
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_mark_unknown($1, $2, $3, $4, $5, $6, $7)")
+                    .bind(claim.operation_id.as_str())
+                    .bind(claim.dispatch_owner.as_str())
+                    .bind(claim.revision)
+                    .bind(holder)
+                    .bind(actor)
+                    .bind(kind)
+                    .bind(Json(evidence))
+            })
+            .await?;
+        Ok(match row.outcome.as_str() {
+            "marked_unknown" => MarkUnknownOutcome::MarkedUnknown {
+                operation: row.record(CALL)?,
+                evidence_id: row.evidence_id(CALL)?,
+            },
+            "claim_live" => MarkUnknownOutcome::ClaimStillLive(row.record(CALL)?),
+            "stale_claim" => MarkUnknownOutcome::StaleClaim(row.record(CALL)?),
+            "not_found" => MarkUnknownOutcome::NotFound,
+            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        })
+    }
+
+    /// `unknown` → `succeeded` / `failed_final` from verified evidence. An
+    /// operator resolution needs a `note`; both who and why are recorded.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn operation_converge(
+        &self,
+        operation_id: &OperationId,
+        expected_revision: i64,
+        succeeded: bool,
+        remote_id: Option<&str>,
+        result: Option<&Value>,
+        kind: ConvergeEvidence,
+        actor: &str,
+        note: Option<&str>,
+        evidence: &Value,
+    ) -> Result<ConvergeOutcome, LedgerError> {
+        const CALL: &str = "operation_converge";
+        check_text("actor", actor, MAX_OWNER_LEN)?;
+        if kind == ConvergeEvidence::Operator && note.is_none_or(|n| n.trim().is_empty()) {
+            return Err(InvalidInput::Batch("an operator resolution needs a note".into()).into());
+        }
+        let status = if succeeded {
+            "succeeded"
+        } else {
+            "failed_final"
+        };
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as(
+                    "SELECT * FROM operation_converge($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                )
+                .bind(operation_id.as_str())
+                .bind(expected_revision)
+                .bind(status)
+                .bind(remote_id)
+                .bind(result.map(Json))
+                .bind(kind.as_str())
+                .bind(actor)
+                .bind(note)
+                .bind(Json(evidence))
+            })
+            .await?;
+        Ok(match row.outcome.as_str() {
+            "converged" => ConvergeOutcome::Converged {
+                operation: row.record(CALL)?,
+                evidence_id: row.evidence_id(CALL)?,
+            },
+            "not_unknown" => ConvergeOutcome::NotUnknown(row.record(CALL)?),
+            "conflict" => ConvergeOutcome::Conflict {
+                expected_revision,
+                found: row.record(CALL)?,
+            },
+            "not_found" => ConvergeOutcome::NotFound,
+            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        })
+    }
+
+    /// Replaces a planned (still `prepared`) intent with `revised` — the same
+    /// step with a higher effect_version. The old row is kept, `cancelled`,
+    /// pointing at its successor.
+    pub async fn operation_supersede(
+        &self,
+        claim: &LeaseClaim,
+        old: &OperationId,
+        revised: &Intent,
+    ) -> Result<Fenced<SupersedeOutcome>, LedgerError> {
+        const CALL: &str = "operation_supersede";
+        let body = intent_json(revised);
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_supersede($1, $2, $3, $4, $5)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(old.as_str())
+                    .bind(Json(&body))
+            })
+            .await?;
+        if let Some(rejection) = row.rejection(CALL, claim, None, Some(revised))? {
+            return Ok(Fenced::Rejected(rejection));
+        }
+        Ok(Fenced::Applied(match row.outcome.as_str() {
+            "superseded" => SupersedeOutcome::Superseded(row.record(CALL)?),
+            "not_changeable" => SupersedeOutcome::NotChangeable(row.record(CALL)?),
+            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        }))
+    }
+
+    // ----------------------------------------------------------------------
+    // Read side
+    // ----------------------------------------------------------------------
+
+    /// The fate of a call: the operation, its request, every status change
+    /// and every piece of evidence. `None` when no such operation exists.
+    pub async fn operation_get(
+        &self,
+        operation_id: &OperationId,
+    ) -> Result<Option<OperationView>, LedgerError> {
+        const CALL: &str = "operation_get";
+        let row: Option<TableRow> = self
+            .invoke_optional(CALL, false, || {
+                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
+                    .bind(operation_id.as_str())
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let events = self.operation_events(operation_id).await?;
+        let evidence: Vec<EvidenceRow> = self
+            .invoke_all("operation_evidence", false, || {
+                sqlx::query_as(
+                    "SELECT evidence_id, at, kind, source, claim_owner, claim_revision, outcome,
+                            remote_id, body
+                       FROM operation_evidence WHERE operation_id = $1 ORDER BY evidence_id",
+                )
+                .bind(operation_id.as_str())
+            })
+            .await?;
+        Ok(Some(OperationView {
+            operation: row.record(CALL)?,
+            request_body: row.request_body.0.clone(),
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            superseded_by: row.superseded_by.clone().map(OperationId::from_string),
+            events,
+            evidence: evidence
+                .into_iter()
+                .map(|e| Evidence {
+                    evidence_id: e.evidence_id,
+                    at: e.at,
+                    kind: e.kind,
+                    source: e.source,
+                    claim_owner: e.claim_owner,
+                    claim_revision: e.claim_revision,
+                    outcome: e.outcome,
+                    remote_id: e.remote_id,
+                    body: e.body.0,
+                })
+                .collect(),
+        }))
+    }
+
+    /// A run's operations, oldest first, optionally only those in `status`.
+    pub async fn operations_list(
+        &self,
+        run_id: RunId,
+        status: Option<OperationStatus>,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        const CALL: &str = "operations_list";
+        let rows: Vec<TableRow> = self
+            .invoke_all(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT * FROM tool_operations
+                      WHERE run_id = $1 AND ($2::text IS NULL OR status = $2)
+                      ORDER BY created_at, operation_id",
+                )
+                .bind(run_id.as_uuid())
+                .bind(status.map(OperationStatus::as_str))
+            })
+            .await?;
+        rows.iter().map(|row| row.record(CALL)).collect()
+    }
+
+    /// How many operations are `unknown` and how old the oldest is.
+    pub async fn operations_unknown_summary(&self) -> Result<UnknownSummary, LedgerError> {
+        let (count, oldest_operation_id, oldest_age_seconds): (i64, Option<String>, Option<f64>) =
+            self.invoke("operations_unknown_summary", false, || {
+                sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM tool_operations WHERE status = 'unknown'),
+                            oldest.operation_id,
+                            extract(epoch FROM clock_timestamp() - oldest.updated_at)::float8
+                       FROM (SELECT 1) one
+                       LEFT JOIN LATERAL (
+                         SELECT operation_id, updated_at FROM tool_operations
+                          WHERE status = 'unknown' ORDER BY updated_at LIMIT 1
+                       ) oldest ON true",
+                )
+            })
+            .await?;
+        Ok(UnknownSummary {
+            count,
+            oldest_operation_id: oldest_operation_id.map(OperationId::from_string),
+            oldest_age_seconds,
+        })
+    }
+}
