@@ -22,10 +22,16 @@ pub enum IntegerPolicy {
 
 /// The canonical bytes of `value` under `policy`.
 pub fn canonical_bytes(value: &Value, policy: IntegerPolicy) -> Result<Vec<u8>, IntentError> {
-    if policy == IntegerPolicy::Reject {
-        check_integers(value, &mut String::from("$"))?;
-    }
+    check_policy(value, policy)?;
     serde_json_canonicalizer::to_vec(value).map_err(|e| IntentError::Canonicalize(e.to_string()))
+}
+
+/// Refuses what `policy` refuses, naming the path from `$` (= `value`).
+pub(super) fn check_policy(value: &Value, policy: IntegerPolicy) -> Result<(), IntentError> {
+    match policy {
+        IntegerPolicy::Reject => check_integers(value, &mut String::from("$")),
+        IntegerPolicy::AsDouble => Ok(()),
+    }
 }
 
 fn check_integers(value: &Value, path: &mut String) -> Result<(), IntentError> {

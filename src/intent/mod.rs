@@ -116,8 +116,11 @@ pub fn request_digest(
     policy: IntegerPolicy,
 ) -> Result<RequestDigest, IntentError> {
     check_text("tool_name", tool, MAX_TOOL_NAME_LEN)?;
+    // Checked on the arguments themselves, so that paths in errors read as
+    // the caller wrote them.
+    canonical::check_policy(arguments, policy)?;
     let request = json!({ "tool": tool, "arguments": arguments });
-    let bytes = canonical_bytes(&request, policy)?;
+    let bytes = canonical_bytes(&request, IntegerPolicy::AsDouble)?;
     Ok(RequestDigest(hex::encode(Sha256::digest(&bytes))))
 }
 

@@ -1,0 +1,1034 @@
+//! The operations ledger against a real PostgreSQL: registration under the
+//! lease, conflicts on every path, claims, settlement, unknown outcomes and
+//! evidence, cancellation and retries (seed 8–9, experiments E, F, G at the
+//! ledger level).
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{TestDb, applied, wait_until, within};
+use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::ledger::{
+    ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced, InlineClaim, LeaseClaim,
+    LedgerOptions, MarkUnknownOutcome, OperationStatus, PlannedCheckpoint, Rejection,
+    RunCreateOutcome, RunId, RunStatus, SettleOutcome, StaleReason, SupersedeOutcome,
+};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const TENANT: &str = "tenant-a";
+
+fn intent(run_id: RunId, step: &str, arguments: Value) -> Intent {
+    Intent::new(
+        TENANT,
+        run_id,
+        Some(StepRef {
+            step_id: step.into(),
+            effect_version: 1,
+        }),
+        "payments__charge",
+        &arguments,
+        IntegerPolicy::Reject,
+    )
+    .unwrap()
+}
+
+async fn claim_inline(
+    db: &TestDb,
+    lease: &LeaseClaim,
+    intent: &Intent,
+    ttl_ms: i64,
+) -> DispatchClaim {
+    match applied(
+        db.ledger
+            .operation_register_claim(lease, intent, "proxy-1", ttl_ms)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Claimed { claim, .. } => claim,
+        InlineClaim::Existing(found) => panic!("expected a fresh claim, found {found:?}"),
+    }
+}
+
+async fn op_row(db: &TestDb, intent: &Intent) -> (String, i64, i32, Option<String>) {
+    sqlx::query_as("SELECT status, revision, dispatch_count, remote_id FROM tool_operations WHERE operation_id = $1")
+        .bind(intent.operation_id.as_str())
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+}
+
+async fn op_count(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    let charge = intent(
+        lease.run_id,
+        "charge",
+        json!({"amount": 500, "currency": "eur"}),
+    );
+
+    let claim = claim_inline(&db, &lease, &charge, 30_000).await;
+    assert_eq!(
+        (claim.dispatch_owner.as_str(), claim.revision),
+        ("proxy-1", 1)
+    );
+    let settled = match db
+        .ledger
+        .operation_settle(
+            &claim,
+            true,
+            Some("ch_1"),
+            &json!({"content": [{"type": "text", "text": "ok"}]}),
+        )
+        .await
+        .unwrap()
+    {
+        SettleOutcome::Settled(record) => record,
+        other => panic!("expected settled, got {other:?}"),
+    };
+    assert_eq!(
+        (settled.status, settled.remote_id.as_deref()),
+        (OperationStatus::Succeeded, Some("ch_1"))
+    );
+
+    // The agent retries the same call: the recorded result, no new claim.
+    let again = intent(
+        lease.run_id,
+        "charge",
+        json!({"currency": "eur", "amount": 500.0}),
+    );
+    match applied(
+        db.ledger
+            .operation_register_claim(&lease, &again, "proxy-2", 30_000)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Existing(record) => {
+            assert_eq!(record.status, OperationStatus::Succeeded);
+            assert_eq!(
+                record.result,
+                Some(json!({"content": [{"type": "text", "text": "ok"}]}))
+            );
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(
+        op_row(&db, &charge).await,
+        ("succeeded".into(), 2, 1, Some("ch_1".into()))
+    );
+
+    let view = db
+        .ledger
+        .operation_get(&charge.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let history: Vec<(Option<&str>, &str, &str)> = view
+        .events
+        .iter()
+        .map(|e| {
+            (
+                e.from_status.as_deref(),
+                e.to_status.as_str(),
+                e.actor_kind.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        history,
+        vec![
+            (None, "prepared", "worker"),
+            (Some("prepared"), "dispatching", "dispatcher"),
+            (Some("dispatching"), "succeeded", "dispatcher"),
+        ]
+    );
+    assert_eq!(view.request_body, json!({"amount": 500, "currency": "eur"}));
+    assert!(view.evidence.is_empty());
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+
+    // One operation per status, all with step "s-<status>".
+    let mut originals = HashMap::new();
+    for status in OperationStatus::ALL {
+        let step = format!("s-{status}");
+        let original = intent(lease.run_id, &step, json!({"amount": 1}));
+        match status {
+            OperationStatus::Prepared => {
+                applied(
+                    db.ledger
+                        .operation_register(&lease, std::slice::from_ref(&original), None)
+                        .await
+                        .unwrap(),
+                );
+            }
+            OperationStatus::Cancelled => {
+                applied(
+                    db.ledger
+                        .operation_register(&lease, std::slice::from_ref(&original), None)
+                        .await
+                        .unwrap(),
+                );
+                let revised = original
+                    .revise(
+                        TENANT,
+                        lease.run_id,
+                        "payments__charge",
+                        &json!({"amount": 2}),
+                        IntegerPolicy::Reject,
+                    )
+                    .unwrap();
+                applied(
+                    db.ledger
+                        .operation_supersede(&lease, &original.operation_id, &revised)
+                        .await
+                        .unwrap(),
+                );
+            }
+            _ => {
+                let claim = claim_inline(&db, &lease, &original, 30_000).await;
+                match status {
+                    OperationStatus::Dispatching => {}
+                    OperationStatus::Unknown => {
+                        db.ledger
+                            .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({}))
+                            .await
+                            .unwrap();
+                    }
+                    OperationStatus::Succeeded | OperationStatus::FailedFinal => {
+                        db.ledger
+                            .operation_settle(
+                                &claim,
+                                status == OperationStatus::Succeeded,
+                                None,
+                                &json!({}),
+                            )
+                            .await
+                            .unwrap();
+                    }
+                    _ => unreachable!(),
+                }
+            }
+        }
+        assert_eq!(op_row(&db, &original).await.0, status.as_str());
+        originals.insert(status, original);
+    }
+
+    for (status, original) in &originals {
+        let changed = intent(lease.run_id, &original.step_id, json!({"amount": 999}));
+        assert_eq!(
+            changed.operation_id, original.operation_id,
+            "same step, same identity"
+        );
+        let before = (
+            op_row(&db, original).await,
+            op_count(&db).await,
+            db.event_count(lease.run_id).await,
+        );
+        let expected = Rejection::IntentConflict {
+            operation_id: original.operation_id.clone(),
+            expected_digest: changed.request_digest.clone(),
+            found_digest: original.request_digest.clone(),
+            found_tool: "payments__charge".into(),
+            found_step: original.step_id.clone(),
+            found_effect_version: 1,
+        };
+        // The inline path ...
+        let inline = db
+            .ledger
+            .operation_register_claim(&lease, &changed, "proxy-9", 30_000)
+            .await
+            .unwrap();
+        assert_eq!(
+            inline,
+            Fenced::Rejected(expected.clone()),
+            "inline, existing {status}"
+        );
+        // ... and the planning path, with another intent that must not be written either.
+        let bystander = intent(lease.run_id, &format!("bystander-{status}"), json!({}));
+        let planned = db
+            .ledger
+            .operation_register(&lease, &[bystander.clone(), changed.clone()], None)
+            .await
+            .unwrap();
+        assert_eq!(
+            planned,
+            Fenced::Rejected(expected),
+            "planned, existing {status}"
+        );
+        assert_eq!(
+            (
+                op_row(&db, original).await,
+                op_count(&db).await,
+                db.event_count(lease.run_id).await
+            ),
+            before,
+            "nothing written for {status}"
+        );
+        assert!(
+            db.ledger
+                .operation_get(&bystander.operation_id)
+                .await
+                .unwrap()
+                .is_none()
+        );
+    }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_once(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let options = LedgerOptions {
+        max_connections: 16,
+        ..LedgerOptions::default()
+    };
+    let db = TestDb::with_options(pool, connect, options).await;
+    let (lease, _) = db.running_run("planner", 30_000).await;
+    let intents: Vec<Intent> = (0..1_000)
+        .map(|i| intent(lease.run_id, &format!("step-{i}"), json!({"i": i})))
+        .collect();
+    let registered = applied(
+        db.ledger
+            .operation_register(&lease, &intents, None)
+            .await
+            .unwrap(),
+    );
+    assert!(
+        registered
+            .iter()
+            .all(|r| r.newly_registered && r.operation.status == OperationStatus::Prepared)
+    );
+
+    let claimers: Vec<_> = (0..16)
+        .map(|n| {
+            let ledger = db.ledger.clone();
+            tokio::spawn(async move {
+                let owner = format!("dispatcher-{n}");
+                let mut mine = Vec::new();
+                loop {
+                    let batch = ledger.operation_claim(&owner, 60_000, 7).await.unwrap();
+                    if batch.is_empty() {
+                        return (owner, mine);
+                    }
+                    assert!(batch.len() <= 7, "a claim never takes more than its limit");
+                    for claimed in batch {
+                        assert_eq!(claimed.claim.dispatch_owner, owner);
+                        mine.push(claimed.operation.operation_id);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut claimed_by = HashMap::new();
+    for claimer in claimers {
+        let (owner, ids) = within("a claimer to drain the queue", claimer)
+            .await
+            .unwrap();
+        for id in ids {
+            assert!(
+                claimed_by.insert(id.clone(), owner.clone()).is_none(),
+                "{id} claimed twice"
+            );
+        }
+    }
+    assert_eq!(claimed_by.len(), 1_000);
+    let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
+        "SELECT operation_id, status, dispatch_count, dispatch_owner FROM tool_operations",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 1_000);
+    for (id, status, count, owner) in rows {
+        assert_eq!((status.as_str(), count), ("dispatching", 1), "{id}");
+        assert_eq!(
+            claimed_by.get(&leasegate::intent::OperationId::from_string(id)),
+            Some(&owner)
+        );
+    }
+    let claim_events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM ledger_events WHERE subject = 'operation' AND to_status = 'dispatching'",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(claim_events, 1_000);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converged(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    let create = intent(lease.run_id, "create-vm", json!({"size": "small"}));
+    let claim = claim_inline(&db, &lease, &create, 300).await;
+
+    // The reconciler may not touch a live claim.
+    assert!(matches!(
+        db.ledger
+            .operation_mark_unknown(&claim, false, "reconciler-1", true, &json!({}))
+            .await
+            .unwrap(),
+        MarkUnknownOutcome::ClaimStillLive(_)
+    ));
+    wait_until("the claim to expire on the database clock", || async {
+        let expired: bool = sqlx::query_scalar(
+            "SELECT dispatch_until <= clock_timestamp() FROM tool_operations WHERE operation_id = $1",
+        )
+        .bind(create.operation_id.as_str())
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+        expired.then_some(())
+    })
+    .await;
+    let unknown = match db
+        .ledger
+        .operation_mark_unknown(
+            &claim,
+            false,
+            "reconciler-1",
+            true,
+            &json!({"reason": "claim expired"}),
+        )
+        .await
+        .unwrap()
+    {
+        MarkUnknownOutcome::MarkedUnknown { operation, .. } => operation,
+        other => panic!("expected unknown, got {other:?}"),
+    };
+    assert_eq!(
+        (unknown.status, unknown.dispatch_owner.clone()),
+        (OperationStatus::Unknown, None)
+    );
+
+    // The remote success arrives late, under the expired claim.
+    match db
+        .ledger
+        .operation_settle(&claim, true, Some("vm-42"), &json!({"id": "vm-42"}))
+        .await
+        .unwrap()
+    {
+        SettleOutcome::KeptAsEvidence { reason, found, .. } => {
+            assert_eq!(reason, StaleReason::StaleClaim);
+            assert_eq!(found.status, OperationStatus::Unknown);
+        }
+        other => panic!("a late response must not settle, got {other:?}"),
+    }
+    assert_eq!(
+        op_row(&db, &create).await,
+        ("unknown".into(), unknown.revision, 1, None)
+    );
+    // Nor may the expired claim give up what it no longer holds.
+    assert!(matches!(
+        db.ledger
+            .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({}))
+            .await
+            .unwrap(),
+        MarkUnknownOutcome::StaleClaim(_)
+    ));
+
+    // A query of the remote by operation id converges it.
+    let converged = match db
+        .ledger
+        .operation_converge(
+            &create.operation_id,
+            unknown.revision,
+            true,
+            Some("vm-42"),
+            Some(&json!({"id": "vm-42"})),
+            ConvergeEvidence::QueryResult,
+            "reconciler-1",
+            None,
+            &json!({"queried": "GET /vms?operation_id"}),
+        )
+        .await
+        .unwrap()
+    {
+        ConvergeOutcome::Converged { operation, .. } => operation,
+        other => panic!("expected converged, got {other:?}"),
+    };
+    assert_eq!(
+        (converged.status, converged.remote_id.as_deref()),
+        (OperationStatus::Succeeded, Some("vm-42"))
+    );
+
+    let view = db
+        .ledger
+        .operation_get(&create.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let kinds: Vec<(&str, Option<&str>, Option<&str>)> = view
+        .evidence
+        .iter()
+        .map(|e| {
+            (
+                e.kind.as_str(),
+                e.outcome.as_deref(),
+                e.remote_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("timeout", Some("unknown"), None),
+            ("late_response", Some("succeeded"), Some("vm-42")),
+            ("query_result", Some("succeeded"), Some("vm-42")),
+        ]
+    );
+    let statuses: Vec<&str> = view.events.iter().map(|e| e.to_status.as_str()).collect();
+    assert_eq!(
+        statuses,
+        vec!["prepared", "dispatching", "unknown", "succeeded"]
+    );
+    // The run itself was never advanced by any of this.
+    let (status, _, _, _, _) = db.run_row(lease.run_id).await;
+    assert_eq!(status, "running");
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    let prepared = intent(lease.run_id, "prepared", json!({}));
+    let dispatching = intent(lease.run_id, "dispatching", json!({}));
+    let unknown = intent(lease.run_id, "unknown", json!({}));
+    applied(
+        db.ledger
+            .operation_register(&lease, std::slice::from_ref(&prepared), None)
+            .await
+            .unwrap(),
+    );
+    claim_inline(&db, &lease, &dispatching, 30_000).await;
+    let claim = claim_inline(&db, &lease, &unknown, 30_000).await;
+    db.ledger
+        .operation_mark_unknown(&claim, true, "proxy-1", false, &json!({"error": "reset"}))
+        .await
+        .unwrap();
+
+    applied(
+        db.ledger
+            .run_cancel(lease.run_id, "ops@example", Some("stop"))
+            .await
+            .unwrap(),
+    );
+
+    assert_eq!(op_row(&db, &prepared).await.0, "cancelled");
+    assert_eq!(
+        op_row(&db, &dispatching).await.0,
+        "dispatching",
+        "in flight: not claimed unexecuted"
+    );
+    assert_eq!(op_row(&db, &unknown).await.0, "unknown");
+    assert!(
+        db.ledger
+            .operation_claim("dispatcher", 30_000, 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing claimable"
+    );
+    assert_eq!(
+        db.ledger
+            .operation_register_claim(
+                &lease,
+                &intent(lease.run_id, "late", json!({})),
+                "proxy-1",
+                30_000
+            )
+            .await
+            .unwrap(),
+        Fenced::Rejected(Rejection::Terminal {
+            status: RunStatus::Cancelled
+        })
+    );
+    let cancelled = db
+        .ledger
+        .operations_list(lease.run_id, Some(OperationStatus::Cancelled))
+        .await
+        .unwrap();
+    assert_eq!(
+        cancelled
+            .iter()
+            .map(|o| &o.operation_id)
+            .collect::<Vec<_>>(),
+        vec![&prepared.operation_id]
+    );
+    let view = db
+        .ledger
+        .operation_get(&prepared.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let last = view.events.last().unwrap();
+    assert_eq!(
+        (last.to_status.as_str(), last.actor.as_deref()),
+        ("cancelled", Some("ops@example"))
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn acceptance_g_old_run_operations_and_late_responses_cannot_advance_the_retry(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let first = RunId::generate();
+    db.ledger
+        .run_create(first, TENANT, "nightly-invoice", None)
+        .await
+        .unwrap();
+    let old = db.acquire(first, "worker-old", 30_000).await;
+    let revision = applied(db.ledger.run_start(&old.claim, old.revision).await.unwrap()).revision;
+    let old_intent = intent(first, "send-invoice", json!({"to": "c@x"}));
+    let old_claim = claim_inline(&db, &old.claim, &old_intent, 30_000).await;
+    applied(
+        db.ledger
+            .run_fail(&old.claim, revision, &json!("gateway down"))
+            .await
+            .unwrap(),
+    );
+
+    let second = RunId::generate();
+    assert!(matches!(
+        db.ledger
+            .run_create(second, TENANT, "nightly-invoice", None)
+            .await
+            .unwrap(),
+        RunCreateOutcome::Created(_)
+    ));
+    let new = db.acquire(second, "worker-new", 30_000).await;
+    let new_revision =
+        applied(db.ledger.run_start(&new.claim, new.revision).await.unwrap()).revision;
+    let new_intent = intent(second, "send-invoice", json!({"to": "c@x"}));
+    assert_ne!(
+        new_intent.operation_id, old_intent.operation_id,
+        "a new run has new operation ids"
+    );
+    applied(
+        db.ledger
+            .operation_register(&new.claim, std::slice::from_ref(&new_intent), None)
+            .await
+            .unwrap(),
+    );
+    let new_state = (
+        db.run_row(second).await,
+        db.event_count(second).await,
+        op_row(&db, &new_intent).await,
+    );
+
+    // The old run's late response records the old run's fact only.
+    assert!(matches!(
+        db.ledger.operation_settle(&old_claim, true, Some("inv-1"), &json!({})).await.unwrap(),
+        SettleOutcome::Settled(record) if record.run_id == first
+    ));
+    // The old worker, aiming at the new run, is not its lease holder.
+    let stray = LeaseClaim {
+        run_id: second,
+        ..old.claim.clone()
+    };
+    let stray_intent = intent(second, "send-invoice-again", json!({}));
+    assert!(matches!(
+        db.ledger
+            .operation_register_claim(&stray, &stray_intent, "proxy-old", 30_000)
+            .await
+            .unwrap(),
+        Fenced::Rejected(Rejection::LeaseLost { .. })
+    ));
+    assert!(matches!(
+        db.ledger
+            .checkpoint_save(&stray, new_revision, &json!({"from": "old"}))
+            .await
+            .unwrap(),
+        Fenced::Rejected(Rejection::LeaseLost { .. })
+    ));
+    assert_eq!(
+        (
+            db.run_row(second).await,
+            db.event_count(second).await,
+            op_row(&db, &new_intent).await
+        ),
+        new_state,
+        "the new run is untouched"
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn stale_owner_cannot_register_intents_after_takeover(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (old, _) = db.running_run("old", 200).await;
+    db.wait_lease_expired(old.run_id).await;
+    let new = db.acquire(old.run_id, "new", 30_000).await;
+    let planned = intent(old.run_id, "charge", json!({"amount": 1}));
+
+    for outcome in [
+        db.ledger
+            .operation_register(&old, std::slice::from_ref(&planned), None)
+            .await
+            .unwrap()
+            .map_applied(),
+        db.ledger
+            .operation_register_claim(&old, &planned, "proxy", 30_000)
+            .await
+            .unwrap()
+            .map_applied(),
+    ] {
+        match outcome {
+            Some(Rejection::LeaseLost { found, .. }) => {
+                assert_eq!(
+                    (found.owner.as_deref(), found.epoch),
+                    (Some("new"), new.claim.epoch)
+                )
+            }
+            other => panic!("expected lease lost, got {other:?}"),
+        }
+    }
+    assert_eq!(op_count(&db).await, 0);
+}
+
+trait RejectionOf {
+    fn map_applied(self) -> Option<Rejection>;
+}
+
+impl<T> RejectionOf for Fenced<T> {
+    fn map_applied(self) -> Option<Rejection> {
+        self.into_result().err()
+    }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, revision) = db.running_run("planner", 30_000).await;
+    let a = intent(lease.run_id, "a", json!({"n": 1}));
+    let b = intent(lease.run_id, "b", json!({"n": 2}));
+    let plan = json!({"next": ["a", "b"]});
+
+    // A stale revision: neither checkpoint nor intents.
+    let stale = db
+        .ledger
+        .operation_register(
+            &lease,
+            &[a.clone(), b.clone()],
+            Some(PlannedCheckpoint {
+                expected_revision: revision + 7,
+                checkpoint: &plan,
+            }),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        stale,
+        Fenced::Rejected(Rejection::Conflict {
+            expected_revision: revision + 7,
+            found: revision
+        })
+    );
+    assert_eq!(op_count(&db).await, 0);
+
+    let registered = applied(
+        db.ledger
+            .operation_register(
+                &lease,
+                &[a.clone(), b.clone()],
+                Some(PlannedCheckpoint {
+                    expected_revision: revision,
+                    checkpoint: &plan,
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+    assert_eq!(registered.len(), 2);
+    let (_, stored_revision, checkpoint, _, _) = db.run_row(lease.run_id).await;
+    assert_eq!((stored_revision, checkpoint), (revision + 1, plan.clone()));
+
+    // A takeover worker resumes the same plan: same ids, nothing new.
+    let replay = applied(
+        db.ledger
+            .operation_register(&lease, &[a.clone(), b.clone()], None)
+            .await
+            .unwrap(),
+    );
+    assert!(replay.iter().all(|r| !r.newly_registered));
+    assert_eq!(op_count(&db).await, 2);
+
+    // The dispatcher can now claim them.
+    let claimed = db
+        .ledger
+        .operation_claim("dispatcher", 30_000, 10)
+        .await
+        .unwrap();
+    let mut ids: Vec<_> = claimed
+        .iter()
+        .map(|c| c.operation.operation_id.clone())
+        .collect();
+    ids.sort();
+    let mut expected = vec![a.operation_id.clone(), b.operation_id.clone()];
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(
+        claimed[0].request_body,
+        json!({"n": if claimed[0].operation.operation_id == a.operation_id { 1 } else { 2 }})
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn changing_a_planned_intent_keeps_the_old_one_for_audit(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("planner", 30_000).await;
+    let original = intent(lease.run_id, "email", json!({"to": "a@x"}));
+    applied(
+        db.ledger
+            .operation_register(&lease, std::slice::from_ref(&original), None)
+            .await
+            .unwrap(),
+    );
+    let revised = original
+        .revise(
+            TENANT,
+            lease.run_id,
+            "payments__charge",
+            &json!({"to": "b@x"}),
+            IntegerPolicy::Reject,
+        )
+        .unwrap();
+    let new = match applied(
+        db.ledger
+            .operation_supersede(&lease, &original.operation_id, &revised)
+            .await
+            .unwrap(),
+    ) {
+        SupersedeOutcome::Superseded(record) => record,
+        other => panic!("expected superseded, got {other:?}"),
+    };
+    assert_eq!(
+        (new.effect_version, new.status),
+        (2, OperationStatus::Prepared)
+    );
+    let old = db
+        .ledger
+        .operation_get(&original.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(old.operation.status, OperationStatus::Cancelled);
+    assert_eq!(old.superseded_by.as_ref(), Some(&revised.operation_id));
+    let claimed = db
+        .ledger
+        .operation_claim("dispatcher", 30_000, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].operation.operation_id, revised.operation_id);
+
+    // Once claimed, a plan can no longer change.
+    let third = revised
+        .revise(
+            TENANT,
+            lease.run_id,
+            "payments__charge",
+            &json!({"to": "c@x"}),
+            IntegerPolicy::Reject,
+        )
+        .unwrap();
+    assert!(matches!(
+        applied(db.ledger.operation_supersede(&lease, &revised.operation_id, &third).await.unwrap()),
+        SupersedeOutcome::NotChangeable(record) if record.status == OperationStatus::Dispatching
+    ));
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn in_flight_intent_is_not_claimed_twice_and_failures_are_recorded_final(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent", 30_000).await;
+    let send = intent(lease.run_id, "send", json!({"to": "x"}));
+    let claim = claim_inline(&db, &lease, &send, 30_000).await;
+    match applied(
+        db.ledger
+            .operation_register_claim(&lease, &send, "proxy-2", 30_000)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Existing(record) => {
+            assert_eq!(
+                (record.status, record.dispatch_owner.as_deref()),
+                (OperationStatus::Dispatching, Some("proxy-1"))
+            )
+        }
+        other => panic!("expected the in-flight operation, got {other:?}"),
+    }
+    // A response for another request than the recorded one settles nothing.
+    let mut wrong = claim.clone();
+    wrong.request_digest = intent(lease.run_id, "send", json!({"to": "y"})).request_digest;
+    assert!(matches!(
+        db.ledger
+            .operation_settle(&wrong, true, None, &json!({}))
+            .await
+            .unwrap(),
+        SettleOutcome::KeptAsEvidence {
+            reason: StaleReason::DigestMismatch,
+            ..
+        }
+    ));
+    // The tool answered isError: a final failure, replayed later.
+    assert!(matches!(
+        db.ledger.operation_settle(&claim, false, None, &json!({"isError": true})).await.unwrap(),
+        SettleOutcome::Settled(record) if record.status == OperationStatus::FailedFinal
+    ));
+    assert_eq!(
+        op_row(&db, &send).await,
+        ("failed_final".into(), 2, 1, None)
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn operator_resolves_only_unknown_operations_once_with_a_note(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent", 30_000).await;
+    let wire = intent(lease.run_id, "wire", json!({"amount": 10}));
+    let claim = claim_inline(&db, &lease, &wire, 30_000).await;
+    let unknown = match db
+        .ledger
+        .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({}))
+        .await
+        .unwrap()
+    {
+        MarkUnknownOutcome::MarkedUnknown { operation, .. } => operation,
+        other => panic!("{other:?}"),
+    };
+    let summary = db.ledger.operations_unknown_summary().await.unwrap();
+    assert_eq!(
+        (summary.count, summary.oldest_operation_id.as_ref()),
+        (1, Some(&wire.operation_id))
+    );
+    assert!(summary.oldest_age_seconds.unwrap() >= 0.0);
+
+    let resolve = |revision| {
+        let ledger = db.ledger.clone();
+        let id = wire.operation_id.clone();
+        async move {
+            ledger
+                .operation_converge(
+                    &id,
+                    revision,
+                    false,
+                    None,
+                    None,
+                    ConvergeEvidence::Operator,
+                    "alice",
+                    Some("bank says never received"),
+                    &json!({}),
+                )
+                .await
+        }
+    };
+    let no_note = db
+        .ledger
+        .operation_converge(
+            &wire.operation_id,
+            unknown.revision,
+            false,
+            None,
+            None,
+            ConvergeEvidence::Operator,
+            "alice",
+            Some("  "),
+            &json!({}),
+        )
+        .await;
+    assert!(no_note.is_err());
+    assert!(matches!(
+        resolve(unknown.revision + 5).await.unwrap(),
+        ConvergeOutcome::Conflict { .. }
+    ));
+    assert!(
+        matches!(resolve(unknown.revision).await.unwrap(), ConvergeOutcome::Converged { operation, .. } if operation.status == OperationStatus::FailedFinal)
+    );
+    assert!(
+        matches!(
+            resolve(unknown.revision + 1).await.unwrap(),
+            ConvergeOutcome::NotUnknown(_)
+        ),
+        "a second resolution is refused"
+    );
+    let view = db
+        .ledger
+        .operation_get(&wire.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let last = view.events.last().unwrap();
+    assert_eq!(
+        (last.actor_kind.as_str(), last.actor.as_deref()),
+        ("operator", Some("alice"))
+    );
+    assert_eq!(last.detail["note"], "bank says never received");
+    assert_eq!(
+        db.ledger.operations_unknown_summary().await.unwrap().count,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn database_operation_status_values_equal_the_rust_enum(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let definition: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+          WHERE c.conrelid = 'tool_operations'::regclass AND c.contype = 'c'
+            AND pg_get_constraintdef(c.oid) LIKE '%status%'",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    let mut in_database: Vec<&str> = definition.split('\'').skip(1).step_by(2).collect();
+    in_database.sort();
+    let mut in_rust: Vec<&str> = OperationStatus::ALL.iter().map(|s| s.as_str()).collect();
+    in_rust.sort();
+    assert_eq!(in_database, in_rust, "from {definition}");
+}
