@@ -11,24 +11,34 @@
 //!   one statement), typed outcomes (`Fenced`, `Rejection`,
 //!   `AcquireOutcome`), retries of 40001/40P01, "outcome unknown" on a
 //!   connection lost mid-call. The only module that imports sqlx.
+//! * `ids`: identities every layer shares (`RunId`).
+//! * `intent`: canonical JSON (RFC 8785), `request_digest`, `operation_id`,
+//!   `Intent`. Pure functions; the ledger depends on it, not the reverse.
+//! * `ledger::operations`: the side-effect half of the ledger — register,
+//!   claim, settle, mark unknown, converge, supersede, and the read side
+//!   (the fate of a call).
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal.
 //! * `migrations/`: the schema and every protected transition as one SQL
-//!   function; the `leasegate_app` role that may only execute them and read.
+//!   function (`0001`: tasks, runs, leases; `0002`: operations, evidence);
+//!   the `leasegate_app` role that may only execute them and read.
 //! * `src/main.rs`: the `leasegate` CLI (`migrate`).
 //! * `examples/worker/`: a worker process (lease, heartbeat, checkpoint loop)
 //!   that the process-level tests freeze with SIGSTOP.
 //!
-//! Still to come, with their issues: `intent` (canonical digest,
-//! operation_id), `adapter`/`policy`, `dispatch`, `reconcile`, `mcp` (front
-//! and upstreams), `control` (HTTP API).
+//! Still to come, with their issues: `adapter`/`policy`, `dispatch`,
+//! `reconcile`, `mcp` (front and upstreams), `control` (HTTP API).
 //!
 //! # Invariant index (DESIGN.md numbering)
 //!
 //! 1. Only the current run's current epoch writes workflow state —
 //!    `_lease_fence` in the migration; `ledger` module docs.
 //! 2. Within one epoch, writes are ordered by revision CAS — `_run_advance`.
+//! 3. One intent has one operation_id forever — `intent::operation_id`;
+//!    conflicts compared on every path — `_op_upsert`.
+//! 4. Unknown stays unknown until evidence converges it; `dispatching` never
+//!    returns to `prepared` — `migrations/0002_operations.sql`.
 //! 5. No transaction spans a network call — each ledger call is one statement.
 //! 6. A retry is a new run; terminal runs are never reused — `run_create`.
 //! 7. Lease time is the database's `clock_timestamp()`.
