@@ -45,7 +45,13 @@
 //! 8. Nothing is deleted; every status change is in `ledger_events`, which
 //!    refuses UPDATE, DELETE and TRUNCATE.
 
+pub mod adapter;
+pub mod app;
+pub mod config;
+pub mod dispatch;
 pub mod ids;
 pub mod intent;
 pub mod ledger;
+pub mod mcp;
+pub mod policy;
 pub mod worker;

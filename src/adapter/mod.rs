@@ -1,0 +1,360 @@
+//! Adapters: what each upstream tool can promise, and the `Upstream` trait
+//! through which dispatch reaches tool servers (implemented by `mcp`).
+//!
+//! An adapter file (`adapters/<name>.toml`) covers one upstream:
+//!
+//! ```toml
+//! upstream = "payments"
+//! trust_annotations = false   # honour the upstream's readOnlyHint
+//! timeout = "30s"             # default per-call timeout
+//!
+//! [tools.charge]
+//! capability = "idempotency_key"        # | resource_id | operation_query | none
+//! operation_id_argument = "idempotency_key"   # or operation_id_meta = "<_meta key>"
+//! key_retention = "24h"
+//! query_tool = "get_charge"             # for operation_query / resource_id
+//! query_argument = "idempotency_key"
+//! remote_id_pointer = "/charge_id"      # JSON pointer into structuredContent
+//!
+//! [tools.get_charge]
+//! read_only = true
+//! ```
+//!
+//! A tool that no adapter names is side-effecting with capability `none`:
+//! leasegate never retries it on its own, and an unknown outcome waits for
+//! an operator.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::policy::{FieldError, parse_duration};
+
+/// What a tool can promise when an outcome is unknown (DESIGN.md, Adapters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// The tool honours a durable idempotency key: retry with the same key
+    /// inside its retention window.
+    IdempotencyKey,
+    /// The resource id is derived from the intent: query it, check it.
+    ResourceId,
+    /// The tool can be asked about an operation by its id.
+    OperationQuery,
+    /// Nothing: unknown stays unknown until an operator resolves it.
+    None,
+}
+
+/// Where the operation id goes on the upstream call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OperationIdPlacement {
+    /// Nowhere (capability `none`, or the tool derives nothing from it).
+    Omitted,
+    /// Into `arguments.<name>` (after the digest was taken).
+    Argument(String),
+    /// Into the request's `_meta.<key>`.
+    Meta(String),
+}
+
+/// An adapter file as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdapter {
+    pub upstream: String,
+    #[serde(default)]
+    pub trust_annotations: bool,
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub tools: BTreeMap<String, RawToolAdapter>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawToolAdapter {
+    #[serde(default)]
+    pub read_only: bool,
+    pub capability: Option<Capability>,
+    pub operation_id_argument: Option<String>,
+    pub operation_id_meta: Option<String>,
+    pub operation_id_header: Option<String>,
+    pub key_retention: Option<String>,
+    pub query_tool: Option<String>,
+    pub query_argument: Option<String>,
+    pub remote_id_pointer: Option<String>,
+    pub timeout: Option<String>,
+}
+
+/// What leasegate does with one upstream tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolAdapter {
+    pub read_only: bool,
+    pub capability: Capability,
+    pub placement: OperationIdPlacement,
+    pub timeout: Duration,
+    pub key_retention: Option<Duration>,
+    pub query: Option<QuerySpec>,
+    pub remote_id_pointer: Option<String>,
+}
+
+/// How to ask the upstream about an operation (reconciler).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuerySpec {
+    pub tool: String,
+    pub argument: String,
+}
+
+/// A validated adapter file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Adapter {
+    pub upstream: String,
+    pub trust_annotations: bool,
+    pub timeout: Duration,
+    pub tools: BTreeMap<String, ToolAdapter>,
+}
+
+/// Default per-call timeout when an adapter names none.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Adapter {
+    /// The adapter of a tool this file does not name: side-effecting, no
+    /// promises, unless the upstream says read-only and annotations are trusted.
+    pub fn tool(&self, name: &str, read_only_hint: Option<bool>) -> ToolAdapter {
+        self.tools
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| ToolAdapter {
+                read_only: self.trust_annotations && read_only_hint == Some(true),
+                ..ToolAdapter::unknown(self.timeout)
+            })
+    }
+}
+
+impl ToolAdapter {
+    /// No adapter at all: side-effecting, capability `none`.
+    pub fn unknown(timeout: Duration) -> Self {
+        Self {
+            read_only: false,
+            capability: Capability::None,
+            placement: OperationIdPlacement::Omitted,
+            timeout,
+            key_retention: None,
+            query: None,
+            remote_id_pointer: None,
+        }
+    }
+}
+
+impl RawAdapter {
+    pub fn validate(&self) -> Result<Adapter, FieldError> {
+        if self.upstream.trim().is_empty() {
+            return Err(FieldError::new("upstream", "must name an upstream"));
+        }
+        let timeout = match &self.timeout {
+            Some(text) => parse_duration("timeout", text)?,
+            None => DEFAULT_TIMEOUT,
+        };
+        let mut tools = BTreeMap::new();
+        for (name, raw) in &self.tools {
+            let field = |f: &str| format!("tools.{name}.{f}");
+            let tool = raw
+                .validate(timeout)
+                .map_err(|e| FieldError::new(field(&e.field), e.message))?;
+            tools.insert(name.clone(), tool);
+        }
+        Ok(Adapter {
+            upstream: self.upstream.clone(),
+            trust_annotations: self.trust_annotations,
+            timeout,
+            tools,
+        })
+    }
+}
+
+impl RawToolAdapter {
+    fn validate(&self, default_timeout: Duration) -> Result<ToolAdapter, FieldError> {
+        let timeout = match &self.timeout {
+            Some(text) => parse_duration("timeout", text)?,
+            None => default_timeout,
+        };
+        if self.read_only {
+            let extra = [
+                ("capability", self.capability.is_some()),
+                (
+                    "operation_id_argument",
+                    self.operation_id_argument.is_some(),
+                ),
+                ("operation_id_meta", self.operation_id_meta.is_some()),
+                ("key_retention", self.key_retention.is_some()),
+                ("query_tool", self.query_tool.is_some()),
+            ];
+            if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
+                return Err(FieldError::new(
+                    *field,
+                    "a read_only tool has no side effect to adapt",
+                ));
+            }
+            return Ok(ToolAdapter {
+                read_only: true,
+                ..ToolAdapter::unknown(timeout)
+            });
+        }
+        let capability = self
+            .capability
+            .ok_or_else(|| FieldError::new("capability", "required for a side-effecting tool (idempotency_key, resource_id, operation_query, none)"))?;
+        if self.operation_id_header.is_some() {
+            return Err(FieldError::new(
+                "operation_id_header",
+                "per-call HTTP headers are not supported yet; use operation_id_argument or operation_id_meta",
+            ));
+        }
+        let placement = match (&self.operation_id_argument, &self.operation_id_meta) {
+            (Some(_), Some(_)) => {
+                return Err(FieldError::new(
+                    "operation_id_meta",
+                    "give operation_id_argument or operation_id_meta, not both",
+                ));
+            }
+            (Some(name), None) if !name.is_empty() => OperationIdPlacement::Argument(name.clone()),
+            (None, Some(key)) if !key.is_empty() => OperationIdPlacement::Meta(key.clone()),
+            (None, None) => OperationIdPlacement::Omitted,
+            _ => {
+                return Err(FieldError::new(
+                    "operation_id_argument",
+                    "must not be empty",
+                ));
+            }
+        };
+        if capability == Capability::IdempotencyKey && placement == OperationIdPlacement::Omitted {
+            return Err(FieldError::new(
+                "capability",
+                "idempotency_key needs operation_id_argument or operation_id_meta: where the key goes",
+            ));
+        }
+        let key_retention = match (&self.key_retention, capability) {
+            (Some(text), Capability::IdempotencyKey) => {
+                Some(parse_duration("key_retention", text)?)
+            }
+            (None, Capability::IdempotencyKey) => {
+                return Err(FieldError::new(
+                    "key_retention",
+                    "idempotency_key needs the provider's key retention window, e.g. \"24h\"",
+                ));
+            }
+            (Some(_), _) => {
+                return Err(FieldError::new(
+                    "key_retention",
+                    "only for capability idempotency_key",
+                ));
+            }
+            (None, _) => None,
+        };
+        let query = match (&self.query_tool, &self.query_argument, capability) {
+            (Some(tool), Some(argument), Capability::OperationQuery | Capability::ResourceId) => {
+                Some(QuerySpec {
+                    tool: tool.clone(),
+                    argument: argument.clone(),
+                })
+            }
+            (None, None, Capability::OperationQuery | Capability::ResourceId) => {
+                return Err(FieldError::new(
+                    "query_tool",
+                    "operation_query and resource_id need query_tool and query_argument",
+                ));
+            }
+            (None, None, _) => None,
+            (_, _, Capability::OperationQuery | Capability::ResourceId) => {
+                return Err(FieldError::new(
+                    "query_argument",
+                    "query_tool and query_argument go together",
+                ));
+            }
+            _ => {
+                return Err(FieldError::new(
+                    "query_tool",
+                    "only for capability operation_query or resource_id",
+                ));
+            }
+        };
+        if let Some(pointer) = &self.remote_id_pointer
+            && !pointer.starts_with('/')
+        {
+            return Err(FieldError::new(
+                "remote_id_pointer",
+                "a JSON pointer starts with '/'",
+            ));
+        }
+        Ok(ToolAdapter {
+            read_only: false,
+            capability,
+            placement,
+            timeout,
+            key_retention,
+            query,
+            remote_id_pointer: self.remote_id_pointer.clone(),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The seam between dispatch and the MCP client
+// ---------------------------------------------------------------------------
+
+/// One call to an upstream tool.
+#[derive(Debug, Clone)]
+pub struct UpstreamCall {
+    pub upstream: String,
+    pub tool: String,
+    pub arguments: Map<String, Value>,
+    /// Extra `_meta` for the upstream request (operation id, trace context).
+    pub meta: Map<String, Value>,
+    pub timeout: Duration,
+    /// Where the upstream's progress notifications go (the agent, if it asked).
+    pub progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+    /// Fired when the agent explicitly cancels: forwarded to the upstream.
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+/// A progress update from the upstream, to forward to the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub progress: f64,
+    pub total: Option<f64>,
+    pub message: Option<String>,
+}
+
+/// A tool's answer, as the JSON of an MCP `CallToolResult`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolAnswer {
+    pub is_error: bool,
+    pub result: Value,
+}
+
+/// Why an upstream call produced no answer, by what may have happened.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamError {
+    /// Provably nothing left leasegate (the upstream connection was down
+    /// before the request was handed over).
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// The request may have reached the tool; its outcome is unknown.
+    #[error("no answer, the request may have been received: {0}")]
+    MaybeSent(String),
+    #[error("no answer within {0:?}")]
+    TimedOut(Duration),
+    /// The upstream answered with a JSON-RPC error: nothing executed (by
+    /// protocol), e.g. invalid params.
+    #[error("upstream refused the call: {message} (code {code})")]
+    Refused { code: i32, message: String },
+}
+
+/// A tool server reachable by name. `mcp` implements it; dispatch and the
+/// reconciler use only this.
+pub trait Upstream: Send + Sync + 'static {
+    fn call(
+        &self,
+        call: UpstreamCall,
+    ) -> impl Future<Output = Result<ToolAnswer, UpstreamError>> + Send;
+}

@@ -1,0 +1,301 @@
+//! The main configuration file (`leasegate.toml`) and the loading of the
+//! adapter and policy files it points to.
+//!
+//! ```toml
+//! database_url = "postgres://postgres@127.0.0.1:5432/leasegate"
+//! tenant = "default"
+//! listen = "127.0.0.1:8640"       # MCP front: http://<listen>/mcp
+//! adapters = "adapters"           # directory, relative to this file
+//! policy = "policies/default.toml"
+//!
+//! [upstreams.payments]
+//! transport = "stdio"
+//! command = "leasegate"           # "leasegate" means this very binary
+//! args = ["example-tools", "--tools", "payments"]
+//!
+//! [upstreams.mailer]
+//! transport = "streamable_http"
+//! url = "http://127.0.0.1:9000/mcp"
+//! ```
+//!
+//! Every error names its file and field.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::adapter::{Adapter, RawAdapter};
+use crate::policy::{Policy, RawPolicy};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {message}", file.display())]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(file: &Path, message: impl Into<String>) -> Self {
+        Self {
+            file: file.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub database_url: Option<String>,
+    pub tenant: Option<String>,
+    pub listen: Option<String>,
+    pub adapters: Option<String>,
+    pub policy: Option<String>,
+    pub namespace_separator: Option<String>,
+    /// Apply the ledger migrations at start (default true).
+    pub migrate: Option<bool>,
+    /// MCP sessions over HTTP (`Mcp-Session-Id`). Off by default: every
+    /// request stands alone, so several leasegate processes can serve one
+    /// agent without sticky sessions.
+    pub http_sessions: Option<bool>,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(tag = "transport", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RawUpstream {
+    Stdio {
+        command: String,
+        #[serde(default)]
+        args: Vec<String>,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    StreamableHttp {
+        url: String,
+    },
+}
+
+/// How to reach one upstream tool server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum UpstreamTransport {
+    Stdio {
+        command: PathBuf,
+        args: Vec<String>,
+        env: BTreeMap<String, String>,
+    },
+    StreamableHttp {
+        url: String,
+    },
+}
+
+/// A validated configuration with its adapters and policy loaded.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub database_url: String,
+    pub tenant: String,
+    pub listen: SocketAddr,
+    pub namespace_separator: String,
+    pub migrate: bool,
+    pub http_sessions: bool,
+    pub policy: Policy,
+    /// By upstream name.
+    pub adapters: BTreeMap<String, Adapter>,
+    pub upstreams: BTreeMap<String, UpstreamTransport>,
+}
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/leasegate";
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8640";
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| ConfigError::new(path, format!("cannot read: {e}")))
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
+    toml::from_str(&read(path)?)
+        .map_err(|e| ConfigError::new(path, e.to_string().trim_end().to_owned()))
+}
+
+/// Loads and validates one policy file.
+pub fn load_policy(path: &Path) -> Result<Policy, ConfigError> {
+    parse::<RawPolicy>(path)?
+        .validate()
+        .map_err(|e| ConfigError::new(path, e.to_string()))
+}
+
+/// Loads and validates one adapter file.
+pub fn load_adapter(path: &Path) -> Result<Adapter, ConfigError> {
+    parse::<RawAdapter>(path)?
+        .validate()
+        .map_err(|e| ConfigError::new(path, e.to_string()))
+}
+
+/// Every `*.toml` of a directory, sorted by name.
+fn toml_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| ConfigError::new(dir, format!("cannot read directory: {e}")))?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "toml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+impl Config {
+    /// Loads `path` and the files it names (relative to its directory).
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let raw: RawConfig = parse(path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let err = |message: String| ConfigError::new(path, message);
+
+        let listen = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+        let listen: SocketAddr = listen.parse().map_err(|_| {
+            err(format!(
+                "listen: {listen:?} is not an address like \"127.0.0.1:8640\""
+            ))
+        })?;
+        let tenant = raw.tenant.clone().unwrap_or_else(|| "default".to_owned());
+        if tenant.is_empty() || tenant.len() > 128 {
+            return Err(err("tenant: must be 1 to 128 characters".into()));
+        }
+        let namespace_separator = raw
+            .namespace_separator
+            .clone()
+            .unwrap_or_else(|| "__".to_owned());
+        if namespace_separator.is_empty() {
+            return Err(err("namespace_separator: must not be empty".into()));
+        }
+        if raw.upstreams.is_empty() {
+            return Err(err("upstreams: at least one upstream is needed".into()));
+        }
+        let mut upstreams = BTreeMap::new();
+        for (name, upstream) in &raw.upstreams {
+            if name.is_empty() || name.contains(&namespace_separator) {
+                return Err(err(format!(
+                    "upstreams.{name}: an upstream name must be non-empty and free of the separator {namespace_separator:?}"
+                )));
+            }
+            let transport = match upstream {
+                RawUpstream::Stdio { command, args, env } => {
+                    if command.is_empty() {
+                        return Err(err(format!("upstreams.{name}.command: must not be empty")));
+                    }
+                    let command = if command == "leasegate" {
+                        std::env::current_exe()
+                            .map_err(|e| err(format!("upstreams.{name}.command: {e}")))?
+                    } else if command.contains('/') {
+                        base.join(command)
+                    } else {
+                        PathBuf::from(command)
+                    };
+                    UpstreamTransport::Stdio {
+                        command,
+                        args: args.clone(),
+                        env: env.clone(),
+                    }
+                }
+                RawUpstream::StreamableHttp { url } => {
+                    if !(url.starts_with("http://") || url.starts_with("https://")) {
+                        return Err(err(format!(
+                            "upstreams.{name}.url: {url:?} is not an http(s) URL"
+                        )));
+                    }
+                    UpstreamTransport::StreamableHttp { url: url.clone() }
+                }
+            };
+            upstreams.insert(name.clone(), transport);
+        }
+
+        let policy = match &raw.policy {
+            Some(file) => load_policy(&base.join(file))?,
+            None => Policy::default(),
+        };
+        let mut adapters = BTreeMap::new();
+        if let Some(dir) = &raw.adapters {
+            for file in toml_files(&base.join(dir))? {
+                let adapter = load_adapter(&file)?;
+                if !upstreams.contains_key(&adapter.upstream) {
+                    return Err(ConfigError::new(
+                        &file,
+                        format!(
+                            "upstream: {:?} is not an upstream of {}",
+                            adapter.upstream,
+                            path.display()
+                        ),
+                    ));
+                }
+                if adapters.contains_key(&adapter.upstream) {
+                    return Err(ConfigError::new(
+                        &file,
+                        format!(
+                            "upstream: another adapter file already covers {:?}",
+                            adapter.upstream
+                        ),
+                    ));
+                }
+                if let Some((tool, _)) = adapter
+                    .tools
+                    .iter()
+                    .find(|(_, t)| t.timeout >= policy.claim_ttl)
+                {
+                    return Err(ConfigError::new(
+                        &file,
+                        format!(
+                            "tools.{tool}.timeout: must be below the policy's claim_ttl ({:?})",
+                            policy.claim_ttl
+                        ),
+                    ));
+                }
+                adapters.insert(adapter.upstream.clone(), adapter);
+            }
+        }
+        Ok(Config {
+            database_url: raw
+                .database_url
+                .clone()
+                .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            tenant,
+            listen,
+            namespace_separator,
+            migrate: raw.migrate.unwrap_or(true),
+            http_sessions: raw.http_sessions.unwrap_or(false),
+            policy,
+            adapters,
+            upstreams,
+        })
+    }
+
+    /// The adapter of `upstream`, or the no-promises default.
+    pub fn adapter(&self, upstream: &str) -> Adapter {
+        self.adapters
+            .get(upstream)
+            .cloned()
+            .unwrap_or_else(|| Adapter {
+                upstream: upstream.to_owned(),
+                trust_annotations: false,
+                timeout: crate::adapter::DEFAULT_TIMEOUT,
+                tools: BTreeMap::new(),
+            })
+    }
+}
+
+/// What `leasegate check-config` checks for one path: an adapter file (in
+/// a directory named `adapters`), a policy file (in `policies`), or a main
+/// configuration with everything it names.
+pub fn check_file(path: &Path) -> Result<&'static str, ConfigError> {
+    let parent = path
+        .parent()
+        .and_then(Path::file_name)
+        .and_then(|name| name.to_str())
+        .unwrap_or("");
+    match parent {
+        "adapters" => load_adapter(path).map(|_| "adapter"),
+        "policies" => load_policy(path).map(|_| "policy"),
+        _ => Config::load(path).map(|_| "config"),
+    }
+}

@@ -1,0 +1,437 @@
+//! The inline path of a side-effecting call: claim → call → settle.
+//!
+//! ```text
+//!  register+claim (1 tx) ──▶ upstream call (no tx open) ──▶ settle | mark unknown (1 tx)
+//! ```
+//!
+//! # Invariants
+//!
+//! - Nothing reaches the upstream without a claim committed under the
+//!   caller's valid lease (ledger invariant 1; DESIGN.md invariant 5: no
+//!   transaction is open during the call).
+//! - The upstream call runs in a task owned by leasegate, not by the agent's
+//!   request: if the agent disconnects, the answer is still recorded.
+//! - A timeout or a transport error after the request may have left is
+//!   `unknown`, never `failed_final`. An error proven to happen before
+//!   anything was sent is retried while the claim is valid, and in the end
+//!   recorded as evidence; the row never goes back to `prepared`.
+//!
+//! # Crash points
+//!
+//! - After the claim commits, before or during the call: the row stays
+//!   `dispatching` until its claim expires; then it becomes `unknown` (by
+//!   the next call of the same intent here, or the reconciler).
+//! - After the upstream answered, before settle commits: the same, and the
+//!   side effect exists; the tool's capability decides how it converges.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::adapter::Progress;
+use crate::adapter::{
+    OperationIdPlacement, ToolAdapter, ToolAnswer, Upstream, UpstreamCall, UpstreamError,
+};
+use crate::intent::{Intent, IntentError, OperationId, StepRef};
+use crate::ledger::{
+    DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknownOutcome,
+    OperationRecord, OperationStatus, Rejection, SettleOutcome,
+};
+use crate::policy::{Policy, StepIdentity};
+
+/// The `_meta` key under which the upstream always receives the operation id.
+pub const OPERATION_ID_META: &str = "dev.leasegate/operation_id";
+
+/// One side-effecting call as the front received it.
+#[derive(Debug, Clone)]
+pub struct CallRequest {
+    pub lease: LeaseClaim,
+    pub step: Option<StepRef>,
+    /// The name the agent called (namespaced); part of the digest.
+    pub exposed_name: String,
+    pub upstream: String,
+    pub tool: String,
+    pub arguments: Map<String, Value>,
+    pub adapter: ToolAdapter,
+    /// `_meta` to pass on (trace context).
+    pub meta: Map<String, Value>,
+    pub progress: Option<mpsc::UnboundedSender<Progress>>,
+    /// Fired when the agent explicitly cancels; forwarded upstream.
+    pub cancel: CancellationToken,
+}
+
+/// The operation a reply is about, as the agent sees it in `_meta`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationNote {
+    pub operation_id: OperationId,
+    pub status: OperationStatus,
+    pub replayed: bool,
+}
+
+impl OperationNote {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "operation_id": self.operation_id.as_str(),
+            "status": self.status.as_str(),
+            "replayed": self.replayed,
+        })
+    }
+}
+
+/// What the agent gets back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallReply {
+    /// The upstream's answer (fresh or recorded).
+    Answer {
+        result: Value,
+        is_error: bool,
+        operation: OperationNote,
+    },
+    /// The outcome is unknown: reported as a tool result with isError and
+    /// the operation named, never as a failure.
+    Unknown {
+        operation_id: OperationId,
+        reason: String,
+    },
+}
+
+/// Why a call was refused; nothing reached the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error(
+        "this tool has side effects and needs a lease: send _meta \"dev.leasegate/lease\" {{run_id, owner, epoch}} or the Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"
+    )]
+    LeaseRequired,
+    #[error("{0}")]
+    BadLease(String),
+    #[error(
+        "{0}; stop this worker: another worker owns the run now, or the lease expired (re-acquire to continue)"
+    )]
+    LeaseLost(Box<Rejection>),
+    #[error("{0}")]
+    RunTerminal(Box<Rejection>),
+    #[error("run not found: create the run and acquire its lease first")]
+    RunNotFound,
+    #[error("{0}")]
+    IntentConflict(Box<Rejection>),
+    #[error("operation {operation_id} is in progress under another claim; ask again later")]
+    InProgress { operation_id: OperationId },
+    #[error("operation {operation_id} was cancelled (its run was cancelled or its plan changed)")]
+    Cancelled { operation_id: OperationId },
+    #[error(
+        "policy requires an explicit step: send _meta \"dev.leasegate/step\" {{step_id, effect_version}}"
+    )]
+    StepRequired,
+    #[error("arguments are {size} bytes, above the policy limit of {limit}")]
+    ArgumentsTooLarge { size: usize, limit: usize },
+    #[error(transparent)]
+    Intent(#[from] IntentError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+}
+
+/// Runs side-effecting calls through the ledger.
+pub struct Dispatcher<U> {
+    ledger: Ledger,
+    upstream: Arc<U>,
+    policy: Policy,
+    tenant: String,
+    /// Unique per process: the claims this process takes.
+    dispatch_owner: String,
+}
+
+impl<U: Upstream> Dispatcher<U> {
+    pub fn new(ledger: Ledger, upstream: Arc<U>, policy: Policy, tenant: String) -> Self {
+        let dispatch_owner = format!(
+            "leasegate-{}-{}",
+            std::process::id(),
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        Self {
+            ledger,
+            upstream,
+            policy,
+            tenant,
+            dispatch_owner,
+        }
+    }
+
+    pub fn dispatch_owner(&self) -> &str {
+        &self.dispatch_owner
+    }
+
+    /// Registers, claims, calls and settles one side-effecting call.
+    pub async fn call(&self, request: CallRequest) -> Result<CallReply, CallError> {
+        let arguments = Value::Object(request.arguments.clone());
+        let size = serde_json::to_vec(&arguments)
+            .map(|bytes| bytes.len())
+            .unwrap_or(usize::MAX);
+        if size > self.policy.max_arguments_bytes {
+            return Err(CallError::ArgumentsTooLarge {
+                size,
+                limit: self.policy.max_arguments_bytes,
+            });
+        }
+        if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
+            return Err(CallError::StepRequired);
+        }
+        let mut intent = Intent::new(
+            &self.tenant,
+            request.lease.run_id,
+            request.step.clone(),
+            &request.exposed_name,
+            &arguments,
+            self.policy.integers,
+        )?;
+        intent.request_body = self.policy.request_body.apply(&arguments);
+        let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
+        let outcome = self
+            .ledger
+            .operation_register_claim(&request.lease, &intent, &self.dispatch_owner, claim_ttl_ms)
+            .await?;
+        match outcome {
+            Fenced::Rejected(rejection) => Err(refusal(rejection)),
+            Fenced::Applied(InlineClaim::Existing(record)) => self.existing(record).await,
+            Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
+                // From here on the call belongs to leasegate, not to the agent.
+                let task = tokio::spawn(send_and_settle(
+                    self.ledger.clone(),
+                    self.upstream.clone(),
+                    self.dispatch_owner.clone(),
+                    claim,
+                    request,
+                ));
+                task.await.map_err(|e| {
+                    CallError::Ledger(LedgerError::Protocol {
+                        call: "dispatch",
+                        detail: format!("dispatch task failed: {e}"),
+                    })
+                })?
+            }
+        }
+    }
+
+    /// The intent exists: replay, wait for it, or report it.
+    async fn existing(&self, mut record: OperationRecord) -> Result<CallReply, CallError> {
+        let deadline = tokio::time::Instant::now() + self.policy.in_flight_wait;
+        let mut pause = Duration::from_millis(25);
+        loop {
+            match record.status {
+                OperationStatus::Succeeded | OperationStatus::FailedFinal => {
+                    return Ok(CallReply::Answer {
+                        is_error: record.status == OperationStatus::FailedFinal,
+                        result: record.result.clone().unwrap_or(Value::Null),
+                        operation: OperationNote {
+                            operation_id: record.operation_id.clone(),
+                            status: record.status,
+                            replayed: true,
+                        },
+                    });
+                }
+                OperationStatus::Unknown => {
+                    return Ok(CallReply::Unknown {
+                        operation_id: record.operation_id,
+                        reason:
+                            "the outcome of an earlier attempt is unknown; it is being reconciled"
+                                .into(),
+                    });
+                }
+                OperationStatus::Cancelled => {
+                    return Err(CallError::Cancelled {
+                        operation_id: record.operation_id,
+                    });
+                }
+                OperationStatus::Prepared | OperationStatus::Dispatching => {}
+            }
+            // A claim whose deadline passed will never be settled by its
+            // holder: turn it unknown (the database judges the expiry).
+            if let Some(claim) = record.claim()
+                && claim.until <= chrono::Utc::now()
+                && let MarkUnknownOutcome::MarkedUnknown { operation, .. } = self
+                    .ledger
+                    .operation_mark_unknown(
+                        &claim,
+                        false,
+                        &self.dispatch_owner,
+                        true,
+                        &json!({"reason": "claim expired; found by a later call"}),
+                    )
+                    .await?
+            {
+                record = operation;
+                continue;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(CallError::InProgress {
+                    operation_id: record.operation_id,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+            record = match self.ledger.operation_get(&record.operation_id).await? {
+                Some(view) => view.operation,
+                None => {
+                    return Err(CallError::InProgress {
+                        operation_id: record.operation_id,
+                    });
+                }
+            };
+        }
+    }
+}
+
+fn refusal(rejection: Rejection) -> CallError {
+    match rejection {
+        Rejection::LeaseLost { .. } => CallError::LeaseLost(Box::new(rejection)),
+        Rejection::Terminal { .. } | Rejection::WrongStatus { .. } | Rejection::Conflict { .. } => {
+            CallError::RunTerminal(Box::new(rejection))
+        }
+        Rejection::NotFound => CallError::RunNotFound,
+        Rejection::IntentConflict { .. } => CallError::IntentConflict(Box::new(rejection)),
+    }
+}
+
+/// How often a provably unsent request is tried again within its claim.
+const NOT_SENT_ATTEMPTS: u32 = 3;
+
+async fn send_and_settle<U: Upstream>(
+    ledger: Ledger,
+    upstream: Arc<U>,
+    dispatch_owner: String,
+    claim: DispatchClaim,
+    request: CallRequest,
+) -> Result<CallReply, CallError> {
+    let operation_id = claim.operation_id.clone();
+    let mut arguments = request.arguments;
+    let mut meta = request.meta;
+    meta.insert(OPERATION_ID_META.to_owned(), json!(operation_id.as_str()));
+    match &request.adapter.placement {
+        OperationIdPlacement::Argument(name) => {
+            arguments.insert(name.clone(), json!(operation_id.as_str()));
+        }
+        OperationIdPlacement::Meta(key) => {
+            meta.insert(key.clone(), json!(operation_id.as_str()));
+        }
+        OperationIdPlacement::Omitted => {}
+    }
+    let call = UpstreamCall {
+        upstream: request.upstream,
+        tool: request.tool,
+        arguments,
+        meta,
+        timeout: request.adapter.timeout,
+        progress: request.progress,
+        cancel: request.cancel,
+    };
+    let mut attempt = 1;
+    let failure = loop {
+        match upstream.call(call.clone()).await {
+            Ok(answer) => return settle(&ledger, &claim, &request.adapter, answer).await,
+            Err(UpstreamError::Refused { code, message }) if (-32602..=-32600).contains(&code) => {
+                // The upstream rejected the request as malformed: by protocol
+                // nothing executed. A final failure, recorded and replayed.
+                let result = json!({
+                    "content": [{"type": "text", "text": format!("upstream refused the call: {message}")}],
+                    "isError": true,
+                    "structuredContent": {"upstream_error": {"code": code, "message": message}},
+                });
+                return settle(
+                    &ledger,
+                    &claim,
+                    &request.adapter,
+                    ToolAnswer {
+                        is_error: true,
+                        result,
+                    },
+                )
+                .await;
+            }
+            Err(UpstreamError::NotSent(reason))
+                if attempt < NOT_SENT_ATTEMPTS
+                    && chrono::Utc::now() + call.timeout < claim.until =>
+            {
+                tracing::warn!(operation_id = %operation_id, attempt, reason, "upstream unreachable, nothing sent; retrying");
+                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(error) => break error,
+        }
+    };
+    let (timed_out, evidence) = match &failure {
+        UpstreamError::TimedOut(after) => (
+            true,
+            json!({"error": failure.to_string(), "timeout_ms": after.as_millis() as u64}),
+        ),
+        UpstreamError::NotSent(reason) => (
+            false,
+            json!({"error": reason, "not_sent": true, "attempts": attempt}),
+        ),
+        other => (false, json!({"error": other.to_string()})),
+    };
+    // If we crash here the row stays dispatching; when the claim expires it
+    // becomes unknown all the same.
+    let outcome = ledger
+        .operation_mark_unknown(&claim, true, &dispatch_owner, timed_out, &evidence)
+        .await?;
+    let reason = match outcome {
+        MarkUnknownOutcome::MarkedUnknown { .. } => failure.to_string(),
+        other => format!("{failure}; the operation had already moved on: {other:?}"),
+    };
+    Ok(CallReply::Unknown {
+        operation_id,
+        reason,
+    })
+}
+
+async fn settle(
+    ledger: &Ledger,
+    claim: &DispatchClaim,
+    adapter: &ToolAdapter,
+    answer: ToolAnswer,
+) -> Result<CallReply, CallError> {
+    let remote_id = adapter.remote_id_pointer.as_deref().and_then(|pointer| {
+        answer
+            .result
+            .get("structuredContent")
+            .and_then(|s| s.pointer(pointer))
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+    });
+    // If we crash before this commits, the side effect exists and the row is
+    // dispatching: the claim expires into unknown, and evidence converges it.
+    match ledger
+        .operation_settle(
+            claim,
+            !answer.is_error,
+            remote_id.as_deref(),
+            &answer.result,
+        )
+        .await?
+    {
+        SettleOutcome::Settled(record) => Ok(CallReply::Answer {
+            result: answer.result,
+            is_error: answer.is_error,
+            operation: OperationNote {
+                operation_id: record.operation_id,
+                status: record.status,
+                replayed: false,
+            },
+        }),
+        SettleOutcome::KeptAsEvidence { found, .. } => Ok(CallReply::Unknown {
+            operation_id: found.operation_id,
+            reason: format!(
+                "the answer came after the claim lapsed (operation is {}); it is kept as evidence",
+                found.status
+            ),
+        }),
+        SettleOutcome::NotFound => Err(CallError::Ledger(LedgerError::Protocol {
+            call: "operation_settle",
+            detail: format!("operation {} vanished", claim.operation_id),
+        })),
+    }
+}

@@ -1,0 +1,143 @@
+//! rmcp ↔ leasegate conversions, in one place so that an rmcp upgrade
+//! touches one file. Also the JSON-RPC error codes leasegate answers with.
+
+use rmcp::ErrorData as McpError;
+use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, MetaObject};
+use serde_json::{Value, json};
+
+use crate::adapter::ToolAnswer;
+use crate::dispatch::{CallError, CallReply};
+
+/// JSON-RPC error codes of leasegate (server-defined range).
+pub mod codes {
+    /// A side-effecting call came without a lease.
+    pub const LEASE_REQUIRED: i32 = -32001;
+    /// The lease is not the run's current one (taken over, expired, released).
+    pub const LEASE_LOST: i32 = -32002;
+    /// The same intent identity was sent with a different request.
+    pub const INTENT_CONFLICT: i32 = -32003;
+    /// The run is succeeded, failed or cancelled (or not in a callable state).
+    pub const RUN_TERMINAL: i32 = -32004;
+    /// The run does not exist.
+    pub const RUN_NOT_FOUND: i32 = -32005;
+    /// The same intent is in flight under another claim; ask again later.
+    pub const IN_PROGRESS: i32 = -32006;
+    /// The operation was cancelled (run cancelled or plan superseded).
+    pub const OPERATION_CANCELLED: i32 = -32007;
+    /// The ledger could not be reached or its answer was lost.
+    pub const LEDGER_UNAVAILABLE: i32 = -32010;
+    /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
+    /// oversized or unsafe arguments, missing step).
+    pub const INVALID_PARAMS: i32 = -32602;
+}
+
+/// The JSON of a tool result, as stored in the ledger.
+pub fn answer_from_result(result: &CallToolResult) -> ToolAnswer {
+    let mut value = serde_json::to_value(result).unwrap_or(Value::Null);
+    if let Some(map) = value.as_object_mut() {
+        // Upstream _meta is transport noise for the ledger; resultType too.
+        map.remove("_meta");
+        map.remove("resultType");
+    }
+    ToolAnswer {
+        is_error: result.is_error.unwrap_or(false),
+        result: value,
+    }
+}
+
+fn operation_meta(note: Value) -> MetaObject {
+    let mut meta = MetaObject::new();
+    meta.insert("dev.leasegate/operation".to_owned(), note);
+    meta
+}
+
+/// What the agent receives for a reply.
+pub fn result_from_reply(reply: CallReply) -> CallToolResult {
+    match reply {
+        CallReply::Answer {
+            result,
+            is_error,
+            operation,
+        } => {
+            let mut tool_result: CallToolResult =
+                serde_json::from_value(result).unwrap_or_else(|_| {
+                    let mut fallback = CallToolResult::success(vec![ContentBlock::text(
+                        "(recorded result could not be read back)",
+                    )]);
+                    fallback.is_error = Some(is_error);
+                    fallback
+                });
+            tool_result.meta = Some(operation_meta(operation.to_json()));
+            tool_result
+        }
+        CallReply::Unknown {
+            operation_id,
+            reason,
+        } => {
+            let body = json!({
+                "operation_id": operation_id.as_str(),
+                "status": "unknown",
+                "reason": reason,
+            });
+            let mut tool_result = CallToolResult::error(vec![ContentBlock::text(format!(
+                "outcome unknown for operation {operation_id}: {reason}. It was not reported as failed; \
+                 do not retry it under a new step — ask the ledger for its fate."
+            ))]);
+            tool_result.structured_content = Some(body);
+            tool_result.meta = Some(operation_meta(json!({
+                "operation_id": operation_id.as_str(),
+                "status": "unknown",
+                "replayed": false,
+            })));
+            tool_result
+        }
+    }
+}
+
+/// The JSON-RPC error for a refused call. Internal details never leak.
+pub fn error_from_call(error: &CallError) -> McpError {
+    let (code, data) = match error {
+        CallError::LeaseRequired => (codes::LEASE_REQUIRED, None),
+        CallError::BadLease(_) => (codes::INVALID_PARAMS, None),
+        CallError::LeaseLost(rejection) => (codes::LEASE_LOST, Some(reason_data(rejection))),
+        CallError::RunTerminal(rejection) => (codes::RUN_TERMINAL, Some(reason_data(rejection))),
+        CallError::RunNotFound => (codes::RUN_NOT_FOUND, None),
+        CallError::IntentConflict(rejection) => {
+            (codes::INTENT_CONFLICT, Some(reason_data(rejection)))
+        }
+        CallError::InProgress { operation_id } => (
+            codes::IN_PROGRESS,
+            Some(json!({"operation_id": operation_id.as_str(), "status": "dispatching"})),
+        ),
+        CallError::Cancelled { operation_id } => (
+            codes::OPERATION_CANCELLED,
+            Some(json!({"operation_id": operation_id.as_str(), "status": "cancelled"})),
+        ),
+        CallError::StepRequired | CallError::ArgumentsTooLarge { .. } | CallError::Intent(_) => {
+            (codes::INVALID_PARAMS, None)
+        }
+        CallError::Ledger(_) => (codes::LEDGER_UNAVAILABLE, None),
+    };
+    let message = match error {
+        CallError::Ledger(inner) => {
+            tracing::error!(error = %inner, "ledger call failed");
+            match inner.delivery() {
+                crate::ledger::Delivery::Unknown => {
+                    "ledger outcome unknown: call again with the same step to learn the operation's fate".to_owned()
+                }
+                _ => "ledger unavailable: nothing was sent upstream; try again".to_owned(),
+            }
+        }
+        other => other.to_string(),
+    };
+    McpError::new(ErrorCode(code), message, data)
+}
+
+fn reason_data(rejection: &crate::ledger::Rejection) -> Value {
+    json!({ "reason": rejection.reason(), "detail": rejection.to_string() })
+}
+
+/// The upstream's JSON-RPC error, as a code and a message.
+pub fn refused(error: &McpError) -> (i32, String) {
+    (error.code.0, error.message.to_string())
+}

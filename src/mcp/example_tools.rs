@@ -1,0 +1,313 @@
+//! An example MCP tool server with real, counted side effects, for the
+//! quickstart and the end-to-end tests (`leasegate example-tools`).
+//!
+//! - `payments`: `charge` honours an `idempotency_key` (the same key returns
+//!   the same charge, no new side effect) and `get_charge` (read-only) finds
+//!   a charge by its key.
+//! - `mailer`: `send_email` has no idempotency at all: every call that
+//!   reaches it sends (and it may be told to hang after sending, to play a
+//!   lost answer); `mail_stats` (read-only) reports progress as it counts.
+//!
+//! Every side effect is one JSON line appended to `<state-dir>/charges.jsonl`
+//! or `<state-dir>/emails.jsonl`, which is what tests count.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Mutex;
+
+/// Which tools to serve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolSet {
+    Payments,
+    Mailer,
+    All,
+}
+
+impl std::str::FromStr for ToolSet {
+    type Err = String;
+    fn from_str(value: &str) -> Result<Self, String> {
+        match value {
+            "payments" => Ok(ToolSet::Payments),
+            "mailer" => Ok(ToolSet::Mailer),
+            "all" => Ok(ToolSet::All),
+            other => Err(format!("{other:?} is not one of payments, mailer, all")),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct ExampleTools {
+    set: ToolSet,
+    state_dir: Arc<PathBuf>,
+    /// Serialises side effects so that counting is exact.
+    lock: Arc<Mutex<()>>,
+}
+
+fn schema(value: Value) -> Arc<JsonObject> {
+    Arc::new(value.as_object().cloned().unwrap_or_default())
+}
+
+fn tools(set: ToolSet) -> Vec<Tool> {
+    let mut tools = Vec::new();
+    if set != ToolSet::Mailer {
+        tools.push(
+            Tool::new(
+                "charge",
+                "Charge a card. Honours idempotency_key: the same key returns the same charge.",
+                schema(json!({"type": "object", "properties": {
+                    "amount": {"type": "integer"}, "currency": {"type": "string"},
+                    "idempotency_key": {"type": "string"}}, "required": ["amount", "currency"]})),
+            )
+            .with_annotations(
+                ToolAnnotations::new()
+                    .read_only(false)
+                    .destructive(false)
+                    .idempotent(true),
+            ),
+        );
+        tools.push(
+            Tool::new(
+                "get_charge",
+                "Find a charge by its idempotency key.",
+                schema(
+                    json!({"type": "object", "properties": {"idempotency_key": {"type": "string"}},
+                               "required": ["idempotency_key"]}),
+                ),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(true)),
+        );
+    }
+    if set != ToolSet::Payments {
+        tools.push(
+            Tool::new(
+                "send_email",
+                "Send an email. Not idempotent. hang_ms makes it hang after sending.",
+                schema(json!({"type": "object", "properties": {
+                    "to": {"type": "string"}, "subject": {"type": "string"}, "body": {"type": "string"},
+                    "hang_ms": {"type": "integer"}}, "required": ["to"]})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
+        );
+        tools.push(
+            Tool::new(
+                "mail_stats",
+                "Count sent emails, reporting progress.",
+                schema(json!({"type": "object", "properties": {}})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(true)),
+        );
+    }
+    tools
+}
+
+impl ExampleTools {
+    fn file(&self, name: &str) -> PathBuf {
+        self.state_dir.join(name)
+    }
+
+    async fn lines(&self, name: &str) -> Vec<Value> {
+        tokio::fs::read_to_string(self.file(name))
+            .await
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+
+    async fn append(&self, name: &str, line: &Value) -> Result<(), McpError> {
+        let mut file = tokio::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.file(name))
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        file.write_all(format!("{line}\n").as_bytes())
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        file.sync_data()
+            .await
+            .map_err(|e| McpError::internal_error(e.to_string(), None))
+    }
+
+    async fn charge(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+        let amount = args
+            .get("amount")
+            .and_then(Value::as_i64)
+            .ok_or_else(|| McpError::invalid_params("amount must be an integer", None))?;
+        let currency = args
+            .get("currency")
+            .and_then(Value::as_str)
+            .unwrap_or("eur");
+        let key = args.get("idempotency_key").and_then(Value::as_str);
+        let _guard = self.lock.lock().await;
+        let charges = self.lines("charges.jsonl").await;
+        if let Some(key) = key
+            && let Some(existing) = charges.iter().find(|c| c["idempotency_key"] == key)
+        {
+            let mut body = existing.clone();
+            body["replayed"] = json!(true);
+            return Ok(CallToolResult::structured(body));
+        }
+        let charge = json!({"charge_id": format!("ch_{}", charges.len() + 1), "amount": amount,
+                            "currency": currency, "idempotency_key": key, "replayed": false});
+        self.append("charges.jsonl", &charge).await?;
+        Ok(CallToolResult::structured(charge))
+    }
+
+    async fn get_charge(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+        let key = args
+            .get("idempotency_key")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let charges = self.lines("charges.jsonl").await;
+        Ok(
+            match charges.into_iter().find(|c| c["idempotency_key"] == key) {
+                Some(charge) => {
+                    CallToolResult::structured(json!({"found": true, "charge": charge}))
+                }
+                None => CallToolResult::structured(json!({"found": false})),
+            },
+        )
+    }
+
+    async fn send_email(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+        let to = args.get("to").and_then(Value::as_str).unwrap_or_default();
+        if !to.contains('@') {
+            // A business failure: nothing sent.
+            return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                "invalid recipient {to:?}"
+            ))]));
+        }
+        let sent = {
+            let _guard = self.lock.lock().await;
+            let count = self.lines("emails.jsonl").await.len();
+            let email = json!({"message_id": format!("msg_{}", count + 1), "to": to,
+                               "subject": args.get("subject"), "body": args.get("body")});
+            self.append("emails.jsonl", &email).await?;
+            email
+        };
+        if let Some(hang) = args.get("hang_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(hang)).await;
+        }
+        Ok(CallToolResult::structured(
+            json!({"message_id": sent["message_id"], "to": to}),
+        ))
+    }
+
+    async fn mail_stats(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let count = self.lines("emails.jsonl").await.len();
+        if let Some(token) = context.meta.get_progress_token() {
+            for step in 1..=2u32 {
+                let mut params = ProgressNotificationParam::new(token.clone(), f64::from(step));
+                params.total = Some(2.0);
+                params.message = Some(format!("counting, step {step} of 2"));
+                let _ = context.peer.notify_progress(params).await;
+            }
+        }
+        Ok(CallToolResult::structured(json!({"emails_sent": count})))
+    }
+}
+
+impl ServerHandler for ExampleTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
+            Implementation::new("leasegate-example-tools", env!("CARGO_PKG_VERSION")),
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        // One tool per page, so that proxies must follow cursors.
+        let all = tools(self.set);
+        let index: usize = request
+            .and_then(|r| r.cursor)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        let mut page =
+            ListToolsResult::with_all_items(all.get(index).cloned().into_iter().collect());
+        if index + 1 < all.len() {
+            page.next_cursor = Some((index + 1).to_string());
+        }
+        Ok(page)
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let args = request.arguments.unwrap_or_default();
+        let known = tools(self.set).iter().any(|tool| tool.name == request.name);
+        let result = match request.name.as_ref() {
+            "charge" if known => self.charge(&args).await?,
+            "get_charge" if known => self.get_charge(&args).await?,
+            "send_email" if known => self.send_email(&args).await?,
+            "mail_stats" if known => self.mail_stats(&context).await?,
+            other => {
+                return Err(McpError::invalid_params(
+                    format!("unknown tool {other:?}"),
+                    None,
+                ));
+            }
+        };
+        Ok(CallToolResponse::Complete(result))
+    }
+}
+
+/// Serves the example tools over stdio until stdin closes.
+pub async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&state_dir)?;
+    let server = ExampleTools {
+        set,
+        state_dir: Arc::new(state_dir),
+        lock: Arc::default(),
+    };
+    server
+        .serve(rmcp::transport::stdio())
+        .await?
+        .waiting()
+        .await?;
+    Ok(())
+}
+
+/// Serves the example tools over Streamable HTTP at `/mcp` on `listener`.
+pub async fn serve_http(
+    set: ToolSet,
+    state_dir: PathBuf,
+    listener: tokio::net::TcpListener,
+) -> anyhow::Result<()> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::never::NeverSessionManager,
+    };
+    std::fs::create_dir_all(&state_dir)?;
+    let server = ExampleTools {
+        set,
+        state_dir: Arc::new(state_dir),
+        lock: Arc::default(),
+    };
+    let service = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        NeverSessionManager::default().into(),
+        StreamableHttpServerConfig::default().with_legacy_session_mode(false),
+    );
+    let app = axum::Router::new().nest_service("/mcp", service);
+    axum::serve(listener, app).await?;
+    Ok(())
+}

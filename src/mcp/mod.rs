@@ -1,0 +1,65 @@
+//! MCP: the front agents talk to, the clients of upstream tool servers, and
+//! an example tool server. The only module that imports rmcp.
+
+pub mod convert;
+pub mod example_tools;
+pub mod front;
+pub mod upstream;
+
+pub use front::Front;
+pub use upstream::{StartError, Upstreams};
+
+use std::future::Future;
+
+use rmcp::ServiceExt;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+/// Serves the front over Streamable HTTP at `/mcp` until `shutdown`
+/// completes. Without `sessions` every request stands alone (no sticky
+/// sessions needed behind a load balancer).
+pub async fn serve_http(
+    front: Front,
+    listener: tokio::net::TcpListener,
+    sessions: bool,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let stop = CancellationToken::new();
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(sessions)
+        .with_cancellation_token(stop.child_token());
+    let router = if sessions {
+        let service = StreamableHttpService::new(
+            move || Ok(front.clone()),
+            LocalSessionManager::default().into(),
+            config,
+        );
+        axum::Router::new().nest_service("/mcp", service)
+    } else {
+        let service = StreamableHttpService::new(
+            move || Ok(front.clone()),
+            NeverSessionManager::default().into(),
+            config,
+        );
+        axum::Router::new().nest_service("/mcp", service)
+    };
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            stop.cancel();
+        })
+        .await
+}
+
+/// Serves the front on stdin/stdout until the client closes stdin. Logs
+/// must go to stderr.
+pub async fn serve_stdio(front: Front) -> anyhow::Result<()> {
+    front
+        .serve(rmcp::transport::stdio())
+        .await?
+        .waiting()
+        .await?;
+    Ok(())
+}

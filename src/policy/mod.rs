@@ -1,0 +1,250 @@
+//! Policies (`policies/*.toml`): timing, step identity, request size and
+//! what of a request the ledger stores.
+//!
+//! Files parse with `deny_unknown_fields` into [`RawPolicy`], then
+//! [`RawPolicy::validate`] turns them into a [`Policy`] with every value
+//! checked; an error names the field. Durations are strings (`"30s"`,
+//! `"1m 30s"`).
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::intent::IntegerPolicy;
+
+/// A policy file as written.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    /// Largest lease TTL a worker may ask for.
+    pub lease_ttl_ceiling: Option<String>,
+    /// Heartbeat interval recommended to workers (reported, not enforced).
+    pub heartbeat_interval: Option<String>,
+    /// How long a dispatch claim lasts; must exceed every tool timeout.
+    pub claim_ttl: Option<String>,
+    /// How long a call waits for the same intent in flight elsewhere.
+    pub in_flight_wait: Option<String>,
+    /// "derived" (default: step id from tool + digest) or "explicit".
+    pub step_identity: Option<String>,
+    /// "full" (default), "masked" (with `masked_fields`) or "digest_only".
+    pub request_body: Option<String>,
+    pub masked_fields: Option<Vec<String>>,
+    /// Largest accepted `arguments`, in bytes of JSON.
+    pub max_arguments_bytes: Option<usize>,
+    /// "reject" (default) or "as_double": integers beyond ±2^53.
+    pub integers: Option<String>,
+}
+
+/// How a call's step identity is found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepIdentity {
+    /// `_meta` `dev.leasegate/step` when given, else `auto:<tool>:<digest>`.
+    Derived,
+    /// `_meta` `dev.leasegate/step` is required on side-effecting calls.
+    Explicit,
+}
+
+/// What the ledger stores of a request's arguments.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequestBodyPolicy {
+    Full,
+    /// These top-level or nested field names are replaced by `"***"`.
+    Masked(Vec<String>),
+    /// Only the digest (already in its own column) is kept.
+    DigestOnly,
+}
+
+impl RequestBodyPolicy {
+    /// The body to store for `arguments`.
+    pub fn apply(&self, arguments: &Value) -> Value {
+        match self {
+            RequestBodyPolicy::Full => arguments.clone(),
+            RequestBodyPolicy::DigestOnly => Value::Null,
+            RequestBodyPolicy::Masked(fields) => mask(arguments, fields),
+        }
+    }
+}
+
+fn mask(value: &Value, fields: &[String]) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, item)| {
+                    let item = if fields.iter().any(|f| f == key) {
+                        Value::String("***".into())
+                    } else {
+                        mask(item, fields)
+                    };
+                    (key.clone(), item)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(|item| mask(item, fields)).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A validated policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub lease_ttl_ceiling: Duration,
+    pub heartbeat_interval: Duration,
+    pub claim_ttl: Duration,
+    pub in_flight_wait: Duration,
+    pub step_identity: StepIdentity,
+    pub request_body: RequestBodyPolicy,
+    pub max_arguments_bytes: usize,
+    pub integers: IntegerPolicy,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        RawPolicy::default()
+            .validate()
+            .expect("the defaults are valid")
+    }
+}
+
+/// A field with a bad value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Parses `"30s"`-style durations, naming the field on error.
+pub fn parse_duration(field: &str, text: &str) -> Result<Duration, FieldError> {
+    let duration = humantime::parse_duration(text).map_err(|e| {
+        FieldError::new(
+            field,
+            format!("{text:?} is not a duration like \"30s\": {e}"),
+        )
+    })?;
+    if duration.is_zero() {
+        return Err(FieldError::new(field, "must be longer than 0"));
+    }
+    Ok(duration)
+}
+
+impl RawPolicy {
+    pub fn validate(&self) -> Result<Policy, FieldError> {
+        let duration = |field: &str, value: &Option<String>, default: &str| {
+            parse_duration(field, value.as_deref().unwrap_or(default))
+        };
+        let lease_ttl_ceiling = duration("lease_ttl_ceiling", &self.lease_ttl_ceiling, "10m")?;
+        let heartbeat_interval = duration("heartbeat_interval", &self.heartbeat_interval, "5s")?;
+        let claim_ttl = duration("claim_ttl", &self.claim_ttl, "2m")?;
+        let in_flight_wait = duration("in_flight_wait", &self.in_flight_wait, "5s")?;
+        if heartbeat_interval >= lease_ttl_ceiling {
+            return Err(FieldError::new(
+                "heartbeat_interval",
+                format!("must be below lease_ttl_ceiling ({lease_ttl_ceiling:?})"),
+            ));
+        }
+        let step_identity = match self.step_identity.as_deref().unwrap_or("derived") {
+            "derived" => StepIdentity::Derived,
+            "explicit" => StepIdentity::Explicit,
+            other => {
+                return Err(FieldError::new(
+                    "step_identity",
+                    format!("{other:?} is not one of \"derived\", \"explicit\""),
+                ));
+            }
+        };
+        let request_body = match (
+            self.request_body.as_deref().unwrap_or("full"),
+            &self.masked_fields,
+        ) {
+            ("full", None) => RequestBodyPolicy::Full,
+            ("digest_only", None) => RequestBodyPolicy::DigestOnly,
+            ("masked", Some(fields)) if !fields.is_empty() => {
+                RequestBodyPolicy::Masked(fields.clone())
+            }
+            ("masked", _) => {
+                return Err(FieldError::new(
+                    "masked_fields",
+                    "\"masked\" needs a non-empty list of field names",
+                ));
+            }
+            ("full" | "digest_only", Some(_)) => {
+                return Err(FieldError::new(
+                    "masked_fields",
+                    "only used with request_body = \"masked\"",
+                ));
+            }
+            (other, _) => {
+                return Err(FieldError::new(
+                    "request_body",
+                    format!("{other:?} is not one of \"full\", \"masked\", \"digest_only\""),
+                ));
+            }
+        };
+        let max_arguments_bytes = self.max_arguments_bytes.unwrap_or(1024 * 1024);
+        if max_arguments_bytes == 0 || max_arguments_bytes > 16 * 1024 * 1024 {
+            return Err(FieldError::new(
+                "max_arguments_bytes",
+                "must be 1 to 16777216",
+            ));
+        }
+        let integers = match self.integers.as_deref().unwrap_or("reject") {
+            "reject" => IntegerPolicy::Reject,
+            "as_double" => IntegerPolicy::AsDouble,
+            other => {
+                return Err(FieldError::new(
+                    "integers",
+                    format!("{other:?} is not one of \"reject\", \"as_double\""),
+                ));
+            }
+        };
+        Ok(Policy {
+            lease_ttl_ceiling,
+            heartbeat_interval,
+            claim_ttl,
+            in_flight_wait,
+            step_identity,
+            request_body,
+            max_arguments_bytes,
+            integers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn masking_replaces_named_fields_at_any_depth() {
+        let policy = RequestBodyPolicy::Masked(vec!["card".into()]);
+        assert_eq!(
+            policy.apply(&json!({"card": "4242", "nested": [{"card": 1, "x": 2}]})),
+            json!({"card": "***", "nested": [{"card": "***", "x": 2}]})
+        );
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let raw = RawPolicy {
+            claim_ttl: Some("soon".into()),
+            ..RawPolicy::default()
+        };
+        assert_eq!(raw.validate().unwrap_err().field, "claim_ttl");
+        let raw = RawPolicy {
+            request_body: Some("masked".into()),
+            ..RawPolicy::default()
+        };
+        assert_eq!(raw.validate().unwrap_err().field, "masked_fields");
+    }
+}
