@@ -31,7 +31,9 @@ impl Proxy {
         };
         let ledger = Ledger::connect(&config.database_url, options).await?;
         let upstreams = Arc::new(Upstreams::connect(&config).await?);
-        let catalog = upstreams.catalog(&config.namespace_separator).await?;
+        let catalog = upstreams
+            .catalog(&config.namespace_separator, &config.unprefixed)
+            .await?;
         tracing::info!(
             tools = catalog.len(),
             upstreams = config.upstreams.len(),

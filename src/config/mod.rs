@@ -54,6 +54,9 @@ pub struct RawConfig {
     pub adapters: Option<String>,
     pub policy: Option<String>,
     pub namespace_separator: Option<String>,
+    /// Upstreams whose tools keep their own names (no `<upstream><sep>` prefix).
+    #[serde(default)]
+    pub unprefixed: Vec<String>,
     /// Apply the ledger migrations at start (default true).
     pub migrate: Option<bool>,
     /// MCP sessions over HTTP (`Mcp-Session-Id`). Off by default: every
@@ -99,6 +102,7 @@ pub struct Config {
     pub tenant: String,
     pub listen: SocketAddr,
     pub namespace_separator: String,
+    pub unprefixed: Vec<String>,
     pub migrate: bool,
     pub http_sessions: bool,
     pub policy: Policy,
@@ -211,6 +215,13 @@ impl Config {
             upstreams.insert(name.clone(), transport);
         }
 
+        if let Some(unknown) = raw
+            .unprefixed
+            .iter()
+            .find(|name| !upstreams.contains_key(*name))
+        {
+            return Err(err(format!("unprefixed: {unknown:?} is not an upstream")));
+        }
         let policy = match &raw.policy {
             Some(file) => load_policy(&base.join(file))?,
             None => Policy::default(),
@@ -238,10 +249,20 @@ impl Config {
                         ),
                     ));
                 }
+                // A claim must outlive the call it covers.
+                if adapter.timeout >= policy.claim_ttl {
+                    return Err(ConfigError::new(
+                        &file,
+                        format!(
+                            "timeout: must be below the policy's claim_ttl ({:?})",
+                            policy.claim_ttl
+                        ),
+                    ));
+                }
                 if let Some((tool, _)) = adapter
                     .tools
                     .iter()
-                    .find(|(_, t)| t.timeout >= policy.claim_ttl)
+                    .find(|(_, t)| !t.read_only && t.timeout >= policy.claim_ttl)
                 {
                     return Err(ConfigError::new(
                         &file,
@@ -262,6 +283,7 @@ impl Config {
             tenant,
             listen,
             namespace_separator,
+            unprefixed: raw.unprefixed.clone(),
             migrate: raw.migrate.unwrap_or(true),
             http_sessions: raw.http_sessions.unwrap_or(false),
             policy,

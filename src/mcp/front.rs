@@ -185,14 +185,22 @@ fn passthrough_meta(context: &RequestContext<RoleServer>) -> Map<String, Value> 
 
 impl Front {
     /// Forwards upstream progress to the agent, if it asked for progress.
+    /// The forwarder ends once every sender is dropped (the upstream call is
+    /// over); awaiting it before answering keeps progress ahead of the result,
+    /// which matters on a stateless HTTP stream that closes with the result.
     fn progress_sink(
         &self,
         context: &RequestContext<RoleServer>,
-    ) -> Option<tokio::sync::mpsc::UnboundedSender<Progress>> {
-        let token = context.meta.get_progress_token()?;
+    ) -> (
+        Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+        Option<tokio::task::JoinHandle<()>>,
+    ) {
+        let Some(token) = context.meta.get_progress_token() else {
+            return (None, None);
+        };
         let (sink, mut updates) = tokio::sync::mpsc::unbounded_channel::<Progress>();
         let peer = context.peer.clone();
-        tokio::spawn(async move {
+        let forwarder = tokio::spawn(async move {
             while let Some(update) = updates.recv().await {
                 let mut params = ProgressNotificationParam::new(token.clone(), update.progress);
                 params.total = update.total;
@@ -202,7 +210,7 @@ impl Front {
                 }
             }
         });
-        Some(sink)
+        (Some(sink), Some(forwarder))
     }
 
     /// A token fired when the agent cancels the request. `explicit_only`:
@@ -244,17 +252,21 @@ impl Front {
         timeout: std::time::Duration,
     ) -> Result<CallToolResult, McpError> {
         let cancel = self.cancel_token(context, false);
+        let (progress, forwarder) = self.progress_sink(context);
         let call = UpstreamCall {
             upstream: entry.upstream.clone(),
             tool: upstream_tool,
             arguments: request.arguments.unwrap_or_default(),
             meta: passthrough_meta(context),
             timeout,
-            progress: self.progress_sink(context),
+            progress,
             cancel: cancel.clone(),
         };
         let answer = self.state.upstreams.call(call).await;
         cancel.cancel();
+        if let Some(forwarder) = forwarder {
+            let _ = forwarder.await;
+        }
         match answer {
             Ok(answer) => serde_json::from_value(answer.result).map_err(|e| {
                 McpError::internal_error(format!("upstream answer unreadable: {e}"), None)
@@ -347,6 +359,7 @@ impl ServerHandler for Front {
 
         let lease = lease_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let step = step_of(&context).map_err(|e| convert::error_from_call(&e))?;
+        let (progress, forwarder) = self.progress_sink(&context);
         let call = CallRequest {
             lease,
             step,
@@ -356,13 +369,17 @@ impl ServerHandler for Front {
             arguments: request.arguments.unwrap_or_default(),
             adapter,
             meta: passthrough_meta(&context),
-            progress: self.progress_sink(&context),
+            progress,
             cancel: self.cancel_token(&context, true),
         };
         let span = tracing::info_span!("tools/call", tool = %call.exposed_name, run_id = %call.lease.run_id,
             owner = %call.lease.owner, epoch = call.lease.epoch);
         let _entered = span.enter();
-        match self.state.dispatcher.call(call).await {
+        let outcome = self.state.dispatcher.call(call).await;
+        if let Some(forwarder) = forwarder {
+            let _ = forwarder.await;
+        }
+        match outcome {
             Ok(reply) => Ok(CallToolResponse::Complete(convert::result_from_reply(
                 reply,
             ))),

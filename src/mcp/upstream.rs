@@ -1,14 +1,16 @@
 //! MCP clients of the upstream tool servers (stdio children and Streamable
 //! HTTP servers), and the tool catalog leasegate exposes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use rmcp::handler::client::progress::ProgressDispatcher;
+use tokio::sync::mpsc;
+
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientRequest, Implementation, ProgressNotificationParam, RequestMetaObject,
-    ServerResult, Tool,
+    ClientConfig, ClientRequest, Implementation, ProgressNotificationParam, ProgressToken,
+    RequestMetaObject, ServerResult, Tool,
 };
 use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService, ServiceError};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -19,10 +21,77 @@ use super::convert;
 use crate::adapter::{Progress, ToolAnswer, Upstream, UpstreamCall, UpstreamError};
 use crate::config::{Config, UpstreamTransport};
 
+/// Routes upstream progress to the call that asked for it. rmcp's own
+/// dispatcher drops a notification that arrives before the subscription
+/// (the subscription can only follow the send); this router keeps such early
+/// notifications briefly and hands them over when the call subscribes.
+#[derive(Clone, Default)]
+struct ProgressRouter {
+    state: Arc<Mutex<RouterState>>,
+}
+
+#[derive(Default)]
+struct RouterState {
+    routes: HashMap<ProgressToken, mpsc::UnboundedSender<Progress>>,
+    early: VecDeque<(Instant, ProgressNotificationParam)>,
+}
+
+/// How long, and how many, early notifications are kept for a subscriber.
+const EARLY_KEEP: Duration = Duration::from_secs(10);
+const EARLY_MAX: usize = 1024;
+
+fn progress_of(params: ProgressNotificationParam) -> Progress {
+    Progress {
+        progress: params.progress,
+        total: params.total,
+        message: params.message,
+    }
+}
+
+impl ProgressRouter {
+    fn deliver(&self, params: ProgressNotificationParam) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        if let Some(route) = state.routes.get(&params.progress_token) {
+            let _ = route.send(progress_of(params));
+            return;
+        }
+        let now = Instant::now();
+        state
+            .early
+            .retain(|(at, _)| now.duration_since(*at) < EARLY_KEEP);
+        if state.early.len() >= EARLY_MAX {
+            state.early.pop_front();
+        }
+        state.early.push_back((now, params));
+    }
+
+    fn subscribe(&self, token: ProgressToken, sink: mpsc::UnboundedSender<Progress>) {
+        let Ok(mut state) = self.state.lock() else {
+            return;
+        };
+        let (mine, others): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.early)
+            .into_iter()
+            .partition(|(_, p)| p.progress_token == token);
+        state.early = others;
+        for (_, params) in mine {
+            let _ = sink.send(progress_of(params));
+        }
+        state.routes.insert(token, sink);
+    }
+
+    fn unsubscribe(&self, token: &ProgressToken) {
+        if let Ok(mut state) = self.state.lock() {
+            state.routes.remove(token);
+        }
+    }
+}
+
 /// Receives what upstreams send leasegate unasked: progress.
 #[derive(Clone, Default)]
 struct UpstreamClient {
-    progress: ProgressDispatcher,
+    progress: ProgressRouter,
 }
 
 impl ClientHandler for UpstreamClient {
@@ -31,7 +100,7 @@ impl ClientHandler for UpstreamClient {
         params: ProgressNotificationParam,
         _context: NotificationContext<RoleClient>,
     ) {
-        self.progress.handle_notification(params).await;
+        self.progress.deliver(params);
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -44,7 +113,7 @@ impl ClientHandler for UpstreamClient {
 
 struct Connection {
     peer: Peer<RoleClient>,
-    progress: ProgressDispatcher,
+    progress: ProgressRouter,
     /// Keeps the client (and, for stdio, the child process) alive.
     _service: RunningService<RoleClient, UpstreamClient>,
 }
@@ -53,6 +122,9 @@ struct Connection {
 #[derive(Debug, Clone)]
 pub struct CatalogEntry {
     pub upstream: String,
+    /// The tool's name at the upstream.
+    pub upstream_tool: String,
+    /// The tool as exposed (name namespaced, everything else unchanged).
     pub tool: Tool,
 }
 
@@ -131,6 +203,7 @@ impl Upstreams {
     pub async fn catalog(
         &self,
         separator: &str,
+        unprefixed: &[String],
     ) -> Result<BTreeMap<String, CatalogEntry>, StartError> {
         let mut catalog: BTreeMap<String, CatalogEntry> = BTreeMap::new();
         for (name, connection) in &self.connections {
@@ -143,11 +216,15 @@ impl Upstreams {
                     message: e.to_string(),
                 })?;
             for tool in tools {
-                let exposed = format!("{name}{separator}{}", tool.name);
+                let exposed = if unprefixed.contains(name) {
+                    tool.name.to_string()
+                } else {
+                    format!("{name}{separator}{}", tool.name)
+                };
                 if let Some(existing) = catalog.get(&exposed) {
                     return Err(StartError::Collision {
                         name: exposed,
-                        first: format!("{}/{}", existing.upstream, existing.tool.name),
+                        first: format!("{}/{}", existing.upstream, existing.upstream_tool),
                         second: format!("{name}/{}", tool.name),
                     });
                 }
@@ -157,6 +234,7 @@ impl Upstreams {
                     exposed,
                     CatalogEntry {
                         upstream: name.clone(),
+                        upstream_tool: tool.name.to_string(),
                         tool: exposed_tool,
                     },
                 );
@@ -194,21 +272,10 @@ impl Upstream for Upstreams {
             .map_err(|e| UpstreamError::NotSent(e.to_string()))?;
 
         // rmcp gives the upstream request its own progress token: re-key.
-        let mut subscriber = connection
-            .progress
-            .subscribe(handle.progress_token.clone())
-            .await;
-        let forward = call.progress.map(|sink| {
-            tokio::spawn(async move {
-                while let Some(update) = subscriber.next().await {
-                    let _ = sink.send(Progress {
-                        progress: update.progress,
-                        total: update.total,
-                        message: update.message,
-                    });
-                }
-            })
-        });
+        let token = handle.progress_token.clone();
+        if let Some(sink) = call.progress {
+            connection.progress.subscribe(token.clone(), sink);
+        }
         let (request_id, peer, cancel) =
             (handle.id.clone(), handle.peer.clone(), call.cancel.clone());
         let cancel_watch = tokio::spawn(async move {
@@ -222,9 +289,7 @@ impl Upstream for Upstreams {
         });
         let response = handle.await_response().await;
         cancel_watch.abort();
-        if let Some(forward) = forward {
-            forward.abort();
-        }
+        connection.progress.unsubscribe(&token);
         match response {
             Ok(ServerResult::CallToolResult(result)) => Ok(convert::answer_from_result(&result)),
             Ok(other) => Err(UpstreamError::MaybeSent(format!(

@@ -12,6 +12,8 @@ use leasegate::ledger::{
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+pub mod proxy;
+
 /// Every wait in a test ends by this deadline, or the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(30);
 

@@ -1,0 +1,519 @@
+//! The proxy end to end: an rmcp client over Streamable HTTP → leasegate →
+//! the example tool server as stdio children, with a real PostgreSQL.
+//! Side effects are counted in the tool server's own state files.
+
+mod common;
+
+use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta, operation_note};
+use common::{TestDb, applied, within};
+use leasegate::intent::OperationId;
+use leasegate::ledger::{LeaseClaim, OperationStatus};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const POLICY: &str = "in_flight_wait = \"3s\"\nclaim_ttl = \"60s\"\n";
+
+async fn op_rows(db: &TestDb) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+}
+
+fn operation_id(result: &rmcp::model::CallToolResult) -> OperationId {
+    OperationId::from_string(
+        operation_note(result)["operation_id"]
+            .as_str()
+            .expect("an operation id")
+            .to_owned(),
+    )
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+
+    // Lease on the connection (headers).
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let first = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 500, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap();
+    let again = call(
+        &agent,
+        "payments__charge",
+        json!({"currency": "eur", "amount": 500}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        scenario.side_effects("charges.jsonl").len(),
+        1,
+        "one charge for the same call"
+    );
+    assert_eq!(operation_note(&first)["replayed"], false);
+    assert_eq!(operation_note(&again)["replayed"], true);
+    assert_eq!(
+        first.structured_content, again.structured_content,
+        "the recorded answer is replayed"
+    );
+    // The operation id reached the tool as its idempotency key.
+    let charge = &scenario.side_effects("charges.jsonl")[0];
+    assert_eq!(
+        charge["idempotency_key"],
+        json!(operation_id(&first).as_str())
+    );
+
+    // Two agents of the same run send the same email at the same time.
+    let (a, _) = connect_http(&proxy.url, None).await;
+    let (b, _) = connect_http(&proxy.url, None).await;
+    let email = json!({"to": "ops@example.com", "subject": "deploy done"});
+    let (ra, rb) = tokio::join!(
+        call(
+            &a,
+            "mailer__send_email",
+            email.clone(),
+            Some(lease_meta(&lease))
+        ),
+        call(
+            &b,
+            "mailer__send_email",
+            email.clone(),
+            Some(lease_meta(&lease))
+        ),
+    );
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    assert_eq!(
+        scenario.side_effects("emails.jsonl").len(),
+        1,
+        "one email although two agents called"
+    );
+    assert_eq!(ra.structured_content, rb.structured_content);
+    let replays = [&ra, &rb]
+        .iter()
+        .filter(|r| operation_note(r)["replayed"] == true)
+        .count();
+    assert_eq!(
+        replays, 1,
+        "one answer is fresh, the other the recorded one"
+    );
+
+    // The ledger says what the agents were told.
+    for result in [&first, &ra] {
+        let view = db
+            .ledger
+            .operation_get(&operation_id(result))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.operation.status, OperationStatus::Succeeded);
+        assert_eq!(
+            view.operation
+                .result
+                .as_ref()
+                .and_then(|r| r.get("structuredContent")),
+            result.structured_content.as_ref()
+        );
+    }
+    assert_eq!(
+        db.ledger
+            .operation_get(&operation_id(&first))
+            .await
+            .unwrap()
+            .unwrap()
+            .operation
+            .remote_id
+            .as_deref(),
+        Some("ch_1")
+    );
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (old, _) = db.running_run("old-worker", 300).await;
+    db.wait_lease_expired(old.run_id).await;
+    let new = db.acquire(old.run_id, "new-worker", 60_000).await;
+
+    let (agent, _) = connect_http(&proxy.url, None).await;
+    let refused = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "a@b.c"}),
+        Some(lease_meta(&old)),
+    )
+    .await;
+    let (code, message) = refused.expect_err("a stale lease is refused");
+    assert_eq!(code, -32002, "{message}");
+    assert!(
+        message.starts_with(
+            "lease lost: expected owner old-worker epoch 1, found owner new-worker epoch 2"
+        ),
+        "{message}"
+    );
+    assert!(
+        scenario.side_effects("emails.jsonl").is_empty(),
+        "nothing reached the tool"
+    );
+    assert_eq!(op_rows(&db).await, 0, "nothing registered");
+
+    // No lease at all: its own error, also before the upstream.
+    let (code, message) = call(&agent, "mailer__send_email", json!({"to": "a@b.c"}), None)
+        .await
+        .unwrap_err();
+    assert_eq!(code, -32001, "{message}");
+    // The new owner's call goes through.
+    call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "a@b.c"}),
+        Some(lease_meta(&new.claim)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_upstream_that_hangs_past_its_timeout_leaves_the_call_unknown_and_nothing_is_resent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+
+    let email = json!({"to": "c@d.e", "hang_ms": 5000});
+    let first = call(&agent, "mailer__send_email", email.clone(), None)
+        .await
+        .unwrap();
+    assert_eq!(first.is_error, Some(true));
+    assert_eq!(
+        first.structured_content.as_ref().unwrap()["status"],
+        "unknown",
+        "{first:?}"
+    );
+    assert_eq!(
+        scenario.side_effects("emails.jsonl").len(),
+        1,
+        "the tool sent it before hanging"
+    );
+
+    let second = call(&agent, "mailer__send_email", email, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        second.structured_content.as_ref().unwrap()["status"],
+        "unknown"
+    );
+    assert_eq!(
+        scenario.side_effects("emails.jsonl").len(),
+        1,
+        "a `none` tool is never re-sent"
+    );
+
+    let view = db
+        .ledger
+        .operation_get(&operation_id(&first))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        view.operation.status,
+        OperationStatus::Unknown,
+        "timeout is never failure"
+    );
+    assert_eq!(
+        view.evidence
+            .iter()
+            .map(|e| e.kind.as_str())
+            .collect::<Vec<_>>(),
+        vec!["timeout"]
+    );
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn read_only_tools_pass_through_with_progress_and_leave_no_ledger_row(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    // No lease needed for reads.
+    let (agent, recorder) = connect_http(&proxy.url, None).await;
+    let found = call(
+        &agent,
+        "payments__get_charge",
+        json!({"idempotency_key": "nope"}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(found.structured_content, Some(json!({"found": false})));
+    let stats = call(&agent, "mailer__mail_stats", json!({}), None)
+        .await
+        .unwrap();
+    assert_eq!(stats.structured_content, Some(json!({"emails_sent": 0})));
+    assert_eq!(op_rows(&db).await, 0);
+    assert!(operation_note(&stats).is_null());
+    common::wait_until("progress from the upstream to reach the agent", || async {
+        (recorder.progress.lock().unwrap().len() >= 2).then_some(())
+    })
+    .await;
+    let last = recorder.progress.lock().unwrap().last().cloned().unwrap();
+    assert_eq!((last.progress, last.total), (2.0, Some(2.0)));
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn tools_are_namespaced_with_annotations_intact(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (agent, _) = connect_http(&proxy.url, None).await;
+    let tools = agent.peer().list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    // The upstreams page one tool at a time; every page was followed.
+    assert_eq!(
+        names,
+        vec![
+            "mailer__mail_stats",
+            "mailer__send_email",
+            "payments__charge",
+            "payments__get_charge"
+        ]
+    );
+    let charge = tools.iter().find(|t| t.name == "payments__charge").unwrap();
+    let annotations = charge.annotations.as_ref().unwrap();
+    assert_eq!(
+        (annotations.read_only_hint, annotations.idempotent_hint),
+        (Some(false), Some(true))
+    );
+    assert_eq!(
+        charge.input_schema["required"],
+        json!(["amount", "currency"])
+    );
+    proxy.stop().await;
+
+    // Two upstreams exposing the same names without a prefix cannot start.
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    let colliding = config.replace(
+        "migrate = false",
+        "migrate = false\nunprefixed = [\"payments\", \"mailer\"]",
+    ) + &format!(
+        "\n[upstreams.payments2]\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"example-tools\", \"--tools\", \"payments\"]\n",
+        common::proxy::LEASEGATE
+    );
+    let colliding = colliding.replace(
+        "unprefixed = [\"payments\", \"mailer\"]",
+        "unprefixed = [\"payments\", \"payments2\"]",
+    );
+    let path = scenario.dir.join("colliding.toml");
+    std::fs::write(&path, colliding).unwrap();
+    let config = leasegate::config::Config::load(&path).unwrap();
+    let error = leasegate::app::Proxy::start(config)
+        .await
+        .err()
+        .expect("a collision stops startup");
+    assert_eq!(
+        error.to_string(),
+        "tool name collision: \"charge\" is exposed by both payments/charge and payments2/charge; \
+         change namespace_separator or rename an upstream"
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "max_arguments_bytes = 1048576\n");
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+
+    let (code, message) = call(&agent, "payments__refund", json!({}), None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (code, message.as_str()),
+        (-32602, "unknown tool \"payments__refund\": see tools/list")
+    );
+
+    let huge = "x".repeat(1024 * 1024 + 10);
+    let (code, message) = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "a@b.c", "body": huge}),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32602);
+    assert!(message.starts_with("arguments are 1048"), "{message}");
+    assert!(
+        message.ends_with("bytes, above the policy limit of 1048576"),
+        "{message}"
+    );
+
+    let (code, message) = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 9007199254740993u64, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32602);
+    assert!(
+        message.starts_with("integer 9007199254740993 at $.amount is beyond ±2^53"),
+        "{message}"
+    );
+
+    let mut bad = lease_meta(&lease);
+    bad.insert(
+        "dev.leasegate/lease".into(),
+        json!({"run_id": "nope", "owner": "agent", "epoch": 1}),
+    );
+    let (code, message) = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "a@b.c"}),
+        Some(bad),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32602);
+    assert!(message.contains("invalid run id \"nope\""), "{message}");
+
+    // Malformed JSON-RPC over the wire.
+    let response = reqwest_post(&proxy.url, "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ").await;
+    assert!(
+        response.0 >= 400 || response.1.contains("-32700"),
+        "{response:?}"
+    );
+
+    assert!(scenario.side_effects("emails.jsonl").is_empty());
+    assert!(scenario.side_effects("charges.jsonl").is_empty());
+    assert_eq!(op_rows(&db).await, 0, "no refused call left a row");
+
+    // A business failure (isError) is final, recorded and replayed.
+    let failed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
+        .await
+        .unwrap();
+    assert_eq!(failed.is_error, Some(true));
+    assert_eq!(operation_note(&failed)["status"], "failed_final");
+    let replayed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            replayed.is_error,
+            operation_note(&replayed)["replayed"].clone()
+        ),
+        (Some(true), json!(true))
+    );
+    proxy.stop().await;
+}
+
+/// A raw HTTP POST (status, body), for input an MCP client would never send.
+async fn reqwest_post(url: &str, body: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = url.trim_start_matches("http://").trim_end_matches("/mcp");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2025-11-25\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    within("the raw response", stream.read_to_string(&mut response))
+        .await
+        .unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, response)
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, revision) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, None).await;
+    call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 1, "currency": "eur"}),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .unwrap();
+    applied(
+        db.ledger
+            .run_complete(&lease, revision, None)
+            .await
+            .unwrap(),
+    );
+    let (code, message) = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 2, "currency": "eur"}),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32004, "{message}");
+    assert!(message.contains("run is succeeded"), "{message}");
+    let stale = LeaseClaim {
+        epoch: 7,
+        ..lease.clone()
+    };
+    let (code, _) = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 1, "currency": "eur"}),
+        Some(lease_meta(&stale)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32002);
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    let _: Value = json!(null);
+    proxy.stop().await;
+}
