@@ -17,18 +17,34 @@
 //! * `ledger::operations`: the side-effect half of the ledger — register,
 //!   claim, settle, mark unknown, converge, supersede, and the read side
 //!   (the fate of a call).
+//! * `policy`, `adapter`, `config`: the files users write (`policies/`,
+//!   `adapters/`, `leasegate.toml`), parsed with `deny_unknown_fields` and
+//!   validated into normalized types; `adapter::Upstream` is the seam
+//!   through which dispatch reaches tool servers.
+//! * `dispatch`: the inline path of a side-effecting call — register+claim,
+//!   upstream call in a leasegate-owned task, settle or mark unknown.
+//! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
+//!   `/mcp` and stdio), the upstream clients (`Upstreams`, implementing
+//!   `adapter::Upstream`), conversions and JSON-RPC codes (`convert`), and
+//!   the example tool server.
+//! * `app`: wiring (config → ledger → upstreams → front); `main` is thin.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal.
 //! * `migrations/`: the schema and every protected transition as one SQL
 //!   function (`0001`: tasks, runs, leases; `0002`: operations, evidence);
 //!   the `leasegate_app` role that may only execute them and read.
-//! * `src/main.rs`: the `leasegate` CLI (`migrate`).
+//! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
+//!   `migrate`, `example-tools`).
 //! * `examples/worker/`: a worker process (lease, heartbeat, checkpoint loop)
 //!   that the process-level tests freeze with SIGSTOP.
 //!
-//! Still to come, with their issues: `adapter`/`policy`, `dispatch`,
-//! `reconcile`, `mcp` (front and upstreams), `control` (HTTP API).
+//! Still to come, with their issues: `reconcile` (background dispatcher and
+//! reconciler, metrics), `control` (HTTP API and operator CLI).
+//!
+//! Dependencies point one way: `main`/`app` → `mcp` → `dispatch` →
+//! `adapter`, `ledger` → `intent`, `policy`, `ids`. `tests/layering.rs`
+//! checks that only `ledger` imports sqlx and only `mcp` imports rmcp.
 //!
 //! # Invariant index (DESIGN.md numbering)
 //!

@@ -35,7 +35,10 @@ fn every_shipped_adapter_policy_and_example_file_is_valid() {
 }
 
 fn scratch(files: &[(&str, &str)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("leasegate-config-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "leasegate-config-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     for (name, text) in files {
         let path = dir.join(name);
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -44,37 +47,82 @@ fn scratch(files: &[(&str, &str)]) -> PathBuf {
     dir
 }
 
-const MAIN: &str = "adapters = \"adapters\"\n[upstreams.mail]\ntransport = \"stdio\"\ncommand = \"true\"\n";
+const MAIN: &str =
+    "adapters = \"adapters\"\n[upstreams.mail]\ntransport = \"stdio\"\ncommand = \"true\"\n";
 
 #[test]
 fn broken_files_name_the_file_and_the_field() {
     let cases: &[(&[(&str, &str)], &str, &str)] = &[
-        (&[("c.toml", "listen = \"here\"\n[upstreams.a]\ntransport = \"stdio\"\ncommand = \"x\"\n")], "c.toml", "listen: \"here\" is not an address"),
-        (&[("c.toml", "colour = \"blue\"\n")], "c.toml", "unknown field `colour`"),
-        (&[("c.toml", "[upstreams.a]\ntransport = \"carrier-pigeon\"\n")], "c.toml", "unknown variant `carrier-pigeon`"),
-        (&[("c.toml", "")], "c.toml", "upstreams: at least one upstream is needed"),
         (
-            &[("c.toml", MAIN), ("adapters/mail.toml", "upstream = \"mail\"\n[tools.send]\ncapability = \"idempotency_key\"\n")],
+            &[(
+                "c.toml",
+                "listen = \"here\"\n[upstreams.a]\ntransport = \"stdio\"\ncommand = \"x\"\n",
+            )],
+            "c.toml",
+            "listen: \"here\" is not an address",
+        ),
+        (
+            &[("c.toml", "colour = \"blue\"\n")],
+            "c.toml",
+            "unknown field `colour`",
+        ),
+        (
+            &[("c.toml", "[upstreams.a]\ntransport = \"carrier-pigeon\"\n")],
+            "c.toml",
+            "unknown variant `carrier-pigeon`",
+        ),
+        (
+            &[("c.toml", "")],
+            "c.toml",
+            "upstreams: at least one upstream is needed",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"idempotency_key\"\n",
+                ),
+            ],
             "adapters/mail.toml",
             "tools.send.capability: idempotency_key needs operation_id_argument or operation_id_meta",
         ),
         (
-            &[("c.toml", MAIN), ("adapters/mail.toml", "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\ntimeout = \"soon\"\n")],
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\ntimeout = \"soon\"\n",
+                ),
+            ],
             "adapters/mail.toml",
             "tools.send.timeout: \"soon\" is not a duration",
         ),
         (
-            &[("c.toml", MAIN), ("adapters/mail.toml", "upstream = \"post\"\n")],
+            &[
+                ("c.toml", MAIN),
+                ("adapters/mail.toml", "upstream = \"post\"\n"),
+            ],
             "adapters/mail.toml",
             "upstream: \"post\" is not an upstream of",
         ),
         (
-            &[("c.toml", MAIN), ("adapters/mail.toml", "upstream = \"mail\"\n[tools.send]\nread_only = true\ncapability = \"none\"\n")],
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\nread_only = true\ncapability = \"none\"\n",
+                ),
+            ],
             "adapters/mail.toml",
             "tools.send.capability: a read_only tool has no side effect to adapt",
         ),
         (
-            &[("c.toml", &format!("policy = \"p.toml\"\n{MAIN}")), ("p.toml", "request_body = \"masked\"\n"), ("adapters/.keep", "")],
+            &[
+                ("c.toml", &format!("policy = \"p.toml\"\n{MAIN}")),
+                ("p.toml", "request_body = \"masked\"\n"),
+                ("adapters/.keep", ""),
+            ],
             "p.toml",
             "masked_fields: \"masked\" needs a non-empty list",
         ),
@@ -83,7 +131,10 @@ fn broken_files_name_the_file_and_the_field() {
         let dir = scratch(files);
         let error = Config::load(&dir.join("c.toml")).expect_err(message);
         let text = error.to_string();
-        assert!(error.file.ends_with(culprit), "{text}: expected the file {culprit}");
+        assert!(
+            error.file.ends_with(culprit),
+            "{text}: expected the file {culprit}"
+        );
         assert!(text.contains(message), "{text}: expected {message:?}");
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -91,7 +142,10 @@ fn broken_files_name_the_file_and_the_field() {
 
 #[test]
 fn check_config_cli_exits_non_zero_and_names_the_problem() {
-    let dir = scratch(&[("adapters/bad.toml", "upstream = \"x\"\n[tools.t]\ncapability = \"sometimes\"\n")]);
+    let dir = scratch(&[(
+        "adapters/bad.toml",
+        "upstream = \"x\"\n[tools.t]\ncapability = \"sometimes\"\n",
+    )]);
     let output = Command::new(env!("CARGO_BIN_EXE_leasegate"))
         .arg("check-config")
         .arg(dir.join("adapters/bad.toml"))
@@ -100,8 +154,16 @@ fn check_config_cli_exits_non_zero_and_names_the_problem() {
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("FAIL") && stdout.contains("bad.toml") && stdout.contains("unknown variant `sometimes`"), "{stdout}");
-    assert!(stdout.contains("ok   ") && stdout.contains("default.toml (policy)"), "{stdout}");
+    assert!(
+        stdout.contains("FAIL")
+            && stdout.contains("bad.toml")
+            && stdout.contains("unknown variant `sometimes`"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("ok   ") && stdout.contains("default.toml (policy)"),
+        "{stdout}"
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("1 of 2 files invalid"));
     std::fs::remove_dir_all(dir).unwrap();
 }

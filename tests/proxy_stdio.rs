@@ -14,14 +14,25 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(pool: PgPoolOptions, connect: PgConnectOptions) {
+async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
     let db = TestDb::new(pool, connect).await;
-    let dir = std::env::temp_dir().join(format!("leasegate-stdio-{}", uuid::Uuid::new_v4().simple()));
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-stdio-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(dir.join("adapters")).unwrap();
 
     // The tool server over HTTP on an ephemeral port.
     let mut tools = tokio::process::Command::new(LEASEGATE)
-        .args(["example-tools", "--tools", "payments", "--http", "127.0.0.1:0", "--state-dir"])
+        .args([
+            "example-tools",
+            "--tools",
+            "payments",
+            "--http",
+            "127.0.0.1:0",
+            "--state-dir",
+        ])
         .arg(dir.join("state"))
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -30,7 +41,11 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(pool: PgPool
     let mut lines = BufReader::new(tools.stderr.take().unwrap()).lines();
     let url = within("the tool server to listen", async {
         loop {
-            let line = lines.next_line().await.unwrap().expect("the tool server prints its address");
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the tool server prints its address");
             if let Some(url) = line.strip_prefix("example tools at ") {
                 return url.to_owned();
             }
@@ -55,26 +70,56 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(pool: PgPool
     .unwrap();
 
     let mut command = tokio::process::Command::new(LEASEGATE);
-    command.arg("stdio").arg("--config").arg(dir.join("leasegate.toml"));
+    command
+        .arg("stdio")
+        .arg("--config")
+        .arg(dir.join("leasegate.toml"));
     let agent = Agent::default()
         .serve(TokioChildProcess::new(command).unwrap())
         .await
         .expect("leasegate stdio answers initialize");
 
-    let names: Vec<String> = agent.peer().list_all_tools().await.unwrap().into_iter().map(|t| t.name.to_string()).collect();
+    let names: Vec<String> = agent
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
     assert_eq!(names, vec!["payments__charge", "payments__get_charge"]);
 
     let (lease, _) = db.running_run("stdio-agent", 60_000).await;
     let charge = json!({"amount": 42, "currency": "usd"});
-    let first = call(&agent, "payments__charge", charge.clone(), Some(lease_meta(&lease))).await.unwrap();
-    let second = call(&agent, "payments__charge", charge, Some(lease_meta(&lease))).await.unwrap();
+    let first = call(
+        &agent,
+        "payments__charge",
+        charge.clone(),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .unwrap();
+    let second = call(&agent, "payments__charge", charge, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
     assert_eq!(operation_note(&first)["replayed"], false);
     assert_eq!(operation_note(&second)["replayed"], true);
     let charges = std::fs::read_to_string(dir.join("state/charges.jsonl")).unwrap();
-    assert_eq!(charges.lines().count(), 1, "one side effect through stdio + HTTP");
+    assert_eq!(
+        charges.lines().count(),
+        1,
+        "one side effect through stdio + HTTP"
+    );
 
     // Over stdio there are no headers: a call without _meta lease is refused.
-    let (code, _) = call(&agent, "payments__charge", json!({"amount": 1, "currency": "usd"}), None).await.unwrap_err();
+    let (code, _) = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 1, "currency": "usd"}),
+        None,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(code, -32001);
 
     agent.cancel().await.unwrap();
