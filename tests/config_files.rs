@@ -47,12 +47,16 @@ fn scratch(files: &[(&str, &str)]) -> PathBuf {
     dir
 }
 
+/// (files to write, the culprit file, the expected message).
+type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, &'a str);
+
 const MAIN: &str =
     "adapters = \"adapters\"\n[upstreams.mail]\ntransport = \"stdio\"\ncommand = \"true\"\n";
 
 #[test]
 fn broken_files_name_the_file_and_the_field() {
-    let cases: &[(&[(&str, &str)], &str, &str)] = &[
+    // (files to write, the file the error must name, the message it must contain)
+    let cases: &[Case] = &[
         (
             &[(
                 "c.toml",
