@@ -517,3 +517,95 @@ async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
     let _: Value = json!(null);
     proxy.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn policy_can_require_explicit_steps_and_mask_stored_requests(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let policy =
+        "step_identity = \"explicit\"\nrequest_body = \"masked\"\nmasked_fields = [\"to\"]\n";
+    let scenario = Scenario::new(&db.url, policy);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+
+    let email = json!({"to": "secret@example.com", "subject": "hi"});
+    let (code, message) = call(&agent, "mailer__send_email", email.clone(), None)
+        .await
+        .unwrap_err();
+    assert_eq!(code, -32602);
+    assert!(
+        message.starts_with("policy requires an explicit step"),
+        "{message}"
+    );
+    assert!(scenario.side_effects("emails.jsonl").is_empty());
+
+    let mut meta = serde_json::Map::new();
+    meta.insert(
+        "dev.leasegate/step".into(),
+        json!({"step_id": "notify-customer", "effect_version": 1}),
+    );
+    let sent = call(&agent, "mailer__send_email", email, Some(meta))
+        .await
+        .unwrap();
+    let view = db
+        .ledger
+        .operation_get(&operation_id(&sent))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.operation.step_id, "notify-customer");
+    assert_eq!(
+        view.request_body,
+        json!({"to": "***", "subject": "hi"}),
+        "the address is not stored"
+    );
+    assert_eq!(
+        scenario.side_effects("emails.jsonl")[0]["to"],
+        "secret@example.com",
+        "the tool got it"
+    );
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_answer_is_recorded_even_when_the_agent_goes_away(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+
+    // The tool answers after 300 ms; the agent disconnects before that.
+    let pending = tokio::spawn(async move {
+        let _ = call(
+            &agent,
+            "mailer__send_email",
+            json!({"to": "x@y.z", "hang_ms": 300}),
+            None,
+        )
+        .await;
+    });
+    common::wait_until("the call to be claimed", || async {
+        (op_rows(&db).await == 1).then_some(())
+    })
+    .await;
+    pending.abort();
+    let status: String =
+        common::wait_until("the answer to be settled without the agent", || async {
+            let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
+                .fetch_one(&db.admin)
+                .await
+                .unwrap();
+            (status != "dispatching").then_some(status)
+        })
+        .await;
+    assert_eq!(status, "succeeded");
+    assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
+    proxy.stop().await;
+}
