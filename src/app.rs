@@ -70,6 +70,11 @@ impl Proxy {
         Ok(())
     }
 
+    /// The control HTTP API over this proxy's ledger.
+    pub fn control_router(&self) -> axum::Router {
+        crate::control::router(self.ledger.clone(), self.config.policy.integers)
+    }
+
     /// Serves MCP on stdin/stdout until the client closes stdin.
     pub async fn serve_stdio(&self) -> anyhow::Result<()> {
         crate::mcp::serve_stdio(self.front.clone()).await

@@ -64,6 +64,7 @@
 pub mod adapter;
 pub mod app;
 pub mod config;
+pub mod control;
 pub mod dispatch;
 pub mod ids;
 pub mod intent;

@@ -56,7 +56,7 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
     std::fs::write(
         dir.join("leasegate.toml"),
         format!(
-            "database_url = \"{}\"\nadapters = \"adapters\"\nmigrate = false\n\
+            "database_url = \"{}\"\ntenant = \"tenant-a\"\nadapters = \"adapters\"\nmigrate = false\n\
              [upstreams.payments]\ntransport = \"streamable_http\"\nurl = \"{url}\"\n",
             db.url
         ),

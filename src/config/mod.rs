@@ -51,6 +51,8 @@ pub struct RawConfig {
     pub database_url: Option<String>,
     pub tenant: Option<String>,
     pub listen: Option<String>,
+    /// Control HTTP API address ("off" to disable).
+    pub control_listen: Option<String>,
     pub adapters: Option<String>,
     pub policy: Option<String>,
     pub namespace_separator: Option<String>,
@@ -101,6 +103,8 @@ pub struct Config {
     pub database_url: String,
     pub tenant: String,
     pub listen: SocketAddr,
+    /// `None`: the control API is off.
+    pub control_listen: Option<SocketAddr>,
     pub namespace_separator: String,
     pub unprefixed: Vec<String>,
     pub migrate: bool,
@@ -113,6 +117,7 @@ pub struct Config {
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/leasegate";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8640";
+pub const DEFAULT_CONTROL_LISTEN: &str = "127.0.0.1:8641";
 
 fn read(path: &Path) -> Result<String, ConfigError> {
     std::fs::read_to_string(path).map_err(|e| ConfigError::new(path, format!("cannot read: {e}")))
@@ -163,6 +168,12 @@ impl Config {
                 "listen: {listen:?} is not an address like \"127.0.0.1:8640\""
             ))
         })?;
+        let control_listen = match raw.control_listen.as_deref().unwrap_or(DEFAULT_CONTROL_LISTEN) {
+            "off" => None,
+            text => Some(text.parse::<SocketAddr>().map_err(|_| {
+                err(format!("control_listen: {text:?} is not an address like \"127.0.0.1:8641\" (or \"off\")"))
+            })?),
+        };
         let tenant = raw.tenant.clone().unwrap_or_else(|| "default".to_owned());
         if tenant.is_empty() || tenant.len() > 128 {
             return Err(err("tenant: must be 1 to 128 characters".into()));
@@ -282,6 +293,7 @@ impl Config {
                 .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
             tenant,
             listen,
+            control_listen,
             namespace_separator,
             unprefixed: raw.unprefixed.clone(),
             migrate: raw.migrate.unwrap_or(true),

@@ -138,9 +138,12 @@ pub struct Dispatcher<U> {
     ledger: Ledger,
     upstream: Arc<U>,
     policy: Policy,
+    /// The tenant this proxy serves; runs of other tenants are not found.
     tenant: String,
     /// Unique per process: the claims this process takes.
     dispatch_owner: String,
+    /// Run → tenant (runs never change tenant), so the hot path reads it once.
+    run_tenants: std::sync::Mutex<std::collections::HashMap<crate::ledger::RunId, String>>,
 }
 
 impl<U: Upstream> Dispatcher<U> {
@@ -156,6 +159,7 @@ impl<U: Upstream> Dispatcher<U> {
             policy,
             tenant,
             dispatch_owner,
+            run_tenants: Default::default(),
         }
     }
 
@@ -178,6 +182,7 @@ impl<U: Upstream> Dispatcher<U> {
         if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
             return Err(CallError::StepRequired);
         }
+        self.check_tenant(request.lease.run_id).await?;
         let mut intent = Intent::new(
             &self.tenant,
             request.lease.run_id,
@@ -211,6 +216,38 @@ impl<U: Upstream> Dispatcher<U> {
                     })
                 })?
             }
+        }
+    }
+
+    /// Refuses runs of other tenants as not found (their existence is not
+    /// this tenant's business); operation ids derive from the run's tenant.
+    async fn check_tenant(&self, run: crate::ledger::RunId) -> Result<(), CallError> {
+        let cached = self
+            .run_tenants
+            .lock()
+            .ok()
+            .and_then(|map| map.get(&run).cloned());
+        let tenant = match cached {
+            Some(tenant) => tenant,
+            None => {
+                let tenant = self
+                    .ledger
+                    .run_tenant(run)
+                    .await?
+                    .ok_or(CallError::RunNotFound)?;
+                if let Ok(mut map) = self.run_tenants.lock() {
+                    if map.len() > 100_000 {
+                        map.clear();
+                    }
+                    map.insert(run, tenant.clone());
+                }
+                tenant
+            }
+        };
+        if tenant == self.tenant {
+            Ok(())
+        } else {
+            Err(CallError::RunNotFound)
         }
     }
 

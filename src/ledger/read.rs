@@ -130,6 +130,17 @@ impl Ledger {
         }))
     }
 
+    /// The tenant a run belongs to (runs never change tenant).
+    pub async fn run_tenant(&self, run_id: RunId) -> Result<Option<String>, LedgerError> {
+        let row: Option<(String,)> = self
+            .invoke_optional("run_tenant", false, || {
+                sqlx::query_as("SELECT tenant_id FROM agent_runs WHERE run_id = $1")
+                    .bind(run_id.as_uuid())
+            })
+            .await?;
+        Ok(row.map(|(tenant,)| tenant))
+    }
+
     /// The run's status history (run, lease and operation events), oldest first.
     pub async fn run_events(&self, run_id: RunId) -> Result<Vec<LedgerEvent>, LedgerError> {
         let rows: Vec<EventRow> = self

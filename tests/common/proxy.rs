@@ -39,7 +39,7 @@ impl Scenario {
         let state = dir.join("state");
         let config = format!(
             r#"database_url = "{database_url}"
-tenant = "e2e"
+tenant = "tenant-a"
 listen = "127.0.0.1:0"
 adapters = "adapters"
 policy = "policies/test.toml"
