@@ -110,6 +110,8 @@ impl Drop for Scenario {
 /// leasegate serving MCP over HTTP on an ephemeral port.
 pub struct RunningProxy {
     pub url: String,
+    /// The control API, served beside the MCP front as `leasegate serve` does.
+    pub control_url: String,
     pub stop: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<Proxy>,
 }
@@ -120,11 +122,22 @@ impl RunningProxy {
         let proxy = Proxy::start(config).await.expect("leasegate starts");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let control = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let control_url = format!("http://{}", control.local_addr().unwrap());
+        let (control_stop, control_stopped) = oneshot::channel::<()>();
+        tokio::spawn(leasegate::control::serve(
+            proxy.control_router(),
+            control,
+            async {
+                let _ = control_stopped.await;
+            },
+        ));
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             proxy
                 .serve_http(listener, async {
                     let _ = stopped.await;
+                    let _ = control_stop.send(());
                 })
                 .await
                 .expect("serve");
@@ -132,6 +145,7 @@ impl RunningProxy {
         });
         Self {
             url,
+            control_url,
             stop: Some(stop),
             task,
         }
