@@ -71,4 +71,5 @@ pub mod intent;
 pub mod ledger;
 pub mod mcp;
 pub mod policy;
+pub mod reconcile;
 pub mod worker;

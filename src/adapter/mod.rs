@@ -83,6 +83,14 @@ pub struct RawToolAdapter {
     pub key_retention: Option<String>,
     pub query_tool: Option<String>,
     pub query_argument: Option<String>,
+    /// JSON pointer into the query's structuredContent: true when found (default "/found").
+    pub query_found_pointer: Option<String>,
+    /// JSON pointer to the resource in the query's structuredContent (resource_id).
+    pub query_resource_pointer: Option<String>,
+    /// JSON pointer to the remote id in the query's structuredContent.
+    pub query_remote_id_pointer: Option<String>,
+    /// resource_id: fields of the found resource that must equal the request's.
+    pub match_fields: Option<Vec<String>>,
     pub remote_id_pointer: Option<String>,
     pub timeout: Option<String>,
 }
@@ -102,8 +110,14 @@ pub struct ToolAdapter {
 /// How to ask the upstream about an operation (reconciler).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QuerySpec {
+    /// The upstream's query tool, called with `{argument: operation_id}`.
     pub tool: String,
     pub argument: String,
+    pub found_pointer: String,
+    pub resource_pointer: Option<String>,
+    pub remote_id_pointer: Option<String>,
+    /// resource_id: the found resource must agree with the request on these.
+    pub match_fields: Vec<String>,
 }
 
 /// A validated adapter file.
@@ -256,6 +270,13 @@ impl RawToolAdapter {
                 Some(QuerySpec {
                     tool: tool.clone(),
                     argument: argument.clone(),
+                    found_pointer: self
+                        .query_found_pointer
+                        .clone()
+                        .unwrap_or_else(|| "/found".to_owned()),
+                    resource_pointer: self.query_resource_pointer.clone(),
+                    remote_id_pointer: self.query_remote_id_pointer.clone(),
+                    match_fields: self.match_fields.clone().unwrap_or_default(),
                 })
             }
             (None, None, Capability::OperationQuery | Capability::ResourceId) => {
@@ -278,6 +299,31 @@ impl RawToolAdapter {
                 ));
             }
         };
+        if capability == Capability::ResourceId
+            && query.as_ref().is_some_and(|q| q.match_fields.is_empty())
+        {
+            return Err(FieldError::new(
+                "match_fields",
+                "resource_id needs the fields that prove the found resource is this intent's",
+            ));
+        }
+        if capability != Capability::ResourceId && self.match_fields.is_some() {
+            return Err(FieldError::new(
+                "match_fields",
+                "only for capability resource_id",
+            ));
+        }
+        for (field, pointer) in [
+            ("query_found_pointer", &self.query_found_pointer),
+            ("query_resource_pointer", &self.query_resource_pointer),
+            ("query_remote_id_pointer", &self.query_remote_id_pointer),
+        ] {
+            if let Some(pointer) = pointer
+                && !pointer.starts_with('/')
+            {
+                return Err(FieldError::new(field, "a JSON pointer starts with '/'"));
+            }
+        }
         if let Some(pointer) = &self.remote_id_pointer
             && !pointer.starts_with('/')
         {
@@ -297,6 +343,17 @@ impl RawToolAdapter {
         })
     }
 }
+
+/// A tool as the agent names it, resolved to its upstream and adapter.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolvedTool {
+    pub upstream: String,
+    pub tool: String,
+    pub adapter: ToolAdapter,
+}
+
+/// Exposed tool name → where it lives and what it promises.
+pub type ToolDirectory = BTreeMap<String, ResolvedTool>;
 
 // ---------------------------------------------------------------------------
 // The seam between dispatch and the MCP client

@@ -81,6 +81,14 @@ pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
         .with_state(state)
 }
 
+/// Adds `GET /metrics` (Prometheus text) to a control router.
+pub fn with_metrics(
+    router: Router,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+) -> Router {
+    router.route("/metrics", get(move || std::future::ready(handle.render())))
+}
+
 /// Serves the control API until `shutdown` completes.
 pub async fn serve(
     router: Router,

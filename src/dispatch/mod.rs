@@ -202,12 +202,21 @@ impl<U: Upstream> Dispatcher<U> {
             Fenced::Applied(InlineClaim::Existing(record)) => self.existing(record).await,
             Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
                 // From here on the call belongs to leasegate, not to the agent.
-                let task = tokio::spawn(send_and_settle(
+                let target = UpstreamTarget {
+                    upstream: request.upstream,
+                    tool: request.tool,
+                    arguments: request.arguments,
+                    adapter: request.adapter,
+                    meta: request.meta,
+                    progress: request.progress,
+                    cancel: request.cancel,
+                };
+                let task = tokio::spawn(execute_claim(
                     self.ledger.clone(),
                     self.upstream.clone(),
                     self.dispatch_owner.clone(),
                     claim,
-                    request,
+                    target,
                 ));
                 task.await.map_err(|e| {
                     CallError::Ledger(LedgerError::Protocol {
@@ -334,18 +343,28 @@ fn refusal(rejection: Rejection) -> CallError {
 /// How often a provably unsent request is tried again within its claim.
 const NOT_SENT_ATTEMPTS: u32 = 3;
 
-async fn send_and_settle<U: Upstream>(
-    ledger: Ledger,
-    upstream: Arc<U>,
-    dispatch_owner: String,
-    claim: DispatchClaim,
-    request: CallRequest,
-) -> Result<CallReply, CallError> {
-    let operation_id = claim.operation_id.clone();
-    let mut arguments = request.arguments;
-    let mut meta = request.meta;
+/// Where and how a claimed operation is sent.
+#[derive(Debug, Clone)]
+pub struct UpstreamTarget {
+    pub upstream: String,
+    pub tool: String,
+    /// The request's arguments, before the operation id is injected.
+    pub arguments: Map<String, Value>,
+    pub adapter: ToolAdapter,
+    pub meta: Map<String, Value>,
+    pub progress: Option<mpsc::UnboundedSender<Progress>>,
+    pub cancel: CancellationToken,
+}
+
+/// Puts the operation id where the adapter says, and always in `_meta`.
+pub fn inject_operation_id(
+    operation_id: &OperationId,
+    placement: &OperationIdPlacement,
+    arguments: &mut Map<String, Value>,
+    meta: &mut Map<String, Value>,
+) {
     meta.insert(OPERATION_ID_META.to_owned(), json!(operation_id.as_str()));
-    match &request.adapter.placement {
+    match placement {
         OperationIdPlacement::Argument(name) => {
             arguments.insert(name.clone(), json!(operation_id.as_str()));
         }
@@ -354,6 +373,26 @@ async fn send_and_settle<U: Upstream>(
         }
         OperationIdPlacement::Omitted => {}
     }
+}
+
+/// Sends a claimed operation and settles it (or marks it unknown): the
+/// inline path and the background dispatcher share it.
+pub async fn execute_claim<U: Upstream>(
+    ledger: Ledger,
+    upstream: Arc<U>,
+    dispatch_owner: String,
+    claim: DispatchClaim,
+    request: UpstreamTarget,
+) -> Result<CallReply, CallError> {
+    let operation_id = claim.operation_id.clone();
+    let mut arguments = request.arguments;
+    let mut meta = request.meta;
+    inject_operation_id(
+        &operation_id,
+        &request.adapter.placement,
+        &mut arguments,
+        &mut meta,
+    );
     let call = UpstreamCall {
         upstream: request.upstream,
         tool: request.tool,
@@ -420,6 +459,19 @@ async fn send_and_settle<U: Upstream>(
     Ok(CallReply::Unknown {
         operation_id,
         reason,
+    })
+}
+
+/// The remote id an adapter points at in a tool answer.
+pub fn remote_id_of(pointer: Option<&str>, answer: &Value) -> Option<String> {
+    pointer.and_then(|pointer| {
+        answer
+            .get("structuredContent")
+            .and_then(|s| s.pointer(pointer))
+            .map(|v| match v {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
     })
 }
 

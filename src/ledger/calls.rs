@@ -26,6 +26,10 @@ struct WriteRow {
     lease_epoch: Option<i64>,
     lease_expires_at: Option<DateTime<Utc>>,
     db_now: DateTime<Utc>,
+    /// How long the call waited for the lease row lock.
+    lock_wait_ms: Option<f64>,
+    /// On a takeover: how long the lease had been expired.
+    takeover_after_ms: Option<f64>,
 }
 
 /// The `run_create_result` composite.
@@ -80,7 +84,31 @@ impl WriteRow {
     /// Turns the function's verdict into a typed outcome. `expected_revision`
     /// and `needs` describe what the caller asked for, so that rejections can
     /// name expected and found values.
+    /// Records the lock wait of this call.
+    fn observe(&self, call: &'static str) {
+        if let Some(wait) = self.lock_wait_ms {
+            metrics::histogram!("lease_row_lock_wait_seconds", "call" => call)
+                .record(wait / 1000.0);
+        }
+    }
+
     fn into_fenced(
+        self,
+        call: &'static str,
+        claim: Option<&LeaseClaim>,
+        expected_revision: Option<i64>,
+        needs: Option<RunStatus>,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        self.observe(call);
+        let fenced = self.verdict(call, claim, expected_revision, needs)?;
+        if let Fenced::Rejected(rejection) = &fenced {
+            metrics::counter!("protected_write_rejected_total", "reason" => rejection.reason(), "call" => call)
+                .increment(1);
+        }
+        Ok(fenced)
+    }
+
+    fn verdict(
         self,
         call: &'static str,
         claim: Option<&LeaseClaim>,
@@ -199,7 +227,25 @@ impl Ledger {
                     .bind(owner)
                     .bind(ttl_ms)
             })
-            .await?;
+            .await
+            .inspect_err(|_| {
+                metrics::counter!("lease_acquire_total", "outcome" => "db_error").increment(1)
+            })?;
+        row.observe(CALL);
+        if let Some(after) = row.takeover_after_ms {
+            metrics::histogram!("workflow_takeover_duration_seconds").record(after / 1000.0);
+        }
+        let outcome = Self::acquire_outcome(run_id, owner, row)?;
+        metrics::counter!("lease_acquire_total", "outcome" => outcome.label()).increment(1);
+        Ok(outcome)
+    }
+
+    fn acquire_outcome(
+        run_id: RunId,
+        owner: &str,
+        row: WriteRow,
+    ) -> Result<AcquireOutcome, LedgerError> {
+        const CALL: &str = "lease_acquire";
         Ok(match row.outcome.as_str() {
             "acquired" | "taken_over" => {
                 let applied = row.applied(CALL)?;
@@ -257,8 +303,22 @@ impl Ledger {
                     .bind(claim.epoch)
                     .bind(ttl_ms)
             })
-            .await?;
-        row.into_fenced(CALL, Some(claim), None, None)
+            .await
+            .inspect_err(|error| {
+                let outcome = match error.delivery() {
+                    super::Delivery::Unknown => "result_unknown",
+                    _ => "db_error",
+                };
+                metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
+            })?;
+        let fenced = row.into_fenced(CALL, Some(claim), None, None)?;
+        let outcome = match &fenced {
+            Fenced::Applied(_) => "success",
+            Fenced::Rejected(Rejection::Terminal { .. }) => "terminal",
+            Fenced::Rejected(_) => "lost",
+        };
+        metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
+        Ok(fenced)
     }
 
     /// Gives the lease up; the epoch is kept so the next acquire is epoch + 1.

@@ -51,7 +51,8 @@ pub use error::{Delivery, InvalidInput, LedgerError};
 pub use operation_types::{
     ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, InlineClaim,
     MarkUnknownOutcome, OperationEvent, OperationRecord, OperationStatus, OperationView,
-    Registered, SettleOutcome, StaleReason, SupersedeOutcome, UnknownSummary,
+    ReconcileItem, Registered, RetryVerdict, SettleOutcome, StaleReason, SupersedeOutcome,
+    UnknownSummary,
 };
 pub use operations::PlannedCheckpoint;
 pub use read::DbHealth;

@@ -246,6 +246,8 @@ pub enum ConvergeEvidence {
     RetryResult,
     /// An operator's resolution (needs a note).
     Operator,
+    /// A response that came after its claim lapsed, kept as evidence.
+    LateResponse,
 }
 
 impl ConvergeEvidence {
@@ -254,6 +256,7 @@ impl ConvergeEvidence {
             ConvergeEvidence::QueryResult => "query_result",
             ConvergeEvidence::RetryResult => "retry_result",
             ConvergeEvidence::Operator => "operator",
+            ConvergeEvidence::LateResponse => "late_response",
         }
     }
 }
@@ -282,6 +285,31 @@ pub enum SupersedeOutcome {
     Superseded(OperationRecord),
     /// The old intent is no longer prepared: its side effect may be under way.
     NotChangeable(OperationRecord),
+}
+
+/// An unknown operation claimed by a reconciler.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReconcileItem {
+    /// Its revision is the reconcile claim's: converge with it.
+    pub operation: OperationRecord,
+    pub request_body: serde_json::Value,
+    pub reconcile_attempts: i32,
+    pub first_dispatched_at: Option<DateTime<Utc>>,
+}
+
+/// Whether a same-key retry may go out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryVerdict {
+    /// Go: converge with this revision afterwards.
+    Attempt {
+        revision: i64,
+    },
+    /// Past the provider's key retention window: a retry would be a new
+    /// request at the provider. Never retried.
+    WindowPassed,
+    BudgetSpent,
+    /// The reconcile claim is gone (another reconciler, or it lapsed).
+    StaleClaim,
 }
 
 /// One piece of evidence kept for an operation.

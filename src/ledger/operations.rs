@@ -28,8 +28,9 @@ use uuid::Uuid;
 use super::{
     ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, Fenced,
     InlineClaim, InvalidInput, LeaseClaim, LeaseState, Ledger, LedgerError, MAX_OWNER_LEN,
-    MarkUnknownOutcome, OperationRecord, OperationStatus, OperationView, Registered, Rejection,
-    RunId, RunStatus, SettleOutcome, StaleReason, SupersedeOutcome, UnknownSummary, check_text,
+    MarkUnknownOutcome, OperationRecord, OperationStatus, OperationView, ReconcileItem, Registered,
+    Rejection, RetryVerdict, RunId, RunStatus, SettleOutcome, StaleReason, SupersedeOutcome,
+    UnknownSummary, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -82,6 +83,8 @@ struct TableRow {
     created_at: DateTime<Utc>,
     dispatch_count: i32,
     superseded_by: Option<String>,
+    reconcile_attempts: i32,
+    first_dispatched_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, FromRow)]
@@ -575,6 +578,97 @@ impl Ledger {
             "not_changeable" => SupersedeOutcome::NotChangeable(row.record(CALL)?),
             other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
         }))
+    }
+
+    // ----------------------------------------------------------------------
+    // Reconciler
+    // ----------------------------------------------------------------------
+
+    /// Claims up to `limit` unknown operations for the reconciler `owner`
+    /// for `ttl_ms` (those nobody holds, or whose reconcile claim lapsed).
+    /// They stay `unknown`; only `operation_converge` settles them.
+    pub async fn operation_reconcile_claim(
+        &self,
+        owner: &str,
+        ttl_ms: i64,
+        limit: u16,
+    ) -> Result<Vec<ReconcileItem>, LedgerError> {
+        const CALL: &str = "operation_reconcile_claim";
+        check_text("reconcile owner", owner, MAX_OWNER_LEN)?;
+        self.check_claim_ttl(ttl_ms)?;
+        let rows: Vec<TableRow> = self
+            .invoke_all(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_reconcile_claim($1, $2, $3)")
+                    .bind(owner)
+                    .bind(ttl_ms)
+                    .bind(i32::from(limit))
+            })
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(ReconcileItem {
+                    operation: row.record(CALL)?,
+                    request_body: row.request_body.0.clone(),
+                    reconcile_attempts: row.reconcile_attempts,
+                    first_dispatched_at: row.first_dispatched_at,
+                })
+            })
+            .collect()
+    }
+
+    /// Asks to retry `operation` with its same key: allowed inside the key
+    /// retention window (from the first dispatch, database clock) and the
+    /// retry budget, under the reconcile claim. Counted before the call.
+    pub async fn operation_reconcile_attempt(
+        &self,
+        operation: &OperationRecord,
+        owner: &str,
+        retention_ms: i64,
+        max_attempts: i32,
+    ) -> Result<RetryVerdict, LedgerError> {
+        const CALL: &str = "operation_reconcile_attempt";
+        let (outcome, revision): (String, Option<i64>) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_reconcile_attempt($1, $2, $3, $4, $5)")
+                    .bind(operation.operation_id.as_str())
+                    .bind(owner)
+                    .bind(operation.revision)
+                    .bind(retention_ms)
+                    .bind(max_attempts)
+            })
+            .await?;
+        Ok(match (outcome.as_str(), revision) {
+            ("attempt", Some(revision)) => RetryVerdict::Attempt { revision },
+            ("window_passed", _) => RetryVerdict::WindowPassed,
+            ("budget_spent", _) => RetryVerdict::BudgetSpent,
+            ("stale_claim", _) => RetryVerdict::StaleClaim,
+            (other, _) => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        })
+    }
+
+    /// `dispatching` operations whose claim has expired (database clock).
+    pub async fn operations_expired_claims(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<DispatchClaim>, LedgerError> {
+        const CALL: &str = "operations_expired_claims";
+        let rows: Vec<TableRow> = self
+            .invoke_all(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT * FROM tool_operations
+                      WHERE status = 'dispatching' AND dispatch_until <= clock_timestamp()
+                      ORDER BY dispatch_until LIMIT $1",
+                )
+                .bind(limit)
+            })
+            .await?;
+        let mut claims = Vec::with_capacity(rows.len());
+        for row in &rows {
+            if let Some(claim) = row.record(CALL)?.claim() {
+                claims.push(claim);
+            }
+        }
+        Ok(claims)
     }
 
     // ----------------------------------------------------------------------

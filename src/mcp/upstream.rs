@@ -128,6 +128,34 @@ pub struct CatalogEntry {
     pub tool: Tool,
 }
 
+/// What dispatch and the reconciler need to know of each exposed tool.
+pub fn directory(
+    catalog: &BTreeMap<String, CatalogEntry>,
+    config: &Config,
+) -> crate::adapter::ToolDirectory {
+    catalog
+        .iter()
+        .map(|(name, entry)| {
+            let hint = entry
+                .tool
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint);
+            let adapter = config
+                .adapter(&entry.upstream)
+                .tool(&entry.upstream_tool, hint);
+            (
+                name.clone(),
+                crate::adapter::ResolvedTool {
+                    upstream: entry.upstream.clone(),
+                    tool: entry.upstream_tool.clone(),
+                    adapter,
+                },
+            )
+        })
+        .collect()
+}
+
 /// All upstream connections, by name.
 pub struct Upstreams {
     connections: BTreeMap<String, Connection>,
@@ -287,7 +315,17 @@ impl Upstream for Upstreams {
                 ))
                 .await;
         });
+        let started = Instant::now();
         let response = handle.await_response().await;
+        let outcome = match &response {
+            Ok(_) => "answered",
+            Err(ServiceError::Timeout { .. }) => "timeout",
+            Err(ServiceError::McpError(_)) => "refused",
+            Err(_) => "transport_error",
+        };
+        metrics::histogram!("upstream_call_duration_seconds", "upstream" => call.upstream.clone(),
+            "tool" => call.tool.clone(), "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
         cancel_watch.abort();
         connection.progress.unsubscribe(&token);
         match response {

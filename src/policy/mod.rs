@@ -34,6 +34,16 @@ pub struct RawPolicy {
     pub max_arguments_bytes: Option<usize>,
     /// "reject" (default) or "as_double": integers beyond ±2^53.
     pub integers: Option<String>,
+    /// Run the dispatcher, claim-expiry and reconciler loops (default true).
+    pub background: Option<bool>,
+    /// How often the dispatcher looks for planned (prepared) intents.
+    pub dispatch_interval: Option<String>,
+    /// How often expired claims and unknown operations are looked at.
+    pub reconcile_interval: Option<String>,
+    /// How long one reconciler holds an unknown operation.
+    pub reconcile_claim_ttl: Option<String>,
+    /// Same-key retries per operation (idempotency_key tools).
+    pub reconcile_retries: Option<i32>,
 }
 
 /// How a call's step identity is found.
@@ -96,6 +106,11 @@ pub struct Policy {
     pub request_body: RequestBodyPolicy,
     pub max_arguments_bytes: usize,
     pub integers: IntegerPolicy,
+    pub background: bool,
+    pub dispatch_interval: Duration,
+    pub reconcile_interval: Duration,
+    pub reconcile_claim_ttl: Duration,
+    pub reconcile_retries: i32,
 }
 
 impl Default for Policy {
@@ -207,7 +222,19 @@ impl RawPolicy {
                 ));
             }
         };
+        let dispatch_interval = duration("dispatch_interval", &self.dispatch_interval, "1s")?;
+        let reconcile_interval = duration("reconcile_interval", &self.reconcile_interval, "5s")?;
+        let reconcile_claim_ttl = duration("reconcile_claim_ttl", &self.reconcile_claim_ttl, "2m")?;
+        let reconcile_retries = self.reconcile_retries.unwrap_or(3);
+        if !(0..=100).contains(&reconcile_retries) {
+            return Err(FieldError::new("reconcile_retries", "must be 0 to 100"));
+        }
         Ok(Policy {
+            background: self.background.unwrap_or(true),
+            dispatch_interval,
+            reconcile_interval,
+            reconcile_claim_ttl,
+            reconcile_retries,
             lease_ttl_ceiling,
             heartbeat_interval,
             claim_ttl,
