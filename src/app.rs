@@ -57,7 +57,12 @@ impl Proxy {
         let millis = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         let options = LedgerOptions {
             max_lease_ttl_ms: millis(config.policy.lease_ttl_ceiling),
-            max_claim_ttl_ms: millis(config.policy.claim_ttl),
+            max_claim_ttl_ms: millis(
+                config
+                    .policy
+                    .claim_ttl
+                    .max(config.policy.reconcile_claim_ttl),
+            ),
             ..LedgerOptions::default()
         };
         let ledger = Ledger::connect(&config.database_url, options).await?;

@@ -153,6 +153,25 @@ enum OpsCommand {
     },
     /// How many operations are unknown, and the oldest.
     Unknown,
+    /// Resolve an unknown operation by hand, with who and why.
+    Resolve {
+        operation_id: String,
+        #[arg(
+            long,
+            conflicts_with = "failed_final",
+            required_unless_present = "failed_final"
+        )]
+        succeeded: bool,
+        #[arg(long)]
+        failed_final: bool,
+        #[arg(long)]
+        note: String,
+        #[arg(long)]
+        remote_id: Option<String>,
+        /// Who resolves it (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        actor: String,
+    },
 }
 
 #[tokio::main]
@@ -166,14 +185,23 @@ async fn main() -> ExitCode {
         Command::ExampleTools { .. } => "warn",
         _ => "info,rmcp=warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level)),
-        )
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // LEASEGATE_LOG_FORMAT=json: one JSON object per line, span fields
+    // (run_id, owner, epoch, operation_id, tool) included.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .init();
+        .with_ansi(false);
+    if std::env::var("LEASEGATE_LOG_FORMAT").is_ok_and(|format| format == "json") {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init();
+    } else {
+        builder.init();
+    }
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -369,6 +397,22 @@ async fn operator_command(cli: &Cli) -> Option<u8> {
                 Method::GET,
                 "/v1/operations/unknown".to_owned(),
                 None,
+            ),
+            OpsCommand::Resolve {
+                operation_id,
+                succeeded,
+                note,
+                remote_id,
+                actor,
+                ..
+            } => (
+                common,
+                Method::POST,
+                format!("/v1/operations/{}/resolve", url_segment(operation_id)),
+                Some(
+                    json!({"outcome": if *succeeded { "succeeded" } else { "failed_final" },
+                            "note": note, "remote_id": remote_id, "actor": actor}),
+                ),
             ),
         },
         _ => return None,

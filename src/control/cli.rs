@@ -28,7 +28,7 @@ pub fn exit_code(code: &str) -> u8 {
         "not_found" => exit::NOT_FOUND,
         "lease_lost" => exit::LEASE_LOST,
         "revision_conflict" | "intent_conflict" | "lease_busy" | "terminal_run"
-        | "wrong_status" | "active_run_live" | "run_id_taken" => exit::CONFLICT,
+        | "wrong_status" | "active_run_live" | "run_id_taken" | "not_unknown" => exit::CONFLICT,
         "ledger_unavailable" | "outcome_unknown" => exit::UNAVAILABLE,
         "malformed_json"
         | "invalid_body"

@@ -46,6 +46,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/runs/{run_id}/operations"),
     ("GET", "/v1/operations/unknown"),
     ("GET", "/v1/operations/{operation_id}"),
+    ("POST", "/v1/operations/{operation_id}/resolve"),
+    // Added by `with_metrics` (as `leasegate serve` does).
+    ("GET", "/metrics"),
 ];
 
 struct ControlState {
@@ -70,6 +73,10 @@ pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
         .route("/v1/runs/{run_id}/operations", get(list_operations))
         .route("/v1/operations/unknown", get(unknown_summary))
         .route("/v1/operations/{operation_id}", get(show_operation))
+        .route(
+            "/v1/operations/{operation_id}/resolve",
+            post(resolve_operation),
+        )
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
@@ -670,6 +677,86 @@ async fn show_operation(
         .await?
         .ok_or_else(|| ApiError::not_found("operation"))?;
     Ok(Json(serde_json::to_value(view).unwrap_or_default()))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResolveBody {
+    /// "succeeded" or "failed_final".
+    outcome: String,
+    /// Who resolves it.
+    actor: String,
+    /// Why: required, kept in the history.
+    note: String,
+    remote_id: Option<String>,
+    result: Option<Value>,
+}
+
+async fn resolve_operation(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<ResolveBody>,
+) -> Result<Json<Value>, ApiError> {
+    let succeeded = match body.outcome.as_str() {
+        "succeeded" => true,
+        "failed_final" => false,
+        other => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_body",
+                format!("outcome {other:?} is not \"succeeded\" or \"failed_final\""),
+            ));
+        }
+    };
+    if body.note.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "a resolution needs a note",
+        ));
+    }
+    let id = OperationId::from_string(raw);
+    let view = state
+        .ledger
+        .operation_get(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("operation"))?;
+    let outcome = state
+        .ledger
+        .operation_converge(
+            &id,
+            view.operation.revision,
+            succeeded,
+            body.remote_id.as_deref(),
+            body.result.as_ref(),
+            crate::ledger::ConvergeEvidence::Operator,
+            &body.actor,
+            Some(&body.note),
+            &json!({}),
+        )
+        .await?;
+    match outcome {
+        crate::ledger::ConvergeOutcome::Converged {
+            operation,
+            evidence_id,
+        } => Ok(Json(
+            json!({"operation": operation, "evidence_id": evidence_id}),
+        )),
+        crate::ledger::ConvergeOutcome::NotUnknown(found) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_unknown",
+            format!(
+                "operation is {}: only unknown operations are resolved",
+                found.status
+            ),
+        )),
+        crate::ledger::ConvergeOutcome::Conflict { .. } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "revision_conflict",
+            "the operation changed while resolving it; look again",
+        )),
+        crate::ledger::ConvergeOutcome::NotFound => Err(ApiError::not_found("operation")),
+    }
 }
 
 async fn unknown_summary(State(state): Shared) -> Result<Json<Value>, ApiError> {

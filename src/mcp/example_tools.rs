@@ -67,7 +67,8 @@ fn tools(set: ToolSet) -> Vec<Tool> {
                 "Charge a card. Honours idempotency_key: the same key returns the same charge.",
                 schema(json!({"type": "object", "properties": {
                     "amount": {"type": "integer"}, "currency": {"type": "string"},
-                    "idempotency_key": {"type": "string"}}, "required": ["amount", "currency"]})),
+                    "idempotency_key": {"type": "string"}, "hang_ms": {"type": "integer"}},
+                    "required": ["amount", "currency"]})),
             )
             .with_annotations(
                 ToolAnnotations::new()
@@ -150,18 +151,31 @@ impl ExampleTools {
             .and_then(Value::as_str)
             .unwrap_or("eur");
         let key = args.get("idempotency_key").and_then(Value::as_str);
-        let _guard = self.lock.lock().await;
-        let charges = self.lines("charges.jsonl").await;
-        if let Some(key) = key
-            && let Some(existing) = charges.iter().find(|c| c["idempotency_key"] == key)
-        {
-            let mut body = existing.clone();
-            body["replayed"] = json!(true);
-            return Ok(CallToolResult::structured(body));
+        let charge = {
+            let _guard = self.lock.lock().await;
+            // Every call is logged, so tests can count what reached the tool.
+            self.append(
+                "calls.jsonl",
+                &json!({"tool": "charge", "idempotency_key": key}),
+            )
+            .await?;
+            let charges = self.lines("charges.jsonl").await;
+            if let Some(key) = key
+                && let Some(existing) = charges.iter().find(|c| c["idempotency_key"] == key)
+            {
+                let mut body = existing.clone();
+                body["replayed"] = json!(true);
+                return Ok(CallToolResult::structured(body));
+            }
+            let charge = json!({"charge_id": format!("ch_{}", charges.len() + 1), "amount": amount,
+                                "currency": currency, "idempotency_key": key, "replayed": false});
+            self.append("charges.jsonl", &charge).await?;
+            charge
+        };
+        // A fresh charge may be told to hang after it happened (a lost answer).
+        if let Some(hang) = args.get("hang_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(hang)).await;
         }
-        let charge = json!({"charge_id": format!("ch_{}", charges.len() + 1), "amount": amount,
-                            "currency": currency, "idempotency_key": key, "replayed": false});
-        self.append("charges.jsonl", &charge).await?;
         Ok(CallToolResult::structured(charge))
     }
 
@@ -183,6 +197,8 @@ impl ExampleTools {
 
     async fn send_email(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
         let to = args.get("to").and_then(Value::as_str).unwrap_or_default();
+        self.append("calls.jsonl", &json!({"tool": "send_email", "to": to}))
+            .await?;
         if !to.contains('@') {
             // A business failure: nothing sent.
             return Ok(CallToolResult::error(vec![ContentBlock::text(format!(

@@ -48,6 +48,15 @@ pub struct Signals {
     pub reconcile_passes: AtomicU64,
 }
 
+/// What the remote says happened, and how leasegate learned it.
+struct RemoteFact {
+    succeeded: bool,
+    remote_id: Option<String>,
+    result: Value,
+    kind: ConvergeEvidence,
+    evidence: Value,
+}
+
 /// The background loops of one process.
 pub struct Background<U> {
     ledger: Ledger,
@@ -235,30 +244,26 @@ impl<U: Upstream> Background<U> {
         &self,
         item: &ReconcileItem,
         revision: i64,
-        succeeded: bool,
-        remote_id: Option<String>,
-        result: &Value,
-        kind: ConvergeEvidence,
-        evidence: Value,
+        fact: RemoteFact,
     ) -> Result<&'static str, LedgerError> {
         let outcome = self
             .ledger
             .operation_converge(
                 &item.operation.operation_id,
                 revision,
-                succeeded,
-                remote_id.as_deref(),
-                Some(result),
-                kind,
+                fact.succeeded,
+                fact.remote_id.as_deref(),
+                Some(&fact.result),
+                fact.kind,
                 &self.owner,
                 None,
-                &evidence,
+                &fact.evidence,
             )
             .await?;
         Ok(match outcome {
             ConvergeOutcome::Converged { .. } => {
-                tracing::info!(operation_id = %item.operation.operation_id, kind = kind.as_str(), succeeded,
-                    "unknown operation converged");
+                tracing::info!(operation_id = %item.operation.operation_id, kind = fact.kind.as_str(),
+                    succeeded = fact.succeeded, "unknown operation converged");
                 "converged"
             }
             _ => "lost_claim",
@@ -277,17 +282,14 @@ impl<U: Upstream> Background<U> {
             });
             if let Some(late) = late {
                 let result = late.body.get("result").cloned().unwrap_or(Value::Null);
-                return self
-                    .converge(
-                        &item,
-                        operation.revision,
-                        late.outcome.as_deref() == Some("succeeded"),
-                        late.remote_id.clone(),
-                        &result,
-                        ConvergeEvidence::LateResponse,
-                        json!({"late_evidence_id": late.evidence_id}),
-                    )
-                    .await;
+                let fact = RemoteFact {
+                    succeeded: late.outcome.as_deref() == Some("succeeded"),
+                    remote_id: late.remote_id.clone(),
+                    result,
+                    kind: ConvergeEvidence::LateResponse,
+                    evidence: json!({"late_evidence_id": late.evidence_id}),
+                };
+                return self.converge(&item, operation.revision, fact).await;
             }
         }
         let Some(resolved) = self.resolve(&operation.tool_name).cloned() else {
@@ -371,17 +373,14 @@ impl<U: Upstream> Background<U> {
                     .map(str::to_owned)
                     .unwrap_or_else(|| v.to_string())
             });
-        let result = json!({"structuredContent": resource, "content": answer.result.get("content"), "isError": false});
-        self.converge(
-            item,
-            item.operation.revision,
-            true,
+        let fact = RemoteFact {
+            succeeded: true,
             remote_id,
-            &result,
-            ConvergeEvidence::QueryResult,
-            json!({"query_tool": query.tool}),
-        )
-        .await
+            result: json!({"structuredContent": resource, "content": answer.result.get("content"), "isError": false}),
+            kind: ConvergeEvidence::QueryResult,
+            evidence: json!({"query_tool": query.tool}),
+        };
+        self.converge(item, item.operation.revision, fact).await
     }
 
     async fn retry_same_key(
@@ -438,19 +437,16 @@ impl<U: Upstream> Background<U> {
                 return Ok("retry_failed");
             }
         };
-        let remote_id = remote_id_of(
-            resolved.adapter.remote_id_pointer.as_deref(),
-            &answer.result,
-        );
-        self.converge(
-            item,
-            revision,
-            !answer.is_error,
-            remote_id,
-            &answer.result,
-            ConvergeEvidence::RetryResult,
-            json!({"attempt": item.reconcile_attempts + 1}),
-        )
-        .await
+        let fact = RemoteFact {
+            succeeded: !answer.is_error,
+            remote_id: remote_id_of(
+                resolved.adapter.remote_id_pointer.as_deref(),
+                &answer.result,
+            ),
+            result: answer.result,
+            kind: ConvergeEvidence::RetryResult,
+            evidence: json!({"attempt": item.reconcile_attempts + 1}),
+        };
+        self.converge(item, revision, fact).await
     }
 }

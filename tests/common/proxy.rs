@@ -21,6 +21,27 @@ use tokio::sync::oneshot;
 
 pub const LEASEGATE: &str = env!("CARGO_BIN_EXE_leasegate");
 
+pub const PAYMENTS_ADAPTER: &str = r#"upstream = "payments"
+timeout = "2s"
+[tools.charge]
+capability = "idempotency_key"
+operation_id_argument = "idempotency_key"
+key_retention = "24h"
+remote_id_pointer = "/charge_id"
+timeout = "2s"
+[tools.get_charge]
+read_only = true
+"#;
+
+pub const MAILER_ADAPTER: &str = r#"upstream = "mailer"
+trust_annotations = true
+timeout = "2s"
+[tools.send_email]
+capability = "none"
+timeout = "700ms"
+remote_id_pointer = "/message_id"
+"#;
+
 /// A scratch directory with the config, adapters, policy and tool state.
 pub struct Scenario {
     pub dir: PathBuf,
@@ -31,6 +52,11 @@ impl Scenario {
     /// stdio upstreams, the shipped-style adapters with short timeouts, and
     /// `policy` as the policy file.
     pub fn new(database_url: &str, policy: &str) -> Self {
+        Self::with_adapters(database_url, policy, PAYMENTS_ADAPTER, MAILER_ADAPTER)
+    }
+
+    /// A scenario with the given adapter files for `payments` and `mailer`.
+    pub fn with_adapters(database_url: &str, policy: &str, payments: &str, mailer: &str) -> Self {
         let dir =
             std::env::temp_dir().join(format!("leasegate-e2e-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(dir.join("adapters")).unwrap();
@@ -41,6 +67,7 @@ impl Scenario {
             r#"database_url = "{database_url}"
 tenant = "tenant-a"
 listen = "127.0.0.1:0"
+control_listen = "127.0.0.1:0"
 adapters = "adapters"
 policy = "policies/test.toml"
 migrate = false
@@ -58,31 +85,8 @@ args = ["example-tools", "--tools", "mailer", "--state-dir", "{state}"]
             state = state.display()
         );
         std::fs::write(dir.join("leasegate.toml"), config).unwrap();
-        std::fs::write(
-            dir.join("adapters/payments.toml"),
-            r#"upstream = "payments"
-[tools.charge]
-capability = "idempotency_key"
-operation_id_argument = "idempotency_key"
-key_retention = "24h"
-remote_id_pointer = "/charge_id"
-timeout = "10s"
-[tools.get_charge]
-read_only = true
-"#,
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("adapters/mailer.toml"),
-            r#"upstream = "mailer"
-trust_annotations = true
-[tools.send_email]
-capability = "none"
-timeout = "700ms"
-remote_id_pointer = "/message_id"
-"#,
-        )
-        .unwrap();
+        std::fs::write(dir.join("adapters/payments.toml"), payments).unwrap();
+        std::fs::write(dir.join("adapters/mailer.toml"), mailer).unwrap();
         std::fs::write(dir.join("policies/test.toml"), policy).unwrap();
         Self { dir }
     }
@@ -112,6 +116,8 @@ pub struct RunningProxy {
     pub url: String,
     /// The control API, served beside the MCP front as `leasegate serve` does.
     pub control_url: String,
+    /// The background loops' progress counters.
+    pub signals: Option<std::sync::Arc<leasegate::reconcile::Signals>>,
     pub stop: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<Proxy>,
 }
@@ -120,6 +126,7 @@ impl RunningProxy {
     pub async fn start(config: &Path) -> Self {
         let config = Config::load(config).expect("the scenario config is valid");
         let proxy = Proxy::start(config).await.expect("leasegate starts");
+        let signals = proxy.background_signals();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
         let control = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -146,6 +153,7 @@ impl RunningProxy {
         Self {
             url,
             control_url,
+            signals,
             stop: Some(stop),
             task,
         }

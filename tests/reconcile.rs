@@ -1,0 +1,609 @@
+//! The background loops: unknown outcomes converge to remote fact per
+//! adapter capability; a process killed after the remote side effect is
+//! recovered by the next one; several processes share the work without a
+//! leader; metrics move.
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::atomic::Ordering;
+
+use common::proxy::{LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, call, connect_http};
+use common::{TestDb, wait_until, within};
+use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::ledger::{InlineClaim, OperationStatus};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+const FAST: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"100ms\"\nin_flight_wait = \"1s\"\n";
+
+async fn status_of(db: &TestDb, tool: &str) -> Option<String> {
+    sqlx::query_scalar("SELECT status FROM tool_operations WHERE tool_name = $1")
+        .bind(tool)
+        .fetch_optional(&db.admin)
+        .await
+        .unwrap()
+}
+
+fn calls_of(scenario: &Scenario, tool: &str) -> Vec<Value> {
+    scenario
+        .side_effects("calls.jsonl")
+        .into_iter()
+        .filter(|c| c["tool"] == tool)
+        .collect()
+}
+
+/// `leasegate serve` as a child process; returns it with its MCP and control URLs.
+async fn serve_child(scenario: &Scenario) -> (tokio::process::Child, String, String) {
+    let mut child = tokio::process::Command::new(LEASEGATE)
+        .arg("serve")
+        .arg("--config")
+        .arg(scenario.config_path())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let (mut mcp, mut control) = (None, None);
+    within("leasegate serve to listen", async {
+        while mcp.is_none() || control.is_none() {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("leasegate prints its addresses");
+            if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
+                mcp = Some(url.to_owned());
+            }
+            if let Some(url) = line.strip_prefix("leasegate: control API at ") {
+                control = Some(url.trim_end_matches("/v1").to_owned());
+            }
+        }
+    })
+    .await;
+    // Keep draining stderr so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, mcp.unwrap(), control.unwrap())
+}
+
+async fn metric(control: &str, name_and_labels: &str) -> f64 {
+    let address = control.trim_start_matches("http://");
+    let text = raw_get(address, "/metrics").await;
+    text.lines()
+        .filter(|line| line.starts_with(name_and_labels))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn raw_get(address: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_and_none_stays_unknown(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let mailer = MAILER_ADAPTER.replace("700ms", "2s");
+    let payments = common::proxy::PAYMENTS_ADAPTER;
+    let scenario = Scenario::with_adapters(&db.url, FAST, payments, &mailer);
+    let (lease, _) = db.running_run("agent", 120_000).await;
+
+    let (mut first, mcp, _) = serve_child(&scenario).await;
+    let (agent, _) = connect_http(&mcp, Some(&lease)).await;
+    let agent = std::sync::Arc::new(agent);
+    // Both tools perform their side effect, then hang: the answer never comes.
+    let charge = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            call(
+                &agent,
+                "payments__charge",
+                json!({"amount": 9, "currency": "eur", "hang_ms": 20000}),
+                None,
+            )
+            .await
+        }
+    });
+    let email = tokio::spawn({
+        let agent = agent.clone();
+        async move {
+            call(
+                &agent,
+                "mailer__send_email",
+                json!({"to": "e@x.y", "hang_ms": 20000}),
+                None,
+            )
+            .await
+        }
+    });
+    wait_until("both side effects to happen at the tools", || async {
+        (scenario.side_effects("charges.jsonl").len() == 1
+            && scenario.side_effects("emails.jsonl").len() == 1)
+            .then_some(())
+    })
+    .await;
+    // Killed before it records anything.
+    first.kill().await.unwrap();
+    charge.abort();
+    email.abort();
+    assert_eq!(
+        status_of(&db, "payments__charge").await.as_deref(),
+        Some("dispatching")
+    );
+    assert_eq!(
+        status_of(&db, "mailer__send_email").await.as_deref(),
+        Some("dispatching")
+    );
+
+    // A new process: claims expire into unknown, then converge per capability.
+    let (mut second, _, control) = serve_child(&scenario).await;
+    wait_until("the idempotent charge to converge", || async {
+        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
+    })
+    .await;
+    wait_until(
+        "the reconciler to have judged the mail unrecoverable",
+        || async {
+            (metric(&control, "reconcile_total{outcome=\"needs_operator\"}").await >= 1.0)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        scenario.side_effects("charges.jsonl").len(),
+        1,
+        "exactly one charge exists"
+    );
+    assert_eq!(
+        calls_of(&scenario, "charge").len(),
+        2,
+        "the original call and one same-key retry"
+    );
+    let charges = scenario.side_effects("charges.jsonl");
+    assert_eq!(
+        calls_of(&scenario, "charge")[1]["idempotency_key"],
+        charges[0]["idempotency_key"]
+    );
+    assert_eq!(
+        status_of(&db, "mailer__send_email").await.as_deref(),
+        Some("unknown")
+    );
+    assert_eq!(
+        calls_of(&scenario, "send_email").len(),
+        1,
+        "a `none` tool is never re-sent"
+    );
+    let remote: Option<String> = sqlx::query_scalar(
+        "SELECT remote_id FROM tool_operations WHERE tool_name = 'payments__charge'",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(remote.as_deref(), Some("ch_1"));
+    second.kill().await.unwrap();
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_unknown_outcome_is_reconciled_by_query_without_a_second_create(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let payments = r#"upstream = "payments"
+timeout = "2s"
+[tools.charge]
+capability = "operation_query"
+operation_id_argument = "idempotency_key"
+query_tool = "get_charge"
+query_argument = "idempotency_key"
+query_remote_id_pointer = "/charge/charge_id"
+query_resource_pointer = "/charge"
+timeout = "500ms"
+[tools.get_charge]
+read_only = true
+"#;
+    let scenario = Scenario::with_adapters(&db.url, FAST, payments, MAILER_ADAPTER);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let first = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 3, "currency": "eur", "hang_ms": 3000}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        first.structured_content.as_ref().unwrap()["status"],
+        "unknown"
+    );
+
+    wait_until("the query to converge the operation", || async {
+        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
+    })
+    .await;
+    assert_eq!(calls_of(&scenario, "charge").len(), 1, "no second create");
+    let id = leasegate::intent::OperationId::from_string(
+        first.structured_content.as_ref().unwrap()["operation_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    );
+    let view = db.ledger.operation_get(&id).await.unwrap().unwrap();
+    assert_eq!(view.operation.remote_id.as_deref(), Some("ch_1"));
+    assert_eq!(view.events.last().unwrap().actor_kind, "reconciler");
+    // The agent asking again now gets the converged fact.
+    let again = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 3, "currency": "eur", "hang_ms": 3000}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(common::proxy::operation_note(&again)["status"], "succeeded");
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_retry_past_the_key_retention_window_is_refused(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let payments = common::proxy::PAYMENTS_ADAPTER
+        .replace("24h", "100ms")
+        .replace("timeout = \"2s\"\nremote", "timeout = \"500ms\"\nremote");
+    let scenario = Scenario::with_adapters(&db.url, FAST, &payments, MAILER_ADAPTER);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let signals = proxy_signals(&proxy).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let first = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 4, "currency": "eur", "hang_ms": 2000}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        first.structured_content.as_ref().unwrap()["status"],
+        "unknown"
+    );
+
+    // Let the reconciler look at it several times after the window closed.
+    let passes = signals.reconcile_passes.load(Ordering::SeqCst);
+    wait_until("three reconciler passes", || async {
+        (signals.reconcile_passes.load(Ordering::SeqCst) >= passes + 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        status_of(&db, "payments__charge").await.as_deref(),
+        Some("unknown")
+    );
+    assert_eq!(
+        calls_of(&scenario, "charge").len(),
+        1,
+        "never retried past the window"
+    );
+    let attempts: i32 = sqlx::query_scalar("SELECT reconcile_attempts FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 0);
+    proxy.stop().await;
+}
+
+async fn proxy_signals(proxy: &RunningProxy) -> std::sync::Arc<leasegate::reconcile::Signals> {
+    proxy.signals.clone().expect("the background loops run")
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn two_processes_reconcile_each_unknown_operation_once(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    // Six unknown charges that never reached the tool.
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        let intent = Intent::new(
+            "tenant-a",
+            lease.run_id,
+            Some(StepRef {
+                step_id: format!("charge-{n}"),
+                effect_version: 1,
+            }),
+            "payments__charge",
+            &json!({"amount": n, "currency": "eur"}),
+            IntegerPolicy::Reject,
+        )
+        .unwrap();
+        let claim = match common::applied(
+            db.ledger
+                .operation_register_claim(&lease, &intent, "crashed-proxy", 60_000)
+                .await
+                .unwrap(),
+        ) {
+            InlineClaim::Claimed { claim, .. } => claim,
+            other => panic!("{other:?}"),
+        };
+        db.ledger
+            .operation_mark_unknown(
+                &claim,
+                true,
+                "crashed-proxy",
+                false,
+                &json!({"error": "reset"}),
+            )
+            .await
+            .unwrap();
+        ids.push(intent.operation_id);
+    }
+    let a = RunningProxy::start(&scenario.config_path()).await;
+    let b = RunningProxy::start(&scenario.config_path()).await;
+    wait_until("every unknown charge to converge", || async {
+        let left: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE status <> 'succeeded'")
+                .fetch_one(&db.admin)
+                .await
+                .unwrap();
+        (left == 0).then_some(())
+    })
+    .await;
+    let calls = calls_of(&scenario, "charge");
+    for id in &ids {
+        let count = calls
+            .iter()
+            .filter(|c| c["idempotency_key"] == id.as_str())
+            .count();
+        assert_eq!(count, 1, "operation {id} was retried {count} times");
+    }
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 6);
+    a.stop().await;
+    b.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn operators_resolve_only_unknown_operations_once_with_a_note(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let intent = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "mailer__send_email",
+        &json!({"to": "a@b.c"}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = match common::applied(
+        db.ledger
+            .operation_register_claim(&lease, &intent, "p", 60_000)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Claimed { claim, .. } => claim,
+        other => panic!("{other:?}"),
+    };
+    let cli = |args: &[&str]| {
+        std::process::Command::new(LEASEGATE)
+            .args(args)
+            .args(["--database-url", &db.url])
+            .output()
+            .unwrap()
+    };
+    let id = intent.operation_id.as_str();
+    // Not unknown yet: refused.
+    assert_eq!(
+        cli(&[
+            "ops",
+            "resolve",
+            id,
+            "--succeeded",
+            "--note",
+            "saw it",
+            "--actor",
+            "alice"
+        ])
+        .status
+        .code(),
+        Some(4)
+    );
+    db.ledger
+        .operation_mark_unknown(&claim, true, "p", true, &json!({}))
+        .await
+        .unwrap();
+    let resolved = cli(&[
+        "ops",
+        "resolve",
+        id,
+        "--failed-final",
+        "--note",
+        "provider says never delivered",
+        "--actor",
+        "alice",
+    ]);
+    assert_eq!(
+        resolved.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&resolved.stderr)
+    );
+    assert_eq!(
+        cli(&[
+            "ops",
+            "resolve",
+            id,
+            "--succeeded",
+            "--note",
+            "again",
+            "--actor",
+            "bob"
+        ])
+        .status
+        .code(),
+        Some(4)
+    );
+    let view = db
+        .ledger
+        .operation_get(&intent.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.operation.status, OperationStatus::FailedFinal);
+    let last = view.events.last().unwrap();
+    assert_eq!(
+        (last.actor_kind.as_str(), last.actor.as_deref()),
+        ("operator", Some("alice"))
+    );
+    assert_eq!(last.detail["note"], "provider says never delivered");
+    // A note is required.
+    assert_eq!(
+        cli(&[
+            "ops",
+            "resolve",
+            id,
+            "--succeeded",
+            "--note",
+            " ",
+            "--actor",
+            "bob"
+        ])
+        .status
+        .code(),
+        Some(2)
+    );
+}
+
+/// Sum of the samples of one metric (all label sets) in Prometheus text.
+fn sample_sum(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.split(['{', ' ']).next() == Some(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let handle = leasegate::app::metrics_handle();
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    handle.run_upkeep();
+    let before = handle.render();
+
+    // Leases: acquire, busy, takeover after expiry, renew ok and lost, a rejected save.
+    let (old, revision) = db.running_run("old", 200).await;
+    assert!(matches!(
+        db.ledger
+            .lease_acquire(old.run_id, "rival", 1000)
+            .await
+            .unwrap(),
+        leasegate::ledger::AcquireOutcome::Busy { .. }
+    ));
+    db.wait_lease_expired(old.run_id).await;
+    let new = db.acquire(old.run_id, "new", 60_000).await;
+    db.ledger
+        .lease_renew(&new.claim, 60_000)
+        .await
+        .unwrap()
+        .into_result()
+        .unwrap();
+    assert!(
+        !db.ledger
+            .lease_renew(&old, 60_000)
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    assert!(
+        !db.ledger
+            .checkpoint_save(&old, revision, &json!({}))
+            .await
+            .unwrap()
+            .is_applied()
+    );
+    // A call whose outcome is unknown (mailer hangs), left for an operator.
+    let (agent, _) = connect_http(&proxy.url, Some(&new.claim)).await;
+    call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "m@x.y", "hang_ms": 3000}),
+        None,
+    )
+    .await
+    .unwrap();
+    let signals = proxy_signals(&proxy).await;
+    let passes = signals.reconcile_passes.load(Ordering::SeqCst);
+    wait_until("two reconciler passes", || async {
+        (signals.reconcile_passes.load(Ordering::SeqCst) >= passes + 2).then_some(())
+    })
+    .await;
+    handle.run_upkeep();
+    let after = handle.render();
+
+    for (name, at_least) in [
+        ("lease_acquire_total", 3.0),
+        ("lease_renew_total", 2.0),
+        ("protected_write_rejected_total", 2.0),
+        ("lease_row_lock_wait_seconds_count", 3.0),
+        ("workflow_takeover_duration_seconds_count", 1.0),
+        ("reconcile_total", 1.0),
+        ("upstream_call_duration_seconds_count", 1.0),
+    ] {
+        let moved = sample_sum(&after, name) - sample_sum(&before, name);
+        assert!(
+            moved >= at_least,
+            "{name} moved by {moved}, expected at least {at_least}\n{after}"
+        );
+    }
+    assert!(
+        after.contains("lease_acquire_total{outcome=\"taken_over\"}"),
+        "{after}"
+    );
+    assert!(
+        after.contains("lease_renew_total{outcome=\"lost\"}"),
+        "{after}"
+    );
+    assert!(
+        after.contains("protected_write_rejected_total{reason=\"lease_lost\""),
+        "{after}"
+    );
+    assert!(
+        sample_sum(&after, "tool_operation_unknown_count") >= 1.0,
+        "{after}"
+    );
+    assert!(
+        after.contains("tool_operation_unknown_oldest_age_seconds"),
+        "{after}"
+    );
+    // No high-cardinality ids as labels.
+    for id in [old.run_id.to_string(), "tenant-a".to_owned()] {
+        assert!(!after.contains(&id), "{id} must not be a label");
+    }
+    // The control listener serves the same text.
+    let served = raw_get(proxy.control_url.trim_start_matches("http://"), "/metrics").await;
+    assert!(served.contains("lease_acquire_total"));
+    proxy.stop().await;
+}
