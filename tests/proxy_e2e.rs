@@ -547,6 +547,8 @@ async fn policy_can_require_explicit_steps_and_mask_stored_requests(
         "dev.leasegate/step".into(),
         json!({"step_id": "notify-customer", "effect_version": 1}),
     );
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    meta.insert("traceparent".into(), json!(traceparent));
     let sent = call(&agent, "mailer__send_email", email, Some(meta))
         .await
         .unwrap();
@@ -566,6 +568,15 @@ async fn policy_can_require_explicit_steps_and_mask_stored_requests(
         scenario.side_effects("emails.jsonl")[0]["to"],
         "secret@example.com",
         "the tool got it"
+    );
+    let calls = scenario.side_effects("calls.jsonl");
+    let upstream_call = calls
+        .iter()
+        .find(|c| c["tool"] == "send_email" && c["to"] == "secret@example.com")
+        .unwrap();
+    assert_eq!(
+        upstream_call["traceparent"], traceparent,
+        "W3C trace context reaches the upstream"
     );
     proxy.stop().await;
 }

@@ -30,6 +30,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 pub use crate::adapter::Progress;
 use crate::adapter::{
@@ -378,6 +379,21 @@ pub fn inject_operation_id(
 /// Sends a claimed operation and settles it (or marks it unknown): the
 /// inline path and the background dispatcher share it.
 pub async fn execute_claim<U: Upstream>(
+    ledger: Ledger,
+    upstream: Arc<U>,
+    dispatch_owner: String,
+    claim: DispatchClaim,
+    request: UpstreamTarget,
+) -> Result<CallReply, CallError> {
+    let operation_id = claim.operation_id.clone();
+    let span = tracing::info_span!("dispatch", operation_id = %operation_id, revision = claim.revision,
+        dispatch_owner = %claim.dispatch_owner, tool = %request.tool);
+    send_and_settle(ledger, upstream, dispatch_owner, claim, request)
+        .instrument(span)
+        .await
+}
+
+async fn send_and_settle<U: Upstream>(
     ledger: Ledger,
     upstream: Arc<U>,
     dispatch_owner: String,

@@ -141,7 +141,11 @@ impl ExampleTools {
             .map_err(|e| McpError::internal_error(e.to_string(), None))
     }
 
-    async fn charge(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+    async fn charge(
+        &self,
+        args: &JsonObject,
+        trace: Option<&Value>,
+    ) -> Result<CallToolResult, McpError> {
         let amount = args
             .get("amount")
             .and_then(Value::as_i64)
@@ -156,7 +160,7 @@ impl ExampleTools {
             // Every call is logged, so tests can count what reached the tool.
             self.append(
                 "calls.jsonl",
-                &json!({"tool": "charge", "idempotency_key": key}),
+                &json!({"tool": "charge", "idempotency_key": key, "traceparent": trace}),
             )
             .await?;
             let charges = self.lines("charges.jsonl").await;
@@ -195,10 +199,17 @@ impl ExampleTools {
         )
     }
 
-    async fn send_email(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+    async fn send_email(
+        &self,
+        args: &JsonObject,
+        trace: Option<&Value>,
+    ) -> Result<CallToolResult, McpError> {
         let to = args.get("to").and_then(Value::as_str).unwrap_or_default();
-        self.append("calls.jsonl", &json!({"tool": "send_email", "to": to}))
-            .await?;
+        self.append(
+            "calls.jsonl",
+            &json!({"tool": "send_email", "to": to, "traceparent": trace}),
+        )
+        .await?;
         if !to.contains('@') {
             // A business failure: nothing sent.
             return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
@@ -272,9 +283,12 @@ impl ServerHandler for ExampleTools {
         let args = request.arguments.unwrap_or_default();
         let known = tools(self.set).iter().any(|tool| tool.name == request.name);
         let result = match request.name.as_ref() {
-            "charge" if known => self.charge(&args).await?,
+            "charge" if known => self.charge(&args, context.meta.get("traceparent")).await?,
             "get_charge" if known => self.get_charge(&args).await?,
-            "send_email" if known => self.send_email(&args).await?,
+            "send_email" if known => {
+                self.send_email(&args, context.meta.get("traceparent"))
+                    .await?
+            }
             "mail_stats" if known => self.mail_stats(&context).await?,
             other => {
                 return Err(McpError::invalid_params(

@@ -19,6 +19,7 @@ use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::convert::{self, codes};
 use super::upstream::{CatalogEntry, Upstreams};
@@ -372,10 +373,23 @@ impl ServerHandler for Front {
             progress,
             cancel: self.cancel_token(&context, true),
         };
+        // W3C trace context: the trace id goes into every log line of this call.
+        let trace_id = context
+            .meta
+            .get("traceparent")
+            .and_then(Value::as_str)
+            .and_then(|tp| tp.split('-').nth(1))
+            .unwrap_or("")
+            .to_owned();
         let span = tracing::info_span!("tools/call", tool = %call.exposed_name, run_id = %call.lease.run_id,
-            owner = %call.lease.owner, epoch = call.lease.epoch);
+            owner = %call.lease.owner, epoch = call.lease.epoch, trace_id = %trace_id);
+        let outcome = self
+            .state
+            .dispatcher
+            .call(call)
+            .instrument(span.clone())
+            .await;
         let _entered = span.enter();
-        let outcome = self.state.dispatcher.call(call).await;
         if let Some(forwarder) = forwarder {
             let _ = forwarder.await;
         }
