@@ -27,6 +27,11 @@
 //!   `/mcp` and stdio), the upstream clients (`Upstreams`, implementing
 //!   `adapter::Upstream`), conversions and JSON-RPC codes (`convert`), and
 //!   the example tool server.
+//! * `reconcile`: the background loops of every `serve` process —
+//!   dispatcher of planned intents, claim expiry, reconciler of unknown
+//!   outcomes per adapter capability — claimed in the database, no leader.
+//! * `control`: the control HTTP API (`openapi.json`) and the operator CLI
+//!   that drives it in-process; `/metrics`.
 //! * `app`: wiring (config → ledger → upstreams → front); `main` is thin.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
@@ -39,11 +44,8 @@
 //! * `examples/worker/`: a worker process (lease, heartbeat, checkpoint loop)
 //!   that the process-level tests freeze with SIGSTOP.
 //!
-//! Still to come, with their issues: `reconcile` (background dispatcher and
-//! reconciler, metrics), `control` (HTTP API and operator CLI).
-//!
-//! Dependencies point one way: `main`/`app` → `mcp` → `dispatch` →
-//! `adapter`, `ledger` → `intent`, `policy`, `ids`. `tests/layering.rs`
+//! Dependencies point one way: `main`/`app` → `mcp`, `control`,
+//! `reconcile` → `dispatch` → `adapter`, `ledger` → `intent`, `policy`, `ids`. `tests/layering.rs`
 //! checks that only `ledger` imports sqlx and only `mcp` imports rmcp.
 //!
 //! # Invariant index (DESIGN.md numbering)
