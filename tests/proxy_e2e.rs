@@ -620,3 +620,120 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_upstream_that_is_gone_before_the_send_is_never_recorded_as_a_remote_failure(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+
+    // The mailer child dies; leasegate's client of it notices its stdout close.
+    let pid: i32 = std::fs::read_to_string(scenario.dir.join("state/mailer.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    common::wait_until("the mailer process to be gone", || async {
+        let alive = std::path::Path::new(&format!("/proc/{pid}/status"))
+            .exists()
+            .then(|| std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default())
+            .is_some_and(|status| !status.contains("State:\tZ"));
+        (!alive).then_some(())
+    })
+    .await;
+
+    let answer = call(&agent, "mailer__send_email", json!({"to": "a@b.c"}), None)
+        .await
+        .unwrap();
+    let reply = answer.structured_content.clone().unwrap();
+    assert_eq!(reply["status"], "unknown", "{answer:?}");
+    let view = db
+        .ledger
+        .operation_get(&OperationId::from_string(
+            reply["operation_id"].as_str().unwrap().to_owned(),
+        ))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        view.operation.status,
+        OperationStatus::Unknown,
+        "never failed_final, never back to prepared"
+    );
+    let evidence = &view.evidence[0];
+    assert_eq!(
+        (evidence.kind.as_str(), evidence.body["not_sent"].clone()),
+        ("send_error", json!(true))
+    );
+    assert!(
+        evidence.body["attempts"].as_u64().unwrap() >= 2,
+        "the send was retried within the claim"
+    );
+    assert!(scenario.side_effects("emails.jsonl").is_empty());
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_unprefixed_upstream_is_called_by_its_own_tool_names(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let config = std::fs::read_to_string(scenario.config_path())
+        .unwrap()
+        .replace(
+            "migrate = false",
+            "migrate = false\nunprefixed = [\"payments\"]",
+        );
+    std::fs::write(scenario.config_path(), config).unwrap();
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let names: Vec<String> = agent
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            "charge",
+            "get_charge",
+            "mailer__mail_stats",
+            "mailer__send_email"
+        ]
+    );
+    let charged = call(
+        &agent,
+        "charge",
+        json!({"amount": 1, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(operation_note(&charged)["status"], "succeeded");
+    let found = call(
+        &agent,
+        "get_charge",
+        json!({"idempotency_key": operation_id(&charged).as_str()}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(found.structured_content.unwrap()["found"], true);
+    proxy.stop().await;
+}

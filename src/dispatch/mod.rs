@@ -106,8 +106,9 @@ pub enum CallError {
         "this tool has side effects and needs a lease: send _meta \"dev.leasegate/lease\" {{run_id, owner, epoch}} or the Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"
     )]
     LeaseRequired,
+    /// A malformed lease or step in `_meta` or the headers.
     #[error("{0}")]
-    BadLease(String),
+    BadRequestMeta(String),
     #[error(
         "{0}; stop this worker: another worker owns the run now, or the lease expired (re-acquire to continue)"
     )]

@@ -17,8 +17,9 @@ pub enum InvalidInput {
         ttl_ms: i64,
         ceiling_ms: i64,
     },
+    /// Any other request the ledger refuses before sending it.
     #[error("{0}")]
-    Batch(String),
+    Request(String),
     #[error(transparent)]
     RunId(#[from] crate::ids::InvalidRunId),
     #[error("{field} must be 1 to {max} characters, got {len}")]
@@ -37,7 +38,7 @@ impl InvalidInput {
                 "invalid_ttl"
             }
             InvalidInput::RunId(invalid) => invalid.code(),
-            InvalidInput::TextLength { .. } | InvalidInput::Batch(_) => "invalid_input",
+            InvalidInput::TextLength { .. } | InvalidInput::Request(_) => "invalid_input",
         }
     }
 }

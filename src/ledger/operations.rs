@@ -273,7 +273,7 @@ impl Ledger {
     ) -> Result<Fenced<Vec<Registered>>, LedgerError> {
         const CALL: &str = "operation_register";
         if intents.is_empty() || intents.len() > MAX_INTENTS_PER_CALL {
-            return Err(InvalidInput::Batch(format!(
+            return Err(InvalidInput::Request(format!(
                 "register 1 to {MAX_INTENTS_PER_CALL} intents per call, got {}",
                 intents.len()
             ))
@@ -285,7 +285,7 @@ impl Ledger {
                     || (earlier.step_id == intent.step_id
                         && earlier.effect_version == intent.effect_version)
             }) {
-                return Err(InvalidInput::Batch(format!(
+                return Err(InvalidInput::Request(format!(
                     "step {} v{} appears twice in one registration",
                     intent.step_id, intent.effect_version
                 ))
@@ -511,7 +511,7 @@ impl Ledger {
         const CALL: &str = "operation_converge";
         check_text("actor", actor, MAX_OWNER_LEN)?;
         if kind == ConvergeEvidence::Operator && note.is_none_or(|n| n.trim().is_empty()) {
-            return Err(InvalidInput::Batch("an operator resolution needs a note".into()).into());
+            return Err(InvalidInput::Request("an operator resolution needs a note".into()).into());
         }
         let status = if succeeded {
             "succeeded"

@@ -98,7 +98,7 @@ pub fn result_from_reply(reply: CallReply) -> CallToolResult {
 pub fn error_from_call(error: &CallError) -> McpError {
     let (code, data) = match error {
         CallError::LeaseRequired => (codes::LEASE_REQUIRED, None),
-        CallError::BadLease(_) => (codes::INVALID_PARAMS, None),
+        CallError::BadRequestMeta(_) => (codes::INVALID_PARAMS, None),
         CallError::LeaseLost(rejection) => (codes::LEASE_LOST, Some(reason_data(rejection))),
         CallError::RunTerminal(rejection) => (codes::RUN_TERMINAL, Some(reason_data(rejection))),
         CallError::RunNotFound => (codes::RUN_NOT_FOUND, None),

@@ -304,6 +304,11 @@ impl ServerHandler for ExampleTools {
 /// Serves the example tools over stdio until stdin closes.
 pub async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
     std::fs::create_dir_all(&state_dir)?;
+    // Lets tests find (and kill) this process.
+    std::fs::write(
+        state_dir.join(format!("{set:?}.pid").to_lowercase()),
+        std::process::id().to_string(),
+    )?;
     let server = ExampleTools {
         set,
         state_dir: Arc::new(state_dir),

@@ -39,8 +39,9 @@ pub const EPOCH_HEADER: &str = "leasegate-epoch";
 const PAGE_SIZE: usize = 50;
 
 struct State {
-    config: Config,
     catalog: BTreeMap<String, CatalogEntry>,
+    /// Exposed name → upstream, upstream tool and adapter.
+    directory: crate::adapter::ToolDirectory,
     /// The catalog's tools in name order, for pagination.
     tools: Vec<Tool>,
     upstreams: Arc<Upstreams>,
@@ -63,10 +64,11 @@ impl Front {
         dispatcher: Dispatcher<Upstreams>,
     ) -> Self {
         let tools = catalog.values().map(|entry| entry.tool.clone()).collect();
+        let directory = super::upstream::directory(&catalog, &config);
         Self {
             state: Arc::new(State {
-                config,
                 catalog,
+                directory,
                 tools,
                 upstreams,
                 dispatcher,
@@ -91,7 +93,7 @@ fn invalid_params(message: impl Into<String>) -> McpError {
 /// The caller's lease: `_meta` first, then the HTTP headers.
 fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallError> {
     if let Some(value) = context.meta.get(LEASE_META) {
-        let bad = |what: &str| CallError::BadLease(format!("_meta \"{LEASE_META}\": {what}"));
+        let bad = |what: &str| CallError::BadRequestMeta(format!("_meta \"{LEASE_META}\": {what}"));
         let run_id = value
             .get("run_id")
             .and_then(Value::as_str)
@@ -130,7 +132,7 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
     ) {
         (None, None, None) => Err(CallError::LeaseRequired),
         (Some(run_id), Some(owner), Some(epoch)) => {
-            let bad = |what: String| CallError::BadLease(what);
+            let bad = |what: String| CallError::BadRequestMeta(what);
             let run_id: RunId = run_id.parse().map_err(|e: crate::ids::InvalidRunId| {
                 bad(format!("header Leasegate-Run-Id: {e}"))
             })?;
@@ -145,7 +147,7 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
                 epoch,
             })
         }
-        _ => Err(CallError::BadLease(
+        _ => Err(CallError::BadRequestMeta(
             "headers Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch go together".into(),
         )),
     }
@@ -155,7 +157,7 @@ fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, Call
     let Some(value) = context.meta.get(STEP_META) else {
         return Ok(None);
     };
-    let bad = |what: &str| CallError::BadLease(format!("_meta \"{STEP_META}\": {what}"));
+    let bad = |what: &str| CallError::BadRequestMeta(format!("_meta \"{STEP_META}\": {what}"));
     let step_id = value
         .get("step_id")
         .and_then(Value::as_str)
@@ -246,7 +248,7 @@ impl Front {
 
     async fn read_only(
         &self,
-        entry: &CatalogEntry,
+        upstream: String,
         upstream_tool: String,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
@@ -255,7 +257,7 @@ impl Front {
         let cancel = self.cancel_token(context, false);
         let (progress, forwarder) = self.progress_sink(context);
         let call = UpstreamCall {
-            upstream: entry.upstream.clone(),
+            upstream: upstream.clone(),
             tool: upstream_tool,
             arguments: request.arguments.unwrap_or_default(),
             meta: passthrough_meta(context),
@@ -276,7 +278,7 @@ impl Front {
                 Err(McpError::new(ErrorCode(code), message, None))
             }
             Err(other) => Err(McpError::internal_error(
-                format!("upstream {}: {other}", entry.upstream),
+                format!("upstream {upstream}: {other}"),
                 None,
             )),
         }
@@ -332,28 +334,23 @@ impl ServerHandler for Front {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
-        let entry = self
+        let resolved = self
             .state
-            .catalog
+            .directory
             .get(&name)
             .cloned()
             .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
-        let upstream_tool =
-            name[entry.upstream.len() + self.state.config.namespace_separator.len()..].to_owned();
-        let read_only_hint = entry
-            .tool
-            .annotations
-            .as_ref()
-            .and_then(|a| a.read_only_hint);
-        let adapter = self
-            .state
-            .config
-            .adapter(&entry.upstream)
-            .tool(&upstream_tool, read_only_hint);
+        let adapter = resolved.adapter;
 
         if adapter.read_only {
             let result = self
-                .read_only(&entry, upstream_tool, request, &context, adapter.timeout)
+                .read_only(
+                    resolved.upstream,
+                    resolved.tool,
+                    request,
+                    &context,
+                    adapter.timeout,
+                )
                 .await?;
             return Ok(CallToolResponse::Complete(result));
         }
@@ -365,8 +362,8 @@ impl ServerHandler for Front {
             lease,
             step,
             exposed_name: name,
-            upstream: entry.upstream.clone(),
-            tool: upstream_tool,
+            upstream: resolved.upstream,
+            tool: resolved.tool,
             arguments: request.arguments.unwrap_or_default(),
             adapter,
             meta: passthrough_meta(&context),
