@@ -607,3 +607,225 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
     assert!(served.contains("lease_acquire_total"));
     proxy.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let (lease, revision) = db.running_run("planner", 60_000).await;
+    let plan: Vec<Intent> = (0..3)
+        .map(|n| {
+            Intent::new(
+                "tenant-a",
+                lease.run_id,
+                Some(StepRef {
+                    step_id: format!("pay-{n}"),
+                    effect_version: 1,
+                }),
+                "payments__charge",
+                &json!({"amount": 10 + n, "currency": "eur"}),
+                IntegerPolicy::Reject,
+            )
+            .unwrap()
+        })
+        .collect();
+    let checkpoint = json!({"plan": "three payments"});
+    common::applied(
+        db.ledger
+            .operation_register(
+                &lease,
+                &plan,
+                Some(leasegate::ledger::PlannedCheckpoint {
+                    expected_revision: revision,
+                    checkpoint: &checkpoint,
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    wait_until("the dispatcher to settle every planned intent", || async {
+        let settled: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE status = 'succeeded'")
+                .fetch_one(&db.admin)
+                .await
+                .unwrap();
+        (settled == 3).then_some(())
+    })
+    .await;
+    let charges = scenario.side_effects("charges.jsonl");
+    assert_eq!(charges.len(), 3);
+    for intent in &plan {
+        assert_eq!(
+            charges
+                .iter()
+                .filter(|c| c["idempotency_key"] == intent.operation_id.as_str())
+                .count(),
+            1
+        );
+        let view = db
+            .ledger
+            .operation_get(&intent.operation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.events[1].actor_kind, "dispatcher");
+    }
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_resource_id_tool_converges_when_the_found_resource_matches_the_intent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let payments = r#"upstream = "payments"
+timeout = "2s"
+[tools.charge]
+capability = "resource_id"
+operation_id_argument = "idempotency_key"
+query_tool = "get_charge"
+query_argument = "idempotency_key"
+query_resource_pointer = "/charge"
+query_remote_id_pointer = "/charge/charge_id"
+match_fields = ["amount", "currency"]
+timeout = "500ms"
+[tools.get_charge]
+read_only = true
+"#;
+    let scenario = Scenario::with_adapters(&db.url, FAST, payments, MAILER_ADAPTER);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let first = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 77, "currency": "usd", "hang_ms": 2000}),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        first.structured_content.as_ref().unwrap()["status"],
+        "unknown"
+    );
+    wait_until("the resource check to converge it", || async {
+        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
+    })
+    .await;
+    assert_eq!(calls_of(&scenario, "charge").len(), 1);
+    let remote: Option<String> = sqlx::query_scalar("SELECT remote_id FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(remote.as_deref(), Some("ch_1"));
+    proxy.stop().await;
+}
+
+/// An upstream that must not be reached.
+struct Unreachable;
+
+impl leasegate::adapter::Upstream for Unreachable {
+    async fn call(
+        &self,
+        call: leasegate::adapter::UpstreamCall,
+    ) -> Result<leasegate::adapter::ToolAnswer, leasegate::adapter::UpstreamError> {
+        panic!(
+            "the reconciler called {} although a late response was on record",
+            call.tool
+        );
+    }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_late_response_converges_through_the_reconciler_never_directly(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let intent = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "mailer__send_email",
+        &json!({"to": "a@b.c"}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = match common::applied(
+        db.ledger
+            .operation_register_claim(&lease, &intent, "paused-proxy", 200)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Claimed { claim, .. } => claim,
+        other => panic!("{other:?}"),
+    };
+    // The claim lapses and becomes unknown; then the paused holder's answer arrives.
+    wait_until("the claim to lapse", || async {
+        let outcome = db
+            .ledger
+            .operation_mark_unknown(&claim, false, "reconciler", true, &json!({}))
+            .await
+            .unwrap();
+        matches!(
+            outcome,
+            leasegate::ledger::MarkUnknownOutcome::MarkedUnknown { .. }
+        )
+        .then_some(())
+    })
+    .await;
+    let late = db
+        .ledger
+        .operation_settle(
+            &claim,
+            true,
+            Some("msg_9"),
+            &json!({"structuredContent": {"message_id": "msg_9"}}),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        late,
+        leasegate::ledger::SettleOutcome::KeptAsEvidence { .. }
+    ));
+    assert_eq!(
+        status_of(&db, "mailer__send_email").await.as_deref(),
+        Some("unknown"),
+        "evidence never settles directly"
+    );
+
+    let mut directory = leasegate::adapter::ToolDirectory::new();
+    directory.insert(
+        "mailer__send_email".into(),
+        leasegate::adapter::ResolvedTool {
+            upstream: "mailer".into(),
+            tool: "send_email".into(),
+            adapter: leasegate::adapter::ToolAdapter::unknown(std::time::Duration::from_secs(1)),
+        },
+    );
+    let background = leasegate::reconcile::Background::new(
+        db.ledger.clone(),
+        std::sync::Arc::new(Unreachable),
+        std::sync::Arc::new(directory),
+        leasegate::policy::Policy::default(),
+    );
+    assert_eq!(background.reconcile_once().await.unwrap(), 1);
+    let view = db
+        .ledger
+        .operation_get(&intent.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (view.operation.status, view.operation.remote_id.as_deref()),
+        (OperationStatus::Succeeded, Some("msg_9"))
+    );
+    assert_eq!(view.events.last().unwrap().detail["kind"], "late_response");
+}
