@@ -648,15 +648,7 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
         IntegerPolicy::Reject,
     )
     .unwrap();
-    let claim = match common::applied(
-        db.ledger
-            .operation_register_claim(&lease, &intent, "proxy-1", 30_000)
-            .await
-            .unwrap(),
-    ) {
-        leasegate::ledger::InlineClaim::Claimed { claim, .. } => claim,
-        other => panic!("{other:?}"),
-    };
+    let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
     db.ledger
         .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({"error": "timeout"}))
         .await

@@ -40,15 +40,7 @@ async fn claim_inline(
     intent: &Intent,
     ttl_ms: i64,
 ) -> DispatchClaim {
-    match applied(
-        db.ledger
-            .operation_register_claim(lease, intent, "proxy-1", ttl_ms)
-            .await
-            .unwrap(),
-    ) {
-        InlineClaim::Claimed { claim, .. } => claim,
-        InlineClaim::Existing(found) => panic!("expected a fresh claim, found {found:?}"),
-    }
+    db.claim(lease, intent, "proxy-1", ttl_ms).await
 }
 
 async fn op_row(db: &TestDb, intent: &Intent) -> (String, i64, i32, Option<String>) {

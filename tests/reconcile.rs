@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use common::proxy::{LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, call, connect_http};
 use common::{TestDb, wait_until, within};
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
-use leasegate::ledger::{InlineClaim, OperationStatus};
+use leasegate::ledger::OperationStatus;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -332,15 +332,7 @@ async fn two_processes_reconcile_each_unknown_operation_once(
             IntegerPolicy::Reject,
         )
         .unwrap();
-        let claim = match common::applied(
-            db.ledger
-                .operation_register_claim(&lease, &intent, "crashed-proxy", 60_000)
-                .await
-                .unwrap(),
-        ) {
-            InlineClaim::Claimed { claim, .. } => claim,
-            other => panic!("{other:?}"),
-        };
+        let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
         db.ledger
             .operation_mark_unknown(
                 &claim,
@@ -393,15 +385,7 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
         IntegerPolicy::Reject,
     )
     .unwrap();
-    let claim = match common::applied(
-        db.ledger
-            .operation_register_claim(&lease, &intent, "p", 60_000)
-            .await
-            .unwrap(),
-    ) {
-        InlineClaim::Claimed { claim, .. } => claim,
-        other => panic!("{other:?}"),
-    };
+    let claim = db.claim(&lease, &intent, "p", 60_000).await;
     let cli = |args: &[&str]| {
         std::process::Command::new(LEASEGATE)
             .args(args)
@@ -758,15 +742,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         IntegerPolicy::Reject,
     )
     .unwrap();
-    let claim = match common::applied(
-        db.ledger
-            .operation_register_claim(&lease, &intent, "paused-proxy", 200)
-            .await
-            .unwrap(),
-    ) {
-        InlineClaim::Claimed { claim, .. } => claim,
-        other => panic!("{other:?}"),
-    };
+    let claim = db.claim(&lease, &intent, "paused-proxy", 200).await;
     // The claim lapses and becomes unknown; then the paused holder's answer arrives.
     wait_until("the claim to lapse", || async {
         let outcome = db

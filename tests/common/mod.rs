@@ -99,6 +99,27 @@ impl TestDb {
         (grant.claim, applied.revision)
     }
 
+    /// Registers and claims `intent` inline under `lease` as `dispatch_owner`.
+    pub async fn claim(
+        &self,
+        lease: &LeaseClaim,
+        intent: &leasegate::intent::Intent,
+        dispatch_owner: &str,
+        ttl_ms: i64,
+    ) -> leasegate::ledger::DispatchClaim {
+        let outcome = self
+            .ledger
+            .operation_register_claim(lease, intent, dispatch_owner, ttl_ms)
+            .await
+            .expect("operation_register_claim");
+        match applied(outcome) {
+            leasegate::ledger::InlineClaim::Claimed { claim, .. } => claim,
+            leasegate::ledger::InlineClaim::Existing(found) => {
+                panic!("expected a fresh claim, found {found:?}")
+            }
+        }
+    }
+
     /// (status, revision, checkpoint, lease owner, lease epoch) as committed.
     pub async fn run_row(
         &self,
