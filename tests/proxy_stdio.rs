@@ -126,3 +126,74 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
     tools.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_explicit_cancel_from_the_agent_reaches_the_upstream(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestMetaObject};
+    use rmcp::service::PeerRequestOptions;
+
+    let db = TestDb::new(pool, connect).await;
+    let scenario = common::proxy::Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
+    let mut command = tokio::process::Command::new(LEASEGATE);
+    command
+        .arg("stdio")
+        .arg("--config")
+        .arg(scenario.config_path());
+    let agent = Agent::default()
+        .serve(TokioChildProcess::new(command).unwrap())
+        .await
+        .unwrap();
+    let (lease, _) = db.running_run("agent", 60_000).await;
+
+    let mut meta = RequestMetaObject::new();
+    for (key, value) in lease_meta(&lease) {
+        meta.insert(key, value);
+    }
+    let params = CallToolRequestParams::new("mailer__send_email").with_arguments(
+        json!({"to": "x@y.z", "hang_ms": 20000})
+            .as_object()
+            .cloned()
+            .unwrap(),
+    );
+    let handle = agent
+        .peer()
+        .send_request_with_option(
+            ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+            PeerRequestOptions::no_options().with_meta(meta),
+        )
+        .await
+        .unwrap();
+    common::wait_until("the email to reach the tool", || async {
+        (scenario.side_effects("emails.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    handle
+        .cancel(Some("the user changed their mind".into()))
+        .await
+        .unwrap();
+    common::wait_until("the cancel to reach the tool", || async {
+        scenario
+            .side_effects("calls.jsonl")
+            .iter()
+            .any(|c| c["cancelled"] == true)
+            .then_some(())
+    })
+    .await;
+    // The side effect may have happened: the operation is not failed.
+    let status: String = common::wait_until("the operation to leave dispatching", || async {
+        let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+        (status != "dispatching").then_some(status)
+    })
+    .await;
+    assert_eq!(
+        status, "unknown",
+        "a cancelled call with a possible side effect is unknown, never failed"
+    );
+    agent.cancel().await.unwrap();
+}

@@ -203,6 +203,7 @@ impl ExampleTools {
         &self,
         args: &JsonObject,
         trace: Option<&Value>,
+        cancelled: &tokio_util::sync::CancellationToken,
     ) -> Result<CallToolResult, McpError> {
         let to = args.get("to").and_then(Value::as_str).unwrap_or_default();
         self.append(
@@ -225,7 +226,15 @@ impl ExampleTools {
             email
         };
         if let Some(hang) = args.get("hang_ms").and_then(Value::as_u64) {
-            tokio::time::sleep(Duration::from_millis(hang)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(hang)) => {}
+                _ = cancelled.cancelled() => {
+                    // The client cancelled: recorded, so tests see it arrive.
+                    let line = json!({"tool": "send_email", "to": to, "cancelled": true});
+                    self.append("calls.jsonl", &line).await?;
+                    return Err(McpError::internal_error("cancelled", None));
+                }
+            }
         }
         Ok(CallToolResult::structured(
             json!({"message_id": sent["message_id"], "to": to}),
@@ -286,7 +295,7 @@ impl ServerHandler for ExampleTools {
             "charge" if known => self.charge(&args, context.meta.get("traceparent")).await?,
             "get_charge" if known => self.get_charge(&args).await?,
             "send_email" if known => {
-                self.send_email(&args, context.meta.get("traceparent"))
+                self.send_email(&args, context.meta.get("traceparent"), &context.ct)
                     .await?
             }
             "mail_stats" if known => self.mail_stats(&context).await?,
