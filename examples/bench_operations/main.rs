@@ -81,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
         "callers", "leasegate/s", "pgbench/s", "ratio"
     );
     for callers in LEVELS {
-        let ours = leasegate_rate(&url, callers, Duration::from_secs(seconds)).await?;
+        let (ours, breakdown) = leasegate_rate(&url, callers, Duration::from_secs(seconds)).await?;
         let theirs = pgbench_rate(&url, callers, seconds)?;
         match theirs {
             Some(theirs) => println!(
@@ -93,12 +93,29 @@ async fn main() -> anyhow::Result<()> {
                 "(no pgbench)", "-"
             ),
         }
+        println!("{:>8} leasegate: {breakdown}", "");
     }
     Ok(())
 }
 
 /// Calls per second of register-and-claim + settle through the Rust ledger.
-async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow::Result<f64> {
+/// Nanoseconds spent per phase, summed over all calls of a level.
+#[derive(Default)]
+struct Phases {
+    intent: AtomicU64,
+    register_claim: AtomicU64,
+    settle: AtomicU64,
+}
+
+fn add(counter: &AtomicU64, since: Instant) {
+    counter.fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+}
+
+async fn leasegate_rate(
+    url: &str,
+    callers: usize,
+    duration: Duration,
+) -> anyhow::Result<(f64, String)> {
     let options = LedgerOptions {
         max_connections: callers as u32,
         ..LedgerOptions::default()
@@ -106,10 +123,12 @@ async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow
     let ledger = Ledger::connect(url, options).await?;
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let phases = Arc::new(Phases::default());
     let started = Instant::now();
     let tasks: Vec<_> = (0..callers)
         .map(|client| {
-            let (ledger, done, stop) = (ledger.clone(), done.clone(), stop.clone());
+            let (ledger, done, stop, phases) =
+                (ledger.clone(), done.clone(), stop.clone(), phases.clone());
             tokio::spawn(async move {
                 let lease = LeaseClaim {
                     run_id: run_id(client),
@@ -120,6 +139,7 @@ async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
+                    let began = Instant::now();
                     let step = StepRef {
                         step_id: format!("rust-{}-{n}", uuid::Uuid::new_v4()),
                         effect_version: 1,
@@ -132,6 +152,8 @@ async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow
                         &json!({ "n": n }),
                         IntegerPolicy::Reject,
                     )?;
+                    add(&phases.intent, began);
+                    let began = Instant::now();
                     let claim = match ledger
                         .operation_register_claim(&lease, &intent, &dispatch_owner, 60_000)
                         .await?
@@ -139,6 +161,8 @@ async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow
                         Fenced::Applied(InlineClaim::Claimed { claim, .. }) => claim,
                         other => anyhow::bail!("not claimed: {other:?}"),
                     };
+                    add(&phases.register_claim, began);
+                    let began = Instant::now();
                     match ledger
                         .operation_settle(&claim, true, Some("remote"), &json!({ "ok": true }))
                         .await?
@@ -146,6 +170,7 @@ async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow
                         SettleOutcome::Settled(_) => {}
                         other => anyhow::bail!("not settled: {other:?}"),
                     }
+                    add(&phases.settle, began);
                     done.fetch_add(1, Ordering::Relaxed);
                 }
                 anyhow::Ok(())
@@ -159,7 +184,18 @@ async fn leasegate_rate(url: &str, callers: usize, duration: Duration) -> anyhow
     }
     let elapsed = started.elapsed();
     ledger.close().await;
-    Ok(done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64())
+    let calls = done.load(Ordering::Relaxed).max(1) as f64;
+    let mean_ms = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as f64 / calls / 1e6;
+    let breakdown = format!(
+        "intent {:.3} ms, register_claim {:.3} ms, settle {:.3} ms (mean per call)",
+        mean_ms(&phases.intent),
+        mean_ms(&phases.register_claim),
+        mean_ms(&phases.settle)
+    );
+    Ok((
+        done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        breakdown,
+    ))
 }
 
 /// Transactions per second pgbench reports for the same calls, or `None`
