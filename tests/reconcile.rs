@@ -805,3 +805,84 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
     );
     assert_eq!(view.events.last().unwrap().detail["kind"], "late_response");
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_resource_that_does_not_match_the_intent_is_not_taken_as_its_outcome(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let payments = r#"upstream = "payments"
+timeout = "2s"
+[tools.charge]
+capability = "resource_id"
+operation_id_argument = "idempotency_key"
+query_tool = "get_charge"
+query_argument = "idempotency_key"
+query_resource_pointer = "/charge"
+match_fields = ["amount", "currency"]
+timeout = "500ms"
+[tools.get_charge]
+read_only = true
+"#;
+    let scenario = Scenario::with_adapters(&db.url, FAST, payments, MAILER_ADAPTER);
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let intent = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &json!({"amount": 5, "currency": "eur"}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
+    db.ledger
+        .operation_mark_unknown(
+            &claim,
+            true,
+            "crashed-proxy",
+            false,
+            &json!({"error": "reset"}),
+        )
+        .await
+        .unwrap();
+    // Someone else made a resource under the same deterministic id, with another spec.
+    std::fs::create_dir_all(scenario.dir.join("state")).unwrap();
+    std::fs::write(
+        scenario.dir.join("state/charges.jsonl"),
+        format!("{}\n", json!({"charge_id": "ch_1", "amount": 6, "currency": "eur", "idempotency_key": intent.operation_id.as_str()})),
+    )
+    .unwrap();
+
+    let handle = leasegate::app::metrics_handle();
+    let mismatches = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("reconcile_total{outcome=\"resource_mismatch\"}"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = mismatches(&handle.render());
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let signals = proxy_signals(&proxy).await;
+    let passes = signals.reconcile_passes.load(Ordering::SeqCst);
+    wait_until("the reconciler to look at it", || async {
+        (signals.reconcile_passes.load(Ordering::SeqCst) >= passes + 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        status_of(&db, "payments__charge").await.as_deref(),
+        Some("unknown"),
+        "a mismatching resource settles nothing"
+    );
+    assert_eq!(
+        calls_of(&scenario, "charge").len(),
+        0,
+        "and nothing was created"
+    );
+    assert!(
+        mismatches(&handle.render()) > before,
+        "the reconciler found the resource and refused it"
+    );
+    proxy.stop().await;
+}
