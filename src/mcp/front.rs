@@ -324,6 +324,11 @@ impl ServerHandler for Front {
         if let Some(id) = notification.request_id
             && let Ok(mut set) = self.state.explicit_cancels.lock()
         {
+            // Entries leave when their request's watcher sees the cancel; a
+            // cancel for a request already answered would stay: bound the set.
+            if set.len() >= 10_000 {
+                set.clear();
+            }
             set.insert(request_key(&id));
         }
     }
@@ -358,6 +363,7 @@ impl ServerHandler for Front {
         let lease = lease_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let step = step_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let (progress, forwarder) = self.progress_sink(&context);
+        let cancel = self.cancel_token(&context, true);
         let call = CallRequest {
             lease,
             step,
@@ -368,7 +374,7 @@ impl ServerHandler for Front {
             adapter,
             meta: passthrough_meta(&context),
             progress,
-            cancel: self.cancel_token(&context, true),
+            cancel: cancel.clone(),
         };
         // W3C trace context: the trace id goes into every log line of this call.
         let trace_id = context
@@ -386,6 +392,8 @@ impl ServerHandler for Front {
             .call(call)
             .instrument(span.clone())
             .await;
+        // The call is over: release the cancel watcher.
+        cancel.cancel();
         let _entered = span.enter();
         if let Some(forwarder) = forwarder {
             let _ = forwarder.await;
