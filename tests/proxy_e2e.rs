@@ -737,3 +737,44 @@ async fn an_unprefixed_upstream_is_called_by_its_own_tool_names(
     assert_eq!(found.structured_content.unwrap()["found"], true);
     proxy.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_sessionless_2026_07_28_client_lists_and_calls_through_leasegate(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(proxy.url.as_str()),
+    );
+    let agent = common::proxy::Agent::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover succeeds");
+    let tools = agent.peer().list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 4);
+    let charged = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 8, "currency": "eur"}),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(operation_note(&charged)["status"], "succeeded");
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    proxy.stop().await;
+}
