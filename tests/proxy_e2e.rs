@@ -294,8 +294,18 @@ async fn tools_are_namespaced_with_annotations_intact(
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
+    // One tool per page, so that the agent must follow leasegate's cursors too.
+    let paged = std::fs::read_to_string(scenario.config_path())
+        .unwrap()
+        .replace("migrate = false", "migrate = false\ntools_page_size = 1");
+    std::fs::write(scenario.config_path(), paged).unwrap();
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
+    let first_page = agent.peer().list_tools(None).await.unwrap();
+    assert_eq!(
+        (first_page.tools.len(), first_page.next_cursor.as_deref()),
+        (1, Some("1"))
+    );
     let tools = agent.peer().list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     // The upstreams page one tool at a time; every page was followed.

@@ -59,6 +59,8 @@ pub struct RawConfig {
     /// Upstreams whose tools keep their own names (no `<upstream><sep>` prefix).
     #[serde(default)]
     pub unprefixed: Vec<String>,
+    /// Tools per `tools/list` page served to agents (default 50).
+    pub tools_page_size: Option<usize>,
     /// Apply the ledger migrations at start (default true).
     pub migrate: Option<bool>,
     /// MCP sessions over HTTP (`Mcp-Session-Id`). Off by default: every
@@ -107,6 +109,7 @@ pub struct Config {
     pub control_listen: Option<SocketAddr>,
     pub namespace_separator: String,
     pub unprefixed: Vec<String>,
+    pub tools_page_size: usize,
     pub migrate: bool,
     pub http_sessions: bool,
     pub policy: Policy,
@@ -233,6 +236,10 @@ impl Config {
         {
             return Err(err(format!("unprefixed: {unknown:?} is not an upstream")));
         }
+        let tools_page_size = raw.tools_page_size.unwrap_or(50);
+        if !(1..=1000).contains(&tools_page_size) {
+            return Err(err("tools_page_size: must be 1 to 1000".into()));
+        }
         let policy = match &raw.policy {
             Some(file) => load_policy(&base.join(file))?,
             None => Policy::default(),
@@ -296,6 +303,7 @@ impl Config {
             control_listen,
             namespace_separator,
             unprefixed: raw.unprefixed.clone(),
+            tools_page_size,
             migrate: raw.migrate.unwrap_or(true),
             http_sessions: raw.http_sessions.unwrap_or(false),
             policy,

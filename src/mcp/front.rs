@@ -35,13 +35,12 @@ pub const RUN_ID_HEADER: &str = "leasegate-run-id";
 pub const OWNER_HEADER: &str = "leasegate-owner";
 pub const EPOCH_HEADER: &str = "leasegate-epoch";
 
-/// Tools per `tools/list` page.
-const PAGE_SIZE: usize = 50;
-
 struct State {
     catalog: BTreeMap<String, CatalogEntry>,
     /// Exposed name → upstream, upstream tool and adapter.
     directory: crate::adapter::ToolDirectory,
+    /// Tools per `tools/list` page.
+    page_size: usize,
     /// The catalog's tools in name order, for pagination.
     tools: Vec<Tool>,
     upstreams: Arc<Upstreams>,
@@ -69,6 +68,7 @@ impl Front {
             state: Arc::new(State {
                 catalog,
                 directory,
+                page_size: config.tools_page_size,
                 tools,
                 upstreams,
                 dispatcher,
@@ -304,7 +304,7 @@ impl ServerHandler for Front {
                 .filter(|n| *n <= self.state.tools.len())
                 .ok_or_else(|| invalid_params(format!("invalid cursor {cursor:?}")))?,
         };
-        let end = (start + PAGE_SIZE).min(self.state.tools.len());
+        let end = (start + self.state.page_size).min(self.state.tools.len());
         let mut page = ListToolsResult::with_all_items(self.state.tools[start..end].to_vec());
         if end < self.state.tools.len() {
             page.next_cursor = Some(end.to_string());
