@@ -554,6 +554,7 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
         ("lease_row_lock_wait_seconds_count", 3.0),
         ("workflow_takeover_duration_seconds_count", 1.0),
         ("reconcile_total", 1.0),
+        ("tool_operation_unknown_total", 1.0),
         ("upstream_call_duration_seconds_count", 1.0),
     ] {
         let moved = sample_sum(&after, name) - sample_sum(&before, name);
@@ -574,10 +575,9 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
         after.contains("protected_write_rejected_total{reason=\"lease_lost\""),
         "{after}"
     );
-    assert!(
-        sample_sum(&after, "tool_operation_unknown_count") >= 1.0,
-        "{after}"
-    );
+    // Gauges are process-wide and other tests' loops set them too: only
+    // their presence is checked; the counter shows this test's unknown.
+    assert!(after.contains("tool_operation_unknown_count"), "{after}");
     assert!(
         after.contains("tool_operation_unknown_oldest_age_seconds"),
         "{after}"

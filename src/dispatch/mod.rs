@@ -470,7 +470,12 @@ async fn send_and_settle<U: Upstream>(
         .operation_mark_unknown(&claim, true, &dispatch_owner, timed_out, &evidence)
         .await?;
     let reason = match outcome {
-        MarkUnknownOutcome::MarkedUnknown { .. } => failure.to_string(),
+        MarkUnknownOutcome::MarkedUnknown { .. } => {
+            let cause = if timed_out { "timeout" } else { "send_error" };
+            metrics::counter!("tool_operation_unknown_total", "cause" => cause).increment(1);
+            tracing::warn!(error = %failure, "no answer from the upstream: operation is unknown");
+            failure.to_string()
+        }
         other => format!("{failure}; the operation had already moved on: {other:?}"),
     };
     Ok(CallReply::Unknown {
