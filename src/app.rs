@@ -63,6 +63,7 @@ impl Proxy {
                     .claim_ttl
                     .max(config.policy.reconcile_claim_ttl),
             ),
+            max_connections: config.database_max_connections,
             ..LedgerOptions::default()
         };
         let ledger = Ledger::connect(&config.database_url, options).await?;

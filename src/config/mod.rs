@@ -49,6 +49,8 @@ impl ConfigError {
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub database_url: Option<String>,
+    /// Ledger connections of this process (default 20).
+    pub database_max_connections: Option<u32>,
     pub tenant: Option<String>,
     pub listen: Option<String>,
     /// Control HTTP API address ("off" to disable).
@@ -103,6 +105,7 @@ pub enum UpstreamTransport {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub database_url: String,
+    pub database_max_connections: u32,
     pub tenant: String,
     pub listen: SocketAddr,
     /// `None`: the control API is off.
@@ -293,7 +296,12 @@ impl Config {
                 adapters.insert(adapter.upstream.clone(), adapter);
             }
         }
+        let database_max_connections = raw.database_max_connections.unwrap_or(20);
+        if !(2..=500).contains(&database_max_connections) {
+            return Err(err("database_max_connections: must be 2 to 500".into()));
+        }
         Ok(Config {
+            database_max_connections,
             database_url: raw
                 .database_url
                 .clone()
