@@ -83,7 +83,13 @@ impl Proxy {
             config.tenant.clone(),
         );
         let directory = Arc::new(crate::mcp::upstream::directory(&catalog, &config));
-        let front = Front::new(config.clone(), catalog, upstreams.clone(), dispatcher);
+        let front = Front::new(
+            catalog,
+            directory.clone(),
+            config.tools_page_size,
+            upstreams.clone(),
+            dispatcher,
+        );
         let stop = CancellationToken::new();
         let handle = metrics_handle();
         let upkeep = stop.clone();

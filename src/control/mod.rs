@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
@@ -763,9 +763,4 @@ async fn unknown_summary(State(state): Shared) -> Result<Json<Value>, ApiError> 
     Ok(Json(
         serde_json::to_value(state.ledger.operations_unknown_summary().await?).unwrap_or_default(),
     ))
-}
-
-/// The JSON the API answers for a body type, for the CLI's `--json`.
-pub fn to_json<T: Serialize>(value: &T) -> Value {
-    serde_json::to_value(value).unwrap_or(Value::Null)
 }

@@ -165,10 +165,6 @@ impl<U: Upstream> Dispatcher<U> {
         }
     }
 
-    pub fn dispatch_owner(&self) -> &str {
-        &self.dispatch_owner
-    }
-
     /// Registers, claims, calls and settles one side-effecting call.
     pub async fn call(&self, request: CallRequest) -> Result<CallReply, CallError> {
         let arguments = Value::Object(request.arguments.clone());

@@ -23,8 +23,7 @@ use tracing::Instrument;
 
 use super::convert::{self, codes};
 use super::upstream::{CatalogEntry, Upstreams};
-use crate::adapter::{Progress, Upstream, UpstreamCall, UpstreamError};
-use crate::config::Config;
+use crate::adapter::{Progress, ToolDirectory, Upstream, UpstreamCall, UpstreamError};
 use crate::dispatch::{CallError, CallRequest, Dispatcher};
 use crate::intent::StepRef;
 use crate::ledger::{LeaseClaim, RunId};
@@ -38,7 +37,7 @@ pub const EPOCH_HEADER: &str = "leasegate-epoch";
 struct State {
     catalog: BTreeMap<String, CatalogEntry>,
     /// Exposed name → upstream, upstream tool and adapter.
-    directory: crate::adapter::ToolDirectory,
+    directory: Arc<ToolDirectory>,
     /// Tools per `tools/list` page.
     page_size: usize,
     /// The catalog's tools in name order, for pagination.
@@ -56,29 +55,27 @@ pub struct Front {
 }
 
 impl Front {
+    /// `directory` is the resolution of `catalog` (see
+    /// `upstream::directory`), shared with the background loops.
     pub fn new(
-        config: Config,
         catalog: BTreeMap<String, CatalogEntry>,
+        directory: Arc<ToolDirectory>,
+        page_size: usize,
         upstreams: Arc<Upstreams>,
         dispatcher: Dispatcher<Upstreams>,
     ) -> Self {
         let tools = catalog.values().map(|entry| entry.tool.clone()).collect();
-        let directory = super::upstream::directory(&catalog, &config);
         Self {
             state: Arc::new(State {
                 catalog,
                 directory,
-                page_size: config.tools_page_size,
+                page_size,
                 tools,
                 upstreams,
                 dispatcher,
                 explicit_cancels: Mutex::new(HashSet::new()),
             }),
         }
-    }
-
-    pub fn tool_names(&self) -> Vec<String> {
-        self.state.catalog.keys().cloned().collect()
     }
 }
 

@@ -115,7 +115,7 @@ struct Connection {
     peer: Peer<RoleClient>,
     progress: ProgressRouter,
     /// Keeps the client (and, for stdio, the child process) alive.
-    _service: RunningService<RoleClient, UpstreamClient>,
+    service: RunningService<RoleClient, UpstreamClient>,
 }
 
 /// One tool as the agent sees it.
@@ -219,7 +219,7 @@ impl Upstreams {
                 Connection {
                     peer: service.peer().clone(),
                     progress,
-                    _service: service,
+                    service,
                 },
             );
         }
@@ -274,7 +274,7 @@ impl Upstreams {
     /// Stops the clients (and their child processes).
     pub async fn shutdown(self) {
         for (_, connection) in self.connections {
-            let _ = connection._service.cancel().await;
+            let _ = connection.service.cancel().await;
         }
     }
 }

@@ -94,10 +94,6 @@ impl<U: Upstream> Background<U> {
         }
     }
 
-    pub fn owner(&self) -> &str {
-        &self.owner
-    }
-
     /// Runs the loops until `stop` fires.
     pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
