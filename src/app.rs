@@ -82,13 +82,16 @@ impl Proxy {
             config.policy.clone(),
             config.tenant.clone(),
         );
-        let directory = Arc::new(crate::mcp::upstream::directory(&catalog, &config));
+        let directory = Arc::new(crate::adapter::SharedDirectory::new(
+            crate::mcp::upstream::directory(&catalog, &config),
+        ));
         let front = Front::new(
             catalog,
             directory.clone(),
-            config.tools_page_size,
+            Arc::new(config.clone()),
             upstreams.clone(),
             dispatcher,
+            Arc::default(),
         );
         let stop = CancellationToken::new();
         let handle = metrics_handle();

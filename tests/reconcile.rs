@@ -789,7 +789,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
     let background = leasegate::reconcile::Background::new(
         db.ledger.clone(),
         std::sync::Arc::new(Unreachable),
-        std::sync::Arc::new(directory),
+        std::sync::Arc::new(leasegate::adapter::SharedDirectory::new(directory)),
         leasegate::policy::Policy::default(),
     );
     assert_eq!(background.reconcile_once().await.unwrap(), 1);

@@ -355,6 +355,39 @@ pub struct ResolvedTool {
 /// Exposed tool name → where it lives and what it promises.
 pub type ToolDirectory = BTreeMap<String, ResolvedTool>;
 
+/// The current [`ToolDirectory`], shared by the front and the background
+/// loops and replaced whole when an upstream's tool list changes.
+#[derive(Debug, Default)]
+pub struct SharedDirectory {
+    current: std::sync::RwLock<std::sync::Arc<ToolDirectory>>,
+}
+
+impl SharedDirectory {
+    pub fn new(directory: ToolDirectory) -> Self {
+        Self {
+            current: std::sync::RwLock::new(std::sync::Arc::new(directory)),
+        }
+    }
+
+    /// The tool exposed as `name`, as of now.
+    pub fn get(&self, name: &str) -> Option<ResolvedTool> {
+        self.snapshot().get(name).cloned()
+    }
+
+    pub fn snapshot(&self) -> std::sync::Arc<ToolDirectory> {
+        self.current
+            .read()
+            .map(|current| current.clone())
+            .unwrap_or_default()
+    }
+
+    pub fn replace(&self, directory: ToolDirectory) {
+        if let Ok(mut current) = self.current.write() {
+            *current = std::sync::Arc::new(directory);
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The seam between dispatch and the MCP client
 // ---------------------------------------------------------------------------
@@ -368,11 +401,47 @@ pub struct UpstreamCall {
     /// Extra `_meta` for the upstream request (operation id, trace context).
     pub meta: Map<String, Value>,
     pub timeout: Duration,
-    /// Where the upstream's progress notifications go (the agent, if it asked).
-    pub progress: Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
+    /// Where what the upstream sends during the call goes: progress,
+    /// notifications and requests for the agent (sampling, elicitation,
+    /// roots). `None`: nobody listens (background work); requests are then
+    /// refused.
+    pub agent: Option<AgentSink>,
     /// Fired when the agent explicitly cancels: forwarded to the upstream.
     pub cancel: tokio_util::sync::CancellationToken,
 }
+
+/// What an upstream sends the agent while one of its calls runs, in the
+/// order the upstream sent it.
+#[derive(Debug)]
+pub enum ToAgent {
+    /// A progress update (only when the agent asked for progress).
+    Progress(Progress),
+    /// A notification tied to the call (`notifications/message`,
+    /// `notifications/elicitation/complete`, …), as JSON-RPC method and params.
+    Notification { method: String, params: Value },
+    /// A request the agent must answer (`sampling/createMessage`,
+    /// `elicitation/create`, `roots/list`, `ping`).
+    Request(AgentRequest),
+}
+
+/// A request from the upstream to the agent, answered through `reply`.
+#[derive(Debug)]
+pub struct AgentRequest {
+    pub method: String,
+    pub params: Value,
+    pub reply: tokio::sync::oneshot::Sender<Result<Value, PeerError>>,
+}
+
+/// A JSON-RPC error answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PeerError {
+    pub code: i32,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+/// The channel to the agent's side of a call.
+pub type AgentSink = tokio::sync::mpsc::UnboundedSender<ToAgent>;
 
 /// A progress update from the upstream, to forward to the agent.
 #[derive(Debug, Clone, PartialEq)]
@@ -390,7 +459,7 @@ pub struct ToolAnswer {
 }
 
 /// Why an upstream call produced no answer, by what may have happened.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum UpstreamError {
     /// Provably nothing left leasegate (the upstream connection was down
     /// before the request was handed over).
@@ -404,7 +473,12 @@ pub enum UpstreamError {
     /// The upstream answered with a JSON-RPC error: nothing executed (by
     /// protocol), e.g. invalid params.
     #[error("upstream refused the call: {message} (code {code})")]
-    Refused { code: i32, message: String },
+    Refused {
+        code: i32,
+        message: String,
+        /// The error's `data`, passed on to the agent as sent.
+        data: Option<Value>,
+    },
 }
 
 /// A tool server reachable by name. `mcp` implements it; dispatch and the

@@ -102,6 +102,11 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|stream| {
+        // See `mcp::no_delay`: no 40 ms Nagle stall on kept-alive connections.
+        let _ = stream.set_nodelay(true);
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

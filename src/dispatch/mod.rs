@@ -28,13 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-pub use crate::adapter::Progress;
 use crate::adapter::{
-    OperationIdPlacement, ToolAdapter, ToolAnswer, Upstream, UpstreamCall, UpstreamError,
+    AgentSink, OperationIdPlacement, ToolAdapter, ToolAnswer, Upstream, UpstreamCall, UpstreamError,
 };
 use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
@@ -59,7 +57,7 @@ pub struct CallRequest {
     pub adapter: ToolAdapter,
     /// `_meta` to pass on (trace context).
     pub meta: Map<String, Value>,
-    pub progress: Option<mpsc::UnboundedSender<Progress>>,
+    pub agent: Option<AgentSink>,
     /// Fired when the agent explicitly cancels; forwarded upstream.
     pub cancel: CancellationToken,
 }
@@ -206,7 +204,7 @@ impl<U: Upstream> Dispatcher<U> {
                     arguments: request.arguments,
                     adapter: request.adapter,
                     meta: request.meta,
-                    progress: request.progress,
+                    agent: request.agent,
                     cancel: request.cancel,
                 };
                 let task = tokio::spawn(execute_claim(
@@ -350,7 +348,7 @@ pub struct UpstreamTarget {
     pub arguments: Map<String, Value>,
     pub adapter: ToolAdapter,
     pub meta: Map<String, Value>,
-    pub progress: Option<mpsc::UnboundedSender<Progress>>,
+    pub agent: Option<AgentSink>,
     pub cancel: CancellationToken,
 }
 
@@ -412,14 +410,16 @@ async fn send_and_settle<U: Upstream>(
         arguments,
         meta,
         timeout: request.adapter.timeout,
-        progress: request.progress,
+        agent: request.agent,
         cancel: request.cancel,
     };
     let mut attempt = 1;
     let failure = loop {
         match upstream.call(call.clone()).await {
             Ok(answer) => return settle(&ledger, &claim, &request.adapter, answer).await,
-            Err(UpstreamError::Refused { code, message }) if (-32602..=-32600).contains(&code) => {
+            Err(UpstreamError::Refused { code, message, .. })
+                if (-32602..=-32600).contains(&code) =>
+            {
                 // The upstream rejected the request as malformed: by protocol
                 // nothing executed. A final failure, recorded and replayed.
                 let result = json!({

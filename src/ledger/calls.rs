@@ -10,6 +10,7 @@ use sqlx::FromRow;
 use sqlx::types::Json;
 use uuid::Uuid;
 
+use super::stored_json;
 use super::{
     AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseState, Ledger, LedgerError,
     MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, Rejection, RunCreateOutcome, RunId, RunStatus,
@@ -350,7 +351,7 @@ impl Ledger {
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
                     .bind(expected_revision)
-                    .bind(Json(checkpoint))
+                    .bind(Json(stored_json::encode(checkpoint)))
             })
             .await?;
         row.into_fenced(
@@ -427,7 +428,7 @@ impl Ledger {
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
                     .bind(expected_revision)
-                    .bind(Json(reason))
+                    .bind(Json(stored_json::encode(reason)))
             })
             .await?;
         row.into_fenced(

@@ -37,6 +37,7 @@ mod error;
 mod operation_types;
 mod operations;
 mod read;
+mod stored_json;
 mod types;
 
 use std::str::FromStr;

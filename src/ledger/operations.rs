@@ -25,6 +25,7 @@ use sqlx::FromRow;
 use sqlx::types::Json;
 use uuid::Uuid;
 
+use super::stored_json::{self, Stored};
 use super::{
     ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, Fenced,
     InlineClaim, InvalidInput, LeaseClaim, LeaseState, Ledger, LedgerError, MAX_OWNER_LEN,
@@ -59,7 +60,7 @@ struct OpRow {
     dispatch_until: Option<DateTime<Utc>>,
     dispatch_count: Option<i32>,
     remote_id: Option<String>,
-    result: Option<Json<Value>>,
+    result: Option<Stored>,
     evidence_id: Option<i64>,
 }
 
@@ -72,12 +73,12 @@ struct TableRow {
     effect_version: i32,
     tool_name: String,
     request_digest: String,
-    request_body: Json<Value>,
+    request_body: Stored,
     status: String,
     dispatch_owner: Option<String>,
     dispatch_until: Option<DateTime<Utc>>,
     remote_id: Option<String>,
-    result: Option<Json<Value>>,
+    result: Option<Stored>,
     revision: i64,
     updated_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
@@ -97,7 +98,7 @@ struct EvidenceRow {
     claim_revision: Option<i64>,
     outcome: Option<String>,
     remote_id: Option<String>,
-    body: Json<Value>,
+    body: Stored,
 }
 
 fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
@@ -247,7 +248,7 @@ fn intent_json(intent: &Intent) -> Value {
         "effect_version": intent.effect_version,
         "tool_name": intent.tool_name,
         "request_digest": intent.request_digest.as_str(),
-        "request_body": intent.request_body,
+        "request_body": stored_json::encode(&intent.request_body),
     })
 }
 
@@ -301,7 +302,7 @@ impl Ledger {
                     .bind(claim.epoch)
                     .bind(Json(&batch))
                     .bind(checkpoint.map(|c| c.expected_revision))
-                    .bind(checkpoint.map(|c| Json(c.checkpoint)))
+                    .bind(checkpoint.map(|c| Json(stored_json::encode(c.checkpoint))))
             })
             .await?;
         let expected_revision = checkpoint.map(|c| c.expected_revision);
@@ -434,7 +435,7 @@ impl Ledger {
                     .bind(claim.request_digest.as_str())
                     .bind(status)
                     .bind(remote_id)
-                    .bind(Json(result))
+                    .bind(Json(stored_json::encode(result)))
             })
             .await?;
         Ok(match row.outcome.as_str() {
@@ -478,7 +479,7 @@ impl Ledger {
                     .bind(holder)
                     .bind(actor)
                     .bind(kind)
-                    .bind(Json(evidence))
+                    .bind(Json(stored_json::encode(evidence)))
             })
             .await?;
         Ok(match row.outcome.as_str() {
@@ -527,11 +528,11 @@ impl Ledger {
                 .bind(expected_revision)
                 .bind(status)
                 .bind(remote_id)
-                .bind(result.map(Json))
+                .bind(result.map(|r| Json(stored_json::encode(r))))
                 .bind(kind.as_str())
                 .bind(actor)
                 .bind(note)
-                .bind(Json(evidence))
+                .bind(Json(stored_json::encode(evidence)))
             })
             .await?;
         Ok(match row.outcome.as_str() {

@@ -17,7 +17,7 @@ struct RunRow {
     attempt: i32,
     status: String,
     revision: i64,
-    checkpoint: sqlx::types::Json<serde_json::Value>,
+    checkpoint: super::stored_json::Stored,
     created_at: DateTime<Utc>,
     updated_at: DateTime<Utc>,
     lease_owner: Option<String>,
@@ -49,7 +49,7 @@ struct EventRow {
     actor: Option<String>,
     epoch: Option<i64>,
     revision: Option<i64>,
-    detail: sqlx::types::Json<serde_json::Value>,
+    detail: super::stored_json::Stored,
 }
 
 impl EventRow {

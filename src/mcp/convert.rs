@@ -2,7 +2,7 @@
 //! touches one file. Also the JSON-RPC error codes leasegate answers with.
 
 use rmcp::ErrorData as McpError;
-use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, MetaObject};
+use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, MetaObject, ResultType};
 use serde_json::{Value, json};
 
 use crate::adapter::ToolAnswer;
@@ -26,6 +26,8 @@ pub mod codes {
     pub const OPERATION_CANCELLED: i32 = -32007;
     /// The ledger could not be reached or its answer was lost.
     pub const LEDGER_UNAVAILABLE: i32 = -32010;
+    /// MCP 2026-07-28: the request was cancelled by the client.
+    pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
     /// oversized or unsafe arguments, missing step).
     pub const INVALID_PARAMS: i32 = -32602;
@@ -43,6 +45,16 @@ pub fn answer_from_result(result: &CallToolResult) -> ToolAnswer {
         is_error: result.is_error.unwrap_or(false),
         result: value,
     }
+}
+
+/// A tool result for the agent from the JSON of an upstream's answer (as
+/// passed through or as recorded). `resultType` is set to `complete`; rmcp
+/// removes it again for agents on protocol versions before 2026-07-28.
+pub fn tool_result(result: Value) -> Result<CallToolResult, McpError> {
+    let mut result: CallToolResult = serde_json::from_value(result)
+        .map_err(|e| McpError::internal_error(format!("upstream answer unreadable: {e}"), None))?;
+    result.result_type = Some(ResultType::COMPLETE);
+    Ok(result)
 }
 
 fn operation_meta(note: Value) -> MetaObject {
@@ -68,6 +80,7 @@ pub fn result_from_reply(reply: CallReply) -> CallToolResult {
                     fallback
                 });
             tool_result.meta = Some(operation_meta(operation.to_json()));
+            tool_result.result_type = Some(ResultType::COMPLETE);
             tool_result
         }
         CallReply::Unknown {
@@ -89,6 +102,7 @@ pub fn result_from_reply(reply: CallReply) -> CallToolResult {
                 "status": "unknown",
                 "replayed": false,
             })));
+            tool_result.result_type = Some(ResultType::COMPLETE);
             tool_result
         }
     }

@@ -352,6 +352,10 @@ pub async fn serve_http(
         StreamableHttpServerConfig::default().with_legacy_session_mode(false),
     );
     let app = axum::Router::new().nest_service("/mcp", service);
-    axum::serve(listener, app).await?;
+    axum::serve(
+        axum::serve::ListenerExt::tap_io(listener, super::no_delay),
+        app,
+    )
+    .await?;
     Ok(())
 }

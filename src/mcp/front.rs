@@ -1,29 +1,71 @@
-//! The MCP server agents talk to: `tools/list` from the aggregated catalog,
-//! `tools/call` through the ledger (side-effecting) or straight through
-//! (read-only).
+//! The MCP server agents talk to: the upstreams' whole server surface,
+//! namespaced per upstream, with side-effecting `tools/call` through the
+//! ledger and everything else straight through.
+//!
+//! # Names
+//!
+//! Tools and prompts are exposed as `<upstream><sep><name>` (`sep` is
+//! `namespace_separator`, `__` by default), resources and resource templates
+//! as `<upstream>+<uri>`; upstreams listed in `unprefixed` keep their own
+//! names and URIs. Every other field of a tool, prompt or resource is passed
+//! on as the upstream sent it (as far as rmcp's model carries it).
+//!
+//! # Leases
 //!
 //! The caller's lease comes per call in `_meta["dev.leasegate/lease"]` =
 //! `{run_id, owner, epoch}`, or from the HTTP headers `Leasegate-Run-Id`,
 //! `Leasegate-Owner`, `Leasegate-Epoch`; `_meta` wins. The step comes from
 //! `_meta["dev.leasegate/step"]` = `{step_id, effect_version}`.
+//!
+//! # What the upstream sends during a call
+//!
+//! Progress, call-scoped notifications and requests to the client
+//! (sampling, elicitation, roots) reach the call's handler through its
+//! [`ToAgent`] channel and are sent to the agent from the handler's own
+//! future, so rmcp ties them to the agent's request (its response stream
+//! over HTTP). Everything queued before the upstream's answer is sent before
+//! the answer.
+//!
+//! # Sessions
+//!
+//! rmcp builds one `Front` per agent session (HTTP sessions, stdio) or per
+//! request (stateless HTTP) through [`Front::for_session`]; per-session state
+//! (log level, resource subscriptions, the peer) lives in [`Session`].
+//! Session-wide notifications (`list_changed`, `resources/updated`, logs no
+//! call owns) go only to live sessions that want them.
+
+// Logging (`logging/setLevel`, `notifications/message`) is deprecated by
+// SEP-2577 but still part of every handshake-era protocol version leasegate
+// serves.
+#![allow(deprecated)]
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam, ErrorCode,
-    Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, RequestId,
-    ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    ClientRequest, CompleteRequestParams, CompleteResult, ErrorCode, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, LoggingLevel,
+    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, RequestId, ResourceUpdatedNotificationParam,
+    ServerCapabilities, ServerConfig, ServerNotification, ServerRequest, ServerResult,
+    SetLevelRequestParams, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
-use rmcp::service::{NotificationContext, RequestContext};
+use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Map, Value, json};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::convert::{self, codes};
-use super::upstream::{CatalogEntry, Upstreams};
-use crate::adapter::{Progress, ToolDirectory, Upstream, UpstreamCall, UpstreamError};
+use super::inflight::InFlightRequests;
+use super::upstream::{CatalogEntry, REQUEST_TIMEOUT, UpstreamEvent, Upstreams};
+use crate::adapter::{PeerError, SharedDirectory, ToAgent, Upstream, UpstreamCall, UpstreamError};
+use crate::config::Config;
 use crate::dispatch::{CallError, CallRequest, Dispatcher};
 use crate::intent::StepRef;
 use crate::ledger::{LeaseClaim, RunId};
@@ -33,50 +75,58 @@ pub const STEP_META: &str = "dev.leasegate/step";
 pub const RUN_ID_HEADER: &str = "leasegate-run-id";
 pub const OWNER_HEADER: &str = "leasegate-owner";
 pub const EPOCH_HEADER: &str = "leasegate-epoch";
+/// Resource URIs are exposed as `<upstream>+<uri>`.
+pub const URI_SEPARATOR: &str = "+";
+/// The 2026-07-28 per-request log level (`_meta`).
+const LOG_LEVEL_META: &str = "io.modelcontextprotocol/logLevel";
+
+/// The exposed tools, replaced whole when an upstream's list changes.
+#[derive(Default)]
+struct Catalog {
+    entries: BTreeMap<String, CatalogEntry>,
+    /// The entries' tools in name order, for pagination.
+    tools: Vec<Tool>,
+}
+
+impl Catalog {
+    fn new(entries: BTreeMap<String, CatalogEntry>) -> Self {
+        let tools = entries.values().map(|entry| entry.tool.clone()).collect();
+        Self { entries, tools }
+    }
+}
 
 struct State {
-    catalog: BTreeMap<String, CatalogEntry>,
-    /// Exposed name → upstream, upstream tool and adapter.
-    directory: Arc<ToolDirectory>,
-    /// Tools per `tools/list` page.
-    page_size: usize,
-    /// The catalog's tools in name order, for pagination.
-    tools: Vec<Tool>,
+    catalog: RwLock<Arc<Catalog>>,
+    /// Exposed name → upstream, upstream tool and adapter (shared with the
+    /// background loops).
+    directory: Arc<SharedDirectory>,
+    config: Arc<Config>,
     upstreams: Arc<Upstreams>,
     dispatcher: Dispatcher<Upstreams>,
     /// Request ids the agent cancelled explicitly (as opposed to going away).
     explicit_cancels: Mutex<HashSet<String>>,
+    /// Requests of stateless HTTP agents, so that their
+    /// `notifications/cancelled` can find them.
+    in_flight: Arc<InFlightRequests>,
+    /// Live agent sessions (HTTP sessions, stdio), for session-wide
+    /// notifications.
+    sessions: Mutex<Vec<Weak<Session>>>,
 }
 
-/// The MCP front. Cheap to clone: rmcp builds one per session or request.
+/// One agent session's state.
+#[derive(Default)]
+pub struct Session {
+    peer: Mutex<Option<Peer<RoleServer>>>,
+    log_level: Mutex<Option<LoggingLevel>>,
+    /// Exposed URIs this session subscribed to.
+    subscriptions: Mutex<HashSet<String>>,
+}
+
+/// The MCP front. Cheap to clone.
 #[derive(Clone)]
 pub struct Front {
     state: Arc<State>,
-}
-
-impl Front {
-    /// `directory` is the resolution of `catalog` (see
-    /// `upstream::directory`), shared with the background loops.
-    pub fn new(
-        catalog: BTreeMap<String, CatalogEntry>,
-        directory: Arc<ToolDirectory>,
-        page_size: usize,
-        upstreams: Arc<Upstreams>,
-        dispatcher: Dispatcher<Upstreams>,
-    ) -> Self {
-        let tools = catalog.values().map(|entry| entry.tool.clone()).collect();
-        Self {
-            state: Arc::new(State {
-                catalog,
-                directory,
-                page_size,
-                tools,
-                upstreams,
-                dispatcher,
-                explicit_cancels: Mutex::new(HashSet::new()),
-            }),
-        }
-    }
+    session: Arc<Session>,
 }
 
 fn request_key(id: &RequestId) -> String {
@@ -85,6 +135,12 @@ fn request_key(id: &RequestId) -> String {
 
 fn invalid_params(message: impl Into<String>) -> McpError {
     McpError::new(ErrorCode(codes::INVALID_PARAMS), message.into(), None)
+}
+
+fn is_modern(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }
 
 /// The caller's lease: `_meta` first, then the HTTP headers.
@@ -183,51 +239,419 @@ fn passthrough_meta(context: &RequestContext<RoleServer>) -> Map<String, Value> 
     meta
 }
 
+/// An rmcp request from its JSON-RPC method and params.
+fn client_request(method: &str, params: Value) -> Result<ClientRequest, McpError> {
+    serde_json::from_value(json!({"method": method, "params": params}))
+        .map_err(|e| McpError::internal_error(format!("cannot build {method}: {e}"), None))
+}
+
+/// A typed result from the upstream's answer, whatever variant rmcp guessed.
+fn typed<T: serde::de::DeserializeOwned>(result: ServerResult, what: &str) -> Result<T, McpError> {
+    let value = serde_json::to_value(&result)
+        .map_err(|e| McpError::internal_error(format!("{what}: {e}"), None))?;
+    serde_json::from_value(value).map_err(|e| {
+        McpError::internal_error(format!("upstream answer to {what} unreadable: {e}"), None)
+    })
+}
+
+/// The agent's error for an upstream failure outside the ledger.
+fn upstream_failure(upstream: &str, error: UpstreamError) -> McpError {
+    match error {
+        UpstreamError::Refused {
+            code,
+            message,
+            data,
+        } => McpError::new(ErrorCode(code), message, data),
+        other => McpError::internal_error(format!("upstream {upstream}: {other}"), None),
+    }
+}
+
+fn peer_error(error: McpError) -> PeerError {
+    PeerError {
+        code: error.code.0,
+        message: error.message.to_string(),
+        data: error.data,
+    }
+}
+
 impl Front {
-    /// Forwards upstream progress to the agent, if it asked for progress.
-    /// The forwarder ends once every sender is dropped (the upstream call is
-    /// over); awaiting it before answering keeps progress ahead of the result,
-    /// which matters on a stateless HTTP stream that closes with the result.
-    fn progress_sink(
-        &self,
-        context: &RequestContext<RoleServer>,
-    ) -> (
-        Option<tokio::sync::mpsc::UnboundedSender<Progress>>,
-        Option<tokio::task::JoinHandle<()>>,
-    ) {
-        let Some(token) = context.meta.get_progress_token() else {
-            return (None, None);
+    /// `directory` is the resolution of `catalog` (see
+    /// `upstream::directory`), shared with the background loops.
+    pub fn new(
+        catalog: BTreeMap<String, CatalogEntry>,
+        directory: Arc<SharedDirectory>,
+        config: Arc<Config>,
+        upstreams: Arc<Upstreams>,
+        dispatcher: Dispatcher<Upstreams>,
+        in_flight: Arc<InFlightRequests>,
+    ) -> Self {
+        let front = Self {
+            state: Arc::new(State {
+                catalog: RwLock::new(Arc::new(Catalog::new(catalog))),
+                directory,
+                config,
+                upstreams,
+                dispatcher,
+                explicit_cancels: Mutex::new(HashSet::new()),
+                in_flight,
+                sessions: Mutex::new(Vec::new()),
+            }),
+            session: Arc::default(),
         };
-        let (sink, mut updates) = tokio::sync::mpsc::unbounded_channel::<Progress>();
-        let peer = context.peer.clone();
-        let forwarder = tokio::spawn(async move {
-            while let Some(update) = updates.recv().await {
-                let mut params = ProgressNotificationParam::new(token.clone(), update.progress);
-                params.total = update.total;
-                params.message = update.message;
-                if peer.notify_progress(params).await.is_err() {
-                    break;
+        let events = front.state.upstreams.events();
+        tokio::spawn(relay_events(Arc::downgrade(&front.state), events));
+        front
+    }
+
+    /// The requests in flight on the stateless HTTP front.
+    pub fn in_flight(&self) -> Arc<InFlightRequests> {
+        self.state.in_flight.clone()
+    }
+
+    /// The front for a new agent session (or a stateless request).
+    pub fn for_session(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            session: Arc::default(),
+        }
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        self.state
+            .catalog
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_default()
+    }
+
+    fn separator(&self) -> &str {
+        &self.state.config.namespace_separator
+    }
+
+    fn unprefixed(&self, upstream: &str) -> bool {
+        self.state.config.unprefixed.iter().any(|u| u == upstream)
+    }
+
+    /// `<upstream><sep><name>` (or `name` for unprefixed upstreams).
+    fn exposed_name(&self, upstream: &str, name: &str) -> String {
+        if self.unprefixed(upstream) {
+            name.to_owned()
+        } else {
+            format!("{upstream}{}{name}", self.separator())
+        }
+    }
+
+    /// The upstream and its own name for an exposed prompt name.
+    fn resolve_name(&self, exposed: &str) -> Option<(String, String)> {
+        let separator = self.separator();
+        for upstream in self.state.upstreams.names() {
+            if self.unprefixed(upstream) {
+                continue;
+            }
+            if let Some(rest) = exposed
+                .strip_prefix(upstream)
+                .and_then(|r| r.strip_prefix(separator))
+            {
+                return Some((upstream.to_owned(), rest.to_owned()));
+            }
+        }
+        self.state
+            .upstreams
+            .names()
+            .find(|u| self.unprefixed(u))
+            .map(|u| (u.to_owned(), exposed.to_owned()))
+    }
+
+    fn exposed_uri(&self, upstream: &str, uri: &str) -> String {
+        if self.unprefixed(upstream) {
+            uri.to_owned()
+        } else {
+            format!("{upstream}{URI_SEPARATOR}{uri}")
+        }
+    }
+
+    /// The upstream and its own URI for an exposed resource URI.
+    fn resolve_uri(&self, exposed: &str) -> Option<(String, String)> {
+        for upstream in self.state.upstreams.names() {
+            if self.unprefixed(upstream) {
+                continue;
+            }
+            if let Some(rest) = exposed
+                .strip_prefix(upstream)
+                .and_then(|r| r.strip_prefix(URI_SEPARATOR))
+            {
+                return Some((upstream.to_owned(), rest.to_owned()));
+            }
+        }
+        self.state
+            .upstreams
+            .names()
+            .find(|u| self.unprefixed(u))
+            .map(|u| (u.to_owned(), exposed.to_owned()))
+    }
+
+    /// Rewrites every `uri` of resource contents and resource links in a
+    /// result from `upstream` to its exposed form.
+    fn expose_uris(&self, upstream: &str, value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                let is_resource_like = map.contains_key("mimeType")
+                    || map.contains_key("text")
+                    || map.contains_key("blob")
+                    || map.get("type").and_then(Value::as_str) == Some("resource_link");
+                if is_resource_like && let Some(Value::String(uri)) = map.get_mut("uri") {
+                    *uri = self.exposed_uri(upstream, uri);
+                }
+                for (key, child) in map.iter_mut() {
+                    if key != "_meta" && key != "uri" {
+                        self.expose_uris(upstream, child);
+                    }
                 }
             }
-        });
-        (Some(sink), Some(forwarder))
+            Value::Array(items) => items.iter_mut().for_each(|v| self.expose_uris(upstream, v)),
+            _ => {}
+        }
+    }
+
+    /// Upstreams whose capabilities satisfy `has`.
+    fn upstreams_with(&self, has: impl Fn(&ServerCapabilities) -> bool) -> Vec<String> {
+        self.state
+            .upstreams
+            .names()
+            .filter(|u| {
+                self.state
+                    .upstreams
+                    .server_info(u)
+                    .is_some_and(|info| has(&info.capabilities))
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn register_session(&self, peer: Peer<RoleServer>) {
+        if let Ok(mut slot) = self.session.peer.lock() {
+            if slot.is_some() {
+                return;
+            }
+            *slot = Some(peer);
+        }
+        if let Ok(mut sessions) = self.state.sessions.lock() {
+            sessions.retain(|s| s.strong_count() > 0);
+            sessions.push(Arc::downgrade(&self.session));
+        }
+    }
+
+    /// Sends one upstream request that is not a tool call, relaying what the
+    /// upstream sends meanwhile to this agent.
+    async fn forward(
+        &self,
+        upstream: &str,
+        method: &str,
+        params: Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ServerResult, McpError> {
+        let request = client_request(method, params)?;
+        let cancel = self.cancel_token(context, false);
+        let (agent, from_upstream) = mpsc::unbounded_channel();
+        let work = self.state.upstreams.request(
+            upstream,
+            request,
+            passthrough_meta(context),
+            REQUEST_TIMEOUT,
+            Some(agent),
+            cancel.clone(),
+        );
+        let answer = self.with_agent(context, from_upstream, work).await;
+        cancel.cancel();
+        answer.map_err(|e| upstream_failure(upstream, e))
+    }
+
+    /// Runs `work` while relaying what the upstream sends to the agent, from
+    /// this handler's own future. Whatever was queued before `work` ended is
+    /// delivered before this returns.
+    async fn with_agent<T>(
+        &self,
+        context: &RequestContext<RoleServer>,
+        mut from_upstream: mpsc::UnboundedReceiver<ToAgent>,
+        work: impl Future<Output = T>,
+    ) -> T {
+        tokio::pin!(work);
+        let mut requests = FuturesUnordered::new();
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                Some(item) = from_upstream.recv() => {
+                    if let Some(request) = self.to_agent(item, context).await {
+                        requests.push(request);
+                    }
+                }
+                Some(()) = requests.next(), if !requests.is_empty() => {}
+                outcome = &mut work => break outcome,
+            }
+        };
+        while let Ok(item) = from_upstream.try_recv() {
+            // Requests still queued: the call is over, nobody waits for them.
+            let _ = self.to_agent(item, context).await;
+        }
+        outcome
+    }
+
+    /// Delivers one item; a request comes back as the future that relays it
+    /// and its answer.
+    async fn to_agent(
+        &self,
+        item: ToAgent,
+        context: &RequestContext<RoleServer>,
+    ) -> Option<futures::future::BoxFuture<'static, ()>> {
+        match item {
+            ToAgent::Progress(update) => {
+                if let Some(token) = context.meta.get_progress_token() {
+                    let mut params = ProgressNotificationParam::new(token, update.progress);
+                    params.total = update.total;
+                    params.message = update.message;
+                    let _ = context.peer.notify_progress(params).await;
+                }
+                None
+            }
+            ToAgent::Notification { method, mut params } => {
+                if method == "notifications/message" {
+                    if is_modern(context) && !context.meta.contains_key(LOG_LEVEL_META) {
+                        // 2026-07-28: no logLevel, no log messages.
+                        return None;
+                    }
+                    if let Some(upstream) = self.upstream_of_call(context) {
+                        prefix_logger(&upstream, &mut params);
+                    }
+                }
+                match serde_json::from_value::<ServerNotification>(
+                    json!({"method": method, "params": params}),
+                ) {
+                    Ok(notification) => {
+                        let _ = context.peer.send_notification(notification).await;
+                    }
+                    Err(error) => {
+                        tracing::debug!(%method, %error, "upstream notification not relayed")
+                    }
+                }
+                None
+            }
+            ToAgent::Request(request) => {
+                if let Err(refusal) = self.can_relay(&request.method, &request.params, context) {
+                    let _ = request.reply.send(Err(refusal));
+                    return None;
+                }
+                let peer = context.peer.clone();
+                Some(Box::pin(async move {
+                    let answer = match serde_json::from_value::<ServerRequest>(
+                        json!({"method": request.method, "params": request.params}),
+                    ) {
+                        Err(error) => Err(PeerError {
+                            code: codes::INVALID_PARAMS,
+                            message: format!("leasegate cannot relay {}: {error}", request.method),
+                            data: None,
+                        }),
+                        Ok(server_request) => match peer.send_request(server_request).await {
+                            Ok(result) => Ok(serde_json::to_value(&result).unwrap_or(Value::Null)),
+                            Err(rmcp::service::ServiceError::McpError(error)) => {
+                                Err(peer_error(error))
+                            }
+                            Err(other) => Err(PeerError {
+                                code: ErrorCode::INTERNAL_ERROR.0,
+                                message: format!("the agent did not answer: {other}"),
+                                data: None,
+                            }),
+                        },
+                    };
+                    let _ = request.reply.send(answer);
+                }))
+            }
+        }
+    }
+
+    /// Whether this agent can be asked `method` now, or why not.
+    fn can_relay(
+        &self,
+        method: &str,
+        params: &Value,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(), PeerError> {
+        let refuse = |message: String| PeerError {
+            code: ErrorCode::INVALID_REQUEST.0,
+            message,
+            data: None,
+        };
+        if is_modern(context) {
+            return Err(refuse(format!(
+                "the agent speaks MCP 2026-07-28, where {method} is answered through input_required results; leasegate does not relay those yet"
+            )));
+        }
+        if let Some(parts) = context.extensions.get::<http::request::Parts>()
+            && !parts.headers.contains_key("mcp-session-id")
+        {
+            return Err(refuse(format!(
+                "leasegate's HTTP front runs without sessions (http_sessions = false): the agent cannot answer {method}; enable http_sessions or use leasegate stdio"
+            )));
+        }
+        let capabilities = context
+            .peer
+            .peer_info()
+            .map(|info| info.capabilities.clone())
+            .unwrap_or_default();
+        let missing = match method {
+            "sampling/createMessage" => capabilities.sampling.is_none().then_some("sampling"),
+            "roots/list" => capabilities.roots.is_none().then_some("roots"),
+            "elicitation/create" => {
+                let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
+                match &capabilities.elicitation {
+                    None => Some("elicitation"),
+                    Some(e) if url_mode && e.url.is_none() => Some("elicitation.url"),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match missing {
+            Some(capability) => Err(refuse(format!(
+                "the agent did not declare the {capability} capability"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The upstream of the tool, prompt or resource this request is about.
+    fn upstream_of_call(&self, context: &RequestContext<RoleServer>) -> Option<String> {
+        let _ = context;
+        None
     }
 
     /// A token fired when the agent cancels the request. `explicit_only`:
     /// ignore the agent merely going away (side-effecting calls continue,
-    /// owned by leasegate).
+    /// owned by leasegate) — except under 2026-07-28, where closing the
+    /// response stream is how an agent cancels.
     fn cancel_token(
         &self,
         context: &RequestContext<RoleServer>,
         explicit_only: bool,
     ) -> CancellationToken {
         let token = CancellationToken::new();
+        let explicit_only = explicit_only && !is_modern(context);
         let (watched, fire, state, key) = (
             context.ct.clone(),
             token.clone(),
             self.state.clone(),
             request_key(&context.id),
         );
+        // A stateless HTTP agent's notifications/cancelled arrives as its own
+        // POST: the in-flight registry finds this request by client and id.
+        let registration = context
+            .extensions
+            .get::<http::request::Parts>()
+            .filter(|parts| !parts.headers.contains_key("mcp-session-id"))
+            .map(|parts| {
+                self.state
+                    .in_flight
+                    .register(&parts.headers, &context.id, token.clone())
+            });
         let done = token.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -239,6 +663,7 @@ impl Front {
                 }
                 _ = done.cancelled() => {}
             }
+            drop(registration);
         });
         token
     }
@@ -252,40 +677,321 @@ impl Front {
         timeout: std::time::Duration,
     ) -> Result<CallToolResult, McpError> {
         let cancel = self.cancel_token(context, false);
-        let (progress, forwarder) = self.progress_sink(context);
+        let (agent, from_upstream) = mpsc::unbounded_channel();
         let call = UpstreamCall {
             upstream: upstream.clone(),
             tool: upstream_tool,
             arguments: request.arguments.unwrap_or_default(),
             meta: passthrough_meta(context),
             timeout,
-            progress,
+            agent: Some(agent),
             cancel: cancel.clone(),
         };
-        let answer = self.state.upstreams.call(call).await;
+        let answer = self
+            .with_agent(context, from_upstream, self.state.upstreams.call(call))
+            .await;
+        let cancelled = cancel.is_cancelled();
         cancel.cancel();
-        if let Some(forwarder) = forwarder {
-            let _ = forwarder.await;
+        if cancelled {
+            return Err(McpError::new(
+                ErrorCode(codes::REQUEST_CANCELLED),
+                "cancelled by the agent",
+                None,
+            ));
         }
         match answer {
-            Ok(answer) => serde_json::from_value(answer.result).map_err(|e| {
-                McpError::internal_error(format!("upstream answer unreadable: {e}"), None)
-            }),
-            Err(UpstreamError::Refused { code, message }) => {
-                Err(McpError::new(ErrorCode(code), message, None))
-            }
-            Err(other) => Err(McpError::internal_error(
-                format!("upstream {upstream}: {other}"),
-                None,
-            )),
+            Ok(answer) => convert::tool_result(answer.result),
+            Err(error) => Err(upstream_failure(&upstream, error)),
         }
+    }
+}
+
+/// `logger` → `<upstream>/<logger>` (or `<upstream>`), so the agent can
+/// tell which upstream logged.
+fn prefix_logger(upstream: &str, params: &mut Value) {
+    if let Some(map) = params.as_object_mut() {
+        let logger = match map.get("logger").and_then(Value::as_str) {
+            Some(logger) => format!("{upstream}/{logger}"),
+            None => upstream.to_owned(),
+        };
+        map.insert("logger".into(), Value::String(logger));
+    }
+}
+
+fn level_rank(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
+}
+
+/// Handles what upstreams send that no call owns, until the front is gone.
+async fn relay_events(
+    state: Weak<State>,
+    mut events: tokio::sync::broadcast::Receiver<UpstreamEvent>,
+) {
+    loop {
+        let event = match events.recv().await {
+            Ok(event) => event,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(missed, "upstream notifications dropped (too many at once)");
+                continue;
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        };
+        let Some(state) = state.upgrade() else { return };
+        let front = Front {
+            state,
+            session: Arc::default(),
+        };
+        front.on_upstream_event(event).await;
+    }
+}
+
+impl Front {
+    fn live_sessions(&self) -> Vec<(Arc<Session>, Peer<RoleServer>)> {
+        let Ok(mut sessions) = self.state.sessions.lock() else {
+            return Vec::new();
+        };
+        sessions.retain(|s| s.strong_count() > 0);
+        sessions
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|s| {
+                let peer = s.peer.lock().ok()?.clone()?;
+                Some((s, peer))
+            })
+            .collect()
+    }
+
+    async fn on_upstream_event(&self, event: UpstreamEvent) {
+        let UpstreamEvent {
+            upstream,
+            method,
+            mut params,
+        } = event;
+        match method.as_str() {
+            "notifications/tools/list_changed" => {
+                if let Err(error) = self.refresh_tools(&upstream).await {
+                    tracing::warn!(%upstream, %error, "tools/list after list_changed failed; catalog kept");
+                    return;
+                }
+                for (_, peer) in self.live_sessions() {
+                    let _ = peer.notify_tool_list_changed().await;
+                }
+            }
+            "notifications/prompts/list_changed" => {
+                for (_, peer) in self.live_sessions() {
+                    let _ = peer.notify_prompt_list_changed().await;
+                }
+            }
+            "notifications/resources/list_changed" => {
+                for (_, peer) in self.live_sessions() {
+                    let _ = peer.notify_resource_list_changed().await;
+                }
+            }
+            "notifications/resources/updated" => {
+                let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+                    return;
+                };
+                let exposed = self.exposed_uri(&upstream, uri);
+                for (session, peer) in self.live_sessions() {
+                    let subscribed = session
+                        .subscriptions
+                        .lock()
+                        .is_ok_and(|s| s.contains(&exposed));
+                    if subscribed {
+                        let _ = peer
+                            .notify_resource_updated(ResourceUpdatedNotificationParam::new(
+                                exposed.clone(),
+                            ))
+                            .await;
+                    }
+                }
+            }
+            "notifications/message" => {
+                prefix_logger(&upstream, &mut params);
+                let Ok(message) =
+                    serde_json::from_value::<rmcp::model::LoggingMessageNotificationParam>(params)
+                else {
+                    return;
+                };
+                for (session, peer) in self.live_sessions() {
+                    let wanted = session
+                        .log_level
+                        .lock()
+                        .ok()
+                        .and_then(|l| *l)
+                        .is_some_and(|min| level_rank(message.level) >= level_rank(min));
+                    if wanted {
+                        let _ = peer
+                            .send_notification(ServerNotification::LoggingMessageNotification(
+                                rmcp::model::LoggingMessageNotification::new(message.clone()),
+                            ))
+                            .await;
+                    }
+                }
+            }
+            other => {
+                tracing::debug!(%upstream, method = other, "upstream notification not relayed")
+            }
+        }
+    }
+
+    /// Re-lists `upstream`'s tools and replaces its part of the catalog and
+    /// the directory.
+    async fn refresh_tools(&self, upstream: &str) -> Result<(), String> {
+        let tools = self.state.upstreams.list_tools(upstream).await?;
+        let current = self.catalog();
+        let mut entries: BTreeMap<String, CatalogEntry> = current
+            .entries
+            .iter()
+            .filter(|(_, e)| e.upstream != upstream)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for tool in tools {
+            let exposed = self.exposed_name(upstream, &tool.name);
+            if let Some(existing) = entries.get(&exposed) {
+                tracing::warn!(name = %exposed, first = %existing.upstream, second = %upstream,
+                    "tool name collision after list_changed; keeping the first");
+                continue;
+            }
+            let mut exposed_tool = tool.clone();
+            exposed_tool.name = exposed.clone().into();
+            entries.insert(
+                exposed,
+                CatalogEntry {
+                    upstream: upstream.to_owned(),
+                    upstream_tool: tool.name.to_string(),
+                    tool: exposed_tool,
+                },
+            );
+        }
+        let directory = super::upstream::directory(&entries, &self.state.config);
+        self.state.directory.replace(directory);
+        if let Ok(mut catalog) = self.state.catalog.write() {
+            *catalog = Arc::new(Catalog::new(entries));
+        }
+        Ok(())
+    }
+
+    /// One page of `items` after `cursor` (leasegate's own pagination).
+    fn page<T: Clone>(
+        &self,
+        items: &[T],
+        cursor: Option<String>,
+    ) -> Result<(Vec<T>, Option<String>), McpError> {
+        let start = match cursor {
+            None => 0,
+            Some(cursor) => cursor
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= items.len())
+                .ok_or_else(|| invalid_params(format!("invalid cursor {cursor:?}")))?,
+        };
+        let end = (start + self.state.config.tools_page_size).min(items.len());
+        let next = (end < items.len()).then(|| end.to_string());
+        Ok((items[start..end].to_vec(), next))
+    }
+
+    /// Every page of a list method from every upstream that has `has`,
+    /// each item rewritten by `expose`.
+    async fn list_everywhere(
+        &self,
+        method: &str,
+        field: &str,
+        has: impl Fn(&ServerCapabilities) -> bool,
+        context: &RequestContext<RoleServer>,
+        expose: impl Fn(&str, &mut Map<String, Value>),
+    ) -> Result<Vec<Value>, McpError> {
+        let mut items = Vec::new();
+        for upstream in self.upstreams_with(has) {
+            let mut cursor: Option<String> = None;
+            loop {
+                let params = match &cursor {
+                    Some(c) => json!({"cursor": c}),
+                    None => json!({}),
+                };
+                let result = self.forward(&upstream, method, params, context).await?;
+                let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+                if let Some(Value::Array(page)) = value.get_mut(field).map(Value::take) {
+                    for mut item in page {
+                        if let Some(map) = item.as_object_mut() {
+                            expose(&upstream, map);
+                        }
+                        items.push(item);
+                    }
+                }
+                cursor = value
+                    .get("nextCursor")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                if cursor.is_none() {
+                    break;
+                }
+            }
+        }
+        Ok(items)
     }
 }
 
 impl ServerHandler for Front {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let infos: Vec<(String, rmcp::model::ServerPeerInfo)> = self
+            .state
+            .upstreams
+            .names()
+            .filter_map(|u| {
+                self.state
+                    .upstreams
+                    .server_info(u)
+                    .map(|i| (u.to_owned(), i))
+            })
+            .collect();
+        let any = |has: &dyn Fn(&ServerCapabilities) -> bool| {
+            infos.iter().any(|(_, info)| has(&info.capabilities))
+        };
+        let mut capabilities = json!({"tools": {"listChanged": true}});
+        if any(&|c| c.resources.is_some()) {
+            let subscribe = any(&|c| {
+                c.resources
+                    .as_ref()
+                    .is_some_and(|r| r.subscribe == Some(true))
+            });
+            capabilities["resources"] = json!({"listChanged": true, "subscribe": subscribe});
+        }
+        if any(&|c| c.prompts.is_some()) {
+            capabilities["prompts"] = json!({"listChanged": true});
+        }
+        if any(&|c| c.completions.is_some()) {
+            capabilities["completions"] = json!({});
+        }
+        if any(&|c| c.logging.is_some()) {
+            capabilities["logging"] = json!({});
+        }
+        let capabilities: ServerCapabilities =
+            serde_json::from_value(capabilities).unwrap_or_default();
+        let mut instructions = String::from(
+            "leasegate fronts these MCP servers; tools and prompts are named <server>__<name>, resources <server>+<uri>. Side-effecting tool calls are recorded once per intent and replayed on retry.",
+        );
+        for (upstream, info) in &infos {
+            if let Some(text) = &info.instructions {
+                instructions.push_str(&format!("\n\n[{upstream}]\n{text}"));
+            }
+        }
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("leasegate", env!("CARGO_PKG_VERSION")))
+            .with_instructions(instructions)
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        self.register_session(context.peer);
     }
 
     async fn list_tools(
@@ -293,24 +999,276 @@ impl ServerHandler for Front {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        let start = match request.and_then(|r| r.cursor) {
-            None => 0,
-            Some(cursor) => cursor
-                .parse::<usize>()
-                .ok()
-                .filter(|n| *n <= self.state.tools.len())
-                .ok_or_else(|| invalid_params(format!("invalid cursor {cursor:?}")))?,
-        };
-        let end = (start + self.state.page_size).min(self.state.tools.len());
-        let mut page = ListToolsResult::with_all_items(self.state.tools[start..end].to_vec());
-        if end < self.state.tools.len() {
-            page.next_cursor = Some(end.to_string());
-        }
+        let catalog = self.catalog();
+        let (tools, next) = self.page(&catalog.tools, request.and_then(|r| r.cursor))?;
+        let mut page = ListToolsResult::with_all_items(tools);
+        page.next_cursor = next;
         Ok(page)
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.state.catalog.get(name).map(|entry| entry.tool.clone())
+        self.catalog()
+            .entries
+            .get(name)
+            .map(|entry| entry.tool.clone())
+    }
+
+    async fn list_resources(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let items = self
+            .list_everywhere(
+                "resources/list",
+                "resources",
+                |c| c.resources.is_some(),
+                &context,
+                |upstream, item| {
+                    if let Some(Value::String(uri)) = item.get_mut("uri") {
+                        *uri = self.exposed_uri(upstream, uri);
+                    }
+                },
+            )
+            .await?;
+        let (page, next) = self.page(&items, request.and_then(|r| r.cursor))?;
+        typed_page(
+            json!({"resources": page, "nextCursor": next}),
+            "resources/list",
+        )
+    }
+
+    async fn list_resource_templates(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        let items = self
+            .list_everywhere(
+                "resources/templates/list",
+                "resourceTemplates",
+                |c| c.resources.is_some(),
+                &context,
+                |upstream, item| {
+                    if let Some(Value::String(uri)) = item.get_mut("uriTemplate") {
+                        *uri = self.exposed_uri(upstream, uri);
+                    }
+                },
+            )
+            .await?;
+        let (page, next) = self.page(&items, request.and_then(|r| r.cursor))?;
+        typed_page(
+            json!({"resourceTemplates": page, "nextCursor": next}),
+            "resources/templates/list",
+        )
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let (upstream, uri) = self.resolve_uri(&request.uri).ok_or_else(|| {
+            McpError::new(
+                ErrorCode::RESOURCE_NOT_FOUND,
+                format!("unknown resource {:?}: see resources/list", request.uri),
+                None,
+            )
+        })?;
+        let result = self
+            .forward(&upstream, "resources/read", json!({"uri": uri}), &context)
+            .await?;
+        let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+        self.expose_uris(&upstream, &mut value);
+        let mut result: ReadResourceResult = serde_json::from_value(value).map_err(|e| {
+            McpError::internal_error(
+                format!("upstream answer to resources/read unreadable: {e}"),
+                None,
+            )
+        })?;
+        result
+            .result_type
+            .get_or_insert(rmcp::model::ResultType::COMPLETE);
+        Ok(ReadResourceResponse::Complete(result))
+    }
+
+    #[allow(deprecated)]
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (upstream, uri) = self
+            .resolve_uri(&request.uri)
+            .ok_or_else(|| invalid_params(format!("unknown resource {:?}", request.uri)))?;
+        self.register_session(context.peer.clone());
+        self.forward(
+            &upstream,
+            "resources/subscribe",
+            json!({"uri": uri}),
+            &context,
+        )
+        .await?;
+        if let Ok(mut subscriptions) = self.session.subscriptions.lock() {
+            subscriptions.insert(request.uri);
+        }
+        Ok(())
+    }
+
+    #[allow(deprecated)]
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let (upstream, uri) = self
+            .resolve_uri(&request.uri)
+            .ok_or_else(|| invalid_params(format!("unknown resource {:?}", request.uri)))?;
+        if let Ok(mut subscriptions) = self.session.subscriptions.lock() {
+            subscriptions.remove(&request.uri);
+        }
+        // Other sessions may still want updates of this resource.
+        let still_wanted = self.live_sessions().iter().any(|(s, _)| {
+            s.subscriptions
+                .lock()
+                .is_ok_and(|set| set.contains(&request.uri))
+        });
+        if !still_wanted {
+            self.forward(
+                &upstream,
+                "resources/unsubscribe",
+                json!({"uri": uri}),
+                &context,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn list_prompts(
+        &self,
+        request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListPromptsResult, McpError> {
+        let items = self
+            .list_everywhere(
+                "prompts/list",
+                "prompts",
+                |c| c.prompts.is_some(),
+                &context,
+                |upstream, item| {
+                    if let Some(Value::String(name)) = item.get_mut("name") {
+                        *name = self.exposed_name(upstream, name);
+                    }
+                },
+            )
+            .await?;
+        let (page, next) = self.page(&items, request.and_then(|r| r.cursor))?;
+        typed_page(json!({"prompts": page, "nextCursor": next}), "prompts/list")
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, McpError> {
+        let (upstream, name) = self.resolve_name(&request.name).ok_or_else(|| {
+            invalid_params(format!(
+                "unknown prompt {:?}: see prompts/list",
+                request.name
+            ))
+        })?;
+        let mut params = json!({"name": name});
+        if let Some(arguments) = request.arguments {
+            params["arguments"] = Value::Object(arguments);
+        }
+        let result = self
+            .forward(&upstream, "prompts/get", params, &context)
+            .await?;
+        let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+        self.expose_uris(&upstream, &mut value);
+        let mut result: GetPromptResult = serde_json::from_value(value).map_err(|e| {
+            McpError::internal_error(
+                format!("upstream answer to prompts/get unreadable: {e}"),
+                None,
+            )
+        })?;
+        result
+            .result_type
+            .get_or_insert(rmcp::model::ResultType::COMPLETE);
+        Ok(GetPromptResponse::Complete(result))
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, McpError> {
+        let mut params = serde_json::to_value(&request)
+            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+        let reference = params.get_mut("ref").and_then(Value::as_object_mut);
+        let Some(reference) = reference else {
+            return Err(invalid_params("completion/complete needs a ref"));
+        };
+        let target = match reference.get("type").and_then(Value::as_str) {
+            Some("ref/prompt") => reference
+                .get("name")
+                .and_then(Value::as_str)
+                .and_then(|n| self.resolve_name(n))
+                .map(|(u, n)| (u, "name", n)),
+            Some("ref/resource") => reference
+                .get("uri")
+                .and_then(Value::as_str)
+                .and_then(|uri| self.resolve_uri(uri))
+                .map(|(u, uri)| (u, "uri", uri)),
+            _ => None,
+        };
+        let Some((upstream, field, own)) = target else {
+            return Err(invalid_params(
+                "completion/complete: unknown prompt or resource in ref",
+            ));
+        };
+        reference.insert(field.to_owned(), Value::String(own));
+        if let Some(map) = params.as_object_mut() {
+            map.remove("_meta");
+        }
+        let result = self
+            .forward(&upstream, "completion/complete", params, &context)
+            .await?;
+        let mut result: CompleteResult = typed(result, "completion/complete")?;
+        result
+            .result_type
+            .get_or_insert(rmcp::model::ResultType::COMPLETE);
+        Ok(result)
+    }
+
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.register_session(context.peer.clone());
+        if let Ok(mut level) = self.session.log_level.lock() {
+            *level = Some(request.level);
+        }
+        // The upstream sessions are shared: ask them for everything at the
+        // lowest level any session wants; leasegate filters per session.
+        let lowest = self
+            .live_sessions()
+            .iter()
+            .filter_map(|(s, _)| s.log_level.lock().ok().and_then(|l| *l))
+            .min_by_key(|l| level_rank(*l))
+            .unwrap_or(request.level);
+        for upstream in self.upstreams_with(|c| c.logging.is_some()) {
+            self.forward(
+                &upstream,
+                "logging/setLevel",
+                json!({"level": lowest}),
+                &context,
+            )
+            .await?;
+        }
+        Ok(())
     }
 
     async fn on_cancelled(
@@ -340,7 +1298,6 @@ impl ServerHandler for Front {
             .state
             .directory
             .get(&name)
-            .cloned()
             .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
         let adapter = resolved.adapter;
 
@@ -359,7 +1316,7 @@ impl ServerHandler for Front {
 
         let lease = lease_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let step = step_of(&context).map_err(|e| convert::error_from_call(&e))?;
-        let (progress, forwarder) = self.progress_sink(&context);
+        let (agent, from_upstream) = mpsc::unbounded_channel();
         let cancel = self.cancel_token(&context, true);
         let call = CallRequest {
             lease,
@@ -370,7 +1327,7 @@ impl ServerHandler for Front {
             arguments: request.arguments.unwrap_or_default(),
             adapter,
             meta: passthrough_meta(&context),
-            progress,
+            agent: Some(agent),
             cancel: cancel.clone(),
         };
         // W3C trace context: the trace id goes into every log line of this call.
@@ -384,17 +1341,15 @@ impl ServerHandler for Front {
         let span = tracing::info_span!("tools/call", tool = %call.exposed_name, run_id = %call.lease.run_id,
             owner = %call.lease.owner, epoch = call.lease.epoch, trace_id = %trace_id);
         let outcome = self
-            .state
-            .dispatcher
-            .call(call)
-            .instrument(span.clone())
+            .with_agent(
+                &context,
+                from_upstream,
+                self.state.dispatcher.call(call).instrument(span.clone()),
+            )
             .await;
         // The call is over: release the cancel watcher.
         cancel.cancel();
         let _entered = span.enter();
-        if let Some(forwarder) = forwarder {
-            let _ = forwarder.await;
-        }
         match outcome {
             Ok(reply) => Ok(CallToolResponse::Complete(convert::result_from_reply(
                 reply,
@@ -405,6 +1360,17 @@ impl ServerHandler for Front {
             }
         }
     }
+}
+
+fn typed_page<T: serde::de::DeserializeOwned>(mut value: Value, what: &str) -> Result<T, McpError> {
+    if value.get("nextCursor").is_some_and(Value::is_null)
+        && let Some(map) = value.as_object_mut()
+    {
+        map.remove("nextCursor");
+    }
+    value["resultType"] = json!("complete");
+    serde_json::from_value(value)
+        .map_err(|e| McpError::internal_error(format!("{what}: {e}"), None))
 }
 
 /// `{"operation_id", "status", "replayed"}` from a result's `_meta`, for clients.

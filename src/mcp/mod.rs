@@ -4,12 +4,15 @@
 pub mod convert;
 pub mod example_tools;
 pub mod front;
+pub mod inflight;
 pub mod upstream;
 
 pub use front::Front;
 pub use upstream::{StartError, Upstreams};
 
 use std::future::Future;
+
+use axum::serve::ListenerExt;
 
 use rmcp::ServiceExt;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -30,27 +33,42 @@ pub async fn serve_http(
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(sessions)
         .with_cancellation_token(stop.child_token());
+    let in_flight = front.in_flight();
     let router = if sessions {
         let service = StreamableHttpService::new(
-            move || Ok(front.clone()),
+            move || Ok(front.for_session()),
             LocalSessionManager::default().into(),
             config,
         );
         axum::Router::new().nest_service("/mcp", service)
     } else {
         let service = StreamableHttpService::new(
-            move || Ok(front.clone()),
+            move || Ok(front.for_session()),
             NeverSessionManager::default().into(),
             config,
         );
-        axum::Router::new().nest_service("/mcp", service)
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(move |request, next| {
+                inflight::cancel_layer(in_flight.clone(), request, next)
+            }))
     };
-    axum::serve(listener, router)
+    axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(async move {
             shutdown.await;
             stop.cancel();
         })
         .await
+}
+
+/// `TCP_NODELAY` on an accepted socket: a Streamable HTTP answer is a small
+/// chunked write followed by the terminating chunk; with Nagle on, the second
+/// write waits for the client's delayed ACK (~40 ms) on a kept-alive
+/// connection.
+pub fn no_delay(stream: &mut tokio::net::TcpStream) {
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%error, "cannot set TCP_NODELAY");
+    }
 }
 
 /// Serves the front on stdin/stdout until the client closes stdin. Logs

@@ -1,59 +1,118 @@
 //! MCP clients of the upstream tool servers (stdio children and Streamable
 //! HTTP servers), and the tool catalog leasegate exposes.
+//!
+//! # Sessions
+//!
+//! Each upstream has **one** client session, shared by every agent and by
+//! the background loops (a stdio upstream is one child process). What an
+//! upstream sends is routed per request, never broadcast to other agents:
+//!
+//! - progress, by the upstream request's progress token, to the call that
+//!   asked — in order, and before that call's result (see [`Routed`]);
+//! - requests to the client (`sampling/createMessage`, `elicitation/create`,
+//!   `roots/list`), to the call they belong to: the one whose HTTP response
+//!   stream carried them (Streamable HTTP upstreams), otherwise the only call
+//!   in flight to that upstream. When that cannot be told (several calls in
+//!   flight to a stdio upstream), the upstream gets an error rather than
+//!   another agent's answer;
+//! - `notifications/message` carried on a call's response stream, to that
+//!   call; logs and list/resource notifications nobody owns go out as
+//!   [`UpstreamEvent`]s, which the front sends only to agent sessions that
+//!   asked for them (set a log level, subscribed to the resource) or, for
+//!   `list_changed`, to every session after refreshing the catalog.
+//!
+//! leasegate declares sampling, elicitation (form and URL) and roots to every
+//! upstream, because the session is shared; a request for a capability the
+//! calling agent did not declare is answered with an error naming it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use serde_json::{Map, Value, json};
+use tokio::sync::{broadcast, oneshot};
+use tokio_util::sync::CancellationToken;
 
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientCapabilities,
-    ClientConfig, ClientRequest, Implementation, ProgressNotificationParam, ProgressToken,
-    RequestMetaObject, ServerResult, Tool,
+    ClientConfig, ClientRequest, ClientResult, CustomResult, Implementation, JsonRpcMessage,
+    ProgressNotificationParam, ProgressToken, RequestId, RequestMetaObject, ServerNotification,
+    ServerPeerInfo, ServerRequest, ServerResult, Tool,
 };
-use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RunningService, ServiceError};
+use rmcp::service::{
+    InboundStreamOrigin, NotificationContext, Peer, PeerRequestOptions, RequestContext,
+    RunningService, RxJsonRpcMessage, ServiceError, TxJsonRpcMessage,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
+use rmcp::{ErrorData as McpError, RoleClient, Service, ServiceExt};
 
 use super::convert;
-use crate::adapter::{Progress, ToolAnswer, Upstream, UpstreamCall, UpstreamError};
+use crate::adapter::{
+    AgentRequest, AgentSink, PeerError, Progress, ToAgent, ToolAnswer, Upstream, UpstreamCall,
+    UpstreamError,
+};
 use crate::config::{Config, UpstreamTransport};
 
-/// Routes upstream progress to the call that asked for it. rmcp's own
-/// dispatcher drops a notification that arrives before the subscription
-/// (the subscription can only follow the send); this router keeps such early
-/// notifications briefly and hands them over when the call subscribes.
-#[derive(Clone, Default)]
-struct ProgressRouter {
-    state: Arc<Mutex<RouterState>>,
+/// Something an upstream sent that no call owns.
+#[derive(Debug, Clone)]
+pub struct UpstreamEvent {
+    pub upstream: String,
+    /// The JSON-RPC method, e.g. `notifications/tools/list_changed`.
+    pub method: String,
+    pub params: Value,
 }
 
-#[derive(Default)]
-struct RouterState {
-    routes: HashMap<ProgressToken, mpsc::UnboundedSender<Progress>>,
-    early: VecDeque<(Instant, ProgressNotificationParam)>,
-}
-
-/// How long, and how many, early notifications are kept for a subscriber.
+/// How long, and how many, early progress notifications are kept for a
+/// call that has not subscribed yet (the subscription can only follow the
+/// send, and a fast upstream may report progress first).
 const EARLY_KEEP: Duration = Duration::from_secs(10);
 const EARLY_MAX: usize = 1024;
 
-fn progress_of(params: ProgressNotificationParam) -> Progress {
-    Progress {
+/// Upper bound of a non-tool request (lists, reads, prompts, completions).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The calls in flight on one upstream connection, and where what the
+/// upstream sends about them goes.
+#[derive(Clone, Default)]
+struct CallRoutes {
+    state: Arc<Mutex<RoutesState>>,
+}
+
+#[derive(Default)]
+struct RoutesState {
+    progress: HashMap<ProgressToken, AgentSink>,
+    early: VecDeque<(Instant, ProgressNotificationParam)>,
+    in_flight: HashMap<u64, InFlight>,
+    next_call: u64,
+}
+
+struct InFlight {
+    /// The upstream request id, once the request is handed to the transport.
+    request_id: Option<RequestId>,
+    agent: Option<AgentSink>,
+}
+
+fn progress_of(params: ProgressNotificationParam) -> ToAgent {
+    ToAgent::Progress(Progress {
         progress: params.progress,
         total: params.total,
         message: params.message,
-    }
+    })
 }
 
-impl ProgressRouter {
-    fn deliver(&self, params: ProgressNotificationParam) {
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
-        if let Some(route) = state.routes.get(&params.progress_token) {
+impl CallRoutes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RoutesState> {
+        // A poisoned lock only means a panic elsewhere mid-update of plain
+        // maps; the maps stay usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn deliver_progress(&self, params: ProgressNotificationParam) {
+        let mut state = self.lock();
+        if let Some(route) = state.progress.get(&params.progress_token) {
             let _ = route.send(progress_of(params));
             return;
         }
@@ -67,10 +126,8 @@ impl ProgressRouter {
         state.early.push_back((now, params));
     }
 
-    fn subscribe(&self, token: ProgressToken, sink: mpsc::UnboundedSender<Progress>) {
-        let Ok(mut state) = self.state.lock() else {
-            return;
-        };
+    fn subscribe_progress(&self, token: ProgressToken, sink: AgentSink) {
+        let mut state = self.lock();
         let (mine, others): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.early)
             .into_iter()
             .partition(|(_, p)| p.progress_token == token);
@@ -78,34 +135,256 @@ impl ProgressRouter {
         for (_, params) in mine {
             let _ = sink.send(progress_of(params));
         }
-        state.routes.insert(token, sink);
+        state.progress.insert(token, sink);
     }
 
-    fn unsubscribe(&self, token: &ProgressToken) {
-        if let Ok(mut state) = self.state.lock() {
-            state.routes.remove(token);
+    fn begin(&self, agent: Option<AgentSink>) -> u64 {
+        let mut state = self.lock();
+        state.next_call += 1;
+        let call = state.next_call;
+        state.in_flight.insert(
+            call,
+            InFlight {
+                request_id: None,
+                agent,
+            },
+        );
+        call
+    }
+
+    fn sent(&self, call: u64, request_id: RequestId, token: ProgressToken) {
+        let mut state = self.lock();
+        let agent = state.in_flight.get_mut(&call).and_then(|in_flight| {
+            in_flight.request_id = Some(request_id);
+            in_flight.agent.clone()
+        });
+        drop(state);
+        if let Some(agent) = agent {
+            self.subscribe_progress(token, agent);
+        }
+    }
+
+    fn end(&self, call: u64, token: Option<&ProgressToken>) {
+        let mut state = self.lock();
+        state.in_flight.remove(&call);
+        if let Some(token) = token {
+            state.progress.remove(token);
+        }
+    }
+
+    /// The agent of the call a request or notification from the upstream
+    /// belongs to: the call whose response stream carried it, else the only
+    /// call in flight (`single_fallback`).
+    fn owner(
+        &self,
+        origin: Option<&RequestId>,
+        single_fallback: bool,
+    ) -> Result<AgentSink, String> {
+        let state = self.lock();
+        if let Some(origin) = origin
+            && let Some(in_flight) = state
+                .in_flight
+                .values()
+                .find(|f| f.request_id.as_ref() == Some(origin))
+        {
+            return in_flight.agent.clone().ok_or_else(|| {
+                "the call it belongs to has no agent attached (background work)".to_owned()
+            });
+        }
+        if !single_fallback {
+            return Err("not carried on a call's response stream".to_owned());
+        }
+        match state.in_flight.len() {
+            0 => Err("no call is in flight on this upstream".to_owned()),
+            1 => state
+                .in_flight
+                .values()
+                .next()
+                .and_then(|f| f.agent.clone())
+                .ok_or_else(|| {
+                    "the call in flight has no agent attached (background work)".to_owned()
+                }),
+            n => Err(format!(
+                "{n} calls are in flight on this upstream and its transport does not say which one this belongs to"
+            )),
         }
     }
 }
 
-/// Receives what upstreams send leasegate unasked: progress.
-#[derive(Clone, Default)]
-struct UpstreamClient {
-    progress: ProgressRouter,
+/// The client's transport, with progress routed as it is read: a progress
+/// notification reaches its call's channel before the transport yields the
+/// next message, so every notification the upstream sent before its result
+/// is queued for the agent before the result is (rmcp would otherwise hand
+/// notifications to concurrently running handler tasks).
+struct Routed<T> {
+    inner: T,
+    routes: CallRoutes,
 }
 
-impl ClientHandler for UpstreamClient {
-    async fn on_progress(
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Routed<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = self.inner.receive().await?;
+            if let JsonRpcMessage::Notification(notification) = &message
+                && let ServerNotification::ProgressNotification(progress) =
+                    &notification.notification
+            {
+                self.routes.deliver_progress(progress.params.clone());
+                continue;
+            }
+            return Some(message);
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+/// leasegate as the client of one upstream.
+#[derive(Clone)]
+struct UpstreamClient {
+    name: String,
+    routes: CallRoutes,
+    events: broadcast::Sender<UpstreamEvent>,
+}
+
+fn origin_of(extensions: &rmcp::model::Extensions) -> Option<RequestId> {
+    match extensions.get::<InboundStreamOrigin>() {
+        Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id.clone()),
+        _ => None,
+    }
+}
+
+fn method_and_params<T: serde::Serialize>(message: &T) -> (String, Value) {
+    let value = serde_json::to_value(message).unwrap_or(Value::Null);
+    let method = value
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let params = value.get("params").cloned().unwrap_or_else(|| json!({}));
+    (method, params)
+}
+
+fn mcp_error(error: PeerError) -> McpError {
+    McpError::new(
+        rmcp::model::ErrorCode(error.code),
+        error.message,
+        error.data,
+    )
+}
+
+impl Service<RoleClient> for UpstreamClient {
+    async fn handle_request(
         &self,
-        params: ProgressNotificationParam,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        self.progress.deliver(params);
+        request: ServerRequest,
+        context: RequestContext<RoleClient>,
+    ) -> Result<ClientResult, McpError> {
+        if let ServerRequest::PingRequest(_) = request {
+            return Ok(ClientResult::empty(()));
+        }
+        let (method, params) = method_and_params(&request);
+        let origin = origin_of(&context.extensions);
+        let agent = self.routes.owner(origin.as_ref(), true).map_err(|why| {
+            tracing::warn!(upstream = %self.name, %method, why, "upstream request not relayed");
+            McpError::internal_error(
+                format!("leasegate cannot relay {method} to an agent: {why}"),
+                None,
+            )
+        })?;
+        let (reply, answer) = oneshot::channel();
+        agent
+            .send(ToAgent::Request(AgentRequest {
+                method: method.clone(),
+                params,
+                reply,
+            }))
+            .map_err(|_| McpError::internal_error("the agent's call is over", None))?;
+        let answer = tokio::select! {
+            answer = answer => answer.map_err(|_| McpError::internal_error("the agent's call ended before it answered", None))?,
+            _ = context.ct.cancelled() => return Err(McpError::internal_error("cancelled by the upstream", None)),
+        };
+        let value = answer.map_err(mcp_error)?;
+        let invalid = |e: serde_json::Error| {
+            McpError::internal_error(format!("agent answer to {method}: {e}"), None)
+        };
+        Ok(match request {
+            ServerRequest::CreateMessageRequest(_) => ClientResult::CreateMessageResult(Box::new(
+                serde_json::from_value(value).map_err(invalid)?,
+            )),
+            ServerRequest::ListRootsRequest(_) => {
+                ClientResult::ListRootsResult(serde_json::from_value(value).map_err(invalid)?)
+            }
+            ServerRequest::ElicitRequest(_) => {
+                ClientResult::ElicitResult(serde_json::from_value(value).map_err(invalid)?)
+            }
+            _ => ClientResult::CustomResult(CustomResult(value)),
+        })
+    }
+
+    async fn handle_notification(
+        &self,
+        notification: ServerNotification,
+        context: NotificationContext<RoleClient>,
+    ) -> Result<(), McpError> {
+        match &notification {
+            // Routed by the transport already; one that slipped through
+            // (none should) is routed here.
+            ServerNotification::ProgressNotification(progress) => {
+                self.routes.deliver_progress(progress.params.clone());
+                return Ok(());
+            }
+            // rmcp fails the matching outbound request on its own.
+            ServerNotification::CancelledNotification(_) => return Ok(()),
+            _ => {}
+        }
+        let (method, params) = method_and_params(&notification);
+        let call_scoped = matches!(
+            notification,
+            ServerNotification::LoggingMessageNotification(_)
+                | ServerNotification::CustomNotification(_)
+        );
+        if call_scoped {
+            let origin = origin_of(&context.extensions);
+            let single = matches!(notification, ServerNotification::CustomNotification(_));
+            if let Ok(agent) = self.routes.owner(origin.as_ref(), single)
+                && agent
+                    .send(ToAgent::Notification {
+                        method: method.clone(),
+                        params: params.clone(),
+                    })
+                    .is_ok()
+            {
+                return Ok(());
+            }
+        }
+        let _ = self.events.send(UpstreamEvent {
+            upstream: self.name.clone(),
+            method,
+            params,
+        });
+        Ok(())
     }
 
     fn get_info(&self) -> ClientConfig {
+        let capabilities: ClientCapabilities = serde_json::from_value(json!({
+            "sampling": {},
+            "elicitation": {"form": {}, "url": {}},
+            "roots": {"listChanged": true},
+        }))
+        .unwrap_or_default();
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("leasegate", env!("CARGO_PKG_VERSION")),
         )
     }
@@ -113,7 +392,7 @@ impl ClientHandler for UpstreamClient {
 
 struct Connection {
     peer: Peer<RoleClient>,
-    progress: ProgressRouter,
+    routes: CallRoutes,
     /// Keeps the client (and, for stdio, the child process) alive.
     service: RunningService<RoleClient, UpstreamClient>,
 }
@@ -159,6 +438,7 @@ pub fn directory(
 /// All upstream connections, by name.
 pub struct Upstreams {
     connections: BTreeMap<String, Connection>,
+    events: broadcast::Sender<UpstreamEvent>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -180,10 +460,15 @@ pub enum StartError {
 impl Upstreams {
     /// Connects every configured upstream.
     pub async fn connect(config: &Config) -> Result<Self, StartError> {
+        let (events, _) = broadcast::channel(1024);
         let mut connections = BTreeMap::new();
         for (name, transport) in &config.upstreams {
-            let handler = UpstreamClient::default();
-            let progress = handler.progress.clone();
+            let routes = CallRoutes::default();
+            let handler = UpstreamClient {
+                name: name.clone(),
+                routes: routes.clone(),
+                events: events.clone(),
+            };
             let connect_error = |message: String| StartError::Connect {
                 upstream: name.clone(),
                 message,
@@ -195,7 +480,10 @@ impl Upstreams {
                     let child = TokioChildProcess::new(cmd)
                         .map_err(|e| connect_error(format!("{}: {e}", command.display())))?;
                     handler
-                        .serve(child)
+                        .serve(Routed {
+                            inner: child,
+                            routes: routes.clone(),
+                        })
                         .await
                         .map_err(|e| connect_error(e.to_string()))?
                 }
@@ -204,12 +492,15 @@ impl Upstreams {
                         StreamableHttpClientTransportConfig::with_uri(url.as_str()),
                     );
                     handler
-                        .serve(transport)
+                        .serve(Routed {
+                            inner: transport,
+                            routes: routes.clone(),
+                        })
                         .await
                         .map_err(|e| connect_error(e.to_string()))?
                 }
             };
-            // A proxy must never answer from a stale tools/list page.
+            // A proxy must never answer from a stale page.
             service
                 .peer()
                 .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
@@ -218,30 +509,62 @@ impl Upstreams {
                 name.clone(),
                 Connection {
                     peer: service.peer().clone(),
-                    progress,
+                    routes,
                     service,
                 },
             );
         }
-        Ok(Self { connections })
+        Ok(Self {
+            connections,
+            events,
+        })
+    }
+
+    /// What upstreams send that no call owns.
+    pub fn events(&self) -> broadcast::Receiver<UpstreamEvent> {
+        self.events.subscribe()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.connections.keys().map(String::as_str)
+    }
+
+    /// What the upstream said about itself at `initialize`.
+    pub fn server_info(&self, upstream: &str) -> Option<ServerPeerInfo> {
+        self.connections
+            .get(upstream)
+            .and_then(|c| c.peer.peer_info())
+            .map(|info| (*info).clone())
+    }
+
+    /// The upstream's tools, every page.
+    pub async fn list_tools(&self, upstream: &str) -> Result<Vec<Tool>, String> {
+        let connection = self
+            .connections
+            .get(upstream)
+            .ok_or_else(|| format!("no upstream named {upstream:?}"))?;
+        connection
+            .peer
+            .list_all_tools()
+            .await
+            .map_err(|e| e.to_string())
     }
 
     /// Every upstream tool under its exposed name (`<upstream><sep><tool>`),
-    /// schemas and annotations unchanged. A collision is an error.
+    /// everything else unchanged. A collision is an error.
     pub async fn catalog(
         &self,
         separator: &str,
         unprefixed: &[String],
     ) -> Result<BTreeMap<String, CatalogEntry>, StartError> {
         let mut catalog: BTreeMap<String, CatalogEntry> = BTreeMap::new();
-        for (name, connection) in &self.connections {
-            let tools = connection
-                .peer
-                .list_all_tools()
+        for name in self.connections.keys() {
+            let tools = self
+                .list_tools(name)
                 .await
-                .map_err(|e| StartError::List {
+                .map_err(|message| StartError::List {
                     upstream: name.clone(),
-                    message: e.to_string(),
+                    message,
                 })?;
             for tool in tools {
                 let exposed = if unprefixed.contains(name) {
@@ -271,6 +594,75 @@ impl Upstreams {
         Ok(catalog)
     }
 
+    /// Sends `request` to `upstream` and waits for its answer, routing what
+    /// the upstream sends meanwhile to `agent`; `cancel` sends
+    /// `notifications/cancelled` upstream.
+    pub async fn request(
+        &self,
+        upstream: &str,
+        request: ClientRequest,
+        meta: Map<String, Value>,
+        timeout: Duration,
+        agent: Option<AgentSink>,
+        cancel: CancellationToken,
+    ) -> Result<ServerResult, UpstreamError> {
+        let connection = self
+            .connections
+            .get(upstream)
+            .ok_or_else(|| UpstreamError::NotSent(format!("no upstream named {upstream:?}")))?;
+        let mut request_meta = RequestMetaObject::new();
+        for (key, value) in meta {
+            request_meta.insert(key, value);
+        }
+        let call = connection.routes.begin(agent);
+        let handle = match connection
+            .peer
+            .send_request_with_option(
+                request,
+                PeerRequestOptions::with_timeout(timeout).with_meta(request_meta),
+            )
+            .await
+        {
+            Ok(handle) => handle,
+            Err(error) => {
+                connection.routes.end(call, None);
+                // The request never reached the client's transport task.
+                return Err(UpstreamError::NotSent(error.to_string()));
+            }
+        };
+        // rmcp gives the upstream request its own progress token: re-key.
+        let token = handle.progress_token.clone();
+        connection
+            .routes
+            .sent(call, handle.id.clone(), token.clone());
+        let (request_id, peer) = (handle.id.clone(), handle.peer.clone());
+        let cancel_watch = tokio::spawn(async move {
+            cancel.cancelled().await;
+            let _ = peer
+                .notify_cancelled(CancelledNotificationParam::new(
+                    Some(request_id),
+                    Some("cancelled by the agent".into()),
+                ))
+                .await;
+        });
+        let response = handle.await_response().await;
+        cancel_watch.abort();
+        connection.routes.end(call, Some(&token));
+        match response {
+            Ok(result) => Ok(result),
+            Err(ServiceError::McpError(error)) => {
+                let (code, message) = convert::refused(&error);
+                Err(UpstreamError::Refused {
+                    code,
+                    message,
+                    data: error.data,
+                })
+            }
+            Err(ServiceError::Timeout { timeout }) => Err(UpstreamError::TimedOut(timeout)),
+            Err(other) => Err(UpstreamError::MaybeSent(other.to_string())),
+        }
+    }
+
     /// Stops the clients (and their child processes).
     pub async fn shutdown(self) {
         for (_, connection) in self.connections {
@@ -281,56 +673,30 @@ impl Upstreams {
 
 impl Upstream for Upstreams {
     async fn call(&self, call: UpstreamCall) -> Result<ToolAnswer, UpstreamError> {
-        let connection = self.connections.get(&call.upstream).ok_or_else(|| {
-            UpstreamError::NotSent(format!("no upstream named {:?}", call.upstream))
-        })?;
-        let mut meta = RequestMetaObject::new();
-        for (key, value) in call.meta {
-            meta.insert(key, value);
-        }
         let params = CallToolRequestParams::new(call.tool.clone()).with_arguments(call.arguments);
-        let handle = connection
-            .peer
-            .send_request_with_option(
-                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
-                PeerRequestOptions::with_timeout(call.timeout).with_meta(meta),
-            )
-            .await
-            // The request never reached the client's transport task.
-            .map_err(|e| UpstreamError::NotSent(e.to_string()))?;
-
-        // rmcp gives the upstream request its own progress token: re-key.
-        let token = handle.progress_token.clone();
-        if let Some(sink) = call.progress {
-            connection.progress.subscribe(token.clone(), sink);
-        }
-        let (request_id, peer, cancel) =
-            (handle.id.clone(), handle.peer.clone(), call.cancel.clone());
-        let cancel_watch = tokio::spawn(async move {
-            cancel.cancelled().await;
-            let _ = peer
-                .notify_cancelled(CancelledNotificationParam::new(
-                    Some(request_id),
-                    Some("cancelled by the agent".into()),
-                ))
-                .await;
-        });
         let started = Instant::now();
-        let response = handle.await_response().await;
+        let response = self
+            .request(
+                &call.upstream,
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                call.meta,
+                call.timeout,
+                call.agent,
+                call.cancel,
+            )
+            .await;
         let outcome = match &response {
             Ok(_) => "answered",
-            Err(ServiceError::Timeout { .. }) => "timeout",
-            Err(ServiceError::McpError(_)) => "refused",
+            Err(UpstreamError::TimedOut(_)) => "timeout",
+            Err(UpstreamError::Refused { .. }) => "refused",
             Err(_) => "transport_error",
         };
         metrics::histogram!("upstream_call_duration_seconds", "upstream" => call.upstream.clone(),
             "tool" => call.tool.clone(), "outcome" => outcome)
         .record(started.elapsed().as_secs_f64());
-        cancel_watch.abort();
-        connection.progress.unsubscribe(&token);
-        match response {
-            Ok(ServerResult::CallToolResult(result)) => Ok(convert::answer_from_result(&result)),
-            Ok(other) => Err(UpstreamError::MaybeSent(format!(
+        match response? {
+            ServerResult::CallToolResult(result) => Ok(convert::answer_from_result(&result)),
+            other => Err(UpstreamError::MaybeSent(format!(
                 "unsupported answer to tools/call (input-required and task results are not proxied yet): {}",
                 serde_json::to_string(&other)
                     .unwrap_or_default()
@@ -338,12 +704,6 @@ impl Upstream for Upstreams {
                     .take(200)
                     .collect::<String>()
             ))),
-            Err(ServiceError::McpError(error)) => {
-                let (code, message) = convert::refused(&error);
-                Err(UpstreamError::Refused { code, message })
-            }
-            Err(ServiceError::Timeout { timeout }) => Err(UpstreamError::TimedOut(timeout)),
-            Err(other) => Err(UpstreamError::MaybeSent(other.to_string())),
         }
     }
 }

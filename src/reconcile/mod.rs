@@ -33,7 +33,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{Capability, ResolvedTool, ToolDirectory, Upstream, UpstreamCall};
+use crate::adapter::{Capability, ResolvedTool, SharedDirectory, Upstream, UpstreamCall};
 use crate::dispatch::{UpstreamTarget, execute_claim, inject_operation_id, remote_id_of};
 use crate::ledger::{
     ConvergeEvidence, ConvergeOutcome, Ledger, LedgerError, ReconcileItem, RetryVerdict,
@@ -61,7 +61,7 @@ struct RemoteFact {
 pub struct Background<U> {
     ledger: Ledger,
     upstream: Arc<U>,
-    directory: Arc<ToolDirectory>,
+    directory: Arc<SharedDirectory>,
     policy: Policy,
     /// Unique per process: the dispatch and reconcile claims it takes.
     owner: String,
@@ -76,7 +76,7 @@ impl<U: Upstream> Background<U> {
     pub fn new(
         ledger: Ledger,
         upstream: Arc<U>,
-        directory: Arc<ToolDirectory>,
+        directory: Arc<SharedDirectory>,
         policy: Policy,
     ) -> Self {
         let owner = format!(
@@ -122,7 +122,7 @@ impl<U: Upstream> Background<U> {
         })
     }
 
-    fn resolve(&self, tool: &str) -> Option<&ResolvedTool> {
+    fn resolve(&self, tool: &str) -> Option<ResolvedTool> {
         self.directory.get(tool)
     }
 
@@ -138,7 +138,7 @@ impl<U: Upstream> Background<U> {
         let mut sends = Vec::with_capacity(count);
         for item in claimed {
             let operation_id = item.operation.operation_id.clone();
-            let Some(resolved) = self.resolve(&item.operation.tool_name).cloned() else {
+            let Some(resolved) = self.resolve(&item.operation.tool_name) else {
                 // Claimed but not sendable: the claim lapses into unknown and
                 // an operator sees why.
                 tracing::error!(operation_id = %operation_id, tool = %item.operation.tool_name,
@@ -158,7 +158,7 @@ impl<U: Upstream> Background<U> {
                 arguments,
                 adapter: resolved.adapter,
                 meta: Map::new(),
-                progress: None,
+                agent: None,
                 cancel: CancellationToken::new(),
             };
             sends.push(tokio::spawn(execute_claim(
@@ -288,7 +288,7 @@ impl<U: Upstream> Background<U> {
                 return self.converge(&item, operation.revision, fact).await;
             }
         }
-        let Some(resolved) = self.resolve(&operation.tool_name).cloned() else {
+        let Some(resolved) = self.resolve(&operation.tool_name) else {
             tracing::error!(operation_id = %operation.operation_id, tool = %operation.tool_name,
                 "unknown operation of a tool no upstream offers: needs an operator");
             return Ok("needs_operator");
@@ -327,7 +327,7 @@ impl<U: Upstream> Background<U> {
             arguments,
             meta: Map::new(),
             timeout: resolved.adapter.timeout,
-            progress: None,
+            agent: None,
             cancel: CancellationToken::new(),
         };
         let answer = match self.upstream.call(call).await {
@@ -421,7 +421,7 @@ impl<U: Upstream> Background<U> {
             arguments,
             meta,
             timeout: resolved.adapter.timeout,
-            progress: None,
+            agent: None,
             cancel: CancellationToken::new(),
         };
         // If we crash here the attempt is counted and the key is the same:

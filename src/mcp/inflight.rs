@@ -1,0 +1,165 @@
+//! Cancellation for agents on the stateless HTTP front.
+//!
+//! Without sessions rmcp answers every client notification with 202 and
+//! drops it, so a handshake-era agent's `notifications/cancelled` (a POST of
+//! its own, on another connection) would never reach the call it cancels.
+//! [`cancel_layer`] looks at small POSTs before rmcp does; a
+//! `notifications/cancelled` is matched against the requests in flight by
+//! the cancelled request id **and** the client's identity, and fires that
+//! request's cancellation.
+//!
+//! A stateless client has no session id, so its identity is what it sends
+//! on every request: `Authorization`, the `Leasegate-*` lease headers and
+//! `User-Agent`. Two agents with identical headers whose in-flight request
+//! ids collide are ambiguous: then nothing is cancelled (a warning is
+//! logged), because cancelling the wrong agent's call is worse than letting
+//! one run to its end. Agents on 2026-07-28 cancel by closing the response
+//! stream and need none of this.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rmcp::model::RequestId;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+/// Bodies above this size are never a cancellation; passed on unread.
+const SMALL_BODY: u64 = 16 * 1024;
+
+/// Requests in flight on the stateless front, by client identity and id.
+#[derive(Default)]
+pub struct InFlightRequests {
+    entries: Mutex<HashMap<(String, String), Vec<(u64, CancellationToken)>>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+/// Removes its entry when dropped.
+pub struct Registration {
+    registry: Arc<InFlightRequests>,
+    key: (String, String),
+    seq: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut entries) = self.registry.entries.lock()
+            && let Some(list) = entries.get_mut(&self.key)
+        {
+            list.retain(|(seq, _)| *seq != self.seq);
+            if list.is_empty() {
+                entries.remove(&self.key);
+            }
+        }
+    }
+}
+
+fn client_identity(headers: &HeaderMap) -> String {
+    [
+        "authorization",
+        "leasegate-run-id",
+        "leasegate-owner",
+        "leasegate-epoch",
+        "user-agent",
+    ]
+    .iter()
+    .map(|name| {
+        headers
+            .get(*name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    })
+    .collect::<Vec<_>>()
+    .join("\u{1f}")
+}
+
+fn id_key(id: &Value) -> String {
+    id.to_string()
+}
+
+impl InFlightRequests {
+    pub fn register(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        id: &RequestId,
+        token: CancellationToken,
+    ) -> Registration {
+        let key = (
+            client_identity(headers),
+            id_key(&serde_json::to_value(id).unwrap_or(Value::Null)),
+        );
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.entry(key.clone()).or_default().push((seq, token));
+        }
+        Registration {
+            registry: self.clone(),
+            key,
+            seq,
+        }
+    }
+
+    /// Cancels the one request of this client with this id. Returns whether
+    /// one was cancelled.
+    fn cancel(&self, headers: &HeaderMap, id: &Value) -> bool {
+        let key = (client_identity(headers), id_key(id));
+        let Ok(entries) = self.entries.lock() else {
+            return false;
+        };
+        match entries.get(&key).map(Vec::as_slice) {
+            Some([(_, token)]) => {
+                token.cancel();
+                true
+            }
+            Some(several) if several.len() > 1 => {
+                tracing::warn!(request_id = %key.1, in_flight = several.len(),
+                    "notifications/cancelled is ambiguous (same client identity and request id in flight more than once); nothing cancelled");
+                metrics::counter!("mcp_cancel_ambiguous_total").increment(1);
+                false
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Axum middleware: intercepts `notifications/cancelled` POSTs of
+/// stateless agents (see the module docs).
+pub async fn cancel_layer(
+    registry: Arc<InFlightRequests>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let small = request
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_some_and(|n| n <= SMALL_BODY);
+    if request.method() != Method::POST
+        || !small
+        || request.headers().contains_key("mcp-session-id")
+    {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, SMALL_BODY as usize).await {
+        Ok(bytes) => bytes,
+        Err(_) => return (StatusCode::BAD_REQUEST, "request body unreadable").into_response(),
+    };
+    if let Ok(message) = serde_json::from_slice::<Value>(&bytes)
+        && message.get("method").and_then(Value::as_str) == Some("notifications/cancelled")
+        && message.get("id").is_none()
+    {
+        if let Some(id) = message.pointer("/params/requestId") {
+            let cancelled = registry.cancel(&parts.headers, id);
+            tracing::debug!(request_id = %id, cancelled, "notifications/cancelled on the stateless front");
+        }
+        return StatusCode::ACCEPTED.into_response();
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
