@@ -388,7 +388,7 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
     assert_eq!(code, -32602);
     assert!(message.starts_with("arguments are 1048"), "{message}");
     assert!(
-        message.ends_with("bytes, above the policy limit of 1048576"),
+        message.contains("bytes, above the policy limit of 1048576 (policy max_arguments_bytes"),
         "{message}"
     );
 

@@ -125,7 +125,9 @@ pub enum CallError {
         "policy requires an explicit step: send _meta \"dev.leasegate/step\" {{step_id, effect_version}}"
     )]
     StepRequired,
-    #[error("arguments are {size} bytes, above the policy limit of {limit}")]
+    #[error(
+        "arguments are {size} bytes, above the policy limit of {limit} (policy max_arguments_bytes; the request was not recorded or sent)"
+    )]
     ArgumentsTooLarge { size: usize, limit: usize },
     #[error(transparent)]
     Intent(#[from] IntentError),

@@ -39,7 +39,7 @@
 // serves.
 #![allow(deprecated)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use futures::StreamExt;
@@ -81,19 +81,35 @@ pub const URI_SEPARATOR: &str = "+";
 const LOG_LEVEL_META: &str = "io.modelcontextprotocol/logLevel";
 
 /// The exposed tools, replaced whole when an upstream's list changes.
-#[derive(Default)]
 struct Catalog {
     entries: BTreeMap<String, CatalogEntry>,
     /// The entries' tools in name order, for pagination.
     tools: Vec<Tool>,
+    built: std::time::Instant,
+}
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Self::new(BTreeMap::new())
+    }
 }
 
 impl Catalog {
     fn new(entries: BTreeMap<String, CatalogEntry>) -> Self {
         let tools = entries.values().map(|entry| entry.tool.clone()).collect();
-        Self { entries, tools }
+        Self {
+            entries,
+            tools,
+            built: std::time::Instant::now(),
+        }
     }
 }
+
+/// A `tools/list` from an agent re-lists the upstreams when the catalog is
+/// older than this. `list_changed` refreshes at once, but an upstream may
+/// send it where nobody hears it (a Streamable HTTP server before the
+/// client's GET stream is open), so the catalog never stays stale longer.
+const CATALOG_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct State {
     catalog: RwLock<Arc<Catalog>>,
@@ -103,8 +119,6 @@ struct State {
     config: Arc<Config>,
     upstreams: Arc<Upstreams>,
     dispatcher: Dispatcher<Upstreams>,
-    /// Request ids the agent cancelled explicitly (as opposed to going away).
-    explicit_cancels: Mutex<HashSet<String>>,
     /// Requests of stateless HTTP agents, so that their
     /// `notifications/cancelled` can find them.
     in_flight: Arc<InFlightRequests>,
@@ -120,6 +134,9 @@ pub struct Session {
     log_level: Mutex<Option<LoggingLevel>>,
     /// Exposed URIs this session subscribed to.
     subscriptions: Mutex<HashSet<String>>,
+    /// This session's requests in flight, by request id: the
+    /// `notifications/cancelled` of the agent fires the token.
+    cancels: Mutex<HashMap<String, CancellationToken>>,
 }
 
 /// The MCP front. Cheap to clone.
@@ -292,7 +309,6 @@ impl Front {
                 config,
                 upstreams,
                 dispatcher,
-                explicit_cancels: Mutex::new(HashSet::new()),
                 in_flight,
                 sessions: Mutex::new(Vec::new()),
             }),
@@ -635,14 +651,14 @@ impl Front {
     ) -> CancellationToken {
         let token = CancellationToken::new();
         let explicit_only = explicit_only && !is_modern(context);
-        let (watched, fire, state, key) = (
-            context.ct.clone(),
-            token.clone(),
-            self.state.clone(),
-            request_key(&context.id),
-        );
-        // A stateless HTTP agent's notifications/cancelled arrives as its own
-        // POST: the in-flight registry finds this request by client and id.
+        let key = request_key(&context.id);
+        // The agent's notifications/cancelled finds the token here (sessions,
+        // stdio) ...
+        if let Ok(mut cancels) = self.session.cancels.lock() {
+            cancels.insert(key.clone(), token.clone());
+        }
+        // ... or, from a stateless HTTP agent, arrives as its own POST: the
+        // in-flight registry finds this request by client and id.
         let registration = context
             .extensions
             .get::<http::request::Parts>()
@@ -652,16 +668,26 @@ impl Front {
                     .in_flight
                     .register(&parts.headers, &context.id, token.clone())
             });
-        let done = token.clone();
+        let (watched, fire, done, session) = (
+            context.ct.clone(),
+            token.clone(),
+            token.clone(),
+            self.session.clone(),
+        );
         tokio::spawn(async move {
             tokio::select! {
+                // The request's own token also fires when the agent merely
+                // goes away (session closed, connection dropped).
                 _ = watched.cancelled() => {
-                    let explicit = state.explicit_cancels.lock().map(|mut set| set.remove(&key)).unwrap_or(false);
-                    if explicit || !explicit_only {
+                    if !explicit_only {
                         fire.cancel();
                     }
+                    done.cancelled().await;
                 }
                 _ = done.cancelled() => {}
+            }
+            if let Ok(mut cancels) = session.cancels.lock() {
+                cancels.remove(&key);
             }
             drop(registration);
         });
@@ -700,7 +726,10 @@ impl Front {
             ));
         }
         match answer {
-            Ok(answer) => convert::tool_result(answer.result),
+            Ok(mut answer) => {
+                self.expose_uris(&upstream, &mut answer.result);
+                convert::tool_result(answer.result)
+            }
             Err(error) => Err(upstream_failure(&upstream, error)),
         }
     }
@@ -999,8 +1028,17 @@ impl ServerHandler for Front {
         request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        let cursor = request.and_then(|r| r.cursor);
+        if cursor.is_none() && self.catalog().built.elapsed() > CATALOG_MAX_AGE {
+            let upstreams: Vec<String> = self.state.upstreams.names().map(str::to_owned).collect();
+            for upstream in upstreams {
+                if let Err(error) = self.refresh_tools(&upstream).await {
+                    tracing::warn!(%upstream, %error, "tools/list failed; its tools are served as last listed");
+                }
+            }
+        }
         let catalog = self.catalog();
-        let (tools, next) = self.page(&catalog.tools, request.and_then(|r| r.cursor))?;
+        let (tools, next) = self.page(&catalog.tools, cursor)?;
         let mut page = ListToolsResult::with_all_items(tools);
         page.next_cursor = next;
         Ok(page)
@@ -1276,15 +1314,17 @@ impl ServerHandler for Front {
         notification: CancelledNotificationParam,
         _context: NotificationContext<RoleServer>,
     ) {
-        if let Some(id) = notification.request_id
-            && let Ok(mut set) = self.state.explicit_cancels.lock()
-        {
-            // Entries leave when their request's watcher sees the cancel; a
-            // cancel for a request already answered would stay: bound the set.
-            if set.len() >= 10_000 {
-                set.clear();
-            }
-            set.insert(request_key(&id));
+        let Some(id) = notification.request_id else {
+            return;
+        };
+        let token = self
+            .session
+            .cancels
+            .lock()
+            .ok()
+            .and_then(|cancels| cancels.get(&request_key(&id)).cloned());
+        if let Some(token) = token {
+            token.cancel();
         }
     }
 
@@ -1294,10 +1334,17 @@ impl ServerHandler for Front {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let name = request.name.to_string();
-        let resolved = self
-            .state
-            .directory
-            .get(&name)
+        let mut resolved = self.state.directory.get(&name);
+        if resolved.is_none()
+            && self.catalog().built.elapsed() > std::time::Duration::from_secs(1)
+            && let Some((upstream, _)) = self.resolve_name(&name)
+        {
+            // The upstream may have added it without a list_changed we heard.
+            if self.refresh_tools(&upstream).await.is_ok() {
+                resolved = self.state.directory.get(&name);
+            }
+        }
+        let resolved = resolved
             .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
         let adapter = resolved.adapter;
 
@@ -1314,6 +1361,7 @@ impl ServerHandler for Front {
             return Ok(CallToolResponse::Complete(result));
         }
 
+        let upstream = resolved.upstream.clone();
         let lease = lease_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let step = step_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let (agent, from_upstream) = mpsc::unbounded_channel();
@@ -1351,9 +1399,16 @@ impl ServerHandler for Front {
         cancel.cancel();
         let _entered = span.enter();
         match outcome {
-            Ok(reply) => Ok(CallToolResponse::Complete(convert::result_from_reply(
-                reply,
-            ))),
+            Ok(reply) => {
+                let result = convert::result_from_reply(reply);
+                // Resource links in the (recorded) result name the upstream's
+                // URIs; the agent reads them under their exposed names.
+                let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+                self.expose_uris(&upstream, &mut value);
+                Ok(CallToolResponse::Complete(
+                    serde_json::from_value(value).unwrap_or(result),
+                ))
+            }
             Err(error) => {
                 tracing::info!(error = %error, "call refused");
                 Err(convert::error_from_call(&error))

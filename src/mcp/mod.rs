@@ -30,8 +30,12 @@ pub async fn serve_http(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
+    // json_response: a request whose handler sends nothing before its answer
+    // is answered as plain JSON (one write, no SSE framing); one that streams
+    // progress or asks the agent something falls back to SSE.
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(sessions)
+        .with_json_response(true)
         .with_cancellation_token(stop.child_token());
     let in_flight = front.in_flight();
     let router = if sessions {

@@ -95,6 +95,9 @@ fn mask(value: &Value, fields: &[String]) -> Value {
     }
 }
 
+/// Default `max_arguments_bytes`: the MCP HTTP front's request body limit.
+pub const DEFAULT_MAX_ARGUMENTS_BYTES: usize = 4 * 1024 * 1024;
+
 /// A validated policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Policy {
@@ -205,7 +208,11 @@ impl RawPolicy {
                 ));
             }
         };
-        let max_arguments_bytes = self.max_arguments_bytes.unwrap_or(1024 * 1024);
+        // The HTTP front's request body limit: an argument payload the front
+        // accepts is not refused later for a few bytes of JSON-RPC framing.
+        let max_arguments_bytes = self
+            .max_arguments_bytes
+            .unwrap_or(DEFAULT_MAX_ARGUMENTS_BYTES);
         if max_arguments_bytes == 0 || max_arguments_bytes > 16 * 1024 * 1024 {
             return Err(FieldError::new(
                 "max_arguments_bytes",

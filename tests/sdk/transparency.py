@@ -1,0 +1,369 @@
+"""An unmodified MCP client (the official Python SDK, default settings) against
+leasegate in front of @modelcontextprotocol/server-everything.
+
+Run by tests/sdk_transparency.rs; prints one JSON line per check:
+{"check": name, "ok": bool, "detail": ...}, and exits 0 when every check
+passed. The lease for side-effecting calls comes in as arguments (the Rust
+test creates the run); everything else is plain SDK usage.
+
+usage: transparency.py --server URL|stdio --stdio-command JSON --mode auto|legacy
+       --upstream NAME --run-id ID --owner O --epoch N --interactive yes|no
+       --mailer-state DIR --tag TAG
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+import anyio
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+
+warnings.simplefilter("ignore")
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--server", required=True)
+parser.add_argument("--stdio-command", default="[]")
+parser.add_argument("--mode", default="auto")
+parser.add_argument("--upstream", default="everything")
+parser.add_argument("--run-id", required=True)
+parser.add_argument("--owner", required=True)
+parser.add_argument("--epoch", type=int, required=True)
+parser.add_argument("--interactive", default="yes")
+parser.add_argument("--mailer-state", default="")
+parser.add_argument("--tag", default="t")
+args = parser.parse_args()
+
+DEADLINE = 30.0
+UP = args.upstream
+LEASE = {"dev.leasegate/lease": {"run_id": args.run_id, "owner": args.owner, "epoch": args.epoch}}
+failures = 0
+
+
+def report(check, ok, detail=None):
+    global failures
+    if not ok:
+        failures += 1
+    print(json.dumps({"check": check, "ok": bool(ok), "detail": detail}, default=str), flush=True)
+
+
+def tool(name):
+    return f"{UP}__{name}"
+
+
+def server():
+    if args.server == "stdio":
+        command = json.loads(args.stdio_command)
+        return StdioServerParameters(command=command[0], args=command[1:], env={"RUST_LOG": "warn"})
+    return args.server
+
+
+sampled, elicited, rooted, logs, messages = [], [], [], [], []
+
+
+async def on_sampling(ctx, params):
+    sampled.append(params)
+    return types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text="sampled by the agent"), model="agent-model"
+    )
+
+
+async def on_elicitation(ctx, params):
+    elicited.append(getattr(params, "mode", "form") or "form")
+    if getattr(params, "mode", None) == "url":
+        return types.ElicitResult(action="accept")
+    return types.ElicitResult(action="accept", content={"name": "Ada", "check": True, "email": "ada@example.com"})
+
+
+async def on_roots(ctx):
+    rooted.append(1)
+    return types.ListRootsResult(roots=[types.Root(uri="file:///agent/root", name="agent-root")])
+
+
+async def on_log(params):
+    logs.append(params)
+
+
+async def on_message(message):
+    if not isinstance(message, Exception):
+        messages.append(getattr(message, "method", None))
+
+
+def dump(result):
+    return result.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+async def wait_for(what, probe, deadline=DEADLINE):
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        value = await probe()
+        if value:
+            return value
+        await anyio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def value_of(value):
+    return value
+
+
+async def check(name, body):
+    try:
+        detail = await body()
+        report(name, True, detail)
+    except Exception as error:  # noqa: BLE001 - every failure is reported, not raised
+        report(name, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()[-1500:]}")
+
+
+async def main():
+    async with Client(
+        server(),
+        mode=args.mode,
+        sampling_callback=on_sampling,
+        elicitation_callback=on_elicitation,
+        list_roots_callback=on_roots,
+        logging_callback=on_log,
+        message_handler=on_message,
+        log_level="debug" if args.mode != "legacy" else None,
+    ) as client:
+        modern = client.protocol_version >= "2026-07-28"
+        report("negotiated", True, {"protocol_version": client.protocol_version})
+
+        async def tools_listed():
+            async def probe():
+                names = {t.name for t in (await client.list_tools()).tools}
+                wanted = {tool(n) for n in ("echo", "get-sum", "trigger-sampling-request", "trigger-elicitation-request",
+                                             "get-roots-list", "trigger-url-elicitation")}
+                return names if wanted <= names else None
+            names = await wait_for("the upstream's capability-dependent tools", probe)
+            return sorted(n for n in names if n.startswith(UP + "__"))
+        await check("tools_list", tools_listed)
+
+        async def pass_through():
+            result = await client.call_tool(tool("get-sum"), {"a": 2, "b": 40})
+            text = result.content[0].text
+            assert "42" in text, text
+            assert not result.is_error
+            return text
+        await check("read_only_pass_through", pass_through)
+
+        async def gated():
+            message = f"gated {args.tag}"
+            first = await client.call_tool(tool("echo"), {"message": message}, meta=LEASE)
+            again = await client.call_tool(tool("echo"), {"message": message}, meta=LEASE)
+            note1 = dump(first).get("_meta", {}).get("dev.leasegate/operation")
+            note2 = dump(again).get("_meta", {}).get("dev.leasegate/operation")
+            assert first.content[0].text == f"Echo: {message}", first.content
+            assert note1 and note1["status"] == "succeeded" and note1["replayed"] is False, note1
+            assert note2 and note2["replayed"] is True and note2["operation_id"] == note1["operation_id"], note2
+            return note1
+        await check("gated_call_and_replay", gated)
+
+        async def structured():
+            result = await client.call_tool(tool("get-structured-content"), {"location": "New York"})
+            assert result.structured_content and "temperature" in result.structured_content, dump(result)
+            return result.structured_content
+        await check("structured_content", structured)
+
+        async def rich():
+            image = await client.call_tool(tool("get-tiny-image"), {})
+            kinds = [c.type for c in image.content]
+            assert "image" in kinds, kinds
+            links = await client.call_tool(tool("get-resource-links"), {"count": 2})
+            uris = [c.uri for c in links.content if c.type == "resource_link"]
+            assert uris and all(str(u).startswith(f"{UP}+demo://") for u in uris), uris
+            return {"image": kinds, "links": [str(u) for u in uris]}
+        await check("rich_content", rich)
+
+        async def tool_error():
+            result = await client.call_tool(tool("get-sum"), {"a": "not a number", "b": 1})
+            assert result.is_error, dump(result)
+            return result.content[0].text[:120]
+        await check("tool_error_as_result", tool_error)
+
+        async def unicode_nul():
+            payload = "\u0000 héllo 世界 🦀 \u2028 \U0010ffff " * 2000
+            result = await client.call_tool(tool("echo"), {"message": payload}, meta=LEASE)
+            assert not result.is_error, result.content[0].text[:200]
+            assert result.content[0].text == f"Echo: {payload}", "echo differs"
+            again = await client.call_tool(tool("echo"), {"message": payload}, meta=LEASE)
+            assert again.content[0].text == f"Echo: {payload}", "replay differs"
+            note = dump(again)["_meta"]["dev.leasegate/operation"]
+            assert note["replayed"] is True, note
+            return {"bytes": len(payload.encode()), "operation": note["operation_id"]}
+        await check("unicode_and_nul_through_the_ledger", unicode_nul)
+
+        if args.mailer_state:
+            async def one_mib():
+                body = ("\u0000 héllo 世界 🦀 " + "x" * 1000) * 1100
+                body = body[: 1024 * 1024]
+                to = f"big-{args.tag}@example.com"
+                result = await client.call_tool("mailer__send_email", {"to": to, "body": body}, meta=LEASE)
+                assert not result.is_error, dump(result)
+                with open(os.path.join(args.mailer_state, "emails.jsonl")) as f:
+                    sent = [json.loads(line) for line in f if to in line]
+                assert len(sent) == 1 and sent[0].get("body") == body, [len(s.get("body", "")) for s in sent]
+                return {"argument_bytes": len(json.dumps({"to": to, "body": body}).encode())}
+            await check("one_mib_arguments_through_the_ledger", one_mib)
+
+        async def numbers():
+            seen = {}
+            for a, b, expected in [(1e21, 0, "1e+21"), (-0.0, 0, "0"), (9007199254740993, 0, "9007199254740992"),
+                                   (1.2e29, 0, "1.2e+29"), (5e-324, 0, "5e-324")]:
+                result = await client.call_tool(tool("get-sum"), {"a": a, "b": b})
+                text = result.content[0].text
+                assert not result.is_error and expected in text, (a, text)
+                seen[repr(a)] = text
+            return seen
+        await check("number_edge_cases_pass_through", numbers)
+
+        async def concurrent():
+            results = {}
+
+            async def one(i):
+                result = await client.call_tool(tool("echo"), {"message": f"c{i} {args.tag}"}, meta=LEASE)
+                results[i] = result.content[0].text
+
+            async with anyio.create_task_group() as group:
+                for i in range(50):
+                    group.start_soon(one, i)
+            wrong = [i for i, text in results.items() if text != f"Echo: c{i} {args.tag}"]
+            assert len(results) == 50 and not wrong, wrong
+            return len(results)
+        await check("fifty_concurrent_gated_calls", concurrent)
+
+        async def progress():
+            updates = []
+
+            async def on_progress(value, total, message):
+                updates.append(value)
+
+            result = await client.call_tool(
+                tool("trigger-long-running-operation"), {"duration": 1, "steps": 5}, progress_callback=on_progress
+            )
+            assert not result.is_error
+            assert updates == [1, 2, 3, 4, 5], updates
+            return updates
+        await check("progress_all_in_order_before_the_result", progress)
+
+        async def prompts():
+            listed = [p.name for p in (await client.list_prompts()).prompts]
+            assert tool("args-prompt") in listed, listed
+            got = await client.get_prompt(tool("args-prompt"), {"city": "Paris", "state": "FR"})
+            text = got.messages[0].content.text
+            assert "Paris" in text, text
+            return listed
+        await check("prompts", prompts)
+
+        async def resources():
+            listed = [str(r.uri) for r in (await client.list_resources()).resources]
+            assert f"{UP}+demo://resource/static/document/architecture.md" in listed, listed
+            templates = [t.uri_template for t in (await client.list_resource_templates()).resource_templates]
+            assert f"{UP}+demo://resource/dynamic/text/{{resourceId}}" in templates, templates
+            read = await client.read_resource(f"{UP}+demo://resource/dynamic/text/7")
+            assert str(read.contents[0].uri) == f"{UP}+demo://resource/dynamic/text/7", read.contents[0].uri
+            return {"resources": len(listed), "templates": templates}
+        await check("resources", resources)
+
+        async def completions():
+            done = await client.complete(
+                types.PromptReference(type="ref/prompt", name=tool("completable-prompt")),
+                {"name": "department", "value": "E"},
+            )
+            assert "Engineering" in done.completion.values, done.completion.values
+            return done.completion.values
+        await check("completions", completions)
+
+        if args.mailer_state:
+            async def cancellation():
+                state = args.mailer_state
+                to = f"cancel-{args.tag}@example.com"
+
+                def emails():
+                    try:
+                        with open(os.path.join(state, "emails.jsonl")) as f:
+                            return [json.loads(line) for line in f if to in line]
+                    except FileNotFoundError:
+                        return []
+
+                async with anyio.create_task_group() as group:
+                    async def call():
+                        await client.call_tool("mailer__send_email", {"to": to, "hang_ms": 20000}, meta=LEASE)
+                        raise AssertionError("the cancelled call delivered a result")
+                    scope = anyio.CancelScope()
+
+                    async def cancellable():
+                        with scope:
+                            await call()
+                    group.start_soon(cancellable)
+                    await wait_for("the email to reach the tool", lambda: anyio.to_thread.run_sync(emails))
+                    scope.cancel()
+                return {"cancelled": to}
+            await check("cancellation_reaches_the_upstream", cancellation)
+
+        if args.interactive == "yes":
+            async def sampling():
+                result = await client.call_tool(tool("trigger-sampling-request"), {"prompt": "hi", "maxTokens": 5})
+                text = result.content[0].text
+                assert "sampled by the agent" in text, text
+                return text[:100]
+            await check("sampling", sampling)
+
+            async def elicitation():
+                result = await client.call_tool(tool("trigger-elicitation-request"), {})
+                text = json.dumps(dump(result))
+                assert "Ada" in text and not result.is_error, text[:300]
+                return elicited
+            await check("elicitation_form", elicitation)
+
+            async def roots():
+                result = await client.call_tool(tool("get-roots-list"), {})
+                text = result.content[0].text
+                assert "file:///agent/root" in text, text
+                return text[:100]
+            await check("roots", roots)
+
+        if args.interactive == "yes" and not modern:
+            async def logging():
+                await client.set_logging_level("debug")
+                await client.call_tool(tool("toggle-simulated-logging"), {})
+                entry = await wait_for("a log message", lambda: value_of(list(logs)))
+                loggers = {l.logger for l in entry}
+                assert any(lg and lg.startswith(UP) for lg in loggers), loggers
+                await client.call_tool(tool("toggle-simulated-logging"), {})
+                return sorted(str(lg) for lg in loggers)
+            await check("logging", logging)
+
+            async def subscribe():
+                uri = f"{UP}+demo://resource/dynamic/text/1"
+                await client.subscribe_resource(uri)
+                await client.call_tool(tool("toggle-subscriber-updates"), {})
+                await wait_for("resources/updated", lambda: value_of("notifications/resources/updated" in messages))
+                await client.call_tool(tool("toggle-subscriber-updates"), {})
+                await client.unsubscribe_resource(uri)
+                return True
+            await check("resource_subscription", subscribe)
+
+            async def list_changed():
+                before = messages.count("notifications/resources/list_changed")
+                await client.call_tool(
+                    tool("gzip-file-as-resource"),
+                    {"name": f"{args.tag}.gz", "data": "data:text/plain,hello", "outputType": "resourceLink"},
+                )
+                await wait_for(
+                    "resources/list_changed",
+                    lambda: value_of(messages.count("notifications/resources/list_changed") > before),
+                )
+                return True
+            await check("list_changed", list_changed)
+
+
+try:
+    anyio.run(main)
+except Exception as error:  # noqa: BLE001
+    report("session", False, f"{type(error).__name__}: {error}\n{traceback.format_exc()[-2000:]}")
+sys.exit(1 if failures else 0)

@@ -1,0 +1,368 @@
+//! An unmodified MCP client sees the upstream through leasegate: the
+//! official Python SDK (`mcp` 2.3.0, default `Client` in auto mode, and a
+//! handshake-era client) against leasegate in front of
+//! `@modelcontextprotocol/server-everything` 2026.8.31 over stdio and over
+//! Streamable HTTP, through `leasegate serve` (stateless and with sessions)
+//! and `leasegate stdio`. The checks themselves are in
+//! `tests/sdk/transparency.py`; this file starts the processes, runs the
+//! client once per combination and asserts what the ledger and the tools
+//! recorded.
+//!
+//! Needs python3 with `mcp==2.3.0` and Node with server-everything installed
+//! under `target/sdk-node` (`.ci/run` installs both from
+//! `tests/sdk/requirements.txt` and `tests/sdk/package.json`); without them
+//! the test fails and says what to install.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use common::TestDb;
+use common::proxy::{LEASEGATE, RunningProxy};
+use leasegate::ledger::LeaseClaim;
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/transparency.py");
+
+fn server_everything() -> PathBuf {
+    let path = std::env::var_os("LEASEGATE_SERVER_EVERYTHING")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(
+                "target/sdk-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+            )
+        });
+    assert!(
+        path.exists(),
+        "server-everything is not installed at {}: run `npm ci --prefix target/sdk-node` with tests/sdk/package.json (what .ci/run does)",
+        path.display()
+    );
+    let python = std::process::Command::new("python3")
+        .args(["-c", "import mcp, mcp_types"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    assert!(
+        python,
+        "python3 with the MCP SDK is needed: pip install -r tests/sdk/requirements.txt"
+    );
+    path
+}
+
+/// Read-only tools of server-everything (everything else is side-effecting
+/// by default and goes through the ledger: `echo` is the gated one here).
+const EVERYTHING_ADAPTER: &str = r#"timeout = "20s"
+[tools.get-sum]
+read_only = true
+[tools.get-structured-content]
+read_only = true
+[tools.get-tiny-image]
+read_only = true
+[tools.get-resource-links]
+read_only = true
+[tools.trigger-long-running-operation]
+read_only = true
+[tools.trigger-sampling-request]
+read_only = true
+[tools.trigger-elicitation-request]
+read_only = true
+[tools.trigger-url-elicitation]
+read_only = true
+[tools.get-roots-list]
+read_only = true
+[tools.toggle-simulated-logging]
+read_only = true
+[tools.toggle-subscriber-updates]
+read_only = true
+[tools.gzip-file-as-resource]
+read_only = true
+"#;
+
+const MAILER_ADAPTER: &str = r#"upstream = "mailer"
+timeout = "30s"
+[tools.send_email]
+capability = "none"
+timeout = "30s"
+"#;
+
+struct Setup {
+    dir: PathBuf,
+    http_upstream: tokio::process::Child,
+}
+
+impl Setup {
+    async fn new(database_url: &str) -> Self {
+        let everything = server_everything();
+        let dir =
+            std::env::temp_dir().join(format!("leasegate-sdk-{}", uuid::Uuid::new_v4().simple()));
+        for sub in ["adapters", "policies", "state"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let http_upstream = tokio::process::Command::new("node")
+            .arg(&everything)
+            .arg("streamableHttp")
+            .env("PORT", port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node runs server-everything");
+        common::wait_until("server-everything to listen over HTTP", || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+                .map(|_| ())
+        })
+        .await;
+        let state = dir.join("state");
+        let write_config = |name: &str, sessions: bool| {
+            let config = format!(
+                r#"database_url = "{database_url}"
+tenant = "tenant-a"
+listen = "127.0.0.1:0"
+control_listen = "off"
+adapters = "adapters"
+policy = "policies/test.toml"
+migrate = false
+http_sessions = {sessions}
+
+[upstreams.everything]
+transport = "stdio"
+command = "node"
+args = ["{everything}", "stdio"]
+
+[upstreams.web]
+transport = "streamable_http"
+url = "http://127.0.0.1:{port}/mcp"
+
+[upstreams.mailer]
+transport = "stdio"
+command = "{LEASEGATE}"
+args = ["example-tools", "--tools", "mailer", "--state-dir", "{state}"]
+"#,
+                everything = everything.display(),
+                state = state.display(),
+            );
+            std::fs::write(dir.join(name), config).unwrap();
+        };
+        write_config("stateless.toml", false);
+        write_config("sessions.toml", true);
+        for upstream in ["everything", "web"] {
+            std::fs::write(
+                dir.join(format!("adapters/{upstream}.toml")),
+                format!("upstream = \"{upstream}\"\n{EVERYTHING_ADAPTER}"),
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join("adapters/mailer.toml"), MAILER_ADAPTER).unwrap();
+        std::fs::write(dir.join("policies/test.toml"), "claim_ttl = \"60s\"\n").unwrap();
+        Self { dir, http_upstream }
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    fn mailer_calls(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.state().join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _ = self.http_upstream.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the Python client once; returns the checks it reported.
+async fn run_client(
+    server: &str,
+    stdio_command: Option<&[String]>,
+    mode: &str,
+    upstream: &str,
+    lease: &LeaseClaim,
+    interactive: bool,
+    mailer_state: Option<&Path>,
+    tag: &str,
+) -> Vec<Value> {
+    let mut command = tokio::process::Command::new("python3");
+    command
+        .arg(SCRIPT)
+        .args(["--server", server, "--mode", mode, "--upstream", upstream])
+        .args([
+            "--run-id",
+            &lease.run_id.to_string(),
+            "--owner",
+            &lease.owner,
+        ])
+        .args(["--epoch", &lease.epoch.to_string()])
+        .args(["--interactive", if interactive { "yes" } else { "no" }])
+        .args(["--tag", tag]);
+    if let Some(stdio) = stdio_command {
+        command.args(["--stdio-command", &serde_json::to_string(stdio).unwrap()]);
+    }
+    if let Some(state) = mailer_state {
+        command.arg("--mailer-state").arg(state);
+    }
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(240),
+        command.kill_on_drop(true).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the Python client ({tag}) did not finish in 240 s"))
+    .expect("python3 runs");
+    let checks: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
+    assert!(
+        output.status.success() && failed.is_empty() && !checks.is_empty(),
+        "{tag}: {} of {} checks failed:\n{}\nstderr:\n{}",
+        failed.len(),
+        checks.len(),
+        serde_json::to_string_pretty(&failed).unwrap(),
+        String::from_utf8_lossy(&output.stderr)
+            .chars()
+            .rev()
+            .take(3000)
+            .collect::<String>()
+            .chars()
+            .rev()
+            .collect::<String>()
+    );
+    checks
+}
+
+fn has_check(checks: &[Value], name: &str) -> bool {
+    checks.iter().any(|c| c["check"] == name && c["ok"] == true)
+}
+
+async fn assert_ledger(db: &TestDb, lease: &LeaseClaim, tag: &str) {
+    // Every gated echo is one succeeded operation, replays included.
+    let rows: Vec<(String, String, Value)> = sqlx::query_as(
+        "SELECT tool_name, status, request_body FROM tool_operations WHERE run_id = $1",
+    )
+    .bind(lease.run_id.as_uuid())
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    let echoes: Vec<_> = rows
+        .iter()
+        .filter(|(tool, _, body)| tool.ends_with("__echo") && body.to_string().contains(tag))
+        .collect();
+    assert_eq!(
+        echoes.len(),
+        51,
+        "{tag}: one gated echo + 50 concurrent ones, each recorded once"
+    );
+    assert!(echoes.iter().all(|(_, status, _)| status == "succeeded"));
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_python_sdk_sees_server_everything_through_every_front(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let setup = Setup::new(&db.url).await;
+    let (lease, _) = db.running_run("sdk-agent", 600_000).await;
+
+    // leasegate serve, stateless (the default) and with sessions.
+    let stateless = RunningProxy::start(&setup.dir.join("stateless.toml")).await;
+    let sessions = RunningProxy::start(&setup.dir.join("sessions.toml")).await;
+    let stdio: Vec<String> = vec![
+        LEASEGATE.to_owned(),
+        "stdio".to_owned(),
+        "--config".to_owned(),
+        setup.dir.join("sessions.toml").display().to_string(),
+    ];
+
+    // (front, mode, upstream, interactive, with the cancellation check)
+    let runs: Vec<(&str, &str, &str, bool, bool)> = vec![
+        ("stateless", "auto", "everything", false, true),
+        ("stateless", "legacy", "everything", false, true),
+        ("stateless", "auto", "web", false, false),
+        ("sessions", "legacy", "everything", true, true),
+        ("sessions", "auto", "everything", false, false),
+        ("sessions", "legacy", "web", true, false),
+        ("stdio", "legacy", "everything", true, true),
+        ("stdio", "auto", "everything", false, false),
+    ];
+    for (index, (front, mode, upstream, interactive, cancel)) in runs.into_iter().enumerate() {
+        let tag = format!("run{index}-{front}-{mode}-{upstream}");
+        let (server, stdio_command) = match front {
+            "stateless" => (stateless.url.clone(), None),
+            "sessions" => (sessions.url.clone(), None),
+            _ => ("stdio".to_owned(), Some(stdio.as_slice())),
+        };
+        let state = setup.state();
+        let checks = run_client(
+            &server,
+            stdio_command,
+            mode,
+            upstream,
+            &lease,
+            interactive,
+            cancel.then_some(state.as_path()),
+            &tag,
+        )
+        .await;
+        assert!(has_check(&checks, "gated_call_and_replay"), "{tag}");
+        assert_ledger(&db, &lease, &tag).await;
+        if cancel {
+            // The cancel reached the tool, and the gated operation is
+            // unknown (it may have sent the e-mail), never failed.
+            let to = format!("cancel-{tag}@example.com");
+            common::wait_until("the cancel to reach the tool", || async {
+                setup
+                    .mailer_calls()
+                    .iter()
+                    .any(|c| c["to"] == to.as_str() && c["cancelled"] == true)
+                    .then_some(())
+            })
+            .await;
+            let status: String = common::wait_until("the cancelled operation to settle", || async {
+                let status: Option<String> = sqlx::query_scalar(
+                    "SELECT status FROM tool_operations WHERE request_body::text LIKE '%' || $1 || '%'",
+                )
+                .bind(&to)
+                .fetch_optional(&db.admin)
+                .await
+                .unwrap();
+                status.filter(|s| s != "dispatching")
+            })
+            .await;
+            assert_eq!(
+                status, "unknown",
+                "{tag}: a cancelled gated call is unknown"
+            );
+        }
+    }
+
+    // A request body with U+0000 is stored (escaped), and reads back exact.
+    let stored: Vec<Value> = sqlx::query_scalar(
+        "SELECT request_body FROM tool_operations WHERE request_body::text LIKE '%dev.leasegate/escaped%'",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert!(
+        !stored.is_empty(),
+        "the NUL-carrying request was stored escaped"
+    );
+
+    stateless.stop().await;
+    sessions.stop().await;
+}
