@@ -418,7 +418,12 @@ pub enum ToAgent {
     Progress(Progress),
     /// A notification tied to the call (`notifications/message`,
     /// `notifications/elicitation/complete`, …), as JSON-RPC method and params.
-    Notification { method: String, params: Value },
+    Notification {
+        /// The upstream that sent it.
+        upstream: String,
+        method: String,
+        params: Value,
+    },
     /// A request the agent must answer (`sampling/createMessage`,
     /// `elicitation/create`, `roots/list`, `ping`).
     Request(AgentRequest),

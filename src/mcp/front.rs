@@ -125,6 +125,8 @@ struct State {
     /// Live agent sessions (HTTP sessions, stdio), for session-wide
     /// notifications.
     sessions: Mutex<Vec<Weak<Session>>>,
+    /// MCP 2026-07-28 calls waiting for the agent's input, by handle.
+    parked: Mutex<HashMap<String, PendingCall>>,
 }
 
 /// One agent session's state.
@@ -311,6 +313,7 @@ impl Front {
                 dispatcher,
                 in_flight,
                 sessions: Mutex::new(Vec::new()),
+                parked: Mutex::new(HashMap::new()),
             }),
             session: Arc::default(),
         };
@@ -529,15 +532,17 @@ impl Front {
                 }
                 None
             }
-            ToAgent::Notification { method, mut params } => {
+            ToAgent::Notification {
+                upstream,
+                method,
+                mut params,
+            } => {
                 if method == "notifications/message" {
                     if is_modern(context) && !context.meta.contains_key(LOG_LEVEL_META) {
                         // 2026-07-28: no logLevel, no log messages.
                         return None;
                     }
-                    if let Some(upstream) = self.upstream_of_call(context) {
-                        prefix_logger(&upstream, &mut params);
-                    }
+                    prefix_logger(&upstream, &mut params);
                 }
                 match serde_json::from_value::<ServerNotification>(
                     json!({"method": method, "params": params}),
@@ -591,21 +596,16 @@ impl Front {
         params: &Value,
         context: &RequestContext<RoleServer>,
     ) -> Result<(), PeerError> {
-        let refuse = |message: String| PeerError {
-            code: ErrorCode::INVALID_REQUEST.0,
-            message,
-            data: None,
-        };
         if is_modern(context) {
-            return Err(refuse(format!(
-                "the agent speaks MCP 2026-07-28, where {method} is answered through input_required results; leasegate does not relay those yet"
+            return Err(refusal(format!(
+                "the agent speaks MCP 2026-07-28, where {method} is only answered within tools/call (input_required); leasegate relays it there only"
             )));
         }
         if let Some(parts) = context.extensions.get::<http::request::Parts>()
             && !parts.headers.contains_key("mcp-session-id")
         {
-            return Err(refuse(format!(
-                "leasegate's HTTP front runs without sessions (http_sessions = false): the agent cannot answer {method}; enable http_sessions or use leasegate stdio"
+            return Err(refusal(format!(
+                "leasegate's HTTP front runs without sessions (http_sessions = false): the agent cannot answer {method}; enable http_sessions, use leasegate stdio, or an MCP 2026-07-28 client"
             )));
         }
         let capabilities = context
@@ -613,31 +613,7 @@ impl Front {
             .peer_info()
             .map(|info| info.capabilities.clone())
             .unwrap_or_default();
-        let missing = match method {
-            "sampling/createMessage" => capabilities.sampling.is_none().then_some("sampling"),
-            "roots/list" => capabilities.roots.is_none().then_some("roots"),
-            "elicitation/create" => {
-                let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
-                match &capabilities.elicitation {
-                    None => Some("elicitation"),
-                    Some(e) if url_mode && e.url.is_none() => Some("elicitation.url"),
-                    _ => None,
-                }
-            }
-            _ => None,
-        };
-        match missing {
-            Some(capability) => Err(refuse(format!(
-                "the agent did not declare the {capability} capability"
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// The upstream of the tool, prompt or resource this request is about.
-    fn upstream_of_call(&self, context: &RequestContext<RoleServer>) -> Option<String> {
-        let _ = context;
-        None
+        check_capability(method, params, &capabilities)
     }
 
     /// A token fired when the agent cancels the request. `explicit_only`:
@@ -650,6 +626,27 @@ impl Front {
         explicit_only: bool,
     ) -> CancellationToken {
         let token = CancellationToken::new();
+        self.watch_request(
+            context,
+            token.clone(),
+            explicit_only,
+            CancellationToken::new(),
+        );
+        token
+    }
+
+    /// Fires `token` when the agent cancels this request (see
+    /// [`Front::cancel_token`]), until the call ends (`token` fires) or
+    /// `detach` fires: a 2026-07-28 call that waits for the agent's input
+    /// outlives the request that started it and is watched through the
+    /// request that resumes it.
+    fn watch_request(
+        &self,
+        context: &RequestContext<RoleServer>,
+        token: CancellationToken,
+        explicit_only: bool,
+        detach: CancellationToken,
+    ) {
         let explicit_only = explicit_only && !is_modern(context);
         let key = request_key(&context.id);
         // The agent's notifications/cancelled finds the token here (sessions,
@@ -676,34 +673,45 @@ impl Front {
         );
         tokio::spawn(async move {
             tokio::select! {
+                // A detached watch never fires (the request that ended with
+                // input_required closes its stream right after).
+                biased;
+                _ = detach.cancelled() => {}
+                _ = done.cancelled() => {}
                 // The request's own token also fires when the agent merely
                 // goes away (session closed, connection dropped).
                 _ = watched.cancelled() => {
                     if !explicit_only {
                         fire.cancel();
                     }
-                    done.cancelled().await;
+                    tokio::select! {
+                        _ = done.cancelled() => {}
+                        _ = detach.cancelled() => {}
+                    }
                 }
-                _ = done.cancelled() => {}
             }
             if let Ok(mut cancels) = session.cancels.lock() {
                 cancels.remove(&key);
             }
             drop(registration);
         });
-        token
     }
 
-    async fn read_only(
+    /// The upstream call of a read-only tool, as a future that owns
+    /// everything it needs (an MCP 2026-07-28 call may outlive the request
+    /// that started it; see [`Front::drive_modern`]).
+    fn read_only(
         &self,
         upstream: String,
         upstream_tool: String,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
         timeout: std::time::Duration,
-    ) -> Result<CallToolResult, McpError> {
-        let cancel = self.cancel_token(context, false);
-        let (agent, from_upstream) = mpsc::unbounded_channel();
+        agent: crate::adapter::AgentSink,
+        watch: &CallWatch,
+    ) -> ToolCall {
+        let cancel = watch.cancel.clone();
+        self.watch_request(context, cancel.clone(), false, watch.detach.clone());
         let call = UpstreamCall {
             upstream: upstream.clone(),
             tool: upstream_tool,
@@ -713,25 +721,232 @@ impl Front {
             agent: Some(agent),
             cancel: cancel.clone(),
         };
-        let answer = self
-            .with_agent(context, from_upstream, self.state.upstreams.call(call))
-            .await;
-        let cancelled = cancel.is_cancelled();
-        cancel.cancel();
-        if cancelled {
-            return Err(McpError::new(
-                ErrorCode(codes::REQUEST_CANCELLED),
-                "cancelled by the agent",
-                None,
-            ));
-        }
-        match answer {
-            Ok(mut answer) => {
-                self.expose_uris(&upstream, &mut answer.result);
-                convert::tool_result(answer.result)
+        let front = self.clone();
+        Box::pin(async move {
+            let answer = front.state.upstreams.call(call).await;
+            let cancelled = cancel.is_cancelled();
+            cancel.cancel();
+            if cancelled {
+                return Err(McpError::new(
+                    ErrorCode(codes::REQUEST_CANCELLED),
+                    "cancelled by the agent",
+                    None,
+                ));
             }
-            Err(error) => Err(upstream_failure(&upstream, error)),
+            match answer {
+                Ok(mut answer) => {
+                    front.expose_uris(&upstream, &mut answer.result);
+                    convert::tool_result(answer.result)
+                }
+                Err(error) => Err(upstream_failure(&upstream, error)),
+            }
+        })
+    }
+}
+
+/// A tool call in progress, ending in the agent's result.
+type ToolCall = futures::future::BoxFuture<'static, Result<CallToolResult, McpError>>;
+
+/// How a tool call is cancelled: `cancel` reaches the upstream; `detach`
+/// ends the watch of the request currently carrying the call.
+#[derive(Clone, Default)]
+struct CallWatch {
+    cancel: CancellationToken,
+    detach: CancellationToken,
+}
+
+fn refusal(message: String) -> PeerError {
+    PeerError {
+        code: ErrorCode::INVALID_REQUEST.0,
+        message,
+        data: None,
+    }
+}
+
+/// Refuses a request the agent did not declare it can answer.
+fn check_capability(
+    method: &str,
+    params: &Value,
+    capabilities: &rmcp::model::ClientCapabilities,
+) -> Result<(), PeerError> {
+    let missing = match method {
+        "sampling/createMessage" => capabilities.sampling.is_none().then_some("sampling"),
+        "roots/list" => capabilities.roots.is_none().then_some("roots"),
+        "elicitation/create" => {
+            let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
+            match &capabilities.elicitation {
+                None => Some("elicitation"),
+                Some(e) if url_mode && e.url.is_none() => Some("elicitation.url"),
+                _ => None,
+            }
         }
+        _ => None,
+    };
+    match missing {
+        Some(capability) => Err(refusal(format!(
+            "the agent did not declare the {capability} capability"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// How long a 2026-07-28 call waits for the agent to answer an
+/// `input_required` result before it is given up (the upstream's request
+/// then gets an error; a gated call's outcome is recorded all the same).
+const PARK_TTL: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A tool call of an MCP 2026-07-28 agent, running in its own task so that
+/// it can outlive the request that started it: when the upstream asks the
+/// agent something, the request ends with `input_required` and the call
+/// waits, parked under the `requestState` handle, for the agent's retry.
+/// The handle is only known to this process (instance affinity).
+pub struct PendingCall {
+    outcome: tokio::task::JoinHandle<Result<CallToolResult, McpError>>,
+    from_upstream: mpsc::UnboundedReceiver<ToAgent>,
+    /// Input key → where the agent's answer goes.
+    waiting: HashMap<String, tokio::sync::oneshot::Sender<Result<Value, PeerError>>>,
+    next_input: u64,
+    parked_at: std::time::Instant,
+    watch: CallWatch,
+}
+
+impl PendingCall {
+    fn start(
+        call: ToolCall,
+        from_upstream: mpsc::UnboundedReceiver<ToAgent>,
+        watch: CallWatch,
+    ) -> Self {
+        Self {
+            outcome: tokio::spawn(call),
+            from_upstream,
+            waiting: HashMap::new(),
+            next_input: 0,
+            parked_at: std::time::Instant::now(),
+            watch,
+        }
+    }
+}
+
+impl Front {
+    /// Turns an upstream request into an input request of this round, or
+    /// answers it with an error.
+    fn add_input(
+        &self,
+        pending: &mut PendingCall,
+        request: crate::adapter::AgentRequest,
+        context: &RequestContext<RoleServer>,
+        inputs: &mut rmcp::model::InputRequests,
+    ) {
+        let capabilities = context.client_capabilities().unwrap_or_default();
+        if let Err(refused) = check_capability(&request.method, &request.params, &capabilities) {
+            let _ = request.reply.send(Err(refused));
+            return;
+        }
+        match serde_json::from_value::<rmcp::model::InputRequest>(
+            json!({"method": request.method, "params": request.params}),
+        ) {
+            Ok(input) => {
+                pending.next_input += 1;
+                let key = format!("leasegate-{}", pending.next_input);
+                pending.waiting.insert(key.clone(), request.reply);
+                inputs.insert(key, input);
+            }
+            Err(error) => {
+                let _ = request.reply.send(Err(refusal(format!(
+                    "{} cannot be asked of an MCP 2026-07-28 agent: {error}",
+                    request.method
+                ))));
+            }
+        }
+    }
+
+    /// Runs a 2026-07-28 call until it ends or needs the agent's input.
+    async fn drive_modern(
+        &self,
+        context: &RequestContext<RoleServer>,
+        mut pending: PendingCall,
+    ) -> Result<CallToolResponse, McpError> {
+        loop {
+            tokio::select! {
+                biased;
+                Some(item) = pending.from_upstream.recv() => {
+                    let ToAgent::Request(request) = item else {
+                        let _ = self.to_agent(item, context).await;
+                        continue;
+                    };
+                    let mut inputs = rmcp::model::InputRequests::new();
+                    self.add_input(&mut pending, request, context, &mut inputs);
+                    while let Ok(item) = pending.from_upstream.try_recv() {
+                        match item {
+                            ToAgent::Request(request) => {
+                                self.add_input(&mut pending, request, context, &mut inputs)
+                            }
+                            other => {
+                                let _ = self.to_agent(other, context).await;
+                            }
+                        }
+                    }
+                    if inputs.is_empty() {
+                        continue;
+                    }
+                    let handle = uuid::Uuid::new_v4().to_string();
+                    pending.parked_at = std::time::Instant::now();
+                    // This request ends here; the call goes on, watched by
+                    // the request that resumes it.
+                    pending.watch.detach.cancel();
+                    pending.watch.detach = CancellationToken::new();
+                    if let Ok(mut parked) = self.state.parked.lock() {
+                        parked.retain(|_, p: &mut PendingCall| p.parked_at.elapsed() < PARK_TTL);
+                        parked.insert(handle.clone(), pending);
+                    }
+                    return Ok(CallToolResponse::InputRequired(
+                        rmcp::model::InputRequiredResult::new(Some(inputs), Some(handle)),
+                    ));
+                }
+                outcome = &mut pending.outcome => {
+                    while let Ok(item) = pending.from_upstream.try_recv() {
+                        let _ = self.to_agent(item, context).await;
+                    }
+                    let result = outcome.map_err(|e| {
+                        McpError::internal_error(format!("the call's task failed: {e}"), None)
+                    })??;
+                    return Ok(CallToolResponse::Complete(result));
+                }
+            }
+        }
+    }
+
+    /// The agent's retry of a call that needed its input.
+    async fn resume_modern(
+        &self,
+        context: &RequestContext<RoleServer>,
+        handle: &str,
+        responses: rmcp::model::InputResponses,
+    ) -> Result<CallToolResponse, McpError> {
+        let pending = self
+            .state
+            .parked
+            .lock()
+            .ok()
+            .and_then(|mut parked| parked.remove(handle));
+        let Some(mut pending) = pending else {
+            return Err(invalid_params(format!(
+                "requestState {handle:?} is unknown or expired: leasegate keeps a call that waits for input for {} s, in the memory of the process that started it; call the tool again",
+                PARK_TTL.as_secs()
+            )));
+        };
+        self.watch_request(
+            context,
+            pending.watch.cancel.clone(),
+            false,
+            pending.watch.detach.clone(),
+        );
+        for (key, answer) in responses {
+            if let Some(reply) = pending.waiting.remove(&key) {
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        self.drive_modern(context, pending).await
     }
 }
 
@@ -1346,26 +1561,60 @@ impl ServerHandler for Front {
         }
         let resolved = resolved
             .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
-        let adapter = resolved.adapter;
-
-        if adapter.read_only {
-            let result = self
-                .read_only(
-                    resolved.upstream,
-                    resolved.tool,
-                    request,
+        if let Some(handle) = request.request_state.clone() {
+            // MCP 2026-07-28: the agent answers what the upstream asked.
+            return self
+                .resume_modern(
                     &context,
-                    adapter.timeout,
+                    &handle,
+                    request.input_responses.unwrap_or_default(),
                 )
-                .await?;
-            return Ok(CallToolResponse::Complete(result));
+                .await;
         }
 
-        let upstream = resolved.upstream.clone();
-        let lease = lease_of(&context).map_err(|e| convert::error_from_call(&e))?;
-        let step = step_of(&context).map_err(|e| convert::error_from_call(&e))?;
         let (agent, from_upstream) = mpsc::unbounded_channel();
-        let cancel = self.cancel_token(&context, true);
+        let watch = CallWatch::default();
+        let call = if resolved.adapter.read_only {
+            let timeout = resolved.adapter.timeout;
+            self.read_only(
+                resolved.upstream,
+                resolved.tool,
+                request,
+                &context,
+                timeout,
+                agent,
+                &watch,
+            )
+        } else {
+            self.gated(name, resolved, request, &context, agent, &watch)?
+        };
+        let result = if is_modern(&context) {
+            let pending = PendingCall::start(call, from_upstream, watch);
+            return self.drive_modern(&context, pending).await;
+        } else {
+            self.with_agent(&context, from_upstream, call).await
+        };
+        result.map(CallToolResponse::Complete)
+    }
+}
+
+impl Front {
+    /// A side-effecting call through the ledger, as a future that owns
+    /// everything it needs.
+    fn gated(
+        &self,
+        name: String,
+        resolved: crate::adapter::ResolvedTool,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        agent: crate::adapter::AgentSink,
+        watch: &CallWatch,
+    ) -> Result<ToolCall, McpError> {
+        let upstream = resolved.upstream.clone();
+        let lease = lease_of(context).map_err(|e| convert::error_from_call(&e))?;
+        let step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
+        let cancel = watch.cancel.clone();
+        self.watch_request(context, cancel.clone(), true, watch.detach.clone());
         let call = CallRequest {
             lease,
             step,
@@ -1373,8 +1622,8 @@ impl ServerHandler for Front {
             upstream: resolved.upstream,
             tool: resolved.tool,
             arguments: request.arguments.unwrap_or_default(),
-            adapter,
-            meta: passthrough_meta(&context),
+            adapter: resolved.adapter,
+            meta: passthrough_meta(context),
             agent: Some(agent),
             cancel: cancel.clone(),
         };
@@ -1388,32 +1637,33 @@ impl ServerHandler for Front {
             .to_owned();
         let span = tracing::info_span!("tools/call", tool = %call.exposed_name, run_id = %call.lease.run_id,
             owner = %call.lease.owner, epoch = call.lease.epoch, trace_id = %trace_id);
-        let outcome = self
-            .with_agent(
-                &context,
-                from_upstream,
-                self.state.dispatcher.call(call).instrument(span.clone()),
-            )
-            .await;
-        // The call is over: release the cancel watcher.
-        cancel.cancel();
-        let _entered = span.enter();
-        match outcome {
-            Ok(reply) => {
-                let result = convert::result_from_reply(reply);
-                // Resource links in the (recorded) result name the upstream's
-                // URIs; the agent reads them under their exposed names.
-                let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
-                self.expose_uris(&upstream, &mut value);
-                Ok(CallToolResponse::Complete(
-                    serde_json::from_value(value).unwrap_or(result),
-                ))
+        let front = self.clone();
+        Ok(Box::pin(async move {
+            let outcome = front
+                .state
+                .dispatcher
+                .call(call)
+                .instrument(span.clone())
+                .await;
+            // The call is over: release the cancel watcher.
+            cancel.cancel();
+            let _entered = span.enter();
+            match outcome {
+                Ok(reply) => {
+                    let result = convert::result_from_reply(reply);
+                    // Resource links in the (recorded) result name the
+                    // upstream's URIs; the agent reads them under their
+                    // exposed names.
+                    let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
+                    front.expose_uris(&upstream, &mut value);
+                    Ok(serde_json::from_value(value).unwrap_or(result))
+                }
+                Err(error) => {
+                    tracing::info!(error = %error, "call refused");
+                    Err(convert::error_from_call(&error))
+                }
             }
-            Err(error) => {
-                tracing::info!(error = %error, "call refused");
-                Err(convert::error_from_call(&error))
-            }
-        }
+        }))
     }
 }
 

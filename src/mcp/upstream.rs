@@ -360,6 +360,7 @@ impl Service<RoleClient> for UpstreamClient {
             if let Ok(agent) = self.routes.owner(origin.as_ref(), single)
                 && agent
                     .send(ToAgent::Notification {
+                        upstream: self.name.clone(),
                         method: method.clone(),
                         params: params.clone(),
                     })
