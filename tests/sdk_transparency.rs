@@ -185,17 +185,31 @@ impl Drop for Setup {
     }
 }
 
-/// Runs the Python client once; returns the checks it reported.
-async fn run_client(
-    server: &str,
-    stdio_command: Option<&[String]>,
-    mode: &str,
-    upstream: &str,
-    lease: &LeaseClaim,
+/// One run of the Python client.
+struct ClientRun<'a> {
+    /// The front's MCP URL, or "stdio" (then `stdio_command` is spawned).
+    server: &'a str,
+    stdio_command: Option<&'a [String]>,
+    /// `auto` (the SDK's default) or `legacy` (handshake era).
+    mode: &'a str,
+    upstream: &'a str,
     interactive: bool,
-    mailer_state: Option<&Path>,
-    tag: &str,
-) -> Vec<Value> {
+    /// The example mailer's state directory, for the cancellation check.
+    mailer_state: Option<&'a Path>,
+    tag: &'a str,
+}
+
+/// Runs the Python client once; returns the checks it reported.
+async fn run_client(run: ClientRun<'_>, lease: &LeaseClaim) -> Vec<Value> {
+    let ClientRun {
+        server,
+        stdio_command,
+        mode,
+        upstream,
+        interactive,
+        mailer_state,
+        tag,
+    } = run;
     let mut command = tokio::process::Command::new("python3");
     command
         .arg(SCRIPT)
@@ -313,14 +327,16 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
         };
         let state = setup.state();
         let checks = run_client(
-            &server,
-            stdio_command,
-            mode,
-            upstream,
+            ClientRun {
+                server: &server,
+                stdio_command,
+                mode,
+                upstream,
+                interactive,
+                mailer_state: cancel.then_some(state.as_path()),
+                tag: &tag,
+            },
             &lease,
-            interactive,
-            cancel.then_some(state.as_path()),
-            &tag,
         )
         .await;
         assert!(has_check(&checks, "gated_call_and_replay"), "{tag}");

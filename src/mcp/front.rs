@@ -702,22 +702,21 @@ impl Front {
     /// that started it; see [`Front::drive_modern`]).
     fn read_only(
         &self,
-        upstream: String,
-        upstream_tool: String,
+        resolved: crate::adapter::ResolvedTool,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-        timeout: std::time::Duration,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
     ) -> ToolCall {
+        let upstream = resolved.upstream;
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), false, watch.detach.clone());
         let call = UpstreamCall {
             upstream: upstream.clone(),
-            tool: upstream_tool,
+            tool: resolved.tool,
             arguments: request.arguments.unwrap_or_default(),
             meta: passthrough_meta(context),
-            timeout,
+            timeout: resolved.adapter.timeout,
             agent: Some(agent),
             cancel: cancel.clone(),
         };
@@ -1575,16 +1574,7 @@ impl ServerHandler for Front {
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = CallWatch::default();
         let call = if resolved.adapter.read_only {
-            let timeout = resolved.adapter.timeout;
-            self.read_only(
-                resolved.upstream,
-                resolved.tool,
-                request,
-                &context,
-                timeout,
-                agent,
-                &watch,
-            )
+            self.read_only(resolved, request, &context, agent, &watch)
         } else {
             self.gated(name, resolved, request, &context, agent, &watch)?
         };

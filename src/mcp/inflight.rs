@@ -31,17 +31,20 @@ use tokio_util::sync::CancellationToken;
 /// Bodies above this size are never a cancellation; passed on unread.
 const SMALL_BODY: u64 = 16 * 1024;
 
+/// (client identity, JSON of the request id).
+type ClientRequest = (String, String);
+
 /// Requests in flight on the stateless front, by client identity and id.
 #[derive(Default)]
 pub struct InFlightRequests {
-    entries: Mutex<HashMap<(String, String), Vec<(u64, CancellationToken)>>>,
+    entries: Mutex<HashMap<ClientRequest, Vec<(u64, CancellationToken)>>>,
     next: std::sync::atomic::AtomicU64,
 }
 
 /// Removes its entry when dropped.
 pub struct Registration {
     registry: Arc<InFlightRequests>,
-    key: (String, String),
+    key: ClientRequest,
     seq: u64,
 }
 
