@@ -1,0 +1,275 @@
+//! Latency of one MCP `tools/call` on a kept-alive HTTP connection: straight
+//! to the upstream, through leasegate as a read-only pass-through, and
+//! through leasegate as a gated (ledger-recorded) call — in one run, against
+//! the same upstream process. Numbers are reported, never asserted.
+//!
+//! ```text
+//! cargo run --release --example bench_latency -- [calls] [admin-database-url]
+//! ```
+//!
+//! The upstream is `@modelcontextprotocol/server-everything` over Streamable
+//! HTTP (installed by `.ci/run` under `target/sdk-node`, or set
+//! `LEASEGATE_SERVER_EVERYTHING` to its `dist/index.js`), tool `echo`.
+//! leasegate fronts it twice: as `ro` (echo read-only: pass-through) and as
+//! `fx` (echo side-effecting: register+claim, call, settle; every call a new
+//! intent). The ledger is the database `leasegate_bench_latency` on the
+//! admin URL's server (default `postgres://postgres@127.0.0.1:5432/postgres`),
+//! recreated each run. One client, one connection, calls in sequence.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use leasegate::ledger::{AcquireOutcome, Fenced, Ledger, LedgerOptions, RunCreateOutcome, RunId};
+use serde_json::{Value, json};
+use sqlx::migrate::MigrateDatabase;
+
+const ACCEPT: &str = "application/json, text/event-stream";
+
+struct Endpoint {
+    client: reqwest::Client,
+    url: String,
+    headers: Vec<(&'static str, String)>,
+}
+
+impl Endpoint {
+    async fn post(&self, body: &Value) -> anyhow::Result<(reqwest::header::HeaderMap, String)> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("accept", ACCEPT)
+            .header("mcp-protocol-version", "2025-11-25");
+        for (name, value) in &self.headers {
+            request = request.header(*name, value);
+        }
+        let response = request.body(body.to_string()).send().await?;
+        let headers = response.headers().clone();
+        let status = response.status();
+        let text = response.text().await?;
+        anyhow::ensure!(status.is_success(), "HTTP {status}: {text}");
+        Ok((headers, text))
+    }
+
+    async fn call(&self, id: u64, tool: &str, message: &str) -> anyhow::Result<()> {
+        let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": tool, "arguments": {"message": message}}});
+        let (_, text) = self.post(&body).await?;
+        anyhow::ensure!(
+            text.contains(&format!("Echo: {message}")) && !text.contains("\"isError\":true"),
+            "unexpected answer: {text}"
+        );
+        Ok(())
+    }
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index]
+}
+
+async fn measure(endpoint: &Endpoint, tool: &str, calls: usize, label: &str) -> anyhow::Result<Vec<Duration>> {
+    // Warm up: connection, prepared statements, upstream JIT.
+    for i in 0..calls.min(200) {
+        endpoint.call(i as u64, tool, &format!("warm-{label}-{i}")).await?;
+    }
+    let mut samples = Vec::with_capacity(calls);
+    for i in 0..calls {
+        let started = Instant::now();
+        endpoint.call(i as u64, tool, &format!("{label}-{i}")).await?;
+        samples.push(started.elapsed());
+    }
+    samples.sort();
+    Ok(samples)
+}
+
+fn report(label: &str, samples: &[Duration], base: Option<&[Duration]>) {
+    let p50 = percentile(samples, 0.5);
+    let p99 = percentile(samples, 0.99);
+    let total: Duration = samples.iter().sum();
+    let rate = samples.len() as f64 / total.as_secs_f64();
+    let added = base
+        .map(|b| {
+            format!(
+                "{:+.3} ms",
+                (p50.as_secs_f64() - percentile(b, 0.5).as_secs_f64()) * 1000.0
+            )
+        })
+        .unwrap_or_else(|| "—".to_owned());
+    println!(
+        "| {label:<40} | {:>8.3} | {:>8.3} | {:>9.0} | {added:>11} |",
+        p50.as_secs_f64() * 1000.0,
+        p99.as_secs_f64() * 1000.0,
+        rate
+    );
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let mut args = std::env::args().skip(1);
+    let calls: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(2000);
+    let admin_url = args
+        .next()
+        .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let base = admin_url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin_url);
+    let url = format!("{base}/leasegate_bench_latency");
+    if sqlx::Postgres::database_exists(&url).await? {
+        sqlx::Postgres::force_drop_database(&url).await?;
+    }
+    sqlx::Postgres::create_database(&url).await?;
+    Ledger::migrate(&url).await?;
+
+    // The upstream: server-everything over Streamable HTTP.
+    let everything = std::env::var_os("LEASEGATE_SERVER_EVERYTHING")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(
+                "target/sdk-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+            )
+        });
+    anyhow::ensure!(everything.exists(), "server-everything not found at {}", everything.display());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut upstream = tokio::process::Command::new("node")
+        .arg(&everything)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let upstream_url = format!("http://127.0.0.1:{port}/mcp");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+        anyhow::ensure!(Instant::now() < deadline, "server-everything did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // leasegate in front of it.
+    let dir = std::env::temp_dir().join(format!("leasegate-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(dir.join("adapters"))?;
+    std::fs::create_dir_all(dir.join("policies"))?;
+    std::fs::write(dir.join("policies/bench.toml"), "claim_ttl = \"60s\"\n")?;
+    std::fs::write(
+        dir.join("adapters/ro.toml"),
+        "upstream = \"ro\"\n[tools.echo]\nread_only = true\n",
+    )?;
+    std::fs::write(
+        dir.join("adapters/fx.toml"),
+        "upstream = \"fx\"\n[tools.echo]\ncapability = \"none\"\n",
+    )?;
+    std::fs::write(
+        dir.join("leasegate.toml"),
+        format!(
+            r#"database_url = "{url}"
+tenant = "bench"
+listen = "127.0.0.1:0"
+control_listen = "off"
+adapters = "adapters"
+policy = "policies/bench.toml"
+migrate = false
+
+[upstreams.ro]
+transport = "streamable_http"
+url = "{upstream_url}"
+
+[upstreams.fx]
+transport = "streamable_http"
+url = "{upstream_url}"
+"#
+        ),
+    )?;
+    let config = leasegate::config::Config::load(&dir.join("leasegate.toml"))?;
+    let proxy = leasegate::app::Proxy::start(config).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let front_url = format!("http://{}/mcp", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let served = proxy
+            .serve_http(listener, async {
+                let _ = stopped.await;
+            })
+            .await;
+        (proxy, served)
+    });
+
+    // A leased run for the gated calls.
+    let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
+    let run_id = RunId::generate();
+    let owner = "bench-agent";
+    match ledger.run_create(run_id, "bench", "latency", None).await? {
+        RunCreateOutcome::Created(_) => {}
+        other => anyhow::bail!("run_create: {other:?}"),
+    }
+    let grant = match ledger.lease_acquire(run_id, owner, 3_600_000).await? {
+        AcquireOutcome::Acquired(grant) => grant,
+        other => anyhow::bail!("lease_acquire: {other:?}"),
+    };
+    if let Fenced::Rejected(rejection) = ledger.run_start(&grant.claim, grant.revision).await? {
+        anyhow::bail!("run_start: {rejection}");
+    }
+    let epoch = grant.claim.epoch.to_string();
+
+    // One kept-alive connection per client (reqwest pools and reuses it).
+    let client = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .tcp_nodelay(true)
+            .build()
+    };
+    // server-everything keeps sessions: initialize once, then call.
+    let mut direct = Endpoint {
+        client: client()?,
+        url: upstream_url.clone(),
+        headers: Vec::new(),
+    };
+    let (headers, _) = direct
+        .post(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "0"}}}))
+        .await?;
+    let session = headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| anyhow::anyhow!("server-everything gave no session id"))?
+        .to_owned();
+    direct.headers.push(("mcp-session-id", session));
+    direct
+        .post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        .await?;
+    let pass_through = Endpoint {
+        client: client()?,
+        url: front_url.clone(),
+        headers: Vec::new(),
+    };
+    let gated = Endpoint {
+        client: client()?,
+        url: front_url.clone(),
+        headers: vec![
+            ("leasegate-run-id", run_id.to_string()),
+            ("leasegate-owner", owner.to_owned()),
+            ("leasegate-epoch", epoch),
+        ],
+    };
+
+    let direct_samples = measure(&direct, "echo", calls, "direct").await?;
+    let pass_samples = measure(&pass_through, "ro__echo", calls, "pass").await?;
+    let gated_samples = measure(&gated, "fx__echo", calls, "gated").await?;
+
+    println!(
+        "\n{calls} sequential tools/call (echo) per row, one kept-alive HTTP/1.1 connection, after {} warm-up calls\n",
+        calls.min(200)
+    );
+    println!("| path                                     | p50 (ms) | p99 (ms) | calls/s   | added p50   |");
+    println!("|------------------------------------------|----------|----------|-----------|-------------|");
+    report("server-everything directly", &direct_samples, None);
+    report("leasegate, read-only pass-through", &pass_samples, Some(&direct_samples));
+    report("leasegate, gated (new intent per call)", &gated_samples, Some(&direct_samples));
+
+    let _ = stop.send(());
+    if let Ok((proxy, _)) = server.await {
+        proxy.shutdown().await;
+    }
+    ledger.close().await;
+    let _ = upstream.kill().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
