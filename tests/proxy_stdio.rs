@@ -197,3 +197,84 @@ async fn an_explicit_cancel_from_the_agent_reaches_the_upstream(
     );
     agent.cancel().await.unwrap();
 }
+
+/// `operation_id_header`: the operation id travels as an HTTP header of the
+/// one `tools/call` POST to a Streamable HTTP upstream (here the example
+/// payments server, which takes its idempotency key from `Idempotency-Key`).
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_operation_id_reaches_an_http_upstream_as_a_per_call_header(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let dir = std::env::temp_dir().join(format!(
+        "leasegate-header-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(dir.join("adapters")).unwrap();
+    let mut tools = tokio::process::Command::new(LEASEGATE)
+        .args([
+            "example-tools",
+            "--tools",
+            "payments",
+            "--http",
+            "127.0.0.1:0",
+            "--state-dir",
+        ])
+        .arg(dir.join("state"))
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(tools.stderr.take().unwrap()).lines();
+    let url = within("the tool server to listen", async {
+        loop {
+            let line = lines.next_line().await.unwrap().expect("an address");
+            if let Some(url) = line.strip_prefix("example tools at ") {
+                return url.to_owned();
+            }
+        }
+    })
+    .await;
+    std::fs::write(
+        dir.join("leasegate.toml"),
+        format!(
+            "database_url = \"{}\"\ntenant = \"tenant-a\"\nadapters = \"adapters\"\nmigrate = false\n\
+             [upstreams.payments]\ntransport = \"streamable_http\"\nurl = \"{url}\"\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("adapters/payments.toml"),
+        "upstream = \"payments\"\n[tools.charge]\ncapability = \"idempotency_key\"\n\
+         operation_id_header = \"Idempotency-Key\"\nkey_retention = \"24h\"\n",
+    )
+    .unwrap();
+    let proxy = common::proxy::RunningProxy::start(&dir.join("leasegate.toml")).await;
+    let (lease, _) = db.running_run("header-agent", 60_000).await;
+    let (agent, _) = common::proxy::connect_http(&proxy.url, None).await;
+    let first = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 7, "currency": "eur"}),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .unwrap();
+    let operation_id = operation_note(&first)["operation_id"].clone();
+    let charges: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("state/charges.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(charges.len(), 1);
+    assert_eq!(
+        charges[0]["idempotency_key"], operation_id,
+        "the charge was keyed by the Idempotency-Key header carrying the operation id"
+    );
+    agent.cancel().await.unwrap();
+    proxy.stop().await;
+    tools.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -67,15 +67,24 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[index]
 }
 
-async fn measure(endpoint: &Endpoint, tool: &str, calls: usize, label: &str) -> anyhow::Result<Vec<Duration>> {
+async fn measure(
+    endpoint: &Endpoint,
+    tool: &str,
+    calls: usize,
+    label: &str,
+) -> anyhow::Result<Vec<Duration>> {
     // Warm up: connection, prepared statements, upstream JIT.
     for i in 0..calls.min(200) {
-        endpoint.call(i as u64, tool, &format!("warm-{label}-{i}")).await?;
+        endpoint
+            .call(i as u64, tool, &format!("warm-{label}-{i}"))
+            .await?;
     }
     let mut samples = Vec::with_capacity(calls);
     for i in 0..calls {
         let started = Instant::now();
-        endpoint.call(i as u64, tool, &format!("{label}-{i}")).await?;
+        endpoint
+            .call(i as u64, tool, &format!("{label}-{i}"))
+            .await?;
         samples.push(started.elapsed());
     }
     samples.sort();
@@ -110,7 +119,10 @@ async fn main() -> anyhow::Result<()> {
     let admin_url = args
         .next()
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let base = admin_url.rsplit_once('/').map(|(b, _)| b).unwrap_or(&admin_url);
+    let base = admin_url
+        .rsplit_once('/')
+        .map(|(b, _)| b)
+        .unwrap_or(&admin_url);
     let url = format!("{base}/leasegate_bench_latency");
     if sqlx::Postgres::database_exists(&url).await? {
         sqlx::Postgres::force_drop_database(&url).await?;
@@ -126,8 +138,14 @@ async fn main() -> anyhow::Result<()> {
                 "target/sdk-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
             )
         });
-    anyhow::ensure!(everything.exists(), "server-everything not found at {}", everything.display());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    anyhow::ensure!(
+        everything.exists(),
+        "server-everything not found at {}",
+        everything.display()
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let mut upstream = tokio::process::Command::new("node")
         .arg(&everything)
         .arg("streamableHttp")
@@ -138,13 +156,17 @@ async fn main() -> anyhow::Result<()> {
         .spawn()?;
     let upstream_url = format!("http://127.0.0.1:{port}/mcp");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
         anyhow::ensure!(Instant::now() < deadline, "server-everything did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // leasegate in front of it.
-    let dir = std::env::temp_dir().join(format!("leasegate-bench-{}", uuid::Uuid::new_v4().simple()));
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-bench-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(dir.join("adapters"))?;
     std::fs::create_dir_all(dir.join("policies"))?;
     std::fs::write(dir.join("policies/bench.toml"), "claim_ttl = \"60s\"\n")?;
@@ -222,9 +244,11 @@ url = "{upstream_url}"
         headers: Vec::new(),
     };
     let (headers, _) = direct
-        .post(&json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        .post(
+            &json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
-            "clientInfo": {"name": "bench", "version": "0"}}}))
+            "clientInfo": {"name": "bench", "version": "0"}}}),
+        )
         .await?;
     let session = headers
         .get("mcp-session-id")
@@ -258,11 +282,23 @@ url = "{upstream_url}"
         "\n{calls} sequential tools/call (echo) per row, one kept-alive HTTP/1.1 connection, after {} warm-up calls\n",
         calls.min(200)
     );
-    println!("| path                                     | p50 (ms) | p99 (ms) | calls/s   | added p50   |");
-    println!("|------------------------------------------|----------|----------|-----------|-------------|");
+    println!(
+        "| path                                     | p50 (ms) | p99 (ms) | calls/s   | added p50   |"
+    );
+    println!(
+        "|------------------------------------------|----------|----------|-----------|-------------|"
+    );
     report("server-everything directly", &direct_samples, None);
-    report("leasegate, read-only pass-through", &pass_samples, Some(&direct_samples));
-    report("leasegate, gated (new intent per call)", &gated_samples, Some(&direct_samples));
+    report(
+        "leasegate, read-only pass-through",
+        &pass_samples,
+        Some(&direct_samples),
+    );
+    report(
+        "leasegate, gated (new intent per call)",
+        &gated_samples,
+        Some(&direct_samples),
+    );
 
     let _ = stop.send(());
     if let Ok((proxy, _)) = server.await {

@@ -10,7 +10,8 @@
 //!
 //! [tools.charge]
 //! capability = "idempotency_key"        # | resource_id | operation_query | none
-//! operation_id_argument = "idempotency_key"   # or operation_id_meta = "<_meta key>"
+//! operation_id_argument = "idempotency_key"   # or operation_id_meta = "<_meta key>",
+//!                                             # or operation_id_header = "Idempotency-Key" (HTTP upstreams)
 //! key_retention = "24h"
 //! query_tool = "get_charge"             # for operation_query / resource_id
 //! query_argument = "idempotency_key"
@@ -57,7 +58,14 @@ pub enum OperationIdPlacement {
     Argument(String),
     /// Into the request's `_meta.<key>`.
     Meta(String),
+    /// Into an HTTP header of the one `tools/call` POST (Streamable HTTP
+    /// upstreams only), e.g. `Idempotency-Key`.
+    Header(String),
 }
+
+/// The `_meta` key through which dispatch asks the Streamable HTTP client for
+/// per-call headers (`{name: value}`); removed before the request is sent.
+pub const HTTP_HEADERS_META: &str = "dev.leasegate/http_headers";
 
 /// An adapter file as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -201,6 +209,7 @@ impl RawToolAdapter {
                     self.operation_id_argument.is_some(),
                 ),
                 ("operation_id_meta", self.operation_id_meta.is_some()),
+                ("operation_id_header", self.operation_id_header.is_some()),
                 ("key_retention", self.key_retention.is_some()),
                 ("query_tool", self.query_tool.is_some()),
             ];
@@ -218,33 +227,42 @@ impl RawToolAdapter {
         let capability = self
             .capability
             .ok_or_else(|| FieldError::new("capability", "required for a side-effecting tool (idempotency_key, resource_id, operation_query, none)"))?;
-        if self.operation_id_header.is_some() {
-            return Err(FieldError::new(
-                "operation_id_header",
-                "per-call HTTP headers are not supported yet; use operation_id_argument or operation_id_meta",
-            ));
-        }
-        let placement = match (&self.operation_id_argument, &self.operation_id_meta) {
-            (Some(_), Some(_)) => {
-                return Err(FieldError::new(
-                    "operation_id_meta",
-                    "give operation_id_argument or operation_id_meta, not both",
-                ));
+        let placement = match (
+            &self.operation_id_argument,
+            &self.operation_id_meta,
+            &self.operation_id_header,
+        ) {
+            (Some(name), None, None) if !name.is_empty() => {
+                OperationIdPlacement::Argument(name.clone())
             }
-            (Some(name), None) if !name.is_empty() => OperationIdPlacement::Argument(name.clone()),
-            (None, Some(key)) if !key.is_empty() => OperationIdPlacement::Meta(key.clone()),
-            (None, None) => OperationIdPlacement::Omitted,
-            _ => {
+            (None, Some(key), None) if !key.is_empty() => OperationIdPlacement::Meta(key.clone()),
+            (None, None, Some(header)) => {
+                if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                    return Err(FieldError::new(
+                        "operation_id_header",
+                        format!("{header:?} is not an HTTP header name"),
+                    ));
+                }
+                OperationIdPlacement::Header(header.clone())
+            }
+            (None, None, None) => OperationIdPlacement::Omitted,
+            (Some(_), None, None) | (None, Some(_), None) => {
                 return Err(FieldError::new(
                     "operation_id_argument",
                     "must not be empty",
+                ));
+            }
+            _ => {
+                return Err(FieldError::new(
+                    "operation_id_meta",
+                    "give one of operation_id_argument, operation_id_meta, operation_id_header",
                 ));
             }
         };
         if capability == Capability::IdempotencyKey && placement == OperationIdPlacement::Omitted {
             return Err(FieldError::new(
                 "capability",
-                "idempotency_key needs operation_id_argument or operation_id_meta: where the key goes",
+                "idempotency_key needs operation_id_argument, operation_id_meta or operation_id_header: where the key goes",
             ));
         }
         let key_retention = match (&self.key_retention, capability) {

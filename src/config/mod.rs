@@ -293,6 +293,21 @@ impl Config {
                         ),
                     ));
                 }
+                let stdio = matches!(
+                    upstreams.get(&adapter.upstream),
+                    Some(UpstreamTransport::Stdio { .. })
+                );
+                if let Some((tool, _)) = adapter.tools.iter().find(|(_, t)| {
+                    stdio && matches!(t.placement, crate::adapter::OperationIdPlacement::Header(_))
+                }) {
+                    return Err(ConfigError::new(
+                        &file,
+                        format!(
+                            "tools.{tool}.operation_id_header: upstream {:?} runs over stdio, which has no HTTP headers; use operation_id_argument or operation_id_meta",
+                            adapter.upstream
+                        ),
+                    ));
+                }
                 adapters.insert(adapter.upstream.clone(), adapter);
             }
         }

@@ -369,6 +369,12 @@ pub fn inject_operation_id(
         OperationIdPlacement::Meta(key) => {
             meta.insert(key.clone(), json!(operation_id.as_str()));
         }
+        OperationIdPlacement::Header(name) => {
+            meta.insert(
+                crate::adapter::HTTP_HEADERS_META.to_owned(),
+                json!({ name.as_str(): operation_id.as_str() }),
+            );
+        }
         OperationIdPlacement::Omitted => {}
     }
 }

@@ -145,6 +145,7 @@ impl ExampleTools {
         &self,
         args: &JsonObject,
         trace: Option<&Value>,
+        header_key: Option<&str>,
     ) -> Result<CallToolResult, McpError> {
         let amount = args
             .get("amount")
@@ -154,7 +155,12 @@ impl ExampleTools {
             .get("currency")
             .and_then(Value::as_str)
             .unwrap_or("eur");
-        let key = args.get("idempotency_key").and_then(Value::as_str);
+        // The key comes as an argument, or (over HTTP) as the request's
+        // `Idempotency-Key` header, as payment APIs take it.
+        let key = args
+            .get("idempotency_key")
+            .and_then(Value::as_str)
+            .or(header_key);
         let charge = {
             let _guard = self.lock.lock().await;
             // Every call is logged, so tests can count what reached the tool.
@@ -292,7 +298,15 @@ impl ServerHandler for ExampleTools {
         let args = request.arguments.unwrap_or_default();
         let known = tools(self.set).iter().any(|tool| tool.name == request.name);
         let result = match request.name.as_ref() {
-            "charge" if known => self.charge(&args, context.meta.get("traceparent")).await?,
+            "charge" if known => {
+                let header_key = context
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|parts| parts.headers.get("idempotency-key"))
+                    .and_then(|v| v.to_str().ok());
+                self.charge(&args, context.meta.get("traceparent"), header_key)
+                    .await?
+            }
             "get_charge" if known => self.get_charge(&args).await?,
             "send_email" if known => {
                 self.send_email(&args, context.meta.get("traceparent"), &context.ct)

@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod example_tools;
 pub mod front;
+pub mod http_headers;
 pub mod inflight;
 pub mod upstream;
 

@@ -489,7 +489,8 @@ impl Upstreams {
                         .map_err(|e| connect_error(e.to_string()))?
                 }
                 UpstreamTransport::StreamableHttp { url } => {
-                    let transport = StreamableHttpClientTransport::from_config(
+                    let transport = StreamableHttpClientTransport::with_client(
+                        super::http_headers::PerCallHeaders::default(),
                         StreamableHttpClientTransportConfig::with_uri(url.as_str()),
                     );
                     handler
