@@ -16,7 +16,8 @@
 //!   `Intent`. Pure functions; the ledger depends on it, not the reverse.
 //! * `ledger::operations`: the side-effect half of the ledger — register,
 //!   claim, settle, mark unknown, converge, supersede, and the read side
-//!   (the fate of a call).
+//!   (the fate of a call). `ledger::stored_json`: how JSON that `jsonb`
+//!   cannot hold (U+0000) is stored and read back exactly.
 //! * `policy`, `adapter`, `config`: the files users write (`policies/`,
 //!   `adapters/`, `leasegate.toml`), parsed with `deny_unknown_fields` and
 //!   validated into normalized types; `adapter::Upstream` is the seam
@@ -24,9 +25,14 @@
 //! * `dispatch`: the inline path of a side-effecting call — register+claim,
 //!   upstream call in a leasegate-owned task, settle or mark unknown.
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
-//!   `/mcp` and stdio), the upstream clients (`Upstreams`, implementing
-//!   `adapter::Upstream`), conversions and JSON-RPC codes (`convert`), and
-//!   the example tool server.
+//!   `/mcp` and stdio: the upstreams' whole server surface, namespaced, with
+//!   sampling/elicitation/roots relayed within the call and 2026-07-28
+//!   `input_required` calls parked until the agent's retry), the upstream
+//!   clients (`Upstreams`, implementing `adapter::Upstream`; one shared
+//!   session per upstream, per-request routing of what upstreams send), the
+//!   stateless front's cancellation registry (`inflight`), per-call HTTP
+//!   headers to Streamable HTTP upstreams (`http_headers`), conversions and
+//!   JSON-RPC codes (`convert`), and the example tool server.
 //! * `reconcile`: the background loops of every `serve` process —
 //!   dispatcher of planned intents, claim expiry, reconciler of unknown
 //!   outcomes per adapter capability — claimed in the database, no leader.
