@@ -339,7 +339,36 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
             &lease,
         )
         .await;
-        assert!(has_check(&checks, "gated_call_and_replay"), "{tag}");
+        let mut expected = vec![
+            "tools_list",
+            "gated_call_and_replay",
+            "unicode_and_nul_through_the_ledger",
+            "fifty_concurrent_gated_calls",
+            "progress_all_in_order_before_the_result",
+            "resources",
+            "prompts",
+            "completions",
+        ];
+        if interactive {
+            expected.extend(["sampling", "elicitation_form", "roots"]);
+        }
+        if mode == "auto" {
+            expected.push("subscriptions_listen");
+        } else if interactive {
+            expected.extend(["logging", "resource_subscription", "list_changed"]);
+        }
+        if cancel {
+            expected.extend([
+                "cancellation_reaches_the_upstream",
+                "one_mib_arguments_through_the_ledger",
+            ]);
+        }
+        for check in expected {
+            assert!(
+                has_check(&checks, check),
+                "{tag}: check {check} did not run"
+            );
+        }
         assert_ledger(&db, &lease, &tag).await;
         if cancel {
             // The cancel reached the tool, and the gated operation is

@@ -221,7 +221,7 @@ url = "{upstream_url}"
         RunCreateOutcome::Created(_) => {}
         other => anyhow::bail!("run_create: {other:?}"),
     }
-    let grant = match ledger.lease_acquire(run_id, owner, 3_600_000).await? {
+    let grant = match ledger.lease_acquire(run_id, owner, 600_000).await? {
         AcquireOutcome::Acquired(grant) => grant,
         other => anyhow::bail!("lease_acquire: {other:?}"),
     };

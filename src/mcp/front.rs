@@ -127,6 +127,9 @@ struct State {
     sessions: Mutex<Vec<Weak<Session>>>,
     /// MCP 2026-07-28 calls waiting for the agent's input, by handle.
     parked: Mutex<HashMap<String, PendingCall>>,
+    /// Session-wide notifications (exposed names and URIs), for 2026-07-28
+    /// `subscriptions/listen` streams; each filters what it accepted.
+    notices: tokio::sync::broadcast::Sender<ServerNotification>,
 }
 
 /// One agent session's state.
@@ -314,6 +317,7 @@ impl Front {
                 in_flight,
                 sessions: Mutex::new(Vec::new()),
                 parked: Mutex::new(HashMap::new()),
+                notices: tokio::sync::broadcast::channel(256).0,
             }),
             session: Arc::default(),
         };
@@ -1025,16 +1029,25 @@ impl Front {
                     tracing::warn!(%upstream, %error, "tools/list after list_changed failed; catalog kept");
                     return;
                 }
+                self.notice(ServerNotification::ToolListChangedNotification(
+                    Default::default(),
+                ));
                 for (_, peer) in self.live_sessions() {
                     let _ = peer.notify_tool_list_changed().await;
                 }
             }
             "notifications/prompts/list_changed" => {
+                self.notice(ServerNotification::PromptListChangedNotification(
+                    Default::default(),
+                ));
                 for (_, peer) in self.live_sessions() {
                     let _ = peer.notify_prompt_list_changed().await;
                 }
             }
             "notifications/resources/list_changed" => {
+                self.notice(ServerNotification::ResourceListChangedNotification(
+                    Default::default(),
+                ));
                 for (_, peer) in self.live_sessions() {
                     let _ = peer.notify_resource_list_changed().await;
                 }
@@ -1044,6 +1057,11 @@ impl Front {
                     return;
                 };
                 let exposed = self.exposed_uri(&upstream, uri);
+                self.notice(ServerNotification::ResourceUpdatedNotification(
+                    rmcp::model::ResourceUpdatedNotification::new(
+                        ResourceUpdatedNotificationParam::new(exposed.clone()),
+                    ),
+                ));
                 for (session, peer) in self.live_sessions() {
                     let subscribed = session
                         .subscriptions
@@ -1085,6 +1103,12 @@ impl Front {
                 tracing::debug!(%upstream, method = other, "upstream notification not relayed")
             }
         }
+    }
+
+    /// Offers a session-wide notification to 2026-07-28 listeners.
+    fn notice(&self, notification: ServerNotification) {
+        // No listener is not an error.
+        let _ = self.state.notices.send(notification);
     }
 
     /// Re-lists `upstream`'s tools and replaces its part of the catalog and
@@ -1231,6 +1255,60 @@ impl ServerHandler for Front {
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("leasegate", env!("CARGO_PKG_VERSION")))
             .with_instructions(instructions)
+    }
+
+    /// 2026-07-28 subscriptions: list changes of tools, prompts and
+    /// resources, and updates of resources leasegate can route.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &rmcp::model::SubscriptionFilter,
+    ) -> Option<rmcp::model::SubscriptionFilter> {
+        let mut accepted = requested.clone();
+        if let Some(uris) = accepted.resource_subscriptions.as_mut() {
+            uris.retain(|uri| self.resolve_uri(uri).is_some());
+        }
+        Some(accepted)
+    }
+
+    async fn listen(
+        &self,
+        subscription: rmcp::service::SubscriptionContext,
+    ) -> Result<(), McpError> {
+        let mut notices = self.state.notices.subscribe();
+        let uris = subscription
+            .accepted()
+            .resource_subscriptions
+            .clone()
+            .unwrap_or_default();
+        // Ask the owning upstreams for updates of these resources.
+        for uri in &uris {
+            if let Some((upstream, own)) = self.resolve_uri(uri)
+                && let Err(error) = self
+                    .forward(
+                        &upstream,
+                        "resources/subscribe",
+                        json!({"uri": own}),
+                        subscription.request_context(),
+                    )
+                    .await
+            {
+                tracing::debug!(%upstream, uri = %own, %error, "upstream resources/subscribe failed");
+            }
+        }
+        loop {
+            tokio::select! {
+                _ = subscription.cancelled() => break,
+                notice = notices.recv() => match notice {
+                    Ok(notification) => {
+                        // The sink drops what this subscription did not accept.
+                        let _ = subscription.sink().send(notification).await;
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+        Ok(())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

@@ -327,6 +327,19 @@ async def main():
                 return text[:100]
             await check("roots", roots)
 
+        if modern:
+            async def listen():
+                async with client.listen(resources_list_changed=True, tools_list_changed=True) as sub:
+                    await client.call_tool(
+                        tool("gzip-file-as-resource"),
+                        {"name": f"{args.tag}-listen.gz", "data": "data:text/plain,hi", "outputType": "resourceLink"},
+                    )
+                    with anyio.fail_after(DEADLINE):
+                        async for event in sub:
+                            return type(event).__name__
+                raise AssertionError("the subscription ended without an event")
+            await check("subscriptions_listen", listen)
+
         if args.interactive == "yes" and not modern:
             async def logging():
                 await client.set_logging_level("debug")
