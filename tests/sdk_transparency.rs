@@ -345,6 +345,7 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
             "unicode_and_nul_through_the_ledger",
             "fifty_concurrent_gated_calls",
             "progress_all_in_order_before_the_result",
+            "progress_two_sessions_no_cross_talk",
             "resources",
             "prompts",
             "completions",

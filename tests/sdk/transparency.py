@@ -250,6 +250,29 @@ async def main():
             return updates
         await check("progress_all_in_order_before_the_result", progress)
 
+        async def two_sessions():
+            # A second client (its request ids collide with the first's):
+            # each sees exactly its own call's progress.
+            async with Client(server(), mode=args.mode) as other:
+                seen = {"first": [], "second": []}
+
+                async def run(name, who, steps):
+                    async def on_progress(value, total, message):
+                        seen[name].append((value, total))
+                    await who.call_tool(
+                        tool("trigger-long-running-operation"),
+                        {"duration": 1, "steps": steps},
+                        progress_callback=on_progress,
+                    )
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(run, "first", client, 4)
+                    group.start_soon(run, "second", other, 6)
+            assert seen["first"] == [(i, 4) for i in range(1, 5)], seen
+            assert seen["second"] == [(i, 6) for i in range(1, 7)], seen
+            return seen
+        await check("progress_two_sessions_no_cross_talk", two_sessions)
+
         async def prompts():
             listed = [p.name for p in (await client.list_prompts()).prompts]
             assert tool("args-prompt") in listed, listed
