@@ -89,7 +89,40 @@ fn broken_files_name_the_file_and_the_field() {
                 ),
             ],
             "adapters/mail.toml",
-            "tools.send.capability: idempotency_key needs operation_id_argument or operation_id_meta",
+            "tools.send.capability: idempotency_key needs operation_id_argument, operation_id_meta or operation_id_header",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\noperation_id_header = \"Idempotency-Key\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.operation_id_header: upstream \"mail\" runs over stdio, which has no HTTP headers",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\noperation_id_header = \"Idem Key\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.operation_id_header: \"Idem Key\" is not an HTTP header name",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\noperation_id_meta = \"k\"\noperation_id_header = \"Idempotency-Key\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "give one of operation_id_argument, operation_id_meta, operation_id_header",
         ),
         (
             &[

@@ -62,6 +62,8 @@ read_only = true
 read_only = true
 [tools.get-resource-links]
 read_only = true
+[tools.get-resource-reference]
+read_only = true
 [tools.trigger-long-running-operation]
 read_only = true
 [tools.trigger-sampling-request]
@@ -342,6 +344,7 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
         let mut expected = vec![
             "tools_list",
             "gated_call_and_replay",
+            "embedded_resources_named_as_exposed",
             "unicode_and_nul_through_the_ledger",
             "fifty_concurrent_gated_calls",
             "progress_all_in_order_before_the_result",

@@ -413,26 +413,38 @@ impl Front {
             .map(|u| (u.to_owned(), exposed.to_owned()))
     }
 
-    /// Rewrites every `uri` of resource contents and resource links in a
-    /// result from `upstream` to its exposed form.
+    /// Rewrites the resource URIs of a result from `upstream` to their
+    /// exposed form: resource links and embedded resources in `content`
+    /// (tool results) and in `messages[].content` (prompts), and
+    /// `contents[].uri` (resource reads). Nothing else is touched: a tool's
+    /// `structuredContent` and `_meta` are the tool's own data.
     fn expose_uris(&self, upstream: &str, value: &mut Value) {
-        match value {
-            Value::Object(map) => {
-                let is_resource_like = map.contains_key("mimeType")
-                    || map.contains_key("text")
-                    || map.contains_key("blob")
-                    || map.get("type").and_then(Value::as_str) == Some("resource_link");
-                if is_resource_like && let Some(Value::String(uri)) = map.get_mut("uri") {
-                    *uri = self.exposed_uri(upstream, uri);
-                }
-                for (key, child) in map.iter_mut() {
-                    if key != "_meta" && key != "uri" {
-                        self.expose_uris(upstream, child);
-                    }
+        let expose = |uri: Option<&mut Value>| {
+            if let Some(Value::String(uri)) = uri {
+                *uri = self.exposed_uri(upstream, uri);
+            }
+        };
+        let expose_block = |block: &mut Value| match block.get("type").and_then(Value::as_str) {
+            Some("resource_link") => expose(block.get_mut("uri")),
+            Some("resource") => expose(block.pointer_mut("/resource/uri")),
+            _ => {}
+        };
+        if let Some(Value::Array(blocks)) = value.get_mut("content") {
+            blocks.iter_mut().for_each(expose_block);
+        }
+        if let Some(Value::Array(messages)) = value.get_mut("messages") {
+            for message in messages {
+                match message.get_mut("content") {
+                    Some(Value::Array(blocks)) => blocks.iter_mut().for_each(expose_block),
+                    Some(block) => expose_block(block),
+                    None => {}
                 }
             }
-            Value::Array(items) => items.iter_mut().for_each(|v| self.expose_uris(upstream, v)),
-            _ => {}
+        }
+        if let Some(Value::Array(contents)) = value.get_mut("contents") {
+            for content in contents {
+                expose(content.get_mut("uri"));
+            }
         }
     }
 

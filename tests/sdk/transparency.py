@@ -179,6 +179,16 @@ async def main():
             return {"image": kinds, "links": [str(u) for u in uris]}
         await check("rich_content", rich)
 
+        async def embedded():
+            result = await client.call_tool(tool("get-resource-reference"), {"resourceType": "Text", "resourceId": 3})
+            uris = [str(c.resource.uri) for c in result.content if c.type == "resource"]
+            assert uris == [f"{UP}+demo://resource/dynamic/text/3"], dump(result)
+            prompt = await client.get_prompt(tool("resource-prompt"), {"resourceType": "Text", "resourceId": "4"})
+            in_prompt = [str(m.content.resource.uri) for m in prompt.messages if m.content.type == "resource"]
+            assert in_prompt == [f"{UP}+demo://resource/dynamic/text/4"], in_prompt
+            return {"tool": uris, "prompt": in_prompt}
+        await check("embedded_resources_named_as_exposed", embedded)
+
         async def tool_error():
             result = await client.call_tool(tool("get-sum"), {"a": "not a number", "b": 1})
             assert result.is_error, dump(result)
