@@ -13,17 +13,9 @@ use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
-#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
-    pool: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let db = TestDb::new(pool, connect).await;
-    let dir =
-        std::env::temp_dir().join(format!("leasegate-stdio-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(dir.join("adapters")).unwrap();
-
-    // The tool server over HTTP on an ephemeral port.
+/// The example payments server over Streamable HTTP on an ephemeral port,
+/// its state in `dir/state`; returns the child and its MCP URL.
+async fn payments_over_http(dir: &std::path::Path) -> (tokio::process::Child, String) {
     let mut tools = tokio::process::Command::new(LEASEGATE)
         .args([
             "example-tools",
@@ -52,6 +44,20 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
         }
     })
     .await;
+    (tools, url)
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-stdio-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(dir.join("adapters")).unwrap();
+
+    let (mut tools, url) = payments_over_http(&dir).await;
 
     std::fs::write(
         dir.join("leasegate.toml"),
@@ -212,30 +218,7 @@ async fn the_operation_id_reaches_an_http_upstream_as_a_per_call_header(
         uuid::Uuid::new_v4().simple()
     ));
     std::fs::create_dir_all(dir.join("adapters")).unwrap();
-    let mut tools = tokio::process::Command::new(LEASEGATE)
-        .args([
-            "example-tools",
-            "--tools",
-            "payments",
-            "--http",
-            "127.0.0.1:0",
-            "--state-dir",
-        ])
-        .arg(dir.join("state"))
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(tools.stderr.take().unwrap()).lines();
-    let url = within("the tool server to listen", async {
-        loop {
-            let line = lines.next_line().await.unwrap().expect("an address");
-            if let Some(url) = line.strip_prefix("example tools at ") {
-                return url.to_owned();
-            }
-        }
-    })
-    .await;
+    let (mut tools, url) = payments_over_http(&dir).await;
     std::fs::write(
         dir.join("leasegate.toml"),
         format!(

@@ -378,7 +378,8 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
             // The cancel reached the tool, and the gated operation is
             // unknown (it may have sent the e-mail), never failed.
             let to = format!("cancel-{tag}@example.com");
-            common::wait_until("the cancel to reach the tool", || async {
+            let what = format!("{tag}: the cancel to reach the tool");
+            common::wait_until(&what, || async {
                 setup
                     .mailer_calls()
                     .iter()

@@ -1179,21 +1179,31 @@ impl Front {
         Ok((items[start..end].to_vec(), next))
     }
 
-    /// Every page of a list method from every upstream that has `has`,
-    /// each item rewritten by `expose`.
-    async fn list_everywhere(
+    /// One page of leasegate's own listing of `method` (resources,
+    /// templates or prompts): every page of every upstream that offers it,
+    /// each item's `renamed` field (`uri`, `uriTemplate` or `name`) in its
+    /// exposed form, everything else as the upstream sent it.
+    async fn merged_list<T: serde::de::DeserializeOwned>(
         &self,
         method: &str,
         field: &str,
-        has: impl Fn(&ServerCapabilities) -> bool,
+        renamed: &str,
+        cursor: Option<String>,
         context: &RequestContext<RoleServer>,
-        expose: impl Fn(&str, &mut Map<String, Value>),
-    ) -> Result<Vec<Value>, McpError> {
+    ) -> Result<T, McpError> {
+        let prompts = field == "prompts";
+        let offers = |c: &ServerCapabilities| {
+            if prompts {
+                c.prompts.is_some()
+            } else {
+                c.resources.is_some()
+            }
+        };
         let mut items = Vec::new();
-        for upstream in self.upstreams_with(has) {
-            let mut cursor: Option<String> = None;
+        for upstream in self.upstreams_with(offers) {
+            let mut upstream_cursor: Option<String> = None;
             loop {
-                let params = match &cursor {
+                let params = match &upstream_cursor {
                     Some(c) => json!({"cursor": c}),
                     None => json!({}),
                 };
@@ -1201,22 +1211,27 @@ impl Front {
                 let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
                 if let Some(Value::Array(page)) = value.get_mut(field).map(Value::take) {
                     for mut item in page {
-                        if let Some(map) = item.as_object_mut() {
-                            expose(&upstream, map);
+                        if let Some(Value::String(text)) = item.get_mut(renamed) {
+                            *text = if prompts {
+                                self.exposed_name(&upstream, text)
+                            } else {
+                                self.exposed_uri(&upstream, text)
+                            };
                         }
                         items.push(item);
                     }
                 }
-                cursor = value
+                upstream_cursor = value
                     .get("nextCursor")
                     .and_then(Value::as_str)
                     .map(str::to_owned);
-                if cursor.is_none() {
+                if upstream_cursor.is_none() {
                     break;
                 }
             }
         }
-        Ok(items)
+        let (page, next) = self.page(&items, cursor)?;
+        typed_page(json!({field: page, "nextCursor": next}), method)
     }
 }
 
@@ -1360,24 +1375,9 @@ impl ServerHandler for Front {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, McpError> {
-        let items = self
-            .list_everywhere(
-                "resources/list",
-                "resources",
-                |c| c.resources.is_some(),
-                &context,
-                |upstream, item| {
-                    if let Some(Value::String(uri)) = item.get_mut("uri") {
-                        *uri = self.exposed_uri(upstream, uri);
-                    }
-                },
-            )
-            .await?;
-        let (page, next) = self.page(&items, request.and_then(|r| r.cursor))?;
-        typed_page(
-            json!({"resources": page, "nextCursor": next}),
-            "resources/list",
-        )
+        let cursor = request.and_then(|r| r.cursor);
+        self.merged_list("resources/list", "resources", "uri", cursor, &context)
+            .await
     }
 
     async fn list_resource_templates(
@@ -1385,24 +1385,15 @@ impl ServerHandler for Front {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, McpError> {
-        let items = self
-            .list_everywhere(
-                "resources/templates/list",
-                "resourceTemplates",
-                |c| c.resources.is_some(),
-                &context,
-                |upstream, item| {
-                    if let Some(Value::String(uri)) = item.get_mut("uriTemplate") {
-                        *uri = self.exposed_uri(upstream, uri);
-                    }
-                },
-            )
-            .await?;
-        let (page, next) = self.page(&items, request.and_then(|r| r.cursor))?;
-        typed_page(
-            json!({"resourceTemplates": page, "nextCursor": next}),
+        let cursor = request.and_then(|r| r.cursor);
+        self.merged_list(
             "resources/templates/list",
+            "resourceTemplates",
+            "uriTemplate",
+            cursor,
+            &context,
         )
+        .await
     }
 
     async fn read_resource(
@@ -1492,21 +1483,9 @@ impl ServerHandler for Front {
         request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, McpError> {
-        let items = self
-            .list_everywhere(
-                "prompts/list",
-                "prompts",
-                |c| c.prompts.is_some(),
-                &context,
-                |upstream, item| {
-                    if let Some(Value::String(name)) = item.get_mut("name") {
-                        *name = self.exposed_name(upstream, name);
-                    }
-                },
-            )
-            .await?;
-        let (page, next) = self.page(&items, request.and_then(|r| r.cursor))?;
-        typed_page(json!({"prompts": page, "nextCursor": next}), "prompts/list")
+        let cursor = request.and_then(|r| r.cursor);
+        self.merged_list("prompts/list", "prompts", "name", cursor, &context)
+            .await
     }
 
     async fn get_prompt(

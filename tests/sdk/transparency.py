@@ -335,6 +335,17 @@ async def main():
                     group.start_soon(cancellable)
                     await wait_for("the email to reach the tool", lambda: anyio.to_thread.run_sync(emails))
                     scope.cancel()
+
+                def cancel_seen():
+                    try:
+                        with open(os.path.join(state, "calls.jsonl")) as f:
+                            return any(to in line and '"cancelled":true' in line.replace(" ", "") for line in f)
+                    except FileNotFoundError:
+                        return False
+
+                # Stay connected until the tool saw the cancel (the SDK sends
+                # notifications/cancelled in the background).
+                await wait_for("the cancel to reach the tool", lambda: anyio.to_thread.run_sync(cancel_seen))
                 return {"cancelled": to}
             await check("cancellation_reaches_the_upstream", cancellation)
 
