@@ -738,16 +738,14 @@ impl Front {
         };
         let front = self.clone();
         Box::pin(async move {
-            let answer = front.state.upstreams.call(call).await;
-            let cancelled = cancel.is_cancelled();
+            // The agent's cancel answers at once (the upstream is told, and
+            // its late answer is dropped): no late result.
+            let answer = tokio::select! {
+                biased;
+                answer = front.state.upstreams.call(call) => answer,
+                _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
+            };
             cancel.cancel();
-            if cancelled {
-                return Err(McpError::new(
-                    ErrorCode(codes::REQUEST_CANCELLED),
-                    "cancelled by the agent",
-                    None,
-                ));
-            }
             match answer {
                 Ok(mut answer) => {
                     front.expose_uris(&upstream, &mut answer.result);
@@ -757,6 +755,15 @@ impl Front {
             }
         })
     }
+}
+
+/// The answer to a request the agent cancelled.
+fn cancelled_by_the_agent() -> McpError {
+    McpError::new(
+        ErrorCode(codes::REQUEST_CANCELLED),
+        "cancelled by the agent",
+        None,
+    )
 }
 
 /// A tool call in progress, ending in the agent's result.
@@ -1698,12 +1705,21 @@ impl Front {
             owner = %call.lease.owner, epoch = call.lease.epoch, trace_id = %trace_id);
         let front = self.clone();
         Ok(Box::pin(async move {
-            let outcome = front
-                .state
-                .dispatcher
-                .call(call)
-                .instrument(span.clone())
-                .await;
+            // The agent's cancel answers at once; the dispatch runs on in
+            // leasegate's own task and records the outcome (unknown, as the
+            // upstream may have acted).
+            // Spawned, so that a cancel never interrupts a ledger write.
+            let state = front.state.clone();
+            let dispatch = tokio::spawn(
+                async move { state.dispatcher.call(call).await }.instrument(span.clone()),
+            );
+            let outcome = tokio::select! {
+                biased;
+                outcome = dispatch => outcome.map_err(|e| {
+                    McpError::internal_error(format!("the dispatch task failed: {e}"), None)
+                })?,
+                _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
+            };
             // The call is over: release the cancel watcher.
             cancel.cancel();
             let _entered = span.enter();
