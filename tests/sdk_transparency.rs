@@ -357,7 +357,7 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
             expected.extend(["sampling", "elicitation_form", "roots"]);
         }
         if mode == "auto" {
-            expected.push("subscriptions_listen");
+            expected.extend(["subscriptions_listen", "unknown_request_state_refused"]);
         } else if interactive {
             expected.extend(["logging", "resource_subscription", "list_changed"]);
         }

@@ -830,15 +830,19 @@ pub struct PendingCall {
     next_input: u64,
     parked_at: std::time::Instant,
     watch: CallWatch,
+    /// The exposed tool name (a retry must name the same tool).
+    tool: String,
 }
 
 impl PendingCall {
     fn start(
+        tool: String,
         call: ToolCall,
         from_upstream: mpsc::UnboundedReceiver<ToAgent>,
         watch: CallWatch,
     ) -> Self {
         Self {
+            tool,
             outcome: tokio::spawn(call),
             from_upstream,
             waiting: HashMap::new(),
@@ -941,19 +945,22 @@ impl Front {
     /// The agent's retry of a call that needed its input.
     async fn resume_modern(
         &self,
+        tool: &str,
         context: &RequestContext<RoleServer>,
         handle: &str,
         responses: rmcp::model::InputResponses,
     ) -> Result<CallToolResponse, McpError> {
-        let pending = self
-            .state
-            .parked
-            .lock()
-            .ok()
-            .and_then(|mut parked| parked.remove(handle));
+        let pending = self.state.parked.lock().ok().and_then(|mut parked| {
+            parked.retain(|_, p: &mut PendingCall| p.parked_at.elapsed() < PARK_TTL);
+            // A handle is only good for the tool it was given for.
+            match parked.get(handle) {
+                Some(p) if p.tool == tool => parked.remove(handle),
+                _ => None,
+            }
+        });
         let Some(mut pending) = pending else {
             return Err(invalid_params(format!(
-                "requestState {handle:?} is unknown or expired: leasegate keeps a call that waits for input for {} s, in the memory of the process that started it; call the tool again",
+                "requestState {handle:?} is unknown, expired or not for {tool:?}: leasegate keeps a call that waits for input for {} s, in the memory of the process that started it; call the tool again",
                 PARK_TTL.as_secs()
             )));
         };
@@ -1640,6 +1647,7 @@ impl ServerHandler for Front {
             // MCP 2026-07-28: the agent answers what the upstream asked.
             return self
                 .resume_modern(
+                    &name,
                     &context,
                     &handle,
                     request.input_responses.unwrap_or_default(),
@@ -1652,10 +1660,10 @@ impl ServerHandler for Front {
         let call = if resolved.adapter.read_only {
             self.read_only(resolved, request, &context, agent, &watch)
         } else {
-            self.gated(name, resolved, request, &context, agent, &watch)?
+            self.gated(name.clone(), resolved, request, &context, agent, &watch)?
         };
         let result = if is_modern(&context) {
-            let pending = PendingCall::start(call, from_upstream, watch);
+            let pending = PendingCall::start(name, call, from_upstream, watch);
             return self.drive_modern(&context, pending).await;
         } else {
             self.with_agent(&context, from_upstream, call).await

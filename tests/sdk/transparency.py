@@ -372,6 +372,18 @@ async def main():
             await check("roots", roots)
 
         if modern:
+            async def stale_request_state():
+                try:
+                    await client.call_tool(tool("echo"), {"message": "x"}, meta=LEASE,
+                                           input_responses={"k": types.ListRootsResult(roots=[])},
+                                           request_state="not-a-handle")
+                except Exception as error:  # noqa: BLE001
+                    assert getattr(error, "code", None) == -32602, repr(error)
+                    assert "requestState" in str(error), str(error)
+                    return str(error)[:160]
+                raise AssertionError("a made-up requestState was accepted")
+            await check("unknown_request_state_refused", stale_request_state)
+
             async def listen():
                 async with client.listen(resources_list_changed=True, tools_list_changed=True) as sub:
                     await client.call_tool(
