@@ -26,13 +26,38 @@
 //! over HTTP). Everything queued before the upstream's answer is sent before
 //! the answer.
 //!
+//! An agent on MCP 2026-07-28 cannot be sent requests: its `tools/call` runs
+//! in a task of its own ([`PendingCall`]); when the upstream asks the agent
+//! something, the request ends with an `input_required` result whose
+//! `requestState` names the parked call, and the agent's retry (with
+//! `inputResponses`) feeds the answers to the waiting upstream request and
+//! drives the call on. Parked calls live in this process's memory for
+//! [`PARK_TTL`].
+//!
+//! # Cancellation
+//!
+//! An agent's cancel fires the call's token ([`Front::watch_request`]): from
+//! `notifications/cancelled` (per-session registry), from the stateless
+//! front's registry (`super::inflight`), or, under 2026-07-28 and for
+//! read-only calls, from the request's own token (the agent went away). The
+//! agent is answered `-32800` at once and never with a late result; the
+//! upstream is told; a gated call's dispatch runs on in its own task and
+//! records what happened (`unknown`: the upstream may have acted).
+//!
+//! # Crash points
+//!
+//! Nothing in this module is durable: a crash loses parked 2026-07-28 calls
+//! (their gated operations are in the ledger, and converge like any other),
+//! subscriptions and session state; agents reconnect and call again.
+//!
 //! # Sessions
 //!
 //! rmcp builds one `Front` per agent session (HTTP sessions, stdio) or per
 //! request (stateless HTTP) through [`Front::for_session`]; per-session state
 //! (log level, resource subscriptions, the peer) lives in [`Session`].
 //! Session-wide notifications (`list_changed`, `resources/updated`, logs no
-//! call owns) go only to live sessions that want them.
+//! call owns) go only to live sessions that want them, and to 2026-07-28
+//! `subscriptions/listen` streams that accepted them.
 
 // Logging (`logging/setLevel`, `notifications/message`) is deprecated by
 // SEP-2577 but still part of every handshake-era protocol version leasegate
