@@ -32,11 +32,11 @@
 //! `requestState` names the parked call, and the agent's retry (with
 //! `inputResponses`) feeds the answers to the waiting upstream request and
 //! drives the call on. Parked calls live in this process's memory for
-//! [`PARK_TTL`].
+//! `PARK_TTL`.
 //!
 //! # Cancellation
 //!
-//! An agent's cancel fires the call's token ([`Front::watch_request`]): from
+//! An agent's cancel fires the call's token (`Front::watch_request`): from
 //! `notifications/cancelled` (per-session registry), from the stateless
 //! front's registry (`super::inflight`), or, under 2026-07-28 and for
 //! read-only calls, from the request's own token (the agent went away). The

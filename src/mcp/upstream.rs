@@ -8,7 +8,7 @@
 //! upstream sends is routed per request, never broadcast to other agents:
 //!
 //! - progress, by the upstream request's progress token, to the call that
-//!   asked — in order, and before that call's result (see [`Routed`]);
+//!   asked — in order, and before that call's result (see `Routed`);
 //! - requests to the client (`sampling/createMessage`, `elicitation/create`,
 //!   `roots/list`), to the call they belong to: the one whose HTTP response
 //!   stream carried them (Streamable HTTP upstreams), otherwise the only call
