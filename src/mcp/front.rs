@@ -380,18 +380,18 @@ impl Front {
         self.state.config.unprefixed.iter().any(|u| u == upstream)
     }
 
-    /// `<upstream><sep><name>` (or `name` for unprefixed upstreams).
-    fn exposed_name(&self, upstream: &str, name: &str) -> String {
+    /// `<upstream><separator><own>`, or `own` for unprefixed upstreams.
+    fn expose(&self, upstream: &str, own: &str, separator: &str) -> String {
         if self.unprefixed(upstream) {
-            name.to_owned()
+            own.to_owned()
         } else {
-            format!("{upstream}{}{name}", self.separator())
+            format!("{upstream}{separator}{own}")
         }
     }
 
-    /// The upstream and its own name for an exposed prompt name.
-    fn resolve_name(&self, exposed: &str) -> Option<(String, String)> {
-        let separator = self.separator();
+    /// The upstream and its own name for an exposed one (prefixed by an
+    /// upstream and `separator`, else the unprefixed upstream's own).
+    fn resolve(&self, exposed: &str, separator: &str) -> Option<(String, String)> {
         for upstream in self.state.upstreams.names() {
             if self.unprefixed(upstream) {
                 continue;
@@ -410,32 +410,24 @@ impl Front {
             .map(|u| (u.to_owned(), exposed.to_owned()))
     }
 
-    fn exposed_uri(&self, upstream: &str, uri: &str) -> String {
-        if self.unprefixed(upstream) {
-            uri.to_owned()
-        } else {
-            format!("{upstream}{URI_SEPARATOR}{uri}")
-        }
+    /// A tool or prompt name as exposed: `<upstream><sep><name>`.
+    fn exposed_name(&self, upstream: &str, name: &str) -> String {
+        self.expose(upstream, name, self.separator())
     }
 
-    /// The upstream and its own URI for an exposed resource URI.
+    /// The upstream and its own name of an exposed tool or prompt name.
+    fn resolve_name(&self, exposed: &str) -> Option<(String, String)> {
+        self.resolve(exposed, self.separator())
+    }
+
+    /// A resource URI (or template) as exposed: `<upstream>+<uri>`.
+    fn exposed_uri(&self, upstream: &str, uri: &str) -> String {
+        self.expose(upstream, uri, URI_SEPARATOR)
+    }
+
+    /// The upstream and its own URI of an exposed resource URI.
     fn resolve_uri(&self, exposed: &str) -> Option<(String, String)> {
-        for upstream in self.state.upstreams.names() {
-            if self.unprefixed(upstream) {
-                continue;
-            }
-            if let Some(rest) = exposed
-                .strip_prefix(upstream)
-                .and_then(|r| r.strip_prefix(URI_SEPARATOR))
-            {
-                return Some((upstream.to_owned(), rest.to_owned()));
-            }
-        }
-        self.state
-            .upstreams
-            .names()
-            .find(|u| self.unprefixed(u))
-            .map(|u| (u.to_owned(), exposed.to_owned()))
+        self.resolve(exposed, URI_SEPARATOR)
     }
 
     /// Rewrites the resource URIs of a result from `upstream` to their
