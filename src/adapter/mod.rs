@@ -243,6 +243,26 @@ impl RawToolAdapter {
                         format!("{header:?} is not an HTTP header name"),
                     ));
                 }
+                // Headers the MCP transport or HTTP itself owns.
+                const RESERVED: [&str; 9] = [
+                    "accept",
+                    "authorization",
+                    "content-length",
+                    "content-type",
+                    "host",
+                    "last-event-id",
+                    "mcp-protocol-version",
+                    "mcp-session-id",
+                    "transfer-encoding",
+                ];
+                if RESERVED.contains(&header.to_ascii_lowercase().as_str()) {
+                    return Err(FieldError::new(
+                        "operation_id_header",
+                        format!(
+                            "{header:?} is used by HTTP or the MCP transport; pick another name"
+                        ),
+                    ));
+                }
                 OperationIdPlacement::Header(header.clone())
             }
             (None, None, None) => OperationIdPlacement::Omitted,

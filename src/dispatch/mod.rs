@@ -424,6 +424,13 @@ async fn send_and_settle<U: Upstream>(
     let mut attempt = 1;
     let failure = loop {
         match upstream.call(call.clone()).await {
+            // After the agent cancelled, a tool's error answer ("cancelled")
+            // says nothing about whether it acted: unknown, never failed.
+            Ok(answer) if answer.is_error && call.cancel.is_cancelled() => {
+                break UpstreamError::MaybeSent(
+                    "cancelled by the agent; the tool then answered with an error".into(),
+                );
+            }
             Ok(answer) => return settle(&ledger, &claim, &request.adapter, answer).await,
             Err(UpstreamError::Refused { code, message, .. })
                 if (-32602..=-32600).contains(&code) =>
@@ -495,7 +502,8 @@ pub fn remote_id_of(pointer: Option<&str>, answer: &Value) -> Option<String> {
             .get("structuredContent")
             .and_then(|s| s.pointer(pointer))
             .map(|v| match v {
-                Value::String(s) => s.clone(),
+                // A text column cannot hold U+0000; a remote id never needs it.
+                Value::String(s) => s.replace('\0', "\u{FFFD}"),
                 other => other.to_string(),
             })
     })
@@ -507,16 +515,7 @@ async fn settle(
     adapter: &ToolAdapter,
     answer: ToolAnswer,
 ) -> Result<CallReply, CallError> {
-    let remote_id = adapter.remote_id_pointer.as_deref().and_then(|pointer| {
-        answer
-            .result
-            .get("structuredContent")
-            .and_then(|s| s.pointer(pointer))
-            .map(|v| match v {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-    });
+    let remote_id = remote_id_of(adapter.remote_id_pointer.as_deref(), &answer.result);
     // If we crash before this commits, the side effect exists and the row is
     // dispatching: the claim expires into unknown, and evidence converges it.
     match ledger

@@ -136,6 +136,9 @@ impl Catalog {
 /// client's GET stream is open), so the catalog never stays stale longer.
 const CATALOG_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a catalog refresh waits for an upstream's `tools/list`.
+const REFRESH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 struct State {
     catalog: RwLock<Arc<Catalog>>,
     /// Exposed name → upstream, upstream tool and adapter (shared with the
@@ -152,6 +155,8 @@ struct State {
     sessions: Mutex<Vec<Weak<Session>>>,
     /// MCP 2026-07-28 calls waiting for the agent's input, by handle.
     parked: Mutex<HashMap<String, PendingCall>>,
+    /// Serializes catalog refreshes.
+    refreshing: tokio::sync::Mutex<()>,
     /// Session-wide notifications (exposed names and URIs), for 2026-07-28
     /// `subscriptions/listen` streams; each filters what it accepted.
     notices: tokio::sync::broadcast::Sender<ServerNotification>,
@@ -166,7 +171,9 @@ pub struct Session {
     subscriptions: Mutex<HashSet<String>>,
     /// This session's requests in flight, by request id: the
     /// `notifications/cancelled` of the agent fires the token.
-    cancels: Mutex<HashMap<String, CancellationToken>>,
+    cancels: Mutex<HashMap<String, (u64, CancellationToken)>>,
+    /// Numbers the watches, so a watch only removes its own entry.
+    next_watch: std::sync::atomic::AtomicU64,
 }
 
 /// The MCP front. Cheap to clone.
@@ -343,6 +350,7 @@ impl Front {
                 sessions: Mutex::new(Vec::new()),
                 parked: Mutex::new(HashMap::new()),
                 notices: tokio::sync::broadcast::channel(256).0,
+                refreshing: tokio::sync::Mutex::new(()),
             }),
             session: Arc::default(),
         };
@@ -505,7 +513,7 @@ impl Front {
         let request = client_request(method, params)?;
         let cancel = self.cancel_token(context, false);
         let (agent, from_upstream) = mpsc::unbounded_channel();
-        let work = self.state.upstreams.request(
+        let request = self.state.upstreams.request(
             upstream,
             request,
             passthrough_meta(context),
@@ -513,9 +521,17 @@ impl Front {
             Some(agent),
             cancel.clone(),
         );
+        // The agent's cancel answers at once: no late result.
+        let work = async {
+            tokio::select! {
+                biased;
+                answer = request => answer.map_err(|e| upstream_failure(upstream, e)),
+                _ = cancel.cancelled() => Err(cancelled_by_the_agent()),
+            }
+        };
         let answer = self.with_agent(context, from_upstream, work).await;
         cancel.cancel();
-        answer.map_err(|e| upstream_failure(upstream, e))
+        answer
     }
 
     /// Runs `work` while relaying what the upstream sends to the agent, from
@@ -571,8 +587,26 @@ impl Front {
                 mut params,
             } => {
                 if method == "notifications/message" {
-                    if is_modern(context) && !context.meta.contains_key(LOG_LEVEL_META) {
-                        // 2026-07-28: no logLevel, no log messages.
+                    // 2026-07-28: the request's logLevel, and no logs without
+                    // one; before: the session's level, if it set one.
+                    let wanted: Option<LoggingLevel> = if is_modern(context) {
+                        match context
+                            .meta
+                            .get(LOG_LEVEL_META)
+                            .and_then(|v| serde_json::from_value(v.clone()).ok())
+                        {
+                            Some(level) => Some(level),
+                            None => return None,
+                        }
+                    } else {
+                        self.session.log_level.lock().ok().and_then(|l| *l)
+                    };
+                    let level: Option<LoggingLevel> = params
+                        .get("level")
+                        .and_then(|v| serde_json::from_value(v.clone()).ok());
+                    if let (Some(wanted), Some(level)) = (wanted, level)
+                        && level_rank(level) < level_rank(wanted)
+                    {
                         return None;
                     }
                     prefix_logger(&upstream, &mut params);
@@ -684,8 +718,12 @@ impl Front {
         let key = request_key(&context.id);
         // The agent's notifications/cancelled finds the token here (sessions,
         // stdio) ...
+        let watch = self
+            .session
+            .next_watch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut cancels) = self.session.cancels.lock() {
-            cancels.insert(key.clone(), token.clone());
+            cancels.insert(key.clone(), (watch, token.clone()));
         }
         // ... or, from a stateless HTTP agent, arrives as its own POST: the
         // in-flight registry finds this request by client and id.
@@ -723,7 +761,9 @@ impl Front {
                     }
                 }
             }
-            if let Ok(mut cancels) = session.cancels.lock() {
+            if let Ok(mut cancels) = session.cancels.lock()
+                && cancels.get(&key).is_some_and(|(w, _)| *w == watch)
+            {
                 cancels.remove(&key);
             }
             drop(registration);
@@ -834,6 +874,9 @@ fn check_capability(
 /// then gets an error; a gated call's outcome is recorded all the same).
 const PARK_TTL: std::time::Duration = std::time::Duration::from_secs(600);
 
+/// At most this many calls wait for agents' input at once (per process).
+const PARK_MAX: usize = 10_000;
+
 /// A tool call of an MCP 2026-07-28 agent, running in its own task so that
 /// it can outlive the request that started it: when the upstream asks the
 /// agent something, the request ends with `input_required` and the call
@@ -844,6 +887,8 @@ pub struct PendingCall {
     from_upstream: mpsc::UnboundedReceiver<ToAgent>,
     /// Input key → where the agent's answer goes.
     waiting: HashMap<String, tokio::sync::oneshot::Sender<Result<Value, PeerError>>>,
+    /// Input key → what was asked (asked again if a retry leaves it out).
+    asked: HashMap<String, rmcp::model::InputRequest>,
     next_input: u64,
     parked_at: std::time::Instant,
     watch: CallWatch,
@@ -863,6 +908,7 @@ impl PendingCall {
             outcome: tokio::spawn(call),
             from_upstream,
             waiting: HashMap::new(),
+            asked: HashMap::new(),
             next_input: 0,
             parked_at: std::time::Instant::now(),
             watch,
@@ -892,6 +938,7 @@ impl Front {
                 pending.next_input += 1;
                 let key = format!("leasegate-{}", pending.next_input);
                 pending.waiting.insert(key.clone(), request.reply);
+                pending.asked.insert(key.clone(), input.clone());
                 inputs.insert(key, input);
             }
             Err(error) => {
@@ -932,19 +979,7 @@ impl Front {
                     if inputs.is_empty() {
                         continue;
                     }
-                    let handle = uuid::Uuid::new_v4().to_string();
-                    pending.parked_at = std::time::Instant::now();
-                    // This request ends here; the call goes on, watched by
-                    // the request that resumes it.
-                    pending.watch.detach.cancel();
-                    pending.watch.detach = CancellationToken::new();
-                    if let Ok(mut parked) = self.state.parked.lock() {
-                        parked.retain(|_, p: &mut PendingCall| p.parked_at.elapsed() < PARK_TTL);
-                        parked.insert(handle.clone(), pending);
-                    }
-                    return Ok(CallToolResponse::InputRequired(
-                        rmcp::model::InputRequiredResult::new(Some(inputs), Some(handle)),
-                    ));
+                    return Ok(self.park(pending, inputs));
                 }
                 outcome = &mut pending.outcome => {
                     while let Ok(item) = pending.from_upstream.try_recv() {
@@ -968,7 +1003,13 @@ impl Front {
         responses: rmcp::model::InputResponses,
     ) -> Result<CallToolResponse, McpError> {
         let pending = self.state.parked.lock().ok().and_then(|mut parked| {
-            parked.retain(|_, p: &mut PendingCall| p.parked_at.elapsed() < PARK_TTL);
+            parked.retain(|_, p: &mut PendingCall| {
+                let keep = p.parked_at.elapsed() < PARK_TTL;
+                if !keep {
+                    p.watch.cancel.cancel();
+                }
+                keep
+            });
             // A handle is only good for the tool it was given for.
             match parked.get(handle) {
                 Some(p) if p.tool == tool => parked.remove(handle),
@@ -989,10 +1030,57 @@ impl Front {
         );
         for (key, answer) in responses {
             if let Some(reply) = pending.waiting.remove(&key) {
+                pending.asked.remove(&key);
                 let _ = reply.send(Ok(answer));
             }
         }
+        if !pending.waiting.is_empty() {
+            // Asked and not answered: ask again, or the upstream waits on.
+            let inputs = pending.asked.clone().into_iter().collect();
+            return Ok(self.park(pending, inputs));
+        }
         self.drive_modern(context, pending).await
+    }
+
+    /// Ends this request with `input_required`; the call waits, parked
+    /// under a new handle, for the agent's retry. Calls parked longer than
+    /// `PARK_TTL`, and the oldest beyond `PARK_MAX`, are given up: their
+    /// upstream request is cancelled.
+    fn park(
+        &self,
+        mut pending: PendingCall,
+        inputs: rmcp::model::InputRequests,
+    ) -> CallToolResponse {
+        let handle = uuid::Uuid::new_v4().to_string();
+        pending.parked_at = std::time::Instant::now();
+        // This request ends here; the call goes on, watched by the request
+        // that resumes it.
+        pending.watch.detach.cancel();
+        pending.watch.detach = CancellationToken::new();
+        if let Ok(mut parked) = self.state.parked.lock() {
+            parked.retain(|_, p: &mut PendingCall| {
+                let keep = p.parked_at.elapsed() < PARK_TTL;
+                if !keep {
+                    p.watch.cancel.cancel();
+                }
+                keep
+            });
+            while parked.len() >= PARK_MAX {
+                let oldest = parked
+                    .iter()
+                    .min_by_key(|(_, p)| p.parked_at)
+                    .map(|(h, _)| h.clone());
+                match oldest.and_then(|h| parked.remove(&h)) {
+                    Some(given_up) => given_up.watch.cancel.cancel(),
+                    None => break,
+                }
+            }
+            parked.insert(handle.clone(), pending);
+        }
+        CallToolResponse::InputRequired(rmcp::model::InputRequiredResult::new(
+            Some(inputs),
+            Some(handle),
+        ))
     }
 }
 
@@ -1157,7 +1245,32 @@ impl Front {
     /// Re-lists `upstream`'s tools and replaces its part of the catalog and
     /// the directory.
     async fn refresh_tools(&self, upstream: &str) -> Result<(), String> {
-        let tools = self.state.upstreams.list_tools(upstream).await?;
+        // One refresh at a time: each reads the catalog and replaces it.
+        let _one_at_a_time = self.state.refreshing.lock().await;
+        self.refresh_locked(upstream).await
+    }
+
+    /// Re-lists every upstream if the catalog is older than
+    /// `CATALOG_MAX_AGE` (checked again under the lock, so concurrent
+    /// `tools/list` calls refresh once).
+    async fn refresh_if_stale(&self) {
+        let _one_at_a_time = self.state.refreshing.lock().await;
+        if self.catalog().built.elapsed() <= CATALOG_MAX_AGE {
+            return;
+        }
+        let upstreams: Vec<String> = self.state.upstreams.names().map(str::to_owned).collect();
+        for upstream in upstreams {
+            if let Err(error) = self.refresh_locked(&upstream).await {
+                tracing::warn!(%upstream, %error, "tools/list failed; its tools are served as last listed");
+            }
+        }
+    }
+
+    async fn refresh_locked(&self, upstream: &str) -> Result<(), String> {
+        let tools =
+            tokio::time::timeout(REFRESH_TIMEOUT, self.state.upstreams.list_tools(upstream))
+                .await
+                .map_err(|_| format!("tools/list took more than {REFRESH_TIMEOUT:?}"))??;
         let current = self.catalog();
         let mut entries: BTreeMap<String, CatalogEntry> = current
             .entries
@@ -1380,12 +1493,7 @@ impl ServerHandler for Front {
     ) -> Result<ListToolsResult, McpError> {
         let cursor = request.and_then(|r| r.cursor);
         if cursor.is_none() && self.catalog().built.elapsed() > CATALOG_MAX_AGE {
-            let upstreams: Vec<String> = self.state.upstreams.names().map(str::to_owned).collect();
-            for upstream in upstreams {
-                if let Err(error) = self.refresh_tools(&upstream).await {
-                    tracing::warn!(%upstream, %error, "tools/list failed; its tools are served as last listed");
-                }
-            }
+            self.refresh_if_stale().await;
         }
         let catalog = self.catalog();
         let (tools, next) = self.page(&catalog.tools, cursor)?;
@@ -1631,12 +1739,11 @@ impl ServerHandler for Front {
         let Some(id) = notification.request_id else {
             return;
         };
-        let token = self
-            .session
-            .cancels
-            .lock()
-            .ok()
-            .and_then(|cancels| cancels.get(&request_key(&id)).cloned());
+        let token = self.session.cancels.lock().ok().and_then(|cancels| {
+            cancels
+                .get(&request_key(&id))
+                .map(|(_, token)| token.clone())
+        });
         if let Some(token) = token {
             token.cancel();
         }

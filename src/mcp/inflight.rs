@@ -10,10 +10,13 @@
 //!
 //! A stateless client has no session id, so its identity is what it sends
 //! on every request: `Authorization`, the `Leasegate-*` lease headers and
-//! `User-Agent`. Two agents with identical headers whose in-flight request
-//! ids collide are ambiguous: then nothing is cancelled (a warning is
-//! logged), because cancelling the wrong agent's call is worse than letting
-//! one run to its end. Agents on 2026-07-28 cancel by closing the response
+//! `User-Agent`. Two agents with identical headers whose request ids
+//! collide — both in flight, or one finished within the last 2 s (its
+//! cancel may have raced its answer) — are ambiguous: then nothing is
+//! cancelled (a warning is logged, `mcp_cancel_ambiguous_total` counts it),
+//! because cancelling the wrong agent's call is worse than letting one run
+//! to its end. Agents that share a `User-Agent` and send no identifying
+//! header remain indistinguishable beyond that. Agents on 2026-07-28 cancel by closing the response
 //! stream and need none of this.
 
 use std::collections::HashMap;
@@ -34,14 +37,29 @@ const SMALL_BODY: u64 = 16 * 1024;
 /// (client identity, JSON of the request id).
 type ClientRequest = (String, String);
 
-/// Requests in flight on the stateless front, by client identity and id.
+/// A finished request still counts for this long: a cancel that raced its
+/// own request's answer must not find another agent's request with the same
+/// identity and id (it is ambiguous instead). Short, because agents of one
+/// SDK reuse small request ids: a longer window would make their cancels
+/// ambiguous for no reason.
+const FINISHED_KEEP: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// One request: its token while in flight, when it finished afterwards.
+struct Entry {
+    seq: u64,
+    token: Option<CancellationToken>,
+    finished: Option<std::time::Instant>,
+}
+
+/// Requests in flight (and lately finished) on the stateless front, by
+/// client identity and id.
 #[derive(Default)]
 pub struct InFlightRequests {
-    entries: Mutex<HashMap<ClientRequest, Vec<(u64, CancellationToken)>>>,
+    entries: Mutex<HashMap<ClientRequest, Vec<Entry>>>,
     next: std::sync::atomic::AtomicU64,
 }
 
-/// Removes its entry when dropped.
+/// Marks its entry finished when dropped.
 pub struct Registration {
     registry: Arc<InFlightRequests>,
     key: ClientRequest,
@@ -51,14 +69,20 @@ pub struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Ok(mut entries) = self.registry.entries.lock()
-            && let Some(list) = entries.get_mut(&self.key)
+            && let Some(entry) = entries
+                .get_mut(&self.key)
+                .and_then(|list| list.iter_mut().find(|e| e.seq == self.seq))
         {
-            list.retain(|(seq, _)| *seq != self.seq);
-            if list.is_empty() {
-                entries.remove(&self.key);
-            }
+            entry.token = None;
+            entry.finished = Some(std::time::Instant::now());
         }
     }
+}
+
+fn expired(entry: &Entry) -> bool {
+    entry
+        .finished
+        .is_some_and(|at| at.elapsed() >= FINISHED_KEEP)
 }
 
 fn client_identity(headers: &HeaderMap) -> String {
@@ -97,7 +121,20 @@ impl InFlightRequests {
         );
         let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut entries) = self.entries.lock() {
-            entries.entry(key.clone()).or_default().push((seq, token));
+            // Sweep finished entries now and then (bounded work per request).
+            if seq.is_multiple_of(256) {
+                entries.retain(|_, list| {
+                    list.retain(|e| !expired(e));
+                    !list.is_empty()
+                });
+            }
+            let list = entries.entry(key.clone()).or_default();
+            list.retain(|e| !expired(e));
+            list.push(Entry {
+                seq,
+                token: Some(token),
+                finished: None,
+            });
         }
         Registration {
             registry: self.clone(),
@@ -110,21 +147,30 @@ impl InFlightRequests {
     /// one was cancelled.
     fn cancel(&self, headers: &HeaderMap, id: &Value) -> bool {
         let key = (client_identity(headers), id_key(id));
-        let Ok(entries) = self.entries.lock() else {
+        let Ok(mut entries) = self.entries.lock() else {
             return false;
         };
-        match entries.get(&key).map(Vec::as_slice) {
-            Some([(_, token)]) => {
+        let Some(list) = entries.get_mut(&key) else {
+            return false;
+        };
+        list.retain(|e| !expired(e));
+        match list.as_slice() {
+            [
+                Entry {
+                    token: Some(token), ..
+                },
+            ] => {
                 token.cancel();
                 true
             }
-            Some(several) if several.len() > 1 => {
-                tracing::warn!(request_id = %key.1, in_flight = several.len(),
-                    "notifications/cancelled is ambiguous (same client identity and request id in flight more than once); nothing cancelled");
+            // Only a finished request: the cancel came after its answer.
+            [_] | [] => false,
+            several => {
+                tracing::warn!(request_id = %key.1, requests = several.len(),
+                    "notifications/cancelled is ambiguous (the same client identity and request id in flight or lately finished more than once); nothing cancelled");
                 metrics::counter!("mcp_cancel_ambiguous_total").increment(1);
                 false
             }
-            _ => false,
         }
     }
 }

@@ -91,6 +91,48 @@ struct InFlight {
     /// The upstream request id, once the request is handed to the transport.
     request_id: Option<RequestId>,
     agent: Option<AgentSink>,
+    /// Set when the caller gave up before the upstream answered (cancel,
+    /// timeout): the entry is kept for [`ABANDONED_KEEP`] so that a late
+    /// request of the upstream about it is refused, never given to another
+    /// call.
+    abandoned: Option<Instant>,
+}
+
+/// How long a call the caller gave up on still counts as in flight.
+const ABANDONED_KEEP: Duration = Duration::from_secs(60);
+
+/// Where something the upstream sent came from.
+#[derive(Debug, Clone, PartialEq)]
+enum Origin {
+    /// The transport does not say (stdio).
+    Unknown,
+    /// A Streamable HTTP stream not tied to a request (the GET stream).
+    Unassociated,
+    /// The response stream of this upstream request.
+    Request(RequestId),
+}
+
+/// Why something from the upstream has no call to go to.
+#[derive(Debug, PartialEq)]
+enum NoOwner {
+    /// The request id is not (yet) known: it may be registered in a moment.
+    NotYet,
+    Refused(String),
+}
+
+/// Ends a call's routes when the request future ends or is dropped.
+struct CallGuard<'a> {
+    routes: &'a CallRoutes,
+    call: u64,
+    token: Option<ProgressToken>,
+    answered: bool,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.routes
+            .end(self.call, self.token.as_ref(), self.answered);
+    }
 }
 
 fn progress_of(params: ProgressNotificationParam) -> ToAgent {
@@ -140,6 +182,9 @@ impl CallRoutes {
 
     fn begin(&self, agent: Option<AgentSink>) -> u64 {
         let mut state = self.lock();
+        state
+            .in_flight
+            .retain(|_, f| f.abandoned.is_none_or(|at| at.elapsed() < ABANDONED_KEEP));
         state.next_call += 1;
         let call = state.next_call;
         state.in_flight.insert(
@@ -147,6 +192,7 @@ impl CallRoutes {
             InFlight {
                 request_id: None,
                 agent,
+                abandoned: None,
             },
         );
         call
@@ -164,50 +210,75 @@ impl CallRoutes {
         }
     }
 
-    fn end(&self, call: u64, token: Option<&ProgressToken>) {
+    fn end(&self, call: u64, token: Option<&ProgressToken>, answered: bool) {
         let mut state = self.lock();
-        state.in_flight.remove(&call);
+        if answered {
+            state.in_flight.remove(&call);
+        } else if let Some(in_flight) = state.in_flight.get_mut(&call) {
+            in_flight.agent = None;
+            in_flight.abandoned = Some(Instant::now());
+        }
         if let Some(token) = token {
             state.progress.remove(token);
         }
     }
 
     /// The agent of the call a request or notification from the upstream
-    /// belongs to: the call whose response stream carried it, else the only
-    /// call in flight (`single_fallback`).
-    fn owner(
+    /// belongs to: the call whose response stream carried it (Streamable
+    /// HTTP); when the transport cannot say (stdio, or an HTTP server's GET
+    /// stream), the only call in flight (`single_fallback`), calls given up
+    /// on within [`ABANDONED_KEEP`] included, so that nothing about an
+    /// abandoned call reaches another.
+    fn owner(&self, origin: &Origin, single_fallback: bool) -> Result<AgentSink, NoOwner> {
+        let state = self.lock();
+        let refused = |why: &str| Err(NoOwner::Refused(why.to_owned()));
+        let agent_of = |in_flight: &InFlight| match (&in_flight.agent, in_flight.abandoned) {
+            (_, Some(_)) => refused("the call it belongs to is over (cancelled or timed out)"),
+            (None, None) => {
+                refused("the call it belongs to has no agent attached (background work)")
+            }
+            (Some(agent), None) => Ok(agent.clone()),
+        };
+        match origin {
+            Origin::Request(id) => match state
+                .in_flight
+                .values()
+                .find(|f| f.request_id.as_ref() == Some(id))
+            {
+                Some(in_flight) => agent_of(in_flight),
+                None => Err(NoOwner::NotYet),
+            },
+            // The GET stream (servers send requests there when they do not
+            // tie them to a request), or stdio: the transport does not say.
+            Origin::Unassociated | Origin::Unknown if !single_fallback => {
+                refused("the transport does not say which call it belongs to")
+            }
+            Origin::Unassociated | Origin::Unknown => match state.in_flight.len() {
+                0 => refused("no call is in flight on this upstream"),
+                1 => agent_of(state.in_flight.values().next().expect("one entry")),
+                n => Err(NoOwner::Refused(format!(
+                    "{n} calls are in flight on this upstream and its transport does not say which one this belongs to"
+                ))),
+            },
+        }
+    }
+
+    /// [`CallRoutes::owner`], waiting briefly for a request id that is not
+    /// registered yet (the upstream may answer on a stream before the
+    /// sender has recorded the request it sent).
+    async fn owner_soon(
         &self,
-        origin: Option<&RequestId>,
+        origin: &Origin,
         single_fallback: bool,
     ) -> Result<AgentSink, String> {
-        let state = self.lock();
-        if let Some(origin) = origin
-            && let Some(in_flight) = state
-                .in_flight
-                .values()
-                .find(|f| f.request_id.as_ref() == Some(origin))
-        {
-            return in_flight.agent.clone().ok_or_else(|| {
-                "the call it belongs to has no agent attached (background work)".to_owned()
-            });
+        for _ in 0..50 {
+            match self.owner(origin, single_fallback) {
+                Ok(agent) => return Ok(agent),
+                Err(NoOwner::Refused(why)) => return Err(why),
+                Err(NoOwner::NotYet) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
         }
-        if !single_fallback {
-            return Err("not carried on a call's response stream".to_owned());
-        }
-        match state.in_flight.len() {
-            0 => Err("no call is in flight on this upstream".to_owned()),
-            1 => state
-                .in_flight
-                .values()
-                .next()
-                .and_then(|f| f.agent.clone())
-                .ok_or_else(|| {
-                    "the call in flight has no agent attached (background work)".to_owned()
-                }),
-            n => Err(format!(
-                "{n} calls are in flight on this upstream and its transport does not say which one this belongs to"
-            )),
-        }
+        Err("carried on the stream of a request that is not (or no longer) in flight".to_owned())
     }
 }
 
@@ -258,10 +329,11 @@ struct UpstreamClient {
     events: broadcast::Sender<UpstreamEvent>,
 }
 
-fn origin_of(extensions: &rmcp::model::Extensions) -> Option<RequestId> {
+fn origin_of(extensions: &rmcp::model::Extensions) -> Origin {
     match extensions.get::<InboundStreamOrigin>() {
-        Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id.clone()),
-        _ => None,
+        Some(InboundStreamOrigin::OutboundRequest(id)) => Origin::Request(id.clone()),
+        Some(InboundStreamOrigin::Unassociated) => Origin::Unassociated,
+        None => Origin::Unknown,
     }
 }
 
@@ -295,7 +367,7 @@ impl Service<RoleClient> for UpstreamClient {
         }
         let (method, params) = method_and_params(&request);
         let origin = origin_of(&context.extensions);
-        let agent = self.routes.owner(origin.as_ref(), true).map_err(|why| {
+        let agent = self.routes.owner_soon(&origin, true).await.map_err(|why| {
             tracing::warn!(upstream = %self.name, %method, why, "upstream request not relayed");
             McpError::internal_error(
                 format!("leasegate cannot relay {method} to an agent: {why}"),
@@ -357,7 +429,7 @@ impl Service<RoleClient> for UpstreamClient {
         if call_scoped {
             let origin = origin_of(&context.extensions);
             let single = matches!(notification, ServerNotification::CustomNotification(_));
-            if let Ok(agent) = self.routes.owner(origin.as_ref(), single)
+            if let Ok(agent) = self.routes.owner(&origin, single)
                 && agent
                     .send(ToAgent::Notification {
                         upstream: self.name.clone(),
@@ -616,7 +688,12 @@ impl Upstreams {
         for (key, value) in meta {
             request_meta.insert(key, value);
         }
-        let call = connection.routes.begin(agent);
+        let mut guard = CallGuard {
+            routes: &connection.routes,
+            call: connection.routes.begin(agent),
+            token: None,
+            answered: true,
+        };
         let handle = match connection
             .peer
             .send_request_with_option(
@@ -626,17 +703,17 @@ impl Upstreams {
             .await
         {
             Ok(handle) => handle,
-            Err(error) => {
-                connection.routes.end(call, None);
-                // The request never reached the client's transport task.
-                return Err(UpstreamError::NotSent(error.to_string()));
-            }
+            // The request never reached the client's transport task.
+            Err(error) => return Err(UpstreamError::NotSent(error.to_string())),
         };
         // rmcp gives the upstream request its own progress token: re-key.
         let token = handle.progress_token.clone();
         connection
             .routes
-            .sent(call, handle.id.clone(), token.clone());
+            .sent(guard.call, handle.id.clone(), token.clone());
+        // From here on, a caller that stops waiting abandons the call.
+        guard.token = Some(token);
+        guard.answered = false;
         let (request_id, peer) = (handle.id.clone(), handle.peer.clone());
         let cancel_watch = tokio::spawn(async move {
             cancel.cancelled().await;
@@ -649,7 +726,8 @@ impl Upstreams {
         });
         let response = handle.await_response().await;
         cancel_watch.abort();
-        connection.routes.end(call, Some(&token));
+        guard.answered = !matches!(response, Err(ServiceError::Timeout { .. }));
+        drop(guard);
         match response {
             Ok(result) => Ok(result),
             Err(ServiceError::McpError(error)) => {
