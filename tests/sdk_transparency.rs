@@ -53,34 +53,30 @@ fn server_everything() -> PathBuf {
 
 /// Read-only tools of server-everything (everything else is side-effecting
 /// by default and goes through the ledger: `echo` is the gated one here).
-const EVERYTHING_ADAPTER: &str = r#"timeout = "20s"
-[tools.get-sum]
-read_only = true
-[tools.get-structured-content]
-read_only = true
-[tools.get-tiny-image]
-read_only = true
-[tools.get-resource-links]
-read_only = true
-[tools.get-resource-reference]
-read_only = true
-[tools.trigger-long-running-operation]
-read_only = true
-[tools.trigger-sampling-request]
-read_only = true
-[tools.trigger-elicitation-request]
-read_only = true
-[tools.trigger-url-elicitation]
-read_only = true
-[tools.get-roots-list]
-read_only = true
-[tools.toggle-simulated-logging]
-read_only = true
-[tools.toggle-subscriber-updates]
-read_only = true
-[tools.gzip-file-as-resource]
-read_only = true
-"#;
+const READ_ONLY_TOOLS: [&str; 13] = [
+    "get-sum",
+    "get-structured-content",
+    "get-tiny-image",
+    "get-resource-links",
+    "get-resource-reference",
+    "trigger-long-running-operation",
+    "trigger-sampling-request",
+    "trigger-elicitation-request",
+    "trigger-url-elicitation",
+    "get-roots-list",
+    "toggle-simulated-logging",
+    "toggle-subscriber-updates",
+    "gzip-file-as-resource",
+];
+
+/// The adapter file of a server-everything upstream.
+fn everything_adapter(upstream: &str) -> String {
+    let mut adapter = format!("upstream = \"{upstream}\"\ntimeout = \"20s\"\n");
+    for tool in READ_ONLY_TOOLS {
+        adapter.push_str(&format!("[tools.{tool}]\nread_only = true\n"));
+    }
+    adapter
+}
 
 const MAILER_ADAPTER: &str = r#"upstream = "mailer"
 timeout = "30s"
@@ -158,7 +154,7 @@ args = ["example-tools", "--tools", "mailer", "--state-dir", "{state}"]
         for upstream in ["everything", "web"] {
             std::fs::write(
                 dir.join(format!("adapters/{upstream}.toml")),
-                format!("upstream = \"{upstream}\"\n{EVERYTHING_ADAPTER}"),
+                everything_adapter(upstream),
             )
             .unwrap();
         }
@@ -171,6 +167,8 @@ args = ["example-tools", "--tools", "mailer", "--state-dir", "{state}"]
         self.dir.join("state")
     }
 
+    /// The mailer's recorded calls; a line still being written is skipped
+    /// (this is polled while the tool runs).
     fn mailer_calls(&self) -> Vec<Value> {
         std::fs::read_to_string(self.state().join("calls.jsonl"))
             .unwrap_or_default()

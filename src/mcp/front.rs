@@ -91,7 +91,7 @@ use super::inflight::InFlightRequests;
 use super::upstream::{CatalogEntry, REQUEST_TIMEOUT, UpstreamEvent, Upstreams};
 use crate::adapter::{PeerError, SharedDirectory, ToAgent, Upstream, UpstreamCall, UpstreamError};
 use crate::config::Config;
-use crate::dispatch::{CallError, CallRequest, Dispatcher};
+use crate::dispatch::{CallError, CallReply, CallRequest, Dispatcher};
 use crate::intent::StepRef;
 use crate::ledger::{LeaseClaim, RunId};
 
@@ -1856,14 +1856,14 @@ impl Front {
             cancel.cancel();
             let _entered = span.enter();
             match outcome {
-                Ok(reply) => {
-                    let result = convert::result_from_reply(reply);
+                Ok(mut reply) => {
                     // Resource links in the (recorded) result name the
                     // upstream's URIs; the agent reads them under their
                     // exposed names.
-                    let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
-                    front.expose_uris(&upstream, &mut value);
-                    Ok(serde_json::from_value(value).unwrap_or(result))
+                    if let CallReply::Answer { result, .. } = &mut reply {
+                        front.expose_uris(&upstream, result);
+                    }
+                    Ok(convert::result_from_reply(reply))
                 }
                 Err(error) => {
                     tracing::info!(error = %error, "call refused");

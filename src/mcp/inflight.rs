@@ -31,6 +31,8 @@ use rmcp::model::RequestId;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+const CANCELLED: &str = "notifications/cancelled";
+
 /// Bodies above this size are never a cancellation; passed on unread.
 const SMALL_BODY: u64 = 16 * 1024;
 
@@ -199,8 +201,14 @@ pub async fn cancel_layer(
         Ok(bytes) => bytes,
         Err(_) => return (StatusCode::BAD_REQUEST, "request body unreadable").into_response(),
     };
-    if let Ok(message) = serde_json::from_slice::<Value>(&bytes)
-        && message.get("method").and_then(Value::as_str) == Some("notifications/cancelled")
+    // Only a body that names the method is parsed here; every other request
+    // is parsed once, by rmcp.
+    let names_cancel = bytes
+        .windows(CANCELLED.len())
+        .any(|window| window == CANCELLED.as_bytes());
+    if names_cancel
+        && let Ok(message) = serde_json::from_slice::<Value>(&bytes)
+        && message.get("method").and_then(Value::as_str) == Some(CANCELLED)
         && message.get("id").is_none()
     {
         if let Some(id) = message.pointer("/params/requestId") {
