@@ -7,7 +7,7 @@
 //! # Layout
 //!
 //! * `ledger`: the PostgreSQL ledger. Typed `<entity>_<verb>` calls of the
-//!   SQL functions in `migrations/` (one function = one short transaction =
+//!   SQL functions in `sql/` (one function = one short transaction =
 //!   one statement), typed outcomes (`Fenced`, `Rejection`,
 //!   `AcquireOutcome`), retries of 40001/40P01, "outcome unknown" on a
 //!   connection lost mid-call. The only module that imports sqlx.
@@ -42,9 +42,12 @@
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal.
-//! * `migrations/`: the schema and every protected transition as one SQL
-//!   function (`0001`: tasks, runs, leases; `0002`: operations, evidence);
-//!   the `leasegate_app` role that may only execute them and read.
+//! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
+//!   `0002`: operations, evidence) and the `leasegate_app` role that may
+//!   only execute the functions and read. `sql/`: every protected
+//!   transition as one SQL function, each in one current home per entity
+//!   (`common`, `lease`, `run`, `operation`), installed after the
+//!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `migrate`, `example-tools`).
 //! * `examples/worker/`: a worker process (lease, heartbeat, checkpoint loop)
@@ -57,12 +60,12 @@
 //! # Invariant index (DESIGN.md numbering)
 //!
 //! 1. Only the current run's current epoch writes workflow state —
-//!    `_lease_fence` in the migration; `ledger` module docs.
+//!    `_lease_fence` in `sql/common.sql`; `ledger` module docs.
 //! 2. Within one epoch, writes are ordered by revision CAS — `_run_advance`.
 //! 3. One intent has one operation_id forever — `intent::operation_id`;
 //!    conflicts compared on every path — `_op_upsert`.
 //! 4. Unknown stays unknown until evidence converges it; `dispatching` never
-//!    returns to `prepared` — `migrations/0002_operations.sql`.
+//!    returns to `prepared` — `sql/operation.sql`.
 //! 5. No transaction spans a network call — each ledger call is one statement.
 //! 6. A retry is a new run; terminal runs are never reused — `run_create`.
 //! 7. Lease time is the database's `clock_timestamp()`.

@@ -47,7 +47,7 @@ async fn application_role_cannot_write_tables_directly(
         "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('x', 'y')",
         "INSERT INTO ledger_events (run_id, subject, to_status, actor_kind) SELECT run_id, 'run', 'failed', 'worker' FROM agent_runs",
         "UPDATE tool_operations SET status = 'succeeded'",
-        "SELECT _lease_fence(run_id, 'worker', 1) FROM agent_runs",
+        "SELECT _lease_fence(run_id, 'worker', 1, false) FROM agent_runs",
         "SELECT _run_advance(run_id, 'worker', 1, 1, 'running', 'failed', NULL, NULL) FROM agent_runs",
     ] {
         let error = as_app_role(&db, statement).await.expect_err(statement);
@@ -149,4 +149,101 @@ where
         outputs.push(handle.await.unwrap());
     }
     outputs
+}
+
+/// The names a file defines with `CREATE [OR REPLACE] FUNCTION name(`.
+fn defined_functions(text: &str) -> Vec<String> {
+    text.match_indices("FUNCTION ")
+        .filter(|(at, _)| {
+            let before = &text[..*at];
+            before.ends_with("CREATE ") || before.ends_with("CREATE OR REPLACE ")
+        })
+        .map(|(at, _)| {
+            let rest = &text[at + "FUNCTION ".len()..];
+            rest[..rest.find('(').expect("a parameter list")].to_owned()
+        })
+        .collect()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn every_function_has_one_home_and_the_right_grant(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // One definition per function across sql/, none in the migrations but
+    // the trigger function the tables need.
+    let mut homes = std::collections::BTreeMap::<String, Vec<&str>>::new();
+    for (file, text) in leasegate::ledger::FUNCTION_FILES {
+        for name in defined_functions(text) {
+            homes.entry(name).or_default().push(file);
+        }
+    }
+    let copies: Vec<_> = homes.iter().filter(|(_, files)| files.len() > 1).collect();
+    assert!(copies.is_empty(), "functions defined twice: {copies:?}");
+    let migrations_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut in_migrations = Vec::new();
+    for entry in std::fs::read_dir(&migrations_dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        in_migrations.extend(defined_functions(&text));
+    }
+    assert_eq!(in_migrations, ["ledger_events_refuse_change"]);
+
+    // The database runs exactly those, and the application role may execute
+    // the public ones (no leading underscore) and none of the helpers.
+    let installed: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE') \
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+          WHERE n.nspname = 'public' AND p.prorettype <> 'trigger'::regtype ORDER BY 1",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    let names: Vec<&str> = installed.iter().map(|(name, _)| name.as_str()).collect();
+    let expected: Vec<&str> = homes.keys().map(String::as_str).collect();
+    assert_eq!(names, expected, "installed functions differ from sql/");
+    for (name, executable) in &installed {
+        assert_eq!(
+            *executable,
+            !name.starts_with('_'),
+            "{name}: EXECUTE for leasegate_app"
+        );
+    }
+    let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(digest, leasegate::ledger::functions_digest());
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn migrate_reinstalls_functions_that_differ_from_sql_files(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // A database whose functions are an older set: a different digest and a
+    // function body that answers wrongly.
+    sqlx::raw_sql(
+        "UPDATE ledger_functions SET digest = 'older'; \
+         CREATE OR REPLACE FUNCTION _ledger_check_ttl(p_ttl_ms bigint) RETURNS void \
+         LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN END $$;",
+    )
+    .execute(&db.admin)
+    .await
+    .unwrap();
+    Ledger::migrate(&db.url).await.expect("migrate");
+    let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(digest, leasegate::ledger::functions_digest());
+    let error = sqlx::query("SELECT _ledger_check_ttl(0)")
+        .execute(&db.admin)
+        .await
+        .expect_err("the current body refuses a zero ttl");
+    assert_eq!(
+        error.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("22023")
+    );
 }

@@ -1,7 +1,7 @@
 //! The PostgreSQL ledger: typed calls of the protected SQL functions.
 //!
-//! Every write in this module is one call of one SQL function created by
-//! `migrations/`, sent as one statement, so it is one short transaction and
+//! Every write in this module is one call of one SQL function defined in
+//! `sql/` (tables in `migrations/`; `schema` applies both), sent as one statement, so it is one short transaction and
 //! (once the statement is prepared on the connection) one round trip. The
 //! functions lock, validate and write; this module only binds arguments,
 //! retries aborted transactions and turns the answer into types.
@@ -37,6 +37,7 @@ mod error;
 mod operation_types;
 mod operations;
 mod read;
+mod schema;
 mod stored_json;
 mod types;
 
@@ -57,15 +58,13 @@ pub use operation_types::{
 };
 pub use operations::PlannedCheckpoint;
 pub use read::DbHealth;
+pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary, RunView,
 };
 
 use error::{ErrorClass, classify};
-
-/// The schema and every protected transition, embedded at build time.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// The database role the application runs as (created by the migrations).
 pub const APP_ROLE: &str = "leasegate_app";
@@ -185,10 +184,38 @@ impl Ledger {
                 call: "migrate",
                 source,
             })?;
-        let result = MIGRATOR.run(&pool).await;
+        let result = async {
+            MIGRATOR.run(&pool).await.map_err(|error| match error {
+                // Migrations before the first release were rewritten once
+                // (the functions moved to sql/); say so instead of a checksum.
+                sqlx::migrate::MigrateError::VersionMismatch(version) => LedgerError::Protocol {
+                    call: "migrate",
+                    detail: format!(
+                        "migration {version} applied to this database differs from this \
+                             build's: the database was created by a pre-release development \
+                             build of leasegate; drop it (or use a new database) and start again"
+                    ),
+                },
+                other => LedgerError::Migrate(other),
+            })?;
+            let mut conn = pool
+                .acquire()
+                .await
+                .map_err(|source| LedgerError::Unavailable {
+                    call: "migrate",
+                    source,
+                })?;
+            schema::apply(&mut conn)
+                .await
+                .map_err(|source| LedgerError::Database {
+                    call: "migrate (sql/ functions)",
+                    source,
+                })?;
+            Ok::<(), LedgerError>(())
+        }
+        .await;
         pool.close().await;
-        result?;
-        Ok(())
+        result
     }
 
     /// Creates the database named in `url` if it does not exist yet.

@@ -1,0 +1,114 @@
+-- Private helpers shared by sql/lease.sql, sql/run.sql and
+-- sql/operation.sql: results, argument checks, the lease lock and fence.
+-- Not granted to the application role.
+
+CREATE OR REPLACE FUNCTION _ledger_result(p_outcome text, p_run_id uuid) RETURNS ledger_write_result
+LANGUAGE sql VOLATILE SET search_path = public, pg_temp AS $$
+  SELECT p_outcome, r.status, r.revision, l.owner, l.epoch, l.expires_at, clock_timestamp(),
+         NULLIF(current_setting('leasegate.lock_wait_ms', true), '')::double precision,
+         NULLIF(current_setting('leasegate.takeover_after_ms', true), '')::double precision
+  FROM (SELECT 1) AS one
+  LEFT JOIN agent_runs r ON r.run_id = p_run_id
+  LEFT JOIN worker_leases l ON l.run_id = p_run_id
+$$;
+
+CREATE OR REPLACE FUNCTION _ledger_check_ttl(p_ttl_ms bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF p_ttl_ms IS NULL OR p_ttl_ms <= 0 THEN
+    RAISE EXCEPTION 'lease ttl must be > 0 ms, got %', p_ttl_ms USING ERRCODE = '22023';
+  END IF;
+END
+$$;
+
+-- Locks the run's lease row, FOR UPDATE or (p_shared) FOR SHARE, and
+-- records how long the lock took in the transaction-local setting
+-- leasegate.lock_wait_ms, which _ledger_result and _op_result report.
+-- Returns the row, or a row of NULLs when the run has no lease.
+CREATE OR REPLACE FUNCTION _lease_lock(p_run_id uuid, p_shared boolean) RETURNS worker_leases
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+DECLARE
+  l  worker_leases;
+  t0 timestamptz := clock_timestamp();
+BEGIN
+  IF p_shared THEN
+    SELECT * INTO l FROM worker_leases WHERE run_id = p_run_id FOR SHARE;
+  ELSE
+    SELECT * INTO l FROM worker_leases WHERE run_id = p_run_id FOR UPDATE;
+  END IF;
+  PERFORM set_config('leasegate.lock_wait_ms',
+                     (extract(epoch FROM clock_timestamp() - t0) * 1000)::text, true);
+  RETURN l;
+END
+$$;
+
+-- The fence (invariant 1): locks the lease row and judges the caller's
+-- claim on the database clock (invariant 7).
+-- Returns: valid | not_found | lease_lost | terminal.
+--
+-- p_shared = false (run-state writes): the lease row FOR UPDATE, and on
+-- 'valid' the run row FOR UPDATE too.
+-- p_shared = true (the intent fence): the lease row FOR SHARE. A takeover
+-- (which updates the row) still waits for this transaction, so invariant 1
+-- holds, while parallel tool calls of one run do not queue behind each
+-- other. Every status change of a run holds the lease row FOR UPDATE, so
+-- the run status read here is stable until commit.
+CREATE OR REPLACE FUNCTION _lease_fence(p_run_id uuid, p_owner text, p_epoch bigint, p_shared boolean)
+RETURNS text
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+DECLARE
+  l worker_leases := _lease_lock(p_run_id, p_shared);
+  s text;
+BEGIN
+  IF l.run_id IS NULL THEN
+    RETURN 'not_found';
+  END IF;
+  IF l.owner IS DISTINCT FROM p_owner
+     OR l.epoch IS DISTINCT FROM p_epoch
+     OR l.expires_at <= clock_timestamp() THEN
+    RETURN 'lease_lost';
+  END IF;
+  IF p_shared THEN
+    SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
+  ELSE
+    SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id FOR UPDATE;
+  END IF;
+  IF s IN ('succeeded', 'failed', 'cancelled') THEN
+    RETURN 'terminal';
+  END IF;
+  RETURN 'valid';
+END
+$$;
+
+CREATE OR REPLACE FUNCTION _op_result(p_outcome text, p_run_id uuid, p_operation_id text, p_evidence_id bigint)
+RETURNS operation_result
+LANGUAGE sql VOLATILE SET search_path = public, pg_temp AS $$
+  SELECT p_outcome, r.status, r.revision, l.owner, l.epoch, l.expires_at, clock_timestamp(),
+         o.operation_id, COALESCE(o.run_id, p_run_id), o.step_id, o.effect_version, o.tool_name,
+         o.request_digest, o.status, o.revision, o.dispatch_owner, o.dispatch_until,
+         o.dispatch_count, o.remote_id, o.result, p_evidence_id
+  FROM (SELECT 1) AS one
+  LEFT JOIN tool_operations o ON o.operation_id = p_operation_id
+  LEFT JOIN agent_runs r ON r.run_id = COALESCE(o.run_id, p_run_id)
+  LEFT JOIN worker_leases l ON l.run_id = COALESCE(o.run_id, p_run_id)
+$$;
+
+CREATE OR REPLACE FUNCTION _check_claim_args(p_dispatch_owner text, p_claim_ttl_ms bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF p_dispatch_owner IS NULL OR p_dispatch_owner = '' THEN
+    RAISE EXCEPTION 'dispatch owner must not be empty' USING ERRCODE = '22023';
+  END IF;
+  IF p_claim_ttl_ms IS NULL OR p_claim_ttl_ms <= 0 THEN
+    RAISE EXCEPTION 'claim ttl must be > 0 ms, got %', p_claim_ttl_ms USING ERRCODE = '22023';
+  END IF;
+END
+$$;
+REVOKE EXECUTE ON FUNCTION
+  _ledger_result(text, uuid),
+  _ledger_check_ttl(bigint),
+  _lease_lock(uuid, boolean),
+  _lease_fence(uuid, text, bigint, boolean),
+  _op_result(text, uuid, text, bigint),
+  _check_claim_args(text, bigint)
+FROM PUBLIC;

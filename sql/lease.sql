@@ -1,0 +1,107 @@
+-- Lease transitions (seed 5): acquire/take over, renew, release. Helpers in
+-- sql/common.sql.
+
+-- Acquire a free lease or take over an expired one (seed 5.1): epoch + 1,
+-- new owner, expiry on the database clock. A held, unexpired lease is 'busy'
+-- (the result names its owner and expiry); a run in a terminal status is
+-- 'terminal'. A concurrent protected write holding the row lock makes this
+-- wait, then judge the row as that transaction left it (experiment D).
+CREATE OR REPLACE FUNCTION lease_acquire(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  l worker_leases;
+  s text;
+  now_ts timestamptz;
+BEGIN
+  PERFORM _ledger_check_ttl(p_ttl_ms);
+  IF p_owner IS NULL OR p_owner = '' THEN
+    RAISE EXCEPTION 'lease owner must not be empty' USING ERRCODE = '22023';
+  END IF;
+  l := _lease_lock(p_run_id, false);
+  IF l.run_id IS NULL THEN
+    RETURN _ledger_result('not_found', p_run_id);
+  END IF;
+  SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
+  IF s IN ('succeeded', 'failed', 'cancelled') THEN
+    RETURN _ledger_result('terminal', p_run_id);
+  END IF;
+  now_ts := clock_timestamp();
+  IF l.owner IS NOT NULL AND l.expires_at > now_ts THEN
+    RETURN _ledger_result('busy', p_run_id);
+  END IF;
+  IF l.owner IS NOT NULL THEN
+    PERFORM set_config('leasegate.takeover_after_ms',
+                       (extract(epoch FROM now_ts - l.expires_at) * 1000)::text, true);
+  END IF;
+  UPDATE worker_leases
+     SET owner = p_owner,
+         epoch = epoch + 1,
+         expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
+         updated_at = now_ts
+   WHERE run_id = p_run_id;
+  INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch, detail)
+  VALUES (p_run_id, 'lease', CASE WHEN l.owner IS NULL THEN 'free' ELSE 'expired' END, 'held',
+          'worker', p_owner, l.epoch + 1,
+          jsonb_build_object('ttl_ms', p_ttl_ms, 'previous_owner', l.owner, 'previous_epoch', l.epoch,
+                             'previous_expires_at', l.expires_at));
+  RETURN _ledger_result(CASE WHEN l.owner IS NULL THEN 'acquired' ELSE 'taken_over' END, p_run_id);
+END
+$$;
+
+-- Renew (seed 5.2): only the current owner and epoch, only before expiry. An
+-- expired lease is never resurrected, even if nobody took it over. A run that
+-- became terminal (e.g. cancelled by an operator) is 'terminal', so the
+-- worker's heartbeat stops it.
+CREATE OR REPLACE FUNCTION lease_renew(p_run_id uuid, p_owner text, p_epoch bigint, p_ttl_ms bigint) RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  verdict text;
+BEGIN
+  PERFORM _ledger_check_ttl(p_ttl_ms);
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, false);
+  IF verdict <> 'valid' THEN
+    RETURN _ledger_result(verdict, p_run_id);
+  END IF;
+  UPDATE worker_leases
+     SET expires_at = clock_timestamp() + (p_ttl_ms * interval '1 millisecond'),
+         updated_at = clock_timestamp()
+   WHERE run_id = p_run_id;
+  RETURN _ledger_result('applied', p_run_id);
+END
+$$;
+
+-- Release (seed 5.2): the owner gives the lease up. The epoch is never zeroed,
+-- so the next acquire gets epoch + 1. An expired lease may still be released
+-- by its owner as long as nobody took it over; the run's status is not judged
+-- (a worker releases after completing).
+CREATE OR REPLACE FUNCTION lease_release(p_run_id uuid, p_owner text, p_epoch bigint) RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  l worker_leases;
+BEGIN
+  l := _lease_lock(p_run_id, false);
+  IF l.run_id IS NULL THEN
+    RETURN _ledger_result('not_found', p_run_id);
+  END IF;
+  IF l.owner IS DISTINCT FROM p_owner OR l.epoch IS DISTINCT FROM p_epoch THEN
+    RETURN _ledger_result('lease_lost', p_run_id);
+  END IF;
+  UPDATE worker_leases
+     SET owner = NULL, expires_at = clock_timestamp(), updated_at = clock_timestamp()
+   WHERE run_id = p_run_id;
+  INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch)
+  VALUES (p_run_id, 'lease', 'held', 'free', 'worker', p_owner, p_epoch);
+  RETURN _ledger_result('applied', p_run_id);
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+  lease_acquire(uuid, text, bigint),
+  lease_renew(uuid, text, bigint, bigint),
+  lease_release(uuid, text, bigint)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+  lease_acquire(uuid, text, bigint),
+  lease_renew(uuid, text, bigint, bigint),
+  lease_release(uuid, text, bigint)
+TO leasegate_app;

@@ -1,0 +1,526 @@
+-- Operation transitions (seed 9): register, claim, settle, mark unknown,
+-- converge, supersede, and the reconciler's claim and retry budget. The
+-- state model is drawn in migrations/0002_operations.sql. Helpers in
+-- sql/common.sql.
+
+-- Registers one intent of run p_run_id, or finds it. The operation row is
+-- left locked FOR UPDATE for the caller. On an existing operation_id, or an
+-- existing (run, step, effect_version), run_id, step, tool and digest must
+-- all match: otherwise 'intent_conflict' and nothing is written. This
+-- comparison is on every path, including the concurrent-insert one.
+-- Returns (outcome: registered | exists | intent_conflict, operation_id of
+-- the row to report).
+CREATE OR REPLACE FUNCTION _op_upsert(p_run_id uuid, p_intent jsonb, p_owner text, p_epoch bigint,
+                           OUT outcome text, OUT found_id text)
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+DECLARE
+  v_id      text    := p_intent->>'operation_id';
+  v_step    text    := p_intent->>'step_id';
+  v_version integer := (p_intent->>'effect_version')::integer;
+  v_tool    text    := p_intent->>'tool_name';
+  v_digest  text    := p_intent->>'request_digest';
+  v_body    jsonb   := COALESCE(p_intent->'request_body', 'null'::jsonb);
+  o         tool_operations;
+  attempt   integer := 0;
+BEGIN
+  IF v_id IS NULL OR v_step IS NULL OR v_version IS NULL OR v_tool IS NULL OR v_digest IS NULL THEN
+    RAISE EXCEPTION 'intent needs operation_id, step_id, effect_version, tool_name, request_digest: %', p_intent
+      USING ERRCODE = '22023';
+  END IF;
+  LOOP
+    attempt := attempt + 1;
+    SELECT * INTO o FROM tool_operations WHERE operation_id = v_id FOR UPDATE;
+    IF NOT FOUND THEN
+      SELECT * INTO o FROM tool_operations
+       WHERE run_id = p_run_id AND step_id = v_step AND effect_version = v_version FOR UPDATE;
+    END IF;
+    IF FOUND THEN
+      found_id := o.operation_id;
+      IF o.operation_id = v_id AND o.run_id = p_run_id AND o.step_id = v_step
+         AND o.effect_version = v_version AND o.tool_name = v_tool AND o.request_digest = v_digest THEN
+        outcome := 'exists';
+      ELSE
+        outcome := 'intent_conflict';
+      END IF;
+      RETURN;
+    END IF;
+    INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
+                                 request_digest, request_body, status)
+    VALUES (v_id, p_run_id, v_step, v_version, v_tool, v_digest, v_body, 'prepared')
+    ON CONFLICT DO NOTHING;
+    IF FOUND THEN
+      INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                                 actor, epoch, revision, detail)
+      VALUES (p_run_id, v_id, 'operation', NULL, 'prepared', 'worker', p_owner, p_epoch, 0,
+              jsonb_build_object('tool_name', v_tool, 'step_id', v_step, 'effect_version', v_version,
+                                 'request_digest', v_digest));
+      -- Lock it like the found path does.
+      PERFORM 1 FROM tool_operations WHERE operation_id = v_id FOR UPDATE;
+      outcome := 'registered';
+      found_id := v_id;
+      RETURN;
+    END IF;
+    -- A concurrent transaction inserted a conflicting key and committed;
+    -- the next round's statements see it.
+    IF attempt >= 3 THEN
+      RAISE EXCEPTION 'intent % keeps colliding with concurrent inserts', v_id USING ERRCODE = '40001';
+    END IF;
+  END LOOP;
+END
+$$;
+
+-- prepared -> dispatching: the one home of this transition (inline claims
+-- and the dispatcher's batch claims). The caller holds the row lock.
+-- Returns the claimed row, or a row of NULLs if it was not prepared.
+CREATE OR REPLACE FUNCTION _op_claim(p_operation_id text, p_dispatch_owner text, p_claim_ttl_ms bigint,
+                                     p_epoch bigint, p_detail jsonb) RETURNS tool_operations
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+DECLARE
+  o tool_operations;
+BEGIN
+  UPDATE tool_operations
+     SET status = 'dispatching', dispatch_owner = p_dispatch_owner,
+         dispatch_until = clock_timestamp() + (p_claim_ttl_ms * interval '1 millisecond'),
+         dispatch_count = dispatch_count + 1, revision = revision + 1, updated_at = clock_timestamp(),
+         first_dispatched_at = COALESCE(first_dispatched_at, clock_timestamp())
+   WHERE operation_id = p_operation_id AND status = 'prepared'
+  RETURNING * INTO o;
+  IF FOUND THEN
+    INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                               actor, epoch, revision, detail)
+    VALUES (o.run_id, o.operation_id, 'operation', 'prepared', 'dispatching', 'dispatcher',
+            p_dispatch_owner, p_epoch, o.revision,
+            p_detail || jsonb_build_object('dispatch_until', o.dispatch_until));
+  END IF;
+  RETURN o;
+END
+$$;
+
+-- "Step planned" (seed 9.1): registers intents (prepared) under the current
+-- lease, optionally together with a checkpoint CAS, all or nothing. One row
+-- per intent comes back (registered | exists). On any conflict nothing is
+-- written and the conflicting intents come back as 'intent_conflict' rows
+-- (the existing operation's fields). A fence or CAS rejection is one row
+-- with that outcome.
+CREATE OR REPLACE FUNCTION operation_register(
+  p_run_id uuid, p_owner text, p_epoch bigint, p_intents jsonb,
+  p_expected_revision bigint, p_checkpoint jsonb
+) RETURNS SETOF operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  verdict      text;
+  found_status text;
+  intent       jsonb;
+  v_outcome    text;
+  v_found      text;
+  registered   text[] := '{}';
+  outcomes     text[] := '{}';
+  conflicts    text[] := '{}';
+BEGIN
+  IF p_intents IS NULL OR jsonb_typeof(p_intents) <> 'array' OR jsonb_array_length(p_intents) = 0 THEN
+    RAISE EXCEPTION 'intents must be a non-empty array' USING ERRCODE = '22023';
+  END IF;
+  IF p_checkpoint IS NOT NULL OR p_expected_revision IS NOT NULL THEN
+    verdict := _lease_fence(p_run_id, p_owner, p_epoch, false);
+  ELSE
+    verdict := _lease_fence(p_run_id, p_owner, p_epoch, true);
+  END IF;
+  IF verdict <> 'valid' THEN
+    RETURN NEXT _op_result(verdict, p_run_id, NULL, NULL);
+    RETURN;
+  END IF;
+
+  BEGIN
+    IF p_expected_revision IS NOT NULL THEN
+      UPDATE agent_runs
+         SET checkpoint = COALESCE(p_checkpoint, checkpoint), revision = revision + 1,
+             updated_at = clock_timestamp()
+       WHERE run_id = p_run_id AND revision = p_expected_revision AND status = 'running';
+      IF NOT FOUND THEN
+        SELECT status INTO found_status FROM agent_runs WHERE run_id = p_run_id;
+        RETURN NEXT _op_result(CASE WHEN found_status <> 'running' THEN 'wrong_status' ELSE 'conflict' END,
+                               p_run_id, NULL, NULL);
+        RETURN;
+      END IF;
+    END IF;
+    FOR intent IN SELECT * FROM jsonb_array_elements(p_intents) LOOP
+      SELECT * INTO v_outcome, v_found FROM _op_upsert(p_run_id, intent, p_owner, p_epoch);
+      IF v_outcome = 'intent_conflict' THEN
+        conflicts := conflicts || v_found;
+      END IF;
+      registered := registered || v_found;
+      outcomes := outcomes || v_outcome;
+    END LOOP;
+    IF cardinality(conflicts) > 0 THEN
+      -- Undo every insert and the checkpoint of this call.
+      RAISE EXCEPTION USING ERRCODE = 'LG001';
+    END IF;
+  EXCEPTION WHEN SQLSTATE 'LG001' THEN
+    FOR i IN 1 .. cardinality(conflicts) LOOP
+      RETURN NEXT _op_result('intent_conflict', p_run_id, conflicts[i], NULL);
+    END LOOP;
+    RETURN;
+  END;
+
+  FOR i IN 1 .. cardinality(registered) LOOP
+    RETURN NEXT _op_result(outcomes[i], p_run_id, registered[i], NULL);
+  END LOOP;
+END
+$$;
+
+-- The proxy's hot path: validate the lease, register or find the intent,
+-- and claim it, in one transaction. 'claimed' means the caller now holds a
+-- claim (dispatch_owner, revision, dispatch_until) and may send; 'exists'
+-- returns the operation as it is (settled, in flight under another claim,
+-- unknown, cancelled) and the caller must not send.
+CREATE OR REPLACE FUNCTION operation_register_claim(
+  p_run_id uuid, p_owner text, p_epoch bigint, p_intent jsonb,
+  p_dispatch_owner text, p_claim_ttl_ms bigint
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  verdict   text;
+  v_outcome text;
+  v_found   text;
+  v_status  text;
+BEGIN
+  PERFORM _check_claim_args(p_dispatch_owner, p_claim_ttl_ms);
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, true);
+  IF verdict <> 'valid' THEN
+    RETURN _op_result(verdict, p_run_id, NULL, NULL);
+  END IF;
+  SELECT * INTO v_outcome, v_found FROM _op_upsert(p_run_id, p_intent, p_owner, p_epoch);
+  IF v_outcome = 'intent_conflict' THEN
+    RETURN _op_result('intent_conflict', p_run_id, v_found, NULL);
+  END IF;
+  SELECT status INTO v_status FROM tool_operations WHERE operation_id = v_found;
+  IF v_status <> 'prepared' THEN
+    RETURN _op_result('exists', p_run_id, v_found, NULL);
+  END IF;
+  PERFORM _op_claim(v_found, p_dispatch_owner, p_claim_ttl_ms, p_epoch,
+                    jsonb_build_object('inline', true, 'worker', p_owner));
+  RETURN _op_result('claimed', p_run_id, v_found, NULL);
+END
+$$;
+
+-- The dispatcher's claim (seed 9.2): up to p_limit prepared operations of
+-- live runs, oldest first, skipping rows another claimer holds. Each
+-- candidate is locked as the loop reads it (READ COMMITTED re-checks the
+-- status on the newest row version) and claimed by _op_claim; the LIMIT
+-- bounds the batch.
+CREATE OR REPLACE FUNCTION operation_claim(p_dispatch_owner text, p_claim_ttl_ms bigint, p_limit integer)
+RETURNS SETOF tool_operations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  candidate text;
+  claimed   tool_operations;
+BEGIN
+  PERFORM _check_claim_args(p_dispatch_owner, p_claim_ttl_ms);
+  IF p_limit IS NULL OR p_limit <= 0 OR p_limit > 1000 THEN
+    RAISE EXCEPTION 'claim batch must be 1..1000, got %', p_limit USING ERRCODE = '22023';
+  END IF;
+  FOR candidate IN
+    SELECT o.operation_id
+      FROM tool_operations o
+      JOIN agent_runs r ON r.run_id = o.run_id
+     WHERE o.status = 'prepared'
+       AND r.status IN ('pending', 'running')
+     ORDER BY o.updated_at
+     LIMIT p_limit
+       FOR UPDATE OF o SKIP LOCKED
+  LOOP
+    claimed := _op_claim(candidate, p_dispatch_owner, p_claim_ttl_ms, NULL, '{}'::jsonb);
+    IF claimed.operation_id IS NOT NULL THEN
+      RETURN NEXT claimed;
+    END IF;
+  END LOOP;
+END
+$$;
+
+-- Settle from a verified response (seed 9.3): only the live claim (same
+-- dispatch owner and revision, same request digest) may settle. Anything
+-- else is stored as evidence of kind 'late_response' and settles nothing:
+-- 'stale_claim' (the operation moved on: unknown, re-claimed, settled,
+-- cancelled) or 'digest_mismatch'.
+CREATE OR REPLACE FUNCTION operation_settle(
+  p_operation_id text, p_dispatch_owner text, p_expected_revision bigint,
+  p_request_digest text, p_status text, p_remote_id text, p_result jsonb
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o  tool_operations;
+  ev bigint;
+BEGIN
+  IF p_status IS NULL OR p_status NOT IN ('succeeded', 'failed_final') THEN
+    RAISE EXCEPTION 'settle status must be succeeded or failed_final, got %', p_status USING ERRCODE = '22023';
+  END IF;
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
+  END IF;
+  IF o.status = 'dispatching' AND o.dispatch_owner = p_dispatch_owner
+     AND o.revision = p_expected_revision AND o.request_digest = p_request_digest THEN
+    UPDATE tool_operations
+       SET status = p_status, remote_id = p_remote_id, result = p_result, dispatch_until = NULL,
+           revision = revision + 1, updated_at = clock_timestamp()
+     WHERE operation_id = p_operation_id;
+    INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                               actor, revision, detail)
+    VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
+            p_dispatch_owner, o.revision + 1, jsonb_build_object('remote_id', p_remote_id));
+    RETURN _op_result('settled', o.run_id, p_operation_id, NULL);
+  END IF;
+  INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome,
+                                  remote_id, body)
+  VALUES (p_operation_id, 'late_response', p_dispatch_owner, p_dispatch_owner, p_expected_revision,
+          p_status, p_remote_id,
+          jsonb_build_object('result', p_result, 'request_digest', p_request_digest,
+                             'found_status', o.status, 'found_revision', o.revision))
+  RETURNING evidence_id INTO ev;
+  RETURN _op_result(CASE WHEN o.request_digest <> p_request_digest THEN 'digest_mismatch' ELSE 'stale_claim' END,
+                    o.run_id, p_operation_id, ev);
+END
+$$;
+
+-- dispatching -> unknown, guarded by the original dispatch owner and
+-- revision (seed 9.2). The reconciler may do it only once the claim has
+-- expired ('claim_live' otherwise); the claim holder itself may give up its
+-- live claim at once (p_holder: its request timed out or broke after bytes
+-- may have left). The evidence (error, timeout) is kept.
+CREATE OR REPLACE FUNCTION operation_mark_unknown(
+  p_operation_id text, p_dispatch_owner text, p_expected_revision bigint,
+  p_holder boolean, p_actor text, p_evidence_kind text, p_evidence jsonb
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o  tool_operations;
+  ev bigint;
+BEGIN
+  IF p_evidence_kind IS NULL OR p_evidence_kind NOT IN ('timeout', 'send_error') THEN
+    RAISE EXCEPTION 'unknown evidence kind must be timeout or send_error, got %', p_evidence_kind
+      USING ERRCODE = '22023';
+  END IF;
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
+  END IF;
+  IF o.status IS DISTINCT FROM 'dispatching' OR o.dispatch_owner IS DISTINCT FROM p_dispatch_owner
+     OR o.revision <> p_expected_revision THEN
+    RETURN _op_result('stale_claim', o.run_id, p_operation_id, NULL);
+  END IF;
+  IF NOT p_holder AND o.dispatch_until > clock_timestamp() THEN
+    RETURN _op_result('claim_live', o.run_id, p_operation_id, NULL);
+  END IF;
+  INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome, body)
+  VALUES (p_operation_id, p_evidence_kind, p_actor, o.dispatch_owner, o.revision, 'unknown',
+          COALESCE(p_evidence, '{}'::jsonb))
+  RETURNING evidence_id INTO ev;
+  UPDATE tool_operations
+     SET status = 'unknown', dispatch_owner = NULL, dispatch_until = NULL,
+         revision = revision + 1, updated_at = clock_timestamp()
+   WHERE operation_id = p_operation_id;
+  INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                             actor, revision, detail)
+  VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', 'unknown',
+          CASE WHEN p_holder THEN 'dispatcher' ELSE 'reconciler' END, p_actor, o.revision + 1,
+          jsonb_build_object('evidence_id', ev, 'dispatch_owner', o.dispatch_owner,
+                             'dispatch_until', o.dispatch_until, 'claim_expired', NOT p_holder));
+  RETURN _op_result('marked_unknown', o.run_id, p_operation_id, ev);
+END
+$$;
+
+-- unknown -> succeeded | failed_final from verified evidence: a query of
+-- the remote by operation id, a same-key retry, or an operator's resolution
+-- (which needs a note). The evidence is stored and cited by the event.
+CREATE OR REPLACE FUNCTION operation_converge(
+  p_operation_id text, p_expected_revision bigint, p_status text, p_remote_id text,
+  p_result jsonb, p_kind text, p_actor text, p_note text, p_evidence jsonb
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o  tool_operations;
+  ev bigint;
+BEGIN
+  IF p_status IS NULL OR p_status NOT IN ('succeeded', 'failed_final') THEN
+    RAISE EXCEPTION 'converge status must be succeeded or failed_final, got %', p_status USING ERRCODE = '22023';
+  END IF;
+  IF p_kind IS NULL OR p_kind NOT IN ('query_result', 'retry_result', 'operator', 'late_response') THEN
+    RAISE EXCEPTION 'converge evidence must be query_result, retry_result, late_response or operator, got %', p_kind
+      USING ERRCODE = '22023';
+  END IF;
+  IF p_actor IS NULL OR p_actor = '' THEN
+    RAISE EXCEPTION 'converge needs an actor' USING ERRCODE = '22023';
+  END IF;
+  IF p_kind = 'operator' AND (p_note IS NULL OR btrim(p_note) = '') THEN
+    RAISE EXCEPTION 'an operator resolution needs a note' USING ERRCODE = '22023';
+  END IF;
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
+  END IF;
+  IF o.status <> 'unknown' THEN
+    RETURN _op_result('not_unknown', o.run_id, p_operation_id, NULL);
+  END IF;
+  IF o.revision <> p_expected_revision THEN
+    RETURN _op_result('conflict', o.run_id, p_operation_id, NULL);
+  END IF;
+  INSERT INTO operation_evidence (operation_id, kind, source, outcome, remote_id, body)
+  VALUES (p_operation_id, p_kind, p_actor, p_status, p_remote_id,
+          COALESCE(p_evidence, '{}'::jsonb)
+            || jsonb_build_object('note', p_note, 'result', p_result))
+  RETURNING evidence_id INTO ev;
+  UPDATE tool_operations
+     SET status = p_status, remote_id = COALESCE(p_remote_id, remote_id),
+         result = COALESCE(p_result, result), revision = revision + 1, updated_at = clock_timestamp(),
+         reconcile_owner = NULL, reconcile_until = NULL
+   WHERE operation_id = p_operation_id;
+  INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                             actor, revision, detail)
+  VALUES (o.run_id, o.operation_id, 'operation', 'unknown', p_status,
+          CASE WHEN p_kind = 'operator' THEN 'operator' ELSE 'reconciler' END, p_actor, o.revision + 1,
+          jsonb_build_object('evidence_id', ev, 'kind', p_kind, 'note', p_note, 'remote_id', p_remote_id));
+  RETURN _op_result('converged', o.run_id, p_operation_id, ev);
+END
+$$;
+
+-- Changes a planned intent (seed 9.3): the old prepared row becomes
+-- cancelled with superseded_by set, a new row with a higher effect_version
+-- of the same step is registered; both kept for audit. Only a prepared
+-- intent can change: once claimed, the side effect may be under way
+-- ('not_changeable').
+CREATE OR REPLACE FUNCTION operation_supersede(
+  p_run_id uuid, p_owner text, p_epoch bigint, p_old_operation_id text, p_new_intent jsonb
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  verdict   text;
+  old       tool_operations;
+  v_outcome text;
+  v_found   text;
+BEGIN
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, true);
+  IF verdict <> 'valid' THEN
+    RETURN _op_result(verdict, p_run_id, NULL, NULL);
+  END IF;
+  SELECT * INTO old FROM tool_operations
+   WHERE operation_id = p_old_operation_id AND run_id = p_run_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', p_run_id, NULL, NULL);
+  END IF;
+  IF old.status <> 'prepared' THEN
+    RETURN _op_result('not_changeable', p_run_id, p_old_operation_id, NULL);
+  END IF;
+  IF p_new_intent->>'step_id' IS DISTINCT FROM old.step_id
+     OR (p_new_intent->>'effect_version')::integer <= old.effect_version THEN
+    RAISE EXCEPTION 'a changed intent keeps step % and raises effect_version above %',
+      old.step_id, old.effect_version USING ERRCODE = '22023';
+  END IF;
+  SELECT * INTO v_outcome, v_found FROM _op_upsert(p_run_id, p_new_intent, p_owner, p_epoch);
+  IF v_outcome = 'intent_conflict' THEN
+    RETURN _op_result('intent_conflict', p_run_id, v_found, NULL);
+  END IF;
+  UPDATE tool_operations
+     SET status = 'cancelled', superseded_by = v_found, revision = revision + 1,
+         updated_at = clock_timestamp()
+   WHERE operation_id = p_old_operation_id;
+  INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                             actor, epoch, revision, detail)
+  VALUES (p_run_id, p_old_operation_id, 'operation', 'prepared', 'cancelled', 'worker', p_owner,
+          p_epoch, old.revision + 1, jsonb_build_object('superseded_by', v_found));
+  RETURN _op_result('superseded', p_run_id, v_found, NULL);
+END
+$$;
+
+-- Claims up to p_limit unknown operations for one reconciler until
+-- p_ttl_ms from now: those nobody holds, or whose reconcile claim lapsed.
+-- The status stays 'unknown'; the revision moves. The MATERIALIZED CTE fixes
+-- the candidate set before the UPDATE (SKIP LOCKED), so no more than
+-- p_limit rows are claimed.
+CREATE OR REPLACE FUNCTION operation_reconcile_claim(p_owner text, p_ttl_ms bigint, p_limit integer)
+RETURNS SETOF tool_operations
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+  PERFORM _check_claim_args(p_owner, p_ttl_ms);
+  IF p_limit IS NULL OR p_limit <= 0 OR p_limit > 1000 THEN
+    RAISE EXCEPTION 'claim batch must be 1..1000, got %', p_limit USING ERRCODE = '22023';
+  END IF;
+  RETURN QUERY
+  WITH candidate AS MATERIALIZED (
+    SELECT o.operation_id
+      FROM tool_operations o
+     WHERE o.status = 'unknown'
+       AND (o.reconcile_until IS NULL OR o.reconcile_until <= clock_timestamp())
+     ORDER BY o.updated_at
+     LIMIT p_limit
+       FOR UPDATE SKIP LOCKED
+  )
+  UPDATE tool_operations o
+     SET reconcile_owner = p_owner,
+         reconcile_until = clock_timestamp() + (p_ttl_ms * interval '1 millisecond'),
+         revision = o.revision + 1
+    FROM candidate c
+   WHERE o.operation_id = c.operation_id AND o.status = 'unknown'
+  RETURNING o.*;
+END
+$$;
+
+-- A reconciler asks to retry an operation with its same key, under its
+-- reconcile claim: allowed only inside the provider's key retention window
+-- (from the first dispatch, on the database clock) and within the retry
+-- budget. Counted before the call leaves, so a crash cannot hide an attempt.
+-- outcome: attempt | window_passed | budget_spent | stale_claim.
+CREATE OR REPLACE FUNCTION operation_reconcile_attempt(
+  p_operation_id text, p_owner text, p_expected_revision bigint, p_retention_ms bigint, p_max_attempts integer,
+  OUT outcome text, OUT revision bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o tool_operations;
+BEGIN
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND OR o.status <> 'unknown' OR o.reconcile_owner IS DISTINCT FROM p_owner
+     OR o.revision <> p_expected_revision OR o.reconcile_until <= clock_timestamp() THEN
+    outcome := 'stale_claim';
+    RETURN;
+  END IF;
+  revision := o.revision;
+  IF o.first_dispatched_at IS NULL
+     OR o.first_dispatched_at + (p_retention_ms * interval '1 millisecond') <= clock_timestamp() THEN
+    outcome := 'window_passed';
+    RETURN;
+  END IF;
+  IF o.reconcile_attempts >= p_max_attempts THEN
+    outcome := 'budget_spent';
+    RETURN;
+  END IF;
+  UPDATE tool_operations
+     SET reconcile_attempts = reconcile_attempts + 1, revision = tool_operations.revision + 1
+   WHERE operation_id = p_operation_id
+  RETURNING tool_operations.revision INTO revision;
+  outcome := 'attempt';
+END
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+  _op_upsert(uuid, jsonb, text, bigint),
+  _op_claim(text, text, bigint, bigint, jsonb),
+  operation_register(uuid, text, bigint, jsonb, bigint, jsonb),
+  operation_register_claim(uuid, text, bigint, jsonb, text, bigint),
+  operation_claim(text, bigint, integer),
+  operation_settle(text, text, bigint, text, text, text, jsonb),
+  operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
+  operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
+  operation_supersede(uuid, text, bigint, text, jsonb),
+  operation_reconcile_claim(text, bigint, integer),
+  operation_reconcile_attempt(text, text, bigint, bigint, integer)
+FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION
+  operation_register(uuid, text, bigint, jsonb, bigint, jsonb),
+  operation_register_claim(uuid, text, bigint, jsonb, text, bigint),
+  operation_claim(text, bigint, integer),
+  operation_settle(text, text, bigint, text, text, text, jsonb),
+  operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
+  operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
+  operation_supersede(uuid, text, bigint, text, jsonb),
+  operation_reconcile_claim(text, bigint, integer),
+  operation_reconcile_attempt(text, text, bigint, bigint, integer)
+TO leasegate_app;
