@@ -68,6 +68,17 @@ CREATE TRIGGER operation_evidence_append_only BEFORE UPDATE OR DELETE ON operati
 CREATE TRIGGER operation_evidence_no_truncate BEFORE TRUNCATE ON operation_evidence
   FOR EACH STATEMENT EXECUTE FUNCTION ledger_events_refuse_change();
 
+-- An intent as the operation functions take it (register, register_claim,
+-- supersede): typed fields instead of a JSON bag.
+CREATE TYPE operation_intent AS (
+  operation_id   text,
+  step_id        text,
+  effect_version integer,
+  tool_name      text,
+  request_digest text,
+  request_body   jsonb
+);
+
 -- What every operation function returns: the verdict, the run and lease (to
 -- name expected vs found on fence rejections) and the operation as it is
 -- after the call (or as found).

@@ -10,16 +10,16 @@
 -- comparison is on every path, including the concurrent-insert one.
 -- Returns (outcome: registered | exists | intent_conflict, operation_id of
 -- the row to report).
-CREATE OR REPLACE FUNCTION _op_upsert(p_run_id uuid, p_intent jsonb, p_owner text, p_epoch bigint,
-                           OUT outcome text, OUT found_id text)
+CREATE OR REPLACE FUNCTION _op_upsert(p_run_id uuid, p_intent operation_intent, p_owner text, p_epoch bigint,
+                                      OUT outcome text, OUT found_id text)
 LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
 DECLARE
-  v_id      text    := p_intent->>'operation_id';
-  v_step    text    := p_intent->>'step_id';
-  v_version integer := (p_intent->>'effect_version')::integer;
-  v_tool    text    := p_intent->>'tool_name';
-  v_digest  text    := p_intent->>'request_digest';
-  v_body    jsonb   := COALESCE(p_intent->'request_body', 'null'::jsonb);
+  v_id      text    := p_intent.operation_id;
+  v_step    text    := p_intent.step_id;
+  v_version integer := p_intent.effect_version;
+  v_tool    text    := p_intent.tool_name;
+  v_digest  text    := p_intent.request_digest;
+  v_body    jsonb   := COALESCE(p_intent.request_body, 'null'::jsonb);
   o         tool_operations;
   attempt   integer := 0;
 BEGIN
@@ -103,21 +103,21 @@ $$;
 -- (the existing operation's fields). A fence or CAS rejection is one row
 -- with that outcome.
 CREATE OR REPLACE FUNCTION operation_register(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_intents jsonb,
+  p_run_id uuid, p_owner text, p_epoch bigint, p_intents operation_intent[],
   p_expected_revision bigint, p_checkpoint jsonb
 ) RETURNS SETOF operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
   verdict      text;
   found_status text;
-  intent       jsonb;
+  intent       operation_intent;
   v_outcome    text;
   v_found      text;
   registered   text[] := '{}';
   outcomes     text[] := '{}';
   conflicts    text[] := '{}';
 BEGIN
-  IF p_intents IS NULL OR jsonb_typeof(p_intents) <> 'array' OR jsonb_array_length(p_intents) = 0 THEN
+  IF p_intents IS NULL OR cardinality(p_intents) = 0 THEN
     RAISE EXCEPTION 'intents must be a non-empty array' USING ERRCODE = '22023';
   END IF;
   IF p_checkpoint IS NOT NULL OR p_expected_revision IS NOT NULL THEN
@@ -143,7 +143,7 @@ BEGIN
         RETURN;
       END IF;
     END IF;
-    FOR intent IN SELECT * FROM jsonb_array_elements(p_intents) LOOP
+    FOREACH intent IN ARRAY p_intents LOOP
       SELECT * INTO v_outcome, v_found FROM _op_upsert(p_run_id, intent, p_owner, p_epoch);
       IF v_outcome = 'intent_conflict' THEN
         conflicts := conflicts || v_found;
@@ -174,7 +174,7 @@ $$;
 -- returns the operation as it is (settled, in flight under another claim,
 -- unknown, cancelled) and the caller must not send.
 CREATE OR REPLACE FUNCTION operation_register_claim(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_intent jsonb,
+  p_run_id uuid, p_owner text, p_epoch bigint, p_intent operation_intent,
   p_dispatch_owner text, p_claim_ttl_ms bigint
 ) RETURNS operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -389,7 +389,7 @@ $$;
 -- intent can change: once claimed, the side effect may be under way
 -- ('not_changeable').
 CREATE OR REPLACE FUNCTION operation_supersede(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_old_operation_id text, p_new_intent jsonb
+  p_run_id uuid, p_owner text, p_epoch bigint, p_old_operation_id text, p_new_intent operation_intent
 ) RETURNS operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -410,8 +410,8 @@ BEGIN
   IF old.status <> 'prepared' THEN
     RETURN _op_result('not_changeable', p_run_id, p_old_operation_id, NULL);
   END IF;
-  IF p_new_intent->>'step_id' IS DISTINCT FROM old.step_id
-     OR (p_new_intent->>'effect_version')::integer <= old.effect_version THEN
+  IF p_new_intent.step_id IS DISTINCT FROM old.step_id
+     OR p_new_intent.effect_version <= old.effect_version THEN
     RAISE EXCEPTION 'a changed intent keeps step % and raises effect_version above %',
       old.step_id, old.effect_version USING ERRCODE = '22023';
   END IF;
@@ -501,26 +501,26 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION
-  _op_upsert(uuid, jsonb, text, bigint),
+  _op_upsert(uuid, operation_intent, text, bigint),
   _op_claim(text, text, bigint, bigint, jsonb),
-  operation_register(uuid, text, bigint, jsonb, bigint, jsonb),
-  operation_register_claim(uuid, text, bigint, jsonb, text, bigint),
+  operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
+  operation_register_claim(uuid, text, bigint, operation_intent, text, bigint),
   operation_claim(text, bigint, integer),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
-  operation_supersede(uuid, text, bigint, text, jsonb),
+  operation_supersede(uuid, text, bigint, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer),
   operation_reconcile_attempt(text, text, bigint, bigint, integer)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-  operation_register(uuid, text, bigint, jsonb, bigint, jsonb),
-  operation_register_claim(uuid, text, bigint, jsonb, text, bigint),
+  operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
+  operation_register_claim(uuid, text, bigint, operation_intent, text, bigint),
   operation_claim(text, bigint, integer),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
-  operation_supersede(uuid, text, bigint, text, jsonb),
+  operation_supersede(uuid, text, bigint, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer),
   operation_reconcile_attempt(text, text, bigint, bigint, integer)
 TO leasegate_app;

@@ -11,7 +11,7 @@ use axum::http::{Method, Request, StatusCode};
 use common::TestDb;
 use leasegate::control::{ROUTES, router};
 use leasegate::intent::IntegerPolicy;
-use leasegate::ledger::Ledger;
+use leasegate::ledger::{Ledger, MarkUnknown, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tower::ServiceExt;
@@ -650,7 +650,13 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     .unwrap();
     let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
     db.ledger
-        .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({"error": "timeout"}))
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({"error": "timeout"}),
+        })
         .await
         .unwrap();
 

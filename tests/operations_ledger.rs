@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use common::{TestDb, applied, wait_until, within};
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{
-    ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced, InlineClaim, LeaseClaim,
-    LedgerOptions, MarkUnknownOutcome, OperationStatus, PlannedCheckpoint, Rejection,
-    RunCreateOutcome, RunId, RunStatus, SettleOutcome, StaleReason, SupersedeOutcome,
+    Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced, InlineClaim, LeaseClaim,
+    LedgerOptions, MarkUnknown, MarkUnknownOutcome, OperationStatus, PlannedCheckpoint, Rejection,
+    RunCreateOutcome, RunId, RunStatus, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
+    UnknownBy, UnknownCause,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -80,7 +81,7 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
         .ledger
         .operation_settle(
             &claim,
-            true,
+            Settlement::Succeeded,
             Some("ch_1"),
             &json!({"content": [{"type": "text", "text": "ok"}]}),
         )
@@ -201,7 +202,13 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
                     OperationStatus::Dispatching => {}
                     OperationStatus::Unknown => {
                         db.ledger
-                            .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({}))
+                            .operation_mark_unknown(MarkUnknown {
+                                claim: &claim,
+                                by: UnknownBy::ClaimHolder,
+                                actor: "proxy-1",
+                                cause: UnknownCause::TimedOut,
+                                evidence: &json!({}),
+                            })
                             .await
                             .unwrap();
                     }
@@ -209,7 +216,11 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
                         db.ledger
                             .operation_settle(
                                 &claim,
-                                status == OperationStatus::Succeeded,
+                                if status == OperationStatus::Succeeded {
+                                    Settlement::Succeeded
+                                } else {
+                                    Settlement::FailedFinal
+                                },
                                 None,
                                 &json!({}),
                             )
@@ -237,7 +248,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         );
         let expected = Rejection::IntentConflict {
             operation_id: original.operation_id.clone(),
-            expected_digest: changed.request_digest.clone(),
+            expected_digest: Some(changed.request_digest.clone()),
             found_digest: original.request_digest.clone(),
             found_tool: "payments__charge".into(),
             found_step: original.step_id.clone(),
@@ -380,7 +391,13 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     // The reconciler may not touch a live claim.
     assert!(matches!(
         db.ledger
-            .operation_mark_unknown(&claim, false, "reconciler-1", true, &json!({}))
+            .operation_mark_unknown(MarkUnknown {
+                claim: &claim,
+                by: UnknownBy::Reconciler,
+                actor: "reconciler-1",
+                cause: UnknownCause::TimedOut,
+                evidence: &json!({})
+            })
             .await
             .unwrap(),
         MarkUnknownOutcome::ClaimStillLive(_)
@@ -398,13 +415,13 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     .await;
     let unknown = match db
         .ledger
-        .operation_mark_unknown(
-            &claim,
-            false,
-            "reconciler-1",
-            true,
-            &json!({"reason": "claim expired"}),
-        )
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::Reconciler,
+            actor: "reconciler-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({"reason": "claim expired"}),
+        })
         .await
         .unwrap()
     {
@@ -419,7 +436,12 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     // The remote success arrives late, under the expired claim.
     match db
         .ledger
-        .operation_settle(&claim, true, Some("vm-42"), &json!({"id": "vm-42"}))
+        .operation_settle(
+            &claim,
+            Settlement::Succeeded,
+            Some("vm-42"),
+            &json!({"id": "vm-42"}),
+        )
         .await
         .unwrap()
     {
@@ -436,7 +458,13 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     // Nor may the expired claim give up what it no longer holds.
     assert!(matches!(
         db.ledger
-            .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({}))
+            .operation_mark_unknown(MarkUnknown {
+                claim: &claim,
+                by: UnknownBy::ClaimHolder,
+                actor: "proxy-1",
+                cause: UnknownCause::TimedOut,
+                evidence: &json!({})
+            })
             .await
             .unwrap(),
         MarkUnknownOutcome::StaleClaim(_)
@@ -445,17 +473,17 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     // A query of the remote by operation id converges it.
     let converged = match db
         .ledger
-        .operation_converge(
-            &create.operation_id,
-            unknown.revision,
-            true,
-            Some("vm-42"),
-            Some(&json!({"id": "vm-42"})),
-            ConvergeEvidence::QueryResult,
-            "reconciler-1",
-            None,
-            &json!({"queried": "GET /vms?operation_id"}),
-        )
+        .operation_converge(Converge {
+            operation_id: &create.operation_id,
+            expected_revision: unknown.revision,
+            settlement: Settlement::Succeeded,
+            remote_id: Some("vm-42"),
+            result: Some(&json!({"id": "vm-42"})),
+            kind: ConvergeEvidence::QueryResult,
+            actor: "reconciler-1",
+            note: None,
+            evidence: &json!({"queried": "GET /vms?operation_id"}),
+        })
         .await
         .unwrap()
     {
@@ -521,7 +549,13 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
     claim_inline(&db, &lease, &dispatching, 30_000).await;
     let claim = claim_inline(&db, &lease, &unknown, 30_000).await;
     db.ledger
-        .operation_mark_unknown(&claim, true, "proxy-1", false, &json!({"error": "reset"}))
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::SendError,
+            evidence: &json!({"error": "reset"}),
+        })
         .await
         .unwrap();
 
@@ -638,7 +672,7 @@ async fn acceptance_g_old_run_operations_and_late_responses_cannot_advance_the_r
 
     // The old run's late response records the old run's fact only.
     assert!(matches!(
-        db.ledger.operation_settle(&old_claim, true, Some("inv-1"), &json!({})).await.unwrap(),
+        db.ledger.operation_settle(&old_claim, Settlement::Succeeded, Some("inv-1"), &json!({})).await.unwrap(),
         SettleOutcome::Settled(record) if record.run_id == first
     ));
     // The old worker, aiming at the new run, is not its lease holder.
@@ -894,7 +928,7 @@ async fn in_flight_intent_is_not_claimed_twice_and_failures_are_recorded_final(
     wrong.request_digest = intent(lease.run_id, "send", json!({"to": "y"})).request_digest;
     assert!(matches!(
         db.ledger
-            .operation_settle(&wrong, true, None, &json!({}))
+            .operation_settle(&wrong, Settlement::Succeeded, None, &json!({}))
             .await
             .unwrap(),
         SettleOutcome::KeptAsEvidence {
@@ -904,7 +938,7 @@ async fn in_flight_intent_is_not_claimed_twice_and_failures_are_recorded_final(
     ));
     // The tool answered isError: a final failure, replayed later.
     assert!(matches!(
-        db.ledger.operation_settle(&claim, false, None, &json!({"isError": true})).await.unwrap(),
+        db.ledger.operation_settle(&claim, Settlement::FailedFinal, None, &json!({"isError": true})).await.unwrap(),
         SettleOutcome::Settled(record) if record.status == OperationStatus::FailedFinal
     ));
     assert_eq!(
@@ -924,7 +958,13 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
     let claim = claim_inline(&db, &lease, &wire, 30_000).await;
     let unknown = match db
         .ledger
-        .operation_mark_unknown(&claim, true, "proxy-1", true, &json!({}))
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({}),
+        })
         .await
         .unwrap()
     {
@@ -943,33 +983,33 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
         let id = wire.operation_id.clone();
         async move {
             ledger
-                .operation_converge(
-                    &id,
-                    revision,
-                    false,
-                    None,
-                    None,
-                    ConvergeEvidence::Operator,
-                    "alice",
-                    Some("bank says never received"),
-                    &json!({}),
-                )
+                .operation_converge(Converge {
+                    operation_id: &id,
+                    expected_revision: revision,
+                    settlement: Settlement::FailedFinal,
+                    remote_id: None,
+                    result: None,
+                    kind: ConvergeEvidence::Operator,
+                    actor: "alice",
+                    note: Some("bank says never received"),
+                    evidence: &json!({}),
+                })
                 .await
         }
     };
     let no_note = db
         .ledger
-        .operation_converge(
-            &wire.operation_id,
-            unknown.revision,
-            false,
-            None,
-            None,
-            ConvergeEvidence::Operator,
-            "alice",
-            Some("  "),
-            &json!({}),
-        )
+        .operation_converge(Converge {
+            operation_id: &wire.operation_id,
+            expected_revision: unknown.revision,
+            settlement: Settlement::FailedFinal,
+            remote_id: None,
+            result: None,
+            kind: ConvergeEvidence::Operator,
+            actor: "alice",
+            note: Some("  "),
+            evidence: &json!({}),
+        })
         .await;
     assert!(no_note.is_err());
     assert!(matches!(

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use common::proxy::{LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, call, connect_http};
 use common::{TestDb, wait_until, within};
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
-use leasegate::ledger::OperationStatus;
+use leasegate::ledger::{MarkUnknown, OperationStatus, Settlement, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -334,13 +334,13 @@ async fn two_processes_reconcile_each_unknown_operation_once(
         .unwrap();
         let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
         db.ledger
-            .operation_mark_unknown(
-                &claim,
-                true,
-                "crashed-proxy",
-                false,
-                &json!({"error": "reset"}),
-            )
+            .operation_mark_unknown(MarkUnknown {
+                claim: &claim,
+                by: UnknownBy::ClaimHolder,
+                actor: "crashed-proxy",
+                cause: UnknownCause::SendError,
+                evidence: &json!({"error": "reset"}),
+            })
             .await
             .unwrap();
         ids.push(intent.operation_id);
@@ -411,7 +411,13 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
         Some(4)
     );
     db.ledger
-        .operation_mark_unknown(&claim, true, "p", true, &json!({}))
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "p",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({}),
+        })
         .await
         .unwrap();
     let resolved = cli(&[
@@ -747,7 +753,13 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
     wait_until("the claim to lapse", || async {
         let outcome = db
             .ledger
-            .operation_mark_unknown(&claim, false, "reconciler", true, &json!({}))
+            .operation_mark_unknown(MarkUnknown {
+                claim: &claim,
+                by: UnknownBy::Reconciler,
+                actor: "reconciler",
+                cause: UnknownCause::TimedOut,
+                evidence: &json!({}),
+            })
             .await
             .unwrap();
         matches!(
@@ -761,7 +773,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         .ledger
         .operation_settle(
             &claim,
-            true,
+            Settlement::Succeeded,
             Some("msg_9"),
             &json!({"structuredContent": {"message_id": "msg_9"}}),
         )
@@ -838,13 +850,13 @@ read_only = true
     .unwrap();
     let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
     db.ledger
-        .operation_mark_unknown(
-            &claim,
-            true,
-            "crashed-proxy",
-            false,
-            &json!({"error": "reset"}),
-        )
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "crashed-proxy",
+            cause: UnknownCause::SendError,
+            evidence: &json!({"error": "reset"}),
+        })
         .await
         .unwrap();
     // Someone else made a resource under the same deterministic id, with another spec.

@@ -164,7 +164,12 @@ async fn leasegate_rate(
                     add(&phases.register_claim, began);
                     let began = Instant::now();
                     match ledger
-                        .operation_settle(&claim, true, Some("remote"), &json!({ "ok": true }))
+                        .operation_settle(
+                            &claim,
+                            leasegate::ledger::Settlement::Succeeded,
+                            Some("remote"),
+                            &json!({ "ok": true }),
+                        )
                         .await?
                     {
                         SettleOutcome::Settled(_) => {}

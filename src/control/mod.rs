@@ -702,9 +702,9 @@ async fn resolve_operation(
     Path(raw): Path<String>,
     Body(body): Body<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let succeeded = match body.outcome.as_str() {
-        "succeeded" => true,
-        "failed_final" => false,
+    let settlement = match body.outcome.as_str() {
+        "succeeded" => crate::ledger::Settlement::Succeeded,
+        "failed_final" => crate::ledger::Settlement::FailedFinal,
         other => {
             return Err(ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -728,17 +728,17 @@ async fn resolve_operation(
         .ok_or_else(|| ApiError::not_found("operation"))?;
     let outcome = state
         .ledger
-        .operation_converge(
-            &id,
-            view.operation.revision,
-            succeeded,
-            body.remote_id.as_deref(),
-            body.result.as_ref(),
-            crate::ledger::ConvergeEvidence::Operator,
-            &body.actor,
-            Some(&body.note),
-            &json!({}),
-        )
+        .operation_converge(crate::ledger::Converge {
+            operation_id: &id,
+            expected_revision: view.operation.revision,
+            settlement,
+            remote_id: body.remote_id.as_deref(),
+            result: body.result.as_ref(),
+            kind: crate::ledger::ConvergeEvidence::Operator,
+            actor: &body.actor,
+            note: Some(&body.note),
+            evidence: &json!({}),
+        })
         .await?;
     match outcome {
         crate::ledger::ConvergeOutcome::Converged {

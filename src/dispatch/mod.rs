@@ -36,8 +36,9 @@ use crate::adapter::{
 };
 use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
-    DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknownOutcome,
-    OperationRecord, OperationStatus, Rejection, SettleOutcome,
+    DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown,
+    MarkUnknownOutcome, OperationRecord, OperationStatus, Rejection, SettleOutcome, Settlement,
+    UnknownBy, UnknownCause,
 };
 use crate::policy::{Policy, StepIdentity};
 
@@ -296,13 +297,13 @@ impl<U: Upstream> Dispatcher<U> {
                 && claim.until <= chrono::Utc::now()
                 && let MarkUnknownOutcome::MarkedUnknown { operation, .. } = self
                     .ledger
-                    .operation_mark_unknown(
-                        &claim,
-                        false,
-                        &self.dispatch_owner,
-                        true,
-                        &json!({"reason": "claim expired; found by a later call"}),
-                    )
+                    .operation_mark_unknown(MarkUnknown {
+                        claim: &claim,
+                        by: UnknownBy::Reconciler,
+                        actor: &self.dispatch_owner,
+                        cause: UnknownCause::TimedOut,
+                        evidence: &json!({"reason": "claim expired; found by a later call"}),
+                    })
                     .await?
             {
                 record = operation;
@@ -464,26 +465,32 @@ async fn send_and_settle<U: Upstream>(
             Err(error) => break error,
         }
     };
-    let (timed_out, evidence) = match &failure {
+    let (cause, evidence) = match &failure {
         UpstreamError::TimedOut(after) => (
-            true,
+            UnknownCause::TimedOut,
             json!({"error": failure.to_string(), "timeout_ms": after.as_millis() as u64}),
         ),
         UpstreamError::NotSent(reason) => (
-            false,
+            UnknownCause::SendError,
             json!({"error": reason, "not_sent": true, "attempts": attempt}),
         ),
-        other => (false, json!({"error": other.to_string()})),
+        other => (UnknownCause::SendError, json!({"error": other.to_string()})),
     };
     // If we crash here the row stays dispatching; when the claim expires it
     // becomes unknown all the same.
     let outcome = ledger
-        .operation_mark_unknown(&claim, true, &dispatch_owner, timed_out, &evidence)
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: &dispatch_owner,
+            cause,
+            evidence: &evidence,
+        })
         .await?;
     let reason = match outcome {
         MarkUnknownOutcome::MarkedUnknown { .. } => {
-            let cause = if timed_out { "timeout" } else { "send_error" };
-            metrics::counter!("tool_operation_unknown_total", "cause" => cause).increment(1);
+            metrics::counter!("tool_operation_unknown_total", "cause" => cause.as_str())
+                .increment(1);
             tracing::warn!(error = %failure, "no answer from the upstream: operation is unknown");
             failure.to_string()
         }
@@ -521,7 +528,11 @@ async fn settle(
     match ledger
         .operation_settle(
             claim,
-            !answer.is_error,
+            if answer.is_error {
+                Settlement::FailedFinal
+            } else {
+                Settlement::Succeeded
+            },
             remote_id.as_deref(),
             &answer.result,
         )

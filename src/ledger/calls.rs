@@ -11,10 +11,13 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::stored_json;
+use super::verdict::{
+    Expected, Found, Outcome, fence_rejection, missing, parse_run_status, rejected,
+};
 use super::{
-    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseState, Ledger, LedgerError,
-    MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, Rejection, RunCreateOutcome, RunId, RunStatus,
-    RunSummary, check_text,
+    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, Ledger, LedgerError, MAX_OWNER_LEN,
+    MAX_TASK_LEN, MAX_TENANT_LEN, Rejection, RunCreateOutcome, RunId, RunStatus, RunSummary,
+    check_text,
 };
 
 /// The `ledger_write_result` composite every fenced function returns.
@@ -45,36 +48,25 @@ struct CreateRow {
     lease_expires_at: Option<DateTime<Utc>>,
 }
 
-fn parse_status(call: &'static str, value: Option<&str>) -> Result<RunStatus, LedgerError> {
-    value
-        .and_then(RunStatus::parse)
-        .ok_or_else(|| LedgerError::Protocol {
-            call,
-            detail: format!("run status {value:?} is not one this build knows"),
-        })
-}
-
-fn missing(call: &'static str, field: &str) -> LedgerError {
-    LedgerError::Protocol {
-        call,
-        detail: format!("{field} missing from the answer"),
-    }
-}
-
 impl WriteRow {
-    fn lease_state(&self) -> LeaseState {
-        let expires_at = self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-        LeaseState {
-            owner: self.lease_owner.clone(),
-            epoch: self.lease_epoch.unwrap_or(0),
-            expires_at,
-            expired: expires_at <= self.db_now,
+    fn outcome(&self, call: &'static str) -> Result<Outcome, LedgerError> {
+        Outcome::parse(call, &self.outcome)
+    }
+
+    fn found(&self) -> Found<'_> {
+        Found {
+            run_status: self.run_status.as_deref(),
+            run_revision: self.revision,
+            lease_owner: self.lease_owner.as_deref(),
+            lease_epoch: self.lease_epoch,
+            lease_expires_at: self.lease_expires_at,
+            db_now: self.db_now,
         }
     }
 
     fn applied(&self, call: &'static str) -> Result<Applied, LedgerError> {
         Ok(Applied {
-            run_status: parse_status(call, self.run_status.as_deref())?,
+            run_status: self.found().run_status(call)?,
             revision: self.revision.ok_or_else(|| missing(call, "revision"))?,
             lease_expires_at: self
                 .lease_expires_at
@@ -82,9 +74,6 @@ impl WriteRow {
         })
     }
 
-    /// Turns the function's verdict into a typed outcome. `expected_revision`
-    /// and `needs` describe what the caller asked for, so that rejections can
-    /// name expected and found values.
     /// Records the lock wait of this call.
     fn observe(&self, call: &'static str) {
         if let Some(wait) = self.lock_wait_ms {
@@ -93,55 +82,22 @@ impl WriteRow {
         }
     }
 
+    /// Turns the function's verdict into a typed outcome; `expected` is what
+    /// the caller asked for, so that rejections name expected and found.
     fn into_fenced(
         self,
         call: &'static str,
-        claim: Option<&LeaseClaim>,
-        expected_revision: Option<i64>,
-        needs: Option<RunStatus>,
+        expected: Expected<'_>,
     ) -> Result<Fenced<Applied>, LedgerError> {
         self.observe(call);
-        let fenced = self.verdict(call, claim, expected_revision, needs)?;
-        if let Fenced::Rejected(rejection) = &fenced {
-            metrics::counter!("protected_write_rejected_total", "reason" => rejection.reason(), "call" => call)
-                .increment(1);
+        let outcome = self.outcome(call)?;
+        if outcome == Outcome::Applied {
+            return Ok(Fenced::Applied(self.applied(call)?));
         }
-        Ok(fenced)
-    }
-
-    fn verdict(
-        self,
-        call: &'static str,
-        claim: Option<&LeaseClaim>,
-        expected_revision: Option<i64>,
-        needs: Option<RunStatus>,
-    ) -> Result<Fenced<Applied>, LedgerError> {
-        let rejection = match self.outcome.as_str() {
-            "applied" => return Ok(Fenced::Applied(self.applied(call)?)),
-            "not_found" => Rejection::NotFound,
-            "lease_lost" => Rejection::LeaseLost {
-                expected: claim.cloned().ok_or_else(|| missing(call, "claim"))?,
-                found: self.lease_state(),
-            },
-            "terminal" => Rejection::Terminal {
-                status: parse_status(call, self.run_status.as_deref())?,
-            },
-            "conflict" => Rejection::Conflict {
-                expected_revision: expected_revision.ok_or_else(|| missing(call, "revision"))?,
-                found: self.revision.ok_or_else(|| missing(call, "revision"))?,
-            },
-            "wrong_status" => Rejection::WrongStatus {
-                expected: needs.ok_or_else(|| missing(call, "expected status"))?,
-                found: parse_status(call, self.run_status.as_deref())?,
-            },
-            other => {
-                return Err(LedgerError::Protocol {
-                    call,
-                    detail: format!("unknown outcome {other:?}"),
-                });
-            }
-        };
-        Ok(Fenced::Rejected(rejection))
+        match fence_rejection(call, outcome, expected, self.found())? {
+            Some(rejection) => Ok(Fenced::Rejected(rejected(call, rejection))),
+            None => Err(outcome.unexpected(call)),
+        }
     }
 }
 
@@ -150,7 +106,7 @@ impl CreateRow {
         Ok(RunSummary {
             run_id: RunId::from_uuid(self.run_id.ok_or_else(|| missing(call, "run_id"))?),
             attempt: self.attempt.ok_or_else(|| missing(call, "attempt"))?,
-            status: parse_status(call, self.run_status.as_deref())?,
+            status: parse_run_status(call, self.run_status.as_deref())?,
             lease_owner: self.lease_owner.clone(),
             lease_epoch: self.lease_epoch.unwrap_or(0),
             lease_expires_at: self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
@@ -195,17 +151,12 @@ impl Ledger {
                     .bind(lease.map(|l| l.ttl_ms))
             })
             .await?;
-        Ok(match row.outcome.as_str() {
-            "created" => RunCreateOutcome::Created(row.summary(CALL)?),
-            "exists" => RunCreateOutcome::Exists(row.summary(CALL)?),
-            "active_run_live" => RunCreateOutcome::ActiveRunLive(row.summary(CALL)?),
-            "run_id_taken" => RunCreateOutcome::RunIdTaken,
-            other => {
-                return Err(LedgerError::Protocol {
-                    call: CALL,
-                    detail: format!("unknown outcome {other:?}"),
-                });
-            }
+        Ok(match Outcome::parse(CALL, &row.outcome)? {
+            Outcome::Created => RunCreateOutcome::Created(row.summary(CALL)?),
+            Outcome::Exists => RunCreateOutcome::Exists(row.summary(CALL)?),
+            Outcome::ActiveRunLive => RunCreateOutcome::ActiveRunLive(row.summary(CALL)?),
+            Outcome::RunIdTaken => RunCreateOutcome::RunIdTaken,
+            other => return Err(other.unexpected(CALL)),
         })
     }
 
@@ -247,8 +198,9 @@ impl Ledger {
         row: WriteRow,
     ) -> Result<AcquireOutcome, LedgerError> {
         const CALL: &str = "lease_acquire";
-        Ok(match row.outcome.as_str() {
-            "acquired" | "taken_over" => {
+        let outcome = row.outcome(CALL)?;
+        Ok(match outcome {
+            Outcome::Acquired | Outcome::TakenOver => {
                 let applied = row.applied(CALL)?;
                 AcquireOutcome::Acquired(LeaseGrant {
                     claim: LeaseClaim {
@@ -259,12 +211,12 @@ impl Ledger {
                             .ok_or_else(|| missing(CALL, "lease_epoch"))?,
                     },
                     expires_at: applied.lease_expires_at,
-                    took_over: row.outcome == "taken_over",
+                    took_over: outcome == Outcome::TakenOver,
                     run_status: applied.run_status,
                     revision: applied.revision,
                 })
             }
-            "busy" => AcquireOutcome::Busy {
+            Outcome::Busy => AcquireOutcome::Busy {
                 owner: row
                     .lease_owner
                     .clone()
@@ -273,16 +225,11 @@ impl Ledger {
                     .lease_expires_at
                     .ok_or_else(|| missing(CALL, "lease_expires_at"))?,
             },
-            "not_found" => AcquireOutcome::NotFound,
-            "terminal" => AcquireOutcome::Terminal {
-                status: parse_status(CALL, row.run_status.as_deref())?,
+            Outcome::NotFound => AcquireOutcome::NotFound,
+            Outcome::Terminal => AcquireOutcome::Terminal {
+                status: row.found().run_status(CALL)?,
             },
-            other => {
-                return Err(LedgerError::Protocol {
-                    call: CALL,
-                    detail: format!("unknown outcome {other:?}"),
-                });
-            }
+            other => return Err(other.unexpected(CALL)),
         })
     }
 
@@ -312,7 +259,13 @@ impl Ledger {
                 };
                 metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
             })?;
-        let fenced = row.into_fenced(CALL, Some(claim), None, None)?;
+        let fenced = row.into_fenced(
+            CALL,
+            Expected {
+                claim: Some(claim),
+                ..Expected::default()
+            },
+        )?;
         let outcome = match &fenced {
             Fenced::Applied(_) => "success",
             Fenced::Rejected(Rejection::Terminal { .. }) => "terminal",
@@ -333,7 +286,13 @@ impl Ledger {
                     .bind(claim.epoch)
             })
             .await?;
-        row.into_fenced(CALL, Some(claim), None, None)
+        row.into_fenced(
+            CALL,
+            Expected {
+                claim: Some(claim),
+                ..Expected::default()
+            },
+        )
     }
 
     /// Saves a checkpoint: lease check, then revision CAS on a running run.
@@ -356,9 +315,11 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Some(claim),
-            Some(expected_revision),
-            Some(RunStatus::Running),
+            Expected {
+                claim: Some(claim),
+                revision: Some(expected_revision),
+                status: Some(RunStatus::Running),
+            },
         )
     }
 
@@ -380,9 +341,11 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Some(claim),
-            Some(expected_revision),
-            Some(RunStatus::Pending),
+            Expected {
+                claim: Some(claim),
+                revision: Some(expected_revision),
+                status: Some(RunStatus::Pending),
+            },
         )
     }
 
@@ -406,9 +369,11 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Some(claim),
-            Some(expected_revision),
-            Some(RunStatus::Running),
+            Expected {
+                claim: Some(claim),
+                revision: Some(expected_revision),
+                status: Some(RunStatus::Running),
+            },
         )
     }
 
@@ -433,9 +398,11 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Some(claim),
-            Some(expected_revision),
-            Some(RunStatus::Running),
+            Expected {
+                claim: Some(claim),
+                revision: Some(expected_revision),
+                status: Some(RunStatus::Running),
+            },
         )
     }
 
@@ -457,6 +424,6 @@ impl Ledger {
                     .bind(reason)
             })
             .await?;
-        row.into_fenced(CALL, None, None, None)
+        row.into_fenced(CALL, Expected::default())
     }
 }

@@ -40,6 +40,7 @@ mod read;
 mod schema;
 mod stored_json;
 mod types;
+mod verdict;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -51,10 +52,10 @@ use sqlx::{FromRow, PgPool, Postgres};
 pub use calls::InitialLease;
 pub use error::{Delivery, InvalidInput, LedgerError};
 pub use operation_types::{
-    ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, InlineClaim,
-    MarkUnknownOutcome, OperationEvent, OperationRecord, OperationStatus, OperationView,
-    ReconcileItem, Registered, RetryVerdict, SettleOutcome, StaleReason, SupersedeOutcome,
-    UnknownSummary,
+    ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
+    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationEvent, OperationRecord,
+    OperationStatus, OperationView, ReconcileItem, Registered, RetryVerdict, SettleOutcome,
+    Settlement, StaleReason, SupersedeOutcome, UnknownBy, UnknownCause, UnknownSummary,
 };
 pub use operations::PlannedCheckpoint;
 pub use read::DbHealth;

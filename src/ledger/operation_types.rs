@@ -222,6 +222,120 @@ pub enum SettleOutcome {
     NotFound,
 }
 
+/// How a settle or a convergence ends an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Settlement {
+    Succeeded,
+    /// A definitive failure (e.g. the tool answered `isError: true`).
+    FailedFinal,
+}
+
+impl Settlement {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Settlement::Succeeded => "succeeded",
+            Settlement::FailedFinal => "failed_final",
+        }
+    }
+}
+
+/// Who moves a claim to `unknown`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownBy {
+    /// The claim's holder gives its live claim up at once: it alone knows
+    /// its request timed out or broke after bytes may have left.
+    ClaimHolder,
+    /// A reconciler: only a claim that has expired.
+    Reconciler,
+}
+
+/// Why an outcome is unknown (the kind of evidence kept).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownCause {
+    TimedOut,
+    SendError,
+}
+
+impl UnknownCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnknownCause::TimedOut => "timeout",
+            UnknownCause::SendError => "send_error",
+        }
+    }
+}
+
+/// `operation_mark_unknown`'s parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct MarkUnknown<'a> {
+    pub claim: &'a DispatchClaim,
+    pub by: UnknownBy,
+    /// Who writes it (dispatch owner, reconciler name).
+    pub actor: &'a str,
+    pub cause: UnknownCause,
+    /// Kept as evidence (error text, timeout).
+    pub evidence: &'a serde_json::Value,
+}
+
+/// `operation_converge`'s parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct Converge<'a> {
+    pub operation_id: &'a OperationId,
+    /// The revision the caller read (a reconcile claim's, or the operator's).
+    pub expected_revision: i64,
+    pub settlement: Settlement,
+    pub remote_id: Option<&'a str>,
+    pub result: Option<&'a serde_json::Value>,
+    pub kind: ConvergeEvidence,
+    pub actor: &'a str,
+    /// Required for [`ConvergeEvidence::Operator`].
+    pub note: Option<&'a str>,
+    pub evidence: &'a serde_json::Value,
+}
+
+/// What a piece of evidence is (`operation_evidence.kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EvidenceKind {
+    /// A response that came after its claim lost validity.
+    LateResponse,
+    /// Proof that no byte of the request left.
+    NotSent,
+    SendError,
+    Timeout,
+    QueryResult,
+    RetryResult,
+    Operator,
+}
+
+impl EvidenceKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvidenceKind::LateResponse => "late_response",
+            EvidenceKind::NotSent => "not_sent",
+            EvidenceKind::SendError => "send_error",
+            EvidenceKind::Timeout => "timeout",
+            EvidenceKind::QueryResult => "query_result",
+            EvidenceKind::RetryResult => "retry_result",
+            EvidenceKind::Operator => "operator",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<EvidenceKind> {
+        Some(match value {
+            "late_response" => EvidenceKind::LateResponse,
+            "not_sent" => EvidenceKind::NotSent,
+            "send_error" => EvidenceKind::SendError,
+            "timeout" => EvidenceKind::Timeout,
+            "query_result" => EvidenceKind::QueryResult,
+            "retry_result" => EvidenceKind::RetryResult,
+            "operator" => EvidenceKind::Operator,
+            _ => return None,
+        })
+    }
+}
+
 /// The outcome of `operation_mark_unknown`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MarkUnknownOutcome {
@@ -317,7 +431,7 @@ pub enum RetryVerdict {
 pub struct Evidence {
     pub evidence_id: i64,
     pub at: DateTime<Utc>,
-    pub kind: String,
+    pub kind: EvidenceKind,
     pub source: String,
     pub claim_owner: Option<String>,
     pub claim_revision: Option<i64>,

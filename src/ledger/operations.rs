@@ -19,19 +19,26 @@
 //!   [`LedgerError::OutcomeUnknown`]: read the operation back with
 //!   [`Ledger::operation_get`] before acting.
 
+use std::borrow::Cow;
+
 use chrono::{DateTime, Utc};
-use serde_json::{Value, json};
-use sqlx::FromRow;
+use serde_json::Value;
+use sqlx::postgres::types::PgRecordEncoder;
+use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo};
 use sqlx::types::Json;
+use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
+
+use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
 
 use super::stored_json::{self, Stored};
 use super::{
-    ClaimedOperation, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence, Fenced,
-    InlineClaim, InvalidInput, LeaseClaim, LeaseState, Ledger, LedgerError, MAX_OWNER_LEN,
-    MarkUnknownOutcome, OperationRecord, OperationStatus, OperationView, ReconcileItem, Registered,
-    Rejection, RetryVerdict, RunId, RunStatus, SettleOutcome, StaleReason, SupersedeOutcome,
-    UnknownSummary, check_text,
+    ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
+    EvidenceKind, Fenced, InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError,
+    MAX_OWNER_LEN, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
+    OperationView, ReconcileItem, Registered, Rejection, RetryVerdict, RunId, RunStatus,
+    SettleOutcome, Settlement, StaleReason, SupersedeOutcome, UnknownBy, UnknownSummary,
+    check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -176,80 +183,112 @@ impl OpRow {
             .ok_or_else(|| protocol(call, "evidence_id missing from the answer"))
     }
 
-    /// The lease-fence and run-state verdicts every worker-side call shares.
+    fn outcome(&self, call: &'static str) -> Result<Outcome, LedgerError> {
+        Outcome::parse(call, &self.outcome)
+    }
+
+    fn found(&self) -> Found<'_> {
+        Found {
+            run_status: self.run_status.as_deref(),
+            run_revision: self.run_revision,
+            lease_owner: self.lease_owner.as_deref(),
+            lease_epoch: self.lease_epoch,
+            lease_expires_at: self.lease_expires_at,
+            db_now: self.db_now,
+        }
+    }
+
+    /// The rejection this row reports, if any (counted once, in
+    /// `verdict::rejected`): the shared fence and run-state verdicts, and an
+    /// intent conflict against `intent` (what the caller sent, if it is the
+    /// intent the row names).
     fn rejection(
         &self,
         call: &'static str,
-        claim: &LeaseClaim,
-        expected_revision: Option<i64>,
-        expected: Option<&Intent>,
+        expected: Expected<'_>,
+        intent: Option<&Intent>,
     ) -> Result<Option<Rejection>, LedgerError> {
-        let run_status = || {
-            self.run_status
-                .as_deref()
-                .and_then(RunStatus::parse)
-                .ok_or_else(|| protocol(call, "run status missing from the answer"))
+        let outcome = self.outcome(call)?;
+        let rejection = if outcome == Outcome::IntentConflict {
+            let found = self.record(call)?;
+            Rejection::IntentConflict {
+                expected_digest: intent
+                    .filter(|intent| {
+                        intent.operation_id == found.operation_id
+                            || (intent.step_id == found.step_id
+                                && intent.effect_version == found.effect_version)
+                    })
+                    .map(|intent| intent.request_digest.clone()),
+                operation_id: found.operation_id,
+                found_digest: found.request_digest,
+                found_tool: found.tool_name,
+                found_step: found.step_id,
+                found_effect_version: found.effect_version,
+            }
+        } else {
+            match fence_rejection(call, outcome, expected, self.found())? {
+                Some(rejection) => rejection,
+                None => return Ok(None),
+            }
         };
-        Ok(Some(match self.outcome.as_str() {
-            "not_found" => Rejection::NotFound,
-            "lease_lost" => {
-                let expires_at = self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-                Rejection::LeaseLost {
-                    expected: claim.clone(),
-                    found: LeaseState {
-                        owner: self.lease_owner.clone(),
-                        epoch: self.lease_epoch.unwrap_or(0),
-                        expires_at,
-                        expired: expires_at <= self.db_now,
-                    },
-                }
-            }
-            "terminal" => Rejection::Terminal {
-                status: run_status()?,
-            },
-            "conflict" => Rejection::Conflict {
-                expected_revision: expected_revision
-                    .ok_or_else(|| protocol(call, "conflict without an expected revision"))?,
-                found: self
-                    .run_revision
-                    .ok_or_else(|| protocol(call, "run revision missing from the answer"))?,
-            },
-            "wrong_status" => Rejection::WrongStatus {
-                expected: RunStatus::Running,
-                found: run_status()?,
-            },
-            "intent_conflict" => {
-                let found = self.record(call)?;
-                Rejection::IntentConflict {
-                    expected_digest: expected
-                        .filter(|intent| {
-                            intent.operation_id == found.operation_id
-                                || (intent.step_id == found.step_id
-                                    && intent.effect_version == found.effect_version)
-                        })
-                        .map(|intent| intent.request_digest.clone())
-                        .unwrap_or_else(|| RequestDigest::from_hex(String::new())),
-                    operation_id: found.operation_id,
-                    found_digest: found.request_digest,
-                    found_tool: found.tool_name,
-                    found_step: found.step_id,
-                    found_effect_version: found.effect_version,
-                }
-            }
-            _ => return Ok(None),
-        }))
+        Ok(Some(rejected(call, rejection)))
     }
 }
 
-fn intent_json(intent: &Intent) -> Value {
-    json!({
-        "operation_id": intent.operation_id.as_str(),
-        "step_id": intent.step_id,
-        "effect_version": intent.effect_version,
-        "tool_name": intent.tool_name,
-        "request_digest": intent.request_digest.as_str(),
-        "request_body": stored_json::encode(&intent.request_body),
-    })
+/// An intent as the SQL functions take it: the `operation_intent` composite
+/// (typed fields, checked by PostgreSQL on the way in).
+/// Encoded by hand: sqlx's derive needs owned fields, and these borrow.
+#[derive(Debug)]
+struct IntentParams<'a> {
+    operation_id: &'a str,
+    step_id: &'a str,
+    effect_version: i32,
+    tool_name: &'a str,
+    request_digest: &'a str,
+    request_body: Json<Cow<'a, Value>>,
+}
+
+impl sqlx::Type<Postgres> for IntentParams<'_> {
+    fn type_info() -> PgTypeInfo {
+        PgTypeInfo::with_name("operation_intent")
+    }
+}
+
+impl PgHasArrayType for IntentParams<'_> {
+    fn array_type_info() -> PgTypeInfo {
+        PgTypeInfo::array_of("operation_intent")
+    }
+}
+
+impl sqlx::Encode<'_, Postgres> for IntentParams<'_> {
+    fn encode_by_ref(
+        &self,
+        buf: &mut PgArgumentBuffer,
+    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+        let mut record = PgRecordEncoder::new(buf);
+        record
+            .encode(self.operation_id)?
+            .encode(self.step_id)?
+            .encode(self.effect_version)?
+            .encode(self.tool_name)?
+            .encode(self.request_digest)?
+            .encode(&self.request_body)?;
+        record.finish();
+        Ok(sqlx::encode::IsNull::No)
+    }
+}
+
+impl<'a> IntentParams<'a> {
+    fn new(intent: &'a Intent) -> Self {
+        IntentParams {
+            operation_id: intent.operation_id.as_str(),
+            step_id: &intent.step_id,
+            effect_version: intent.effect_version,
+            tool_name: &intent.tool_name,
+            request_digest: intent.request_digest.as_str(),
+            request_body: Json(stored_json::encode(&intent.request_body)),
+        }
+    }
 }
 
 /// A checkpoint written in the same transaction as planned intents.
@@ -293,14 +332,14 @@ impl Ledger {
                 .into());
             }
         }
-        let batch = Value::Array(intents.iter().map(intent_json).collect());
+        let batch: Vec<IntentParams> = intents.iter().map(IntentParams::new).collect();
         let rows: Vec<OpRow> = self
             .invoke_all(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_register($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
-                    .bind(Json(&batch))
+                    .bind(&batch)
                     .bind(checkpoint.map(|c| c.expected_revision))
                     .bind(checkpoint.map(|c| Json(stored_json::encode(c.checkpoint))))
             })
@@ -313,13 +352,18 @@ impl Ledger {
                     || (row.step_id.as_deref() == Some(intent.step_id.as_str())
                         && row.effect_version == Some(intent.effect_version))
             });
-            if let Some(rejection) = row.rejection(CALL, claim, expected_revision, expected)? {
+            let fence = Expected {
+                claim: Some(claim),
+                revision: expected_revision,
+                status: Some(RunStatus::Running),
+            };
+            if let Some(rejection) = row.rejection(CALL, fence, expected)? {
                 return Ok(Fenced::Rejected(rejection));
             }
-            let newly_registered = match row.outcome.as_str() {
-                "registered" => true,
-                "exists" => false,
-                other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+            let newly_registered = match row.outcome(CALL)? {
+                Outcome::Registered => true,
+                Outcome::Exists => false,
+                other => return Err(other.unexpected(CALL)),
             };
             registered.push(Registered {
                 operation: row.record(CALL)?,
@@ -348,31 +392,35 @@ impl Ledger {
         const CALL: &str = "operation_register_claim";
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
-        let body = intent_json(intent);
+        let params = IntentParams::new(intent);
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
-                    .bind(Json(&body))
+                    .bind(&params)
                     .bind(dispatch_owner)
                     .bind(claim_ttl_ms)
             })
             .await?;
-        if let Some(rejection) = row.rejection(CALL, claim, None, Some(intent))? {
+        let expected = Expected {
+            claim: Some(claim),
+            ..Expected::default()
+        };
+        if let Some(rejection) = row.rejection(CALL, expected, Some(intent))? {
             return Ok(Fenced::Rejected(rejection));
         }
         let operation = row.record(CALL)?;
-        Ok(Fenced::Applied(match row.outcome.as_str() {
-            "claimed" => {
+        Ok(Fenced::Applied(match row.outcome(CALL)? {
+            Outcome::Claimed => {
                 let claim = operation
                     .claim()
                     .ok_or_else(|| protocol(CALL, "claimed without a claim"))?;
                 InlineClaim::Claimed { operation, claim }
             }
-            "exists" => InlineClaim::Existing(operation),
-            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+            Outcome::Exists => InlineClaim::Existing(operation),
+            other => return Err(other.unexpected(CALL)),
         }))
     }
 
@@ -416,16 +464,11 @@ impl Ledger {
     pub async fn operation_settle(
         &self,
         claim: &DispatchClaim,
-        succeeded: bool,
+        settlement: Settlement,
         remote_id: Option<&str>,
         result: &Value,
     ) -> Result<SettleOutcome, LedgerError> {
         const CALL: &str = "operation_settle";
-        let status = if succeeded {
-            "succeeded"
-        } else {
-            "failed_final"
-        };
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_settle($1, $2, $3, $4, $5, $6, $7)")
@@ -433,92 +476,84 @@ impl Ledger {
                     .bind(claim.dispatch_owner.as_str())
                     .bind(claim.revision)
                     .bind(claim.request_digest.as_str())
-                    .bind(status)
+                    .bind(settlement.as_str())
                     .bind(remote_id)
                     .bind(Json(stored_json::encode(result)))
             })
             .await?;
-        Ok(match row.outcome.as_str() {
-            "settled" => SettleOutcome::Settled(row.record(CALL)?),
-            "stale_claim" | "digest_mismatch" => SettleOutcome::KeptAsEvidence {
-                reason: if row.outcome == "stale_claim" {
-                    StaleReason::StaleClaim
-                } else {
-                    StaleReason::DigestMismatch
-                },
-                found: row.record(CALL)?,
-                evidence_id: row.evidence_id(CALL)?,
-            },
-            "not_found" => SettleOutcome::NotFound,
-            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        Ok(match row.outcome(CALL)? {
+            Outcome::Settled => SettleOutcome::Settled(row.record(CALL)?),
+            outcome @ (Outcome::StaleClaim | Outcome::DigestMismatch) => {
+                SettleOutcome::KeptAsEvidence {
+                    reason: if outcome == Outcome::StaleClaim {
+                        StaleReason::StaleClaim
+                    } else {
+                        StaleReason::DigestMismatch
+                    },
+                    found: row.record(CALL)?,
+                    evidence_id: row.evidence_id(CALL)?,
+                }
+            }
+            Outcome::NotFound => SettleOutcome::NotFound,
+            other => return Err(other.unexpected(CALL)),
         })
     }
 
-    /// `dispatching` → `unknown`, guarded by the claim's owner and revision.
-    /// `holder`: the caller holds the claim and gives it up now (its request
-    /// timed out, or broke after bytes may have left); otherwise (the
-    /// reconciler) only an expired claim is marked. `evidence` (error text,
-    /// timeout) is kept; `timed_out` picks its kind.
+    /// `dispatching` → `unknown`, guarded by the claim's owner and revision;
+    /// the evidence is kept with its cause as kind. A reconciler
+    /// ([`UnknownBy::Reconciler`]) only marks an expired claim.
     pub async fn operation_mark_unknown(
         &self,
-        claim: &DispatchClaim,
-        holder: bool,
-        actor: &str,
-        timed_out: bool,
-        evidence: &Value,
+        mark: MarkUnknown<'_>,
     ) -> Result<MarkUnknownOutcome, LedgerError> {
         const CALL: &str = "operation_mark_unknown";
-        check_text("actor", actor, MAX_OWNER_LEN)?;
-        let kind = if timed_out { "timeout" } else { "send_error" };
+        check_text("actor", mark.actor, MAX_OWNER_LEN)?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_mark_unknown($1, $2, $3, $4, $5, $6, $7)")
-                    .bind(claim.operation_id.as_str())
-                    .bind(claim.dispatch_owner.as_str())
-                    .bind(claim.revision)
-                    .bind(holder)
-                    .bind(actor)
-                    .bind(kind)
-                    .bind(Json(stored_json::encode(evidence)))
+                    .bind(mark.claim.operation_id.as_str())
+                    .bind(mark.claim.dispatch_owner.as_str())
+                    .bind(mark.claim.revision)
+                    .bind(mark.by == UnknownBy::ClaimHolder)
+                    .bind(mark.actor)
+                    .bind(mark.cause.as_str())
+                    .bind(Json(stored_json::encode(mark.evidence)))
             })
             .await?;
-        Ok(match row.outcome.as_str() {
-            "marked_unknown" => MarkUnknownOutcome::MarkedUnknown {
+        Ok(match row.outcome(CALL)? {
+            Outcome::MarkedUnknown => MarkUnknownOutcome::MarkedUnknown {
                 operation: row.record(CALL)?,
                 evidence_id: row.evidence_id(CALL)?,
             },
-            "claim_live" => MarkUnknownOutcome::ClaimStillLive(row.record(CALL)?),
-            "stale_claim" => MarkUnknownOutcome::StaleClaim(row.record(CALL)?),
-            "not_found" => MarkUnknownOutcome::NotFound,
-            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+            Outcome::ClaimLive => MarkUnknownOutcome::ClaimStillLive(row.record(CALL)?),
+            Outcome::StaleClaim => MarkUnknownOutcome::StaleClaim(row.record(CALL)?),
+            Outcome::NotFound => MarkUnknownOutcome::NotFound,
+            other => return Err(other.unexpected(CALL)),
         })
     }
 
     /// `unknown` → `succeeded` / `failed_final` from verified evidence. An
     /// operator resolution needs a `note`; both who and why are recorded.
-    #[allow(clippy::too_many_arguments)]
     pub async fn operation_converge(
         &self,
-        operation_id: &OperationId,
-        expected_revision: i64,
-        succeeded: bool,
-        remote_id: Option<&str>,
-        result: Option<&Value>,
-        kind: ConvergeEvidence,
-        actor: &str,
-        note: Option<&str>,
-        evidence: &Value,
+        converge: Converge<'_>,
     ) -> Result<ConvergeOutcome, LedgerError> {
         const CALL: &str = "operation_converge";
+        let Converge {
+            operation_id,
+            expected_revision,
+            settlement,
+            remote_id,
+            result,
+            kind,
+            actor,
+            note,
+            evidence,
+        } = converge;
         check_text("actor", actor, MAX_OWNER_LEN)?;
         if kind == ConvergeEvidence::Operator && note.is_none_or(|n| n.trim().is_empty()) {
             return Err(InvalidInput::Request("an operator resolution needs a note".into()).into());
         }
-        let status = if succeeded {
-            "succeeded"
-        } else {
-            "failed_final"
-        };
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as(
@@ -526,7 +561,7 @@ impl Ledger {
                 )
                 .bind(operation_id.as_str())
                 .bind(expected_revision)
-                .bind(status)
+                .bind(settlement.as_str())
                 .bind(remote_id)
                 .bind(result.map(|r| Json(stored_json::encode(r))))
                 .bind(kind.as_str())
@@ -535,18 +570,18 @@ impl Ledger {
                 .bind(Json(stored_json::encode(evidence)))
             })
             .await?;
-        Ok(match row.outcome.as_str() {
-            "converged" => ConvergeOutcome::Converged {
+        Ok(match row.outcome(CALL)? {
+            Outcome::Converged => ConvergeOutcome::Converged {
                 operation: row.record(CALL)?,
                 evidence_id: row.evidence_id(CALL)?,
             },
-            "not_unknown" => ConvergeOutcome::NotUnknown(row.record(CALL)?),
-            "conflict" => ConvergeOutcome::Conflict {
+            Outcome::NotUnknown => ConvergeOutcome::NotUnknown(row.record(CALL)?),
+            Outcome::Conflict => ConvergeOutcome::Conflict {
                 expected_revision,
                 found: row.record(CALL)?,
             },
-            "not_found" => ConvergeOutcome::NotFound,
-            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+            Outcome::NotFound => ConvergeOutcome::NotFound,
+            other => return Err(other.unexpected(CALL)),
         })
     }
 
@@ -560,7 +595,7 @@ impl Ledger {
         revised: &Intent,
     ) -> Result<Fenced<SupersedeOutcome>, LedgerError> {
         const CALL: &str = "operation_supersede";
-        let body = intent_json(revised);
+        let params = IntentParams::new(revised);
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_supersede($1, $2, $3, $4, $5)")
@@ -568,16 +603,20 @@ impl Ledger {
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
                     .bind(old.as_str())
-                    .bind(Json(&body))
+                    .bind(&params)
             })
             .await?;
-        if let Some(rejection) = row.rejection(CALL, claim, None, Some(revised))? {
+        let expected = Expected {
+            claim: Some(claim),
+            ..Expected::default()
+        };
+        if let Some(rejection) = row.rejection(CALL, expected, Some(revised))? {
             return Ok(Fenced::Rejected(rejection));
         }
-        Ok(Fenced::Applied(match row.outcome.as_str() {
-            "superseded" => SupersedeOutcome::Superseded(row.record(CALL)?),
-            "not_changeable" => SupersedeOutcome::NotChangeable(row.record(CALL)?),
-            other => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        Ok(Fenced::Applied(match row.outcome(CALL)? {
+            Outcome::Superseded => SupersedeOutcome::Superseded(row.record(CALL)?),
+            Outcome::NotChangeable => SupersedeOutcome::NotChangeable(row.record(CALL)?),
+            other => return Err(other.unexpected(CALL)),
         }))
     }
 
@@ -638,12 +677,12 @@ impl Ledger {
                     .bind(max_attempts)
             })
             .await?;
-        Ok(match (outcome.as_str(), revision) {
-            ("attempt", Some(revision)) => RetryVerdict::Attempt { revision },
-            ("window_passed", _) => RetryVerdict::WindowPassed,
-            ("budget_spent", _) => RetryVerdict::BudgetSpent,
-            ("stale_claim", _) => RetryVerdict::StaleClaim,
-            (other, _) => return Err(protocol(CALL, format!("unknown outcome {other:?}"))),
+        Ok(match (Outcome::parse(CALL, &outcome)?, revision) {
+            (Outcome::Attempt, Some(revision)) => RetryVerdict::Attempt { revision },
+            (Outcome::WindowPassed, _) => RetryVerdict::WindowPassed,
+            (Outcome::BudgetSpent, _) => RetryVerdict::BudgetSpent,
+            (Outcome::StaleClaim, _) => RetryVerdict::StaleClaim,
+            (other, _) => return Err(other.unexpected(CALL)),
         })
     }
 
@@ -712,18 +751,22 @@ impl Ledger {
             events,
             evidence: evidence
                 .into_iter()
-                .map(|e| Evidence {
-                    evidence_id: e.evidence_id,
-                    at: e.at,
-                    kind: e.kind,
-                    source: e.source,
-                    claim_owner: e.claim_owner,
-                    claim_revision: e.claim_revision,
-                    outcome: e.outcome,
-                    remote_id: e.remote_id,
-                    body: e.body.0,
+                .map(|e| {
+                    Ok(Evidence {
+                        evidence_id: e.evidence_id,
+                        at: e.at,
+                        kind: EvidenceKind::parse(&e.kind).ok_or_else(|| {
+                            protocol(CALL, format!("evidence kind {:?} is unknown", e.kind))
+                        })?,
+                        source: e.source,
+                        claim_owner: e.claim_owner,
+                        claim_revision: e.claim_revision,
+                        outcome: e.outcome,
+                        remote_id: e.remote_id,
+                        body: e.body.0,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, LedgerError>>()?,
         }))
     }
 

@@ -208,12 +208,19 @@ pub enum Rejection {
     /// is registered with a different request: a bug or a corrupted request,
     /// never a retry. Nothing was written.
     #[error(
-        "intent conflict on operation {operation_id}: expected digest {expected_digest}, \
-         found {found_digest} (tool {found_tool}, step {found_step} v{found_effect_version})"
+        "intent conflict on operation {operation_id}: {}, \
+         found {found_digest} (tool {found_tool}, step {found_step} v{found_effect_version})",
+        match expected_digest {
+            Some(digest) => format!("expected digest {digest}"),
+            None => "another intent of this call".to_owned(),
+        }
     )]
     IntentConflict {
         operation_id: OperationId,
-        expected_digest: RequestDigest,
+        /// The digest the caller sent for this operation; `None` when the
+        /// conflicting row is not one the caller named (another intent of a
+        /// batch collided with it).
+        expected_digest: Option<RequestDigest>,
         found_digest: RequestDigest,
         found_tool: String,
         found_step: String,

@@ -36,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 use crate::adapter::{Capability, ResolvedTool, SharedDirectory, Upstream, UpstreamCall};
 use crate::dispatch::{UpstreamTarget, execute_claim, inject_operation_id, remote_id_of};
 use crate::ledger::{
-    ConvergeEvidence, ConvergeOutcome, Ledger, LedgerError, ReconcileItem, RetryVerdict,
+    Converge, ConvergeEvidence, ConvergeOutcome, EvidenceKind, Ledger, LedgerError, MarkUnknown,
+    ReconcileItem, RetryVerdict, Settlement, UnknownBy, UnknownCause,
 };
 use crate::policy::Policy;
 
@@ -50,7 +51,7 @@ pub struct Signals {
 
 /// What the remote says happened, and how leasegate learned it.
 struct RemoteFact {
-    succeeded: bool,
+    settlement: Settlement,
     remote_id: Option<String>,
     result: Value,
     kind: ConvergeEvidence,
@@ -188,13 +189,13 @@ impl<U: Upstream> Background<U> {
         for claim in expired {
             let outcome = self
                 .ledger
-                .operation_mark_unknown(
-                    &claim,
-                    false,
-                    &self.owner,
-                    true,
-                    &json!({"reason": "claim expired"}),
-                )
+                .operation_mark_unknown(MarkUnknown {
+                    claim: &claim,
+                    by: UnknownBy::Reconciler,
+                    actor: &self.owner,
+                    cause: UnknownCause::TimedOut,
+                    evidence: &json!({"reason": "claim expired"}),
+                })
                 .await?;
             if matches!(
                 outcome,
@@ -244,22 +245,22 @@ impl<U: Upstream> Background<U> {
     ) -> Result<&'static str, LedgerError> {
         let outcome = self
             .ledger
-            .operation_converge(
-                &item.operation.operation_id,
-                revision,
-                fact.succeeded,
-                fact.remote_id.as_deref(),
-                Some(&fact.result),
-                fact.kind,
-                &self.owner,
-                None,
-                &fact.evidence,
-            )
+            .operation_converge(Converge {
+                operation_id: &item.operation.operation_id,
+                expected_revision: revision,
+                settlement: fact.settlement,
+                remote_id: fact.remote_id.as_deref(),
+                result: Some(&fact.result),
+                kind: fact.kind,
+                actor: &self.owner,
+                note: None,
+                evidence: &fact.evidence,
+            })
             .await?;
         Ok(match outcome {
             ConvergeOutcome::Converged { .. } => {
                 tracing::info!(operation_id = %item.operation.operation_id, kind = fact.kind.as_str(),
-                    succeeded = fact.succeeded, "unknown operation converged");
+                    settlement = fact.settlement.as_str(), "unknown operation converged");
                 "converged"
             }
             _ => "lost_claim",
@@ -271,7 +272,7 @@ impl<U: Upstream> Background<U> {
         // A late answer to the very request counts as evidence.
         if let Some(view) = self.ledger.operation_get(&operation.operation_id).await? {
             let late = view.evidence.iter().rev().find(|e| {
-                e.kind == "late_response"
+                e.kind == EvidenceKind::LateResponse
                     && matches!(e.outcome.as_deref(), Some("succeeded" | "failed_final"))
                     && e.body.get("request_digest").and_then(Value::as_str)
                         == Some(operation.request_digest.as_str())
@@ -279,7 +280,11 @@ impl<U: Upstream> Background<U> {
             if let Some(late) = late {
                 let result = late.body.get("result").cloned().unwrap_or(Value::Null);
                 let fact = RemoteFact {
-                    succeeded: late.outcome.as_deref() == Some("succeeded"),
+                    settlement: if late.outcome.as_deref() == Some("succeeded") {
+                        Settlement::Succeeded
+                    } else {
+                        Settlement::FailedFinal
+                    },
                     remote_id: late.remote_id.clone(),
                     result,
                     kind: ConvergeEvidence::LateResponse,
@@ -370,7 +375,7 @@ impl<U: Upstream> Background<U> {
                     .unwrap_or_else(|| v.to_string())
             });
         let fact = RemoteFact {
-            succeeded: true,
+            settlement: Settlement::Succeeded,
             remote_id,
             result: json!({"structuredContent": resource, "content": answer.result.get("content"), "isError": false}),
             kind: ConvergeEvidence::QueryResult,
@@ -434,7 +439,11 @@ impl<U: Upstream> Background<U> {
             }
         };
         let fact = RemoteFact {
-            succeeded: !answer.is_error,
+            settlement: if answer.is_error {
+                Settlement::FailedFinal
+            } else {
+                Settlement::Succeeded
+            },
             remote_id: remote_id_of(
                 resolved.adapter.remote_id_pointer.as_deref(),
                 &answer.result,
