@@ -6,7 +6,6 @@
 mod common;
 
 use std::process::Stdio;
-use std::sync::atomic::Ordering;
 
 use common::proxy::{LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, call, connect_http};
 use common::{TestDb, wait_until, within};
@@ -283,10 +282,11 @@ async fn a_retry_past_the_key_retention_window_is_refused(
     );
 
     // Let the reconciler look at it several times after the window closed.
-    let passes = signals.reconcile_passes.load(Ordering::SeqCst);
-    wait_until("three reconciler passes", || async {
-        (signals.reconcile_passes.load(Ordering::SeqCst) >= passes + 3).then_some(())
-    })
+    let passes = signals.reconcile.passes();
+    common::within(
+        "three reconciler passes",
+        signals.reconcile.reached(passes + 3),
+    )
     .await;
     assert_eq!(
         status_of(&db, "payments__charge").await.as_deref(),
@@ -545,10 +545,11 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
     .await
     .unwrap();
     let signals = proxy_signals(&proxy).await;
-    let passes = signals.reconcile_passes.load(Ordering::SeqCst);
-    wait_until("two reconciler passes", || async {
-        (signals.reconcile_passes.load(Ordering::SeqCst) >= passes + 2).then_some(())
-    })
+    let passes = signals.reconcile.passes();
+    common::within(
+        "two reconciler passes",
+        signals.reconcile.reached(passes + 2),
+    )
     .await;
     handle.run_upkeep();
     let after = handle.render();
@@ -804,7 +805,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         std::sync::Arc::new(leasegate::adapter::SharedDirectory::new(directory)),
         leasegate::policy::Policy::default(),
     );
-    assert_eq!(background.reconcile_once().await.unwrap(), 1);
+    assert_eq!(background.reconciler.once().await.unwrap(), 1);
     let view = db
         .ledger
         .operation_get(&intent.operation_id)
@@ -877,10 +878,11 @@ read_only = true
     let before = mismatches(&handle.render());
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let signals = proxy_signals(&proxy).await;
-    let passes = signals.reconcile_passes.load(Ordering::SeqCst);
-    wait_until("the reconciler to look at it", || async {
-        (signals.reconcile_passes.load(Ordering::SeqCst) >= passes + 2).then_some(())
-    })
+    let passes = signals.reconcile.passes();
+    common::within(
+        "the reconciler to look at it",
+        signals.reconcile.reached(passes + 2),
+    )
     .await;
     assert_eq!(
         status_of(&db, "payments__charge").await.as_deref(),

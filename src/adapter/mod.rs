@@ -13,6 +13,8 @@
 //! operation_id_argument = "idempotency_key"   # or operation_id_meta = "<_meta key>",
 //!                                             # or operation_id_header = "Idempotency-Key" (HTTP upstreams)
 //! key_retention = "24h"
+//! replays_first_outcome = true          # a same-key retry answers the first attempt's
+//!                                       # outcome, errors included (Stripe); default false
 //! query_tool = "get_charge"             # for operation_query / resource_id
 //! query_argument = "idempotency_key"
 //! remote_id_pointer = "/charge_id"      # JSON pointer into structuredContent
@@ -89,6 +91,11 @@ pub struct RawToolAdapter {
     pub operation_id_meta: Option<String>,
     pub operation_id_header: Option<String>,
     pub key_retention: Option<String>,
+    /// idempotency_key: the provider answers a same-key retry with the
+    /// first attempt's outcome, errors included, so a retry's error is the
+    /// first attempt's final failure. Default false: a retry's error says
+    /// nothing about the first attempt.
+    pub replays_first_outcome: Option<bool>,
     pub query_tool: Option<String>,
     pub query_argument: Option<String>,
     /// JSON pointer into the query's structuredContent: true when found (default "/found").
@@ -111,6 +118,8 @@ pub struct ToolAdapter {
     pub placement: OperationIdPlacement,
     pub timeout: Duration,
     pub key_retention: Option<Duration>,
+    /// See [`RawToolAdapter::replays_first_outcome`].
+    pub replays_first_outcome: bool,
     pub query: Option<QuerySpec>,
     pub remote_id_pointer: Option<String>,
 }
@@ -163,6 +172,7 @@ impl ToolAdapter {
             placement: OperationIdPlacement::Omitted,
             timeout,
             key_retention: None,
+            replays_first_outcome: false,
             query: None,
             remote_id_pointer: None,
         }
@@ -211,6 +221,10 @@ impl RawToolAdapter {
                 ("operation_id_meta", self.operation_id_meta.is_some()),
                 ("operation_id_header", self.operation_id_header.is_some()),
                 ("key_retention", self.key_retention.is_some()),
+                (
+                    "replays_first_outcome",
+                    self.replays_first_outcome.is_some(),
+                ),
                 ("query_tool", self.query_tool.is_some()),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
@@ -303,6 +317,12 @@ impl RawToolAdapter {
             }
             (None, _) => None,
         };
+        if self.replays_first_outcome.is_some() && capability != Capability::IdempotencyKey {
+            return Err(FieldError::new(
+                "replays_first_outcome",
+                "only for capability idempotency_key",
+            ));
+        }
         let query = match (&self.query_tool, &self.query_argument, capability) {
             (Some(tool), Some(argument), Capability::OperationQuery | Capability::ResourceId) => {
                 Some(QuerySpec {
@@ -376,6 +396,7 @@ impl RawToolAdapter {
             placement,
             timeout,
             key_retention,
+            replays_first_outcome: self.replays_first_outcome.unwrap_or(false),
             query,
             remote_id_pointer: self.remote_id_pointer.clone(),
         })
@@ -522,6 +543,38 @@ pub enum UpstreamError {
         /// The error's `data`, passed on to the agent as sent.
         data: Option<Value>,
     },
+}
+
+/// What an upstream failure proves about the request's delivery: the one
+/// classification dispatch and the reconciler act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamDelivery {
+    /// Provably no byte of the request left: sending it again under the
+    /// same operation id is safe.
+    NotSent,
+    /// The request may have reached the tool; its outcome is unknown.
+    MaybeSent,
+    /// The upstream answered that it did not execute the request (a
+    /// JSON-RPC protocol rejection: invalid request, unknown method,
+    /// invalid params): a final answer.
+    Rejected,
+}
+
+impl UpstreamError {
+    pub fn delivery(&self) -> UpstreamDelivery {
+        match self {
+            UpstreamError::NotSent(_) => UpstreamDelivery::NotSent,
+            UpstreamError::MaybeSent(_) | UpstreamError::TimedOut(_) => UpstreamDelivery::MaybeSent,
+            // -32600 invalid request, -32601 method not found, -32602 invalid
+            // params: rejected before execution by protocol. Any other
+            // error (internal error, a server-defined code) may come after
+            // the tool acted.
+            UpstreamError::Refused { code, .. } if (-32602..=-32600).contains(code) => {
+                UpstreamDelivery::Rejected
+            }
+            UpstreamError::Refused { .. } => UpstreamDelivery::MaybeSent,
+        }
+    }
 }
 
 /// A tool server reachable by name. `mcp` implements it; dispatch and the

@@ -32,7 +32,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::adapter::{
-    AgentSink, OperationIdPlacement, ToolAdapter, ToolAnswer, Upstream, UpstreamCall, UpstreamError,
+    AgentSink, OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
+    UpstreamDelivery, UpstreamError,
 };
 use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
@@ -46,18 +47,25 @@ use crate::policy::{Policy, StepIdentity};
 pub const OPERATION_ID_META: &str = "dev.leasegate/operation_id";
 
 /// One side-effecting call as the front received it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct CallRequest {
     pub lease: LeaseClaim,
     pub step: Option<StepRef>,
     /// The name the agent called (namespaced); part of the digest.
     pub exposed_name: String,
-    pub upstream: String,
-    pub tool: String,
+    /// Where it goes and what the tool promises.
+    pub tool: ResolvedTool,
     pub arguments: Map<String, Value>,
-    pub adapter: ToolAdapter,
-    /// `_meta` to pass on (trace context).
+    pub context: CallContext,
+}
+
+/// What travels with a call besides its arguments: `_meta` to pass on
+/// (trace context), where the upstream's messages for the agent go, and the
+/// agent's cancellation.
+#[derive(Debug, Default)]
+pub struct CallContext {
     pub meta: Map<String, Value>,
+    /// `None`: nobody listens (background work).
     pub agent: Option<AgentSink>,
     /// Fired when the agent explicitly cancels; forwarded upstream.
     pub cancel: CancellationToken,
@@ -101,9 +109,8 @@ pub enum CallReply {
 /// Why a call was refused; nothing reached the upstream.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    #[error(
-        "this tool has side effects and needs a lease: send _meta \"dev.leasegate/lease\" {{run_id, owner, epoch}} or the Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"
-    )]
+    /// The front names how to send one (its transport's words).
+    #[error("this tool has side effects and needs a lease")]
     LeaseRequired,
     /// A malformed lease or step in `_meta` or the headers.
     #[error("{0}")]
@@ -122,9 +129,8 @@ pub enum CallError {
     InProgress { operation_id: OperationId },
     #[error("operation {operation_id} was cancelled (its run was cancelled or its plan changed)")]
     Cancelled { operation_id: OperationId },
-    #[error(
-        "policy requires an explicit step: send _meta \"dev.leasegate/step\" {{step_id, effect_version}}"
-    )]
+    /// The front names how to send one (its transport's words).
+    #[error("policy requires an explicit step")]
     StepRequired,
     #[error(
         "arguments are {size} bytes, above the policy limit of {limit} (policy max_arguments_bytes; the request was not recorded or sent)"
@@ -168,24 +174,22 @@ impl<U: Upstream> Dispatcher<U> {
 
     /// Registers, claims, calls and settles one side-effecting call.
     pub async fn call(&self, request: CallRequest) -> Result<CallReply, CallError> {
-        let arguments = Value::Object(request.arguments.clone());
-        let size = serde_json::to_vec(&arguments)
-            .map(|bytes| bytes.len())
-            .unwrap_or(usize::MAX);
+        if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
+            return Err(CallError::StepRequired);
+        }
+        let size = serialized_len(&request.arguments);
         if size > self.policy.max_arguments_bytes {
             return Err(CallError::ArgumentsTooLarge {
                 size,
                 limit: self.policy.max_arguments_bytes,
             });
         }
-        if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
-            return Err(CallError::StepRequired);
-        }
         self.check_tenant(request.lease.run_id).await?;
-        let mut intent = Intent::new(
+        let arguments = Value::Object(request.arguments);
+        let mut intent = Intent::identify(
             &self.tenant,
             request.lease.run_id,
-            request.step.clone(),
+            request.step,
             &request.exposed_name,
             &arguments,
             self.policy.integers,
@@ -200,22 +204,20 @@ impl<U: Upstream> Dispatcher<U> {
             Fenced::Rejected(rejection) => Err(refusal(rejection)),
             Fenced::Applied(InlineClaim::Existing(record)) => self.existing(record).await,
             Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
-                // From here on the call belongs to leasegate, not to the agent.
-                let target = UpstreamTarget {
-                    upstream: request.upstream,
-                    tool: request.tool,
-                    arguments: request.arguments,
-                    adapter: request.adapter,
-                    meta: request.meta,
-                    agent: request.agent,
-                    cancel: request.cancel,
+                let Value::Object(arguments) = arguments else {
+                    unreachable!("built from an object above")
                 };
+                // From here on the call belongs to leasegate, not to the agent.
                 let task = tokio::spawn(execute_claim(
                     self.ledger.clone(),
                     self.upstream.clone(),
                     self.dispatch_owner.clone(),
                     claim,
-                    target,
+                    Claimed {
+                        tool: request.tool,
+                        arguments,
+                        context: request.context,
+                    },
                 ));
                 task.await.map_err(|e| {
                     CallError::Ledger(LedgerError::Protocol {
@@ -328,6 +330,25 @@ impl<U: Upstream> Dispatcher<U> {
     }
 }
 
+/// The length of `value` as compact JSON, without building the text.
+fn serialized_len(value: &Map<String, Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
 fn refusal(rejection: Rejection) -> CallError {
     match rejection {
         Rejection::LeaseLost { .. } => CallError::LeaseLost(Box::new(rejection)),
@@ -342,17 +363,13 @@ fn refusal(rejection: Rejection) -> CallError {
 /// How often a provably unsent request is tried again within its claim.
 const NOT_SENT_ATTEMPTS: u32 = 3;
 
-/// Where and how a claimed operation is sent.
-#[derive(Debug, Clone)]
-pub struct UpstreamTarget {
-    pub upstream: String,
-    pub tool: String,
+/// A claimed operation, ready to send: where, with what, in which context.
+#[derive(Debug)]
+pub struct Claimed {
+    pub tool: ResolvedTool,
     /// The request's arguments, before the operation id is injected.
     pub arguments: Map<String, Value>,
-    pub adapter: ToolAdapter,
-    pub meta: Map<String, Value>,
-    pub agent: Option<AgentSink>,
-    pub cancel: CancellationToken,
+    pub context: CallContext,
 }
 
 /// Puts the operation id where the adapter says, and always in `_meta`.
@@ -387,12 +404,11 @@ pub async fn execute_claim<U: Upstream>(
     upstream: Arc<U>,
     dispatch_owner: String,
     claim: DispatchClaim,
-    request: UpstreamTarget,
+    claimed: Claimed,
 ) -> Result<CallReply, CallError> {
-    let operation_id = claim.operation_id.clone();
-    let span = tracing::info_span!("dispatch", operation_id = %operation_id, revision = claim.revision,
-        dispatch_owner = %claim.dispatch_owner, tool = %request.tool);
-    send_and_settle(ledger, upstream, dispatch_owner, claim, request)
+    let span = tracing::info_span!("dispatch", operation_id = %claim.operation_id, revision = claim.revision,
+        dispatch_owner = %claim.dispatch_owner, tool = %claimed.tool.tool);
+    send_and_settle(ledger, upstream, dispatch_owner, claim, claimed)
         .instrument(span)
         .await
 }
@@ -402,26 +418,30 @@ async fn send_and_settle<U: Upstream>(
     upstream: Arc<U>,
     dispatch_owner: String,
     claim: DispatchClaim,
-    request: UpstreamTarget,
+    claimed: Claimed,
 ) -> Result<CallReply, CallError> {
-    let operation_id = claim.operation_id.clone();
-    let mut arguments = request.arguments;
-    let mut meta = request.meta;
+    let Claimed {
+        tool,
+        mut arguments,
+        context,
+    } = claimed;
+    let mut meta = context.meta;
     inject_operation_id(
-        &operation_id,
-        &request.adapter.placement,
+        &claim.operation_id,
+        &tool.adapter.placement,
         &mut arguments,
         &mut meta,
     );
     let call = UpstreamCall {
-        upstream: request.upstream,
-        tool: request.tool,
+        upstream: tool.upstream,
+        tool: tool.tool,
         arguments,
         meta,
-        timeout: request.adapter.timeout,
-        agent: request.agent,
-        cancel: request.cancel,
+        timeout: tool.adapter.timeout,
+        agent: context.agent,
+        cancel: context.cancel,
     };
+    let adapter = tool.adapter;
     let mut attempt = 1;
     let failure = loop {
         match upstream.call(call.clone()).await {
@@ -432,37 +452,35 @@ async fn send_and_settle<U: Upstream>(
                     "cancelled by the agent; the tool then answered with an error".into(),
                 );
             }
-            Ok(answer) => return settle(&ledger, &claim, &request.adapter, answer).await,
-            Err(UpstreamError::Refused { code, message, .. })
-                if (-32602..=-32600).contains(&code) =>
-            {
-                // The upstream rejected the request as malformed: by protocol
-                // nothing executed. A final failure, recorded and replayed.
-                let result = json!({
-                    "content": [{"type": "text", "text": format!("upstream refused the call: {message}")}],
-                    "isError": true,
-                    "structuredContent": {"upstream_error": {"code": code, "message": message}},
-                });
-                return settle(
-                    &ledger,
-                    &claim,
-                    &request.adapter,
-                    ToolAnswer {
+            Ok(answer) => return settle(&ledger, &claim, &adapter, answer).await,
+            Err(error) => match error.delivery() {
+                UpstreamDelivery::Rejected => {
+                    // By protocol nothing executed: a final failure, recorded
+                    // and replayed.
+                    let UpstreamError::Refused { code, message, .. } = &error else {
+                        unreachable!("only a refusal is rejected")
+                    };
+                    let result = json!({
+                        "content": [{"type": "text", "text": format!("upstream refused the call: {message}")}],
+                        "isError": true,
+                        "structuredContent": {"upstream_error": {"code": code, "message": message}},
+                    });
+                    let answer = ToolAnswer {
                         is_error: true,
                         result,
-                    },
-                )
-                .await;
-            }
-            Err(UpstreamError::NotSent(reason))
-                if attempt < NOT_SENT_ATTEMPTS
-                    && chrono::Utc::now() + call.timeout < claim.until =>
-            {
-                tracing::warn!(operation_id = %operation_id, attempt, reason, "upstream unreachable, nothing sent; retrying");
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
-                attempt += 1;
-            }
-            Err(error) => break error,
+                    };
+                    return settle(&ledger, &claim, &adapter, answer).await;
+                }
+                UpstreamDelivery::NotSent
+                    if attempt < NOT_SENT_ATTEMPTS
+                        && chrono::Utc::now() + call.timeout < claim.until =>
+                {
+                    tracing::warn!(attempt, %error, "upstream unreachable, nothing sent; retrying");
+                    tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                UpstreamDelivery::NotSent | UpstreamDelivery::MaybeSent => break error,
+            },
         }
     };
     let (cause, evidence) = match &failure {
@@ -486,18 +504,23 @@ async fn send_and_settle<U: Upstream>(
             cause,
             evidence: &evidence,
         })
-        .await?;
+        .await;
     let reason = match outcome {
-        MarkUnknownOutcome::MarkedUnknown { .. } => {
+        Ok(MarkUnknownOutcome::MarkedUnknown { .. }) => {
             metrics::counter!("tool_operation_unknown_total", "cause" => cause.as_str())
                 .increment(1);
             tracing::warn!(error = %failure, "no answer from the upstream: operation is unknown");
             failure.to_string()
         }
-        other => format!("{failure}; the operation had already moved on: {other:?}"),
+        Ok(other) => format!("{failure}; the operation had already moved on: {other:?}"),
+        // The claim stays dispatching and expires into unknown: the agent is
+        // told unknown either way, never "not sent".
+        Err(error) => {
+            format!("{failure}; recording it failed ({error}): the claim will expire into unknown")
+        }
     };
     Ok(CallReply::Unknown {
-        operation_id,
+        operation_id: claim.operation_id,
         reason,
     })
 }
@@ -516,6 +539,10 @@ pub fn remote_id_of(pointer: Option<&str>, answer: &Value) -> Option<String> {
     })
 }
 
+/// How long settle keeps trying while the ledger is unavailable (within
+/// the claim): the tool has answered, so the answer must not be dropped.
+const SETTLE_ATTEMPTS: u32 = 4;
+
 async fn settle(
     ledger: &Ledger,
     claim: &DispatchClaim,
@@ -523,21 +550,45 @@ async fn settle(
     answer: ToolAnswer,
 ) -> Result<CallReply, CallError> {
     let remote_id = remote_id_of(adapter.remote_id_pointer.as_deref(), &answer.result);
+    let settlement = if answer.is_error {
+        Settlement::FailedFinal
+    } else {
+        Settlement::Succeeded
+    };
     // If we crash before this commits, the side effect exists and the row is
     // dispatching: the claim expires into unknown, and evidence converges it.
-    match ledger
-        .operation_settle(
-            claim,
-            if answer.is_error {
-                Settlement::FailedFinal
-            } else {
-                Settlement::Succeeded
-            },
-            remote_id.as_deref(),
-            &answer.result,
-        )
-        .await?
-    {
+    let mut attempt = 1;
+    let outcome = loop {
+        match ledger
+            .operation_settle(claim, settlement, remote_id.as_deref(), &answer.result)
+            .await
+        {
+            Ok(outcome) => break outcome,
+            Err(error)
+                if attempt < SETTLE_ATTEMPTS
+                    && error.is_retryable()
+                    && chrono::Utc::now() < claim.until =>
+            {
+                tracing::warn!(attempt, %error, "settle failed after the tool answered; retrying");
+                tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                attempt += 1;
+            }
+            Err(error) => {
+                // The request was sent and answered: whatever the ledger
+                // says now, the agent hears "unknown", never "not sent".
+                tracing::error!(%error, "the tool answered but settling failed: the operation will turn unknown");
+                metrics::counter!("tool_operation_unknown_total", "cause" => "settle_failed")
+                    .increment(1);
+                return Ok(CallReply::Unknown {
+                    operation_id: claim.operation_id.clone(),
+                    reason: format!(
+                        "the tool answered but the ledger could not record it ({error}); the outcome is being reconciled"
+                    ),
+                });
+            }
+        }
+    };
+    match outcome {
         SettleOutcome::Settled(record) => Ok(CallReply::Answer {
             result: answer.result,
             is_error: answer.is_error,

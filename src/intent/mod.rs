@@ -197,6 +197,21 @@ impl Intent {
         arguments: &Value,
         policy: IntegerPolicy,
     ) -> Result<Self, IntentError> {
+        let mut intent = Self::identify(tenant_id, run_id, step, tool, arguments, policy)?;
+        intent.request_body = arguments.clone();
+        Ok(intent)
+    }
+
+    /// [`Intent::new`] without a request body (`null`): for callers that
+    /// store something else (a data policy's view of the arguments).
+    pub fn identify(
+        tenant_id: &str,
+        run_id: RunId,
+        step: Option<StepRef>,
+        tool: &str,
+        arguments: &Value,
+        policy: IntegerPolicy,
+    ) -> Result<Self, IntentError> {
         let digest = request_digest(tool, arguments, policy)?;
         let step = step.unwrap_or_else(|| StepRef {
             step_id: default_step_id(tool, &digest),
@@ -212,7 +227,7 @@ impl Intent {
             effect_version: step.effect_version,
             tool_name: tool.to_owned(),
             request_digest: digest,
-            request_body: arguments.clone(),
+            request_body: Value::Null,
         })
     }
 

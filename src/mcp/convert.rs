@@ -142,6 +142,16 @@ pub fn error_from_call(error: &CallError) -> McpError {
                 _ => "ledger unavailable: nothing was sent upstream; try again".to_owned(),
             }
         }
+        // How to send what is missing, in this transport's words.
+        CallError::LeaseRequired => format!(
+            "{error}: send _meta \"{}\" {{run_id, owner, epoch}} or the Leasegate-Run-Id, \
+             Leasegate-Owner and Leasegate-Epoch headers",
+            super::front::LEASE_META
+        ),
+        CallError::StepRequired => format!(
+            "{error}: send _meta \"{}\" {{step_id, effect_version}}",
+            super::front::STEP_META
+        ),
         other => other.to_string(),
     };
     McpError::new(ErrorCode(code), message, data)

@@ -91,7 +91,7 @@ use super::inflight::InFlightRequests;
 use super::upstream::{CatalogEntry, REQUEST_TIMEOUT, UpstreamEvent, Upstreams};
 use crate::adapter::{PeerError, SharedDirectory, ToAgent, Upstream, UpstreamCall, UpstreamError};
 use crate::config::Config;
-use crate::dispatch::{CallError, CallReply, CallRequest, Dispatcher};
+use crate::dispatch::{CallContext, CallError, CallReply, CallRequest, Dispatcher};
 use crate::intent::StepRef;
 use crate::ledger::{LeaseClaim, RunId};
 
@@ -1817,13 +1817,13 @@ impl Front {
             lease,
             step,
             exposed_name: name,
-            upstream: resolved.upstream,
-            tool: resolved.tool,
+            tool: resolved,
             arguments: request.arguments.unwrap_or_default(),
-            adapter: resolved.adapter,
-            meta: passthrough_meta(context),
-            agent: Some(agent),
-            cancel: cancel.clone(),
+            context: CallContext {
+                meta: passthrough_meta(context),
+                agent: Some(agent),
+                cancel: cancel.clone(),
+            },
         };
         // W3C trace context: the trace id goes into every log line of this call.
         let trace_id = context

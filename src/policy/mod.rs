@@ -38,7 +38,9 @@ pub struct RawPolicy {
     pub background: Option<bool>,
     /// How often the dispatcher looks for planned (prepared) intents.
     pub dispatch_interval: Option<String>,
-    /// How often expired claims and unknown operations are looked at.
+    /// How often claims that lapsed are turned unknown.
+    pub claim_expiry_interval: Option<String>,
+    /// How often unknown operations are looked at.
     pub reconcile_interval: Option<String>,
     /// How long one reconciler holds an unknown operation.
     pub reconcile_claim_ttl: Option<String>,
@@ -111,6 +113,7 @@ pub struct Policy {
     pub integers: IntegerPolicy,
     pub background: bool,
     pub dispatch_interval: Duration,
+    pub claim_expiry_interval: Duration,
     pub reconcile_interval: Duration,
     pub reconcile_claim_ttl: Duration,
     pub reconcile_retries: i32,
@@ -230,6 +233,8 @@ impl RawPolicy {
             }
         };
         let dispatch_interval = duration("dispatch_interval", &self.dispatch_interval, "1s")?;
+        let claim_expiry_interval =
+            duration("claim_expiry_interval", &self.claim_expiry_interval, "2s")?;
         let reconcile_interval = duration("reconcile_interval", &self.reconcile_interval, "5s")?;
         let reconcile_claim_ttl = duration("reconcile_claim_ttl", &self.reconcile_claim_ttl, "2m")?;
         let reconcile_retries = self.reconcile_retries.unwrap_or(3);
@@ -239,6 +244,7 @@ impl RawPolicy {
         Ok(Policy {
             background: self.background.unwrap_or(true),
             dispatch_interval,
+            claim_expiry_interval,
             reconcile_interval,
             reconcile_claim_ttl,
             reconcile_retries,

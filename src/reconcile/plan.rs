@@ -1,0 +1,431 @@
+//! The reconciler's decisions as pure functions: what to do with an unknown
+//! operation ([`plan`]), and what an answer proves ([`judge_query`],
+//! [`judge_retry`]). No I/O here; `reconciler` executes the steps. Every
+//! row of the decision table below is a unit test at the end of this file.
+//!
+//! # Decision table
+//!
+//! | evidence / capability | step | what converges it |
+//! |---|---|---|
+//! | a late response to the same request digest (any capability) | converge from it | its outcome |
+//! | tool unknown to every upstream | needs operator | — |
+//! | `none` | needs operator | — |
+//! | `operation_query` / `resource_id` without a query tool | needs operator | — |
+//! | `operation_query` | query by operation id | found → `succeeded` with the resource; not found, error, no answer → stays unknown |
+//! | `resource_id` | query by operation id | found and every `match_fields` equal to the request's → `succeeded`; a mismatch → stays unknown (logged) |
+//! | `idempotency_key` | same-key retry (inside the key retention window and retry budget, counted before it leaves) | success → `succeeded` (a provider replay, or the first execution); an error → `failed_final` only if the adapter says `replays_first_outcome`, else stays unknown; no answer → stays unknown |
+//!
+//! A retry's or query's failure to answer never converges anything: only
+//! an answer that proves an outcome does.
+
+use serde_json::{Value, json};
+
+use crate::adapter::{Capability, QuerySpec, ToolAdapter, ToolAnswer};
+use crate::dispatch::remote_id_of;
+use crate::ledger::{ConvergeEvidence, Evidence, EvidenceKind, OperationRecord, Settlement};
+
+/// What the remote says happened, and how leasegate learned it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteFact {
+    pub settlement: Settlement,
+    pub remote_id: Option<String>,
+    pub result: Value,
+    pub kind: ConvergeEvidence,
+    pub evidence: Value,
+}
+
+/// What the reconciler does next with one unknown operation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Evidence on record proves the outcome.
+    Converge(RemoteFact),
+    /// Ask the tool's query operation by operation id.
+    Query(QuerySpec),
+    /// Retry with the same key, if the ledger grants an attempt.
+    RetrySameKey,
+    /// Nothing leasegate can do: an operator resolves it.
+    NeedsOperator(&'static str),
+}
+
+/// Decides the next step from the operation, its adapter (`None`: no
+/// upstream offers the tool) and the evidence on record.
+pub fn plan(
+    operation: &OperationRecord,
+    adapter: Option<&ToolAdapter>,
+    evidence: &[Evidence],
+) -> Step {
+    // A late answer to the very request counts as evidence.
+    let late = evidence.iter().rev().find(|e| {
+        e.kind == EvidenceKind::LateResponse
+            && matches!(e.outcome.as_deref(), Some("succeeded" | "failed_final"))
+            && e.body.get("request_digest").and_then(Value::as_str)
+                == Some(operation.request_digest.as_str())
+    });
+    if let Some(late) = late {
+        return Step::Converge(RemoteFact {
+            settlement: if late.outcome.as_deref() == Some("succeeded") {
+                Settlement::Succeeded
+            } else {
+                Settlement::FailedFinal
+            },
+            remote_id: late.remote_id.clone(),
+            result: late.body.get("result").cloned().unwrap_or(Value::Null),
+            kind: ConvergeEvidence::LateResponse,
+            evidence: json!({"late_evidence_id": late.evidence_id}),
+        });
+    }
+    let Some(adapter) = adapter else {
+        return Step::NeedsOperator("unknown_tool");
+    };
+    match adapter.capability {
+        Capability::None => Step::NeedsOperator("no_capability"),
+        Capability::OperationQuery | Capability::ResourceId => match &adapter.query {
+            Some(query) => Step::Query(query.clone()),
+            None => Step::NeedsOperator("no_query_tool"),
+        },
+        Capability::IdempotencyKey => Step::RetrySameKey,
+    }
+}
+
+/// What an answer proves.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Judgement {
+    Converge(RemoteFact),
+    /// Nothing proven; the reason is a metric label.
+    StaysUnknown(&'static str),
+}
+
+/// Judges a query's answer (`None`: no answer). `request_body` is what the
+/// intent asked for (the resource_id `match_fields` check).
+pub fn judge_query(
+    capability: Capability,
+    query: &QuerySpec,
+    answer: Option<&ToolAnswer>,
+    request_body: &Value,
+) -> Judgement {
+    let Some(answer) = answer.filter(|answer| !answer.is_error) else {
+        return Judgement::StaysUnknown("query_failed");
+    };
+    let structured = answer
+        .result
+        .get("structuredContent")
+        .cloned()
+        .unwrap_or(Value::Null);
+    if structured.pointer(&query.found_pointer) != Some(&Value::Bool(true)) {
+        return Judgement::StaysUnknown("not_known_remotely");
+    }
+    let resource = match &query.resource_pointer {
+        Some(pointer) => structured.pointer(pointer).cloned().unwrap_or(Value::Null),
+        None => structured.clone(),
+    };
+    if capability == Capability::ResourceId
+        && query
+            .match_fields
+            .iter()
+            .any(|field| resource.get(field.as_str()) != request_body.get(field.as_str()))
+    {
+        return Judgement::StaysUnknown("resource_mismatch");
+    }
+    let remote_id = query
+        .remote_id_pointer
+        .as_deref()
+        .and_then(|pointer| structured.pointer(pointer))
+        .map(|v| {
+            v.as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| v.to_string())
+        });
+    Judgement::Converge(RemoteFact {
+        settlement: Settlement::Succeeded,
+        remote_id,
+        result: json!({"structuredContent": resource, "content": answer.result.get("content"), "isError": false}),
+        kind: ConvergeEvidence::QueryResult,
+        evidence: json!({"query_tool": query.tool}),
+    })
+}
+
+/// Judges a same-key retry's answer (`None`: no answer). `attempt` is the
+/// attempt's number, kept with the evidence.
+pub fn judge_retry(adapter: &ToolAdapter, answer: Option<ToolAnswer>, attempt: i32) -> Judgement {
+    let Some(answer) = answer else {
+        return Judgement::StaysUnknown("retry_failed");
+    };
+    if answer.is_error && !adapter.replays_first_outcome {
+        // Says nothing about the first attempt: it may have acted.
+        return Judgement::StaysUnknown("retry_error_inconclusive");
+    }
+    Judgement::Converge(RemoteFact {
+        settlement: if answer.is_error {
+            Settlement::FailedFinal
+        } else {
+            Settlement::Succeeded
+        },
+        remote_id: remote_id_of(adapter.remote_id_pointer.as_deref(), &answer.result),
+        result: answer.result,
+        kind: ConvergeEvidence::RetryResult,
+        evidence: json!({"attempt": attempt}),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use chrono::Utc;
+
+    use super::*;
+    use crate::adapter::OperationIdPlacement;
+    use crate::intent::{OperationId, RequestDigest};
+    use crate::ledger::{OperationStatus, RunId};
+
+    const DIGEST: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+    fn operation() -> OperationRecord {
+        OperationRecord {
+            operation_id: OperationId::from_string("op-1".into()),
+            run_id: RunId::generate(),
+            step_id: "charge".into(),
+            effect_version: 1,
+            tool_name: "payments__charge".into(),
+            request_digest: RequestDigest::from_hex(DIGEST.into()),
+            status: OperationStatus::Unknown,
+            revision: 3,
+            dispatch_owner: None,
+            dispatch_until: None,
+            dispatch_count: 1,
+            remote_id: None,
+            result: None,
+        }
+    }
+
+    fn query() -> QuerySpec {
+        QuerySpec {
+            tool: "get".into(),
+            argument: "operation_id".into(),
+            found_pointer: "/found".into(),
+            resource_pointer: Some("/resource".into()),
+            remote_id_pointer: Some("/resource/id".into()),
+            match_fields: vec!["name".into()],
+        }
+    }
+
+    fn adapter(capability: Capability) -> ToolAdapter {
+        ToolAdapter {
+            capability,
+            placement: OperationIdPlacement::Argument("key".into()),
+            key_retention: Some(Duration::from_secs(3600)),
+            query: matches!(
+                capability,
+                Capability::OperationQuery | Capability::ResourceId
+            )
+            .then(query),
+            remote_id_pointer: Some("/id".into()),
+            ..ToolAdapter::unknown(Duration::from_secs(1))
+        }
+    }
+
+    fn late(outcome: &str, digest: &str) -> Evidence {
+        Evidence {
+            evidence_id: 7,
+            at: Utc::now(),
+            kind: EvidenceKind::LateResponse,
+            source: "proxy".into(),
+            claim_owner: Some("proxy".into()),
+            claim_revision: Some(1),
+            outcome: Some(outcome.into()),
+            remote_id: Some("ch_1".into()),
+            body: json!({"request_digest": digest, "result": {"isError": outcome != "succeeded"}}),
+        }
+    }
+
+    fn answer(is_error: bool, structured: Value) -> ToolAnswer {
+        ToolAnswer {
+            is_error,
+            result: json!({"structuredContent": structured, "isError": is_error}),
+        }
+    }
+
+    #[test]
+    fn a_late_response_to_the_same_request_converges_first_whatever_the_capability() {
+        for capability in [
+            Capability::None,
+            Capability::IdempotencyKey,
+            Capability::OperationQuery,
+            Capability::ResourceId,
+        ] {
+            for (outcome, settlement) in [
+                ("succeeded", Settlement::Succeeded),
+                ("failed_final", Settlement::FailedFinal),
+            ] {
+                let step = plan(
+                    &operation(),
+                    Some(&adapter(capability)),
+                    &[late(outcome, DIGEST)],
+                );
+                let Step::Converge(fact) = step else {
+                    panic!("{capability:?}: {step:?}")
+                };
+                assert_eq!(
+                    (fact.settlement, fact.kind, fact.remote_id.as_deref()),
+                    (settlement, ConvergeEvidence::LateResponse, Some("ch_1"))
+                );
+                assert_eq!(fact.evidence, json!({"late_evidence_id": 7}));
+            }
+        }
+        // Even without an adapter.
+        assert!(matches!(
+            plan(&operation(), None, &[late("succeeded", DIGEST)]),
+            Step::Converge(_)
+        ));
+    }
+
+    #[test]
+    fn a_late_response_to_another_request_or_without_an_outcome_is_not_evidence() {
+        let other = "1111111111111111111111111111111111111111111111111111111111111111";
+        let key = adapter(Capability::IdempotencyKey);
+        assert_eq!(
+            plan(&operation(), Some(&key), &[late("succeeded", other)]),
+            Step::RetrySameKey
+        );
+        assert_eq!(
+            plan(&operation(), Some(&key), &[late("unknown", DIGEST)]),
+            Step::RetrySameKey
+        );
+    }
+
+    #[test]
+    fn each_capability_plans_its_own_step() {
+        let op = operation();
+        assert_eq!(plan(&op, None, &[]), Step::NeedsOperator("unknown_tool"));
+        assert_eq!(
+            plan(&op, Some(&adapter(Capability::None)), &[]),
+            Step::NeedsOperator("no_capability")
+        );
+        assert_eq!(
+            plan(&op, Some(&adapter(Capability::IdempotencyKey)), &[]),
+            Step::RetrySameKey
+        );
+        for capability in [Capability::OperationQuery, Capability::ResourceId] {
+            assert_eq!(
+                plan(&op, Some(&adapter(capability)), &[]),
+                Step::Query(query())
+            );
+            let without = ToolAdapter {
+                query: None,
+                ..adapter(capability)
+            };
+            assert_eq!(
+                plan(&op, Some(&without), &[]),
+                Step::NeedsOperator("no_query_tool")
+            );
+        }
+    }
+
+    #[test]
+    fn a_query_converges_only_what_it_finds() {
+        let request = json!({"name": "invoices", "region": "eu"});
+        let found = answer(
+            false,
+            json!({"found": true, "resource": {"id": "b-1", "name": "invoices"}}),
+        );
+        for capability in [Capability::OperationQuery, Capability::ResourceId] {
+            let Judgement::Converge(fact) =
+                judge_query(capability, &query(), Some(&found), &request)
+            else {
+                panic!("{capability:?} found")
+            };
+            assert_eq!(
+                (fact.settlement, fact.kind, fact.remote_id.as_deref()),
+                (
+                    Settlement::Succeeded,
+                    ConvergeEvidence::QueryResult,
+                    Some("b-1")
+                )
+            );
+            assert_eq!(
+                fact.result["structuredContent"],
+                json!({"id": "b-1", "name": "invoices"})
+            );
+            assert_eq!(
+                judge_query(
+                    capability,
+                    &query(),
+                    Some(&answer(false, json!({"found": false}))),
+                    &request
+                ),
+                Judgement::StaysUnknown("not_known_remotely")
+            );
+            assert_eq!(
+                judge_query(
+                    capability,
+                    &query(),
+                    Some(&answer(true, json!({"found": true}))),
+                    &request
+                ),
+                Judgement::StaysUnknown("query_failed")
+            );
+            assert_eq!(
+                judge_query(capability, &query(), None, &request),
+                Judgement::StaysUnknown("query_failed")
+            );
+        }
+        // resource_id checks match_fields; operation_query does not.
+        let other = answer(
+            false,
+            json!({"found": true, "resource": {"id": "b-2", "name": "payroll"}}),
+        );
+        assert_eq!(
+            judge_query(Capability::ResourceId, &query(), Some(&other), &request),
+            Judgement::StaysUnknown("resource_mismatch")
+        );
+        assert!(matches!(
+            judge_query(Capability::OperationQuery, &query(), Some(&other), &request),
+            Judgement::Converge(_)
+        ));
+    }
+
+    #[test]
+    fn a_retry_success_proves_success_and_its_error_proves_nothing_unless_replayed() {
+        let plain = adapter(Capability::IdempotencyKey);
+        let Judgement::Converge(fact) =
+            judge_retry(&plain, Some(answer(false, json!({"id": "ch_1"}))), 2)
+        else {
+            panic!("success")
+        };
+        assert_eq!(
+            (
+                fact.settlement,
+                fact.kind,
+                fact.remote_id.as_deref(),
+                &fact.evidence
+            ),
+            (
+                Settlement::Succeeded,
+                ConvergeEvidence::RetryResult,
+                Some("ch_1"),
+                &json!({"attempt": 2})
+            )
+        );
+        assert_eq!(
+            judge_retry(&plain, Some(answer(true, json!({}))), 1),
+            Judgement::StaysUnknown("retry_error_inconclusive")
+        );
+        assert_eq!(
+            judge_retry(&plain, None, 1),
+            Judgement::StaysUnknown("retry_failed")
+        );
+        let replaying = ToolAdapter {
+            replays_first_outcome: true,
+            ..plain
+        };
+        let Judgement::Converge(fact) = judge_retry(&replaying, Some(answer(true, json!({}))), 1)
+        else {
+            panic!("a replayed error is the first outcome")
+        };
+        assert_eq!(fact.settlement, Settlement::FailedFinal);
+        assert_eq!(
+            judge_retry(&replaying, None, 1),
+            Judgement::StaysUnknown("retry_failed")
+        );
+    }
+}
