@@ -881,3 +881,60 @@ read_only = true
     );
     proxy.stop().await;
 }
+
+/// Whether process `pid` is gone (or only a zombie awaiting its parent).
+fn process_ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let (mut child, _, control) = serve_child(&scenario).await;
+    let answer = http::get(&format!("{control}/metrics")).await;
+    assert_eq!(answer.status, 200);
+    let pids: Vec<i32> = ["payments.pid", "mailer.pid"]
+        .iter()
+        .map(|file| {
+            std::fs::read_to_string(scenario.dir.join("state").join(file))
+                .expect("the tool servers wrote their pid files")
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(pids.iter().all(|pid| !process_ended(*pid)), "{pids:?} run");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = within("leasegate serve to exit", child.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "a clean shutdown");
+    wait_until("the tool servers to end", || async {
+        pids.iter().all(|pid| process_ended(*pid)).then_some(())
+    })
+    .await;
+    // Both listeners stopped accepting.
+    let address = control.trim_start_matches("http://");
+    assert_eq!(
+        tokio::net::TcpStream::connect(address)
+            .await
+            .unwrap_err()
+            .kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
+}
