@@ -120,12 +120,15 @@ pub async fn run(
             )
         });
         async move {
-            let result = match api {
-                Some(api) => api.await,
+            match api {
+                Some(api) => {
+                    let result = api.await;
+                    stop.cancel();
+                    result
+                }
+                // No control listener: nothing to stop the MCP front for.
                 None => Ok(()),
-            };
-            stop.cancel();
-            result
+            }
         }
     };
     let serving = async { tokio::join!(mcp, control) };

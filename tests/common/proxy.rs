@@ -117,7 +117,8 @@ impl Drop for Scenario {
 /// leasegate serving MCP over HTTP on an ephemeral port.
 pub struct RunningProxy {
     pub url: String,
-    /// The control API, served beside the MCP front as `leasegate serve` does.
+    /// The control API, served beside the MCP front as `leasegate serve`
+    /// does; empty when the config says `control_listen = "off"`.
     pub control_url: String,
     /// The background loops' progress counters.
     pub signals: Option<std::sync::Arc<leasegate::reconcile::Signals>>,
@@ -131,15 +132,21 @@ impl RunningProxy {
         let config = Config::load(config).expect("the scenario config is valid");
         let proxy = Proxy::start(config).await.expect("leasegate starts");
         let signals = proxy.background_signals();
+        // Ephemeral ports, and a control listener only where the config has one.
+        let control = match proxy.config.control_listen {
+            Some(_) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
         let listeners = Listeners {
             mcp: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-            control: Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            control,
         };
         let url = format!("http://{}/mcp", listeners.mcp.local_addr().unwrap());
-        let control_url = format!(
-            "http://{}",
-            listeners.control.as_ref().unwrap().local_addr().unwrap()
-        );
+        let control_url = listeners
+            .control
+            .as_ref()
+            .map(|control| format!("http://{}", control.local_addr().unwrap()))
+            .unwrap_or_default();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(leasegate::app::run(
             proxy,
