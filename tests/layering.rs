@@ -174,6 +174,23 @@ fn internal_modules_depend_only_downward() {
     );
 }
 
+/// A span guard (`span.enter()`) kept in an async fn or block stays entered
+/// across `.await`s, tagging other tasks' events on the same thread: spans
+/// go in with `tracing::Instrument` or `Span::in_scope`.
+#[test]
+fn no_span_guard_is_entered_in_src() {
+    let guards: Vec<String> = source_lines()
+        .into_iter()
+        .filter(|(_, _, code)| code.contains(".enter()"))
+        .map(|(file, number, code)| format!("src/{file}:{number}: {}", code.trim()))
+        .collect();
+    assert!(
+        guards.is_empty(),
+        "use Instrument or in_scope:\n{}",
+        guards.join("\n")
+    );
+}
+
 #[test]
 fn every_module_of_the_library_has_a_layer() {
     let lib = fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();

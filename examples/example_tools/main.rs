@@ -43,8 +43,8 @@ struct Cli {
     /// payments, mailer or all.
     #[arg(long, default_value = "all")]
     tools: ToolSet,
-    /// Where side effects are recorded (charges.jsonl, emails.jsonl, calls.jsonl)
-    /// and the pid file is written.
+    /// Where side effects are recorded (charges.jsonl, emails.jsonl,
+    /// calls.jsonl) and, over stdio, the pid file (<tools>.pid) is written.
     #[arg(long, default_value = ".leasegate-example")]
     state_dir: PathBuf,
     /// Serve Streamable HTTP on this address instead of stdio.
