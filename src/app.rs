@@ -1,5 +1,16 @@
-//! Wiring: configuration → ledger → upstreams → front. `main` stays thin;
-//! tests start the same [`Proxy`] on `127.0.0.1:0`.
+//! Wiring: configuration → ledger → upstreams → front, and [`run`], the one
+//! seam through which `leasegate serve` and the tests serve a started
+//! [`Proxy`] on listeners they bound themselves (`main` binds the configured
+//! addresses, tests bind `127.0.0.1:0`) until a shutdown future completes
+//! (`main`: ctrl-c or SIGTERM; tests: a `CancellationToken`), as
+//! tokio-rs/mini-redis `server::run(listener, shutdown)`.
+//!
+//! # Shutdown
+//!
+//! When `shutdown` completes (or either listener's server fails), both
+//! listeners stop accepting, connections in flight are answered, then the
+//! background loops are cancelled and awaited, the ledger pool is closed and
+//! the upstream clients are stopped (their stdio children end).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -45,7 +56,94 @@ pub struct Proxy {
     upstreams: Arc<Upstreams>,
     /// The background loops, when the policy runs them.
     background: Option<Arc<Background<Upstreams>>>,
+    /// Stops the background loops and the metrics upkeep.
     stop: CancellationToken,
+    /// The background loops' task, awaited at shutdown so that no pass is
+    /// still using the ledger or an upstream when they close.
+    loops: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// The listeners [`run`] serves, bound by the caller.
+pub struct Listeners {
+    /// MCP over Streamable HTTP at `/mcp`.
+    pub mcp: tokio::net::TcpListener,
+    /// The control API and `/metrics`; `None` when `control_listen = "off"`.
+    pub control: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the configured addresses (`listen`, `control_listen`).
+    pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
+        let mcp = tokio::net::TcpListener::bind(config.listen).await?;
+        let control = match config.control_listen {
+            Some(address) => Some(tokio::net::TcpListener::bind(address).await?),
+            None => None,
+        };
+        Ok(Listeners { mcp, control })
+    }
+}
+
+/// Serves `proxy` on `listeners` until `shutdown` completes, then shuts it
+/// down (see the module docs). An error of either server stops both.
+pub async fn run(
+    proxy: Proxy,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let stop = CancellationToken::new();
+    let mcp = {
+        let stop = stop.clone();
+        let served = crate::mcp::serve_http(
+            proxy.front.clone(),
+            listeners.mcp,
+            proxy.config.http_sessions,
+            stop.clone().cancelled_owned(),
+        );
+        async move {
+            let result = served.await;
+            // One server down stops the other.
+            stop.cancel();
+            result
+        }
+    };
+    let control = {
+        let stop = stop.clone();
+        let api = listeners.control.map(|listener| {
+            crate::control::serve(
+                crate::control::router_with_metrics(
+                    proxy.ledger.clone(),
+                    proxy.config.policy.integers,
+                    metrics_handle(),
+                ),
+                listener,
+                stop.clone().cancelled_owned(),
+            )
+        });
+        async move {
+            match api {
+                Some(api) => {
+                    let result = api.await;
+                    stop.cancel();
+                    result
+                }
+                // No control listener: nothing to stop the MCP front for.
+                None => Ok(()),
+            }
+        }
+    };
+    let serving = async { tokio::join!(mcp, control) };
+    tokio::pin!(serving);
+    let (mcp, control) = tokio::select! {
+        results = &mut serving => results,
+        () = shutdown => {
+            stop.cancel();
+            serving.await
+        }
+    };
+    proxy.shutdown().await;
+    mcp.map_err(|e| anyhow::anyhow!("MCP listener: {e}"))?;
+    control.map_err(|e| anyhow::anyhow!("control listener: {e}"))?;
+    Ok(())
 }
 
 impl Proxy {
@@ -105,6 +203,7 @@ impl Proxy {
                 }
             }
         });
+        let mut loops = None;
         let background = config.policy.background.then(|| {
             let background = Arc::new(Background::new(
                 ledger.clone(),
@@ -112,7 +211,7 @@ impl Proxy {
                 directory,
                 config.policy.clone(),
             ));
-            background.clone().spawn(stop.child_token());
+            loops = Some(background.clone().spawn(stop.child_token()));
             background
         });
         Ok(Proxy {
@@ -122,31 +221,8 @@ impl Proxy {
             upstreams,
             background,
             stop,
+            loops,
         })
-    }
-
-    /// Serves MCP over HTTP at `/mcp` on `listener` until `shutdown`.
-    pub async fn serve_http(
-        &self,
-        listener: tokio::net::TcpListener,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> anyhow::Result<()> {
-        crate::mcp::serve_http(
-            self.front.clone(),
-            listener,
-            self.config.http_sessions,
-            shutdown,
-        )
-        .await?;
-        Ok(())
-    }
-
-    /// The control HTTP API over this proxy's ledger, with `/metrics`.
-    pub fn control_router(&self) -> axum::Router {
-        crate::control::with_metrics(
-            crate::control::router(self.ledger.clone(), self.config.policy.integers),
-            metrics_handle(),
-        )
     }
 
     /// The background loops' progress counters (test signals).
@@ -159,13 +235,42 @@ impl Proxy {
         crate::mcp::serve_stdio(self.front.clone()).await
     }
 
-    /// Stops the upstream clients and child processes.
+    /// Stops the background loops (and waits for them), closes the ledger
+    /// pool, and stops the upstream clients and child processes.
     pub async fn shutdown(self) {
-        self.stop.cancel();
-        drop(self.background);
-        self.ledger.close().await;
-        if let Ok(upstreams) = Arc::try_unwrap(self.upstreams) {
-            upstreams.shutdown().await;
+        let Proxy {
+            ledger,
+            front,
+            upstreams,
+            background,
+            stop,
+            loops,
+            ..
+        } = self;
+        stop.cancel();
+        // A pass checks the token between passes; one in the middle of an
+        // upstream call ends within that call's timeout.
+        if let Some(loops) = loops {
+            match tokio::time::timeout(LOOPS_GRACE, loops).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "the background loops ended abnormally"),
+                Err(_) => tracing::warn!(
+                    "the background loops did not stop within {LOOPS_GRACE:?}; leaving them"
+                ),
+            }
+        }
+        // The front and the loops hold the upstream clients too.
+        drop(background);
+        drop(front);
+        ledger.close().await;
+        match Arc::try_unwrap(upstreams) {
+            Ok(upstreams) => upstreams.shutdown().await,
+            Err(_) => tracing::debug!(
+                "upstream clients still referenced; they stop when the last reference drops"
+            ),
         }
     }
 }
+
+/// How long [`Proxy::shutdown`] waits for a background pass in progress.
+const LOOPS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);

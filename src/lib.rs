@@ -21,7 +21,9 @@
 //! * `policy`, `adapter`, `config`: the files users write (`policies/`,
 //!   `adapters/`, `leasegate.toml`), parsed with `deny_unknown_fields` and
 //!   validated into normalized types; `adapter::Upstream` is the seam
-//!   through which dispatch reaches tool servers.
+//!   through which dispatch reaches tool servers. `config` resolves a stdio
+//!   upstream's command (relative to the config file, or beside the running
+//!   executable, then `PATH`).
 //! * `dispatch`: the inline path of a side-effecting call — register+claim,
 //!   upstream call in a leasegate-owned task, settle or mark unknown.
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
@@ -32,13 +34,19 @@
 //!   session per upstream, per-request routing of what upstreams send), the
 //!   stateless front's cancellation registry (`inflight`), per-call HTTP
 //!   headers to Streamable HTTP upstreams (`http_headers`), conversions and
-//!   JSON-RPC codes (`convert`), and the example tool server.
+//!   JSON-RPC codes (`convert`).
 //! * `reconcile`: the background loops of every `serve` process —
 //!   dispatcher of planned intents, claim expiry, reconciler of unknown
 //!   outcomes per adapter capability — claimed in the database, no leader.
-//! * `control`: the control HTTP API (`openapi.json`) and the operator CLI
-//!   that drives it in-process; `/metrics`.
-//! * `app`: wiring (config → ledger → upstreams → front); `main` is thin.
+//! * `control`: the control HTTP API (`openapi.json`): `router` (routes,
+//!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
+//!   codes, HTTP statuses and operator CLI exit codes), the handlers (`runs`,
+//!   `operations`), and `cli`, the operator CLI (`runs`, `lease`, `ops`: each
+//!   one REST request to the same router, in-process).
+//! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
+//!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
+//!   until a shutdown future completes (`main`: ctrl-c/SIGTERM; tests: a
+//!   `CancellationToken` on `127.0.0.1:0`), then stops loops and children.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal.
@@ -49,13 +57,20 @@
 //!   (`common`, `lease`, `run`, `operation`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
-//!   `migrate`, `example-tools`).
-//! * `examples/worker/`: a worker process (lease, heartbeat, checkpoint loop)
-//!   that the process-level tests freeze with SIGSTOP.
+//!   `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
+//!   parses arguments, binds listeners and calls into the library.
+//! * Not part of the library, binaries under `examples/`:
+//!   `leasegate-example-worker` (`examples/worker/`: lease, heartbeat,
+//!   checkpoint loop, frozen with SIGSTOP by the process-level tests) and
+//!   `leasegate-example-tools` (`examples/example_tools/`: the example MCP
+//!   tool server with counted side effects, for the quickstart and the
+//!   end-to-end tests; it may import rmcp).
 //!
-//! Dependencies point one way: `main`/`app` → `mcp`, `control`,
-//! `reconcile` → `dispatch` → `adapter`, `ledger` → `intent`, `policy`, `ids`. `tests/layering.rs`
-//! checks that only `ledger` imports sqlx and only `mcp` imports rmcp.
+//! Dependencies point one way: `main` → `app` → `mcp`, `control`,
+//! `reconcile`, `worker` → `dispatch` → `config` → `adapter`, `ledger` →
+//! `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
+//! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
+//! axum (`control`, `mcp`), clap (`control::cli`, `main`).
 //!
 //! # Invariant index (DESIGN.md numbering)
 //!

@@ -5,7 +5,7 @@
 mod common;
 
 use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta, operation_note};
-use common::{TestDb, applied, within};
+use common::{TestDb, applied, http, replace_exactly};
 use leasegate::intent::OperationId;
 use leasegate::ledger::{LeaseClaim, OperationStatus};
 use serde_json::{Value, json};
@@ -295,9 +295,11 @@ async fn tools_are_namespaced_with_annotations_intact(
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
     // One tool per page, so that the agent must follow leasegate's cursors too.
-    let paged = std::fs::read_to_string(scenario.config_path())
-        .unwrap()
-        .replace("migrate = false", "migrate = false\ntools_page_size = 1");
+    let paged = replace_exactly(
+        &std::fs::read_to_string(scenario.config_path()).unwrap(),
+        "migrate = false",
+        "migrate = false\ntools_page_size = 1",
+    );
     std::fs::write(scenario.config_path(), paged).unwrap();
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
@@ -332,16 +334,14 @@ async fn tools_are_namespaced_with_annotations_intact(
 
     // Two upstreams exposing the same names without a prefix cannot start.
     let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    let colliding = config.replace(
+    let colliding = replace_exactly(
+        &config,
         "migrate = false",
-        "migrate = false\nunprefixed = [\"payments\", \"mailer\"]",
+        "migrate = false\nunprefixed = [\"payments\", \"payments2\"]",
     ) + &format!(
-        "\n[upstreams.payments2]\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"example-tools\", \"--tools\", \"payments\"]\n",
-        common::proxy::LEASEGATE
-    );
-    let colliding = colliding.replace(
-        "unprefixed = [\"payments\", \"mailer\"]",
-        "unprefixed = [\"payments\", \"payments2\"]",
+        "\n[upstreams.payments2]\ntransport = \"stdio\"\ncommand = \"{}\"\nargs = [\"--tools\", \"payments\", \"--state-dir\", \"{}\"]\n",
+        common::proxy::EXAMPLE_TOOLS,
+        scenario.dir.join("state2").display()
     );
     let path = scenario.dir.join("colliding.toml");
     std::fs::write(&path, colliding).unwrap();
@@ -423,10 +423,24 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
     assert!(message.contains("invalid run id \"nope\""), "{message}");
 
     // Malformed JSON-RPC over the wire.
-    let response = reqwest_post(&proxy.url, "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ").await;
-    assert!(
-        response.0 >= 400 || response.1.contains("-32700"),
-        "{response:?}"
+    let response = http::post(
+        &proxy.url,
+        &[
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
+        "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ",
+    )
+    .await;
+    // rmcp's Streamable HTTP server answers a body it cannot parse with 415
+    // and a plain-text reason (not a JSON-RPC -32700 error).
+    assert_eq!(
+        (response.status, response.body.as_str()),
+        (
+            415,
+            "fail to deserialize request body EOF while parsing a value at line 1 column 38"
+        ),
     );
 
     assert!(scenario.side_effects("emails.jsonl").is_empty());
@@ -450,30 +464,6 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
         (Some(true), json!(true))
     );
     proxy.stop().await;
-}
-
-/// A raw HTTP POST (status, body), for input an MCP client would never send.
-async fn reqwest_post(url: &str, body: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let address = url.trim_start_matches("http://").trim_end_matches("/mcp");
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!(
-        "POST /mcp HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\n\
-         accept: application/json, text/event-stream\r\nmcp-protocol-version: 2025-11-25\r\n\
-         content-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    within("the raw response", stream.read_to_string(&mut response))
-        .await
-        .unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, response)
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -700,12 +690,11 @@ async fn an_unprefixed_upstream_is_called_by_its_own_tool_names(
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
-    let config = std::fs::read_to_string(scenario.config_path())
-        .unwrap()
-        .replace(
-            "migrate = false",
-            "migrate = false\nunprefixed = [\"payments\"]",
-        );
+    let config = replace_exactly(
+        &std::fs::read_to_string(scenario.config_path()).unwrap(),
+        "migrate = false",
+        "migrate = false\nunprefixed = [\"payments\"]",
+    );
     std::fs::write(scenario.config_path(), config).unwrap();
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent", 60_000).await;

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Stdio;
 
-use common::proxy::{Agent, LEASEGATE, call, lease_meta, operation_note};
+use common::proxy::{Agent, EXAMPLE_TOOLS, LEASEGATE, call, lease_meta, operation_note};
 use common::{TestDb, within};
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
@@ -16,9 +16,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 /// The example payments server over Streamable HTTP on an ephemeral port,
 /// its state in `dir/state`; returns the child and its MCP URL.
 async fn payments_over_http(dir: &std::path::Path) -> (tokio::process::Child, String) {
-    let mut tools = tokio::process::Command::new(LEASEGATE)
+    let mut tools = tokio::process::Command::new(EXAMPLE_TOOLS)
         .args([
-            "example-tools",
             "--tools",
             "payments",
             "--http",

@@ -8,7 +8,7 @@ mod common;
 use std::process::Stdio;
 
 use common::proxy::{LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, call, connect_http};
-use common::{TestDb, wait_until, within};
+use common::{TestDb, http, prometheus, replace_exactly, wait_until, within};
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{MarkUnknown, OperationStatus, Settlement, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
@@ -66,23 +66,11 @@ async fn serve_child(scenario: &Scenario) -> (tokio::process::Child, String, Str
     (child, mcp.unwrap(), control.unwrap())
 }
 
-async fn metric(control: &str, name_and_labels: &str) -> f64 {
-    let address = control.trim_start_matches("http://");
-    let text = raw_get(address, "/metrics").await;
-    text.lines()
-        .filter(|line| line.starts_with(name_and_labels))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-async fn raw_get(address: &str, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    response
+/// The sum of one metric's samples with these labels, as the control listener serves it.
+async fn metric(control: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let answer = http::get(&format!("{control}/metrics")).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    prometheus::sum(&answer.body, name, labels)
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -91,7 +79,7 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let mailer = MAILER_ADAPTER.replace("700ms", "2s");
+    let mailer = replace_exactly(MAILER_ADAPTER, "700ms", "2s");
     let payments = common::proxy::PAYMENTS_ADAPTER;
     let scenario = Scenario::with_adapters(&db.url, FAST, payments, &mailer);
     let (lease, _) = db.running_run("agent", 120_000).await;
@@ -152,7 +140,13 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     wait_until(
         "the reconciler to have judged the mail unrecoverable",
         || async {
-            (metric(&control, "reconcile_total{outcome=\"needs_operator\"}").await >= 1.0)
+            (metric(
+                &control,
+                "reconcile_total",
+                &[("outcome", "needs_operator")],
+            )
+            .await
+                >= 1.0)
                 .then_some(())
         },
     )
@@ -260,9 +254,14 @@ async fn a_retry_past_the_key_retention_window_is_refused(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let payments = common::proxy::PAYMENTS_ADAPTER
-        .replace("24h", "100ms")
-        .replace("timeout = \"2s\"\nremote", "timeout = \"500ms\"\nremote");
+    let payments = replace_exactly(common::proxy::PAYMENTS_ADAPTER, "24h", "100ms");
+    // The charge times out well before its 2 s hang (this edit never
+    // applied while the pattern named a line order the fixture does not have).
+    let payments = replace_exactly(
+        &payments,
+        "remote_id_pointer = \"/charge_id\"\ntimeout = \"2s\"",
+        "remote_id_pointer = \"/charge_id\"\ntimeout = \"500ms\"",
+    );
     let scenario = Scenario::with_adapters(&db.url, FAST, &payments, MAILER_ADAPTER);
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let signals = proxy_signals(&proxy).await;
@@ -482,15 +481,6 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
     );
 }
 
-/// Sum of the samples of one metric (all label sets) in Prometheus text.
-fn sample_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|line| !line.starts_with('#'))
-        .filter(|line| line.split(['{', ' ']).next() == Some(name))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
     pool: PgPoolOptions,
@@ -564,22 +554,26 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
         ("tool_operation_unknown_total", 1.0),
         ("upstream_call_duration_seconds_count", 1.0),
     ] {
-        let moved = sample_sum(&after, name) - sample_sum(&before, name);
+        let moved = prometheus::sum(&after, name, &[]) - prometheus::sum(&before, name, &[]);
         assert!(
             moved >= at_least,
             "{name} moved by {moved}, expected at least {at_least}\n{after}"
         );
     }
     assert!(
-        after.contains("lease_acquire_total{outcome=\"taken_over\"}"),
+        prometheus::has(&after, "lease_acquire_total", &[("outcome", "taken_over")]),
         "{after}"
     );
     assert!(
-        after.contains("lease_renew_total{outcome=\"lost\"}"),
+        prometheus::has(&after, "lease_renew_total", &[("outcome", "lost")]),
         "{after}"
     );
     assert!(
-        after.contains("protected_write_rejected_total{reason=\"lease_lost\""),
+        prometheus::has(
+            &after,
+            "protected_write_rejected_total",
+            &[("reason", "lease_lost")]
+        ),
         "{after}"
     );
     // Gauges are process-wide and other tests' loops set them too: only
@@ -594,8 +588,13 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
         assert!(!after.contains(&id), "{id} must not be a label");
     }
     // The control listener serves the same text.
-    let served = raw_get(proxy.control_url.trim_start_matches("http://"), "/metrics").await;
-    assert!(served.contains("lease_acquire_total"));
+    let served = http::get(&format!("{}/metrics", proxy.control_url)).await;
+    assert_eq!(served.status, 200);
+    assert!(
+        prometheus::sum(&served.body, "lease_acquire_total", &[]) >= 3.0,
+        "{}",
+        served.body
+    );
     proxy.stop().await;
 }
 
@@ -869,12 +868,8 @@ read_only = true
     .unwrap();
 
     let handle = leasegate::app::metrics_handle();
-    let mismatches = |text: &str| {
-        text.lines()
-            .filter(|l| l.starts_with("reconcile_total{outcome=\"resource_mismatch\"}"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
+    let mismatches =
+        |text: &str| prometheus::sum(text, "reconcile_total", &[("outcome", "resource_mismatch")]);
     let before = mismatches(&handle.render());
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let signals = proxy_signals(&proxy).await;
@@ -899,4 +894,61 @@ read_only = true
         "the reconciler found the resource and refused it"
     );
     proxy.stop().await;
+}
+
+/// Whether process `pid` is gone (or only a zombie awaiting its parent).
+fn process_ended(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let (mut child, _, control) = serve_child(&scenario).await;
+    let answer = http::get(&format!("{control}/metrics")).await;
+    assert_eq!(answer.status, 200);
+    let pids: Vec<i32> = ["payments.pid", "mailer.pid"]
+        .iter()
+        .map(|file| {
+            std::fs::read_to_string(scenario.dir.join("state").join(file))
+                .expect("the tool servers wrote their pid files")
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(pids.iter().all(|pid| !process_ended(*pid)), "{pids:?} run");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = within("leasegate serve to exit", child.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "a clean shutdown");
+    wait_until("the tool servers to end", || async {
+        pids.iter().all(|pid| process_ended(*pid)).then_some(())
+    })
+    .await;
+    // Both listeners stopped accepting.
+    let address = control.trim_start_matches("http://");
+    assert_eq!(
+        tokio::net::TcpStream::connect(address)
+            .await
+            .unwrap_err()
+            .kind(),
+        std::io::ErrorKind::ConnectionRefused
+    );
 }

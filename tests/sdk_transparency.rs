@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use common::TestDb;
-use common::proxy::{LEASEGATE, RunningProxy};
+use common::proxy::{EXAMPLE_TOOLS, LEASEGATE, RunningProxy};
 use leasegate::ledger::LeaseClaim;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -141,8 +141,8 @@ url = "http://127.0.0.1:{port}/mcp"
 
 [upstreams.mailer]
 transport = "stdio"
-command = "{LEASEGATE}"
-args = ["example-tools", "--tools", "mailer", "--state-dir", "{state}"]
+command = "{EXAMPLE_TOOLS}"
+args = ["--tools", "mailer", "--state-dir", "{state}"]
 "#,
                 everything = everything.display(),
                 state = state.display(),

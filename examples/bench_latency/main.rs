@@ -201,17 +201,15 @@ url = "{upstream_url}"
     )?;
     let config = leasegate::config::Config::load(&dir.join("leasegate.toml"))?;
     let proxy = leasegate::app::Proxy::start(config).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let front_url = format!("http://{}/mcp", listener.local_addr()?);
+    let listeners = leasegate::app::Listeners {
+        mcp: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
+        control: None,
+    };
+    let front_url = format!("http://{}/mcp", listeners.mcp.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        let served = proxy
-            .serve_http(listener, async {
-                let _ = stopped.await;
-            })
-            .await;
-        (proxy, served)
-    });
+    let server = tokio::spawn(leasegate::app::run(proxy, listeners, async {
+        let _ = stopped.await;
+    }));
 
     // A leased run for the gated calls.
     let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
@@ -301,9 +299,7 @@ url = "{upstream_url}"
     );
 
     let _ = stop.send(());
-    if let Ok((proxy, _)) = server.await {
-        proxy.shutdown().await;
-    }
+    server.await??;
     ledger.close().await;
     let _ = upstream.kill().await;
     let _ = std::fs::remove_dir_all(&dir);

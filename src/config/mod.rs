@@ -10,13 +10,24 @@
 //!
 //! [upstreams.payments]
 //! transport = "stdio"
-//! command = "leasegate"           # "leasegate" means this very binary
-//! args = ["example-tools", "--tools", "payments"]
+//! command = "leasegate-example-tools"
+//! args = ["--tools", "payments"]
 //!
 //! [upstreams.mailer]
 //! transport = "streamable_http"
 //! url = "http://127.0.0.1:9000/mcp"
 //! ```
+//!
+//! # Stdio commands
+//!
+//! A stdio upstream's `command` is resolved when the file is loaded:
+//!
+//! 1. with a `/` in it, it is a path, relative to this file's directory
+//!    (`"./bin/tools"`, `"../tools/server"`) unless absolute;
+//! 2. a bare name is looked up first in the directory of the running
+//!    `leasegate` executable — so tools installed or built beside it
+//!    (`target/release/leasegate-example-tools`) are found without a PATH
+//!    change — and otherwise on `PATH` when the child is spawned.
 //!
 //! Every error names its file and field.
 
@@ -161,6 +172,12 @@ fn toml_files(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
+/// `name` in the directory of the running executable, if a file is there.
+fn beside_executable(name: &str) -> Option<PathBuf> {
+    let candidate = std::env::current_exe().ok()?.parent()?.join(name);
+    candidate.is_file().then_some(candidate)
+}
+
 impl Config {
     /// Loads `path` and the files it names (relative to its directory).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -206,13 +223,11 @@ impl Config {
                     if command.is_empty() {
                         return Err(err(format!("upstreams.{name}.command: must not be empty")));
                     }
-                    let command = if command == "leasegate" {
-                        std::env::current_exe()
-                            .map_err(|e| err(format!("upstreams.{name}.command: {e}")))?
-                    } else if command.contains('/') {
+                    // See "Stdio commands" in the module docs.
+                    let command = if command.contains('/') {
                         base.join(command)
                     } else {
-                        PathBuf::from(command)
+                        beside_executable(command).unwrap_or_else(|| PathBuf::from(command))
                     };
                     UpstreamTransport::Stdio {
                         command,

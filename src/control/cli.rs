@@ -1,46 +1,309 @@
 //! The operator CLI (`leasegate runs|lease|ops …`): the control API driven
-//! in-process, so the CLI and the API can never disagree. Human-readable
-//! output by default, the API's JSON with `--json`; exit codes tell not
-//! found, conflict and lease lost apart from other errors.
+//! in-process, so the CLI and the API can never disagree. Each subcommand
+//! is one request (method, REST path, JSON body) to the same router
+//! `leasegate serve` serves. Human-readable output by default, the API's
+//! JSON with `--json`; exit codes ([`ErrorCode::exit_code`]) tell not found,
+//! conflict and lease lost apart from other errors.
 
 use axum::body::Body as HttpBody;
 use axum::http::{Method, Request, StatusCode};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tower::ServiceExt;
 
+use super::error::{ErrorCode, exit};
 use crate::intent::IntegerPolicy;
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerOptions};
 
-/// Process exit codes of the operator commands.
-pub mod exit {
-    pub const OK: u8 = 0;
-    pub const OTHER: u8 = 1;
-    pub const INVALID_INPUT: u8 = 2;
-    pub const NOT_FOUND: u8 = 3;
-    pub const CONFLICT: u8 = 4;
-    pub const LEASE_LOST: u8 = 5;
-    pub const UNAVAILABLE: u8 = 6;
+/// Default ledger database: the machine's local PostgreSQL, trust auth.
+pub const DEFAULT_DATABASE_URL: &str = crate::config::DEFAULT_DATABASE_URL;
+
+/// An operator command, as `leasegate` parses it.
+#[derive(Debug, clap::Subcommand)]
+pub enum OperatorCommand {
+    /// Runs: create one for a task, show one.
+    Runs {
+        #[command(subcommand)]
+        command: RunsCommand,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Leases: acquire or take over, renew, release.
+    Lease {
+        #[command(subcommand)]
+        command: LeaseCommand,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Operations: the fate of a call.
+    Ops {
+        #[command(subcommand)]
+        command: OpsCommand,
+        #[command(flatten)]
+        common: Common,
+    },
 }
 
-/// The exit code for an API error code.
-pub fn exit_code(code: &str) -> u8 {
-    match code {
-        "not_found" => exit::NOT_FOUND,
-        "lease_lost" => exit::LEASE_LOST,
-        "revision_conflict" | "intent_conflict" | "lease_busy" | "terminal_run"
-        | "wrong_status" | "active_run_live" | "run_id_taken" | "not_unknown" => exit::CONFLICT,
-        "ledger_unavailable" | "outcome_unknown" => exit::UNAVAILABLE,
-        "malformed_json"
-        | "invalid_body"
-        | "invalid_ttl"
-        | "invalid_run_id"
-        | "invalid_input"
-        | "invalid_status"
-        | "invalid_operation_id"
-        | "unsafe_integer"
-        | "invalid_arguments" => exit::INVALID_INPUT,
-        _ => exit::OTHER,
+/// Options of every operator command.
+#[derive(Debug, clap::Args)]
+pub struct Common {
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
+    pub database_url: String,
+    /// Print the API's JSON instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum RunsCommand {
+    /// Create a run for a task (the task is created if new; a retry is a new run).
+    Create {
+        #[arg(long)]
+        task: String,
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// Reuse to make the create retry-safe.
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Hold the lease from the start.
+        #[arg(long, requires = "ttl_ms")]
+        owner: Option<String>,
+        #[arg(long, requires = "owner")]
+        ttl_ms: Option<i64>,
+    },
+    /// Show a run: status, revision, checkpoint, lease holder and epoch.
+    Show { run_id: String },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum LeaseCommand {
+    /// Acquire a free lease or take over an expired one (epoch + 1).
+    Acquire {
+        run_id: String,
+        #[arg(long)]
+        ttl_ms: i64,
+        /// Generated when absent.
+        #[arg(long)]
+        owner: Option<String>,
+    },
+    Renew {
+        run_id: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        epoch: i64,
+        #[arg(long)]
+        ttl_ms: i64,
+    },
+    Release {
+        run_id: String,
+        #[arg(long)]
+        owner: String,
+        #[arg(long)]
+        epoch: i64,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum OpsCommand {
+    /// An operation's status, request, result, history and evidence.
+    Show { operation_id: String },
+    /// A run's operations, optionally of one status.
+    List {
+        #[arg(long)]
+        run: String,
+        #[arg(long)]
+        status: Option<String>,
+    },
+    /// How many operations are unknown, and the oldest.
+    Unknown,
+    /// Resolve an unknown operation by hand, with who and why.
+    Resolve {
+        operation_id: String,
+        #[arg(
+            long,
+            conflicts_with = "failed_final",
+            required_unless_present = "failed_final"
+        )]
+        succeeded: bool,
+        #[arg(long)]
+        failed_final: bool,
+        #[arg(long)]
+        note: String,
+        #[arg(long)]
+        remote_id: Option<String>,
+        /// Who resolves it (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        actor: String,
+    },
+}
+
+/// One control API request: method, path (with query) and JSON body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiRequest {
+    pub method: Method,
+    pub path: String,
+    pub body: Option<Value>,
+}
+
+impl ApiRequest {
+    fn get(path: String) -> Self {
+        Self {
+            method: Method::GET,
+            path,
+            body: None,
+        }
     }
+
+    fn post(path: String, body: Value) -> Self {
+        Self {
+            method: Method::POST,
+            path,
+            body: Some(body),
+        }
+    }
+}
+
+impl OperatorCommand {
+    fn common(&self) -> &Common {
+        match self {
+            OperatorCommand::Runs { common, .. }
+            | OperatorCommand::Lease { common, .. }
+            | OperatorCommand::Ops { common, .. } => common,
+        }
+    }
+
+    /// The control API request this command makes.
+    pub fn request(&self) -> ApiRequest {
+        match self {
+            OperatorCommand::Runs { command, .. } => match command {
+                RunsCommand::Create {
+                    task,
+                    tenant,
+                    run_id,
+                    owner,
+                    ttl_ms,
+                } => ApiRequest::post(
+                    "/v1/runs".to_owned(),
+                    json!({"task_id": task, "tenant_id": tenant, "run_id": run_id, "owner": owner, "ttl_ms": ttl_ms}),
+                ),
+                RunsCommand::Show { run_id } => {
+                    ApiRequest::get(format!("/v1/runs/{}", url_segment(run_id)))
+                }
+            },
+            OperatorCommand::Lease { command, .. } => match command {
+                LeaseCommand::Acquire {
+                    run_id,
+                    ttl_ms,
+                    owner,
+                } => ApiRequest::post(
+                    format!("/v1/runs/{}/lease", url_segment(run_id)),
+                    json!({"owner": owner, "ttl_ms": ttl_ms}),
+                ),
+                LeaseCommand::Renew {
+                    run_id,
+                    owner,
+                    epoch,
+                    ttl_ms,
+                } => ApiRequest::post(
+                    format!("/v1/runs/{}/lease/renew", url_segment(run_id)),
+                    json!({"owner": owner, "epoch": epoch, "ttl_ms": ttl_ms}),
+                ),
+                LeaseCommand::Release {
+                    run_id,
+                    owner,
+                    epoch,
+                } => ApiRequest::post(
+                    format!("/v1/runs/{}/lease/release", url_segment(run_id)),
+                    json!({"owner": owner, "epoch": epoch}),
+                ),
+            },
+            OperatorCommand::Ops { command, .. } => match command {
+                OpsCommand::Show { operation_id } => {
+                    ApiRequest::get(format!("/v1/operations/{}", url_segment(operation_id)))
+                }
+                OpsCommand::List { run, status } => {
+                    let query = status
+                        .as_ref()
+                        .map(|s| format!("?status={}", url_segment(s)))
+                        .unwrap_or_default();
+                    ApiRequest::get(format!("/v1/runs/{}/operations{query}", url_segment(run)))
+                }
+                OpsCommand::Unknown => ApiRequest::get("/v1/operations/unknown".to_owned()),
+                OpsCommand::Resolve {
+                    operation_id,
+                    succeeded,
+                    note,
+                    remote_id,
+                    actor,
+                    ..
+                } => ApiRequest::post(
+                    format!("/v1/operations/{}/resolve", url_segment(operation_id)),
+                    json!({"outcome": if *succeeded { "succeeded" } else { "failed_final" },
+                            "note": note, "remote_id": remote_id, "actor": actor}),
+                ),
+            },
+        }
+    }
+
+    /// Runs the command against the ledger at `--database-url`: prints the
+    /// answer (stdout) or the error (stderr, or stdout with `--json`) and
+    /// returns the process exit code.
+    pub async fn run(&self) -> u8 {
+        let common = self.common();
+        let options = LedgerOptions {
+            max_connections: 2,
+            ..Default::default()
+        };
+        let ledger = match Ledger::connect(&common.database_url, options).await {
+            Ok(ledger) => ledger,
+            Err(error) => {
+                eprintln!("leasegate: {error}");
+                return exit::UNAVAILABLE;
+            }
+        };
+        let ApiRequest { method, path, body } = self.request();
+        let (status, answer) = execute(ledger.clone(), method, &path, body).await;
+        ledger.close().await;
+        if status.is_success() {
+            println!(
+                "{}",
+                if common.json {
+                    answer.to_string()
+                } else {
+                    render(&answer)
+                }
+            );
+            return exit::OK;
+        }
+        let code = answer["code"].as_str().unwrap_or("error");
+        if common.json {
+            println!("{answer}");
+        } else {
+            eprintln!(
+                "leasegate: {} ({code})",
+                answer["message"].as_str().unwrap_or("request failed")
+            );
+        }
+        exit_code(code)
+    }
+}
+
+/// The exit code for an API error code string (1 for a code this build
+/// does not know).
+pub fn exit_code(code: &str) -> u8 {
+    ErrorCode::parse(code).map_or(exit::OTHER, ErrorCode::exit_code)
+}
+
+/// Percent-encodes a path segment (ids are UUIDs, but operators paste anything).
+pub fn url_segment(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
 }
 
 /// Sends one request to the control API in-process; returns status and JSON.
@@ -205,5 +468,16 @@ pub fn render(value: &Value) -> String {
             .collect::<Vec<_>>()
             .join("\n"),
         other => text(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_segments_are_percent_encoded() {
+        assert_eq!(url_segment("a b/c?d"), "a%20b%2Fc%3Fd");
+        assert_eq!(url_segment("0192-abc_~.x"), "0192-abc_~.x");
     }
 }

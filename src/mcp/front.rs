@@ -1854,8 +1854,9 @@ impl Front {
             };
             // The call is over: release the cancel watcher.
             cancel.cancel();
-            let _entered = span.enter();
-            match outcome {
+            // No guard held in this future: the span is entered for the
+            // synchronous rest only.
+            span.in_scope(|| match outcome {
                 Ok(mut reply) => {
                     // Resource links in the (recorded) result name the
                     // upstream's URIs; the agent reads them under their
@@ -1869,7 +1870,7 @@ impl Front {
                     tracing::info!(error = %error, "call refused");
                     Err(convert::error_from_call(&error))
                 }
-            }
+            })
         }))
     }
 }

@@ -1,8 +1,7 @@
-//! MCP: the front agents talk to, the clients of upstream tool servers, and
-//! an example tool server. The only module that imports rmcp.
+//! MCP: the front agents talk to and the clients of upstream tool servers.
+//! The only module of the library that imports rmcp.
 
 pub mod convert;
-pub mod example_tools;
 pub mod front;
 pub mod http_headers;
 pub mod inflight;

@@ -12,6 +12,8 @@ use leasegate::ledger::{
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+pub mod http;
+pub mod prometheus;
 pub mod proxy;
 
 /// Every wait in a test ends by this deadline, or the test fails.
@@ -221,4 +223,15 @@ pub fn applied<T: std::fmt::Debug>(outcome: Fenced<T>) -> T {
         Fenced::Applied(value) => value,
         Fenced::Rejected(rejection) => panic!("expected the write to apply, got: {rejection}"),
     }
+}
+
+/// `text` with every `from` replaced by `to`, failing the test when `from`
+/// does not occur: a fixture edit must not silently do nothing.
+#[track_caller]
+pub fn replace_exactly(text: &str, from: &str, to: &str) -> String {
+    assert!(
+        text.contains(from),
+        "the fixture no longer contains {from:?}:\n{text}"
+    );
+    text.replace(from, to)
 }

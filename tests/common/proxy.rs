@@ -1,11 +1,12 @@
-//! End-to-end harness: leasegate started in-process on 127.0.0.1:0 (the same
-//! `Proxy` `leasegate serve` runs), the example tool server as real stdio
-//! children (or over HTTP), and rmcp clients over real transports.
+//! End-to-end harness: leasegate started in-process on 127.0.0.1:0 through
+//! `app::run`, the seam `leasegate serve` uses, the example tool server
+//! (`leasegate-example-tools`) as real stdio children (or over HTTP), and
+//! rmcp clients over real transports.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use leasegate::app::Proxy;
+use leasegate::app::{Listeners, Proxy};
 use leasegate::config::Config;
 use leasegate::ledger::LeaseClaim;
 use rmcp::model::{
@@ -17,9 +18,11 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Map, Value, json};
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 pub const LEASEGATE: &str = env!("CARGO_BIN_EXE_leasegate");
+/// The example tool server (`examples/example_tools/`).
+pub const EXAMPLE_TOOLS: &str = env!("CARGO_BIN_EXE_leasegate-example-tools");
 
 pub const PAYMENTS_ADAPTER: &str = r#"upstream = "payments"
 timeout = "2s"
@@ -74,13 +77,13 @@ migrate = false
 
 [upstreams.payments]
 transport = "stdio"
-command = "{LEASEGATE}"
-args = ["example-tools", "--tools", "payments", "--state-dir", "{state}"]
+command = "{EXAMPLE_TOOLS}"
+args = ["--tools", "payments", "--state-dir", "{state}"]
 
 [upstreams.mailer]
 transport = "stdio"
-command = "{LEASEGATE}"
-args = ["example-tools", "--tools", "mailer", "--state-dir", "{state}"]
+command = "{EXAMPLE_TOOLS}"
+args = ["--tools", "mailer", "--state-dir", "{state}"]
 "#,
             state = state.display()
         );
@@ -114,12 +117,14 @@ impl Drop for Scenario {
 /// leasegate serving MCP over HTTP on an ephemeral port.
 pub struct RunningProxy {
     pub url: String,
-    /// The control API, served beside the MCP front as `leasegate serve` does.
+    /// The control API, served beside the MCP front as `leasegate serve`
+    /// does; empty when the config says `control_listen = "off"`.
     pub control_url: String,
     /// The background loops' progress counters.
     pub signals: Option<std::sync::Arc<leasegate::reconcile::Signals>>,
-    pub stop: Option<oneshot::Sender<()>>,
-    pub task: tokio::task::JoinHandle<Proxy>,
+    /// Cancelled by [`RunningProxy::stop`]: `app::run`'s shutdown signal.
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
 impl RunningProxy {
@@ -127,45 +132,43 @@ impl RunningProxy {
         let config = Config::load(config).expect("the scenario config is valid");
         let proxy = Proxy::start(config).await.expect("leasegate starts");
         let signals = proxy.background_signals();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
-        let control = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let control_url = format!("http://{}", control.local_addr().unwrap());
-        let (control_stop, control_stopped) = oneshot::channel::<()>();
-        tokio::spawn(leasegate::control::serve(
-            proxy.control_router(),
+        // Ephemeral ports, and a control listener only where the config has one.
+        let control = match proxy.config.control_listen {
+            Some(_) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
+            None => None,
+        };
+        let listeners = Listeners {
+            mcp: tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
             control,
-            async {
-                let _ = control_stopped.await;
-            },
+        };
+        let url = format!("http://{}/mcp", listeners.mcp.local_addr().unwrap());
+        let control_url = listeners
+            .control
+            .as_ref()
+            .map(|control| format!("http://{}", control.local_addr().unwrap()))
+            .unwrap_or_default();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(leasegate::app::run(
+            proxy,
+            listeners,
+            shutdown.clone().cancelled_owned(),
         ));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            proxy
-                .serve_http(listener, async {
-                    let _ = stopped.await;
-                    let _ = control_stop.send(());
-                })
-                .await
-                .expect("serve");
-            proxy
-        });
         Self {
             url,
             control_url,
             signals,
-            stop: Some(stop),
+            shutdown,
             task,
         }
     }
 
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Ok(proxy) = self.task.await {
-            proxy.shutdown().await;
-        }
+    /// Shuts the proxy down as ctrl-c does `leasegate serve`, and waits for it.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        crate::common::within("leasegate to shut down", self.task)
+            .await
+            .expect("the serving task ends")
+            .expect("leasegate served and shut down cleanly");
     }
 }
 

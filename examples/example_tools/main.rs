@@ -1,5 +1,10 @@
-//! An example MCP tool server with real, counted side effects, for the
-//! quickstart and the end-to-end tests (`leasegate example-tools`).
+//! `leasegate-example-tools`: an example MCP tool server with real, counted
+//! side effects, for the quickstart and the end-to-end tests. Not part of
+//! the product: a separate binary that leasegate runs as an upstream.
+//!
+//! ```text
+//! leasegate-example-tools [--tools payments|mailer|all] [--state-dir DIR] [--http ADDR]
+//! ```
 //!
 //! - `payments`: `charge` honours an `idempotency_key` (the same key returns
 //!   the same charge, no new side effect) and `get_charge` (read-only) finds
@@ -12,6 +17,8 @@
 //! or `<state-dir>/emails.jsonl`, which is what tests count.
 
 use std::path::PathBuf;
+
+use clap::Parser;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +33,61 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Mutex;
 
+#[derive(Debug, Parser)]
+#[command(
+    name = "leasegate-example-tools",
+    version,
+    about = "The example tool server with counted side effects (quickstart, tests)"
+)]
+struct Cli {
+    /// payments, mailer or all.
+    #[arg(long, default_value = "all")]
+    tools: ToolSet,
+    /// Where side effects are recorded (charges.jsonl, emails.jsonl,
+    /// calls.jsonl) and, over stdio, the pid file (<tools>.pid) is written.
+    #[arg(long, default_value = ".leasegate-example")]
+    state_dir: PathBuf,
+    /// Serve Streamable HTTP on this address instead of stdio.
+    #[arg(long)]
+    http: Option<std::net::SocketAddr>,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // MCP goes over stdout: logs (warnings only) go to stderr.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+    let served = match cli.http {
+        None => serve_stdio(cli.tools, cli.state_dir).await,
+        Some(address) => match tokio::net::TcpListener::bind(address).await {
+            Ok(listener) => {
+                match listener.local_addr() {
+                    Ok(bound) => eprintln!("example tools at http://{bound}/mcp"),
+                    Err(error) => eprintln!("leasegate-example-tools: {error}"),
+                }
+                serve_http(cli.tools, cli.state_dir, listener).await
+            }
+            Err(error) => Err(error.into()),
+        },
+    };
+    match served {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("leasegate-example-tools: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Which tools to serve.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolSet {
+enum ToolSet {
     Payments,
     Mailer,
     All,
@@ -325,7 +384,7 @@ impl ServerHandler for ExampleTools {
 }
 
 /// Serves the example tools over stdio until stdin closes.
-pub async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
+async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
     std::fs::create_dir_all(&state_dir)?;
     // Lets tests find (and kill) this process.
     std::fs::write(
@@ -346,7 +405,7 @@ pub async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()>
 }
 
 /// Serves the example tools over Streamable HTTP at `/mcp` on `listener`.
-pub async fn serve_http(
+async fn serve_http(
     set: ToolSet,
     state_dir: PathBuf,
     listener: tokio::net::TcpListener,
@@ -367,7 +426,7 @@ pub async fn serve_http(
     );
     let app = axum::Router::new().nest_service("/mcp", service);
     axum::serve(
-        axum::serve::ListenerExt::tap_io(listener, super::no_delay),
+        axum::serve::ListenerExt::tap_io(listener, leasegate::mcp::no_delay),
         app,
     )
     .await?;

@@ -1,0 +1,513 @@
+//! The control API's error answers and the one table of error codes.
+//!
+//! [`ErrorCode`] is the single source of every stable `code` string of the
+//! control API, of its HTTP status, and of the operator CLI's exit code for
+//! it, so the three cannot drift apart. (The MCP front's JSON-RPC codes are
+//! a separate table, `mcp::convert`, since they answer a different protocol;
+//! README lists both.)
+//!
+//! Errors are JSON `{"code", "message", "detail"?}`. Messages never carry SQL
+//! or stack traces: ledger failures are logged here and answered with a
+//! fixed message.
+
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::ids::InvalidRunId;
+use crate::intent::IntentError;
+use crate::ledger::{Delivery, InvalidInput, LedgerError, Rejection};
+
+/// Process exit codes of the operator commands (`leasegate runs|lease|ops`).
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const OTHER: u8 = 1;
+    pub const INVALID_INPUT: u8 = 2;
+    pub const NOT_FOUND: u8 = 3;
+    pub const CONFLICT: u8 = 4;
+    pub const LEASE_LOST: u8 = 5;
+    pub const UNAVAILABLE: u8 = 6;
+}
+
+/// Every error the control API answers: its JSON `code`, HTTP status and
+/// the operator CLI's exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// No route matches (404).
+    NoRoute,
+    /// Unknown run or operation (404).
+    NotFound,
+    /// The caller's lease is gone: another owner or epoch holds it (409).
+    LeaseLost,
+    RevisionConflict,
+    IntentConflict,
+    LeaseBusy,
+    TerminalRun,
+    WrongStatus,
+    ActiveRunLive,
+    RunIdTaken,
+    /// Only unknown operations are resolved (409).
+    NotUnknown,
+    /// Nothing was written: the database is unreachable (503).
+    LedgerUnavailable,
+    /// The ledger's answer was lost: read back before retrying (503).
+    OutcomeUnknown,
+    MalformedJson,
+    /// A body that parses but does not fit (422).
+    InvalidBody,
+    /// A body that could not be read at all: `invalid_body` as well, with
+    /// status 400 (the only code string two variants share).
+    UnreadableBody,
+    UnsupportedMediaType,
+    BodyTooLarge,
+    InvalidTtl,
+    InvalidRunId,
+    InvalidInput,
+    InvalidStatus,
+    InvalidOperationId,
+    UnsafeInteger,
+    InvalidArguments,
+}
+
+impl ErrorCode {
+    /// Every variant, for table tests.
+    pub const ALL: [ErrorCode; 25] = [
+        ErrorCode::NoRoute,
+        ErrorCode::NotFound,
+        ErrorCode::LeaseLost,
+        ErrorCode::RevisionConflict,
+        ErrorCode::IntentConflict,
+        ErrorCode::LeaseBusy,
+        ErrorCode::TerminalRun,
+        ErrorCode::WrongStatus,
+        ErrorCode::ActiveRunLive,
+        ErrorCode::RunIdTaken,
+        ErrorCode::NotUnknown,
+        ErrorCode::LedgerUnavailable,
+        ErrorCode::OutcomeUnknown,
+        ErrorCode::MalformedJson,
+        ErrorCode::InvalidBody,
+        ErrorCode::UnreadableBody,
+        ErrorCode::UnsupportedMediaType,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::InvalidTtl,
+        ErrorCode::InvalidRunId,
+        ErrorCode::InvalidInput,
+        ErrorCode::InvalidStatus,
+        ErrorCode::InvalidOperationId,
+        ErrorCode::UnsafeInteger,
+        ErrorCode::InvalidArguments,
+    ];
+
+    /// The stable `code` string of the JSON answer.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::NoRoute => "no_route",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::LeaseLost => "lease_lost",
+            ErrorCode::RevisionConflict => "revision_conflict",
+            ErrorCode::IntentConflict => "intent_conflict",
+            ErrorCode::LeaseBusy => "lease_busy",
+            ErrorCode::TerminalRun => "terminal_run",
+            ErrorCode::WrongStatus => "wrong_status",
+            ErrorCode::ActiveRunLive => "active_run_live",
+            ErrorCode::RunIdTaken => "run_id_taken",
+            ErrorCode::NotUnknown => "not_unknown",
+            ErrorCode::LedgerUnavailable => "ledger_unavailable",
+            ErrorCode::OutcomeUnknown => "outcome_unknown",
+            ErrorCode::MalformedJson => "malformed_json",
+            ErrorCode::InvalidBody | ErrorCode::UnreadableBody => "invalid_body",
+            ErrorCode::UnsupportedMediaType => "unsupported_media_type",
+            ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::InvalidTtl => "invalid_ttl",
+            ErrorCode::InvalidRunId => "invalid_run_id",
+            ErrorCode::InvalidInput => "invalid_input",
+            ErrorCode::InvalidStatus => "invalid_status",
+            ErrorCode::InvalidOperationId => "invalid_operation_id",
+            ErrorCode::UnsafeInteger => "unsafe_integer",
+            ErrorCode::InvalidArguments => "invalid_arguments",
+        }
+    }
+
+    /// The code of a `code` string (`invalid_body` reads as [`ErrorCode::InvalidBody`]).
+    pub fn parse(text: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL
+            .into_iter()
+            .find(|code| code.as_str() == text)
+    }
+
+    /// The HTTP status of the answer.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::NoRoute | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::LeaseLost
+            | ErrorCode::RevisionConflict
+            | ErrorCode::IntentConflict
+            | ErrorCode::LeaseBusy
+            | ErrorCode::TerminalRun
+            | ErrorCode::WrongStatus
+            | ErrorCode::ActiveRunLive
+            | ErrorCode::RunIdTaken
+            | ErrorCode::NotUnknown => StatusCode::CONFLICT,
+            ErrorCode::LedgerUnavailable | ErrorCode::OutcomeUnknown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorCode::MalformedJson | ErrorCode::UnreadableBody => StatusCode::BAD_REQUEST,
+            ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::InvalidBody
+            | ErrorCode::InvalidTtl
+            | ErrorCode::InvalidRunId
+            | ErrorCode::InvalidInput
+            | ErrorCode::InvalidStatus
+            | ErrorCode::InvalidOperationId
+            | ErrorCode::UnsafeInteger
+            | ErrorCode::InvalidArguments => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+
+    /// The operator CLI's exit code (README: 3 not found, 4 conflict, 5
+    /// lease lost, 2 invalid input, 6 database unavailable, 1 otherwise).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            ErrorCode::NotFound => exit::NOT_FOUND,
+            ErrorCode::LeaseLost => exit::LEASE_LOST,
+            ErrorCode::RevisionConflict
+            | ErrorCode::IntentConflict
+            | ErrorCode::LeaseBusy
+            | ErrorCode::TerminalRun
+            | ErrorCode::WrongStatus
+            | ErrorCode::ActiveRunLive
+            | ErrorCode::RunIdTaken
+            | ErrorCode::NotUnknown => exit::CONFLICT,
+            ErrorCode::LedgerUnavailable | ErrorCode::OutcomeUnknown => exit::UNAVAILABLE,
+            ErrorCode::MalformedJson
+            | ErrorCode::InvalidBody
+            | ErrorCode::UnreadableBody
+            | ErrorCode::InvalidTtl
+            | ErrorCode::InvalidRunId
+            | ErrorCode::InvalidInput
+            | ErrorCode::InvalidStatus
+            | ErrorCode::InvalidOperationId
+            | ErrorCode::UnsafeInteger
+            | ErrorCode::InvalidArguments => exit::INVALID_INPUT,
+            // The CLI builds its own requests: these mean a CLI bug.
+            ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
+                exit::OTHER
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&Rejection> for ErrorCode {
+    fn from(rejection: &Rejection) -> Self {
+        match rejection {
+            Rejection::LeaseLost { .. } => ErrorCode::LeaseLost,
+            Rejection::Conflict { .. } => ErrorCode::RevisionConflict,
+            Rejection::WrongStatus { .. } => ErrorCode::WrongStatus,
+            Rejection::Terminal { .. } => ErrorCode::TerminalRun,
+            Rejection::NotFound => ErrorCode::NotFound,
+            Rejection::IntentConflict { .. } => ErrorCode::IntentConflict,
+        }
+    }
+}
+
+impl From<&InvalidInput> for ErrorCode {
+    fn from(invalid: &InvalidInput) -> Self {
+        match invalid {
+            InvalidInput::TtlNotPositive { .. } | InvalidInput::TtlAboveCeiling { .. } => {
+                ErrorCode::InvalidTtl
+            }
+            InvalidInput::RunId(_) => ErrorCode::InvalidRunId,
+            InvalidInput::TextLength { .. } | InvalidInput::Request(_) => ErrorCode::InvalidInput,
+        }
+    }
+}
+
+impl From<&IntentError> for ErrorCode {
+    fn from(error: &IntentError) -> Self {
+        match error {
+            IntentError::UnsafeInteger { .. } => ErrorCode::UnsafeInteger,
+            IntentError::Canonicalize(_) => ErrorCode::InvalidArguments,
+            IntentError::TextLength { .. } | IntentError::EffectVersion(_) => {
+                ErrorCode::InvalidInput
+            }
+        }
+    }
+}
+
+/// An error answer: a stable code (which fixes the HTTP status), a human
+/// message, and optional structured detail.
+#[derive(Debug)]
+pub struct ApiError {
+    pub(super) code: ErrorCode,
+    pub(super) message: String,
+    pub(super) detail: Option<Value>,
+}
+
+impl ApiError {
+    pub(super) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            detail: None,
+        }
+    }
+
+    pub(super) fn with_detail(mut self, detail: Value) -> Self {
+        self.detail = Some(detail);
+        self
+    }
+
+    pub(super) fn not_found(what: &str) -> Self {
+        Self::new(ErrorCode::NotFound, format!("{what} not found"))
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.code
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "code": self.code.as_str(), "message": self.message });
+        if let Some(detail) = self.detail {
+            body["detail"] = detail;
+        }
+        (self.code.status(), Json(body)).into_response()
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(error: LedgerError) -> Self {
+        match &error {
+            LedgerError::InvalidInput(invalid) => {
+                ApiError::new(ErrorCode::from(invalid), invalid.to_string())
+            }
+            _ => {
+                tracing::error!(error = %error, "ledger call failed");
+                match error.delivery() {
+                    Delivery::Unknown => ApiError::new(
+                        ErrorCode::OutcomeUnknown,
+                        "the ledger's answer was lost: read the run or operation back before retrying",
+                    ),
+                    _ => ApiError::new(
+                        ErrorCode::LedgerUnavailable,
+                        "the ledger database is unreachable; nothing was written",
+                    ),
+                }
+            }
+        }
+    }
+}
+
+impl From<Rejection> for ApiError {
+    fn from(rejection: Rejection) -> Self {
+        let detail = match &rejection {
+            Rejection::LeaseLost { expected, found } => {
+                Some(json!({"expected": expected, "found": found}))
+            }
+            Rejection::Conflict {
+                expected_revision,
+                found,
+            } => Some(json!({"expected_revision": expected_revision, "found_revision": found})),
+            Rejection::IntentConflict {
+                operation_id,
+                expected_digest,
+                found_digest,
+                ..
+            } => Some(json!({
+                "operation_id": operation_id, "expected_digest": expected_digest, "found_digest": found_digest})),
+            Rejection::Terminal { status } | Rejection::WrongStatus { found: status, .. } => {
+                Some(json!({"run_status": status}))
+            }
+            Rejection::NotFound => None,
+        };
+        ApiError {
+            code: ErrorCode::from(&rejection),
+            message: rejection.to_string(),
+            detail,
+        }
+    }
+}
+
+impl From<IntentError> for ApiError {
+    fn from(error: IntentError) -> Self {
+        ApiError::new(ErrorCode::from(&error), error.to_string())
+    }
+}
+
+impl From<InvalidRunId> for ApiError {
+    fn from(error: InvalidRunId) -> Self {
+        ApiError::new(ErrorCode::InvalidRunId, error.to_string())
+    }
+}
+
+/// JSON bodies with our error codes for every way a body can be wrong.
+pub struct Body<T>(pub T);
+
+impl<S, T> FromRequest<S> for Body<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(Body(value)),
+            Err(rejection) => Err(match rejection {
+                JsonRejection::JsonSyntaxError(e) => {
+                    ApiError::new(ErrorCode::MalformedJson, e.body_text())
+                }
+                JsonRejection::JsonDataError(e) => {
+                    ApiError::new(ErrorCode::InvalidBody, e.body_text())
+                }
+                JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                    ErrorCode::UnsupportedMediaType,
+                    "send Content-Type: application/json",
+                ),
+                other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+                    ErrorCode::BodyTooLarge,
+                    format!(
+                        "request bodies are limited to {} bytes",
+                        super::MAX_BODY_BYTES
+                    ),
+                ),
+                // The body could not be read (axum answers 400 for it).
+                other => ApiError::new(ErrorCode::UnreadableBody, other.body_text()),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_strings_parse_back_and_only_invalid_body_is_shared() {
+        for code in ErrorCode::ALL {
+            let parsed = ErrorCode::parse(code.as_str()).expect("every code parses");
+            if code == ErrorCode::UnreadableBody {
+                assert_eq!(parsed, ErrorCode::InvalidBody);
+                assert_eq!(parsed.exit_code(), code.exit_code());
+            } else {
+                assert_eq!(parsed, code);
+            }
+        }
+        assert_eq!(ErrorCode::parse("no_such_code"), None);
+    }
+
+    #[test]
+    fn statuses_and_exit_codes_are_the_documented_ones() {
+        use ErrorCode::*;
+        let table = [
+            (NoRoute, 404, 1),
+            (NotFound, 404, 3),
+            (LeaseLost, 409, 5),
+            (RevisionConflict, 409, 4),
+            (IntentConflict, 409, 4),
+            (LeaseBusy, 409, 4),
+            (TerminalRun, 409, 4),
+            (WrongStatus, 409, 4),
+            (ActiveRunLive, 409, 4),
+            (RunIdTaken, 409, 4),
+            (NotUnknown, 409, 4),
+            (LedgerUnavailable, 503, 6),
+            (OutcomeUnknown, 503, 6),
+            (MalformedJson, 400, 2),
+            (InvalidBody, 422, 2),
+            (UnreadableBody, 400, 2),
+            (UnsupportedMediaType, 415, 1),
+            (BodyTooLarge, 413, 1),
+            (InvalidTtl, 422, 2),
+            (InvalidRunId, 422, 2),
+            (InvalidInput, 422, 2),
+            (InvalidStatus, 422, 2),
+            (InvalidOperationId, 422, 2),
+            (UnsafeInteger, 422, 2),
+            (InvalidArguments, 422, 2),
+        ];
+        assert_eq!(table.len(), ErrorCode::ALL.len());
+        for (code, status, exit) in table {
+            assert_eq!(
+                (code.status().as_u16(), code.exit_code()),
+                (status, exit),
+                "{code}"
+            );
+        }
+    }
+
+    /// The lower layers name their errors too; the table must agree with them.
+    #[test]
+    fn codes_agree_with_the_ledger_and_intent_names() {
+        let rejections = [
+            Rejection::Conflict {
+                expected_revision: 1,
+                found: 2,
+            },
+            Rejection::Terminal {
+                status: crate::ledger::RunStatus::Failed,
+            },
+            Rejection::WrongStatus {
+                expected: crate::ledger::RunStatus::Running,
+                found: crate::ledger::RunStatus::Pending,
+            },
+            Rejection::NotFound,
+        ];
+        for rejection in &rejections {
+            assert_eq!(ErrorCode::from(rejection).as_str(), rejection.reason());
+        }
+        let invalid = [
+            InvalidInput::TtlNotPositive {
+                what: "ttl",
+                ttl_ms: 0,
+            },
+            InvalidInput::TtlAboveCeiling {
+                what: "ttl",
+                ttl_ms: 2,
+                ceiling_ms: 1,
+            },
+            InvalidInput::Request("x".into()),
+            InvalidInput::RunId(InvalidRunId { value: "x".into() }),
+            InvalidInput::TextLength {
+                field: "owner",
+                len: 0,
+                max: 1,
+            },
+        ];
+        for invalid in &invalid {
+            assert_eq!(ErrorCode::from(invalid).as_str(), invalid.code());
+        }
+        let intents = [
+            IntentError::UnsafeInteger {
+                path: "$".into(),
+                value: "1".into(),
+            },
+            IntentError::Canonicalize("x".into()),
+            IntentError::TextLength {
+                field: "tool",
+                len: 0,
+                max: 1,
+            },
+            IntentError::EffectVersion(0),
+        ];
+        for error in &intents {
+            assert_eq!(ErrorCode::from(error).as_str(), error.code());
+        }
+        assert_eq!(
+            ErrorCode::InvalidRunId.as_str(),
+            InvalidRunId { value: "x".into() }.code()
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! The fate of a call: an operation, a run's operations, the unknown
+//! summary, and an operator's resolution of an unknown operation.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ApiError, Body, ErrorCode};
+use super::router::{Shared, run_id};
+use crate::intent::OperationId;
+use crate::ledger::{ConvergeEvidence, ConvergeOutcome, OperationStatus};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    status: Option<String>,
+}
+
+pub(super) async fn list_operations(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let status = match query.status.as_deref() {
+        None => None,
+        Some(text) => Some(OperationStatus::parse(text).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidStatus,
+                format!("{text:?} is not an operation status (prepared, dispatching, unknown, succeeded, failed_final, cancelled)"),
+            )
+        })?),
+    };
+    if state.ledger.run_get(run).await?.is_none() {
+        return Err(ApiError::not_found("run"));
+    }
+    let operations = state.ledger.operations_list(run, status).await?;
+    Ok(Json(json!({"run_id": run, "operations": operations})))
+}
+
+pub(super) async fn show_operation(
+    State(state): Shared,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if raw.is_empty() || raw.len() > 255 {
+        return Err(ApiError::new(
+            ErrorCode::InvalidOperationId,
+            "operation ids are 1 to 255 characters",
+        ));
+    }
+    let view = state
+        .ledger
+        .operation_get(&OperationId::from_string(raw))
+        .await?
+        .ok_or_else(|| ApiError::not_found("operation"))?;
+    Ok(Json(serde_json::to_value(view).unwrap_or_default()))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResolveBody {
+    /// "succeeded" or "failed_final".
+    outcome: String,
+    /// Who resolves it.
+    actor: String,
+    /// Why: required, kept in the history.
+    note: String,
+    remote_id: Option<String>,
+    result: Option<Value>,
+}
+
+pub(super) async fn resolve_operation(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<ResolveBody>,
+) -> Result<Json<Value>, ApiError> {
+    let settlement = match body.outcome.as_str() {
+        "succeeded" => crate::ledger::Settlement::Succeeded,
+        "failed_final" => crate::ledger::Settlement::FailedFinal,
+        other => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidBody,
+                format!("outcome {other:?} is not \"succeeded\" or \"failed_final\""),
+            ));
+        }
+    };
+    if body.note.trim().is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidBody,
+            "a resolution needs a note",
+        ));
+    }
+    let id = OperationId::from_string(raw);
+    let view = state
+        .ledger
+        .operation_get(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("operation"))?;
+    let outcome = state
+        .ledger
+        .operation_converge(crate::ledger::Converge {
+            operation_id: &id,
+            expected_revision: view.operation.revision,
+            settlement,
+            remote_id: body.remote_id.as_deref(),
+            result: body.result.as_ref(),
+            kind: ConvergeEvidence::Operator,
+            actor: &body.actor,
+            note: Some(&body.note),
+            evidence: &json!({}),
+        })
+        .await?;
+    match outcome {
+        ConvergeOutcome::Converged {
+            operation,
+            evidence_id,
+        } => Ok(Json(
+            json!({"operation": operation, "evidence_id": evidence_id}),
+        )),
+        ConvergeOutcome::NotUnknown(found) => Err(ApiError::new(
+            ErrorCode::NotUnknown,
+            format!(
+                "operation is {}: only unknown operations are resolved",
+                found.status
+            ),
+        )),
+        ConvergeOutcome::Conflict { .. } => Err(ApiError::new(
+            ErrorCode::RevisionConflict,
+            "the operation changed while resolving it; look again",
+        )),
+        ConvergeOutcome::NotFound => Err(ApiError::not_found("operation")),
+    }
+}
+
+pub(super) async fn unknown_summary(State(state): Shared) -> Result<Json<Value>, ApiError> {
+    Ok(Json(
+        serde_json::to_value(state.ledger.operations_unknown_summary().await?).unwrap_or_default(),
+    ))
+}

@@ -1,0 +1,118 @@
+//! The routes of the control API, its state, and how it is served.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::routing::{get, post};
+
+use super::error::{ApiError, ErrorCode};
+use super::{operations, runs};
+use crate::intent::IntegerPolicy;
+use crate::ledger::{Fenced, Ledger, RunId};
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// Every route: (method, path). The router is built from the same handlers;
+/// the OpenAPI test checks this list, the document and the router agree.
+pub const ROUTES: &[(&str, &str)] = &[
+    ("POST", "/v1/runs"),
+    ("GET", "/v1/runs/{run_id}"),
+    ("POST", "/v1/runs/{run_id}/lease"),
+    ("POST", "/v1/runs/{run_id}/lease/renew"),
+    ("POST", "/v1/runs/{run_id}/lease/release"),
+    ("POST", "/v1/runs/{run_id}/checkpoint"),
+    ("POST", "/v1/runs/{run_id}/start"),
+    ("POST", "/v1/runs/{run_id}/complete"),
+    ("POST", "/v1/runs/{run_id}/fail"),
+    ("POST", "/v1/runs/{run_id}/cancel"),
+    ("GET", "/v1/runs/{run_id}/operations"),
+    ("GET", "/v1/operations/unknown"),
+    ("GET", "/v1/operations/{operation_id}"),
+    ("POST", "/v1/operations/{operation_id}/resolve"),
+    // Added by `with_metrics` (as `leasegate serve` does).
+    ("GET", "/metrics"),
+];
+
+pub(super) struct ControlState {
+    pub(super) ledger: Ledger,
+    pub(super) integers: IntegerPolicy,
+}
+
+pub(super) type Shared = State<Arc<ControlState>>;
+
+/// The control API as a router (serve it, or drive it with `oneshot` in tests).
+pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
+    let state = Arc::new(ControlState { ledger, integers });
+    Router::new()
+        .route("/v1/runs", post(runs::create_run))
+        .route("/v1/runs/{run_id}", get(runs::show_run))
+        .route("/v1/runs/{run_id}/lease", post(runs::acquire))
+        .route("/v1/runs/{run_id}/lease/renew", post(runs::renew))
+        .route("/v1/runs/{run_id}/lease/release", post(runs::release))
+        .route("/v1/runs/{run_id}/checkpoint", post(runs::checkpoint))
+        .route("/v1/runs/{run_id}/start", post(runs::start))
+        .route("/v1/runs/{run_id}/complete", post(runs::complete))
+        .route("/v1/runs/{run_id}/fail", post(runs::fail))
+        .route("/v1/runs/{run_id}/cancel", post(runs::cancel))
+        .route(
+            "/v1/runs/{run_id}/operations",
+            get(operations::list_operations),
+        )
+        .route("/v1/operations/unknown", get(operations::unknown_summary))
+        .route(
+            "/v1/operations/{operation_id}",
+            get(operations::show_operation),
+        )
+        .route(
+            "/v1/operations/{operation_id}/resolve",
+            post(operations::resolve_operation),
+        )
+        .fallback(|| async {
+            ApiError::new(ErrorCode::NoRoute, "no such endpoint; see openapi.json")
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// Adds `GET /metrics` (Prometheus text) to a control router.
+pub fn with_metrics(
+    router: Router,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+) -> Router {
+    router.route("/metrics", get(move || std::future::ready(handle.render())))
+}
+
+/// The router `leasegate serve` serves: the API and `/metrics`.
+pub fn router_with_metrics(
+    ledger: Ledger,
+    integers: IntegerPolicy,
+    handle: metrics_exporter_prometheus::PrometheusHandle,
+) -> Router {
+    with_metrics(router(ledger, integers), handle)
+}
+
+/// Serves the control API until `shutdown` completes.
+pub async fn serve(
+    router: Router,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|stream| {
+        // See `mcp::no_delay`: no 40 ms Nagle stall on kept-alive connections.
+        let _ = stream.set_nodelay(true);
+    });
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+pub(super) fn run_id(raw: &str) -> Result<RunId, ApiError> {
+    raw.parse::<RunId>().map_err(ApiError::from)
+}
+
+pub(super) fn applied<T>(outcome: Fenced<T>) -> Result<T, ApiError> {
+    outcome.into_result().map_err(ApiError::from)
+}

@@ -1,0 +1,376 @@
+//! Runs, leases, checkpoints (with planned intents) and run transitions:
+//! one handler per route, each one ledger call.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::error::{ApiError, Body, ErrorCode};
+use super::router::{Shared, applied, run_id};
+use crate::intent::{Intent, StepRef};
+use crate::ledger::{
+    AcquireOutcome, Applied, InitialLease, LeaseClaim, PlannedCheckpoint, Rejection,
+    RunCreateOutcome, RunId, RunSummary,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CreateRun {
+    #[serde(default = "default_tenant")]
+    tenant_id: String,
+    task_id: String,
+    /// Chosen by the client to make the create retry-safe; generated if absent.
+    run_id: Option<String>,
+    /// Hold the lease from the start (both or neither).
+    owner: Option<String>,
+    ttl_ms: Option<i64>,
+}
+
+fn default_tenant() -> String {
+    "default".to_owned()
+}
+
+fn summary_json(summary: &RunSummary) -> Value {
+    json!({
+        "run_id": summary.run_id,
+        "attempt": summary.attempt,
+        "status": summary.status,
+        "lease": {"owner": summary.lease_owner, "epoch": summary.lease_epoch, "expires_at": summary.lease_expires_at},
+    })
+}
+
+pub(super) async fn create_run(
+    State(state): Shared,
+    Body(body): Body<CreateRun>,
+) -> Result<Response, ApiError> {
+    let run = match &body.run_id {
+        Some(raw) => run_id(raw)?,
+        None => RunId::generate(),
+    };
+    let lease = match (&body.owner, body.ttl_ms) {
+        (Some(owner), Some(ttl_ms)) => Some(InitialLease { owner, ttl_ms }),
+        (None, None) => None,
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidBody,
+                "owner and ttl_ms go together",
+            ));
+        }
+    };
+    match state
+        .ledger
+        .run_create(run, &body.tenant_id, &body.task_id, lease)
+        .await?
+    {
+        RunCreateOutcome::Created(summary) => {
+            Ok((StatusCode::CREATED, Json(summary_json(&summary))).into_response())
+        }
+        RunCreateOutcome::Exists(summary) => {
+            Ok((StatusCode::OK, Json(summary_json(&summary))).into_response())
+        }
+        RunCreateOutcome::ActiveRunLive(live) => {
+            let error = ApiError::new(
+                ErrorCode::ActiveRunLive,
+                format!(
+                    "task {} has a live run {} ({}): take over its lease, or cancel it before retrying",
+                    body.task_id, live.run_id, live.status
+                ),
+            );
+            Err(error.with_detail(summary_json(&live)))
+        }
+        RunCreateOutcome::RunIdTaken => Err(ApiError::new(
+            ErrorCode::RunIdTaken,
+            format!("run id {run} belongs to another task"),
+        )),
+    }
+}
+
+pub(super) async fn show_run(
+    State(state): Shared,
+    Path(raw): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let view = state
+        .ledger
+        .run_get(run)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(serde_json::to_value(view).unwrap_or_default()))
+}
+
+// Leases
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AcquireBody {
+    owner: Option<String>,
+    ttl_ms: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RenewBody {
+    owner: String,
+    epoch: i64,
+    ttl_ms: i64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ClaimBody {
+    owner: String,
+    epoch: i64,
+}
+
+pub(super) async fn acquire(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<AcquireBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let owner = body
+        .owner
+        .unwrap_or_else(|| format!("owner-{}", uuid::Uuid::new_v4().simple()));
+    match state.ledger.lease_acquire(run, &owner, body.ttl_ms).await? {
+        AcquireOutcome::Acquired(grant) => Ok(Json(json!({
+            "run_id": run, "owner": grant.claim.owner, "epoch": grant.claim.epoch,
+            "expires_at": grant.expires_at, "took_over": grant.took_over,
+            "run_status": grant.run_status, "revision": grant.revision,
+        }))),
+        AcquireOutcome::Busy { owner, expires_at } => {
+            let error = ApiError::new(
+                ErrorCode::LeaseBusy,
+                format!("lease busy: held by {owner} until {expires_at}"),
+            );
+            Err(error.with_detail(json!({"owner": owner, "expires_at": expires_at})))
+        }
+        AcquireOutcome::NotFound => Err(ApiError::not_found("run")),
+        AcquireOutcome::Terminal { status } => Err(Rejection::Terminal { status }.into()),
+    }
+}
+
+fn claim(run: RunId, owner: String, epoch: i64) -> LeaseClaim {
+    LeaseClaim {
+        run_id: run,
+        owner,
+        epoch,
+    }
+}
+
+fn applied_json(run: RunId, applied: &Applied) -> Json<Value> {
+    Json(json!({
+        "run_id": run, "run_status": applied.run_status, "revision": applied.revision,
+        "lease_expires_at": applied.lease_expires_at,
+    }))
+}
+
+pub(super) async fn renew(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<RenewBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let outcome = state
+        .ledger
+        .lease_renew(&claim(run, body.owner, body.epoch), body.ttl_ms)
+        .await?;
+    let applied = applied(outcome)?;
+    Ok(Json(
+        json!({"run_id": run, "epoch": body.epoch, "expires_at": applied.lease_expires_at}),
+    ))
+}
+
+pub(super) async fn release(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<ClaimBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    applied(
+        state
+            .ledger
+            .lease_release(&claim(run, body.owner, body.epoch))
+            .await?,
+    )?;
+    Ok(Json(
+        json!({"run_id": run, "released": true, "epoch": body.epoch}),
+    ))
+}
+
+// Checkpoints and run transitions
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlannedIntent {
+    tool: String,
+    #[serde(default)]
+    arguments: Value,
+    step_id: String,
+    #[serde(default = "first_version")]
+    effect_version: i32,
+}
+
+fn first_version() -> i32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CheckpointBody {
+    owner: String,
+    epoch: i64,
+    expected_revision: i64,
+    checkpoint: Value,
+    #[serde(default)]
+    intents: Vec<PlannedIntent>,
+}
+
+pub(super) async fn checkpoint(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<CheckpointBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let lease = claim(run, body.owner, body.epoch);
+    if body.intents.is_empty() {
+        let applied = applied(
+            state
+                .ledger
+                .checkpoint_save(&lease, body.expected_revision, &body.checkpoint)
+                .await?,
+        )?;
+        return Ok(Json(
+            json!({"run_id": run, "revision": applied.revision, "intents": []}),
+        ));
+    }
+    let tenant = state
+        .ledger
+        .run_tenant(run)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))?;
+    let intents = body
+        .intents
+        .iter()
+        .map(|planned| {
+            let arguments = if planned.arguments.is_null() {
+                json!({})
+            } else {
+                planned.arguments.clone()
+            };
+            Intent::new(
+                &tenant,
+                run,
+                Some(StepRef {
+                    step_id: planned.step_id.clone(),
+                    effect_version: planned.effect_version,
+                }),
+                &planned.tool,
+                &arguments,
+                state.integers,
+            )
+            .map_err(ApiError::from)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let plan = PlannedCheckpoint {
+        expected_revision: body.expected_revision,
+        checkpoint: &body.checkpoint,
+    };
+    let registered = applied(
+        state
+            .ledger
+            .operation_register(&lease, &intents, Some(plan))
+            .await?,
+    )?;
+    Ok(Json(json!({
+        "run_id": run,
+        "revision": body.expected_revision + 1,
+        "intents": registered.iter().map(|r| json!({
+            "operation_id": r.operation.operation_id, "step_id": r.operation.step_id,
+            "effect_version": r.operation.effect_version, "tool": r.operation.tool_name,
+            "status": r.operation.status, "newly_registered": r.newly_registered,
+        })).collect::<Vec<_>>(),
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TransitionBody {
+    owner: String,
+    epoch: i64,
+    expected_revision: i64,
+    /// `complete`: an optional final checkpoint.
+    checkpoint: Option<Value>,
+    /// `fail`: why (kept in the event history).
+    reason: Option<Value>,
+}
+
+pub(super) async fn start(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<TransitionBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let outcome = state
+        .ledger
+        .run_start(&claim(run, body.owner, body.epoch), body.expected_revision)
+        .await?;
+    Ok(applied_json(run, &applied(outcome)?))
+}
+
+pub(super) async fn complete(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<TransitionBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let outcome = state
+        .ledger
+        .run_complete(
+            &claim(run, body.owner, body.epoch),
+            body.expected_revision,
+            body.checkpoint.as_ref(),
+        )
+        .await?;
+    Ok(applied_json(run, &applied(outcome)?))
+}
+
+pub(super) async fn fail(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<TransitionBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let reason = body.reason.unwrap_or(Value::Null);
+    let outcome = state
+        .ledger
+        .run_fail(
+            &claim(run, body.owner, body.epoch),
+            body.expected_revision,
+            &reason,
+        )
+        .await?;
+    Ok(applied_json(run, &applied(outcome)?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CancelBody {
+    actor: String,
+    reason: Option<String>,
+}
+
+pub(super) async fn cancel(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<CancelBody>,
+) -> Result<Json<Value>, ApiError> {
+    let run = run_id(&raw)?;
+    let outcome = state
+        .ledger
+        .run_cancel(run, &body.actor, body.reason.as_deref())
+        .await?;
+    Ok(applied_json(run, &applied(outcome)?))
+}
