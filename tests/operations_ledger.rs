@@ -1011,7 +1011,10 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
             evidence: &json!({}),
         })
         .await;
-    assert!(no_note.is_err());
+    assert_eq!(
+        no_note.unwrap_err().to_string(),
+        "an operator resolution needs a note"
+    );
     assert!(matches!(
         resolve(unknown.revision + 5).await.unwrap(),
         ConvergeOutcome::Conflict { .. }
@@ -1063,4 +1066,223 @@ async fn database_operation_status_values_equal_the_rust_enum(
     let mut in_rust: Vec<&str> = OperationStatus::ALL.iter().map(|s| s.as_str()).collect();
     in_rust.sort();
     assert_eq!(in_database, in_rust, "from {definition}");
+}
+
+/// What can happen to an operation, as the ledger's functions do it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    Claim,
+    Settle(Settlement),
+    MarkUnknown,
+    Converge(Settlement),
+    CancelRun,
+    Supersede,
+}
+
+/// Puts a fresh operation of its own run into `status`; returns the run's
+/// lease, the intent and the claim it was dispatched under (if it was).
+async fn operation_in(
+    db: &TestDb,
+    status: OperationStatus,
+) -> (LeaseClaim, Intent, Option<DispatchClaim>) {
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+    let original = intent(lease.run_id, "step", json!({"amount": 1}));
+    let mut claim = None;
+    match status {
+        OperationStatus::Prepared | OperationStatus::Cancelled => {
+            applied(
+                db.ledger
+                    .operation_register(&lease, std::slice::from_ref(&original), None)
+                    .await
+                    .unwrap(),
+            );
+            if status == OperationStatus::Cancelled {
+                let revised = original
+                    .revise(
+                        TENANT,
+                        lease.run_id,
+                        "payments__charge",
+                        &json!({"amount": 2}),
+                        IntegerPolicy::Reject,
+                    )
+                    .unwrap();
+                applied(
+                    db.ledger
+                        .operation_supersede(&lease, &original.operation_id, &revised)
+                        .await
+                        .unwrap(),
+                );
+            }
+        }
+        _ => {
+            let held = claim_inline(db, &lease, &original, 60_000).await;
+            match status {
+                OperationStatus::Dispatching => {}
+                OperationStatus::Unknown => {
+                    db.ledger
+                        .operation_mark_unknown(MarkUnknown {
+                            claim: &held,
+                            by: UnknownBy::ClaimHolder,
+                            actor: "proxy-1",
+                            cause: UnknownCause::TimedOut,
+                            evidence: &json!({}),
+                        })
+                        .await
+                        .unwrap();
+                }
+                OperationStatus::Succeeded => {
+                    db.ledger
+                        .operation_settle(&held, Settlement::Succeeded, None, &json!({}))
+                        .await
+                        .unwrap();
+                }
+                OperationStatus::FailedFinal => {
+                    db.ledger
+                        .operation_settle(&held, Settlement::FailedFinal, None, &json!({}))
+                        .await
+                        .unwrap();
+                }
+                _ => unreachable!(),
+            }
+            claim = Some(held);
+        }
+    }
+    assert_eq!(op_row(db, &original).await.0, status.as_str());
+    (lease, original, claim)
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn every_operation_transition_in_the_database_follows_the_state_model(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use OperationStatus::*;
+    let db = TestDb::new(pool, connect).await;
+    // The seed's state model (9.3); every pair not listed leaves the status
+    // as it was. Nothing ever returns to prepared.
+    let moves = [
+        (Prepared, Event::Claim, Dispatching),
+        (Dispatching, Event::Settle(Settlement::Succeeded), Succeeded),
+        (
+            Dispatching,
+            Event::Settle(Settlement::FailedFinal),
+            FailedFinal,
+        ),
+        (Dispatching, Event::MarkUnknown, Unknown),
+        (Unknown, Event::Converge(Settlement::Succeeded), Succeeded),
+        (
+            Unknown,
+            Event::Converge(Settlement::FailedFinal),
+            FailedFinal,
+        ),
+        (Prepared, Event::CancelRun, Cancelled),
+        (Prepared, Event::Supersede, Cancelled),
+    ];
+    let events = [
+        Event::Claim,
+        Event::Settle(Settlement::Succeeded),
+        Event::Settle(Settlement::FailedFinal),
+        Event::MarkUnknown,
+        Event::Converge(Settlement::Succeeded),
+        Event::Converge(Settlement::FailedFinal),
+        Event::CancelRun,
+        Event::Supersede,
+    ];
+    for from in OperationStatus::ALL {
+        for event in events {
+            let (lease, original, claim) = operation_in(&db, from).await;
+            let record = db
+                .ledger
+                .operation_get(&original.operation_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .operation;
+            // A claim that is not this operation's live one, for events on
+            // operations that were never dispatched.
+            let claim = claim.unwrap_or(DispatchClaim {
+                operation_id: original.operation_id.clone(),
+                dispatch_owner: "proxy-1".into(),
+                revision: record.revision,
+                until: chrono::Utc::now(),
+                request_digest: original.request_digest.clone(),
+            });
+            match event {
+                Event::Claim => {
+                    let _ = db
+                        .ledger
+                        .operation_register_claim(&lease, &original, "proxy-2", 60_000)
+                        .await
+                        .unwrap();
+                }
+                Event::Settle(settlement) => {
+                    db.ledger
+                        .operation_settle(&claim, settlement, None, &json!({}))
+                        .await
+                        .unwrap();
+                }
+                Event::MarkUnknown => {
+                    db.ledger
+                        .operation_mark_unknown(MarkUnknown {
+                            claim: &claim,
+                            by: UnknownBy::ClaimHolder,
+                            actor: "proxy-1",
+                            cause: UnknownCause::SendError,
+                            evidence: &json!({}),
+                        })
+                        .await
+                        .unwrap();
+                }
+                Event::Converge(settlement) => {
+                    db.ledger
+                        .operation_converge(Converge {
+                            operation_id: &original.operation_id,
+                            expected_revision: record.revision,
+                            settlement,
+                            remote_id: None,
+                            result: None,
+                            kind: ConvergeEvidence::Operator,
+                            actor: "alice",
+                            note: Some("checked by hand"),
+                            evidence: &json!({}),
+                        })
+                        .await
+                        .unwrap();
+                }
+                Event::CancelRun => {
+                    applied(
+                        db.ledger
+                            .run_cancel(lease.run_id, "alice", None)
+                            .await
+                            .unwrap(),
+                    );
+                }
+                Event::Supersede => {
+                    let revised = original
+                        .revise(
+                            TENANT,
+                            lease.run_id,
+                            "payments__charge",
+                            &json!({"amount": 3}),
+                            IntegerPolicy::Reject,
+                        )
+                        .unwrap();
+                    let _ = db
+                        .ledger
+                        .operation_supersede(&lease, &original.operation_id, &revised)
+                        .await
+                        .unwrap();
+                }
+            }
+            let expected = moves
+                .iter()
+                .find(|(f, e, _)| *f == from && *e == event)
+                .map_or(from, |(_, _, to)| *to);
+            assert_eq!(
+                op_row(&db, &original).await.0,
+                expected.as_str(),
+                "{from} + {event:?}"
+            );
+        }
+    }
 }

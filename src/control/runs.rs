@@ -286,7 +286,8 @@ pub(super) async fn checkpoint(
     )?;
     Ok(Json(json!({
         "run_id": run,
-        "revision": body.expected_revision + 1,
+        // As the database reports it (every row carries the run's revision).
+        "revision": registered.first().map(|r| r.run_revision),
         "intents": registered.iter().map(|r| json!({
             "operation_id": r.operation.operation_id, "step_id": r.operation.step_id,
             "effect_version": r.operation.effect_version, "tool": r.operation.tool_name,

@@ -53,9 +53,9 @@ pub use calls::InitialLease;
 pub use error::{Delivery, InvalidInput, LedgerError};
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
-    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationEvent, OperationRecord,
-    OperationStatus, OperationView, ReconcileItem, Registered, RetryVerdict, SettleOutcome,
-    Settlement, StaleReason, SupersedeOutcome, UnknownBy, UnknownCause, UnknownSummary,
+    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
+    OperationView, ReconcileItem, Registered, RetryVerdict, SettleOutcome, Settlement, StaleReason,
+    SupersedeOutcome, UnknownBy, UnknownCause, UnknownSummary,
 };
 pub use operations::PlannedCheckpoint;
 pub use read::DbHealth;

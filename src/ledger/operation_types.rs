@@ -33,37 +33,6 @@ pub enum OperationStatus {
     Cancelled,
 }
 
-/// What can happen to an operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OperationEvent {
-    /// A dispatcher or the inline path claims it.
-    Claim,
-    /// The live claim's holder records a verified response.
-    Settle { succeeded: bool },
-    /// The claim expired, or its holder gave up after a timeout or a send
-    /// error that may have left bytes on the wire.
-    MarkUnknown,
-    /// Verified evidence (query, same-key retry, operator) settles it.
-    Converge { succeeded: bool },
-    /// The run was cancelled.
-    CancelRun,
-    /// The plan for this step changed (a new effect_version replaces it).
-    Supersede,
-}
-
-impl OperationEvent {
-    pub const ALL: [OperationEvent; 8] = [
-        OperationEvent::Claim,
-        OperationEvent::Settle { succeeded: true },
-        OperationEvent::Settle { succeeded: false },
-        OperationEvent::MarkUnknown,
-        OperationEvent::Converge { succeeded: true },
-        OperationEvent::Converge { succeeded: false },
-        OperationEvent::CancelRun,
-        OperationEvent::Supersede,
-    ];
-}
-
 impl OperationStatus {
     pub const ALL: [OperationStatus; 6] = [
         OperationStatus::Prepared,
@@ -97,24 +66,6 @@ impl OperationStatus {
             self,
             OperationStatus::Succeeded | OperationStatus::FailedFinal | OperationStatus::Cancelled
         )
-    }
-
-    /// The seed's table as a pure function: `Some(next)` when the event
-    /// applies (a cancelled run keeps `dispatching` and `unknown` as they
-    /// are, which is `Some(self)`), `None` when it is refused.
-    pub fn transition(self, event: OperationEvent) -> Option<OperationStatus> {
-        use OperationEvent::*;
-        use OperationStatus::*;
-        let outcome = |succeeded: bool| if succeeded { Succeeded } else { FailedFinal };
-        match (self, event) {
-            (Prepared, Claim) => Some(Dispatching),
-            (Dispatching, Settle { succeeded }) => Some(outcome(succeeded)),
-            (Dispatching, MarkUnknown) => Some(Unknown),
-            (Unknown, Converge { succeeded }) => Some(outcome(succeeded)),
-            (Prepared, CancelRun | Supersede) => Some(Cancelled),
-            (Dispatching | Unknown, CancelRun) => Some(self),
-            _ => None,
-        }
     }
 }
 
@@ -175,6 +126,9 @@ pub struct Registered {
     pub operation: OperationRecord,
     /// False when the intent already existed (same digest): a replay.
     pub newly_registered: bool,
+    /// The run's revision after the call (moved by a checkpoint saved with
+    /// the intents), as the database reports it.
+    pub run_revision: i64,
 }
 
 /// The outcome of the inline register-and-claim.
@@ -459,42 +413,4 @@ pub struct UnknownSummary {
     pub oldest_operation_id: Option<OperationId>,
     /// Seconds since the oldest unknown operation last changed (database clock).
     pub oldest_age_seconds: Option<f64>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transition_table_matches_the_seed() {
-        use OperationEvent::*;
-        use OperationStatus::*;
-        let allowed: &[(OperationStatus, OperationEvent, OperationStatus)] = &[
-            (Prepared, Claim, Dispatching),
-            (Dispatching, Settle { succeeded: true }, Succeeded),
-            (Dispatching, Settle { succeeded: false }, FailedFinal),
-            (Dispatching, MarkUnknown, Unknown),
-            (Unknown, Converge { succeeded: true }, Succeeded),
-            (Unknown, Converge { succeeded: false }, FailedFinal),
-            (Prepared, CancelRun, Cancelled),
-            (Prepared, Supersede, Cancelled),
-            (Dispatching, CancelRun, Dispatching),
-            (Unknown, CancelRun, Unknown),
-        ];
-        for from in OperationStatus::ALL {
-            for event in OperationEvent::ALL {
-                let expected = allowed
-                    .iter()
-                    .find(|(f, e, _)| *f == from && *e == event)
-                    .map(|(_, _, to)| *to);
-                assert_eq!(from.transition(event), expected, "{from} + {event:?}");
-            }
-        }
-        // Nothing ever goes back to prepared.
-        for from in OperationStatus::ALL {
-            for event in OperationEvent::ALL {
-                assert_ne!(from.transition(event), Some(Prepared));
-            }
-        }
-    }
 }

@@ -368,6 +368,9 @@ impl Ledger {
             registered.push(Registered {
                 operation: row.record(CALL)?,
                 newly_registered,
+                run_revision: row
+                    .run_revision
+                    .ok_or_else(|| protocol(CALL, "run revision missing from the answer"))?,
             });
         }
         if registered.len() != intents.len() {
