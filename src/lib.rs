@@ -6,26 +6,29 @@
 //!
 //! # Layout
 //!
-//! * `ledger`: the PostgreSQL ledger. Typed `<entity>_<verb>` calls of the
-//!   SQL functions in `sql/` (one function = one short transaction =
-//!   one statement), typed outcomes (`Fenced`, `Rejection`,
-//!   `AcquireOutcome`), retries of 40001/40P01, "outcome unknown" on a
-//!   connection lost mid-call. The only module that imports sqlx.
+//! * `ledger`: the PostgreSQL ledger, by entity: `lease`, `run`,
+//!   `operation` (typed `<entity>_<verb>` calls of the SQL functions in
+//!   `sql/`; one function = one short transaction = one statement), `read`
+//!   (runs, operations — the fate of a call — events, evidence, health),
+//!   `verdict` (the one decoder of every function's outcome and the shared
+//!   fence rejections), `schema` (tables from `migrations/`, functions from
+//!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
+//!   stored and read back exactly). Retries of 40001/40P01, "outcome
+//!   unknown" on a connection lost mid-call. The only module that imports
+//!   sqlx.
 //! * `ids`: identities every layer shares (`RunId`).
 //! * `intent`: canonical JSON (RFC 8785), `request_digest`, `operation_id`,
 //!   `Intent`. Pure functions; the ledger depends on it, not the reverse.
-//! * `ledger::operations`: the side-effect half of the ledger — register,
-//!   claim, settle, mark unknown, converge, supersede, and the read side
-//!   (the fate of a call). `ledger::stored_json`: how JSON that `jsonb`
-//!   cannot hold (U+0000) is stored and read back exactly.
 //! * `policy`, `adapter`, `config`: the files users write (`policies/`,
 //!   `adapters/`, `leasegate.toml`), parsed with `deny_unknown_fields` and
 //!   validated into normalized types; `adapter::Upstream` is the seam
 //!   through which dispatch reaches tool servers. `config` resolves a stdio
 //!   upstream's command (relative to the config file, or beside the running
 //!   executable, then `PATH`).
-//! * `dispatch`: the inline path of a side-effecting call — register+claim,
-//!   upstream call in a leasegate-owned task, settle or mark unknown.
+//! * `dispatch`: the dispatch protocol, shared by the inline path and the
+//!   outbox — register+claim, upstream call in a leasegate-owned task
+//!   (what a failure proves: `UpstreamError::delivery`), settle or mark
+//!   unknown.
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
 //!   `/mcp` and stdio: the upstreams' whole server surface, namespaced, with
 //!   sampling/elicitation/roots relayed within the call and 2026-07-28
@@ -35,9 +38,12 @@
 //!   stateless front's cancellation registry (`inflight`), per-call HTTP
 //!   headers to Streamable HTTP upstreams (`http_headers`), conversions and
 //!   JSON-RPC codes (`convert`).
-//! * `reconcile`: the background loops of every `serve` process —
-//!   dispatcher of planned intents, claim expiry, reconciler of unknown
-//!   outcomes per adapter capability — claimed in the database, no leader.
+//! * `reconcile`: the background services of every `serve` process —
+//!   `Outbox` (planned intents), `ClaimExpiry`, `Reconciler` (unknown
+//!   outcomes per adapter capability), each on its own interval with an
+//!   awaitable `Signal`; work claimed in the database, no leader.
+//!   `reconcile::plan`: the reconciler's decisions as pure functions (the
+//!   decision table).
 //! * `control`: the control HTTP API (`openapi.json`): `router` (routes,
 //!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
 //!   codes, HTTP statuses and operator CLI exit codes), the handlers (`runs`,

@@ -102,7 +102,7 @@ fn layer(module: &str) -> Option<u8> {
     LAYERS.iter().find(|(m, _)| *m == module).map(|(_, l)| *l)
 }
 
-/// The module a file belongs to: `ledger/calls.rs` → `ledger`, `app.rs` → `app`.
+/// The module a file belongs to: `ledger/lease.rs` → `ledger`, `app.rs` → `app`.
 fn module_of(relative: &str) -> &str {
     relative.split('/').next().unwrap().trim_end_matches(".rs")
 }

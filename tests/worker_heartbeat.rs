@@ -176,7 +176,9 @@ fn heartbeat_settings_must_let_a_renewal_land_before_expiry() {
         "heartbeat interval 800ms + renewal timeout 300ms must be below the ttl 1s"
     );
     assert_eq!(
-        HeartbeatConfig { ttl_ms: 0, ..FAST }.validate().unwrap_err(),
+        HeartbeatConfig { ttl_ms: 0, ..FAST }
+            .validate()
+            .unwrap_err(),
         "lease ttl must be > 0 ms, got 0 ms"
     );
     assert!(HeartbeatConfig::default().validate().is_ok());

@@ -32,11 +32,12 @@
 //! - If the process dies while a call is in flight, the database finishes or
 //!   rolls back that one statement on its own; no half-written state exists.
 
-mod calls;
 mod error;
+mod lease;
+mod operation;
 mod operation_types;
-mod operations;
 mod read;
+mod run;
 mod schema;
 mod stored_json;
 mod types;
@@ -49,16 +50,16 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{FromRow, PgPool, Postgres};
 
-pub use calls::InitialLease;
 pub use error::{Delivery, InvalidInput, LedgerError};
+pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
     EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
     OperationView, ReconcileItem, Registered, RetryVerdict, SettleOutcome, Settlement, StaleReason,
     SupersedeOutcome, UnknownBy, UnknownCause, UnknownSummary,
 };
-pub use operations::PlannedCheckpoint;
 pub use read::DbHealth;
+pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,

@@ -1,13 +1,18 @@
-//! Read side: runs, their event history, and the health of the connection.
-//! Reads take no locks and may be served while writes are in flight; what
-//! they return is a committed snapshot of one statement.
+//! Read side: runs, operations (the fate of a call), their event history and
+//! evidence, and the health of the connection. Reads take no locks and may be
+//! served while writes are in flight; each returns a committed snapshot of one statement.
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::{LeaseState, Ledger, LedgerError, LedgerEvent, RunId, RunView};
+use super::operation::{EvidenceRow, TableRow, protocol};
+use super::{
+    Evidence, EvidenceKind, LeaseState, Ledger, LedgerError, LedgerEvent, OperationRecord,
+    OperationStatus, OperationView, RunId, RunView, UnknownSummary,
+};
+use crate::intent::OperationId;
 
 #[derive(Debug, FromRow)]
 struct RunRow {
@@ -187,5 +192,106 @@ impl Ledger {
         })
         .await
         .map(|(id,)| id)
+    }
+
+    // Operations: the fate of a call.
+
+    /// The fate of a call: the operation, its request, every status change
+    /// and every piece of evidence. `None` when no such operation exists.
+    pub async fn operation_get(
+        &self,
+        operation_id: &OperationId,
+    ) -> Result<Option<OperationView>, LedgerError> {
+        const CALL: &str = "operation_get";
+        let row: Option<TableRow> = self
+            .invoke_optional(CALL, false, || {
+                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
+                    .bind(operation_id.as_str())
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let events = self.operation_events(operation_id).await?;
+        let evidence: Vec<EvidenceRow> = self
+            .invoke_all("operation_evidence", false, || {
+                sqlx::query_as(
+                    "SELECT evidence_id, at, kind, source, claim_owner, claim_revision, outcome,
+                            remote_id, body
+                       FROM operation_evidence WHERE operation_id = $1 ORDER BY evidence_id",
+                )
+                .bind(operation_id.as_str())
+            })
+            .await?;
+        Ok(Some(OperationView {
+            operation: row.record(CALL)?,
+            request_body: row.request_body.0.clone(),
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            superseded_by: row.superseded_by.clone().map(OperationId::from_string),
+            events,
+            evidence: evidence
+                .into_iter()
+                .map(|e| {
+                    Ok(Evidence {
+                        evidence_id: e.evidence_id,
+                        at: e.at,
+                        kind: EvidenceKind::parse(&e.kind).ok_or_else(|| {
+                            protocol(CALL, format!("evidence kind {:?} is unknown", e.kind))
+                        })?,
+                        source: e.source,
+                        claim_owner: e.claim_owner,
+                        claim_revision: e.claim_revision,
+                        outcome: e.outcome,
+                        remote_id: e.remote_id,
+                        body: e.body.0,
+                    })
+                })
+                .collect::<Result<_, LedgerError>>()?,
+        }))
+    }
+
+    /// A run's operations, oldest first, optionally only those in `status`.
+    pub async fn operations_list(
+        &self,
+        run_id: RunId,
+        status: Option<OperationStatus>,
+    ) -> Result<Vec<OperationRecord>, LedgerError> {
+        const CALL: &str = "operations_list";
+        let rows: Vec<TableRow> = self
+            .invoke_all(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT * FROM tool_operations
+                      WHERE run_id = $1 AND ($2::text IS NULL OR status = $2)
+                      ORDER BY created_at, operation_id",
+                )
+                .bind(run_id.as_uuid())
+                .bind(status.map(OperationStatus::as_str))
+            })
+            .await?;
+        rows.iter().map(|row| row.record(CALL)).collect()
+    }
+
+    /// How many operations are `unknown` and how old the oldest is.
+    pub async fn operations_unknown_summary(&self) -> Result<UnknownSummary, LedgerError> {
+        let (count, oldest_operation_id, oldest_age_seconds): (i64, Option<String>, Option<f64>) =
+            self.invoke("operations_unknown_summary", false, || {
+                sqlx::query_as(
+                    "SELECT (SELECT count(*) FROM tool_operations WHERE status = 'unknown'),
+                            oldest.operation_id,
+                            extract(epoch FROM clock_timestamp() - oldest.updated_at)::float8
+                       FROM (SELECT 1) one
+                       LEFT JOIN LATERAL (
+                         SELECT operation_id, updated_at FROM tool_operations
+                          WHERE status = 'unknown' ORDER BY updated_at LIMIT 1
+                       ) oldest ON true",
+                )
+            })
+            .await?;
+        Ok(UnknownSummary {
+            count,
+            oldest_operation_id: oldest_operation_id.map(OperationId::from_string),
+            oldest_age_seconds,
+        })
     }
 }

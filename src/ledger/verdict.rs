@@ -11,7 +11,9 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{LeaseClaim, LeaseState, LedgerError, Rejection, RunStatus};
+use sqlx::FromRow;
+
+use super::{Applied, Fenced, LeaseClaim, LeaseState, LedgerError, Rejection, RunStatus};
 
 /// Every outcome word the SQL functions answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -198,4 +200,73 @@ pub(super) fn rejected(call: &'static str, rejection: Rejection) -> Rejection {
     metrics::counter!("protected_write_rejected_total", "reason" => rejection.reason(), "call" => call)
         .increment(1);
     rejection
+}
+
+/// The `ledger_write_result` composite every fenced function returns.
+#[derive(Debug, FromRow)]
+pub(super) struct WriteRow {
+    pub(super) outcome: String,
+    pub(super) run_status: Option<String>,
+    pub(super) revision: Option<i64>,
+    pub(super) lease_owner: Option<String>,
+    pub(super) lease_epoch: Option<i64>,
+    pub(super) lease_expires_at: Option<DateTime<Utc>>,
+    pub(super) db_now: DateTime<Utc>,
+    /// How long the call waited for the lease row lock.
+    pub(super) lock_wait_ms: Option<f64>,
+    /// On a takeover: how long the lease had been expired.
+    pub(super) takeover_after_ms: Option<f64>,
+}
+
+impl WriteRow {
+    pub(super) fn outcome(&self, call: &'static str) -> Result<Outcome, LedgerError> {
+        Outcome::parse(call, &self.outcome)
+    }
+
+    pub(super) fn found(&self) -> Found<'_> {
+        Found {
+            run_status: self.run_status.as_deref(),
+            run_revision: self.revision,
+            lease_owner: self.lease_owner.as_deref(),
+            lease_epoch: self.lease_epoch,
+            lease_expires_at: self.lease_expires_at,
+            db_now: self.db_now,
+        }
+    }
+
+    pub(super) fn applied(&self, call: &'static str) -> Result<Applied, LedgerError> {
+        Ok(Applied {
+            run_status: self.found().run_status(call)?,
+            revision: self.revision.ok_or_else(|| missing(call, "revision"))?,
+            lease_expires_at: self
+                .lease_expires_at
+                .ok_or_else(|| missing(call, "lease_expires_at"))?,
+        })
+    }
+
+    /// Records the lock wait of this call.
+    pub(super) fn observe(&self, call: &'static str) {
+        if let Some(wait) = self.lock_wait_ms {
+            metrics::histogram!("lease_row_lock_wait_seconds", "call" => call)
+                .record(wait / 1000.0);
+        }
+    }
+
+    /// Turns the function's verdict into a typed outcome; `expected` is what
+    /// the caller asked for, so that rejections name expected and found.
+    pub(super) fn into_fenced(
+        self,
+        call: &'static str,
+        expected: Expected<'_>,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        self.observe(call);
+        let outcome = self.outcome(call)?;
+        if outcome == Outcome::Applied {
+            return Ok(Fenced::Applied(self.applied(call)?));
+        }
+        match fence_rejection(call, outcome, expected, self.found())? {
+            Some(rejection) => Ok(Fenced::Rejected(rejected(call, rejection))),
+            None => Err(outcome.unexpected(call)),
+        }
+    }
 }

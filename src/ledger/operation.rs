@@ -1,6 +1,6 @@
 //! The operations ledger: side-effect intents, claims, settlement, unknown
-//! outcomes and evidence. One SQL function call each (see
-//! `migrations/0002_operations.sql`), so the proxy's hot path costs two
+//! outcomes and evidence (the read side, the fate of a call, is in
+//! `read.rs`). One SQL function call each (`sql/operation.sql`), so the proxy's hot path costs two
 //! round trips: `operation_register_claim` before the upstream call and
 //! `operation_settle` after it.
 //!
@@ -29,16 +29,14 @@ use sqlx::types::Json;
 use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
-use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
-
 use super::stored_json::{self, Stored};
+use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
 use super::{
-    ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
-    EvidenceKind, Fenced, InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError,
-    MAX_OWNER_LEN, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
-    OperationView, ReconcileItem, Registered, Rejection, RetryVerdict, RunId, RunStatus,
-    SettleOutcome, Settlement, StaleReason, SupersedeOutcome, UnknownBy, UnknownSummary,
-    check_text,
+    ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced,
+    InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError, MAX_OWNER_LEN, MarkUnknown,
+    MarkUnknownOutcome, OperationRecord, OperationStatus, ReconcileItem, Registered, Rejection,
+    RetryVerdict, RunId, RunStatus, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
+    UnknownBy, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -73,42 +71,42 @@ struct OpRow {
 
 /// A `tool_operations` row, as the dispatcher's claim returns it.
 #[derive(Debug, FromRow)]
-struct TableRow {
-    operation_id: String,
-    run_id: Uuid,
-    step_id: String,
-    effect_version: i32,
-    tool_name: String,
-    request_digest: String,
-    request_body: Stored,
-    status: String,
-    dispatch_owner: Option<String>,
-    dispatch_until: Option<DateTime<Utc>>,
-    remote_id: Option<String>,
-    result: Option<Stored>,
-    revision: i64,
-    updated_at: DateTime<Utc>,
-    created_at: DateTime<Utc>,
-    dispatch_count: i32,
-    superseded_by: Option<String>,
-    reconcile_attempts: i32,
-    first_dispatched_at: Option<DateTime<Utc>>,
+pub(super) struct TableRow {
+    pub(super) operation_id: String,
+    pub(super) run_id: Uuid,
+    pub(super) step_id: String,
+    pub(super) effect_version: i32,
+    pub(super) tool_name: String,
+    pub(super) request_digest: String,
+    pub(super) request_body: Stored,
+    pub(super) status: String,
+    pub(super) dispatch_owner: Option<String>,
+    pub(super) dispatch_until: Option<DateTime<Utc>>,
+    pub(super) remote_id: Option<String>,
+    pub(super) result: Option<Stored>,
+    pub(super) revision: i64,
+    pub(super) updated_at: DateTime<Utc>,
+    pub(super) created_at: DateTime<Utc>,
+    pub(super) dispatch_count: i32,
+    pub(super) superseded_by: Option<String>,
+    pub(super) reconcile_attempts: i32,
+    pub(super) first_dispatched_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, FromRow)]
-struct EvidenceRow {
-    evidence_id: i64,
-    at: DateTime<Utc>,
-    kind: String,
-    source: String,
-    claim_owner: Option<String>,
-    claim_revision: Option<i64>,
-    outcome: Option<String>,
-    remote_id: Option<String>,
-    body: Stored,
+pub(super) struct EvidenceRow {
+    pub(super) evidence_id: i64,
+    pub(super) at: DateTime<Utc>,
+    pub(super) kind: String,
+    pub(super) source: String,
+    pub(super) claim_owner: Option<String>,
+    pub(super) claim_revision: Option<i64>,
+    pub(super) outcome: Option<String>,
+    pub(super) remote_id: Option<String>,
+    pub(super) body: Stored,
 }
 
-fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
+pub(super) fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
     LedgerError::Protocol {
         call,
         detail: detail.into(),
@@ -125,7 +123,7 @@ fn operation_status(call: &'static str, value: &str) -> Result<OperationStatus, 
 }
 
 impl TableRow {
-    fn record(&self, call: &'static str) -> Result<OperationRecord, LedgerError> {
+    pub(super) fn record(&self, call: &'static str) -> Result<OperationRecord, LedgerError> {
         Ok(OperationRecord {
             operation_id: OperationId::from_string(self.operation_id.clone()),
             run_id: RunId::from_uuid(self.run_id),
@@ -712,108 +710,5 @@ impl Ledger {
             }
         }
         Ok(claims)
-    }
-
-    // ----------------------------------------------------------------------
-    // Read side
-    // ----------------------------------------------------------------------
-
-    /// The fate of a call: the operation, its request, every status change
-    /// and every piece of evidence. `None` when no such operation exists.
-    pub async fn operation_get(
-        &self,
-        operation_id: &OperationId,
-    ) -> Result<Option<OperationView>, LedgerError> {
-        const CALL: &str = "operation_get";
-        let row: Option<TableRow> = self
-            .invoke_optional(CALL, false, || {
-                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
-                    .bind(operation_id.as_str())
-            })
-            .await?;
-        let Some(row) = row else {
-            return Ok(None);
-        };
-        let events = self.operation_events(operation_id).await?;
-        let evidence: Vec<EvidenceRow> = self
-            .invoke_all("operation_evidence", false, || {
-                sqlx::query_as(
-                    "SELECT evidence_id, at, kind, source, claim_owner, claim_revision, outcome,
-                            remote_id, body
-                       FROM operation_evidence WHERE operation_id = $1 ORDER BY evidence_id",
-                )
-                .bind(operation_id.as_str())
-            })
-            .await?;
-        Ok(Some(OperationView {
-            operation: row.record(CALL)?,
-            request_body: row.request_body.0.clone(),
-            created_at: row.created_at,
-            updated_at: row.updated_at,
-            superseded_by: row.superseded_by.clone().map(OperationId::from_string),
-            events,
-            evidence: evidence
-                .into_iter()
-                .map(|e| {
-                    Ok(Evidence {
-                        evidence_id: e.evidence_id,
-                        at: e.at,
-                        kind: EvidenceKind::parse(&e.kind).ok_or_else(|| {
-                            protocol(CALL, format!("evidence kind {:?} is unknown", e.kind))
-                        })?,
-                        source: e.source,
-                        claim_owner: e.claim_owner,
-                        claim_revision: e.claim_revision,
-                        outcome: e.outcome,
-                        remote_id: e.remote_id,
-                        body: e.body.0,
-                    })
-                })
-                .collect::<Result<_, LedgerError>>()?,
-        }))
-    }
-
-    /// A run's operations, oldest first, optionally only those in `status`.
-    pub async fn operations_list(
-        &self,
-        run_id: RunId,
-        status: Option<OperationStatus>,
-    ) -> Result<Vec<OperationRecord>, LedgerError> {
-        const CALL: &str = "operations_list";
-        let rows: Vec<TableRow> = self
-            .invoke_all(CALL, false, || {
-                sqlx::query_as(
-                    "SELECT * FROM tool_operations
-                      WHERE run_id = $1 AND ($2::text IS NULL OR status = $2)
-                      ORDER BY created_at, operation_id",
-                )
-                .bind(run_id.as_uuid())
-                .bind(status.map(OperationStatus::as_str))
-            })
-            .await?;
-        rows.iter().map(|row| row.record(CALL)).collect()
-    }
-
-    /// How many operations are `unknown` and how old the oldest is.
-    pub async fn operations_unknown_summary(&self) -> Result<UnknownSummary, LedgerError> {
-        let (count, oldest_operation_id, oldest_age_seconds): (i64, Option<String>, Option<f64>) =
-            self.invoke("operations_unknown_summary", false, || {
-                sqlx::query_as(
-                    "SELECT (SELECT count(*) FROM tool_operations WHERE status = 'unknown'),
-                            oldest.operation_id,
-                            extract(epoch FROM clock_timestamp() - oldest.updated_at)::float8
-                       FROM (SELECT 1) one
-                       LEFT JOIN LATERAL (
-                         SELECT operation_id, updated_at FROM tool_operations
-                          WHERE status = 'unknown' ORDER BY updated_at LIMIT 1
-                       ) oldest ON true",
-                )
-            })
-            .await?;
-        Ok(UnknownSummary {
-            count,
-            oldest_operation_id: oldest_operation_id.map(OperationId::from_string),
-            oldest_age_seconds,
-        })
     }
 }
