@@ -225,6 +225,11 @@ impl Proxy {
         })
     }
 
+    /// The upstream clients: their health (`Upstreams::health`).
+    pub fn upstreams(&self) -> Arc<Upstreams> {
+        self.upstreams.clone()
+    }
+
     /// The background loops' progress counters (test signals).
     pub fn background_signals(&self) -> Option<Arc<Signals>> {
         self.background.as_ref().map(|b| b.signals.clone())
@@ -263,12 +268,9 @@ impl Proxy {
         drop(background);
         drop(front);
         ledger.close().await;
-        match Arc::try_unwrap(upstreams) {
-            Ok(upstreams) => upstreams.shutdown().await,
-            Err(_) => tracing::debug!(
-                "upstream clients still referenced; they stop when the last reference drops"
-            ),
-        }
+        // Stops the supervisors and ends the children, whoever still holds
+        // the clients.
+        upstreams.shutdown().await;
     }
 }
 
