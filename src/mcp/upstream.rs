@@ -24,6 +24,53 @@
 //! leasegate declares sampling, elicitation (form and URL) and roots to every
 //! upstream, because the session is shared; a request for a capability the
 //! calling agent did not declare is answered with an error naming it.
+//!
+//! # Supervision
+//!
+//! A session can end (a stdio child dies or closes its stdout, an HTTP
+//! server drops the session). The routes above belong to the upstream and
+//! outlive its sessions; the session's peer is swapped in place.
+//!
+//! ```text
+//!            session ends                       restart attempt fails
+//!   ┌────┐  (child killed, reaped)  ┌────────────┐ ──────────────┐
+//!   │ up │ ───────────────────────▶ │ restarting │ ◀─────────────┘
+//!   └────┘ ◀─────────────────────── └────────────┘   (backoff 100 ms ×2 … 10 s, ±20%)
+//!     │      spawn + initialize ok:       │
+//!     │      peer swapped, restarts+1,    │
+//!     │      catalog refreshed            │
+//!     └──────────── shutdown ─────────────┴──────▶ down
+//! ```
+//!
+//! One supervisor task per stdio upstream owns the child and its session.
+//! What happens to a call at each point:
+//!
+//! - **up**: the call goes to the current session.
+//! - **the session ends**: requests already handed to it end with "transport
+//!   closed", [`UpstreamError::MaybeSent`] (the child may have acted); a
+//!   request not yet handed over is [`UpstreamError::NotSent`], as is any
+//!   call made before the supervisor noticed (its peer is closed).
+//! - **restarting**: there is no peer; a call fails at once with
+//!   `NotSent("upstream <name> is restarting (last error: …)")` rather than
+//!   waiting (dispatch retries a not-sent call briefly, then records it
+//!   unknown with that evidence).
+//! - **restarted**: later calls use the new session; calls given up on in the
+//!   old one are forgotten (their request ids are reused); the catalog is
+//!   refreshed through the `notifications/tools/list_changed` path
+//!   ([`UpstreamEvent`]). A child that stayed up [`STABLE_AFTER`] restarts
+//!   from the first delay again.
+//! - **shutdown**: the peer is cleared (calls fail as not sent), the
+//!   session is closed (the child's stdin with it), the child gets
+//!   [`EXIT_GRACE`] to exit and is then killed and reaped. Children are
+//!   spawned `kill_on_drop`, so a supervisor ended any other way kills its
+//!   child too.
+//!
+//! A Streamable HTTP upstream has no supervisor: its state is what the last
+//! request showed (reached: `up`; not reached: `down`), and a session whose
+//! client ended is opened again by the next call (within that call's
+//! timeout). [`Upstreams::health`] reports every upstream's state, and the
+//! metrics `upstream_up{upstream}` and `upstream_restarts_total{upstream}`
+//! follow it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
