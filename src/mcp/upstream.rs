@@ -1313,3 +1313,26 @@ impl Upstream for Upstreams {
         }
     }
 }
+
+#[cfg(test)]
+mod supervision_tests {
+    use super::*;
+
+    #[test]
+    fn restart_delays_double_to_the_cap_with_jitter_and_reset() {
+        let mut backoff = Backoff::new();
+        let within = |delay: Duration, base: Duration| {
+            delay >= base.mul_f64(0.8) && delay <= base.mul_f64(1.2)
+        };
+        let mut base = Backoff::FIRST;
+        for _ in 0..12 {
+            let delay = backoff.next_delay();
+            assert!(within(delay, base), "{delay:?} is not {base:?} ± 20%");
+            base = (base * 2).min(Backoff::CAP);
+        }
+        assert_eq!(base, Backoff::CAP, "the cap was reached");
+        backoff.reset();
+        let delay = backoff.next_delay();
+        assert!(within(delay, Backoff::FIRST), "{delay:?} after a reset");
+    }
+}
