@@ -1255,8 +1255,9 @@ impl Upstreams {
     pub async fn shutdown(&self) {
         self.stop.cancel();
         let supervisors = std::mem::take(&mut *lock(&self.supervisors));
-        for supervisor in supervisors {
-            if let Err(error) = supervisor.await {
+        // Every child gets its grace at the same time.
+        for ended in futures::future::join_all(supervisors).await {
+            if let Err(error) = ended {
                 tracing::error!(%error, "an upstream supervisor ended abnormally");
             }
         }
