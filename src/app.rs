@@ -148,6 +148,9 @@ pub async fn run(
 
 impl Proxy {
     pub async fn start(config: Config) -> anyhow::Result<Proxy> {
+        // Installed first, so that what connecting records (the upstreams'
+        // `upstream_up`) is kept.
+        let handle = metrics_handle();
         if config.migrate {
             Ledger::create_database_if_missing(&config.database_url).await?;
             Ledger::migrate(&config.database_url).await?;
@@ -192,7 +195,6 @@ impl Proxy {
             Arc::default(),
         );
         let stop = CancellationToken::new();
-        let handle = metrics_handle();
         let upkeep = stop.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
@@ -223,6 +225,11 @@ impl Proxy {
             stop,
             loops,
         })
+    }
+
+    /// The upstream clients: their health (`Upstreams::health`).
+    pub fn upstreams(&self) -> Arc<Upstreams> {
+        self.upstreams.clone()
     }
 
     /// The background loops' progress counters (test signals).
@@ -263,12 +270,9 @@ impl Proxy {
         drop(background);
         drop(front);
         ledger.close().await;
-        match Arc::try_unwrap(upstreams) {
-            Ok(upstreams) => upstreams.shutdown().await,
-            Err(_) => tracing::debug!(
-                "upstream clients still referenced; they stop when the last reference drops"
-            ),
-        }
+        // Stops the supervisors and ends the children, whoever still holds
+        // the clients.
+        upstreams.shutdown().await;
     }
 }
 

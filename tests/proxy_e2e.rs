@@ -638,6 +638,10 @@ async fn an_upstream_that_is_gone_before_the_send_is_never_recorded_as_a_remote_
         .trim()
         .parse()
         .unwrap();
+    // And it stays gone: a directory where the pid file goes makes every
+    // restart of it fail (tests/upstream_supervision.rs covers the restart).
+    std::fs::remove_file(scenario.dir.join("state/mailer.pid")).unwrap();
+    std::fs::create_dir(scenario.dir.join("state/mailer.pid")).unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,

@@ -8,7 +8,7 @@ pub mod inflight;
 pub mod upstream;
 
 pub use front::Front;
-pub use upstream::{StartError, Upstreams};
+pub use upstream::{StartError, UpstreamHealth, UpstreamState, Upstreams};
 
 use std::future::Future;
 

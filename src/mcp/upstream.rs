@@ -24,6 +24,53 @@
 //! leasegate declares sampling, elicitation (form and URL) and roots to every
 //! upstream, because the session is shared; a request for a capability the
 //! calling agent did not declare is answered with an error naming it.
+//!
+//! # Supervision
+//!
+//! A session can end (a stdio child dies or closes its stdout, an HTTP
+//! server drops the session). The routes above belong to the upstream and
+//! outlive its sessions; the session's peer is swapped in place.
+//!
+//! ```text
+//!            session ends                       restart attempt fails
+//!   ┌────┐  (child killed, reaped)  ┌────────────┐ ──────────────┐
+//!   │ up │ ───────────────────────▶ │ restarting │ ◀─────────────┘
+//!   └────┘ ◀─────────────────────── └────────────┘   (backoff 100 ms ×2 … 10 s, ±20%)
+//!     │      spawn + initialize ok:       │
+//!     │      peer swapped, restarts+1,    │
+//!     │      catalog refreshed            │
+//!     └──────────── shutdown ─────────────┴──────▶ down
+//! ```
+//!
+//! One supervisor task per stdio upstream owns the child and its session.
+//! What happens to a call at each point:
+//!
+//! - **up**: the call goes to the current session.
+//! - **the session ends**: requests already handed to it end with "transport
+//!   closed", [`UpstreamError::MaybeSent`] (the child may have acted); a
+//!   request not yet handed over is [`UpstreamError::NotSent`], as is any
+//!   call made before the supervisor noticed (its peer is closed).
+//! - **restarting**: there is no peer; a call fails at once with
+//!   `NotSent("upstream <name> is restarting (last error: …)")` rather than
+//!   waiting (dispatch retries a not-sent call briefly, then records it
+//!   unknown with that evidence).
+//! - **restarted**: later calls use the new session; calls given up on in the
+//!   old one are forgotten (their request ids are reused); the catalog is
+//!   refreshed through the `notifications/tools/list_changed` path
+//!   ([`UpstreamEvent`]). A child that stayed up [`STABLE_AFTER`] restarts
+//!   from the first delay again.
+//! - **shutdown**: the peer is cleared (calls fail as not sent), the
+//!   session is closed (the child's stdin with it), the child gets
+//!   [`EXIT_GRACE`] to exit and is then killed and reaped. Children are
+//!   spawned `kill_on_drop`, so a supervisor ended any other way kills its
+//!   child too.
+//!
+//! A Streamable HTTP upstream has no supervisor: its state is what the last
+//! request showed (reached: `up`; not reached: `down`), and a session whose
+//! client ended is opened again by the next call (within that call's
+//! timeout). [`Upstreams::health`] reports every upstream's state, and the
+//! metrics `upstream_up{upstream}` and `upstream_restarts_total{upstream}`
+//! follow it.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -43,8 +90,9 @@ use rmcp::service::{
     InboundStreamOrigin, NotificationContext, Peer, PeerRequestOptions, RequestContext,
     RunningService, RxJsonRpcMessage, ServiceError, TxJsonRpcMessage,
 };
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess, Transport};
+use rmcp::transport::{StreamableHttpClientTransport, Transport};
 use rmcp::{ErrorData as McpError, RoleClient, Service, ServiceExt};
 
 use super::convert;
@@ -221,6 +269,13 @@ impl CallRoutes {
         if let Some(token) = token {
             state.progress.remove(token);
         }
+    }
+
+    /// Forgets the calls given up on: they belonged to a session that is
+    /// gone, so nothing about them can arrive any more (and the next
+    /// session reuses their request ids).
+    fn forget_abandoned(&self) {
+        self.lock().in_flight.retain(|_, f| f.abandoned.is_none());
     }
 
     /// The agent of the call a request or notification from the upstream
@@ -463,11 +518,402 @@ impl Service<RoleClient> for UpstreamClient {
     }
 }
 
+/// One session of an upstream: the MCP client over one stdio child or one
+/// Streamable HTTP connection.
+type Session = RunningService<RoleClient, UpstreamClient>;
+
+/// Upper bound of the MCP `initialize` handshake of a (re)started session.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a stdio child gets to exit on its own (its stdin closed) before
+/// it is killed, at shutdown and after its session ended.
+const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// A child that stayed up this long starts the next restart from the first
+/// delay again.
+const STABLE_AFTER: Duration = Duration::from_secs(30);
+
+/// Whether an upstream can be called now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamState {
+    /// A session is open (stdio), or the last request reached the server
+    /// (Streamable HTTP).
+    Up,
+    /// The stdio child is gone and its supervisor is starting another; calls
+    /// fail at once as not sent.
+    Restarting,
+    /// Not being restarted: stopped with leasegate, or a Streamable HTTP
+    /// server the last request (or reconnect) could not reach.
+    Down,
+}
+
+/// One upstream's health, as the control API shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct UpstreamHealth {
+    pub name: String,
+    /// `stdio` or `streamable_http`, as in the config.
+    pub transport: &'static str,
+    pub state: UpstreamState,
+    /// When `state` last changed.
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// Sessions opened after the first one (a restarted child, a
+    /// reconnected HTTP session).
+    pub restarts: u64,
+    /// Why the upstream last went away or could not be reached; kept after
+    /// it is up again, so an operator sees why it restarted.
+    pub last_error: Option<String>,
+}
+
+struct Health {
+    state: UpstreamState,
+    since: chrono::DateTime<chrono::Utc>,
+    restarts: u64,
+    last_error: Option<String>,
+}
+
+/// One upstream: its current session's peer (swapped on restart), the
+/// routes of its calls (shared by its sessions), and its health.
 struct Connection {
-    peer: Peer<RoleClient>,
-    routes: CallRoutes,
-    /// Keeps the client (and, for stdio, the child process) alive.
-    service: RunningService<RoleClient, UpstreamClient>,
+    name: String,
+    transport: UpstreamTransport,
+    /// The client every session of this upstream serves with.
+    handler: UpstreamClient,
+    /// The live session's peer. `None` while a stdio child is restarting and
+    /// after shutdown, so that a call fails at once, as not sent.
+    peer: std::sync::RwLock<Option<Peer<RoleClient>>>,
+    health: Mutex<Health>,
+    /// A Streamable HTTP upstream's session (a stdio session is owned by its
+    /// supervisor); the lock also makes a reconnect happen once.
+    http: tokio::sync::Mutex<Option<Session>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere mid-update of plain
+    // values; they stay usable.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Connection {
+    fn new(
+        name: &str,
+        transport: UpstreamTransport,
+        events: broadcast::Sender<UpstreamEvent>,
+    ) -> Self {
+        metrics::counter!("upstream_restarts_total", "upstream" => name.to_owned()).increment(0);
+        Self {
+            name: name.to_owned(),
+            transport,
+            handler: UpstreamClient {
+                name: name.to_owned(),
+                routes: CallRoutes::default(),
+                events,
+            },
+            peer: std::sync::RwLock::new(None),
+            health: Mutex::new(Health {
+                state: UpstreamState::Down,
+                since: chrono::Utc::now(),
+                restarts: 0,
+                last_error: None,
+            }),
+            http: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn routes(&self) -> &CallRoutes {
+        &self.handler.routes
+    }
+
+    fn transport_name(&self) -> &'static str {
+        match self.transport {
+            UpstreamTransport::Stdio { .. } => "stdio",
+            UpstreamTransport::StreamableHttp { .. } => "streamable_http",
+        }
+    }
+
+    fn peer(&self) -> Option<Peer<RoleClient>> {
+        self.peer
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    fn set_peer(&self, peer: Option<Peer<RoleClient>>) {
+        *self
+            .peer
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = peer;
+    }
+
+    /// Sets the state (and `since` when it changes); an error, when given,
+    /// becomes `last_error`.
+    fn set_state(&self, state: UpstreamState, error: Option<String>) {
+        let mut health = lock(&self.health);
+        if health.state != state {
+            health.state = state;
+            health.since = chrono::Utc::now();
+        }
+        if error.is_some() {
+            health.last_error = error;
+        }
+        let up = if state == UpstreamState::Up { 1.0 } else { 0.0 };
+        metrics::gauge!("upstream_up", "upstream" => self.name.clone()).set(up);
+    }
+
+    /// A new session replaced a lost one: later calls use `peer`, and the
+    /// catalog is refreshed as on `notifications/tools/list_changed` (the new
+    /// session may serve other tools).
+    fn replaced(&self, peer: Peer<RoleClient>) {
+        // Calls given up on belong to the lost session: nothing about them
+        // can arrive any more, and their request ids are reused by the new one.
+        self.routes().forget_abandoned();
+        self.set_peer(Some(peer));
+        lock(&self.health).restarts += 1;
+        metrics::counter!("upstream_restarts_total", "upstream" => self.name.clone()).increment(1);
+        self.set_state(UpstreamState::Up, None);
+        let _ = self.handler.events.send(UpstreamEvent {
+            upstream: self.name.clone(),
+            method: "notifications/tools/list_changed".into(),
+            params: json!({}),
+        });
+    }
+
+    /// The error of a call made while there is no session: nothing was sent.
+    fn unavailable(&self) -> UpstreamError {
+        let health = lock(&self.health);
+        let why = health
+            .last_error
+            .as_deref()
+            .map(|e| format!(" (last error: {e})"))
+            .unwrap_or_default();
+        let state = match health.state {
+            UpstreamState::Restarting => "is restarting",
+            UpstreamState::Down => "is down",
+            // Up, but its session just ended: the supervisor is about to
+            // notice.
+            UpstreamState::Up => "lost its session and is restarting",
+        };
+        UpstreamError::NotSent(format!("upstream {} {state}{why}", self.name))
+    }
+
+    /// What a Streamable HTTP request proved about the server: it answered
+    /// (up) or could not be reached (down). Stdio health is the
+    /// supervisor's.
+    fn observe_http(&self, reached: Result<(), String>) {
+        if matches!(self.transport, UpstreamTransport::StreamableHttp { .. }) {
+            match reached {
+                Ok(()) => self.set_state(UpstreamState::Up, None),
+                Err(error) => self.set_state(UpstreamState::Down, Some(error)),
+            }
+        }
+    }
+
+    fn health(&self) -> UpstreamHealth {
+        let health = lock(&self.health);
+        UpstreamHealth {
+            name: self.name.clone(),
+            transport: self.transport_name(),
+            state: health.state,
+            since: health.since,
+            restarts: health.restarts,
+            last_error: health.last_error.clone(),
+        }
+    }
+}
+
+/// A response cache would let a proxy answer from a stale page.
+async fn no_cache(session: &Session) {
+    session
+        .peer()
+        .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
+        .await;
+}
+
+/// Spawns a stdio upstream's command and does the MCP handshake over its
+/// stdin/stdout. The child is killed when its handle is dropped (a failed
+/// handshake, a supervisor ended by the runtime).
+async fn open_stdio(
+    handler: &UpstreamClient,
+    command: &std::path::Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<(Session, tokio::process::Child), String> {
+    let mut child = tokio::process::Command::new(command)
+        .args(args)
+        .envs(env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", command.display()))?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("the child's stdin or stdout is not piped".into());
+    };
+    let transport = Routed {
+        inner: AsyncRwTransport::new_client(stdout, stdin),
+        routes: handler.routes.clone(),
+    };
+    let session =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handler.clone().serve(transport)).await {
+            Ok(Ok(session)) => session,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no answer to initialize within {HANDSHAKE_TIMEOUT:?}"
+                ));
+            }
+        };
+    no_cache(&session).await;
+    Ok((session, child))
+}
+
+/// Opens a Streamable HTTP session (the `initialize` request).
+async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, String> {
+    let transport = Routed {
+        inner: StreamableHttpClientTransport::with_client(
+            super::http_headers::PerCallHeaders::default(),
+            StreamableHttpClientTransportConfig::with_uri(url),
+        ),
+        routes: handler.routes.clone(),
+    };
+    let session =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handler.clone().serve(transport)).await {
+            Ok(Ok(session)) => session,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no answer to initialize within {HANDSHAKE_TIMEOUT:?}"
+                ));
+            }
+        };
+    no_cache(&session).await;
+    Ok(session)
+}
+
+/// Waits up to `grace` for the child to exit, then kills it; reaps it
+/// either way. Says how it ended.
+async fn end_child(child: &mut tokio::process::Child, grace: Duration) -> String {
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(error)) => format!("cannot wait for it: {error}"),
+        Err(_) => match child.kill().await {
+            Ok(()) => format!("killed by leasegate after {grace:?}"),
+            Err(error) => format!("cannot kill it: {error}"),
+        },
+    }
+}
+
+/// Restart delays: exponential from [`Backoff::FIRST`] to [`Backoff::CAP`],
+/// each with ±20% jitter so that upstreams that died together do not
+/// restart in lockstep.
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(100);
+    const CAP: Duration = Duration::from_secs(10);
+
+    fn new() -> Self {
+        Self { next: Self::FIRST }
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+
+    fn next_delay(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (base * 2).min(Self::CAP);
+        // A randomly keyed hasher is random enough for jitter.
+        let random = std::hash::BuildHasher::hash_one(
+            &std::collections::hash_map::RandomState::new(),
+            Instant::now(),
+        );
+        let unit = (random >> 11) as f64 / (1u64 << 53) as f64;
+        base.mul_f64(0.8 + 0.4 * unit)
+    }
+}
+
+/// Keeps one stdio upstream running until `stop` (see "Supervision" in the
+/// module docs).
+async fn supervise(
+    connection: Arc<Connection>,
+    mut session: Session,
+    mut child: tokio::process::Child,
+    stop: CancellationToken,
+) {
+    let UpstreamTransport::Stdio { command, args, env } = connection.transport.clone() else {
+        return;
+    };
+    let mut backoff = Backoff::new();
+    loop {
+        let started = Instant::now();
+        let close = session.cancellation_token();
+        let ended = session.waiting();
+        tokio::pin!(ended);
+        let quit = tokio::select! {
+            quit = &mut ended => quit,
+            () = stop.cancelled() => {
+                connection.set_peer(None);
+                // Closing the session closes the child's stdin: an MCP
+                // server exits on EOF. One that does not is killed.
+                close.cancel();
+                let _ = tokio::time::timeout(EXIT_GRACE, &mut ended).await;
+                end_child(&mut child, EXIT_GRACE).await;
+                connection.set_state(UpstreamState::Down, None);
+                return;
+            }
+        };
+        // Calls from here on fail as not sent; calls already handed to the
+        // lost session end with "transport closed" (maybe sent).
+        connection.set_peer(None);
+        // Its stdout closed; it may still run (or be a zombie): end it.
+        let exit = end_child(&mut child, EXIT_GRACE).await;
+        let why = match quit {
+            Ok(quit) => format!("session ended ({quit:?}), child: {exit}"),
+            Err(error) => format!("session task failed ({error}), child: {exit}"),
+        };
+        tracing::warn!(upstream = %connection.name, why, "stdio upstream lost; restarting it");
+        connection.set_state(UpstreamState::Restarting, Some(why));
+        if started.elapsed() >= STABLE_AFTER {
+            backoff.reset();
+        }
+        (session, child) = loop {
+            let delay = backoff.next_delay();
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = stop.cancelled() => {
+                    connection.set_state(UpstreamState::Down, None);
+                    return;
+                }
+            }
+            // A child spawned by an attempt that `stop` interrupts is killed
+            // when the attempt is dropped.
+            let opened = tokio::select! {
+                opened = open_stdio(&connection.handler, &command, &args, &env) => opened,
+                () = stop.cancelled() => {
+                    connection.set_state(UpstreamState::Down, None);
+                    return;
+                }
+            };
+            match opened {
+                Ok(opened) => break opened,
+                Err(error) => {
+                    tracing::warn!(upstream = %connection.name, %error, "restart failed; retrying");
+                    connection.set_state(
+                        UpstreamState::Restarting,
+                        Some(format!("restart failed: {error}")),
+                    );
+                }
+            }
+        };
+        tracing::info!(upstream = %connection.name, "stdio upstream restarted");
+        connection.replaced(session.peer().clone());
+    }
 }
 
 /// One tool as the agent sees it.
@@ -510,8 +956,12 @@ pub fn directory(
 
 /// All upstream connections, by name.
 pub struct Upstreams {
-    connections: BTreeMap<String, Connection>,
+    connections: BTreeMap<String, Arc<Connection>>,
     events: broadcast::Sender<UpstreamEvent>,
+    /// Stops the supervisors (and with them the children); cancelled by
+    /// [`Upstreams::shutdown`], or when `Upstreams` is dropped.
+    stop: CancellationToken,
+    supervisors: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -531,66 +981,51 @@ pub enum StartError {
 }
 
 impl Upstreams {
-    /// Connects every configured upstream.
+    /// Connects every configured upstream, and starts a supervisor per
+    /// stdio upstream.
     pub async fn connect(config: &Config) -> Result<Self, StartError> {
         let (events, _) = broadcast::channel(1024);
         let mut connections = BTreeMap::new();
+        // Children started so far are killed when this is dropped (a later
+        // upstream failed to start).
+        let mut stdio = Vec::new();
         for (name, transport) in &config.upstreams {
-            let routes = CallRoutes::default();
-            let handler = UpstreamClient {
-                name: name.clone(),
-                routes: routes.clone(),
-                events: events.clone(),
-            };
             let connect_error = |message: String| StartError::Connect {
                 upstream: name.clone(),
                 message,
             };
-            let service = match transport {
+            let connection = Arc::new(Connection::new(name, transport.clone(), events.clone()));
+            match transport {
                 UpstreamTransport::Stdio { command, args, env } => {
-                    let mut cmd = tokio::process::Command::new(command);
-                    cmd.args(args).envs(env);
-                    let child = TokioChildProcess::new(cmd)
-                        .map_err(|e| connect_error(format!("{}: {e}", command.display())))?;
-                    handler
-                        .serve(Routed {
-                            inner: child,
-                            routes: routes.clone(),
-                        })
+                    let (session, child) = open_stdio(&connection.handler, command, args, env)
                         .await
-                        .map_err(|e| connect_error(e.to_string()))?
+                        .map_err(connect_error)?;
+                    connection.set_peer(Some(session.peer().clone()));
+                    stdio.push((connection.clone(), session, child));
                 }
                 UpstreamTransport::StreamableHttp { url } => {
-                    let transport = StreamableHttpClientTransport::with_client(
-                        super::http_headers::PerCallHeaders::default(),
-                        StreamableHttpClientTransportConfig::with_uri(url.as_str()),
-                    );
-                    handler
-                        .serve(Routed {
-                            inner: transport,
-                            routes: routes.clone(),
-                        })
+                    let session = open_http(&connection.handler, url)
                         .await
-                        .map_err(|e| connect_error(e.to_string()))?
+                        .map_err(connect_error)?;
+                    connection.set_peer(Some(session.peer().clone()));
+                    *connection.http.lock().await = Some(session);
                 }
-            };
-            // A proxy must never answer from a stale page.
-            service
-                .peer()
-                .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
-                .await;
-            connections.insert(
-                name.clone(),
-                Connection {
-                    peer: service.peer().clone(),
-                    routes,
-                    service,
-                },
-            );
+            }
+            connection.set_state(UpstreamState::Up, None);
+            connections.insert(name.clone(), connection);
         }
+        let stop = CancellationToken::new();
+        let supervisors = stdio
+            .into_iter()
+            .map(|(connection, session, child)| {
+                tokio::spawn(supervise(connection, session, child, stop.clone()))
+            })
+            .collect();
         Ok(Self {
             connections,
             events,
+            stop,
+            supervisors: Mutex::new(supervisors),
         })
     }
 
@@ -603,12 +1038,68 @@ impl Upstreams {
         self.connections.keys().map(String::as_str)
     }
 
-    /// What the upstream said about itself at `initialize`.
+    /// Every upstream's health, by name.
+    pub fn health(&self) -> Vec<UpstreamHealth> {
+        self.connections.values().map(|c| c.health()).collect()
+    }
+
+    /// What the upstream said about itself at `initialize` (of its current
+    /// session).
     pub fn server_info(&self, upstream: &str) -> Option<ServerPeerInfo> {
         self.connections
             .get(upstream)
-            .and_then(|c| c.peer.peer_info())
+            .and_then(|c| c.peer())
+            .and_then(|peer| peer.peer_info())
             .map(|info| (*info).clone())
+    }
+
+    /// The current session's peer: none while a stdio child restarts (the
+    /// call fails as not sent); a lost Streamable HTTP session is opened
+    /// again here, within `timeout`.
+    async fn session(
+        &self,
+        connection: &Connection,
+        timeout: Duration,
+    ) -> Result<Peer<RoleClient>, UpstreamError> {
+        if let Some(peer) = connection.peer()
+            && !peer.is_transport_closed()
+        {
+            return Ok(peer);
+        }
+        let UpstreamTransport::StreamableHttp { url } = &connection.transport else {
+            return Err(connection.unavailable());
+        };
+        let mut session = connection.http.lock().await;
+        // Another call may have reconnected meanwhile.
+        if let Some(peer) = connection.peer()
+            && !peer.is_transport_closed()
+        {
+            return Ok(peer);
+        }
+        if self.stop.is_cancelled() {
+            return Err(connection.unavailable());
+        }
+        let opened = tokio::time::timeout(timeout, open_http(&connection.handler, url))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer to initialize within {timeout:?}")));
+        match opened {
+            Ok(opened) => {
+                let peer = opened.peer().clone();
+                // The old session's loop is over; dropping it frees it.
+                *session = Some(opened);
+                tracing::info!(upstream = %connection.name, "Streamable HTTP session reopened");
+                connection.replaced(peer.clone());
+                Ok(peer)
+            }
+            Err(error) => {
+                let error = format!("reconnecting failed: {error}");
+                connection.set_state(UpstreamState::Down, Some(error.clone()));
+                Err(UpstreamError::NotSent(format!(
+                    "upstream {} is down: {error}",
+                    connection.name
+                )))
+            }
+        }
     }
 
     /// The upstream's tools, every page.
@@ -617,11 +1108,16 @@ impl Upstreams {
             .connections
             .get(upstream)
             .ok_or_else(|| format!("no upstream named {upstream:?}"))?;
-        connection
-            .peer
-            .list_all_tools()
+        let peer = self
+            .session(connection, REQUEST_TIMEOUT)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        let listed = peer.list_all_tools().await;
+        connection.observe_http(match &listed {
+            Ok(_) | Err(ServiceError::McpError(_)) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        });
+        listed.map_err(|e| e.to_string())
     }
 
     /// Every upstream tool under its exposed name (`<upstream><sep><tool>`),
@@ -688,14 +1184,15 @@ impl Upstreams {
         for (key, value) in meta {
             request_meta.insert(key, value);
         }
+        // No session (a stdio child restarting): fails at once, not sent.
+        let peer = self.session(connection, timeout).await?;
         let mut guard = CallGuard {
-            routes: &connection.routes,
-            call: connection.routes.begin(agent),
+            routes: connection.routes(),
+            call: connection.routes().begin(agent),
             token: None,
             answered: true,
         };
-        let handle = match connection
-            .peer
+        let handle = match peer
             .send_request_with_option(
                 request,
                 PeerRequestOptions::with_timeout(timeout).with_meta(request_meta),
@@ -703,13 +1200,18 @@ impl Upstreams {
             .await
         {
             Ok(handle) => handle,
-            // The request never reached the client's transport task.
-            Err(error) => return Err(UpstreamError::NotSent(error.to_string())),
+            // The request never reached the client's transport task (its
+            // session ended since `session` looked).
+            Err(error) => {
+                let error = UpstreamError::NotSent(format!("upstream {upstream}: {error}"));
+                connection.observe_http(Err(error.to_string()));
+                return Err(error);
+            }
         };
         // rmcp gives the upstream request its own progress token: re-key.
         let token = handle.progress_token.clone();
         connection
-            .routes
+            .routes()
             .sent(guard.call, handle.id.clone(), token.clone());
         // From here on, a caller that stops waiting abandons the call.
         guard.token = Some(token);
@@ -728,6 +1230,10 @@ impl Upstreams {
         cancel_watch.abort();
         guard.answered = !matches!(response, Err(ServiceError::Timeout { .. }));
         drop(guard);
+        connection.observe_http(match &response {
+            Ok(_) | Err(ServiceError::McpError(_) | ServiceError::Timeout { .. }) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        });
         match response {
             Ok(result) => Ok(result),
             Err(ServiceError::McpError(error)) => {
@@ -743,11 +1249,32 @@ impl Upstreams {
         }
     }
 
-    /// Stops the clients (and their child processes).
-    pub async fn shutdown(self) {
-        for (_, connection) in self.connections {
-            let _ = connection.service.cancel().await;
+    /// Stops the supervisors and the clients, and ends the stdio children:
+    /// each gets [`EXIT_GRACE`] to exit on its closed stdin, then is killed
+    /// and reaped. Later calls fail as not sent.
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        let supervisors = std::mem::take(&mut *lock(&self.supervisors));
+        // Every child gets its grace at the same time.
+        for ended in futures::future::join_all(supervisors).await {
+            if let Err(error) = ended {
+                tracing::error!(%error, "an upstream supervisor ended abnormally");
+            }
         }
+        for connection in self.connections.values() {
+            connection.set_peer(None);
+            if let Some(mut session) = connection.http.lock().await.take() {
+                let _ = session.close_with_timeout(EXIT_GRACE).await;
+            }
+            connection.set_state(UpstreamState::Down, None);
+        }
+    }
+}
+
+impl Drop for Upstreams {
+    /// Never leave a supervisor restarting children nobody can call.
+    fn drop(&mut self) {
+        self.stop.cancel();
     }
 }
 
@@ -785,5 +1312,28 @@ impl Upstream for Upstreams {
                     .collect::<String>()
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod supervision_tests {
+    use super::*;
+
+    #[test]
+    fn restart_delays_double_to_the_cap_with_jitter_and_reset() {
+        let mut backoff = Backoff::new();
+        let within = |delay: Duration, base: Duration| {
+            delay >= base.mul_f64(0.8) && delay <= base.mul_f64(1.2)
+        };
+        let mut base = Backoff::FIRST;
+        for _ in 0..12 {
+            let delay = backoff.next_delay();
+            assert!(within(delay, base), "{delay:?} is not {base:?} ± 20%");
+            base = (base * 2).min(Backoff::CAP);
+        }
+        assert_eq!(base, Backoff::CAP, "the cap was reached");
+        backoff.reset();
+        let delay = backoff.next_delay();
+        assert!(within(delay, Backoff::FIRST), "{delay:?} after a reset");
     }
 }

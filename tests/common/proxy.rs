@@ -122,6 +122,8 @@ pub struct RunningProxy {
     pub control_url: String,
     /// The background loops' progress counters.
     pub signals: Option<std::sync::Arc<leasegate::reconcile::Signals>>,
+    /// The upstream clients, for their health.
+    pub upstreams: Arc<leasegate::mcp::Upstreams>,
     /// Cancelled by [`RunningProxy::stop`]: `app::run`'s shutdown signal.
     pub shutdown: CancellationToken,
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -132,6 +134,7 @@ impl RunningProxy {
         let config = Config::load(config).expect("the scenario config is valid");
         let proxy = Proxy::start(config).await.expect("leasegate starts");
         let signals = proxy.background_signals();
+        let upstreams = proxy.upstreams();
         // Ephemeral ports, and a control listener only where the config has one.
         let control = match proxy.config.control_listen {
             Some(_) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
@@ -157,6 +160,7 @@ impl RunningProxy {
             url,
             control_url,
             signals,
+            upstreams,
             shutdown,
             task,
         }
