@@ -35,6 +35,13 @@ ALTER TABLE tool_operations
   ADD COLUMN reconcile_attempts integer NOT NULL DEFAULT 0 CHECK (reconcile_attempts >= 0),
   -- First dispatch time, for key-retention windows.
   ADD COLUMN first_dispatched_at timestamptz,
+  -- Where the call goes, beside the exposed (namespaced) tool_name, so that
+  -- renaming the namespace cannot orphan planned or unknown operations.
+  -- NULL when the registrar did not know it (intents planned through the
+  -- control API): resolved by tool_name when sent.
+  ADD COLUMN upstream       text,
+  ADD COLUMN upstream_tool  text,
+  ADD CONSTRAINT tool_operations_route_whole CHECK ((upstream IS NULL) = (upstream_tool IS NULL)),
   ADD CONSTRAINT tool_operations_operation_id_shape CHECK (operation_id <> '' AND length(operation_id) <= 255),
   ADD CONSTRAINT tool_operations_step_id_shape CHECK (step_id <> '' AND length(step_id) <= 512),
   ADD CONSTRAINT tool_operations_digest_shape CHECK (request_digest ~ '^[0-9a-f]{64}$');
@@ -76,7 +83,9 @@ CREATE TYPE operation_intent AS (
   effect_version integer,
   tool_name      text,
   request_digest text,
-  request_body   jsonb
+  request_body   jsonb,
+  upstream       text,
+  upstream_tool  text
 );
 
 -- What every operation function returns: the verdict, the run and lease (to
@@ -107,7 +116,9 @@ CREATE TYPE operation_result AS (
   dispatch_count   integer,
   remote_id        text,
   result           jsonb,
-  evidence_id      bigint
+  evidence_id      bigint,
+  upstream         text,
+  upstream_tool    text
 );
 
 

@@ -86,7 +86,7 @@ LANGUAGE sql VOLATILE SET search_path = public, pg_temp AS $$
   SELECT p_outcome, r.status, r.revision, l.owner, l.epoch, l.expires_at, clock_timestamp(),
          o.operation_id, COALESCE(o.run_id, p_run_id), o.step_id, o.effect_version, o.tool_name,
          o.request_digest, o.status, o.revision, o.dispatch_owner, o.dispatch_until,
-         o.dispatch_count, o.remote_id, o.result, p_evidence_id
+         o.dispatch_count, o.remote_id, o.result, p_evidence_id, o.upstream, o.upstream_tool
   FROM (SELECT 1) AS one
   LEFT JOIN tool_operations o ON o.operation_id = p_operation_id
   LEFT JOIN agent_runs r ON r.run_id = COALESCE(o.run_id, p_run_id)

@@ -45,8 +45,9 @@ BEGIN
       RETURN;
     END IF;
     INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
-                                 request_digest, request_body, status)
-    VALUES (v_id, p_run_id, v_step, v_version, v_tool, v_digest, v_body, 'prepared')
+                                 request_digest, request_body, status, upstream, upstream_tool)
+    VALUES (v_id, p_run_id, v_step, v_version, v_tool, v_digest, v_body, 'prepared',
+            p_intent.upstream, p_intent.upstream_tool)
     ON CONFLICT DO NOTHING;
     IF FOUND THEN
       INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
@@ -204,11 +205,13 @@ END
 $$;
 
 -- The dispatcher's claim (seed 9.2): up to p_limit prepared operations of
--- live runs, oldest first, skipping rows another claimer holds. Each
+-- live runs of p_tenants (NULL: every tenant), oldest first, skipping rows
+-- another claimer holds. Each
 -- candidate is locked as the loop reads it (READ COMMITTED re-checks the
 -- status on the newest row version) and claimed by _op_claim; the LIMIT
 -- bounds the batch.
-CREATE OR REPLACE FUNCTION operation_claim(p_dispatch_owner text, p_claim_ttl_ms bigint, p_limit integer)
+CREATE OR REPLACE FUNCTION operation_claim(p_dispatch_owner text, p_claim_ttl_ms bigint, p_limit integer,
+                                           p_tenants text[])
 RETURNS SETOF tool_operations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -225,6 +228,7 @@ BEGIN
       JOIN agent_runs r ON r.run_id = o.run_id
      WHERE o.status = 'prepared'
        AND r.status IN ('pending', 'running')
+       AND (p_tenants IS NULL OR r.tenant_id = ANY (p_tenants))
      ORDER BY o.updated_at
      LIMIT p_limit
        FOR UPDATE OF o SKIP LOCKED
@@ -431,12 +435,14 @@ BEGIN
 END
 $$;
 
--- Claims up to p_limit unknown operations for one reconciler until
--- p_ttl_ms from now: those nobody holds, or whose reconcile claim lapsed.
+-- Claims up to p_limit unknown operations of runs of p_tenants (NULL: every
+-- tenant) for one reconciler until p_ttl_ms from now: those nobody holds,
+-- or whose reconcile claim lapsed.
 -- The status stays 'unknown'; the revision moves. The MATERIALIZED CTE fixes
 -- the candidate set before the UPDATE (SKIP LOCKED), so no more than
 -- p_limit rows are claimed.
-CREATE OR REPLACE FUNCTION operation_reconcile_claim(p_owner text, p_ttl_ms bigint, p_limit integer)
+CREATE OR REPLACE FUNCTION operation_reconcile_claim(p_owner text, p_ttl_ms bigint, p_limit integer,
+                                                     p_tenants text[])
 RETURNS SETOF tool_operations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
@@ -448,11 +454,13 @@ BEGIN
   WITH candidate AS MATERIALIZED (
     SELECT o.operation_id
       FROM tool_operations o
+      JOIN agent_runs r ON r.run_id = o.run_id
      WHERE o.status = 'unknown'
        AND (o.reconcile_until IS NULL OR o.reconcile_until <= clock_timestamp())
+       AND (p_tenants IS NULL OR r.tenant_id = ANY (p_tenants))
      ORDER BY o.updated_at
      LIMIT p_limit
-       FOR UPDATE SKIP LOCKED
+       FOR UPDATE OF o SKIP LOCKED
   )
   UPDATE tool_operations o
      SET reconcile_owner = p_owner,
@@ -505,22 +513,22 @@ REVOKE EXECUTE ON FUNCTION
   _op_claim(text, text, bigint, bigint, jsonb),
   operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, operation_intent, text, bigint),
-  operation_claim(text, bigint, integer),
+  operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, text, operation_intent),
-  operation_reconcile_claim(text, bigint, integer),
+  operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, operation_intent, text, bigint),
-  operation_claim(text, bigint, integer),
+  operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, text, operation_intent),
-  operation_reconcile_claim(text, bigint, integer),
+  operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer)
 TO leasegate_app;

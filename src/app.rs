@@ -212,6 +212,7 @@ impl Proxy {
                 upstreams.clone(),
                 directory,
                 config.policy.clone(),
+                &config.tenant,
             ));
             loops = Some(background.clone().spawn(stop.child_token()));
             background

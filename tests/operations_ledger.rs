@@ -104,7 +104,7 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
     );
     match applied(
         db.ledger
-            .operation_register_claim(&lease, &again, "proxy-2", 30_000)
+            .operation_register_claim(&lease, &again, None, "proxy-2", 30_000)
             .await
             .unwrap(),
     ) {
@@ -257,7 +257,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         // The inline path ...
         let inline = db
             .ledger
-            .operation_register_claim(&lease, &changed, "proxy-9", 30_000)
+            .operation_register_claim(&lease, &changed, None, "proxy-9", 30_000)
             .await
             .unwrap();
         assert_eq!(
@@ -329,7 +329,10 @@ async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_on
                 let owner = format!("dispatcher-{n}");
                 let mut mine = Vec::new();
                 loop {
-                    let batch = ledger.operation_claim(&owner, 60_000, 7).await.unwrap();
+                    let batch = ledger
+                        .operation_claim(&owner, 60_000, 7, None)
+                        .await
+                        .unwrap();
                     if batch.is_empty() {
                         return (owner, mine);
                     }
@@ -575,7 +578,7 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
     assert_eq!(op_row(&db, &unknown).await.0, "unknown");
     assert!(
         db.ledger
-            .operation_claim("dispatcher", 30_000, 100)
+            .operation_claim("dispatcher", 30_000, 100, None)
             .await
             .unwrap()
             .is_empty(),
@@ -586,6 +589,7 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
             .operation_register_claim(
                 &lease,
                 &intent(lease.run_id, "late", json!({})),
+                None,
                 "proxy-1",
                 30_000
             )
@@ -683,7 +687,7 @@ async fn acceptance_g_old_run_operations_and_late_responses_cannot_advance_the_r
     let stray_intent = intent(second, "send-invoice-again", json!({}));
     assert!(matches!(
         db.ledger
-            .operation_register_claim(&stray, &stray_intent, "proxy-old", 30_000)
+            .operation_register_claim(&stray, &stray_intent, None, "proxy-old", 30_000)
             .await
             .unwrap(),
         Fenced::Rejected(Rejection::LeaseLost { .. })
@@ -724,7 +728,7 @@ async fn stale_owner_cannot_register_intents_after_takeover(
             .unwrap()
             .map_applied(),
         db.ledger
-            .operation_register_claim(&old, &planned, "proxy", 30_000)
+            .operation_register_claim(&old, &planned, None, "proxy", 30_000)
             .await
             .unwrap()
             .map_applied(),
@@ -815,7 +819,7 @@ async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
     // The dispatcher can now claim them.
     let claimed = db
         .ledger
-        .operation_claim("dispatcher", 30_000, 10)
+        .operation_claim("dispatcher", 30_000, 10, None)
         .await
         .unwrap();
     let mut ids: Vec<_> = claimed
@@ -878,7 +882,7 @@ async fn changing_a_planned_intent_keeps_the_old_one_for_audit(
     assert_eq!(old.superseded_by.as_ref(), Some(&revised.operation_id));
     let claimed = db
         .ledger
-        .operation_claim("dispatcher", 30_000, 10)
+        .operation_claim("dispatcher", 30_000, 10, None)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
@@ -911,7 +915,7 @@ async fn in_flight_intent_is_not_claimed_twice_and_failures_are_recorded_final(
     let claim = claim_inline(&db, &lease, &send, 30_000).await;
     match applied(
         db.ledger
-            .operation_register_claim(&lease, &send, "proxy-2", 30_000)
+            .operation_register_claim(&lease, &send, None, "proxy-2", 30_000)
             .await
             .unwrap(),
     ) {
@@ -1211,7 +1215,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                 Event::Claim => {
                     let _ = db
                         .ledger
-                        .operation_register_claim(&lease, &original, "proxy-2", 60_000)
+                        .operation_register_claim(&lease, &original, None, "proxy-2", 60_000)
                         .await
                         .unwrap();
                 }

@@ -803,6 +803,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         std::sync::Arc::new(Unreachable),
         std::sync::Arc::new(leasegate::adapter::SharedDirectory::new(directory)),
         leasegate::policy::Policy::default(),
+        "tenant-a",
     );
     assert_eq!(background.reconciler.once().await.unwrap(), 1);
     let view = db
@@ -951,4 +952,198 @@ async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
             .kind(),
         std::io::ErrorKind::ConnectionRefused
     );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn background_work_touches_only_the_tenant_the_process_serves(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // Tenant "tenant-a" has a planned intent, an unknown operation and a
+    // claim that lapsed.
+    let (lease, revision) = db.running_run("agent-1", 60_000).await;
+    let step = |id: &str| StepRef {
+        step_id: id.into(),
+        effect_version: 1,
+    };
+    let intent = |id: &str, amount: u64| {
+        Intent::new(
+            "tenant-a",
+            lease.run_id,
+            Some(step(id)),
+            "payments__charge",
+            &json!({"amount": amount, "currency": "eur"}),
+            IntegerPolicy::Reject,
+        )
+        .unwrap()
+    };
+    let planned = intent("planned", 1);
+    common::applied(
+        db.ledger
+            .operation_register(
+                &lease,
+                std::slice::from_ref(&planned),
+                Some(leasegate::ledger::PlannedCheckpoint {
+                    expected_revision: revision,
+                    checkpoint: &json!({}),
+                }),
+            )
+            .await
+            .unwrap(),
+    );
+    let unknown = intent("unknown", 2);
+    let claim = db.claim(&lease, &unknown, "gone-proxy", 60_000).await;
+    db.ledger
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "gone-proxy",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({}),
+        })
+        .await
+        .unwrap();
+    let lapsed = intent("lapsed", 3);
+    db.claim(&lease, &lapsed, "gone-proxy", 1).await;
+
+    // A process serving tenant "other" on the same database.
+    let scenario = Scenario::new(&db.url, FAST);
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        replace_exactly(&config, "tenant = \"tenant-a\"", "tenant = \"other\""),
+    )
+    .unwrap();
+    let other = RunningProxy::start(&scenario.config_path()).await;
+    let signals = other.signals.clone().expect("the background loops run");
+    let (dispatch, expiry, reconcile) = (
+        signals.dispatch.passes(),
+        signals.expiry.passes(),
+        signals.reconcile.passes(),
+    );
+    within("three passes of every service", async {
+        signals.dispatch.reached(dispatch + 3).await;
+        signals.expiry.reached(expiry + 3).await;
+        signals.reconcile.reached(reconcile + 3).await;
+    })
+    .await;
+    let row = |intent: &Intent| {
+        let id = intent.operation_id.as_str().to_owned();
+        let admin = db.admin.clone();
+        async move {
+            sqlx::query_as::<_, (String, i32, i32)>(
+                "SELECT status, dispatch_count, reconcile_attempts FROM tool_operations WHERE operation_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(row(&planned).await, ("prepared".into(), 0, 0));
+    assert_eq!(row(&unknown).await, ("unknown".into(), 1, 0));
+    assert_eq!(row(&lapsed).await, ("dispatching".into(), 1, 0));
+    assert!(scenario.side_effects("charges.jsonl").is_empty());
+    other.stop().await;
+
+    // The process serving tenant-a does all three.
+    let own = Scenario::new(&db.url, FAST);
+    let proxy = RunningProxy::start(&own.config_path()).await;
+    wait_until("tenant-a's process to send the planned intent", || async {
+        (row(&planned).await.0 == "succeeded").then_some(())
+    })
+    .await;
+    wait_until(
+        "tenant-a's process to settle the unknown and the lapsed claim",
+        || async {
+            let (unknown, lapsed) = (row(&unknown).await, row(&lapsed).await);
+            (unknown.0 == "succeeded" && lapsed.0 == "succeeded").then_some(())
+        },
+    )
+    .await;
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_operation_recorded_with_its_route_survives_a_renamed_namespace(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+    // Recorded when the payments tools were exposed as "pay.charge"; the
+    // claim's holder died, so the claim lapses into unknown.
+    let intent = |step: &str| {
+        Intent::new(
+            "tenant-a",
+            lease.run_id,
+            Some(StepRef {
+                step_id: step.into(),
+                effect_version: 1,
+            }),
+            "pay.charge",
+            &json!({"amount": 5, "currency": "eur"}),
+            IntegerPolicy::Reject,
+        )
+        .unwrap()
+    };
+    let routed = intent("routed");
+    let route = leasegate::ledger::ToolRoute {
+        upstream: "payments".into(),
+        tool: "charge".into(),
+    };
+    let claim = leasegate::ledger::Ledger::operation_register_claim(
+        &db.ledger,
+        &lease,
+        &routed,
+        Some(&route),
+        "gone-proxy",
+        1,
+    )
+    .await
+    .unwrap();
+    assert!(claim.is_applied());
+    // The same, recorded without a route (planned through the control API
+    // by a name that no longer exists).
+    let unrouted = intent("unrouted");
+    db.claim(&lease, &unrouted, "gone-proxy", 1).await;
+
+    // Now served with the default separator: "payments__charge".
+    let scenario = Scenario::new(&db.url, FAST);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let status = |intent: &Intent| {
+        let id = intent.operation_id.as_str().to_owned();
+        let admin = db.admin.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT status FROM tool_operations WHERE operation_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+        }
+    };
+    wait_until("the routed operation to converge by its route", || async {
+        (status(&routed).await == "succeeded").then_some(())
+    })
+    .await;
+    let charges = scenario.side_effects("charges.jsonl");
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(
+        charges[0]["idempotency_key"],
+        routed.operation_id.as_str(),
+        "{charges:?}"
+    );
+    // The unrouted one waits for an operator: its name resolves to nothing.
+    let signals = proxy.signals.clone().expect("the background loops run");
+    let passes = signals.reconcile.passes();
+    within(
+        "two more reconciler passes",
+        signals.reconcile.reached(passes + 2),
+    )
+    .await;
+    assert_eq!(status(&unrouted).await, "unknown");
+    proxy.stop().await;
 }

@@ -155,7 +155,7 @@ async fn leasegate_rate(
                     add(&phases.intent, began);
                     let began = Instant::now();
                     let claim = match ledger
-                        .operation_register_claim(&lease, &intent, &dispatch_owner, 60_000)
+                        .operation_register_claim(&lease, &intent, None, &dispatch_owner, 60_000)
                         .await?
                     {
                         Fenced::Applied(InlineClaim::Claimed { claim, .. }) => claim,

@@ -433,6 +433,25 @@ impl SharedDirectory {
         self.snapshot().get(name).cloned()
     }
 
+    /// The tool a recorded operation goes to: by its route (`upstream`,
+    /// the upstream's own tool name) when it was recorded, so a renamed
+    /// namespace still finds it; else by the exposed name.
+    pub fn resolve(&self, exposed: &str, route: Option<(&str, &str)>) -> Option<ResolvedTool> {
+        let snapshot = self.snapshot();
+        match route {
+            Some((upstream, tool)) => snapshot
+                .get(exposed)
+                .filter(|found| found.upstream == upstream && found.tool == tool)
+                .or_else(|| {
+                    snapshot
+                        .values()
+                        .find(|found| found.upstream == upstream && found.tool == tool)
+                })
+                .cloned(),
+            None => snapshot.get(exposed).cloned(),
+        }
+    }
+
     pub fn snapshot(&self) -> std::sync::Arc<ToolDirectory> {
         self.current
             .read()

@@ -39,7 +39,7 @@ use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
     DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown,
     MarkUnknownOutcome, OperationRecord, OperationStatus, Rejection, SettleOutcome, Settlement,
-    UnknownBy, UnknownCause,
+    ToolRoute, UnknownBy, UnknownCause,
 };
 use crate::policy::{Policy, StepIdentity};
 
@@ -196,9 +196,19 @@ impl<U: Upstream> Dispatcher<U> {
         )?;
         intent.request_body = self.policy.request_body.apply(&arguments);
         let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
+        let route = ToolRoute {
+            upstream: request.tool.upstream.clone(),
+            tool: request.tool.tool.clone(),
+        };
         let outcome = self
             .ledger
-            .operation_register_claim(&request.lease, &intent, &self.dispatch_owner, claim_ttl_ms)
+            .operation_register_claim(
+                &request.lease,
+                &intent,
+                Some(&route),
+                &self.dispatch_owner,
+                claim_ttl_ms,
+            )
             .await?;
         match outcome {
             Fenced::Rejected(rejection) => Err(refusal(rejection)),

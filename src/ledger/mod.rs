@@ -56,7 +56,7 @@ pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
     EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
     OperationView, ReconcileItem, Registered, RetryVerdict, SettleOutcome, Settlement, StaleReason,
-    SupersedeOutcome, UnknownBy, UnknownCause, UnknownSummary,
+    SupersedeOutcome, ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };
 pub use read::DbHealth;
 pub use run::InitialLease;

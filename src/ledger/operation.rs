@@ -29,6 +29,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
+use super::operation_types::route_of;
 use super::stored_json::{self, Stored};
 use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
 use super::{
@@ -36,7 +37,7 @@ use super::{
     InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError, MAX_OWNER_LEN, MarkUnknown,
     MarkUnknownOutcome, OperationRecord, OperationStatus, ReconcileItem, Registered, Rejection,
     RetryVerdict, RunId, RunStatus, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
-    UnknownBy, check_text,
+    ToolRoute, UnknownBy, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -67,6 +68,8 @@ struct OpRow {
     remote_id: Option<String>,
     result: Option<Stored>,
     evidence_id: Option<i64>,
+    upstream: Option<String>,
+    upstream_tool: Option<String>,
 }
 
 /// A `tool_operations` row, as the dispatcher's claim returns it.
@@ -91,6 +94,8 @@ pub(super) struct TableRow {
     pub(super) superseded_by: Option<String>,
     pub(super) reconcile_attempts: i32,
     pub(super) first_dispatched_at: Option<DateTime<Utc>>,
+    pub(super) upstream: Option<String>,
+    pub(super) upstream_tool: Option<String>,
 }
 
 #[derive(Debug, FromRow)]
@@ -138,6 +143,7 @@ impl TableRow {
             dispatch_count: self.dispatch_count,
             remote_id: self.remote_id.clone(),
             result: self.result.as_ref().map(|json| json.0.clone()),
+            route: route_of(self.upstream.as_ref(), self.upstream_tool.as_ref()),
         })
     }
 }
@@ -173,6 +179,7 @@ impl OpRow {
             dispatch_count: self.dispatch_count.unwrap_or(0),
             remote_id: self.remote_id.clone(),
             result: self.result.as_ref().map(|json| json.0.clone()),
+            route: route_of(self.upstream.as_ref(), self.upstream_tool.as_ref()),
         })
     }
 
@@ -244,6 +251,8 @@ struct IntentParams<'a> {
     tool_name: &'a str,
     request_digest: &'a str,
     request_body: Json<Cow<'a, Value>>,
+    upstream: Option<&'a str>,
+    upstream_tool: Option<&'a str>,
 }
 
 impl sqlx::Type<Postgres> for IntentParams<'_> {
@@ -270,14 +279,16 @@ impl sqlx::Encode<'_, Postgres> for IntentParams<'_> {
             .encode(self.effect_version)?
             .encode(self.tool_name)?
             .encode(self.request_digest)?
-            .encode(&self.request_body)?;
+            .encode(&self.request_body)?
+            .encode(self.upstream)?
+            .encode(self.upstream_tool)?;
         record.finish();
         Ok(sqlx::encode::IsNull::No)
     }
 }
 
 impl<'a> IntentParams<'a> {
-    fn new(intent: &'a Intent) -> Self {
+    fn new(intent: &'a Intent, route: Option<&'a ToolRoute>) -> Self {
         IntentParams {
             operation_id: intent.operation_id.as_str(),
             step_id: &intent.step_id,
@@ -285,6 +296,8 @@ impl<'a> IntentParams<'a> {
             tool_name: &intent.tool_name,
             request_digest: intent.request_digest.as_str(),
             request_body: Json(stored_json::encode(&intent.request_body)),
+            upstream: route.map(|r| r.upstream.as_str()),
+            upstream_tool: route.map(|r| r.tool.as_str()),
         }
     }
 }
@@ -330,7 +343,7 @@ impl Ledger {
                 .into());
             }
         }
-        let batch: Vec<IntentParams> = intents.iter().map(IntentParams::new).collect();
+        let batch: Vec<IntentParams> = intents.iter().map(|i| IntentParams::new(i, None)).collect();
         let rows: Vec<OpRow> = self
             .invoke_all(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_register($1, $2, $3, $4, $5, $6)")
@@ -387,13 +400,14 @@ impl Ledger {
         &self,
         claim: &LeaseClaim,
         intent: &Intent,
+        route: Option<&ToolRoute>,
         dispatch_owner: &str,
         claim_ttl_ms: i64,
     ) -> Result<Fenced<InlineClaim>, LedgerError> {
         const CALL: &str = "operation_register_claim";
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
-        let params = IntentParams::new(intent);
+        let params = IntentParams::new(intent, route);
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6)")
@@ -432,16 +446,18 @@ impl Ledger {
         dispatch_owner: &str,
         claim_ttl_ms: i64,
         limit: u16,
+        tenants: Option<&[String]>,
     ) -> Result<Vec<ClaimedOperation>, LedgerError> {
         const CALL: &str = "operation_claim";
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
         let rows: Vec<TableRow> = self
             .invoke_all(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_claim($1, $2, $3)")
+                sqlx::query_as("SELECT * FROM operation_claim($1, $2, $3, $4)")
                     .bind(dispatch_owner)
                     .bind(claim_ttl_ms)
                     .bind(i32::from(limit))
+                    .bind(tenants)
             })
             .await?;
         rows.into_iter()
@@ -596,7 +612,7 @@ impl Ledger {
         revised: &Intent,
     ) -> Result<Fenced<SupersedeOutcome>, LedgerError> {
         const CALL: &str = "operation_supersede";
-        let params = IntentParams::new(revised);
+        let params = IntentParams::new(revised, None);
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_supersede($1, $2, $3, $4, $5)")
@@ -633,16 +649,18 @@ impl Ledger {
         owner: &str,
         ttl_ms: i64,
         limit: u16,
+        tenants: Option<&[String]>,
     ) -> Result<Vec<ReconcileItem>, LedgerError> {
         const CALL: &str = "operation_reconcile_claim";
         check_text("reconcile owner", owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(ttl_ms)?;
         let rows: Vec<TableRow> = self
             .invoke_all(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_reconcile_claim($1, $2, $3)")
+                sqlx::query_as("SELECT * FROM operation_reconcile_claim($1, $2, $3, $4)")
                     .bind(owner)
                     .bind(ttl_ms)
                     .bind(i32::from(limit))
+                    .bind(tenants)
             })
             .await?;
         rows.into_iter()
@@ -691,16 +709,19 @@ impl Ledger {
     pub async fn operations_expired_claims(
         &self,
         limit: i64,
+        tenants: Option<&[String]>,
     ) -> Result<Vec<DispatchClaim>, LedgerError> {
         const CALL: &str = "operations_expired_claims";
         let rows: Vec<TableRow> = self
             .invoke_all(CALL, false, || {
                 sqlx::query_as(
-                    "SELECT * FROM tool_operations
-                      WHERE status = 'dispatching' AND dispatch_until <= clock_timestamp()
-                      ORDER BY dispatch_until LIMIT $1",
+                    "SELECT o.* FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
+                      WHERE o.status = 'dispatching' AND o.dispatch_until <= clock_timestamp()
+                        AND ($2::text[] IS NULL OR r.tenant_id = ANY ($2))
+                      ORDER BY o.dispatch_until LIMIT $1",
                 )
                 .bind(limit)
+                .bind(tenants)
             })
             .await?;
         let mut claims = Vec::with_capacity(rows.len());

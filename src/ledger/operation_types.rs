@@ -91,6 +91,28 @@ pub struct OperationRecord {
     pub dispatch_count: i32,
     pub remote_id: Option<String>,
     pub result: Option<serde_json::Value>,
+    /// Where the call goes, when the registrar knew it.
+    pub route: Option<ToolRoute>,
+}
+
+/// The upstream and its own tool name behind an exposed tool name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolRoute {
+    pub upstream: String,
+    pub tool: String,
+}
+
+impl ToolRoute {
+    fn from_columns(upstream: Option<String>, tool: Option<String>) -> Option<ToolRoute> {
+        Some(ToolRoute {
+            upstream: upstream?,
+            tool: tool?,
+        })
+    }
+}
+
+pub(super) fn route_of(upstream: Option<&String>, tool: Option<&String>) -> Option<ToolRoute> {
+    ToolRoute::from_columns(upstream.cloned(), tool.cloned())
 }
 
 /// What the holder of a claim needs to settle or give it up: the guard of

@@ -102,6 +102,26 @@ struct Shared<U> {
     directory: Arc<SharedDirectory>,
     policy: Policy,
     owner: String,
+    /// The tenants this process serves: it touches no other tenant's
+    /// operations (their runs are refused by its front too).
+    tenants: Vec<String>,
+}
+
+impl<U> Shared<U> {
+    fn tenants(&self) -> Option<&[String]> {
+        Some(&self.tenants)
+    }
+
+    /// The tool a recorded operation goes to (see `SharedDirectory::resolve`).
+    fn resolve(&self, operation: &crate::ledger::OperationRecord) -> Option<ResolvedTool> {
+        self.directory.resolve(
+            &operation.tool_name,
+            operation
+                .route
+                .as_ref()
+                .map(|route| (route.upstream.as_str(), route.tool.as_str())),
+        )
+    }
 }
 
 /// Claims planned (`prepared`) intents of live runs and sends them, each
@@ -123,11 +143,13 @@ pub struct Background<U> {
 }
 
 impl<U: Upstream> Background<U> {
+    /// The services of a process serving `tenant`.
     pub fn new(
         ledger: Ledger,
         upstream: Arc<U>,
         directory: Arc<SharedDirectory>,
         policy: Policy,
+        tenant: &str,
     ) -> Self {
         let shared = Arc::new(Shared {
             ledger,
@@ -135,6 +157,7 @@ impl<U: Upstream> Background<U> {
             directory,
             policy,
             owner: owner_name(),
+            tenants: vec![tenant.to_owned()],
         });
         Self {
             outbox: Outbox(shared.clone()),
@@ -214,13 +237,18 @@ impl<U: Upstream> Outbox<U> {
         let shared = &self.0;
         let claimed = shared
             .ledger
-            .operation_claim(&shared.owner, millis(shared.policy.claim_ttl), 16)
+            .operation_claim(
+                &shared.owner,
+                millis(shared.policy.claim_ttl),
+                16,
+                shared.tenants(),
+            )
             .await?;
         let count = claimed.len();
         let mut sends = Vec::with_capacity(count);
         for item in claimed {
             let operation_id = item.operation.operation_id.clone();
-            let Some(tool) = shared.directory.get(&item.operation.tool_name) else {
+            let Some(tool) = shared.resolve(&item.operation) else {
                 // Claimed but not sendable: the claim lapses into unknown and
                 // an operator sees why.
                 tracing::error!(operation_id = %operation_id, tool = %item.operation.tool_name,
@@ -262,7 +290,10 @@ impl<U: Upstream> ClaimExpiry<U> {
     /// One pass. Returns how many operations turned unknown.
     pub async fn once(&self) -> Result<usize, LedgerError> {
         let shared = &self.0;
-        let expired = shared.ledger.operations_expired_claims(100).await?;
+        let expired = shared
+            .ledger
+            .operations_expired_claims(100, shared.tenants())
+            .await?;
         let mut marked = 0;
         for claim in expired {
             let outcome = shared
@@ -321,7 +352,12 @@ impl<U: Upstream> Reconciler<U> {
         let shared = &self.0;
         let items = shared
             .ledger
-            .operation_reconcile_claim(&shared.owner, millis(shared.policy.reconcile_claim_ttl), 16)
+            .operation_reconcile_claim(
+                &shared.owner,
+                millis(shared.policy.reconcile_claim_ttl),
+                16,
+                shared.tenants(),
+            )
             .await?;
         let mut converged = 0;
         for item in items {
@@ -347,7 +383,7 @@ impl<U: Upstream> Reconciler<U> {
             Some(view) => view.evidence,
             None => Vec::new(),
         };
-        let tool = shared.directory.get(&operation.tool_name);
+        let tool = shared.resolve(operation);
         match plan::plan(operation, tool.as_ref().map(|t| &t.adapter), &evidence) {
             Step::Converge(fact) => self.converge(item, operation.revision, fact).await,
             Step::NeedsOperator(reason) => {

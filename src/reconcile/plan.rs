@@ -195,6 +195,7 @@ mod tests {
             dispatch_count: 1,
             remote_id: None,
             result: None,
+            route: None,
         }
     }
 

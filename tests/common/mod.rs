@@ -111,7 +111,7 @@ impl TestDb {
     ) -> leasegate::ledger::DispatchClaim {
         let outcome = self
             .ledger
-            .operation_register_claim(lease, intent, dispatch_owner, ttl_ms)
+            .operation_register_claim(lease, intent, None, dispatch_owner, ttl_ms)
             .await
             .expect("operation_register_claim");
         match applied(outcome) {
