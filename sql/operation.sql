@@ -508,6 +508,52 @@ BEGIN
 END
 $$;
 
+-- A same-key retry that provably never left leasegate (nothing was sent:
+-- the upstream was down) gives its attempt back, under the reconcile claim
+-- and the revision operation_reconcile_attempt returned, so a down upstream
+-- does not spend the retry budget.
+-- outcome: refunded | stale_claim.
+CREATE OR REPLACE FUNCTION operation_reconcile_refund(
+  p_operation_id text, p_owner text, p_expected_revision bigint,
+  OUT outcome text, OUT revision bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o tool_operations;
+BEGIN
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND OR o.status <> 'unknown' OR o.reconcile_owner IS DISTINCT FROM p_owner
+     OR o.revision <> p_expected_revision OR o.reconcile_attempts = 0 THEN
+    outcome := 'stale_claim';
+    RETURN;
+  END IF;
+  UPDATE tool_operations
+     SET reconcile_attempts = reconcile_attempts - 1, revision = tool_operations.revision + 1
+   WHERE operation_id = p_operation_id
+  RETURNING tool_operations.revision INTO revision;
+  outcome := 'refunded';
+END
+$$;
+
+-- A reconciler that proved nothing this time (no answer, not found yet,
+-- upstream restarting) hands its claim back early: the operation may be
+-- claimed again after p_retry_after_ms instead of after the whole claim
+-- ttl. Only the claim's owner can; the status never changes here.
+-- outcome: released | stale_claim.
+CREATE OR REPLACE FUNCTION operation_reconcile_release(
+  p_operation_id text, p_owner text, p_retry_after_ms bigint, OUT outcome text)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+  IF p_retry_after_ms IS NULL OR p_retry_after_ms < 0 THEN
+    RAISE EXCEPTION 'retry after must be >= 0 ms, got %', p_retry_after_ms USING ERRCODE = '22023';
+  END IF;
+  UPDATE tool_operations
+     SET reconcile_until = LEAST(reconcile_until,
+                                 clock_timestamp() + (p_retry_after_ms * interval '1 millisecond'))
+   WHERE operation_id = p_operation_id AND status = 'unknown' AND reconcile_owner = p_owner;
+  outcome := CASE WHEN FOUND THEN 'released' ELSE 'stale_claim' END;
+END
+$$;
+
 REVOKE EXECUTE ON FUNCTION
   _op_upsert(uuid, operation_intent, text, bigint),
   _op_claim(text, text, bigint, bigint, jsonb),
@@ -519,7 +565,9 @@ REVOKE EXECUTE ON FUNCTION
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),
-  operation_reconcile_attempt(text, text, bigint, bigint, integer)
+  operation_reconcile_attempt(text, text, bigint, bigint, integer),
+  operation_reconcile_refund(text, text, bigint),
+  operation_reconcile_release(text, text, bigint)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
@@ -530,5 +578,7 @@ GRANT EXECUTE ON FUNCTION
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),
-  operation_reconcile_attempt(text, text, bigint, bigint, integer)
+  operation_reconcile_attempt(text, text, bigint, bigint, integer),
+  operation_reconcile_refund(text, text, bigint),
+  operation_reconcile_release(text, text, bigint)
 TO leasegate_app;

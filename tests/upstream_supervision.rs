@@ -229,3 +229,74 @@ async fn stopping_leasegate_ends_its_tool_servers_even_a_hung_one(
         assert_eq!(health.restarts, 0, "nothing restarted at shutdown");
     }
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_reconciler_defers_while_an_upstream_restarts_and_spends_no_retry_budget(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(
+        &db.url,
+        "claim_ttl = \"60s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"100ms\"\nreconcile_retries = 1\n",
+    );
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    // Payments dies and cannot come back (its pid file path is a directory).
+    let pid = pid_of(&scenario, "payments");
+    let pid_file = scenario.dir.join("state/payments.pid");
+    std::fs::remove_file(&pid_file).unwrap();
+    std::fs::create_dir(&pid_file).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL payments");
+    wait_until("payments to be restarting", || async {
+        (health_of(&proxy, "payments").state == UpstreamState::Restarting).then_some(())
+    })
+    .await;
+
+    // An unknown charge (its claim's holder died before answering).
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+    let intent = leasegate::intent::Intent::new(
+        "tenant-a",
+        lease.run_id,
+        Some(leasegate::intent::StepRef {
+            step_id: "charge".into(),
+            effect_version: 1,
+        }),
+        "payments__charge",
+        &json!({"amount": 7, "currency": "eur"}),
+        leasegate::intent::IntegerPolicy::Reject,
+    )
+    .unwrap();
+    db.claim(&lease, &intent, "gone-proxy", 1).await;
+    let row = || async {
+        sqlx::query_as::<_, (String, i32)>(
+            "SELECT status, reconcile_attempts FROM tool_operations WHERE operation_id = $1",
+        )
+        .bind(intent.operation_id.as_str())
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+    };
+    wait_until("the lapsed claim to turn unknown", || async {
+        (row().await.0 == "unknown").then_some(())
+    })
+    .await;
+    let signals = proxy.signals.clone().expect("the background loops run");
+    let passes = signals.reconcile.passes();
+    common::within(
+        "five reconciler passes",
+        signals.reconcile.reached(passes + 5),
+    )
+    .await;
+    // Deferred every time, nothing counted: the budget of one is intact.
+    assert_eq!(row().await, ("unknown".into(), 0));
+
+    // Payments can start again: the retry goes out and converges.
+    std::fs::remove_dir(&pid_file).unwrap();
+    wait_until("the charge to converge after payments is back", || async {
+        (row().await == ("succeeded".into(), 1)).then_some(())
+    })
+    .await;
+    let charges = scenario.side_effects("charges.jsonl");
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    proxy.stop().await;
+}

@@ -603,4 +603,11 @@ pub trait Upstream: Send + Sync + 'static {
         &self,
         call: UpstreamCall,
     ) -> impl Future<Output = Result<ToolAnswer, UpstreamError>> + Send;
+
+    /// Whether `upstream` takes calls now. False while a supervisor is
+    /// restarting it: background work defers instead of spending budget.
+    fn accepting_calls(&self, upstream: &str) -> bool {
+        let _ = upstream;
+        true
+    }
 }

@@ -705,6 +705,56 @@ impl Ledger {
         })
     }
 
+    /// Gives back the attempt `operation_reconcile_attempt` granted at
+    /// `revision` when the retry provably never left (nothing was sent).
+    /// Returns whether it was given back (false: the claim moved on).
+    pub async fn operation_reconcile_refund(
+        &self,
+        operation_id: &OperationId,
+        owner: &str,
+        revision: i64,
+    ) -> Result<bool, LedgerError> {
+        const CALL: &str = "operation_reconcile_refund";
+        let (outcome, _): (String, Option<i64>) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_reconcile_refund($1, $2, $3)")
+                    .bind(operation_id.as_str())
+                    .bind(owner)
+                    .bind(revision)
+            })
+            .await?;
+        match Outcome::parse(CALL, &outcome)? {
+            Outcome::Refunded => Ok(true),
+            Outcome::StaleClaim => Ok(false),
+            other => Err(other.unexpected(CALL)),
+        }
+    }
+
+    /// Hands a reconcile claim back early: the operation (still unknown)
+    /// may be claimed again after `retry_after_ms`. Returns whether the
+    /// caller still held it.
+    pub async fn operation_reconcile_release(
+        &self,
+        operation_id: &OperationId,
+        owner: &str,
+        retry_after_ms: i64,
+    ) -> Result<bool, LedgerError> {
+        const CALL: &str = "operation_reconcile_release";
+        let (outcome,): (String,) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT outcome FROM operation_reconcile_release($1, $2, $3)")
+                    .bind(operation_id.as_str())
+                    .bind(owner)
+                    .bind(retry_after_ms)
+            })
+            .await?;
+        match Outcome::parse(CALL, &outcome)? {
+            Outcome::Released => Ok(true),
+            Outcome::StaleClaim => Ok(false),
+            other => Err(other.unexpected(CALL)),
+        }
+    }
+
     /// `dispatching` operations whose claim has expired (database clock).
     pub async fn operations_expired_claims(
         &self,

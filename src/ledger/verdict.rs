@@ -50,6 +50,9 @@ pub(super) enum Outcome {
     Attempt,
     WindowPassed,
     BudgetSpent,
+    // operation_reconcile_refund, operation_reconcile_release.
+    Refunded,
+    Released,
 }
 
 impl Outcome {
@@ -84,6 +87,8 @@ impl Outcome {
             "attempt" => Attempt,
             "window_passed" => WindowPassed,
             "budget_spent" => BudgetSpent,
+            "refunded" => Refunded,
+            "released" => Released,
             other => {
                 return Err(LedgerError::Protocol {
                     call,

@@ -1313,6 +1313,12 @@ impl Upstream for Upstreams {
             ))),
         }
     }
+
+    fn accepting_calls(&self, upstream: &str) -> bool {
+        self.connections
+            .get(upstream)
+            .is_none_or(|c| c.health().state != UpstreamState::Restarting)
+    }
 }
 
 #[cfg(test)]

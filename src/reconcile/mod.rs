@@ -32,7 +32,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall};
+use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, UpstreamDelivery};
 use crate::dispatch::{CallContext, CallReply, Claimed, execute_claim, inject_operation_id};
 use crate::ledger::{
     Converge, ConvergeOutcome, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, ReconcileItem,
@@ -363,8 +363,21 @@ impl<U: Upstream> Reconciler<U> {
         for item in items {
             let outcome = self.reconcile(&item).await?;
             metrics::counter!("reconcile_total", "outcome" => outcome.label()).increment(1);
-            if outcome == ReconcileOutcome::Converged {
-                converged += 1;
+            match outcome {
+                ReconcileOutcome::Converged => converged += 1,
+                // Nothing proven this time: look again on a later pass, not
+                // only after the whole claim ttl.
+                ReconcileOutcome::StaysUnknown(_) => {
+                    shared
+                        .ledger
+                        .operation_reconcile_release(
+                            &item.operation.operation_id,
+                            &shared.owner,
+                            millis(shared.policy.reconcile_interval),
+                        )
+                        .await?;
+                }
+                _ => {}
             }
         }
         if let Ok(summary) = shared.ledger.operations_unknown_summary().await {
@@ -391,6 +404,14 @@ impl<U: Upstream> Reconciler<U> {
                     "unknown outcome leasegate cannot settle: an operator must resolve it (leasegate ops resolve)");
                 metrics::counter!("tool_operation_needs_operator_total").increment(1);
                 Ok(ReconcileOutcome::NeedsOperator(reason))
+            }
+            Step::Query(_) | Step::RetrySameKey
+                if tool
+                    .as_ref()
+                    .is_some_and(|t| !shared.upstream.accepting_calls(&t.upstream)) =>
+            {
+                // Deferred, not counted: the supervisor is restarting it.
+                Ok(ReconcileOutcome::StaysUnknown("upstream_restarting"))
             }
             Step::Query(query) => {
                 let tool = tool.expect("planned from an adapter");
@@ -530,6 +551,20 @@ impl<U: Upstream> Reconciler<U> {
         // the next retry finds the provider's record.
         let answer = match shared.upstream.call(call).await {
             Ok(answer) => Some(answer),
+            Err(error) if error.delivery() == UpstreamDelivery::NotSent => {
+                // Nothing left: the attempt does not count.
+                tracing::warn!(operation_id = %item.operation.operation_id, %error,
+                    "same-key retry not sent (upstream down); the attempt is given back");
+                shared
+                    .ledger
+                    .operation_reconcile_refund(
+                        &item.operation.operation_id,
+                        &shared.owner,
+                        revision,
+                    )
+                    .await?;
+                return Ok(ReconcileOutcome::StaysUnknown("retry_not_sent"));
+            }
             Err(error) => {
                 tracing::warn!(operation_id = %item.operation.operation_id, %error, "same-key retry got no answer");
                 None
