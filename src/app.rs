@@ -109,11 +109,15 @@ pub async fn run(
     let control = {
         let stop = stop.clone();
         let api = listeners.control.map(|listener| {
+            let upstreams = proxy.upstreams.clone();
             crate::control::serve(
-                crate::control::router_with_metrics(
-                    proxy.ledger.clone(),
-                    proxy.config.policy.integers,
-                    metrics_handle(),
+                crate::control::with_upstream_health(
+                    crate::control::router_with_metrics(
+                        proxy.ledger.clone(),
+                        proxy.config.policy.integers,
+                        metrics_handle(),
+                    ),
+                    Arc::new(move || serde_json::json!(upstreams.health())),
                 ),
                 listener,
                 stop.clone().cancelled_owned(),

@@ -32,7 +32,10 @@ impl Api {
             )
             .unwrap();
         let router = leasegate::control::with_metrics(
-            router(self.ledger.clone(), IntegerPolicy::Reject),
+            leasegate::control::with_upstream_health(
+                router(self.ledger.clone(), IntegerPolicy::Reject),
+                std::sync::Arc::new(|| json!([{"name": "payments", "state": "up"}])),
+            ),
             leasegate::app::metrics_handle(),
         );
         let response = router.oneshot(request).await.unwrap();
@@ -621,6 +624,16 @@ async fn the_openapi_document_matches_the_served_routes(
         let (status, answer) = api.send(method.clone(), &concrete, body).await;
         if path == "/metrics" {
             assert_eq!(status, StatusCode::OK);
+            continue;
+        }
+        if path == "/v1/upstreams" {
+            assert_eq!(
+                (status, answer),
+                (
+                    StatusCode::OK,
+                    json!({"upstreams": [{"name": "payments", "state": "up"}]})
+                )
+            );
             continue;
         }
         assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");

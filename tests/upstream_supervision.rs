@@ -128,6 +128,23 @@ async fn a_killed_stdio_upstream_is_restarted_and_its_tools_work_again(
         "upstream_up",
         &[("upstream", "payments")]
     ));
+    // The operator sees the same through the control API.
+    let answer = http::get(&format!("{}/v1/upstreams", proxy.control_url)).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let listed: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    let mailer = listed["upstreams"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["name"] == "mailer")
+        .cloned()
+        .unwrap_or_else(|| panic!("mailer listed: {listed}"));
+    assert_eq!(
+        (&mailer["state"], &mailer["transport"]),
+        (&json!("up"), &json!("stdio")),
+        "{mailer}"
+    );
+    assert!(mailer["restarts"].as_u64() >= Some(1), "{mailer}");
     proxy.stop().await;
 }
 

@@ -22,4 +22,7 @@ mod router;
 mod runs;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
-pub use router::{MAX_BODY_BYTES, ROUTES, router, router_with_metrics, serve, with_metrics};
+pub use router::{
+    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, router, router_with_metrics, serve, with_metrics,
+    with_upstream_health,
+};

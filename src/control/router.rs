@@ -31,7 +31,9 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/operations/unknown"),
     ("GET", "/v1/operations/{operation_id}"),
     ("POST", "/v1/operations/{operation_id}/resolve"),
-    // Added by `with_metrics` (as `leasegate serve` does).
+    // Added by `with_upstream_health` and `with_metrics` (as `leasegate
+    // serve` does).
+    ("GET", "/v1/upstreams"),
     ("GET", "/metrics"),
 ];
 
@@ -82,6 +84,22 @@ pub fn with_metrics(
     handle: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Router {
     router.route("/metrics", get(move || std::future::ready(handle.render())))
+}
+
+/// What the upstreams' health looks like as JSON (the MCP layer provides
+/// it; this module does not depend on it).
+pub type UpstreamHealthSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// Adds `GET /v1/upstreams`: each upstream's state (`up`, `restarting`,
+/// `down`), since when, restarts and last error.
+pub fn with_upstream_health(router: Router, health: UpstreamHealthSource) -> Router {
+    router.route(
+        "/v1/upstreams",
+        get(move || {
+            let upstreams = health();
+            std::future::ready(axum::Json(serde_json::json!({ "upstreams": upstreams })))
+        }),
+    )
 }
 
 /// The router `leasegate serve` serves: the API and `/metrics`.
