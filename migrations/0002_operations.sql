@@ -4,13 +4,16 @@
 -- State model of an operation (seed 9.3):
 --
 --   (new) ──register──▶ prepared ──claim──▶ dispatching ──settle──▶ succeeded | failed_final
+--                          ▲                    │
+--                          └── release_unsent ──┤ (proof that no byte left)
 --                          │                    │
 --                          │ run cancelled /    │ claim expired / holder gave up
 --                          │ plan superseded    ▼
 --                          ▼                 unknown ──converge (evidence)──▶ succeeded | failed_final
 --                      cancelled
 --
--- dispatching never goes back to prepared; cancelling a run leaves
+-- dispatching goes back to prepared only with proof that no byte of the
+-- request left (release_unsent, kept as not_sent evidence); cancelling a run leaves
 -- dispatching and unknown operations as they are (the side effect may have
 -- happened). Every change appends a ledger_events row; every answer that
 -- does not match a live claim is kept in operation_evidence.
@@ -39,6 +42,9 @@ ALTER TABLE tool_operations
   -- renaming the namespace cannot orphan planned or unknown operations.
   -- NULL when the registrar did not know it (intents planned through the
   -- control API): resolved by tool_name when sent.
+  -- The outbox leaves a prepared operation alone until then: set when a
+  -- send was proven not to have left (backoff while the upstream is down).
+  ADD COLUMN not_before     timestamptz,
   ADD COLUMN upstream       text,
   ADD COLUMN upstream_tool  text,
   ADD CONSTRAINT tool_operations_route_whole CHECK ((upstream IS NULL) = (upstream_tool IS NULL)),

@@ -229,6 +229,7 @@ BEGIN
      WHERE o.status = 'prepared'
        AND r.status IN ('pending', 'running')
        AND (p_tenants IS NULL OR r.tenant_id = ANY (p_tenants))
+       AND (o.not_before IS NULL OR o.not_before <= clock_timestamp())
      ORDER BY o.updated_at
      LIMIT p_limit
        FOR UPDATE OF o SKIP LOCKED
@@ -330,6 +331,50 @@ BEGIN
           jsonb_build_object('evidence_id', ev, 'dispatch_owner', o.dispatch_owner,
                              'dispatch_until', o.dispatch_until, 'claim_expired', NOT p_holder));
   RETURN _op_result('marked_unknown', o.run_id, p_operation_id, ev);
+END
+$$;
+
+-- dispatching -> prepared, by the claim's holder only, with proof that no
+-- byte of the request left (the upstream was unreachable before the request
+-- was handed over). The proof is kept as not_sent evidence. The operation
+-- can then be claimed again under the same operation id: by the agent's
+-- re-call at once, by the outbox after a backoff (5 s doubling per not_sent
+-- proof of this operation, at most 5 min), so a long outage costs few rows.
+CREATE OR REPLACE FUNCTION operation_release_unsent(
+  p_operation_id text, p_dispatch_owner text, p_expected_revision bigint, p_evidence jsonb
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o       tool_operations;
+  ev      bigint;
+  proofs  integer;
+BEGIN
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
+  END IF;
+  IF o.status IS DISTINCT FROM 'dispatching' OR o.dispatch_owner IS DISTINCT FROM p_dispatch_owner
+     OR o.revision <> p_expected_revision THEN
+    RETURN _op_result('stale_claim', o.run_id, p_operation_id, NULL);
+  END IF;
+  INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome, body)
+  VALUES (p_operation_id, 'not_sent', p_dispatch_owner, o.dispatch_owner, o.revision, 'not_sent',
+          COALESCE(p_evidence, '{}'::jsonb))
+  RETURNING evidence_id INTO ev;
+  SELECT count(*) INTO proofs FROM operation_evidence
+   WHERE operation_id = p_operation_id AND kind = 'not_sent';
+  UPDATE tool_operations
+     SET status = 'prepared', dispatch_owner = NULL, dispatch_until = NULL,
+         not_before = clock_timestamp()
+                      + LEAST(interval '5 minutes', interval '5 seconds' * power(2, LEAST(proofs - 1, 16))),
+         revision = revision + 1, updated_at = clock_timestamp()
+   WHERE operation_id = p_operation_id;
+  INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                             actor, revision, detail)
+  VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', 'prepared', 'dispatcher',
+          p_dispatch_owner, o.revision + 1,
+          jsonb_build_object('evidence_id', ev, 'not_sent', true));
+  RETURN _op_result('released', o.run_id, p_operation_id, ev);
 END
 $$;
 
@@ -562,6 +607,7 @@ REVOKE EXECUTE ON FUNCTION
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
+  operation_release_unsent(text, text, bigint, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),
@@ -575,6 +621,7 @@ GRANT EXECUTE ON FUNCTION
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
+  operation_release_unsent(text, text, bigint, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),

@@ -85,8 +85,10 @@
 //! 2. Within one epoch, writes are ordered by revision CAS — `_run_advance`.
 //! 3. One intent has one operation_id forever — `intent::operation_id`;
 //!    conflicts compared on every path — `_op_upsert`.
-//! 4. Unknown stays unknown until evidence converges it; `dispatching` never
-//!    returns to `prepared` — `sql/operation.sql`.
+//! 4. Unknown stays unknown until evidence converges it; `dispatching`
+//!    returns to `prepared` only with proof that no byte of the request left
+//!    (`operation_release_unsent`, kept as `not_sent` evidence) —
+//!    `sql/operation.sql`.
 //! 5. No transaction spans a network call — each ledger call is one statement.
 //! 6. A retry is a new run; terminal runs are never reused — `run_create`.
 //! 7. Lease time is the database's `clock_timestamp()`.

@@ -1078,6 +1078,7 @@ enum Event {
     Claim,
     Settle(Settlement),
     MarkUnknown,
+    ReleaseUnsent,
     Converge(Settlement),
     CancelRun,
     Supersede,
@@ -1163,7 +1164,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
     use OperationStatus::*;
     let db = TestDb::new(pool, connect).await;
     // The seed's state model (9.3); every pair not listed leaves the status
-    // as it was. Nothing ever returns to prepared.
+    // as it was. Only a proof that nothing was sent returns to prepared.
     let moves = [
         (Prepared, Event::Claim, Dispatching),
         (Dispatching, Event::Settle(Settlement::Succeeded), Succeeded),
@@ -1173,6 +1174,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
             FailedFinal,
         ),
         (Dispatching, Event::MarkUnknown, Unknown),
+        (Dispatching, Event::ReleaseUnsent, Prepared),
         (Unknown, Event::Converge(Settlement::Succeeded), Succeeded),
         (
             Unknown,
@@ -1187,6 +1189,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
         Event::Settle(Settlement::Succeeded),
         Event::Settle(Settlement::FailedFinal),
         Event::MarkUnknown,
+        Event::ReleaseUnsent,
         Event::Converge(Settlement::Succeeded),
         Event::Converge(Settlement::FailedFinal),
         Event::CancelRun,
@@ -1234,6 +1237,12 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                             cause: UnknownCause::SendError,
                             evidence: &json!({}),
                         })
+                        .await
+                        .unwrap();
+                }
+                Event::ReleaseUnsent => {
+                    db.ledger
+                        .operation_release_unsent(&claim, &json!({"error": "connection refused"}))
                         .await
                         .unwrap();
                 }

@@ -622,7 +622,7 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn an_upstream_that_is_gone_before_the_send_is_never_recorded_as_a_remote_failure(
+async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_never_failed(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -656,32 +656,67 @@ async fn an_upstream_that_is_gone_before_the_send_is_never_recorded_as_a_remote_
     })
     .await;
 
-    let answer = call(&agent, "mailer__send_email", json!({"to": "a@b.c"}), None)
-        .await
-        .unwrap();
-    let reply = answer.structured_content.clone().unwrap();
-    assert_eq!(reply["status"], "unknown", "{answer:?}");
+    let step = |id: &str| {
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            "dev.leasegate/step".into(),
+            json!({"step_id": id, "effect_version": 1}),
+        );
+        meta
+    };
+    let (code, message) = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "a@b.c"}),
+        Some(step("mail-1")),
+    )
+    .await
+    .expect_err("nothing was sent: an error, not a result");
+    assert_eq!(code, -32011, "{message}");
+    assert!(message.contains("was not sent"), "{message}");
+    let row: (String, String) =
+        sqlx::query_as("SELECT operation_id, status FROM tool_operations WHERE step_id = 'mail-1'")
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
     let view = db
         .ledger
-        .operation_get(&OperationId::from_string(
-            reply["operation_id"].as_str().unwrap().to_owned(),
-        ))
+        .operation_get(&OperationId::from_string(row.0.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    // Proven not sent: never failed_final, never unknown, pending under the
+    // same operation id.
+    assert_eq!(view.operation.status, OperationStatus::Prepared);
+    let evidence = &view.evidence[0];
+    assert_eq!(
+        (evidence.kind.as_str(), evidence.outcome.as_deref()),
+        ("not_sent", Some("not_sent"))
+    );
+    assert!(
+        evidence.body["attempts"].as_u64().unwrap() >= 1,
+        "{evidence:?}"
+    );
+    // The agent's re-call of the same step claims the same operation again
+    // (and, the mailer still gone, is refused the same way).
+    let (code, _) = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "a@b.c"}),
+        Some(step("mail-1")),
+    )
+    .await
+    .expect_err("still not sent");
+    assert_eq!(code, -32011);
+    let again = db
+        .ledger
+        .operation_get(&OperationId::from_string(row.0))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(
-        view.operation.status,
-        OperationStatus::Unknown,
-        "never failed_final, never back to prepared"
-    );
-    let evidence = &view.evidence[0];
-    assert_eq!(
-        (evidence.kind.as_str(), evidence.body["not_sent"].clone()),
-        ("send_error", json!(true))
-    );
-    assert!(
-        evidence.body["attempts"].as_u64().unwrap() >= 2,
-        "the send was retried within the claim"
+        (again.operation.status, again.operation.dispatch_count),
+        (OperationStatus::Prepared, 2)
     );
     assert!(scenario.side_effects("emails.jsonl").is_empty());
     proxy.stop().await;

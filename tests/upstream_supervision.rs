@@ -149,7 +149,7 @@ async fn a_killed_stdio_upstream_is_restarted_and_its_tools_work_again(
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent(
+async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent_and_stay_pending(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -189,23 +189,25 @@ async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent(
         "{message}"
     );
 
-    let answer = call(
+    let (code, message) = call(
         &agent,
         "mailer__send_email",
         json!({"to": "a@b.c"}),
         Some(lease_meta(&lease)),
     )
     .await
-    .expect("the call is answered");
-    let reply = answer.structured_content.clone().unwrap();
-    assert_eq!(reply["status"], "unknown", "{answer:?}");
-    let evidence: serde_json::Value =
-        sqlx::query_scalar("SELECT body FROM operation_evidence ORDER BY evidence_id LIMIT 1")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
-    assert_eq!(evidence["not_sent"], true, "{evidence}");
+    .expect_err("nothing can be sent");
+    assert_eq!(code, -32011, "{message}");
+    let (kind, status): (String, String) = sqlx::query_as(
+        "SELECT e.kind, o.status FROM operation_evidence e JOIN tool_operations o USING (operation_id) \
+          ORDER BY e.evidence_id LIMIT 1",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!((kind.as_str(), status.as_str()), ("not_sent", "prepared"));
     assert!(scenario.side_effects("emails.jsonl").is_empty());
+    let pid_file = scenario.dir.join("state/mailer.pid");
 
     // The other upstream is untouched.
     let charge = call(
@@ -218,6 +220,21 @@ async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent(
     .expect("the call is answered");
     assert_ne!(charge.is_error, Some(true), "{charge:?}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+
+    // The mailer can start again: the pending email goes out once, by the
+    // outbox, under the same operation id.
+    std::fs::remove_dir(&pid_file).unwrap();
+    wait_until("the outbox to send the pending email", || async {
+        let status: String = sqlx::query_scalar(
+            "SELECT status FROM tool_operations WHERE tool_name = 'mailer__send_email'",
+        )
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+        (status == "succeeded").then_some(())
+    })
+    .await;
+    assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
 }
 

@@ -13,8 +13,13 @@
 //!   request: if the agent disconnects, the answer is still recorded.
 //! - A timeout or a transport error after the request may have left is
 //!   `unknown`, never `failed_final`. An error proven to happen before
-//!   anything was sent is retried while the claim is valid, and in the end
-//!   recorded as evidence; the row never goes back to `prepared`.
+//!   anything was sent (`UpstreamDelivery::NotSent`) is retried while the
+//!   claim is valid; in the end the claim's holder releases the operation
+//!   back to `prepared` with the proof kept as `not_sent` evidence, and the
+//!   agent hears "not sent" (the same operation id goes out on its re-call,
+//!   or by the outbox after a backoff).
+//! - Once the tool has answered, the agent never hears "not sent": a settle
+//!   that fails is retried within the claim, and then answered `unknown`.
 //!
 //! # Crash points
 //!
@@ -38,8 +43,8 @@ use crate::adapter::{
 use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
     DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown,
-    MarkUnknownOutcome, OperationRecord, OperationStatus, Rejection, SettleOutcome, Settlement,
-    ToolRoute, UnknownBy, UnknownCause,
+    MarkUnknownOutcome, OperationRecord, OperationStatus, Rejection, ReleaseUnsentOutcome,
+    SettleOutcome, Settlement, ToolRoute, UnknownBy, UnknownCause,
 };
 use crate::policy::{Policy, StepIdentity};
 
@@ -129,6 +134,16 @@ pub enum CallError {
     InProgress { operation_id: OperationId },
     #[error("operation {operation_id} was cancelled (its run was cancelled or its plan changed)")]
     Cancelled { operation_id: OperationId },
+    /// Provably nothing reached the tool; the operation is `prepared` again
+    /// under the same id.
+    #[error(
+        "operation {operation_id} was not sent: {reason}. Nothing reached the tool; call again \
+         with the same step to send it (leasegate's outbox also sends it once the upstream is back)"
+    )]
+    NotSent {
+        operation_id: OperationId,
+        reason: String,
+    },
     /// The front names how to send one (its transport's words).
     #[error("policy requires an explicit step")]
     StepRequired,
@@ -493,6 +508,29 @@ async fn send_and_settle<U: Upstream>(
             },
         }
     };
+    if failure.delivery() == UpstreamDelivery::NotSent {
+        // Proof that no byte left: the operation goes back to prepared (the
+        // same operation id may be sent again) instead of unknown.
+        let evidence = json!({"error": failure.to_string(), "attempts": attempt});
+        match ledger.operation_release_unsent(&claim, &evidence).await {
+            Ok(ReleaseUnsentOutcome::Released { .. }) => {
+                metrics::counter!("tool_operation_not_sent_total").increment(1);
+                tracing::warn!(error = %failure, "nothing was sent: the operation is prepared again");
+                return Err(CallError::NotSent {
+                    operation_id: claim.operation_id,
+                    reason: failure.to_string(),
+                });
+            }
+            // Moved on (or the ledger failed): fall through to unknown,
+            // which the claim's expiry reaches anyway.
+            Ok(other) => {
+                tracing::warn!(error = %failure, outcome = ?other, "releasing an unsent claim found it moved on");
+            }
+            Err(error) => {
+                tracing::warn!(error = %failure, ledger = %error, "releasing an unsent claim failed");
+            }
+        }
+    }
     let (cause, evidence) = match &failure {
         UpstreamError::TimedOut(after) => (
             UnknownCause::TimedOut,

@@ -36,8 +36,8 @@ use super::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced,
     InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError, MAX_OWNER_LEN, MarkUnknown,
     MarkUnknownOutcome, OperationRecord, OperationStatus, ReconcileItem, Registered, Rejection,
-    RetryVerdict, RunId, RunStatus, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
-    ToolRoute, UnknownBy, check_text,
+    ReleaseUnsentOutcome, RetryVerdict, RunId, RunStatus, SettleOutcome, Settlement, StaleReason,
+    SupersedeOutcome, ToolRoute, UnknownBy, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -545,6 +545,36 @@ impl Ledger {
             Outcome::ClaimLive => MarkUnknownOutcome::ClaimStillLive(row.record(CALL)?),
             Outcome::StaleClaim => MarkUnknownOutcome::StaleClaim(row.record(CALL)?),
             Outcome::NotFound => MarkUnknownOutcome::NotFound,
+            other => return Err(other.unexpected(CALL)),
+        })
+    }
+
+    /// `dispatching` → `prepared` by the claim's holder, with proof that no
+    /// byte of the request left (kept as `not_sent` evidence): the same
+    /// operation id may be sent again — at once by the agent's re-call, by
+    /// the outbox after a backoff.
+    pub async fn operation_release_unsent(
+        &self,
+        claim: &DispatchClaim,
+        evidence: &Value,
+    ) -> Result<ReleaseUnsentOutcome, LedgerError> {
+        const CALL: &str = "operation_release_unsent";
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_release_unsent($1, $2, $3, $4)")
+                    .bind(claim.operation_id.as_str())
+                    .bind(claim.dispatch_owner.as_str())
+                    .bind(claim.revision)
+                    .bind(Json(stored_json::encode(evidence)))
+            })
+            .await?;
+        Ok(match row.outcome(CALL)? {
+            Outcome::Released => ReleaseUnsentOutcome::Released {
+                operation: row.record(CALL)?,
+                evidence_id: row.evidence_id(CALL)?,
+            },
+            Outcome::StaleClaim => ReleaseUnsentOutcome::StaleClaim(row.record(CALL)?),
+            Outcome::NotFound => ReleaseUnsentOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
         })
     }

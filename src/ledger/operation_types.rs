@@ -312,6 +312,20 @@ impl EvidenceKind {
     }
 }
 
+/// The outcome of `operation_release_unsent`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReleaseUnsentOutcome {
+    /// Back to `prepared` with the proof kept (`evidence_id`): the same
+    /// operation id may be sent again.
+    Released {
+        operation: OperationRecord,
+        evidence_id: i64,
+    },
+    /// Not `dispatching` under this owner and revision any more.
+    StaleClaim(OperationRecord),
+    NotFound,
+}
+
 /// The outcome of `operation_mark_unknown`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum MarkUnknownOutcome {

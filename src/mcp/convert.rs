@@ -26,6 +26,9 @@ pub mod codes {
     pub const OPERATION_CANCELLED: i32 = -32007;
     /// The ledger could not be reached or its answer was lost.
     pub const LEDGER_UNAVAILABLE: i32 = -32010;
+    /// The upstream could not be reached and provably nothing was sent; the
+    /// operation is pending under the same id: call again.
+    pub const NOT_SENT: i32 = -32011;
     /// MCP 2026-07-28: the request was cancelled by the client.
     pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
@@ -126,6 +129,10 @@ pub fn error_from_call(error: &CallError) -> McpError {
         CallError::Cancelled { operation_id } => (
             codes::OPERATION_CANCELLED,
             Some(json!({"operation_id": operation_id.as_str(), "status": "cancelled"})),
+        ),
+        CallError::NotSent { operation_id, .. } => (
+            codes::NOT_SENT,
+            Some(json!({"operation_id": operation_id.as_str(), "status": "prepared"})),
         ),
         CallError::StepRequired | CallError::ArgumentsTooLarge { .. } | CallError::Intent(_) => {
             (codes::INVALID_PARAMS, None)
