@@ -184,6 +184,18 @@ REVOKE ALL ON agent_tasks, agent_runs, worker_leases, tool_operations, ledger_ev
 GRANT USAGE ON SCHEMA public TO leasegate_app;
 GRANT SELECT ON agent_tasks, agent_runs, worker_leases, tool_operations, ledger_events TO leasegate_app;
 
+-- The leasegate processes that hold claims, and until when each is known
+-- alive (renewed by the process; set to now when it stops cleanly): a claim
+-- whose holder is provably gone expires at once instead of after its ttl.
+-- A holder with no row (or a live one) is judged by the claim's ttl alone.
+CREATE TABLE leasegate_processes (
+  owner       text PRIMARY KEY CHECK (owner <> '' AND length(owner) <= 200),
+  started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+  alive_until timestamptz NOT NULL
+);
+REVOKE ALL ON leasegate_processes FROM PUBLIC;
+GRANT SELECT ON leasegate_processes TO leasegate_app;
+
 -- Which set of function files (sql/*.sql) this database runs: their SHA-256,
 -- so a process applies them only when they differ (src/ledger/schema.rs).
 CREATE TABLE ledger_functions (

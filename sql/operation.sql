@@ -289,7 +289,8 @@ $$;
 
 -- dispatching -> unknown, guarded by the original dispatch owner and
 -- revision (seed 9.2). The reconciler may do it only once the claim has
--- expired ('claim_live' otherwise); the claim holder itself may give up its
+-- expired or its holder is provably gone (leasegate_processes; 'claim_live'
+-- otherwise); the claim holder itself may give up its
 -- live claim at once (p_holder: its request timed out or broke after bytes
 -- may have left). The evidence (error, timeout) is kept.
 CREATE OR REPLACE FUNCTION operation_mark_unknown(
@@ -313,7 +314,7 @@ BEGIN
      OR o.revision <> p_expected_revision THEN
     RETURN _op_result('stale_claim', o.run_id, p_operation_id, NULL);
   END IF;
-  IF NOT p_holder AND o.dispatch_until > clock_timestamp() THEN
+  IF NOT p_holder AND o.dispatch_until > clock_timestamp() AND NOT _holder_gone(o.dispatch_owner) THEN
     RETURN _op_result('claim_live', o.run_id, p_operation_id, NULL);
   END IF;
   INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome, body)

@@ -61,7 +61,14 @@ pub struct Proxy {
     /// The background loops' task, awaited at shutdown so that no pass is
     /// still using the ledger or an upstream when they close.
     loops: Option<tokio::task::JoinHandle<()>>,
+    /// This process's identity: its claims carry it, its liveness is
+    /// renewed under it.
+    owner: String,
 }
+
+/// How long this process counts as alive after each renewal (renewed every
+/// third of it).
+const LIVENESS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The listeners [`run`] serves, bound by the caller.
 pub struct Listeners {
@@ -181,11 +188,13 @@ impl Proxy {
             upstreams = config.upstreams.len(),
             "upstreams connected"
         );
+        let owner = crate::dispatch::process_owner();
         let dispatcher = Dispatcher::new(
             ledger.clone(),
             upstreams.clone(),
             config.policy.clone(),
             config.tenant.clone(),
+            owner.clone(),
         );
         let directory = Arc::new(crate::adapter::SharedDirectory::new(
             crate::mcp::upstream::directory(&catalog, &config),
@@ -209,6 +218,29 @@ impl Proxy {
                 }
             }
         });
+        // Liveness of this process's claims: renewed while it runs, so a
+        // claim it holds expires as soon as the process is provably gone
+        // (killed, frozen, cut off) instead of after the whole claim ttl.
+        ledger
+            .process_heartbeat(&owner, millis(LIVENESS_TTL))
+            .await?;
+        {
+            let (ledger, owner, stop) = (ledger.clone(), owner.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(LIVENESS_TTL / 3);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tick.tick() => {
+                            if let Err(error) = ledger.process_heartbeat(&owner, millis(LIVENESS_TTL)).await {
+                                tracing::warn!(%error, "liveness renewal failed");
+                            }
+                        }
+                    }
+                }
+            });
+        }
         let mut loops = None;
         let background = config.policy.background.then(|| {
             let background = Arc::new(Background::new(
@@ -217,6 +249,7 @@ impl Proxy {
                 directory,
                 config.policy.clone(),
                 &config.tenant,
+                owner.clone(),
             ));
             loops = Some(background.clone().spawn(stop.child_token()));
             background
@@ -229,6 +262,7 @@ impl Proxy {
             background,
             stop,
             loops,
+            owner,
         })
     }
 
@@ -257,6 +291,7 @@ impl Proxy {
             background,
             stop,
             loops,
+            owner,
             ..
         } = self;
         stop.cancel();
@@ -274,6 +309,10 @@ impl Proxy {
         // The front and the loops hold the upstream clients too.
         drop(background);
         drop(front);
+        // Claims still held now will not be settled by this process.
+        if let Err(error) = ledger.process_retire(&owner).await {
+            tracing::warn!(%error, "could not record this process as stopped");
+        }
         ledger.close().await;
         // Stops the supervisors and ends the children, whoever still holds
         // the clients.

@@ -804,6 +804,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         std::sync::Arc::new(leasegate::adapter::SharedDirectory::new(directory)),
         leasegate::policy::Policy::default(),
         "tenant-a",
+        "reconciler-test".to_owned(),
     );
     assert_eq!(background.reconciler.once().await.unwrap(), 1);
     let view = db
@@ -1146,4 +1147,85 @@ async fn an_operation_recorded_with_its_route_survives_a_renamed_namespace(
     .await;
     assert_eq!(status(&unrouted).await, "unknown");
     proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_ttl(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // Claims live two minutes; the test's deadline is 30 s.
+    let policy = "claim_ttl = \"120s\"\nin_flight_wait = \"1s\"\nreconcile_interval = \"100ms\"\n";
+    let mailer = replace_exactly(MAILER_ADAPTER, "700ms", "60s");
+    let scenario =
+        Scenario::with_adapters(&db.url, policy, common::proxy::PAYMENTS_ADAPTER, &mailer);
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let step = || {
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            "dev.leasegate/step".into(),
+            json!({"step_id": "notify", "effect_version": 1}),
+        );
+        Some(meta)
+    };
+    let arguments = json!({"to": "k@x.y", "hang_ms": 60000});
+
+    // Process A sends, the tool acts and hangs, A is killed.
+    let (mut first, mcp, _) = serve_child(&scenario).await;
+    let (agent, _) = connect_http(&mcp, Some(&lease)).await;
+    let pending = tokio::spawn({
+        let arguments = arguments.clone();
+        async move { call(&agent, "mailer__send_email", arguments, step()).await }
+    });
+    wait_until("the email to be sent", || async {
+        (scenario.side_effects("emails.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    first.kill().await.unwrap();
+    pending.abort();
+    assert_eq!(
+        status_of(&db, "mailer__send_email").await.as_deref(),
+        Some("dispatching")
+    );
+
+    // Process B: the agent's re-call learns the fate as soon as A's
+    // liveness lapses, long before A's claim would expire.
+    let second = RunningProxy::start(&scenario.config_path()).await;
+    let (agent, _) = connect_http(&second.url, Some(&lease)).await;
+    let answer = wait_until("the re-call to report the outcome unknown", || async {
+        match call(&agent, "mailer__send_email", arguments.clone(), step()).await {
+            Ok(answer) => Some(answer),
+            Err((code, message)) => {
+                assert_eq!(
+                    code, -32006,
+                    "in progress until the holder is gone: {message}"
+                );
+                None
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        answer.structured_content.as_ref().unwrap()["status"],
+        "unknown",
+        "{answer:?}"
+    );
+    assert_eq!(
+        status_of(&db, "mailer__send_email").await.as_deref(),
+        Some("unknown")
+    );
+    let until: bool = sqlx::query_scalar(
+        "SELECT e.detail->>'dispatch_until' IS NOT NULL
+           AND (e.detail->>'dispatch_until')::timestamptz > e.at
+           FROM ledger_events e
+          WHERE e.to_status = 'unknown' AND e.subject = 'operation'",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert!(until, "marked unknown before its claim would have expired");
+    // Never sent again: the tool promises nothing.
+    assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
+    second.stop().await;
 }

@@ -76,6 +76,16 @@ pub struct CallContext {
     pub cancel: CancellationToken,
 }
 
+/// A fresh identity for one leasegate process: every claim it takes carries
+/// it, and its liveness is renewed under it (`Ledger::process_heartbeat`).
+pub fn process_owner() -> String {
+    format!(
+        "leasegate-{}-{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
 /// The operation a reply is about, as the agent sees it in `_meta`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OperationNote {
@@ -171,12 +181,15 @@ pub struct Dispatcher<U> {
 }
 
 impl<U: Upstream> Dispatcher<U> {
-    pub fn new(ledger: Ledger, upstream: Arc<U>, policy: Policy, tenant: String) -> Self {
-        let dispatch_owner = format!(
-            "leasegate-{}-{}",
-            std::process::id(),
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        );
+    /// A dispatcher whose claims carry `dispatch_owner` (the process's
+    /// identity, see [`process_owner`]).
+    pub fn new(
+        ledger: Ledger,
+        upstream: Arc<U>,
+        policy: Policy,
+        tenant: String,
+        dispatch_owner: String,
+    ) -> Self {
         Self {
             ledger,
             upstream,
@@ -318,10 +331,17 @@ impl<U: Upstream> Dispatcher<U> {
                 }
                 OperationStatus::Prepared | OperationStatus::Dispatching => {}
             }
-            // A claim whose deadline passed will never be settled by its
-            // holder: turn it unknown (the database judges the expiry).
-            if let Some(claim) = record.claim()
-                && claim.until <= chrono::Utc::now()
+            // A claim whose deadline passed, or whose holder is provably
+            // gone, will never be settled by its holder: turn it unknown
+            // (the database judges both).
+            let claim = record.claim();
+            let lapsed = match &claim {
+                Some(claim) if claim.until <= chrono::Utc::now() => true,
+                Some(claim) => self.ledger.process_gone(&claim.dispatch_owner).await?,
+                None => false,
+            };
+            if let Some(claim) = claim
+                && lapsed
                 && let MarkUnknownOutcome::MarkedUnknown { operation, .. } = self
                     .ledger
                     .operation_mark_unknown(MarkUnknown {
@@ -329,7 +349,7 @@ impl<U: Upstream> Dispatcher<U> {
                         by: UnknownBy::Reconciler,
                         actor: &self.dispatch_owner,
                         cause: UnknownCause::TimedOut,
-                        evidence: &json!({"reason": "claim expired; found by a later call"}),
+                        evidence: &json!({"reason": "claim expired or its holder is gone; found by a later call"}),
                     })
                     .await?
             {
@@ -560,7 +580,15 @@ async fn send_and_settle<U: Upstream>(
             tracing::warn!(error = %failure, "no answer from the upstream: operation is unknown");
             failure.to_string()
         }
-        Ok(other) => format!("{failure}; the operation had already moved on: {other:?}"),
+        Ok(MarkUnknownOutcome::ClaimStillLive(found) | MarkUnknownOutcome::StaleClaim(found)) => {
+            format!(
+                "{failure}; the operation had already moved on (it is {} now)",
+                found.status
+            )
+        }
+        Ok(MarkUnknownOutcome::NotFound) => {
+            format!("{failure}; the operation is no longer on record")
+        }
         // The claim stays dispatching and expires into unknown: the agent is
         // told unknown either way, never "not sent".
         Err(error) => {

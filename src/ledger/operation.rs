@@ -760,6 +760,48 @@ impl Ledger {
         }
     }
 
+    /// Records that the process `owner` is alive for `ttl_ms` more.
+    pub async fn process_heartbeat(&self, owner: &str, ttl_ms: i64) -> Result<(), LedgerError> {
+        const CALL: &str = "process_heartbeat";
+        check_text("owner", owner, MAX_OWNER_LEN)?;
+        let _: (DateTime<Utc>,) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT process_heartbeat($1, $2)")
+                    .bind(owner)
+                    .bind(ttl_ms)
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Records that the process `owner` stopped: claims it still holds are
+    /// those of a gone holder from now on.
+    pub async fn process_retire(&self, owner: &str) -> Result<(), LedgerError> {
+        const CALL: &str = "process_retire";
+        let _: Option<(i32,)> = self
+            .invoke_optional(CALL, true, || {
+                sqlx::query_as("SELECT 1 FROM process_retire($1)").bind(owner)
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Whether the claim holder `owner` is provably gone (its liveness
+    /// lapsed); false when it is alive or unknown to the ledger.
+    pub async fn process_gone(&self, owner: &str) -> Result<bool, LedgerError> {
+        const CALL: &str = "process_gone";
+        let (gone,): (bool,) = self
+            .invoke(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT EXISTS (SELECT 1 FROM leasegate_processes
+                                     WHERE owner = $1 AND alive_until <= clock_timestamp())",
+                )
+                .bind(owner)
+            })
+            .await?;
+        Ok(gone)
+    }
+
     /// Hands a reconcile claim back early: the operation (still unknown)
     /// may be claimed again after `retry_after_ms`. Returns whether the
     /// caller still held it.
@@ -785,7 +827,8 @@ impl Ledger {
         }
     }
 
-    /// `dispatching` operations whose claim has expired (database clock).
+    /// `dispatching` operations whose claim has expired (database clock) or
+    /// whose holder is provably gone (its liveness lapsed).
     pub async fn operations_expired_claims(
         &self,
         limit: i64,
@@ -796,7 +839,11 @@ impl Ledger {
             .invoke_all(CALL, false, || {
                 sqlx::query_as(
                     "SELECT o.* FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
-                      WHERE o.status = 'dispatching' AND o.dispatch_until <= clock_timestamp()
+                      WHERE o.status = 'dispatching'
+                        AND (o.dispatch_until <= clock_timestamp()
+                             OR EXISTS (SELECT 1 FROM leasegate_processes p
+                                         WHERE p.owner = o.dispatch_owner
+                                           AND p.alive_until <= clock_timestamp()))
                         AND ($2::text[] IS NULL OR r.tenant_id = ANY ($2))
                       ORDER BY o.dispatch_until LIMIT $1",
                 )

@@ -85,15 +85,6 @@ fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// A fresh owner name for one process's claims.
-fn owner_name() -> String {
-    format!(
-        "leasegate-bg-{}-{}",
-        std::process::id(),
-        &uuid::Uuid::new_v4().simple().to_string()[..8]
-    )
-}
-
 /// What the services share: the ledger, the upstreams, the tool directory,
 /// the policy and the owner name their claims carry.
 struct Shared<U> {
@@ -143,20 +134,22 @@ pub struct Background<U> {
 }
 
 impl<U: Upstream> Background<U> {
-    /// The services of a process serving `tenant`.
+    /// The services of a process serving `tenant`, whose claims carry
+    /// `owner` (the process's identity, `dispatch::process_owner`).
     pub fn new(
         ledger: Ledger,
         upstream: Arc<U>,
         directory: Arc<SharedDirectory>,
         policy: Policy,
         tenant: &str,
+        owner: String,
     ) -> Self {
         let shared = Arc::new(Shared {
             ledger,
             upstream,
             directory,
             policy,
-            owner: owner_name(),
+            owner,
             tenants: vec![tenant.to_owned()],
         });
         Self {
