@@ -410,6 +410,10 @@ reconcile_claim_ttl = "5s"
 reconcile_retries = 20
 "#;
 
+/// How long the unknown operations must stay unchanged for the settle
+/// phase to end before its deadline (twice the reconcile claim TTL).
+const QUIET: Duration = Duration::from_secs(10);
+
 /// Runs one soak and reports. Errors are harness failures (could not set
 /// up), not invariant violations.
 pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
@@ -538,17 +542,26 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         .max_connections(2)
         .connect(&database_url)
         .await?;
+    // Done when nothing is prepared or dispatching and the unknown
+    // operations of the tools that can converge stopped changing for
+    // `QUIET` (an operation_query or resource_id operation whose request
+    // never reached the tool stays unknown: not found proves nothing).
     let settle_started = Instant::now();
+    let mut last_change = (Instant::now(), -1i64);
     loop {
-        let open: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM tool_operations
-              WHERE status IN ('prepared', 'dispatching')
-                 OR (status = 'unknown' AND tool_name <> $1)",
+        let (moving, unknown): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE status IN ('prepared', 'dispatching')),
+                    count(*) FILTER (WHERE status = 'unknown' AND tool_name <> $1)
+               FROM tool_operations",
         )
         .bind(Kind::Email.tool())
         .fetch_one(&ledger)
         .await?;
-        if open == 0 || settle_started.elapsed() > settings.settle {
+        if moving > 0 || unknown != last_change.1 {
+            last_change = (Instant::now(), unknown);
+        }
+        let quiet = moving == 0 && (unknown == 0 || last_change.0.elapsed() > QUIET);
+        if quiet || settle_started.elapsed() > settings.settle {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -597,7 +610,9 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
          settings: seed {}, faults {}, tool faults per call: transient {}, crash after effect {}, \
          hang after effect {} (3 s, tool timeout 1.5 s), slow {} (up to 400 ms); proxy/db fault \
          every ~{} ms (SIGKILL+restart, SIGSTOP 1-4 s, pg_terminate_backend of every backend), \
-         PostgreSQL restart: {}; policy claim_ttl 4s, reconcile every 250 ms, settle deadline {} s\n\
+         PostgreSQL restart: {}; policy claim_ttl 4s, reconcile every 250 ms, settle deadline {} s \
+         (earlier once nothing is prepared or dispatching and the unknowns stayed unchanged \
+         for 10 s)\n\
          time: setup {:.1} s, agents {:.1} s, settle {:.1} s, work dir {}\n",
         settings.agents,
         settings.intents,
@@ -629,8 +644,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
             "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
         )))
-            .execute(&admin)
-            .await;
+        .execute(&admin)
+        .await;
         let _ = std::fs::remove_dir_all(&work);
     }
     admin.close().await;
@@ -912,10 +927,10 @@ fn parse_rpc(text: &str) -> Option<Value> {
         return serde_json::from_str(text).ok();
     }
     text.lines()
+        .rev()
         .filter_map(|line| line.strip_prefix("data:"))
         .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
-        .filter(|message| message.get("id").is_some())
-        .last()
+        .find(|message| message.get("id").is_some())
 }
 
 /// The proxy and database faults, until `done`.
@@ -1098,6 +1113,7 @@ fn judge(
     let mut unknown_with: BTreeMap<Kind, usize> = BTreeMap::new();
     let mut unknown_without: BTreeMap<Kind, usize> = BTreeMap::new();
     let mut agent_calls = Vec::new();
+    let mut unknowns = Vec::new();
     let mut gave_up = 0usize;
     let mut dispatches = Vec::new();
     for record in records {
@@ -1105,7 +1121,10 @@ fn judge(
         if record.terminal.is_none() {
             gave_up += 1;
         }
-        let rows = operations.get(&record.run_id).map(Vec::as_slice).unwrap_or(&[]);
+        let rows = operations
+            .get(&record.run_id)
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
         let what = format!(
             "intent {} ({}, run {}, calls {}, agent saw {:?}, last error {:?})",
             record.label,
@@ -1142,7 +1161,10 @@ fn judge(
             }
         };
         if row.tool_name != record.kind.tool() {
-            violations.push(format!("operation {} is for {}: {what}", row.operation_id, row.tool_name));
+            violations.push(format!(
+                "operation {} is for {}: {what}",
+                row.operation_id, row.tool_name
+            ));
         }
         if record.operation_ids.len() > 1
             || record
@@ -1187,14 +1209,31 @@ fn judge(
             "failed_final" if effects > 0 => violations.push(format!(
                 "failed_final with {effects} side effect(s): {what}"
             )),
-            "unknown" if effects > 0 => *unknown_with.entry(record.kind).or_default() += 1,
-            "unknown" => *unknown_without.entry(record.kind).or_default() += 1,
+            "unknown" => {
+                if effects > 0 {
+                    *unknown_with.entry(record.kind).or_default() += 1;
+                } else {
+                    *unknown_without.entry(record.kind).or_default() += 1;
+                }
+                unknowns.push(format!(
+                    "{} {} operation {}: {effects} effect(s), {calls} call(s) reached the tool, \
+                     dispatch_count {}, reconcile_attempts {}",
+                    record.label,
+                    record.kind.tool(),
+                    row.operation_id,
+                    row.dispatch_count,
+                    row.reconcile_attempts
+                ));
+            }
             _ => {}
         }
         if let Some(told) = &record.terminal
             && told != &row.status
         {
-            violations.push(format!("an agent was told {told}, the ledger ends {}: {what}", row.status));
+            violations.push(format!(
+                "an agent was told {told}, the ledger ends {}: {what}",
+                row.status
+            ));
         }
     }
     let mut orphans = 0usize;
@@ -1270,6 +1309,12 @@ fn judge(
         ));
     }
     report.push_str(&format!("side effects of no intent: {orphans}\n"));
+    if !unknowns.is_empty() {
+        report.push_str(&format!("unknown operations ({}):\n", unknowns.len()));
+        for unknown in unknowns.iter().take(20) {
+            report.push_str(&format!("  - {unknown}\n"));
+        }
+    }
     if violations.is_empty() {
         report.push_str("invariants: all held (no duplicate effect, no lost intent, no succeeded without effect, no failed_final with effect)\n");
     } else {

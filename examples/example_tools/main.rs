@@ -283,8 +283,10 @@ fn tools(set: ToolSet) -> Vec<Tool> {
             Tool::new(
                 "get_bucket",
                 "Find a bucket by its name.",
-                schema(json!({"type": "object", "properties": {"name": {"type": "string"}},
-                               "required": ["name"]})),
+                schema(
+                    json!({"type": "object", "properties": {"name": {"type": "string"}},
+                               "required": ["name"]}),
+                ),
             )
             .with_annotations(ToolAnnotations::new().read_only(true)),
         );
@@ -303,8 +305,10 @@ fn tools(set: ToolSet) -> Vec<Tool> {
             Tool::new(
                 "get_job",
                 "Find a job by its id.",
-                schema(json!({"type": "object", "properties": {"job_id": {"type": "string"}},
-                               "required": ["job_id"]})),
+                schema(
+                    json!({"type": "object", "properties": {"job_id": {"type": "string"}},
+                               "required": ["job_id"]}),
+                ),
             )
             .with_annotations(ToolAnnotations::new().read_only(true)),
         );
