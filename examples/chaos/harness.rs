@@ -609,7 +609,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
          calls, more while no operation was named)\n\
          settings: seed {}, faults {}, tool faults per call: transient {}, crash after effect {}, \
          hang after effect {} (3 s, tool timeout 1.5 s), slow {} (up to 400 ms); proxy/db fault \
-         every ~{} ms (SIGKILL+restart, SIGSTOP 1-4 s, pg_terminate_backend of every backend), \
+         every ~{} ms (SIGKILL+restart, SIGSTOP 1-6 s (claim_ttl 4 s), pg_terminate_backend of every backend), \
          PostgreSQL restart: {}; policy claim_ttl 4s, reconcile every 250 ms, settle deadline {} s \
          (earlier once nothing is prepared or dispatching and the unknowns stayed unchanged \
          for 10 s)\n\
@@ -980,7 +980,7 @@ async fn monkey(
                 let proxy = victim.lock().await;
                 proxy.signal(nix::sys::signal::Signal::SIGSTOP);
                 counts.proxy_stops += 1;
-                tokio::time::sleep(rng.millis(1000, 4000)).await;
+                tokio::time::sleep(rng.millis(1000, 6000)).await;
                 proxy.signal(nix::sys::signal::Signal::SIGCONT);
             }
             _ => {
