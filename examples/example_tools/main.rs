@@ -3,7 +3,8 @@
 //! the product: a separate binary that leasegate runs as an upstream.
 //!
 //! ```text
-//! leasegate-example-tools [--tools payments|mailer|all] [--state-dir DIR] [--http ADDR]
+//! leasegate-example-tools [--tools payments|mailer|all|provisioner|jobs] [--state-dir DIR]
+//!                         [--http ADDR] [--fault-… P]
 //! ```
 //!
 //! - `payments`: `charge` honours an `idempotency_key` (the same key returns
@@ -12,9 +13,31 @@
 //! - `mailer`: `send_email` has no idempotency at all: every call that
 //!   reaches it sends (and it may be told to hang after sending, to play a
 //!   lost answer); `mail_stats` (read-only) reports progress as it counts.
+//! - `provisioner` (only when asked for, not in `all`): `create_bucket`
+//!   creates a bucket under the `name` it is given (leasegate's operation id,
+//!   a `resource_id` tool) and does not deduplicate: every create that
+//!   reaches it is a new bucket; `get_bucket` (read-only) finds it by name.
+//! - `jobs` (only when asked for): `submit_job` starts a job under the
+//!   operation id found in `_meta["example.dev/job_id"]` (or the `job_id`
+//!   argument), no deduplication either; `get_job` (read-only) finds it.
 //!
-//! Every side effect is one JSON line appended to `<state-dir>/charges.jsonl`
-//! or `<state-dir>/emails.jsonl`, which is what tests count.
+//! Every side effect is one JSON line appended to `<state-dir>/charges.jsonl`,
+//! `emails.jsonl`, `buckets.jsonl` or `jobs.jsonl`, which is what tests
+//! count; every call that reaches a side-effecting tool is a line of
+//! `calls.jsonl`. Several processes may share one state dir (one child per
+//! leasegate process): effects are serialised by a lock on
+//! `<state-dir>/effects.lock`.
+//!
+//! # Fault injection (the chaos soak, `examples/chaos/`; all off by default)
+//!
+//! `--fault-transient P`: a side-effecting call (or a query) answers
+//! `isError` "nothing was done" before doing anything. `--fault-crash P`:
+//! the process exits right after a new side effect was written, before
+//! answering. `--fault-hang P`: it sleeps `--fault-hang-ms` after a new side
+//! effect (a lost answer). `--fault-slow P`: any answer is delayed by up to
+//! `--fault-slow-ms`. Draws come from a xorshift generator seeded with
+//! `--fault-seed` and the pid; every injected fault is a line of
+//! `faults.jsonl`. While `<state-dir>/calm` exists no fault is injected.
 
 use std::path::PathBuf;
 
@@ -50,6 +73,74 @@ struct Cli {
     /// Serve Streamable HTTP on this address instead of stdio.
     #[arg(long)]
     http: Option<std::net::SocketAddr>,
+    /// Probability of an `isError` "nothing was done" before any effect.
+    #[arg(long, default_value_t = 0.0)]
+    fault_transient: f64,
+    /// Probability of exiting right after a new side effect, before answering.
+    #[arg(long, default_value_t = 0.0)]
+    fault_crash: f64,
+    /// Probability of hanging (`--fault-hang-ms`) after a new side effect.
+    #[arg(long, default_value_t = 0.0)]
+    fault_hang: f64,
+    #[arg(long, default_value_t = 3000)]
+    fault_hang_ms: u64,
+    /// Probability of a slow answer (up to `--fault-slow-ms`).
+    #[arg(long, default_value_t = 0.0)]
+    fault_slow: f64,
+    #[arg(long, default_value_t = 300)]
+    fault_slow_ms: u64,
+    /// Seed of the fault draws (mixed with the pid, so restarts differ).
+    #[arg(long, default_value_t = 1)]
+    fault_seed: u64,
+}
+
+/// What faults to inject, and the generator that decides when.
+#[derive(Debug, Clone)]
+struct Faults {
+    transient: f64,
+    crash: f64,
+    hang: f64,
+    hang_ms: u64,
+    slow: f64,
+    slow_ms: u64,
+    rng: Arc<std::sync::Mutex<u64>>,
+}
+
+impl Faults {
+    fn from_cli(cli: &Cli) -> Self {
+        let seed = cli.fault_seed ^ u64::from(std::process::id()).rotate_left(32);
+        Self {
+            transient: cli.fault_transient,
+            crash: cli.fault_crash,
+            hang: cli.fault_hang,
+            hang_ms: cli.fault_hang_ms,
+            slow: cli.fault_slow,
+            slow_ms: cli.fault_slow_ms,
+            // xorshift must not start at zero.
+            rng: Arc::new(std::sync::Mutex::new(
+                seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+            )),
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.transient > 0.0 || self.crash > 0.0 || self.hang > 0.0 || self.slow > 0.0
+    }
+
+    /// A uniform draw in [0, 1) (xorshift64*).
+    fn draw(&self) -> f64 {
+        let mut state = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let mut x = *state;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        *state = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn hits(&self, probability: f64) -> bool {
+        probability > 0.0 && self.draw() < probability
+    }
 }
 
 #[tokio::main]
@@ -63,15 +154,16 @@ async fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .init();
+    let faults = Faults::from_cli(&cli);
     let served = match cli.http {
-        None => serve_stdio(cli.tools, cli.state_dir).await,
+        None => serve_stdio(cli.tools, cli.state_dir, faults).await,
         Some(address) => match tokio::net::TcpListener::bind(address).await {
             Ok(listener) => {
                 match listener.local_addr() {
                     Ok(bound) => eprintln!("example tools at http://{bound}/mcp"),
                     Err(error) => eprintln!("leasegate-example-tools: {error}"),
                 }
-                serve_http(cli.tools, cli.state_dir, listener).await
+                serve_http(cli.tools, cli.state_dir, faults, listener).await
             }
             Err(error) => Err(error.into()),
         },
@@ -90,7 +182,10 @@ async fn main() -> std::process::ExitCode {
 enum ToolSet {
     Payments,
     Mailer,
+    /// payments and mailer.
     All,
+    Provisioner,
+    Jobs,
 }
 
 impl std::str::FromStr for ToolSet {
@@ -100,7 +195,11 @@ impl std::str::FromStr for ToolSet {
             "payments" => Ok(ToolSet::Payments),
             "mailer" => Ok(ToolSet::Mailer),
             "all" => Ok(ToolSet::All),
-            other => Err(format!("{other:?} is not one of payments, mailer, all")),
+            "provisioner" => Ok(ToolSet::Provisioner),
+            "jobs" => Ok(ToolSet::Jobs),
+            other => Err(format!(
+                "{other:?} is not one of payments, mailer, all, provisioner, jobs"
+            )),
         }
     }
 }
@@ -111,6 +210,7 @@ struct ExampleTools {
     state_dir: Arc<PathBuf>,
     /// Serialises side effects so that counting is exact.
     lock: Arc<Mutex<()>>,
+    faults: Faults,
 }
 
 fn schema(value: Value) -> Arc<JsonObject> {
@@ -119,7 +219,7 @@ fn schema(value: Value) -> Arc<JsonObject> {
 
 fn tools(set: ToolSet) -> Vec<Tool> {
     let mut tools = Vec::new();
-    if set != ToolSet::Mailer {
+    if matches!(set, ToolSet::Payments | ToolSet::All) {
         tools.push(
             Tool::new(
                 "charge",
@@ -148,7 +248,7 @@ fn tools(set: ToolSet) -> Vec<Tool> {
             .with_annotations(ToolAnnotations::new().read_only(true)),
         );
     }
-    if set != ToolSet::Payments {
+    if matches!(set, ToolSet::Mailer | ToolSet::All) {
         tools.push(
             Tool::new(
                 "send_email",
@@ -168,12 +268,126 @@ fn tools(set: ToolSet) -> Vec<Tool> {
             .with_annotations(ToolAnnotations::new().read_only(true)),
         );
     }
+    if set == ToolSet::Provisioner {
+        tools.push(
+            Tool::new(
+                "create_bucket",
+                "Create a bucket named `name`. Not deduplicated: every create is a new bucket.",
+                schema(json!({"type": "object", "properties": {
+                    "name": {"type": "string"}, "region": {"type": "string"},
+                    "size": {"type": "integer"}}, "required": ["name"]})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+        );
+        tools.push(
+            Tool::new(
+                "get_bucket",
+                "Find a bucket by its name.",
+                schema(
+                    json!({"type": "object", "properties": {"name": {"type": "string"}},
+                               "required": ["name"]}),
+                ),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(true)),
+        );
+    }
+    if set == ToolSet::Jobs {
+        tools.push(
+            Tool::new(
+                "submit_job",
+                "Start a job under _meta[\"example.dev/job_id\"] (or job_id). Not deduplicated.",
+                schema(json!({"type": "object", "properties": {
+                    "name": {"type": "string"}, "job_id": {"type": "string"}}})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+        );
+        tools.push(
+            Tool::new(
+                "get_job",
+                "Find a job by its id.",
+                schema(
+                    json!({"type": "object", "properties": {"job_id": {"type": "string"}},
+                               "required": ["job_id"]}),
+                ),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(true)),
+        );
+    }
     tools
+}
+
+/// The `_meta` key `submit_job` takes its job id from.
+const JOB_ID_META: &str = "example.dev/job_id";
+
+fn internal(error: impl std::fmt::Display) -> McpError {
+    McpError::internal_error(error.to_string(), None)
 }
 
 impl ExampleTools {
     fn file(&self, name: &str) -> PathBuf {
         self.state_dir.join(name)
+    }
+
+    /// The cross-process effect lock, held until the file is dropped: several
+    /// tool server processes (one per leasegate process) may share a state
+    /// dir, and a read-check-append must not interleave. If the process dies
+    /// holding it, the OS releases it.
+    fn effects_lock(&self) -> Result<std::fs::File, McpError> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(self.file("effects.lock"))
+            .map_err(internal)?;
+        file.lock().map_err(internal)?;
+        Ok(file)
+    }
+
+    fn faults_on(&self) -> bool {
+        self.faults.any() && !self.file("calm").exists()
+    }
+
+    async fn record_fault(&self, fault: &str, tool: &str) {
+        let line = json!({"fault": fault, "tool": tool, "pid": std::process::id()});
+        if let Err(error) = self.append("faults.jsonl", &line).await {
+            tracing::warn!("recording a fault: {error:?}");
+        }
+    }
+
+    /// Fault injection before anything is done: "nothing was done, try again".
+    async fn transient_failure(&self, tool: &str) -> Option<CallToolResult> {
+        if !self.faults_on() || !self.faults.hits(self.faults.transient) {
+            return None;
+        }
+        self.record_fault("transient", tool).await;
+        Some(CallToolResult::error(vec![ContentBlock::text(format!(
+            "{tool}: temporarily unavailable, nothing was done; try again"
+        ))]))
+    }
+
+    /// Fault injection after a new side effect was written: exit before
+    /// answering, or hang (a lost answer).
+    async fn after_effect(&self, tool: &str) {
+        if !self.faults_on() {
+            return;
+        }
+        if self.faults.hits(self.faults.crash) {
+            self.record_fault("crash", tool).await;
+            std::process::exit(75);
+        }
+        if self.faults.hits(self.faults.hang) {
+            self.record_fault("hang", tool).await;
+            tokio::time::sleep(Duration::from_millis(self.faults.hang_ms)).await;
+        }
+    }
+
+    /// Fault injection before answering: a slow answer.
+    async fn maybe_slow(&self, tool: &str) {
+        if self.faults_on() && self.faults.hits(self.faults.slow) {
+            self.record_fault("slow", tool).await;
+            let ms = (self.faults.draw() * self.faults.slow_ms as f64) as u64;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
     }
 
     async fn lines(&self, name: &str) -> Vec<Value> {
@@ -220,8 +434,12 @@ impl ExampleTools {
             .get("idempotency_key")
             .and_then(Value::as_str)
             .or(header_key);
+        if let Some(failure) = self.transient_failure("charge").await {
+            return Ok(failure);
+        }
         let charge = {
             let _guard = self.lock.lock().await;
+            let _across_processes = self.effects_lock()?;
             // Every call is logged, so tests can count what reached the tool.
             self.append(
                 "calls.jsonl",
@@ -234,6 +452,8 @@ impl ExampleTools {
             {
                 let mut body = existing.clone();
                 body["replayed"] = json!(true);
+                drop(_across_processes);
+                self.maybe_slow("charge").await;
                 return Ok(CallToolResult::structured(body));
             }
             let charge = json!({"charge_id": format!("ch_{}", charges.len() + 1), "amount": amount,
@@ -241,6 +461,8 @@ impl ExampleTools {
             self.append("charges.jsonl", &charge).await?;
             charge
         };
+        self.after_effect("charge").await;
+        self.maybe_slow("charge").await;
         // A fresh charge may be told to hang after it happened (a lost answer).
         if let Some(hang) = args.get("hang_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(hang)).await;
@@ -253,6 +475,10 @@ impl ExampleTools {
             .get("idempotency_key")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        if let Some(failure) = self.transient_failure("get_charge").await {
+            return Ok(failure);
+        }
+        self.maybe_slow("get_charge").await;
         let charges = self.lines("charges.jsonl").await;
         Ok(
             match charges.into_iter().find(|c| c["idempotency_key"] == key) {
@@ -282,14 +508,20 @@ impl ExampleTools {
                 "invalid recipient {to:?}"
             ))]));
         }
+        if let Some(failure) = self.transient_failure("send_email").await {
+            return Ok(failure);
+        }
         let sent = {
             let _guard = self.lock.lock().await;
+            let _across_processes = self.effects_lock()?;
             let count = self.lines("emails.jsonl").await.len();
             let email = json!({"message_id": format!("msg_{}", count + 1), "to": to,
                                "subject": args.get("subject"), "body": args.get("body")});
             self.append("emails.jsonl", &email).await?;
             email
         };
+        self.after_effect("send_email").await;
+        self.maybe_slow("send_email").await;
         if let Some(hang) = args.get("hang_ms").and_then(Value::as_u64) {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(hang)) => {}
@@ -304,6 +536,100 @@ impl ExampleTools {
         Ok(CallToolResult::structured(
             json!({"message_id": sent["message_id"], "to": to}),
         ))
+    }
+
+    async fn create_bucket(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+        let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
+        self.append(
+            "calls.jsonl",
+            &json!({"tool": "create_bucket", "name": name}),
+        )
+        .await?;
+        if name.is_empty() {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                "a bucket needs a name",
+            )]));
+        }
+        if let Some(failure) = self.transient_failure("create_bucket").await {
+            return Ok(failure);
+        }
+        let bucket = {
+            let _guard = self.lock.lock().await;
+            let _across_processes = self.effects_lock()?;
+            let count = self.lines("buckets.jsonl").await.len();
+            let bucket = json!({"bucket_id": format!("bk_{}", count + 1), "name": name,
+                                "region": args.get("region"), "size": args.get("size")});
+            self.append("buckets.jsonl", &bucket).await?;
+            bucket
+        };
+        self.after_effect("create_bucket").await;
+        self.maybe_slow("create_bucket").await;
+        Ok(CallToolResult::structured(bucket))
+    }
+
+    async fn get_bucket(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+        let name = args.get("name").and_then(Value::as_str).unwrap_or_default();
+        if let Some(failure) = self.transient_failure("get_bucket").await {
+            return Ok(failure);
+        }
+        self.maybe_slow("get_bucket").await;
+        let buckets = self.lines("buckets.jsonl").await;
+        Ok(match buckets.into_iter().find(|b| b["name"] == name) {
+            Some(bucket) => CallToolResult::structured(json!({"found": true, "bucket": bucket})),
+            None => CallToolResult::structured(json!({"found": false})),
+        })
+    }
+
+    async fn submit_job(
+        &self,
+        args: &JsonObject,
+        meta: Option<&Value>,
+    ) -> Result<CallToolResult, McpError> {
+        let job_id = meta
+            .and_then(Value::as_str)
+            .or_else(|| args.get("job_id").and_then(Value::as_str))
+            .unwrap_or_default();
+        self.append(
+            "calls.jsonl",
+            &json!({"tool": "submit_job", "job_id": job_id}),
+        )
+        .await?;
+        if job_id.is_empty() {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                "a job needs an id (_meta {JOB_ID_META:?} or job_id)"
+            ))]));
+        }
+        if let Some(failure) = self.transient_failure("submit_job").await {
+            return Ok(failure);
+        }
+        let job = {
+            let _guard = self.lock.lock().await;
+            let _across_processes = self.effects_lock()?;
+            let count = self.lines("jobs.jsonl").await.len();
+            let job = json!({"job_seq": format!("job_{}", count + 1), "job_id": job_id,
+                             "name": args.get("name"), "state": "running"});
+            self.append("jobs.jsonl", &job).await?;
+            job
+        };
+        self.after_effect("submit_job").await;
+        self.maybe_slow("submit_job").await;
+        Ok(CallToolResult::structured(job))
+    }
+
+    async fn get_job(&self, args: &JsonObject) -> Result<CallToolResult, McpError> {
+        let job_id = args
+            .get("job_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if let Some(failure) = self.transient_failure("get_job").await {
+            return Ok(failure);
+        }
+        self.maybe_slow("get_job").await;
+        let jobs = self.lines("jobs.jsonl").await;
+        Ok(match jobs.into_iter().find(|j| j["job_id"] == job_id) {
+            Some(job) => CallToolResult::structured(json!({"found": true, "job": job})),
+            None => CallToolResult::structured(json!({"found": false})),
+        })
     }
 
     async fn mail_stats(
@@ -372,6 +698,13 @@ impl ServerHandler for ExampleTools {
                     .await?
             }
             "mail_stats" if known => self.mail_stats(&context).await?,
+            "create_bucket" if known => self.create_bucket(&args).await?,
+            "get_bucket" if known => self.get_bucket(&args).await?,
+            "submit_job" if known => {
+                self.submit_job(&args, context.meta.get(JOB_ID_META))
+                    .await?
+            }
+            "get_job" if known => self.get_job(&args).await?,
             other => {
                 return Err(McpError::invalid_params(
                     format!("unknown tool {other:?}"),
@@ -384,7 +717,7 @@ impl ServerHandler for ExampleTools {
 }
 
 /// Serves the example tools over stdio until stdin closes.
-async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
+async fn serve_stdio(set: ToolSet, state_dir: PathBuf, faults: Faults) -> anyhow::Result<()> {
     std::fs::create_dir_all(&state_dir)?;
     // Lets tests find (and kill) this process.
     std::fs::write(
@@ -395,6 +728,7 @@ async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
         set,
         state_dir: Arc::new(state_dir),
         lock: Arc::default(),
+        faults,
     };
     server
         .serve(rmcp::transport::stdio())
@@ -408,6 +742,7 @@ async fn serve_stdio(set: ToolSet, state_dir: PathBuf) -> anyhow::Result<()> {
 async fn serve_http(
     set: ToolSet,
     state_dir: PathBuf,
+    faults: Faults,
     listener: tokio::net::TcpListener,
 ) -> anyhow::Result<()> {
     use rmcp::transport::streamable_http_server::{
@@ -418,6 +753,7 @@ async fn serve_http(
         set,
         state_dir: Arc::new(state_dir),
         lock: Arc::default(),
+        faults,
     };
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),
