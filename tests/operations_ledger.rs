@@ -157,85 +157,15 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let (lease, _) = db.running_run("agent-1", 30_000).await;
 
-    // One operation per status, all with step "s-<status>".
-    let mut originals = HashMap::new();
+    // One operation per status, each in its own run.
+    let mut originals = Vec::new();
     for status in OperationStatus::ALL {
-        let step = format!("s-{status}");
-        let original = intent(lease.run_id, &step, json!({"amount": 1}));
-        match status {
-            OperationStatus::Prepared => {
-                applied(
-                    db.ledger
-                        .operation_register(&lease, std::slice::from_ref(&original), None)
-                        .await
-                        .unwrap(),
-                );
-            }
-            OperationStatus::Cancelled => {
-                applied(
-                    db.ledger
-                        .operation_register(&lease, std::slice::from_ref(&original), None)
-                        .await
-                        .unwrap(),
-                );
-                let revised = original
-                    .revise(
-                        TENANT,
-                        lease.run_id,
-                        "payments__charge",
-                        &json!({"amount": 2}),
-                        IntegerPolicy::Reject,
-                    )
-                    .unwrap();
-                applied(
-                    db.ledger
-                        .operation_supersede(&lease, &original.operation_id, &revised)
-                        .await
-                        .unwrap(),
-                );
-            }
-            _ => {
-                let claim = claim_inline(&db, &lease, &original, 30_000).await;
-                match status {
-                    OperationStatus::Dispatching => {}
-                    OperationStatus::Unknown => {
-                        db.ledger
-                            .operation_mark_unknown(MarkUnknown {
-                                claim: &claim,
-                                by: UnknownBy::ClaimHolder,
-                                actor: "proxy-1",
-                                cause: UnknownCause::TimedOut,
-                                evidence: &json!({}),
-                            })
-                            .await
-                            .unwrap();
-                    }
-                    OperationStatus::Succeeded | OperationStatus::FailedFinal => {
-                        db.ledger
-                            .operation_settle(
-                                &claim,
-                                if status == OperationStatus::Succeeded {
-                                    Settlement::Succeeded
-                                } else {
-                                    Settlement::FailedFinal
-                                },
-                                None,
-                                &json!({}),
-                            )
-                            .await
-                            .unwrap();
-                    }
-                    _ => unreachable!(),
-                }
-            }
-        }
-        assert_eq!(op_row(&db, &original).await.0, status.as_str());
-        originals.insert(status, original);
+        let (lease, original, _) = operation_in(&db, status).await;
+        originals.push((status, lease, original));
     }
 
-    for (status, original) in &originals {
+    for (status, lease, original) in &originals {
         let changed = intent(lease.run_id, &original.step_id, json!({"amount": 999}));
         assert_eq!(
             changed.operation_id, original.operation_id,
@@ -257,7 +187,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         // The inline path ...
         let inline = db
             .ledger
-            .operation_register_claim(&lease, &changed, None, "proxy-9", 30_000)
+            .operation_register_claim(lease, &changed, None, "proxy-9", 30_000)
             .await
             .unwrap();
         assert_eq!(
@@ -269,7 +199,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         let bystander = intent(lease.run_id, &format!("bystander-{status}"), json!({}));
         let planned = db
             .ledger
-            .operation_register(&lease, &[bystander.clone(), changed.clone()], None)
+            .operation_register(lease, &[bystander.clone(), changed.clone()], None)
             .await
             .unwrap();
         assert_eq!(

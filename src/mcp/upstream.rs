@@ -752,31 +752,18 @@ async fn open_stdio(
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Err("the child's stdin or stdout is not piped".into());
     };
-    let transport = Routed {
-        inner: AsyncRwTransport::new_client(stdout, stdin),
-        routes: handler.routes.clone(),
-    };
-    let session =
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handler.clone().serve(transport)).await {
-            Ok(Ok(session)) => session,
-            Ok(Err(error)) => return Err(error.to_string()),
-            Err(_) => {
-                return Err(format!(
-                    "no answer to initialize within {HANDSHAKE_TIMEOUT:?}"
-                ));
-            }
-        };
-    no_cache(&session).await;
+    let session = handshake(handler, AsyncRwTransport::new_client(stdout, stdin)).await?;
     Ok((session, child))
 }
 
-/// Opens a Streamable HTTP session (the `initialize` request).
-async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, String> {
+/// The MCP `initialize` handshake over `inner`, with per-request routing of
+/// what the upstream sends, within [`HANDSHAKE_TIMEOUT`].
+async fn handshake<X>(handler: &UpstreamClient, inner: X) -> Result<Session, String>
+where
+    Routed<X>: Transport<RoleClient> + Send + 'static,
+{
     let transport = Routed {
-        inner: StreamableHttpClientTransport::with_client(
-            super::http_headers::PerCallHeaders::default(),
-            StreamableHttpClientTransportConfig::with_uri(url),
-        ),
+        inner,
         routes: handler.routes.clone(),
     };
     let session =
@@ -791,6 +778,18 @@ async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, Strin
         };
     no_cache(&session).await;
     Ok(session)
+}
+
+/// Opens a Streamable HTTP session (the `initialize` request).
+async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, String> {
+    handshake(
+        handler,
+        StreamableHttpClientTransport::with_client(
+            super::http_headers::PerCallHeaders::default(),
+            StreamableHttpClientTransportConfig::with_uri(url),
+        ),
+    )
+    .await
 }
 
 /// Waits up to `grace` for the child to exit, then kills it; reaps it
