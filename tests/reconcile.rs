@@ -1229,3 +1229,59 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     second.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    // The charge acts, then answers a second later.
+    let pending = tokio::spawn(async move {
+        call(
+            &agent,
+            "payments__charge",
+            json!({"amount": 11, "currency": "eur", "hang_ms": 1000}),
+            None,
+        )
+        .await
+    });
+    wait_until("the charge to happen at the tool", || async {
+        (scenario.side_effects("charges.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    // The operation row is held while the answer comes back; the settle
+    // waiting for it loses its connection.
+    let mut holder = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'payments__charge' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let waiting = db.wait_lock_waiters("operation_settle", 1).await;
+    for pid in waiting {
+        sqlx::query("SELECT pg_terminate_backend($1)")
+            .bind(pid)
+            .execute(&db.admin)
+            .await
+            .unwrap();
+    }
+    holder.commit().await.unwrap();
+
+    let answer = within("the agent's answer", pending)
+        .await
+        .unwrap()
+        .expect("a tool result, not an error that says nothing was sent");
+    let reply = answer.structured_content.clone().unwrap();
+    assert_eq!(reply["status"], "unknown", "{answer:?}");
+    // The kept key converges it to the one charge that exists.
+    wait_until("the reconciler to converge the charge", || async {
+        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
+    })
+    .await;
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    proxy.stop().await;
+}
