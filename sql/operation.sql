@@ -600,6 +600,43 @@ BEGIN
 END
 $$;
 
+-- An operator asks the reconciler to try an unknown operation again: its
+-- same-key retry budget starts over and any reconcile claim is dropped, so
+-- the next pass takes it. Who and why go to the history. Only from unknown.
+-- outcome: reset | not_unknown | not_found.
+CREATE OR REPLACE FUNCTION operation_reconcile_reset(p_operation_id text, p_actor text, p_note text)
+RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o tool_operations;
+BEGIN
+  IF p_actor IS NULL OR p_actor = '' THEN
+    RAISE EXCEPTION 'a retry needs an actor' USING ERRCODE = '22023';
+  END IF;
+  IF p_note IS NULL OR btrim(p_note) = '' THEN
+    RAISE EXCEPTION 'a retry needs a note' USING ERRCODE = '22023';
+  END IF;
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
+  END IF;
+  IF o.status <> 'unknown' THEN
+    RETURN _op_result('not_unknown', o.run_id, p_operation_id, NULL);
+  END IF;
+  UPDATE tool_operations
+     SET reconcile_attempts = 0, reconcile_owner = NULL, reconcile_until = NULL,
+         revision = revision + 1, updated_at = clock_timestamp()
+   WHERE operation_id = p_operation_id;
+  INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                             actor, revision, detail)
+  VALUES (o.run_id, o.operation_id, 'operation', 'unknown', 'unknown', 'operator', p_actor,
+          o.revision + 1,
+          jsonb_build_object('retry_budget_reset', true, 'note', p_note,
+                             'previous_attempts', o.reconcile_attempts));
+  RETURN _op_result('reset', o.run_id, p_operation_id, NULL);
+END
+$$;
+
 REVOKE EXECUTE ON FUNCTION
   _op_upsert(uuid, operation_intent, text, bigint),
   _op_claim(text, text, bigint, bigint, jsonb),
@@ -614,7 +651,8 @@ REVOKE EXECUTE ON FUNCTION
   operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),
-  operation_reconcile_release(text, text, bigint)
+  operation_reconcile_release(text, text, bigint),
+  operation_reconcile_reset(text, text, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
@@ -628,5 +666,6 @@ GRANT EXECUTE ON FUNCTION
   operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),
-  operation_reconcile_release(text, text, bigint)
+  operation_reconcile_release(text, text, bigint),
+  operation_reconcile_reset(text, text, text)
 TO leasegate_app;

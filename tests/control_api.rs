@@ -753,3 +753,139 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     let shown = cli(&["runs", "show", run["run_id"].as_str().unwrap()]);
     assert!(String::from_utf8_lossy(&shown.stdout).contains("pending"));
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let api = Api {
+        ledger: db.ledger.clone(),
+    };
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let intent = leasegate::intent::Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &json!({"amount": 3}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
+    db.ledger
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({}),
+        })
+        .await
+        .unwrap();
+    // A reconciler spends the whole budget of one.
+    let items = db
+        .ledger
+        .operation_reconcile_claim("reconciler-1", 60_000, 10, None)
+        .await
+        .unwrap();
+    let verdict = db
+        .ledger
+        .operation_reconcile_attempt(&items[0].operation, "reconciler-1", 3_600_000, 1)
+        .await
+        .unwrap();
+    assert!(matches!(
+        verdict,
+        leasegate::ledger::RetryVerdict::Attempt { .. }
+    ));
+    let attempts = || async {
+        sqlx::query_as::<_, (i32, Option<String>)>(
+            "SELECT reconcile_attempts, reconcile_owner FROM tool_operations WHERE operation_id = $1",
+        )
+        .bind(intent.operation_id.as_str())
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+    };
+    assert_eq!(attempts().await, (1, Some("reconciler-1".into())));
+
+    let path = format!("/v1/operations/{}/retry", intent.operation_id);
+    let (status, answer) = api
+        .send(
+            Method::POST,
+            &path,
+            Some(r#"{"actor": "alice", "note": " "}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_body")
+    );
+    assert_eq!(attempts().await.0, 1, "nothing written");
+
+    let (status, answer) = api
+        .send(
+            Method::POST,
+            &path,
+            Some(r#"{"actor": "alice", "note": "bank API back up"}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["operation"]["status"], "unknown");
+    assert_eq!(attempts().await, (0, None));
+    let event: Value = sqlx::query_scalar(
+        "SELECT detail FROM ledger_events WHERE operation_id = $1 AND actor = 'alice'",
+    )
+    .bind(intent.operation_id.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        event,
+        json!({"retry_budget_reset": true, "note": "bank API back up", "previous_attempts": 1})
+    );
+
+    // Only unknown operations; unknown ids are not found.
+    let settled = leasegate::intent::Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &json!({"amount": 4}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &settled, "proxy-1", 30_000).await;
+    db.ledger
+        .operation_settle(
+            &claim,
+            leasegate::ledger::Settlement::Succeeded,
+            None,
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    let (status, answer) = api
+        .send(
+            Method::POST,
+            &format!("/v1/operations/{}/retry", settled.operation_id),
+            Some(r#"{"actor": "alice", "note": "again"}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&answer)),
+        (StatusCode::CONFLICT, "not_unknown")
+    );
+    let (status, answer) = api
+        .send(
+            Method::POST,
+            "/v1/operations/no-such-operation/retry",
+            Some(r#"{"actor": "alice", "note": "again"}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&answer)),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+}

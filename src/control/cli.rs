@@ -135,6 +135,16 @@ pub enum OpsCommand {
         #[arg(long, env = "USER", default_value = "operator")]
         actor: String,
     },
+    /// Let the reconciler try an unknown operation again: its same-key
+    /// retry budget starts over (e.g. after an upstream outage).
+    Retry {
+        operation_id: String,
+        #[arg(long)]
+        note: String,
+        /// Who asks (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        actor: String,
+    },
 }
 
 /// One control API request: method, path (with query) and JSON body.
@@ -240,6 +250,14 @@ impl OperatorCommand {
                     format!("/v1/operations/{}/resolve", url_segment(operation_id)),
                     json!({"outcome": if *succeeded { "succeeded" } else { "failed_final" },
                             "note": note, "remote_id": remote_id, "actor": actor}),
+                ),
+                OpsCommand::Retry {
+                    operation_id,
+                    note,
+                    actor,
+                } => ApiRequest::post(
+                    format!("/v1/operations/{}/retry", url_segment(operation_id)),
+                    json!({"note": note, "actor": actor}),
                 ),
             },
         }

@@ -133,6 +133,47 @@ pub(super) async fn resolve_operation(
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RetryBody {
+    /// Who asks.
+    actor: String,
+    /// Why: required, kept in the history.
+    note: String,
+}
+
+/// Starts an unknown operation's same-key retry budget over.
+pub(super) async fn retry_operation(
+    State(state): Shared,
+    Path(raw): Path<String>,
+    Body(body): Body<RetryBody>,
+) -> Result<Json<Value>, ApiError> {
+    if body.note.trim().is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidBody,
+            "a retry needs a note",
+        ));
+    }
+    let id = OperationId::from_string(raw);
+    match state
+        .ledger
+        .operation_reconcile_reset(&id, &body.actor, &body.note)
+        .await?
+    {
+        crate::ledger::RetryResetOutcome::Reset(operation) => Ok(Json(
+            json!({"operation": operation, "retry_budget_reset": true}),
+        )),
+        crate::ledger::RetryResetOutcome::NotUnknown(found) => Err(ApiError::new(
+            ErrorCode::NotUnknown,
+            format!(
+                "operation is {}: only unknown operations are retried",
+                found.status
+            ),
+        )),
+        crate::ledger::RetryResetOutcome::NotFound => Err(ApiError::not_found("operation")),
+    }
+}
+
 pub(super) async fn unknown_summary(State(state): Shared) -> Result<Json<Value>, ApiError> {
     Ok(Json(
         serde_json::to_value(state.ledger.operations_unknown_summary().await?).unwrap_or_default(),

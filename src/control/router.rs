@@ -31,6 +31,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/operations/unknown"),
     ("GET", "/v1/operations/{operation_id}"),
     ("POST", "/v1/operations/{operation_id}/resolve"),
+    ("POST", "/v1/operations/{operation_id}/retry"),
     // Added by `with_upstream_health` and `with_metrics` (as `leasegate
     // serve` does).
     ("GET", "/v1/upstreams"),
@@ -70,6 +71,10 @@ pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
         .route(
             "/v1/operations/{operation_id}/resolve",
             post(operations::resolve_operation),
+        )
+        .route(
+            "/v1/operations/{operation_id}/retry",
+            post(operations::retry_operation),
         )
         .fallback(|| async {
             ApiError::new(ErrorCode::NoRoute, "no such endpoint; see openapi.json")

@@ -36,8 +36,8 @@ use super::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced,
     InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError, MAX_OWNER_LEN, MarkUnknown,
     MarkUnknownOutcome, OperationRecord, OperationStatus, ReconcileItem, Registered, Rejection,
-    ReleaseUnsentOutcome, RetryVerdict, RunId, RunStatus, SettleOutcome, Settlement, StaleReason,
-    SupersedeOutcome, ToolRoute, UnknownBy, check_text,
+    ReleaseUnsentOutcome, RetryResetOutcome, RetryVerdict, RunId, RunStatus, SettleOutcome,
+    Settlement, StaleReason, SupersedeOutcome, ToolRoute, UnknownBy, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -758,6 +758,36 @@ impl Ledger {
             Outcome::StaleClaim => Ok(false),
             other => Err(other.unexpected(CALL)),
         }
+    }
+
+    /// An operator asks for an unknown operation to be tried again: its
+    /// same-key retry budget starts over (e.g. after the upstream was down
+    /// or fixed). `actor` and `note` go to the history.
+    pub async fn operation_reconcile_reset(
+        &self,
+        operation_id: &OperationId,
+        actor: &str,
+        note: &str,
+    ) -> Result<RetryResetOutcome, LedgerError> {
+        const CALL: &str = "operation_reconcile_reset";
+        check_text("actor", actor, MAX_OWNER_LEN)?;
+        if note.trim().is_empty() {
+            return Err(InvalidInput::Request("a retry needs a note".into()).into());
+        }
+        let row: OpRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_reconcile_reset($1, $2, $3)")
+                    .bind(operation_id.as_str())
+                    .bind(actor)
+                    .bind(note)
+            })
+            .await?;
+        Ok(match row.outcome(CALL)? {
+            Outcome::Reset => RetryResetOutcome::Reset(row.record(CALL)?),
+            Outcome::NotUnknown => RetryResetOutcome::NotUnknown(row.record(CALL)?),
+            Outcome::NotFound => RetryResetOutcome::NotFound,
+            other => return Err(other.unexpected(CALL)),
+        })
     }
 
     /// Records that the process `owner` is alive for `ttl_ms` more.

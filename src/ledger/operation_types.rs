@@ -312,6 +312,16 @@ impl EvidenceKind {
     }
 }
 
+/// The outcome of `operation_reconcile_reset`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryResetOutcome {
+    /// The retry budget starts over; the next reconciler pass takes it.
+    Reset(OperationRecord),
+    /// Only unknown operations are retried.
+    NotUnknown(OperationRecord),
+    NotFound,
+}
+
 /// The outcome of `operation_release_unsent`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReleaseUnsentOutcome {

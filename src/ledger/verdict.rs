@@ -53,6 +53,8 @@ pub(super) enum Outcome {
     // operation_reconcile_refund, operation_reconcile_release.
     Refunded,
     Released,
+    // operation_reconcile_reset.
+    Reset,
 }
 
 impl Outcome {
@@ -89,6 +91,7 @@ impl Outcome {
             "budget_spent" => BudgetSpent,
             "refunded" => Refunded,
             "released" => Released,
+            "reset" => Reset,
             other => {
                 return Err(LedgerError::Protocol {
                     call,
