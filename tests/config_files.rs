@@ -66,6 +66,17 @@ fn broken_files_name_the_file_and_the_field() {
             "listen: \"here\" is not an address",
         ),
         (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\nnot_done_errors = [{ pointer = \"error.code\", values = [\"busy\"] }]\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.not_done_errors: \"error.code\" is not a JSON pointer",
+        ),
+        (
             &[("c.toml", "colour = \"blue\"\n")],
             "c.toml",
             "unknown field `colour`",

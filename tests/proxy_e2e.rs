@@ -816,3 +816,62 @@ async fn a_sessionless_2026_07_28_client_lists_and_calls_through_leasegate(
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_error_the_provider_documents_as_nothing_done_leaves_the_operation_sendable(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let payments = replace_exactly(
+        common::proxy::PAYMENTS_ADAPTER,
+        "key_retention = \"24h\"",
+        "key_retention = \"24h\"\nnot_done_errors = [{ pointer = \"/error/code\", values = [\"unavailable\"] }]",
+    );
+    let scenario =
+        Scenario::with_adapters(&db.url, POLICY, &payments, common::proxy::MAILER_ADAPTER);
+    // Every charge answers "temporarily unavailable, nothing was done"
+    // until the state directory has a `calm` file.
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        replace_exactly(
+            &config,
+            r#"args = ["--tools", "payments","#,
+            r#"args = ["--fault-transient", "1", "--tools", "payments","#,
+        ),
+    )
+    .unwrap();
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let arguments = json!({"amount": 12, "currency": "eur"});
+
+    let first = call(&agent, "payments__charge", arguments.clone(), None)
+        .await
+        .unwrap();
+    assert_eq!(first.is_error, Some(true), "{first:?}");
+    let note = operation_note(&first);
+    assert_eq!(note["status"], "prepared", "{first:?}");
+    let id = OperationId::from_string(note["operation_id"].as_str().unwrap().to_owned());
+    let view = db.ledger.operation_get(&id).await.unwrap().unwrap();
+    assert_eq!(view.operation.status, OperationStatus::Prepared);
+    assert_eq!(view.evidence[0].kind.as_str(), "not_sent");
+    assert!(scenario.side_effects("charges.jsonl").is_empty());
+
+    // The provider recovers; the same call sends the same operation once.
+    std::fs::write(scenario.dir.join("state/calm"), "").unwrap();
+    let second = call(&agent, "payments__charge", arguments, None)
+        .await
+        .unwrap();
+    assert_ne!(second.is_error, Some(true), "{second:?}");
+    let note = operation_note(&second);
+    assert_eq!(
+        (note["status"].as_str(), note["operation_id"].as_str()),
+        (Some("succeeded"), Some(id.as_str()))
+    );
+    let charges = scenario.side_effects("charges.jsonl");
+    assert_eq!(charges.len(), 1, "{charges:?}");
+    assert_eq!(charges[0]["idempotency_key"], id.as_str());
+    proxy.stop().await;
+}

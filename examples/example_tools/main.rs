@@ -360,9 +360,11 @@ impl ExampleTools {
             return None;
         }
         self.record_fault("transient", tool).await;
-        Some(CallToolResult::error(vec![ContentBlock::text(format!(
-            "{tool}: temporarily unavailable, nothing was done; try again"
-        ))]))
+        let message = format!("{tool}: temporarily unavailable, nothing was done; try again");
+        let mut result = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+        result.structured_content =
+            Some(json!({"error": {"code": "unavailable", "message": message}}));
+        Some(result)
     }
 
     /// Fault injection after a new side effect was written: exit before

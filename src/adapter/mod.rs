@@ -15,6 +15,9 @@
 //! key_retention = "24h"
 //! replays_first_outcome = true          # a same-key retry answers the first attempt's
 //!                                       # outcome, errors included (Stripe); default false
+//! # Error answers the provider documents as "nothing was done": the
+//! # operation stays sendable under the same id instead of failed_final.
+//! not_done_errors = [{ pointer = "/error/code", values = ["rate_limited", "unavailable"] }]
 //! query_tool = "get_charge"             # for operation_query / resource_id
 //! query_argument = "idempotency_key"
 //! remote_id_pointer = "/charge_id"      # JSON pointer into structuredContent
@@ -96,6 +99,9 @@ pub struct RawToolAdapter {
     /// first attempt's final failure. Default false: a retry's error says
     /// nothing about the first attempt.
     pub replays_first_outcome: Option<bool>,
+    /// Error answers the provider documents as "nothing was done": a JSON
+    /// pointer into `structuredContent` and the values it may hold.
+    pub not_done_errors: Option<Vec<RawNotDone>>,
     pub query_tool: Option<String>,
     pub query_argument: Option<String>,
     /// JSON pointer into the query's structuredContent: true when found (default "/found").
@@ -110,6 +116,22 @@ pub struct RawToolAdapter {
     pub timeout: Option<String>,
 }
 
+/// One "nothing was done" rule of an adapter file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawNotDone {
+    pub pointer: String,
+    pub values: Vec<Value>,
+}
+
+/// An error answer the provider documents as "nothing was done": the value
+/// at `pointer` in `structuredContent` is one of `values`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotDoneRule {
+    pub pointer: String,
+    pub values: Vec<Value>,
+}
+
 /// What leasegate does with one upstream tool.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolAdapter {
@@ -120,6 +142,8 @@ pub struct ToolAdapter {
     pub key_retention: Option<Duration>,
     /// See [`RawToolAdapter::replays_first_outcome`].
     pub replays_first_outcome: bool,
+    /// See [`RawToolAdapter::not_done_errors`].
+    pub not_done_errors: Vec<NotDoneRule>,
     pub query: Option<QuerySpec>,
     pub remote_id_pointer: Option<String>,
 }
@@ -164,6 +188,19 @@ impl Adapter {
 }
 
 impl ToolAdapter {
+    /// Whether `answer` is an error the provider documents as "nothing was
+    /// done" (the adapter's `not_done_errors`).
+    pub fn says_nothing_was_done(&self, answer: &ToolAnswer) -> bool {
+        answer.is_error
+            && self.not_done_errors.iter().any(|rule| {
+                answer
+                    .result
+                    .get("structuredContent")
+                    .and_then(|s| s.pointer(&rule.pointer))
+                    .is_some_and(|found| rule.values.contains(found))
+            })
+    }
+
     /// No adapter at all: side-effecting, capability `none`.
     pub fn unknown(timeout: Duration) -> Self {
         Self {
@@ -173,6 +210,7 @@ impl ToolAdapter {
             timeout,
             key_retention: None,
             replays_first_outcome: false,
+            not_done_errors: Vec::new(),
             query: None,
             remote_id_pointer: None,
         }
@@ -225,6 +263,7 @@ impl RawToolAdapter {
                     "replays_first_outcome",
                     self.replays_first_outcome.is_some(),
                 ),
+                ("not_done_errors", self.not_done_errors.is_some()),
                 ("query_tool", self.query_tool.is_some()),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
@@ -323,6 +362,29 @@ impl RawToolAdapter {
                 "only for capability idempotency_key",
             ));
         }
+        let not_done_errors = self
+            .not_done_errors
+            .iter()
+            .flatten()
+            .map(|rule| {
+                if !rule.pointer.is_empty() && !rule.pointer.starts_with('/') {
+                    return Err(FieldError::new(
+                        "not_done_errors",
+                        format!("{:?} is not a JSON pointer (\"/error/code\")", rule.pointer),
+                    ));
+                }
+                if rule.values.is_empty() {
+                    return Err(FieldError::new(
+                        "not_done_errors",
+                        "each rule needs at least one value",
+                    ));
+                }
+                Ok(NotDoneRule {
+                    pointer: rule.pointer.clone(),
+                    values: rule.values.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let query = match (&self.query_tool, &self.query_argument, capability) {
             (Some(tool), Some(argument), Capability::OperationQuery | Capability::ResourceId) => {
                 Some(QuerySpec {
@@ -397,6 +459,7 @@ impl RawToolAdapter {
             timeout,
             key_retention,
             replays_first_outcome: self.replays_first_outcome.unwrap_or(false),
+            not_done_errors,
             query,
             remote_id_pointer: self.remote_id_pointer.clone(),
         })

@@ -625,6 +625,26 @@ async fn settle(
     adapter: &ToolAdapter,
     answer: ToolAnswer,
 ) -> Result<CallReply, CallError> {
+    if adapter.says_nothing_was_done(&answer) {
+        // The provider documents this error as "nothing was done": the
+        // operation stays sendable under the same id, not failed_final.
+        let evidence = json!({"provider_said_nothing_was_done": answer.result});
+        if let Ok(ReleaseUnsentOutcome::Released { operation, .. }) =
+            ledger.operation_release_unsent(claim, &evidence).await
+        {
+            metrics::counter!("tool_operation_not_sent_total").increment(1);
+            return Ok(CallReply::Answer {
+                result: answer.result,
+                is_error: true,
+                operation: OperationNote {
+                    operation_id: operation.operation_id,
+                    status: operation.status,
+                    replayed: false,
+                },
+            });
+        }
+        // Moved on, or the ledger failed: record the answer as usual.
+    }
     let remote_id = remote_id_of(adapter.remote_id_pointer.as_deref(), &answer.result);
     let settlement = if answer.is_error {
         Settlement::FailedFinal

@@ -13,7 +13,7 @@
 //! | `operation_query` / `resource_id` without a query tool | needs operator | — |
 //! | `operation_query` | query by operation id | found → `succeeded` with the resource; not found, error, no answer → stays unknown |
 //! | `resource_id` | query by operation id | found and every `match_fields` equal to the request's → `succeeded`; a mismatch → stays unknown (logged) |
-//! | `idempotency_key` | same-key retry (inside the key retention window and retry budget, counted before it leaves) | success → `succeeded` (a provider replay, or the first execution); an error → `failed_final` only if the adapter says `replays_first_outcome`, else stays unknown; no answer → stays unknown |
+//! | `idempotency_key` | same-key retry (inside the key retention window and retry budget, counted before it leaves) | success → `succeeded` (a provider replay, or the first execution); an error the adapter's `not_done_errors` match → stays unknown (nothing was done now); another error → `failed_final` only if the adapter says `replays_first_outcome`, else stays unknown; no answer → stays unknown |
 //!
 //! A retry's or query's failure to answer never converges anything: only
 //! an answer that proves an outcome does.
@@ -150,6 +150,10 @@ pub fn judge_retry(adapter: &ToolAdapter, answer: Option<ToolAnswer>, attempt: i
     let Some(answer) = answer else {
         return Judgement::StaysUnknown("retry_failed");
     };
+    if adapter.says_nothing_was_done(&answer) {
+        // Nothing was done now; that says nothing about the first attempt.
+        return Judgement::StaysUnknown("retry_not_done");
+    }
     if answer.is_error && !adapter.replays_first_outcome {
         // Says nothing about the first attempt: it may have acted.
         return Judgement::StaysUnknown("retry_error_inconclusive");
@@ -428,5 +432,33 @@ mod tests {
             judge_retry(&replaying, None, 1),
             Judgement::StaysUnknown("retry_failed")
         );
+        // An error the provider documents as "nothing was done" proves
+        // nothing, even from a provider that replays first outcomes.
+        let documented = ToolAdapter {
+            not_done_errors: vec![crate::adapter::NotDoneRule {
+                pointer: "/error/code".into(),
+                values: vec![json!("rate_limited")],
+            }],
+            ..replaying
+        };
+        assert_eq!(
+            judge_retry(
+                &documented,
+                Some(answer(true, json!({"error": {"code": "rate_limited"}}))),
+                1
+            ),
+            Judgement::StaysUnknown("retry_not_done")
+        );
+        assert!(matches!(
+            judge_retry(
+                &documented,
+                Some(answer(true, json!({"error": {"code": "card_declined"}}))),
+                1
+            ),
+            Judgement::Converge(RemoteFact {
+                settlement: Settlement::FailedFinal,
+                ..
+            })
+        ));
     }
 }
