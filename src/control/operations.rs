@@ -92,16 +92,16 @@ pub(super) async fn resolve_operation(
         ));
     }
     let id = OperationId::from_string(raw);
-    let view = state
+    let found = state
         .ledger
-        .operation_get(&id)
+        .operation_record(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("operation"))?;
     let outcome = state
         .ledger
         .operation_converge(crate::ledger::Converge {
             operation_id: &id,
-            expected_revision: view.operation.revision,
+            expected_revision: found.revision,
             settlement,
             remote_id: body.remote_id.as_deref(),
             result: body.result.as_ref(),

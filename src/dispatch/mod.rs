@@ -363,8 +363,8 @@ impl<U: Upstream> Dispatcher<U> {
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(250));
-            record = match self.ledger.operation_get(&record.operation_id).await? {
-                Some(view) => view.operation,
+            record = match self.ledger.operation_record(&record.operation_id).await? {
+                Some(found) => found,
                 None => {
                     return Err(CallError::InProgress {
                         operation_id: record.operation_id,

@@ -109,13 +109,7 @@ impl Ledger {
                 };
                 metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
             })?;
-        let fenced = row.into_fenced(
-            CALL,
-            Expected {
-                claim: Some(claim),
-                ..Expected::default()
-            },
-        )?;
+        let fenced = row.into_fenced(CALL, Expected::claim(claim))?;
         let outcome = match &fenced {
             Fenced::Applied(_) => "success",
             Fenced::Rejected(Rejection::Terminal { .. }) => "terminal",
@@ -136,12 +130,6 @@ impl Ledger {
                     .bind(claim.epoch)
             })
             .await?;
-        row.into_fenced(
-            CALL,
-            Expected {
-                claim: Some(claim),
-                ..Expected::default()
-            },
-        )
+        row.into_fenced(CALL, Expected::claim(claim))
     }
 }

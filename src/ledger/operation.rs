@@ -419,10 +419,7 @@ impl Ledger {
                     .bind(claim_ttl_ms)
             })
             .await?;
-        let expected = Expected {
-            claim: Some(claim),
-            ..Expected::default()
-        };
+        let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(intent))? {
             return Ok(Fenced::Rejected(rejection));
         }
@@ -653,10 +650,7 @@ impl Ledger {
                     .bind(&params)
             })
             .await?;
-        let expected = Expected {
-            claim: Some(claim),
-            ..Expected::default()
-        };
+        let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(revised))? {
             return Ok(Fenced::Rejected(rejection));
         }

@@ -213,8 +213,42 @@ impl Ledger {
             return Ok(None);
         };
         let events = self.operation_events(operation_id).await?;
-        let evidence: Vec<EvidenceRow> = self
-            .invoke_all("operation_evidence", false, || {
+        let evidence = self.operation_evidence(operation_id).await?;
+        Ok(Some(OperationView {
+            operation: row.record(CALL)?,
+            request_body: row.request_body.0.clone(),
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            superseded_by: row.superseded_by.clone().map(OperationId::from_string),
+            events,
+            evidence,
+        }))
+    }
+
+    /// The operation row alone (no history or evidence): what a caller
+    /// polling for a status or reading a revision needs.
+    pub async fn operation_record(
+        &self,
+        operation_id: &OperationId,
+    ) -> Result<Option<OperationRecord>, LedgerError> {
+        const CALL: &str = "operation_record";
+        let row: Option<TableRow> = self
+            .invoke_optional(CALL, false, || {
+                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
+                    .bind(operation_id.as_str())
+            })
+            .await?;
+        row.map(|row| row.record(CALL)).transpose()
+    }
+
+    /// Every piece of evidence kept for an operation, oldest first.
+    pub async fn operation_evidence(
+        &self,
+        operation_id: &OperationId,
+    ) -> Result<Vec<Evidence>, LedgerError> {
+        const CALL: &str = "operation_evidence";
+        let rows: Vec<EvidenceRow> = self
+            .invoke_all(CALL, false, || {
                 sqlx::query_as(
                     "SELECT evidence_id, at, kind, source, claim_owner, claim_revision, outcome,
                             remote_id, body
@@ -223,32 +257,23 @@ impl Ledger {
                 .bind(operation_id.as_str())
             })
             .await?;
-        Ok(Some(OperationView {
-            operation: row.record(CALL)?,
-            request_body: row.request_body.0.clone(),
-            created_at: row.created_at,
-            updated_at: row.updated_at,
-            superseded_by: row.superseded_by.clone().map(OperationId::from_string),
-            events,
-            evidence: evidence
-                .into_iter()
-                .map(|e| {
-                    Ok(Evidence {
-                        evidence_id: e.evidence_id,
-                        at: e.at,
-                        kind: EvidenceKind::parse(&e.kind).ok_or_else(|| {
-                            protocol(CALL, format!("evidence kind {:?} is unknown", e.kind))
-                        })?,
-                        source: e.source,
-                        claim_owner: e.claim_owner,
-                        claim_revision: e.claim_revision,
-                        outcome: e.outcome,
-                        remote_id: e.remote_id,
-                        body: e.body.0,
-                    })
+        rows.into_iter()
+            .map(|e| {
+                Ok(Evidence {
+                    evidence_id: e.evidence_id,
+                    at: e.at,
+                    kind: EvidenceKind::parse(&e.kind).ok_or_else(|| {
+                        protocol(CALL, format!("evidence kind {:?} is unknown", e.kind))
+                    })?,
+                    source: e.source,
+                    claim_owner: e.claim_owner,
+                    claim_revision: e.claim_revision,
+                    outcome: e.outcome,
+                    remote_id: e.remote_id,
+                    body: e.body.0,
                 })
-                .collect::<Result<_, LedgerError>>()?,
-        }))
+            })
+            .collect()
     }
 
     /// A run's operations, oldest first, optionally only those in `status`.

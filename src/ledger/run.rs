@@ -106,11 +106,7 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Expected {
-                claim: Some(claim),
-                revision: Some(expected_revision),
-                status: Some(RunStatus::Running),
-            },
+            Expected::run_write(claim, expected_revision, RunStatus::Running),
         )
     }
 
@@ -132,11 +128,7 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Expected {
-                claim: Some(claim),
-                revision: Some(expected_revision),
-                status: Some(RunStatus::Pending),
-            },
+            Expected::run_write(claim, expected_revision, RunStatus::Pending),
         )
     }
 
@@ -160,11 +152,7 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Expected {
-                claim: Some(claim),
-                revision: Some(expected_revision),
-                status: Some(RunStatus::Running),
-            },
+            Expected::run_write(claim, expected_revision, RunStatus::Running),
         )
     }
 
@@ -189,11 +177,7 @@ impl Ledger {
             .await?;
         row.into_fenced(
             CALL,
-            Expected {
-                claim: Some(claim),
-                revision: Some(expected_revision),
-                status: Some(RunStatus::Running),
-            },
+            Expected::run_write(claim, expected_revision, RunStatus::Running),
         )
     }
 

@@ -119,6 +119,26 @@ pub(super) struct Expected<'a> {
     pub status: Option<RunStatus>,
 }
 
+impl<'a> Expected<'a> {
+    /// A write under `claim` that carries no revision or status check.
+    pub(super) fn claim(claim: &'a LeaseClaim) -> Self {
+        Expected {
+            claim: Some(claim),
+            ..Expected::default()
+        }
+    }
+
+    /// A run-state write: lease `claim`, revision CAS at `revision`, and the
+    /// run status the write needs.
+    pub(super) fn run_write(claim: &'a LeaseClaim, revision: i64, status: RunStatus) -> Self {
+        Expected {
+            claim: Some(claim),
+            revision: Some(revision),
+            status: Some(status),
+        }
+    }
+}
+
 /// The run and lease as the database found them.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Found<'a> {

@@ -385,10 +385,10 @@ impl<U: Upstream> Reconciler<U> {
     async fn reconcile(&self, item: &ReconcileItem) -> Result<ReconcileOutcome, LedgerError> {
         let shared = &self.0;
         let operation = &item.operation;
-        let evidence = match shared.ledger.operation_get(&operation.operation_id).await? {
-            Some(view) => view.evidence,
-            None => Vec::new(),
-        };
+        let evidence = shared
+            .ledger
+            .operation_evidence(&operation.operation_id)
+            .await?;
         let tool = shared.resolve(operation);
         match plan::plan(operation, tool.as_ref().map(|t| &t.adapter), &evidence) {
             Step::Converge(fact) => self.converge(item, operation.revision, fact).await,
