@@ -600,6 +600,65 @@ BEGIN
 END
 $$;
 
+-- A reconciler re-sends an unknown operation under the same operation id,
+-- under its reconcile claim, after the tool answered an authoritative "not
+-- found" (operation_query / resource_id tools, whose adapter opts in with
+-- resend_after_not_found): unknown -> prepared, where the dispatcher (or the
+-- agent's re-call) sends it again. Only once p_settle_ms have passed since
+-- the operation was last sent (its last prepared -> dispatching, on the
+-- database clock), so a first request still in flight has had time to land;
+-- counted against the same budget as same-key retries. The query answer is
+-- kept as evidence.
+-- outcome: resent | settling | budget_spent | stale_claim.
+CREATE OR REPLACE FUNCTION operation_reconcile_resend(
+  p_operation_id text, p_owner text, p_expected_revision bigint, p_settle_ms bigint,
+  p_max_attempts integer, p_evidence jsonb,
+  OUT outcome text, OUT revision bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o         tool_operations;
+  last_sent timestamptz;
+  ev        bigint;
+BEGIN
+  IF p_settle_ms IS NULL OR p_settle_ms < 0 THEN
+    RAISE EXCEPTION 'settle delay must be >= 0 ms, got %', p_settle_ms USING ERRCODE = '22023';
+  END IF;
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND OR o.status <> 'unknown' OR o.reconcile_owner IS DISTINCT FROM p_owner
+     OR o.revision <> p_expected_revision OR o.reconcile_until <= clock_timestamp() THEN
+    outcome := 'stale_claim';
+    RETURN;
+  END IF;
+  revision := o.revision;
+  SELECT max(e.at) INTO last_sent FROM ledger_events e
+   WHERE e.run_id = o.run_id AND e.operation_id = p_operation_id AND e.to_status = 'dispatching';
+  IF COALESCE(last_sent, o.first_dispatched_at, o.updated_at)
+       + (p_settle_ms * interval '1 millisecond') > clock_timestamp() THEN
+    outcome := 'settling';
+    RETURN;
+  END IF;
+  IF o.reconcile_attempts >= p_max_attempts THEN
+    outcome := 'budget_spent';
+    RETURN;
+  END IF;
+  INSERT INTO operation_evidence (operation_id, kind, source, outcome, body)
+  VALUES (p_operation_id, 'query_result', p_owner, 'not_sent',
+          COALESCE(p_evidence, '{}'::jsonb) || jsonb_build_object('last_sent', last_sent))
+  RETURNING evidence_id INTO ev;
+  UPDATE tool_operations
+     SET status = 'prepared', reconcile_owner = NULL, reconcile_until = NULL,
+         reconcile_attempts = reconcile_attempts + 1, not_before = NULL,
+         revision = tool_operations.revision + 1, updated_at = clock_timestamp()
+   WHERE operation_id = p_operation_id
+  RETURNING tool_operations.revision INTO revision;
+  INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                             actor, revision, detail)
+  VALUES (o.run_id, o.operation_id, 'operation', 'unknown', 'prepared', 'reconciler', p_owner,
+          revision, jsonb_build_object('evidence_id', ev, 'resend', true, 'not_found', true));
+  outcome := 'resent';
+END
+$$;
+
 -- An operator asks the reconciler to try an unknown operation again: its
 -- same-key retry budget starts over and any reconcile claim is dropped, so
 -- the next pass takes it. Who and why go to the history. Only from unknown.
@@ -652,6 +711,7 @@ REVOKE EXECUTE ON FUNCTION
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),
   operation_reconcile_release(text, text, bigint),
+  operation_reconcile_resend(text, text, bigint, bigint, integer, jsonb),
   operation_reconcile_reset(text, text, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
@@ -667,5 +727,6 @@ GRANT EXECUTE ON FUNCTION
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),
   operation_reconcile_release(text, text, bigint),
+  operation_reconcile_resend(text, text, bigint, bigint, integer, jsonb),
   operation_reconcile_reset(text, text, text)
 TO leasegate_app;

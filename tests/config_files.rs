@@ -167,6 +167,50 @@ fn broken_files_name_the_file_and_the_field() {
         ),
         (
             &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\nresource_id_pointer = \"/name\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.resource_id_pointer: only for capability resource_id",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.make]\ncapability = \"resource_id\"\nresource_id_pointer = \"name\"\nquery_tool = \"get\"\nquery_argument = \"name\"\nmatch_fields = [\"name\"]\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.make.resource_id_pointer: a JSON pointer starts with '/'",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.make]\ncapability = \"operation_query\"\nquery_tool = \"get\"\nquery_argument = \"id\"\ntimeout = \"30s\"\nresend_after_not_found = \"100s\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.make.resend_after_not_found: must be at least the policy's claim_ttl (120s)",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\nresend_after_not_found = \"5m\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.resend_after_not_found: only for capability operation_query or resource_id",
+        ),
+        (
+            &[
                 ("c.toml", &format!("policy = \"p.toml\"\n{MAIN}")),
                 ("p.toml", "request_body = \"masked\"\n"),
                 ("adapters/.keep", ""),

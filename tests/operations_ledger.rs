@@ -12,8 +12,8 @@ use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{
     Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced, InlineClaim, LeaseClaim,
     LedgerOptions, MarkUnknown, MarkUnknownOutcome, OperationStatus, PlannedCheckpoint, Rejection,
-    RunCreateOutcome, RunId, RunStatus, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
-    UnknownBy, UnknownCause,
+    ResendVerdict, RunCreateOutcome, RunId, RunStatus, SettleOutcome, Settlement, StaleReason,
+    SupersedeOutcome, UnknownBy, UnknownCause,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -1009,6 +1009,8 @@ enum Event {
     Settle(Settlement),
     MarkUnknown,
     ReleaseUnsent,
+    /// The reconciler hands a not-found operation back to the dispatcher.
+    Resend,
     Converge(Settlement),
     CancelRun,
     Supersede,
@@ -1094,7 +1096,8 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
     use OperationStatus::*;
     let db = TestDb::new(pool, connect).await;
     // The seed's state model (9.3); every pair not listed leaves the status
-    // as it was. Only a proof that nothing was sent returns to prepared.
+    // as it was. Only a proof that nothing was sent (release, or the tool's own
+    // "not found" past the settle delay: resend) returns to prepared.
     let moves = [
         (Prepared, Event::Claim, Dispatching),
         (Dispatching, Event::Settle(Settlement::Succeeded), Succeeded),
@@ -1105,6 +1108,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
         ),
         (Dispatching, Event::MarkUnknown, Unknown),
         (Dispatching, Event::ReleaseUnsent, Prepared),
+        (Unknown, Event::Resend, Prepared),
         (Unknown, Event::Converge(Settlement::Succeeded), Succeeded),
         (
             Unknown,
@@ -1120,6 +1124,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
         Event::Settle(Settlement::FailedFinal),
         Event::MarkUnknown,
         Event::ReleaseUnsent,
+        Event::Resend,
         Event::Converge(Settlement::Succeeded),
         Event::Converge(Settlement::FailedFinal),
         Event::CancelRun,
@@ -1176,6 +1181,29 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                         .await
                         .unwrap();
                 }
+                Event::Resend => {
+                    // Under a reconcile claim when it can be claimed (unknown),
+                    // else with the row as read: a stale claim.
+                    let claimed = db
+                        .ledger
+                        .operation_reconcile_claim("reconciler-1", 60_000, 1000, None)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .find(|item| item.operation.operation_id == original.operation_id)
+                        .map_or(record.clone(), |item| item.operation);
+                    let _ = db
+                        .ledger
+                        .operation_reconcile_resend(
+                            &claimed,
+                            "reconciler-1",
+                            0,
+                            5,
+                            &json!({"found": false}),
+                        )
+                        .await
+                        .unwrap();
+                }
                 Event::Converge(settlement) => {
                     db.ledger
                         .operation_converge(Converge {
@@ -1228,4 +1256,120 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
             );
         }
     }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_not_found_operation_is_sent_again_only_after_the_settle_delay_within_budget_under_the_claim(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (_, original, _) = operation_in(&db, OperationStatus::Unknown).await;
+    let claim = |owner: &'static str| {
+        let ledger = db.ledger.clone();
+        async move {
+            ledger
+                .operation_reconcile_claim(owner, 60_000, 10, None)
+                .await
+                .unwrap()
+                .into_iter()
+                .next()
+                .map(|item| item.operation)
+        }
+    };
+    let evidence = json!({"query_tool": "get_bucket", "found": false});
+    let held = claim("reconciler-1").await.expect("the unknown operation");
+    // Sent moments ago: a first request may still land.
+    assert_eq!(
+        db.ledger
+            .operation_reconcile_resend(&held, "reconciler-1", 3_600_000, 5, &evidence)
+            .await
+            .unwrap(),
+        ResendVerdict::Settling
+    );
+    // No budget left.
+    assert_eq!(
+        db.ledger
+            .operation_reconcile_resend(&held, "reconciler-1", 0, 0, &evidence)
+            .await
+            .unwrap(),
+        ResendVerdict::BudgetSpent
+    );
+    // Not the claim's owner, or a revision the claim moved past.
+    assert_eq!(
+        db.ledger
+            .operation_reconcile_resend(&held, "reconciler-2", 0, 5, &evidence)
+            .await
+            .unwrap(),
+        ResendVerdict::StaleClaim
+    );
+    let moved = leasegate::ledger::OperationRecord {
+        revision: held.revision - 1,
+        ..held.clone()
+    };
+    assert_eq!(
+        db.ledger
+            .operation_reconcile_resend(&moved, "reconciler-1", 0, 5, &evidence)
+            .await
+            .unwrap(),
+        ResendVerdict::StaleClaim
+    );
+    assert_eq!(
+        op_row(&db, &original).await.0,
+        "unknown",
+        "nothing moved yet"
+    );
+
+    assert_eq!(
+        db.ledger
+            .operation_reconcile_resend(&held, "reconciler-1", 0, 5, &evidence)
+            .await
+            .unwrap(),
+        ResendVerdict::Resent
+    );
+    assert_eq!(op_row(&db, &original).await.0, "prepared");
+    let view = db
+        .ledger
+        .operation_get(&original.operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let last = view.events.last().unwrap();
+    assert_eq!(
+        (
+            last.from_status.as_deref(),
+            last.to_status.as_str(),
+            last.actor_kind.as_str()
+        ),
+        (Some("unknown"), "prepared", "reconciler")
+    );
+    let kept: (String, Option<String>, Value) = sqlx::query_as(
+        "SELECT kind, outcome, body FROM operation_evidence WHERE operation_id = $1 \
+         ORDER BY evidence_id DESC LIMIT 1",
+    )
+    .bind(original.operation_id.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        (kept.0.as_str(), kept.1.as_deref()),
+        ("query_result", Some("not_sent"))
+    );
+    assert_eq!(kept.2["query_tool"], "get_bucket");
+    // The dispatcher sends it again under the same operation id, counted.
+    let claimed = db
+        .ledger
+        .operation_claim("dispatcher-1", 60_000, 10, None)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].claim.operation_id, original.operation_id);
+    let attempts: (i32, i32) = sqlx::query_as(
+        "SELECT reconcile_attempts, dispatch_count FROM tool_operations WHERE operation_id = $1",
+    )
+    .bind(original.operation_id.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(attempts, (1, 2), "one resend counted, sent twice in all");
 }

@@ -1285,3 +1285,196 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
 }
+
+/// A provisioner whose buckets the agent names: leasegate finds a bucket by
+/// the name in the request (`resource_id_pointer`), and sends a create the
+/// tool never saw again under the same operation id.
+const NAMED_BUCKETS: &str = r#"upstream = "provisioner"
+timeout = "2s"
+[tools.create_bucket]
+capability = "resource_id"
+resource_id_pointer = "/name"
+query_tool = "get_bucket"
+query_argument = "name"
+query_resource_pointer = "/bucket"
+query_remote_id_pointer = "/bucket/bucket_id"
+match_fields = ["region"]
+resend_after_not_found = "3s"
+timeout = "500ms"
+[tools.get_bucket]
+read_only = true
+"#;
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_resource_the_agent_named_is_found_by_that_name_and_one_the_tool_never_saw_is_sent_again(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    scenario.add_upstream("provisioner", "provisioner", NAMED_BUCKETS);
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    // Two creates whose outcome a crashed proxy never learned: the first
+    // reached the tool (the bucket exists), the second did not.
+    let mut unknown = Vec::new();
+    for name in ["invoices-2026", "payroll-2026"] {
+        let intent = Intent::new(
+            "tenant-a",
+            lease.run_id,
+            None,
+            "provisioner__create_bucket",
+            &json!({"name": name, "region": "eu"}),
+            IntegerPolicy::Reject,
+        )
+        .unwrap();
+        let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
+        db.ledger
+            .operation_mark_unknown(MarkUnknown {
+                claim: &claim,
+                by: UnknownBy::ClaimHolder,
+                actor: "crashed-proxy",
+                cause: UnknownCause::TimedOut,
+                evidence: &json!({}),
+            })
+            .await
+            .unwrap();
+        unknown.push(intent);
+    }
+    std::fs::write(
+        scenario.dir.join("state/buckets.jsonl"),
+        format!(
+            "{}\n",
+            json!({"bucket_id": "bk_1", "name": "invoices-2026", "region": "eu", "size": null})
+        ),
+    )
+    .unwrap();
+
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let status = |intent: &Intent| {
+        let (db, id) = (&db, intent.operation_id.clone());
+        async move {
+            sqlx::query_as::<_, (String, Option<String>, i32)>(
+                "SELECT status, remote_id, dispatch_count FROM tool_operations WHERE operation_id = $1",
+            )
+            .bind(id.as_str())
+            .fetch_one(&db.admin)
+            .await
+            .unwrap()
+        }
+    };
+    wait_until("both creates to converge", || async {
+        let (first, second) = (status(&unknown[0]).await, status(&unknown[1]).await);
+        (first.0 == "succeeded" && second.0 == "succeeded").then_some(())
+    })
+    .await;
+    let buckets = scenario.side_effects("buckets.jsonl");
+    let named = |name: &str| buckets.iter().filter(|b| b["name"] == name).count();
+    assert_eq!(
+        (named("invoices-2026"), named("payroll-2026"), buckets.len()),
+        (1, 1, 2),
+        "each bucket exists once, under the agent's name: {buckets:?}"
+    );
+    let creates = calls_of(&scenario, "create_bucket");
+    assert_eq!(
+        creates,
+        vec![json!({"tool": "create_bucket", "name": "payroll-2026"})],
+        "only the create the tool never saw was sent, with the agent's name"
+    );
+    let (_, remote, dispatched) = status(&unknown[0]).await;
+    assert_eq!(
+        (remote.as_deref(), dispatched),
+        (Some("bk_1"), 1),
+        "found by name"
+    );
+    let (_, _, dispatched) = status(&unknown[1]).await;
+    assert_eq!(dispatched, 2, "sent again under the same operation id");
+    let view = db
+        .ledger
+        .operation_get(&unknown[1].operation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        view.events
+            .iter()
+            .any(|e| e.from_status.as_deref() == Some("unknown")
+                && e.to_status == "prepared"
+                && e.actor_kind == "reconciler"),
+        "the resend is in the history: {:?}",
+        view.events
+    );
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_operation_is_prepared_again(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use leasegate::adapter::{Capability, OperationIdPlacement, ResolvedTool, ToolAdapter};
+    use leasegate::dispatch::{CallContext, CallError, Claimed, execute_claim};
+
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let arguments = json!({"amount": 5, "currency": "eur"});
+    let intent = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &arguments,
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &intent, "paused-proxy", 200).await;
+    // The process "wakes up" after its claim lapsed (no other process has
+    // expired it yet: the row still says dispatching under this claim).
+    wait_until("the claim to lapse", || async {
+        (chrono::Utc::now() > claim.until).then_some(())
+    })
+    .await;
+    let tool = ResolvedTool {
+        upstream: "payments".into(),
+        tool: "charge".into(),
+        adapter: ToolAdapter {
+            capability: Capability::IdempotencyKey,
+            placement: OperationIdPlacement::Argument("idempotency_key".into()),
+            ..ToolAdapter::unknown(std::time::Duration::from_secs(1))
+        },
+    };
+    let Value::Object(arguments) = arguments else {
+        unreachable!()
+    };
+    let reply = execute_claim(
+        db.ledger.clone(),
+        std::sync::Arc::new(Unreachable),
+        "paused-proxy".into(),
+        claim,
+        Claimed {
+            tool,
+            arguments,
+            context: CallContext {
+                meta: Default::default(),
+                agent: None,
+                cancel: Default::default(),
+            },
+        },
+    )
+    .await;
+    assert!(matches!(reply, Err(CallError::NotSent { .. })), "{reply:?}");
+    assert_eq!(
+        status_of(&db, "payments__charge").await.as_deref(),
+        Some("prepared"),
+        "nothing left: the same operation id may be sent again"
+    );
+    let evidence: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT kind, outcome FROM operation_evidence WHERE operation_id = $1")
+            .bind(intent.operation_id.as_str())
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        evidence,
+        vec![("not_sent".to_owned(), Some("not_sent".to_owned()))]
+    );
+}

@@ -18,9 +18,18 @@
 //! # Error answers the provider documents as "nothing was done": the
 //! # operation stays sendable under the same id instead of failed_final.
 //! not_done_errors = [{ pointer = "/error/code", values = ["rate_limited", "unavailable"] }]
-//! query_tool = "get_charge"             # for operation_query / resource_id
-//! query_argument = "idempotency_key"
 //! remote_id_pointer = "/charge_id"      # JSON pointer into structuredContent
+//!
+//! [tools.create_bucket]
+//! capability = "resource_id"            # the agent names the resource
+//! resource_id_pointer = "/name"         # where that name is in the arguments
+//! query_tool = "get_bucket"             # asked with {query_argument: <name>}
+//! query_argument = "name"               # (without resource_id_pointer: the operation id)
+//! query_resource_pointer = "/bucket"
+//! match_fields = ["region"]             # the found resource must agree on these
+//! resend_after_not_found = "5m"         # "not found" this long after the last send
+//!                                       # (at least the policy's claim_ttl):
+//!                                       # send again under the same operation id
 //!
 //! [tools.get_charge]
 //! read_only = true
@@ -112,6 +121,15 @@ pub struct RawToolAdapter {
     pub query_remote_id_pointer: Option<String>,
     /// resource_id: fields of the found resource that must equal the request's.
     pub match_fields: Option<Vec<String>>,
+    /// resource_id: JSON pointer to the resource's id in the request's
+    /// arguments (a name the agent chose); the query asks by it instead of
+    /// by the operation id.
+    pub resource_id_pointer: Option<String>,
+    /// operation_query / resource_id: after the query answers "not found"
+    /// (the found pointer holds `false`) this long after the operation was
+    /// last sent, the operation is sent again under the same operation id.
+    /// Unset: it stays unknown for an operator.
+    pub resend_after_not_found: Option<String>,
     pub remote_id_pointer: Option<String>,
     pub timeout: Option<String>,
 }
@@ -159,6 +177,11 @@ pub struct QuerySpec {
     pub remote_id_pointer: Option<String>,
     /// resource_id: the found resource must agree with the request on these.
     pub match_fields: Vec<String>,
+    /// resource_id: where the resource's id is in the request's arguments;
+    /// `None`: the query asks by operation id.
+    pub resource_id_pointer: Option<String>,
+    /// See [`RawToolAdapter::resend_after_not_found`].
+    pub resend_after_not_found: Option<Duration>,
 }
 
 /// A validated adapter file.
@@ -265,6 +288,11 @@ impl RawToolAdapter {
                 ),
                 ("not_done_errors", self.not_done_errors.is_some()),
                 ("query_tool", self.query_tool.is_some()),
+                ("resource_id_pointer", self.resource_id_pointer.is_some()),
+                (
+                    "resend_after_not_found",
+                    self.resend_after_not_found.is_some(),
+                ),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
                 return Err(FieldError::new(
@@ -397,6 +425,12 @@ impl RawToolAdapter {
                     resource_pointer: self.query_resource_pointer.clone(),
                     remote_id_pointer: self.query_remote_id_pointer.clone(),
                     match_fields: self.match_fields.clone().unwrap_or_default(),
+                    resource_id_pointer: self.resource_id_pointer.clone(),
+                    resend_after_not_found: self
+                        .resend_after_not_found
+                        .as_deref()
+                        .map(|text| parse_duration("resend_after_not_found", text))
+                        .transpose()?,
                 })
             }
             (None, None, Capability::OperationQuery | Capability::ResourceId) => {
@@ -433,7 +467,20 @@ impl RawToolAdapter {
                 "only for capability resource_id",
             ));
         }
+        if capability != Capability::ResourceId && self.resource_id_pointer.is_some() {
+            return Err(FieldError::new(
+                "resource_id_pointer",
+                "only for capability resource_id",
+            ));
+        }
+        if self.resend_after_not_found.is_some() && query.is_none() {
+            return Err(FieldError::new(
+                "resend_after_not_found",
+                "only for capability operation_query or resource_id, with a query_tool",
+            ));
+        }
         for (field, pointer) in [
+            ("resource_id_pointer", &self.resource_id_pointer),
             ("query_found_pointer", &self.query_found_pointer),
             ("query_resource_pointer", &self.query_resource_pointer),
             ("query_remote_id_pointer", &self.query_remote_id_pointer),

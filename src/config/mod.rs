@@ -308,6 +308,22 @@ impl Config {
                         ),
                     ));
                 }
+                // A send may start until its claim lapses: only after that
+                // can "not found" mean the request will never arrive.
+                if let Some((tool, _)) = adapter.tools.iter().find(|(_, t)| {
+                    t.query
+                        .as_ref()
+                        .and_then(|q| q.resend_after_not_found)
+                        .is_some_and(|delay| delay < policy.claim_ttl)
+                }) {
+                    return Err(ConfigError::new(
+                        &file,
+                        format!(
+                            "tools.{tool}.resend_after_not_found: must be at least the policy's claim_ttl ({:?}): until the claim lapses a first request may still be sent",
+                            policy.claim_ttl
+                        ),
+                    ));
+                }
                 let stdio = matches!(
                     upstreams.get(&adapter.upstream),
                     Some(UpstreamTransport::Stdio { .. })

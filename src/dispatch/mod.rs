@@ -489,6 +489,16 @@ async fn send_and_settle<U: Upstream>(
     let adapter = tool.adapter;
     let mut attempt = 1;
     let failure = loop {
+        // A process paused between its claim and the send (SIGSTOP, a long
+        // GC-like stall, a frozen VM) must not send once its claim has
+        // lapsed: another process may own the operation by now. Nothing has
+        // left, so this is a provable "not sent".
+        if chrono::Utc::now() >= claim.until {
+            break UpstreamError::NotSent(
+                "the dispatch claim lapsed before the request was sent (was this process paused?)"
+                    .into(),
+            );
+        }
         match upstream.call(call.clone()).await {
             // After the agent cancelled, a tool's error answer ("cancelled")
             // says nothing about whether it acted: unknown, never failed.

@@ -55,9 +55,9 @@ pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
     EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
-    OperationView, ReconcileItem, Registered, ReleaseUnsentOutcome, RetryResetOutcome,
-    RetryVerdict, SettleOutcome, Settlement, StaleReason, SupersedeOutcome, ToolRoute, UnknownBy,
-    UnknownCause, UnknownSummary,
+    OperationView, ReconcileItem, Registered, ReleaseUnsentOutcome, ResendVerdict,
+    RetryResetOutcome, RetryVerdict, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
+    ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };
 pub use read::DbHealth;
 pub use run::InitialLease;

@@ -36,8 +36,8 @@ use super::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced,
     InlineClaim, InvalidInput, LeaseClaim, Ledger, LedgerError, MAX_OWNER_LEN, MarkUnknown,
     MarkUnknownOutcome, OperationRecord, OperationStatus, ReconcileItem, Registered, Rejection,
-    ReleaseUnsentOutcome, RetryResetOutcome, RetryVerdict, RunId, RunStatus, SettleOutcome,
-    Settlement, StaleReason, SupersedeOutcome, ToolRoute, UnknownBy, check_text,
+    ReleaseUnsentOutcome, ResendVerdict, RetryResetOutcome, RetryVerdict, RunId, RunStatus,
+    SettleOutcome, Settlement, StaleReason, SupersedeOutcome, ToolRoute, UnknownBy, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
 
@@ -726,6 +726,39 @@ impl Ledger {
             (Outcome::BudgetSpent, _) => RetryVerdict::BudgetSpent,
             (Outcome::StaleClaim, _) => RetryVerdict::StaleClaim,
             (other, _) => return Err(other.unexpected(CALL)),
+        })
+    }
+
+    /// Hands an unknown operation the tool answered "not found" for back to
+    /// the dispatcher (unknown -> prepared, same operation id), under the
+    /// reconcile claim, once `settle_ms` passed since it was last sent and
+    /// within the retry budget. `evidence` (the query and its answer) is kept.
+    pub async fn operation_reconcile_resend(
+        &self,
+        operation: &OperationRecord,
+        owner: &str,
+        settle_ms: i64,
+        max_attempts: i32,
+        evidence: &Value,
+    ) -> Result<ResendVerdict, LedgerError> {
+        const CALL: &str = "operation_reconcile_resend";
+        let (outcome, _): (String, Option<i64>) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM operation_reconcile_resend($1, $2, $3, $4, $5, $6)")
+                    .bind(operation.operation_id.as_str())
+                    .bind(owner)
+                    .bind(operation.revision)
+                    .bind(settle_ms)
+                    .bind(max_attempts)
+                    .bind(Json(stored_json::encode(evidence)))
+            })
+            .await?;
+        Ok(match Outcome::parse(CALL, &outcome)? {
+            Outcome::Resent => ResendVerdict::Resent,
+            Outcome::Settling => ResendVerdict::Settling,
+            Outcome::BudgetSpent => ResendVerdict::BudgetSpent,
+            Outcome::StaleClaim => ResendVerdict::StaleClaim,
+            other => return Err(other.unexpected(CALL)),
         })
     }
 

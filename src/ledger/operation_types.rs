@@ -426,6 +426,19 @@ pub enum RetryVerdict {
     StaleClaim,
 }
 
+/// Whether an unknown operation the tool does not know was handed back to
+/// the dispatcher (`operation_reconcile_resend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResendVerdict {
+    /// unknown -> prepared: it goes out again under the same operation id.
+    Resent,
+    /// Sent too recently: a first request may still land. Look again later.
+    Settling,
+    BudgetSpent,
+    /// The reconcile claim is gone (another reconciler, or it lapsed).
+    StaleClaim,
+}
+
 /// One piece of evidence kept for an operation.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Evidence {

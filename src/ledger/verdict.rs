@@ -50,6 +50,9 @@ pub(super) enum Outcome {
     Attempt,
     WindowPassed,
     BudgetSpent,
+    // operation_reconcile_resend.
+    Resent,
+    Settling,
     // operation_reconcile_refund, operation_reconcile_release.
     Refunded,
     Released,
@@ -89,6 +92,8 @@ impl Outcome {
             "attempt" => Attempt,
             "window_passed" => WindowPassed,
             "budget_spent" => BudgetSpent,
+            "resent" => Resent,
+            "settling" => Settling,
             "refunded" => Refunded,
             "released" => Released,
             "reset" => Reset,

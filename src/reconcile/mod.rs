@@ -36,7 +36,7 @@ use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, Upst
 use crate::dispatch::{CallContext, CallReply, Claimed, execute_claim, inject_operation_id};
 use crate::ledger::{
     Converge, ConvergeOutcome, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, ReconcileItem,
-    RetryVerdict, UnknownBy, UnknownCause,
+    ResendVerdict, RetryVerdict, UnknownBy, UnknownCause,
 };
 use crate::policy::Policy;
 use plan::{Judgement, RemoteFact, Step, judge_query, judge_retry};
@@ -323,6 +323,9 @@ pub enum ReconcileOutcome {
     /// Past the provider's key retention window: never retried.
     WindowPassed,
     BudgetSpent,
+    /// The tool did not know it: handed back to the dispatcher to be sent
+    /// again under the same operation id.
+    Resent,
 }
 
 impl ReconcileOutcome {
@@ -334,6 +337,7 @@ impl ReconcileOutcome {
             ReconcileOutcome::StaysUnknown(reason) => reason,
             ReconcileOutcome::WindowPassed => "window_passed",
             ReconcileOutcome::BudgetSpent => "budget_spent",
+            ReconcileOutcome::Resent => "resent",
         }
     }
 }
@@ -390,7 +394,12 @@ impl<U: Upstream> Reconciler<U> {
             .operation_evidence(&operation.operation_id)
             .await?;
         let tool = shared.resolve(operation);
-        match plan::plan(operation, tool.as_ref().map(|t| &t.adapter), &evidence) {
+        match plan::plan(
+            operation,
+            tool.as_ref().map(|t| &t.adapter),
+            &evidence,
+            &item.request_body,
+        ) {
             Step::Converge(fact) => self.converge(item, operation.revision, fact).await,
             Step::NeedsOperator(reason) => {
                 tracing::warn!(operation_id = %operation.operation_id, tool = %operation.tool_name, reason,
@@ -398,7 +407,7 @@ impl<U: Upstream> Reconciler<U> {
                 metrics::counter!("tool_operation_needs_operator_total").increment(1);
                 Ok(ReconcileOutcome::NeedsOperator(reason))
             }
-            Step::Query(_) | Step::RetrySameKey
+            Step::Query { .. } | Step::RetrySameKey
                 if tool
                     .as_ref()
                     .is_some_and(|t| !shared.upstream.accepting_calls(&t.upstream)) =>
@@ -406,9 +415,9 @@ impl<U: Upstream> Reconciler<U> {
                 // Deferred, not counted: the supervisor is restarting it.
                 Ok(ReconcileOutcome::StaysUnknown("upstream_restarting"))
             }
-            Step::Query(query) => {
+            Step::Query { spec, by } => {
                 let tool = tool.expect("planned from an adapter");
-                self.query(item, &tool, &query).await
+                self.query(item, &tool, &spec, by).await
             }
             Step::RetrySameKey => {
                 let tool = tool.expect("planned from an adapter");
@@ -461,6 +470,29 @@ impl<U: Upstream> Reconciler<U> {
                     "nothing proven yet: the operation stays unknown");
                 Ok(ReconcileOutcome::StaysUnknown(reason))
             }
+            Judgement::Resend { settle, evidence } => {
+                let shared = &self.0;
+                let verdict = shared
+                    .ledger
+                    .operation_reconcile_resend(
+                        &item.operation,
+                        &shared.owner,
+                        millis(settle),
+                        shared.policy.reconcile_retries,
+                        &evidence,
+                    )
+                    .await?;
+                Ok(match verdict {
+                    ResendVerdict::Resent => {
+                        tracing::info!(operation_id = %item.operation.operation_id,
+                            "the tool does not know it: sent again under the same operation id");
+                        ReconcileOutcome::Resent
+                    }
+                    ResendVerdict::Settling => ReconcileOutcome::StaysUnknown("not_found_settling"),
+                    ResendVerdict::BudgetSpent => ReconcileOutcome::BudgetSpent,
+                    ResendVerdict::StaleClaim => ReconcileOutcome::LostClaim,
+                })
+            }
         }
     }
 
@@ -469,12 +501,10 @@ impl<U: Upstream> Reconciler<U> {
         item: &ReconcileItem,
         tool: &ResolvedTool,
         query: &crate::adapter::QuerySpec,
+        by: Value,
     ) -> Result<ReconcileOutcome, LedgerError> {
         let mut arguments = Map::new();
-        arguments.insert(
-            query.argument.clone(),
-            json!(item.operation.operation_id.as_str()),
-        );
+        arguments.insert(query.argument.clone(), by);
         let call = UpstreamCall {
             upstream: tool.upstream.clone(),
             tool: query.tool.clone(),

@@ -12,7 +12,8 @@
 //! | `none` | needs operator | — |
 //! | `operation_query` / `resource_id` without a query tool | needs operator | — |
 //! | `operation_query` | query by operation id | found → `succeeded` with the resource; not found, error, no answer → stays unknown |
-//! | `resource_id` | query by operation id | found and every `match_fields` equal to the request's → `succeeded`; a mismatch → stays unknown (logged) |
+//! | `resource_id` | query by operation id, or by the resource id at the adapter's `resource_id_pointer` in the stored arguments (none stored there → needs operator) | found and every `match_fields` equal to the request's → `succeeded`; a mismatch → stays unknown (logged); not found, error, no answer → stays unknown |
+//! | `operation_query` / `resource_id` with `resend_after_not_found` | the same query | an authoritative "not found" (the found pointer holds `false`) → sent again under the same operation id (unknown → prepared) once the settle delay has passed since the last send, within the retry budget; before that → stays unknown (`not_found_settling`) |
 //! | `idempotency_key` | same-key retry (inside the key retention window and retry budget, counted before it leaves) | success → `succeeded` (a provider replay, or the first execution); an error the adapter's `not_done_errors` match → stays unknown (nothing was done now); another error → `failed_final` only if the adapter says `replays_first_outcome`, else stays unknown; no answer → stays unknown |
 //!
 //! A retry's or query's failure to answer never converges anything: only
@@ -39,8 +40,9 @@ pub struct RemoteFact {
 pub enum Step {
     /// Evidence on record proves the outcome.
     Converge(RemoteFact),
-    /// Ask the tool's query operation by operation id.
-    Query(QuerySpec),
+    /// Ask the tool's query operation: `{spec.argument: by}`, `by` being the
+    /// operation id or the resource id from the request.
+    Query { spec: QuerySpec, by: Value },
     /// Retry with the same key, if the ledger grants an attempt.
     RetrySameKey,
     /// Nothing leasegate can do: an operator resolves it.
@@ -48,11 +50,13 @@ pub enum Step {
 }
 
 /// Decides the next step from the operation, its adapter (`None`: no
-/// upstream offers the tool) and the evidence on record.
+/// upstream offers the tool), the evidence on record and the stored
+/// request arguments (`Null` when the policy keeps only the digest).
 pub fn plan(
     operation: &OperationRecord,
     adapter: Option<&ToolAdapter>,
     evidence: &[Evidence],
+    request_body: &Value,
 ) -> Step {
     // A late answer to the very request counts as evidence.
     let late = evidence.iter().rev().find(|e| {
@@ -80,7 +84,20 @@ pub fn plan(
     match adapter.capability {
         Capability::None => Step::NeedsOperator("no_capability"),
         Capability::OperationQuery | Capability::ResourceId => match &adapter.query {
-            Some(query) => Step::Query(query.clone()),
+            Some(query) => match &query.resource_id_pointer {
+                None => Step::Query {
+                    spec: query.clone(),
+                    by: Value::String(operation.operation_id.as_str().to_owned()),
+                },
+                Some(pointer) => match request_body.pointer(pointer) {
+                    Some(id) if !id.is_null() => Step::Query {
+                        spec: query.clone(),
+                        by: id.clone(),
+                    },
+                    // Masked, digest-only, or the agent left it out.
+                    _ => Step::NeedsOperator("resource_id_not_stored"),
+                },
+            },
             None => Step::NeedsOperator("no_query_tool"),
         },
         Capability::IdempotencyKey => Step::RetrySameKey,
@@ -91,6 +108,12 @@ pub fn plan(
 #[derive(Debug, Clone, PartialEq)]
 pub enum Judgement {
     Converge(RemoteFact),
+    /// The tool says it does not know the operation: send it again under
+    /// the same operation id once `settle` passed since the last send.
+    Resend {
+        settle: std::time::Duration,
+        evidence: Value,
+    },
     /// Nothing proven; the reason is a metric label.
     StaysUnknown(&'static str),
 }
@@ -111,8 +134,20 @@ pub fn judge_query(
         .get("structuredContent")
         .cloned()
         .unwrap_or(Value::Null);
-    if structured.pointer(&query.found_pointer) != Some(&Value::Bool(true)) {
-        return Judgement::StaysUnknown("not_known_remotely");
+    match structured.pointer(&query.found_pointer) {
+        Some(Value::Bool(true)) => {}
+        // Authoritative: the tool answered, and says it has no such thing.
+        Some(Value::Bool(false)) => {
+            return match query.resend_after_not_found {
+                Some(settle) => Judgement::Resend {
+                    settle,
+                    evidence: json!({"query_tool": query.tool, "found": false,
+                                     "answer": structured}),
+                },
+                None => Judgement::StaysUnknown("not_known_remotely"),
+            };
+        }
+        _ => return Judgement::StaysUnknown("not_known_remotely"),
     }
     let resource = match &query.resource_pointer {
         Some(pointer) => structured.pointer(pointer).cloned().unwrap_or(Value::Null),
@@ -211,6 +246,8 @@ mod tests {
             resource_pointer: Some("/resource".into()),
             remote_id_pointer: Some("/resource/id".into()),
             match_fields: vec!["name".into()],
+            resource_id_pointer: None,
+            resend_after_not_found: None,
         }
     }
 
@@ -266,6 +303,7 @@ mod tests {
                     &operation(),
                     Some(&adapter(capability)),
                     &[late(outcome, DIGEST)],
+                    &Value::Null,
                 );
                 let Step::Converge(fact) = step else {
                     panic!("{capability:?}: {step:?}")
@@ -279,7 +317,12 @@ mod tests {
         }
         // Even without an adapter.
         assert!(matches!(
-            plan(&operation(), None, &[late("succeeded", DIGEST)]),
+            plan(
+                &operation(),
+                None,
+                &[late("succeeded", DIGEST)],
+                &Value::Null
+            ),
             Step::Converge(_)
         ));
     }
@@ -289,11 +332,21 @@ mod tests {
         let other = "1111111111111111111111111111111111111111111111111111111111111111";
         let key = adapter(Capability::IdempotencyKey);
         assert_eq!(
-            plan(&operation(), Some(&key), &[late("succeeded", other)]),
+            plan(
+                &operation(),
+                Some(&key),
+                &[late("succeeded", other)],
+                &Value::Null
+            ),
             Step::RetrySameKey
         );
         assert_eq!(
-            plan(&operation(), Some(&key), &[late("unknown", DIGEST)]),
+            plan(
+                &operation(),
+                Some(&key),
+                &[late("unknown", DIGEST)],
+                &Value::Null
+            ),
             Step::RetrySameKey
         );
     }
@@ -301,26 +354,37 @@ mod tests {
     #[test]
     fn each_capability_plans_its_own_step() {
         let op = operation();
-        assert_eq!(plan(&op, None, &[]), Step::NeedsOperator("unknown_tool"));
         assert_eq!(
-            plan(&op, Some(&adapter(Capability::None)), &[]),
+            plan(&op, None, &[], &Value::Null),
+            Step::NeedsOperator("unknown_tool")
+        );
+        assert_eq!(
+            plan(&op, Some(&adapter(Capability::None)), &[], &Value::Null),
             Step::NeedsOperator("no_capability")
         );
         assert_eq!(
-            plan(&op, Some(&adapter(Capability::IdempotencyKey)), &[]),
+            plan(
+                &op,
+                Some(&adapter(Capability::IdempotencyKey)),
+                &[],
+                &Value::Null
+            ),
             Step::RetrySameKey
         );
         for capability in [Capability::OperationQuery, Capability::ResourceId] {
             assert_eq!(
-                plan(&op, Some(&adapter(capability)), &[]),
-                Step::Query(query())
+                plan(&op, Some(&adapter(capability)), &[], &Value::Null),
+                Step::Query {
+                    spec: query(),
+                    by: json!("op-1")
+                }
             );
             let without = ToolAdapter {
                 query: None,
                 ..adapter(capability)
             };
             assert_eq!(
-                plan(&op, Some(&without), &[]),
+                plan(&op, Some(&without), &[], &Value::Null),
                 Step::NeedsOperator("no_query_tool")
             );
         }
@@ -460,5 +524,76 @@ mod tests {
                 ..
             })
         ));
+    }
+    #[test]
+    fn a_resource_named_by_the_agent_is_queried_by_that_name() {
+        let named = ToolAdapter {
+            query: Some(QuerySpec {
+                resource_id_pointer: Some("/bucket/name".into()),
+                ..query()
+            }),
+            ..adapter(Capability::ResourceId)
+        };
+        let request = json!({"bucket": {"name": "invoices-2026"}, "region": "eu"});
+        assert_eq!(
+            plan(&operation(), Some(&named), &[], &request),
+            Step::Query {
+                spec: named.query.clone().unwrap(),
+                by: json!("invoices-2026")
+            }
+        );
+        // Not stored (digest-only or masked policy), or not given: nothing to ask by.
+        for body in [
+            Value::Null,
+            json!({"region": "eu"}),
+            json!({"bucket": {"name": null}}),
+        ] {
+            assert_eq!(
+                plan(&operation(), Some(&named), &[], &body),
+                Step::NeedsOperator("resource_id_not_stored"),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_authoritative_not_found_resends_only_when_the_adapter_opts_in() {
+        let request = json!({"name": "invoices"});
+        let not_found = answer(false, json!({"found": false}));
+        let resending = QuerySpec {
+            resend_after_not_found: Some(Duration::from_secs(30)),
+            ..query()
+        };
+        for capability in [Capability::OperationQuery, Capability::ResourceId] {
+            let Judgement::Resend { settle, evidence } =
+                judge_query(capability, &resending, Some(&not_found), &request)
+            else {
+                panic!("{capability:?}: a not-found resends")
+            };
+            assert_eq!(settle, Duration::from_secs(30));
+            assert_eq!(evidence["found"], json!(false));
+            assert_eq!(evidence["query_tool"], json!("get"));
+            // Without the opt-in it stays unknown.
+            assert_eq!(
+                judge_query(capability, &query(), Some(&not_found), &request),
+                Judgement::StaysUnknown("not_known_remotely")
+            );
+            // Only an answer that says "not found" counts: no found field,
+            // an error answer or no answer prove nothing.
+            for (answer, reason) in [
+                (Some(answer(false, json!({}))), "not_known_remotely"),
+                (
+                    Some(answer(false, json!({"found": "no"}))),
+                    "not_known_remotely",
+                ),
+                (Some(answer(true, json!({"found": false}))), "query_failed"),
+                (None, "query_failed"),
+            ] {
+                assert_eq!(
+                    judge_query(capability, &resending, answer.as_ref(), &request),
+                    Judgement::StaysUnknown(reason)
+                );
+            }
+        }
     }
 }

@@ -94,6 +94,24 @@ args = ["--tools", "mailer", "--state-dir", "{state}"]
         Self { dir }
     }
 
+    /// Adds the example tools' `tools` set as a third stdio upstream `name`
+    /// with `adapter` as its adapter file.
+    pub fn add_upstream(&self, name: &str, tools: &str, adapter: &str) {
+        use std::io::Write;
+        let state = self.dir.join("state");
+        let mut config = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.config_path())
+            .unwrap();
+        write!(
+            config,
+            "\n[upstreams.{name}]\ntransport = \"stdio\"\ncommand = \"{EXAMPLE_TOOLS}\"\nargs = [\"--tools\", \"{tools}\", \"--state-dir\", \"{state}\"]\n",
+            state = state.display()
+        )
+        .unwrap();
+        std::fs::write(self.dir.join(format!("adapters/{name}.toml")), adapter).unwrap();
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.dir.join("leasegate.toml")
     }
