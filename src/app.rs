@@ -176,6 +176,7 @@ impl Proxy {
                     .max(config.policy.reconcile_claim_ttl),
             ),
             max_connections: config.database_max_connections,
+            statement_timeout: config.database_statement_timeout,
             ..LedgerOptions::default()
         };
         let ledger = Ledger::connect(&config.database_url, options).await?;

@@ -1478,3 +1478,88 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
         vec![("not_sent".to_owned(), Some("not_sent".to_owned()))]
     );
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_settle_that_hits_the_statement_timeout_on_a_locked_row_is_unknown_never_not_sent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!("database_statement_timeout = \"1s\"\n{config}"),
+    )
+    .unwrap();
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let pending = tokio::spawn(async move {
+        call(
+            &agent,
+            "payments__charge",
+            json!({"amount": 12, "currency": "eur", "hang_ms": 1000}),
+            None,
+        )
+        .await
+    });
+    wait_until("the charge to happen at the tool", || async {
+        (scenario.side_effects("charges.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    // Someone holds the operation row longer than leasegate's statements
+    // may wait: the settle times out (57014) instead of committing.
+    let mut holder = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'payments__charge' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let answer = within("the agent's answer", pending)
+        .await
+        .unwrap()
+        .expect("a tool result, not an error that says nothing was sent");
+    holder.commit().await.unwrap();
+    assert_eq!(
+        answer.structured_content.clone().unwrap()["status"],
+        "unknown",
+        "{answer:?}"
+    );
+    wait_until("the reconciler to converge the charge", || async {
+        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
+    })
+    .await;
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_result_carrying_u0000_settles_and_replays_exactly(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    // jsonb cannot hold U+0000; the example charge echoes the currency.
+    let arguments = json!({"amount": 13, "currency": "e\u{0}ur"});
+    let first = call(&agent, "payments__charge", arguments.clone(), None)
+        .await
+        .unwrap();
+    let second = call(&agent, "payments__charge", arguments, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        status_of(&db, "payments__charge").await.as_deref(),
+        Some("succeeded")
+    );
+    for answer in [&first, &second] {
+        let body = answer.structured_content.clone().unwrap();
+        assert_eq!(body["currency"], "e\u{0}ur", "{answer:?}");
+        assert_eq!(body["replayed"], false, "the tool's own answer, kept");
+    }
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    proxy.stop().await;
+}

@@ -166,7 +166,8 @@ impl Kind {
             Kind::Charge => json!({"amount": 100 + index % 900, "currency": "eur"}),
             Kind::Bucket => {
                 let region = ["eu", "us", "ap"][index % 3];
-                json!({"region": region, "size": 1 + index % 7})
+                // The agent names its bucket; leasegate finds it by that name.
+                json!({"name": label, "region": region, "size": 1 + index % 7})
             }
             Kind::Job => json!({"name": label}),
             Kind::Email => {
@@ -370,7 +371,8 @@ read_only = true
 timeout = "1500ms"
 [tools.create_bucket]
 capability = "resource_id"
-operation_id_argument = "name"
+resource_id_pointer = "/name"
+resend_after_not_found = "4s"
 query_tool = "get_bucket"
 query_argument = "name"
 query_resource_pointer = "/bucket"
@@ -391,6 +393,7 @@ operation_id_meta = "example.dev/job_id"
 query_tool = "get_job"
 query_argument = "job_id"
 query_remote_id_pointer = "/job/job_seq"
+resend_after_not_found = "4s"
 remote_id_pointer = "/job_seq"
 [tools.get_job]
 read_only = true
@@ -1178,7 +1181,7 @@ fn judge(
             ));
         }
         let key = match record.kind {
-            Kind::Email => (record.kind, record.label.clone()),
+            Kind::Email | Kind::Bucket => (record.kind, record.label.clone()),
             kind => (kind, row.operation_id.clone()),
         };
         let effects = logs.effects.get(&key).copied().unwrap_or(0);

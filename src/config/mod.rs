@@ -62,6 +62,9 @@ pub struct RawConfig {
     pub database_url: Option<String>,
     /// Ledger connections of this process (default 20).
     pub database_max_connections: Option<u32>,
+    /// Longest a ledger statement may run, lock waits included (default
+    /// "10s"); a settle that hits it answers the agent "unknown".
+    pub database_statement_timeout: Option<String>,
     pub tenant: Option<String>,
     pub listen: Option<String>,
     /// Control HTTP API address ("off" to disable).
@@ -117,6 +120,7 @@ pub enum UpstreamTransport {
 pub struct Config {
     pub database_url: String,
     pub database_max_connections: u32,
+    pub database_statement_timeout: std::time::Duration,
     pub tenant: String,
     pub listen: SocketAddr,
     /// `None`: the control API is off.
@@ -346,8 +350,19 @@ impl Config {
         if !(2..=500).contains(&database_max_connections) {
             return Err(err("database_max_connections: must be 2 to 500".into()));
         }
+        let database_statement_timeout = match &raw.database_statement_timeout {
+            Some(text) => crate::policy::parse_duration("database_statement_timeout", text)
+                .map_err(|e| err(e.to_string()))?,
+            None => std::time::Duration::from_secs(10),
+        };
+        if database_statement_timeout < std::time::Duration::from_millis(100) {
+            return Err(err(
+                "database_statement_timeout: must be at least 100ms".into(),
+            ));
+        }
         Ok(Config {
             database_max_connections,
+            database_statement_timeout,
             database_url: raw
                 .database_url
                 .clone()
