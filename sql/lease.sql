@@ -48,6 +48,48 @@ BEGIN
 END
 $$;
 
+-- Take the lease over now, held or not (leasegate's session mode: a new
+-- session for the same task key is the agent restarted, and fences its
+-- predecessor at once instead of waiting for its lease to expire): epoch + 1,
+-- new owner, expiry on the database clock; the previous holder's writes are
+-- rejected from this commit on. Recorded with the previous owner and epoch
+-- and 'forced'. A terminal run is 'terminal'.
+CREATE OR REPLACE FUNCTION lease_takeover(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  l worker_leases;
+  s text;
+  now_ts timestamptz;
+BEGIN
+  PERFORM _ledger_check_ttl(p_ttl_ms);
+  IF p_owner IS NULL OR p_owner = '' THEN
+    RAISE EXCEPTION 'lease owner must not be empty' USING ERRCODE = '22023';
+  END IF;
+  l := _lease_lock(p_run_id, false);
+  IF l.run_id IS NULL THEN
+    RETURN _ledger_result('not_found', p_run_id);
+  END IF;
+  SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
+  IF s IN ('succeeded', 'failed', 'cancelled') THEN
+    RETURN _ledger_result('terminal', p_run_id);
+  END IF;
+  now_ts := clock_timestamp();
+  UPDATE worker_leases
+     SET owner = p_owner,
+         epoch = epoch + 1,
+         expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
+         updated_at = now_ts
+   WHERE run_id = p_run_id;
+  INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch, detail)
+  VALUES (p_run_id, 'lease',
+          CASE WHEN l.owner IS NULL THEN 'free' WHEN l.expires_at > now_ts THEN 'held' ELSE 'expired' END,
+          'held', 'worker', p_owner, l.epoch + 1,
+          jsonb_build_object('ttl_ms', p_ttl_ms, 'forced', true, 'previous_owner', l.owner,
+                             'previous_epoch', l.epoch, 'previous_expires_at', l.expires_at));
+  RETURN _ledger_result(CASE WHEN l.owner IS NULL THEN 'acquired' ELSE 'taken_over' END, p_run_id);
+END
+$$;
+
 -- Renew (seed 5.2): only the current owner and epoch, only before expiry. An
 -- expired lease is never resurrected, even if nobody took it over. A run that
 -- became terminal (e.g. cancelled by an operator) is 'terminal', so the
@@ -97,11 +139,13 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint),
+  lease_takeover(uuid, text, bigint),
   lease_renew(uuid, text, bigint, bigint),
   lease_release(uuid, text, bigint)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint),
+  lease_takeover(uuid, text, bigint),
   lease_renew(uuid, text, bigint, bigint),
   lease_release(uuid, text, bigint)
 TO leasegate_app;

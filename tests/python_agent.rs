@@ -1,9 +1,8 @@
 //! The Python example agent (official MCP SDK + plain HTTP for its lease)
 //! against a running leasegate: it plans with intents, "crashes", and a
 //! second process takes over and resumes the same plan — one side effect per
-//! step. Needs python3 with `mcp` (`.ci/run` installs
-//! examples/python_agent/requirements.txt); without python3 the test says so
-//! and passes, without the `mcp` package it fails loudly.
+//! step. Runs with the suite's own Python environment (`common::peers`:
+//! `target/sdk-venv` with the pinned SDK).
 
 mod common;
 
@@ -15,14 +14,14 @@ use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn run_agent(args: &[&str]) -> (Option<i32>, Vec<Value>) {
-    let output = Command::new("python3")
+    let output = Command::new(common::peers::python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/examples/python_agent/agent.py"
         ))
         .args(args)
         .output()
-        .expect("python3 runs");
+        .expect("the test Python runs");
     let lines = String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(|line| {
@@ -47,20 +46,6 @@ async fn python_agent_resumes_the_same_plan_after_a_takeover(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    assert!(
-        Command::new("python3").arg("--version").output().is_ok(),
-        "python3 is not installed: .ci/run installs it (the Python example agent must run)"
-    );
-    let has_sdk = Command::new("python3")
-        .args(["-c", "import mcp"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        has_sdk,
-        "python3 has no `mcp` package: pip install -r examples/python_agent/requirements.txt"
-    );
-
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
     let proxy = RunningProxy::start(&scenario.config_path()).await;

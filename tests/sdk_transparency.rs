@@ -8,10 +8,9 @@
 //! client once per combination and asserts what the ledger and the tools
 //! recorded.
 //!
-//! Needs python3 with `mcp==2.3.0` and Node with server-everything installed
-//! under `target/sdk-node` (`.ci/run` installs both from
-//! `tests/sdk/requirements.txt` and `tests/sdk/package.json`); without them
-//! the test fails and says what to install.
+//! The pinned peers (the SDK in `target/sdk-venv`, server-everything in
+//! `target/sdk-node`) are provisioned by the suite itself (`common::peers`);
+//! without python3 or npm the test fails and says what to install.
 
 mod common;
 
@@ -27,28 +26,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/transparency.py");
 
 fn server_everything() -> PathBuf {
-    let path = std::env::var_os("LEASEGATE_SERVER_EVERYTHING")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(
-                "target/sdk-node/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
-            )
-        });
-    assert!(
-        path.exists(),
-        "server-everything is not installed at {}: run `npm ci --prefix target/sdk-node` with tests/sdk/package.json (what .ci/run does)",
-        path.display()
-    );
-    let python = std::process::Command::new("python3")
-        .args(["-c", "import mcp, mcp_types"])
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    assert!(
-        python,
-        "python3 with the MCP SDK is needed: pip install -r tests/sdk/requirements.txt"
-    );
-    path
+    common::peers::server_everything()
 }
 
 /// Read-only tools of server-everything (everything else is side-effecting
@@ -210,7 +188,7 @@ async fn run_client(run: ClientRun<'_>, lease: &LeaseClaim) -> Vec<Value> {
         mailer_state,
         tag,
     } = run;
-    let mut command = tokio::process::Command::new("python3");
+    let mut command = tokio::process::Command::new(common::peers::python());
     command
         .arg(SCRIPT)
         .args(["--server", server, "--mode", mode, "--upstream", upstream])
@@ -235,7 +213,7 @@ async fn run_client(run: ClientRun<'_>, lease: &LeaseClaim) -> Vec<Value> {
     )
     .await
     .unwrap_or_else(|_| panic!("the Python client ({tag}) did not finish in 240 s"))
-    .expect("python3 runs");
+    .expect("the test Python runs");
     let checks: Vec<Value> = String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())

@@ -357,7 +357,7 @@ impl Config {
         };
         if database_statement_timeout < std::time::Duration::from_millis(100) {
             return Err(err(
-                "database_statement_timeout: must be at least 100ms".into(),
+                "database_statement_timeout: must be at least 100ms".into()
             ));
         }
         Ok(Config {

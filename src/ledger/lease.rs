@@ -42,6 +42,35 @@ impl Ledger {
         Ok(outcome)
     }
 
+    /// Takes the lease over now, held or not (epoch + 1): the session mode's
+    /// "this agent restarted" (`sql/lease.sql`, `lease_takeover`). Never
+    /// `Busy`.
+    pub async fn lease_takeover(
+        &self,
+        run_id: RunId,
+        owner: &str,
+        ttl_ms: i64,
+    ) -> Result<AcquireOutcome, LedgerError> {
+        const CALL: &str = "lease_takeover";
+        check_text("owner", owner, MAX_OWNER_LEN)?;
+        self.check_ttl(ttl_ms)?;
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM lease_takeover($1, $2, $3)")
+                    .bind(run_id.as_uuid())
+                    .bind(owner)
+                    .bind(ttl_ms)
+            })
+            .await
+            .inspect_err(|_| {
+                metrics::counter!("lease_acquire_total", "outcome" => "db_error").increment(1)
+            })?;
+        row.observe(CALL);
+        let outcome = Self::acquire_outcome(run_id, owner, row)?;
+        metrics::counter!("lease_acquire_total", "outcome" => outcome.label()).increment(1);
+        Ok(outcome)
+    }
+
     fn acquire_outcome(
         run_id: RunId,
         owner: &str,

@@ -13,6 +13,7 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 pub mod http;
+pub mod peers;
 pub mod prometheus;
 pub mod proxy;
 

@@ -1,0 +1,122 @@
+//! The pinned test peers, provisioned by the suite itself under `target/`
+//! so that `cargo test --locked` needs nothing installed beyond `python3`
+//! (with its `venv` module) and Node with `npm`:
+//!
+//! * `target/sdk-venv`: a Python virtual environment with the official MCP
+//!   Python SDK pinned in `tests/sdk/requirements.txt` (the example agent's
+//!   `examples/python_agent/requirements.txt` pins the same);
+//! * `target/sdk-node`: `@modelcontextprotocol/server-everything` pinned in
+//!   `tests/sdk/package.json` and its lock file (`npm ci`).
+//!
+//! Each is rebuilt only when its pin files change (a stamp holds their
+//! contents), under a file lock, so concurrent test processes install once.
+//! Overrides: `LEASEGATE_TEST_PYTHON` (an interpreter that already has the
+//! SDK), `LEASEGATE_SERVER_EVERYTHING` (a `dist/index.js`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// A Python interpreter with the pinned MCP SDK.
+pub fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(python) = std::env::var_os("LEASEGATE_TEST_PYTHON") {
+                return PathBuf::from(python);
+            }
+            let venv = Path::new(ROOT).join("target/sdk-venv");
+            let pins = [
+                "tests/sdk/requirements.txt",
+                "examples/python_agent/requirements.txt",
+            ];
+            provision(&venv, &pins, |dir| {
+                run(
+                    Command::new("python3").args(["-m", "venv"]).arg(dir),
+                    "python3 -m venv (install python3 and its venv module, e.g. apt-get install python3-venv)",
+                );
+                let mut pip = Command::new(dir.join("bin/python"));
+                pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]);
+                for pin in pins {
+                    pip.arg("-r").arg(Path::new(ROOT).join(pin));
+                }
+                run(&mut pip, "pip install of the pinned MCP Python SDK");
+            });
+            venv.join("bin/python")
+        })
+        .clone()
+}
+
+/// server-everything's entry point (`node <it>` serves MCP over stdio).
+pub fn server_everything() -> PathBuf {
+    static ENTRY: OnceLock<PathBuf> = OnceLock::new();
+    ENTRY
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("LEASEGATE_SERVER_EVERYTHING") {
+                return PathBuf::from(path);
+            }
+            let dir = Path::new(ROOT).join("target/sdk-node");
+            let pins = ["tests/sdk/package.json", "tests/sdk/package-lock.json"];
+            provision(&dir, &pins, |dir| {
+                for pin in pins {
+                    let name = Path::new(pin).file_name().unwrap();
+                    std::fs::copy(Path::new(ROOT).join(pin), dir.join(name)).unwrap();
+                }
+                run(
+                    Command::new("npm")
+                        .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                        .current_dir(dir),
+                    "npm ci of the pinned server-everything (install Node >= 18 with npm)",
+                );
+            });
+            dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+        })
+        .clone()
+}
+
+/// Builds `dir` with `build` unless its stamp says it was built from the
+/// current contents of `pins`; one process at a time.
+fn provision(dir: &Path, pins: &[&str], build: impl FnOnce(&Path)) {
+    let stamp: String = pins
+        .iter()
+        .map(|pin| {
+            std::fs::read_to_string(Path::new(ROOT).join(pin))
+                .unwrap_or_else(|e| panic!("{pin}: {e}"))
+        })
+        .collect();
+    let stamp_file = dir.join(".leasegate-stamp");
+    let parent = dir.parent().unwrap();
+    std::fs::create_dir_all(parent).unwrap();
+    let lock = std::fs::File::create(parent.join(format!(
+        ".{}.lock",
+        dir.file_name().unwrap().to_string_lossy()
+    )))
+    .unwrap();
+    lock.lock().expect("lock the test peers' directory");
+    if std::fs::read_to_string(&stamp_file).ok().as_deref() == Some(stamp.as_str()) {
+        return;
+    }
+    eprintln!(
+        "test peers: provisioning {} (once per pin change)",
+        dir.display()
+    );
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    build(dir);
+    std::fs::write(&stamp_file, stamp).unwrap();
+}
+
+fn run(command: &mut Command, what: &str) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start {:?}: {e}", command.get_program()));
+    assert!(
+        output.status.success(),
+        "{what} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
