@@ -157,6 +157,16 @@ pub async fn run(
     Ok(())
 }
 
+/// A session lease renews every third of its ttl, each renewal given a
+/// sixth to answer.
+fn session_heartbeat(ttl: std::time::Duration) -> crate::worker::HeartbeatConfig {
+    crate::worker::HeartbeatConfig {
+        ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        interval: ttl / 3,
+        renew_timeout: ttl / 6,
+    }
+}
+
 impl Proxy {
     pub async fn start(config: Config) -> anyhow::Result<Proxy> {
         // Installed first, so that what connecting records (the upstreams'
@@ -278,8 +288,38 @@ impl Proxy {
     }
 
     /// Serves MCP on stdin/stdout until the client closes stdin.
+    ///
+    /// With lease mode `session`, the configured task's run is this
+    /// process's for as long as it serves (`worker::session`): taken over
+    /// from any earlier session first, released when stdin closes.
     pub async fn serve_stdio(&self) -> anyhow::Result<()> {
-        crate::mcp::serve_stdio(self.front.clone()).await
+        let session = match self.config.lease_mode {
+            crate::config::LeaseMode::Explicit => None,
+            crate::config::LeaseMode::Session => {
+                let task = self.config.session_task.as_deref().ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "lease_mode = \"session\" needs a task key: `leasegate stdio --task KEY`, \
+                         the LEASEGATE_TASK environment variable, or [session] task in the config"
+                    )
+                })?;
+                let lease = crate::worker::session::SessionLease::begin(
+                    self.ledger.clone(),
+                    &self.config.tenant,
+                    task,
+                    &format!("{}:session", self.owner),
+                    session_heartbeat(self.config.session_ttl),
+                )
+                .await?;
+                let lease = Arc::new(lease);
+                self.front.set_session_lease(lease.clone());
+                Some(lease)
+            }
+        };
+        let served = crate::mcp::serve_stdio(self.front.clone()).await;
+        if let Some(session) = session {
+            session.end().await;
+        }
+        served
     }
 
     /// Stops the background loops (and waits for them), closes the ledger

@@ -35,6 +35,11 @@ enum Command {
     Stdio {
         #[arg(long, default_value = "leasegate.toml")]
         config: std::path::PathBuf,
+        /// Lease mode `session` for this process: leasegate holds the lease
+        /// of this task's run while it serves, taking it over from any
+        /// earlier session (a restarted agent fences its predecessor).
+        #[arg(long, env = "LEASEGATE_TASK")]
+        task: Option<String>,
     },
     /// Validate configuration, adapter and policy files; exit 0 when all are valid.
     CheckConfig {
@@ -112,8 +117,13 @@ async fn run(command: Command) -> anyhow::Result<()> {
             eprintln!("leasegate: serving MCP at http://{address}/mcp");
             leasegate::app::run(proxy, listeners, shutdown_signal()).await
         }
-        Command::Stdio { config } => {
-            let proxy = Proxy::start(Config::load(&config)?).await?;
+        Command::Stdio { config, task } => {
+            let mut config = Config::load(&config)?;
+            if let Some(task) = task {
+                config.lease_mode = leasegate::config::LeaseMode::Session;
+                config.session_task = Some(task);
+            }
+            let proxy = Proxy::start(config).await?;
             proxy.serve_stdio().await?;
             proxy.shutdown().await;
             Ok(())

@@ -3,7 +3,7 @@
 //! only those of a lower layer:
 //!
 //! ```text
-//! main → app → mcp, control, reconcile, worker → dispatch → config
+//! main → app → mcp, control, reconcile → dispatch → config, worker
 //!      → adapter, ledger → policy → intent → ids
 //! ```
 //!
@@ -36,11 +36,11 @@ const LAYERS: &[(&str, u8)] = &[
     ("adapter", 3),
     ("ledger", 3),
     ("config", 4),
+    ("worker", 4),
     ("dispatch", 5),
     ("mcp", 6),
     ("control", 6),
     ("reconcile", 6),
-    ("worker", 6),
     ("app", 7),
     ("main", 8),
 ];

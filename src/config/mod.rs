@@ -83,8 +83,34 @@ pub struct RawConfig {
     /// request stands alone, so several leasegate processes can serve one
     /// agent without sticky sessions.
     pub http_sessions: Option<bool>,
+    /// How a side-effecting call without a lease gets one: "explicit"
+    /// (default: the agent sends run, owner and epoch) or "session"
+    /// (leasegate holds a lease per task key; `[session]`).
+    pub lease_mode: Option<String>,
+    pub session: Option<RawSession>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
+}
+
+/// `[session]`: the session lease mode's settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSession {
+    /// The task key when neither `leasegate stdio --task` nor
+    /// `LEASEGATE_TASK` gives one.
+    pub task: Option<String>,
+    /// The session lease's ttl (default "30s"), renewed every third of it.
+    pub ttl: Option<String>,
+}
+
+/// How a side-effecting call without a lease of its own gets one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseMode {
+    /// The agent sends run, owner and epoch with every call.
+    Explicit,
+    /// leasegate holds the lease of a task's run for the life of the
+    /// session (`worker::session`).
+    Session,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -130,6 +156,12 @@ pub struct Config {
     pub tools_page_size: usize,
     pub migrate: bool,
     pub http_sessions: bool,
+    pub lease_mode: LeaseMode,
+    /// Session mode: the configured task key (the CLI flag and the
+    /// environment override it).
+    pub session_task: Option<String>,
+    /// Session mode: the lease ttl, renewed every third of it.
+    pub session_ttl: std::time::Duration,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -360,7 +392,35 @@ impl Config {
                 "database_statement_timeout: must be at least 100ms".into()
             ));
         }
+        let lease_mode = match raw.lease_mode.as_deref() {
+            None | Some("explicit") => LeaseMode::Explicit,
+            Some("session") => LeaseMode::Session,
+            Some(other) => {
+                return Err(err(format!(
+                    "lease_mode: {other:?} is not one of \"explicit\", \"session\""
+                )));
+            }
+        };
+        let session = raw.session.clone().unwrap_or_default();
+        let session_ttl = match &session.ttl {
+            Some(text) => crate::policy::parse_duration("session.ttl", text)
+                .map_err(|e| err(e.to_string()))?,
+            None => std::time::Duration::from_secs(30),
+        };
+        if session_ttl < std::time::Duration::from_secs(3) || session_ttl > policy.lease_ttl_ceiling
+        {
+            return Err(err(format!(
+                "session.ttl: must be 3s to the policy's lease_ttl_ceiling ({:?})",
+                policy.lease_ttl_ceiling
+            )));
+        }
+        if session.task.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return Err(err("session.task: must not be empty".into()));
+        }
         Ok(Config {
+            lease_mode,
+            session_task: session.task.clone(),
+            session_ttl,
             database_max_connections,
             database_statement_timeout,
             database_url: raw

@@ -134,6 +134,13 @@ pub enum CallError {
         "{0}; stop this worker: another worker owns the run now, or the lease expired (re-acquire to continue)"
     )]
     LeaseLost(Box<Rejection>),
+    /// Lease mode `session`: the session's lease is gone.
+    #[error(
+        "the session lease of task {task:?} is gone ({cause}): another session took the task over, \
+         or leasegate could not renew the lease. Nothing was sent; start a new session (restart \
+         the agent's leasegate) to take the task back"
+    )]
+    SessionLost { task: String, cause: String },
     #[error("{0}")]
     RunTerminal(Box<Rejection>),
     #[error("run not found: create the run and acquire its lease first")]

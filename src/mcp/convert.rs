@@ -117,6 +117,10 @@ pub fn error_from_call(error: &CallError) -> McpError {
         CallError::LeaseRequired => (codes::LEASE_REQUIRED, None),
         CallError::BadRequestMeta(_) => (codes::INVALID_PARAMS, None),
         CallError::LeaseLost(rejection) => (codes::LEASE_LOST, Some(reason_data(rejection))),
+        CallError::SessionLost { task, .. } => (
+            codes::LEASE_LOST,
+            Some(json!({"reason": "session_lost", "task": task})),
+        ),
         CallError::RunTerminal(rejection) => (codes::RUN_TERMINAL, Some(reason_data(rejection))),
         CallError::RunNotFound => (codes::RUN_NOT_FOUND, None),
         CallError::IntentConflict(rejection) => {

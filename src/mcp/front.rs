@@ -155,6 +155,9 @@ struct State {
     sessions: Mutex<Vec<Weak<Session>>>,
     /// MCP 2026-07-28 calls waiting for the agent's input, by handle.
     parked: Mutex<HashMap<String, PendingCall>>,
+    /// Lease mode `session` (stdio): the lease calls without one of their
+    /// own are sent under.
+    session_lease: std::sync::OnceLock<Arc<crate::worker::session::SessionLease>>,
     /// Serializes catalog refreshes.
     refreshing: tokio::sync::Mutex<()>,
     /// Session-wide notifications (exposed names and URIs), for 2026-07-28
@@ -349,6 +352,7 @@ impl Front {
                 in_flight,
                 sessions: Mutex::new(Vec::new()),
                 parked: Mutex::new(HashMap::new()),
+                session_lease: std::sync::OnceLock::new(),
                 notices: tokio::sync::broadcast::channel(256).0,
                 refreshing: tokio::sync::Mutex::new(()),
             }),
@@ -357,6 +361,12 @@ impl Front {
         let events = front.state.upstreams.events();
         tokio::spawn(relay_events(Arc::downgrade(&front.state), events));
         front
+    }
+
+    /// Lease mode `session`: calls that bring no lease of their own are
+    /// sent under `lease` from now on (set once, before serving).
+    pub fn set_session_lease(&self, lease: Arc<crate::worker::session::SessionLease>) {
+        let _ = self.state.session_lease.set(lease);
     }
 
     /// The requests in flight on the stateless HTTP front.
@@ -1809,7 +1819,19 @@ impl Front {
         watch: &CallWatch,
     ) -> Result<ToolCall, McpError> {
         let upstream = resolved.upstream.clone();
-        let lease = lease_of(context).map_err(|e| convert::error_from_call(&e))?;
+        let lease =
+            match (lease_of(context), self.state.session_lease.get()) {
+                // A lease the agent sent wins; without one, the session's.
+                (Err(CallError::LeaseRequired), Some(session)) => session
+                    .current()
+                    .cloned()
+                    .map_err(|cause| CallError::SessionLost {
+                        task: session.task().to_owned(),
+                        cause,
+                    }),
+                (lease, _) => lease,
+            }
+            .map_err(|e| convert::error_from_call(&e))?;
         let step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), true, watch.detach.clone());

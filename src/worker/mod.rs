@@ -22,6 +22,8 @@
 //! happened mid-call, times out; either way the token is cancelled. Writes
 //! attempted meanwhile are rejected by the database.
 
+pub mod session;
+
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 

@@ -1,0 +1,199 @@
+//! Session leases: leasegate holds a run's lease for an agent that knows
+//! nothing of leases (lease mode `session`).
+//!
+//! A session is named by a task key. [`SessionLease::begin`] makes the
+//! task's active run this session's: it creates the run (lease held at
+//! epoch 1) when the task has no live run, or takes the live run's lease over at
+//! once (`lease_takeover`: epoch + 1, even while the previous holder's lease
+//! is unexpired) — a new session for the same task key is the agent
+//! restarted, and it fences its predecessor. A pending run is started. The
+//! lease is then renewed by the worker heartbeat until the session ends
+//! ([`SessionLease::end`] releases it; the run stays running, so the next
+//! session resumes it and its calls replay what this one recorded).
+//!
+//! # Guarantees
+//!
+//! * Calls through a session carry its lease; the ledger fences them like
+//!   any worker's writes. After a takeover, the old session's writes are
+//!   rejected (-32002), whatever the old process believes.
+//! * The first renewal the heartbeat cannot confirm ends the session: every
+//!   later side-effecting call is refused before anything is registered or
+//!   sent ([`SessionLease::current`] answers the cause). It never
+//!   re-acquires on its own: a lost session stays lost until the agent
+//!   starts a new one.
+//! * Identity is per run and step: calls of a resumed run with the same
+//!   derived step (tool + request digest) are the same intents, so an agent
+//!   that repeats its calls after a restart gets the recorded answers.
+//!
+//! # Crash points
+//!
+//! A process that dies holding a session leaves the lease to expire (its
+//! ttl); the next session for the task takes it over at once anyway.
+
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use super::{HeartbeatConfig, StopCause, WorkerCancellation, spawn_heartbeat};
+use crate::ledger::{
+    AcquireOutcome, Fenced, InitialLease, LeaseClaim, Ledger, LedgerError, Rejection,
+    RunCreateOutcome, RunId, RunStatus,
+};
+
+/// Why a session could not begin.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("invalid session lease settings: {0}")]
+    Config(String),
+    #[error("task {task:?}: {detail}")]
+    Refused { task: String, detail: String },
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// A task's lease held by leasegate for the life of an MCP session or a
+/// stdio process.
+#[derive(Debug)]
+pub struct SessionLease {
+    ledger: Ledger,
+    task: String,
+    claim: LeaseClaim,
+    took_over: bool,
+    cancel: WorkerCancellation,
+    heartbeat: Mutex<Option<JoinHandle<StopCause>>>,
+}
+
+impl SessionLease {
+    /// Makes the task's active run this session's (see the module docs)
+    /// and starts renewing its lease.
+    pub async fn begin(
+        ledger: Ledger,
+        tenant: &str,
+        task: &str,
+        owner: &str,
+        config: HeartbeatConfig,
+    ) -> Result<Self, SessionError> {
+        config.validate().map_err(SessionError::Config)?;
+        let refused = |detail: String| SessionError::Refused {
+            task: task.to_owned(),
+            detail,
+        };
+        // A run finishing between the two steps sends us round again; a
+        // second race in a row is reported.
+        for _ in 0..3 {
+            let lease = InitialLease {
+                owner,
+                ttl_ms: config.ttl_ms,
+            };
+            let (claim, status, revision, took_over) = match ledger
+                .run_create(RunId::generate(), tenant, task, Some(lease))
+                .await?
+            {
+                RunCreateOutcome::Created(run) => (
+                    LeaseClaim {
+                        run_id: run.run_id,
+                        owner: owner.to_owned(),
+                        epoch: run.lease_epoch,
+                    },
+                    run.status,
+                    0,
+                    false,
+                ),
+                RunCreateOutcome::ActiveRunLive(run) => {
+                    match ledger
+                        .lease_takeover(run.run_id, owner, config.ttl_ms)
+                        .await?
+                    {
+                        AcquireOutcome::Acquired(grant) => (
+                            grant.claim,
+                            grant.run_status,
+                            grant.revision,
+                            grant.took_over,
+                        ),
+                        AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
+                        AcquireOutcome::Busy { .. } => {
+                            unreachable!("a takeover is never busy")
+                        }
+                    }
+                }
+                RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
+                    return Err(refused("a fresh run id collided".into()));
+                }
+            };
+            if status == RunStatus::Pending {
+                match ledger.run_start(&claim, revision).await? {
+                    Fenced::Applied(_) => {}
+                    // Another session started it (and may own it now: the
+                    // heartbeat's first renewal tells).
+                    Fenced::Rejected(
+                        Rejection::Conflict { .. } | Rejection::WrongStatus { .. },
+                    ) => {}
+                    Fenced::Rejected(Rejection::Terminal { .. } | Rejection::NotFound) => continue,
+                    Fenced::Rejected(rejection) => return Err(refused(rejection.to_string())),
+                }
+            }
+            let cancel = WorkerCancellation::new();
+            let heartbeat = spawn_heartbeat(ledger.clone(), claim.clone(), config, cancel.clone());
+            tracing::info!(task, run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
+                took_over, "session lease held");
+            return Ok(Self {
+                ledger,
+                task: task.to_owned(),
+                claim,
+                took_over,
+                cancel,
+                heartbeat: Mutex::new(Some(heartbeat)),
+            });
+        }
+        Err(refused(
+            "its runs kept finishing while a session began; try again".into(),
+        ))
+    }
+
+    /// The lease to send calls under while the session holds it; once it
+    /// does not, why (the heartbeat's stop cause).
+    pub fn current(&self) -> Result<&LeaseClaim, String> {
+        match self.cancel.cause() {
+            Some(cause) => Err(cause.to_string()),
+            None if self.cancel.is_cancelled() => Err("session ended".into()),
+            None => Ok(&self.claim),
+        }
+    }
+
+    /// The lease as granted, whatever happened since.
+    pub fn claim(&self) -> &LeaseClaim {
+        &self.claim
+    }
+
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+
+    /// Whether this session took a live run over from another holder.
+    pub fn took_over(&self) -> bool {
+        self.took_over
+    }
+
+    /// Stops renewing and releases the lease if this session still holds
+    /// it (the run stays as it is, for the next session to resume).
+    pub async fn end(&self) {
+        let held = self.current().is_ok();
+        self.cancel
+            .cancel_with(StopCause::Stopped("session ended".into()));
+        if let Some(heartbeat) = self.heartbeat.lock().await.take() {
+            let _ = heartbeat.await;
+        }
+        if held {
+            match self.ledger.lease_release(&self.claim).await {
+                Ok(Fenced::Applied(_)) => {
+                    tracing::info!(task = %self.task, run_id = %self.claim.run_id, "session lease released")
+                }
+                Ok(Fenced::Rejected(rejection)) => {
+                    tracing::info!(task = %self.task, %rejection, "session lease was no longer ours")
+                }
+                Err(error) => {
+                    tracing::warn!(task = %self.task, %error, "releasing the session lease failed; it expires on its own")
+                }
+            }
+        }
+    }
+}
