@@ -25,6 +25,11 @@
 //!   through which dispatch reaches tool servers. `config` resolves a stdio
 //!   upstream's command (relative to the config file, or beside the running
 //!   executable, then `PATH`).
+//! * `durability`: the durability contract (policy `durability = "local" |
+//!   "sync_replica"`): `Gate`, checked at startup and with every liveness
+//!   renewal, holds dispatch while the server does not give what the policy
+//!   claims or while a lossy failover is unresolved; failover detection
+//!   against this process's acknowledged WAL high-water.
 //! * `dispatch`: the dispatch protocol, shared by the inline path and the
 //!   outbox — register+claim, upstream call in a leasegate-owned task
 //!   (what a failure proves: `UpstreamError::delivery`), settle or mark
@@ -57,10 +62,10 @@
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
-//!   `0002`: operations, evidence) and the `leasegate_app` role that may
+//!   `0002`: operations, evidence; `0003`: detected failovers) and the `leasegate_app` role that may
 //!   only execute the functions and read. `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
-//!   (`common`, `lease`, `run`, `operation`), installed after the
+//!   (`common`, `process`, `lease`, `run`, `operation`, `durability`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
@@ -73,8 +78,8 @@
 //!   end-to-end tests; it may import rmcp).
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
-//! `reconcile`, `worker` → `dispatch` → `config` → `adapter`, `ledger` →
-//! `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
+//! `reconcile`, `worker` → `dispatch` → `config`, `durability` → `adapter`,
+//! `ledger` → `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`), clap (`control::cli`, `main`).
 //!
@@ -100,6 +105,7 @@ pub mod app;
 pub mod config;
 pub mod control;
 pub mod dispatch;
+pub mod durability;
 pub mod ids;
 pub mod intent;
 pub mod ledger;

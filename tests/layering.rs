@@ -3,8 +3,8 @@
 //! only those of a lower layer:
 //!
 //! ```text
-//! main → app → mcp, control, reconcile, worker → dispatch → config
-//!      → adapter, ledger → policy → intent → ids
+//! main → app → mcp, control, reconcile, worker → dispatch → config,
+//!      durability → adapter, ledger → policy → intent → ids
 //! ```
 //!
 //! The scan covers `src/` (the library and the `leasegate` binary). The
@@ -36,6 +36,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("adapter", 3),
     ("ledger", 3),
     ("config", 4),
+    ("durability", 4),
     ("dispatch", 5),
     ("mcp", 6),
     ("control", 6),

@@ -82,7 +82,10 @@ pub const FUNCTION_FILES: [(&str, &str); 6] = [
     ("sql/lease.sql", include_str!("../../sql/lease.sql")),
     ("sql/run.sql", include_str!("../../sql/run.sql")),
     ("sql/operation.sql", include_str!("../../sql/operation.sql")),
-    ("sql/durability.sql", include_str!("../../sql/durability.sql")),
+    (
+        "sql/durability.sql",
+        include_str!("../../sql/durability.sql"),
+    ),
 ];
 
 /// Serializes function installs across processes (any constant; "lgfn").
