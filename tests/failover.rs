@@ -44,7 +44,9 @@ fn pg_bin() -> PathBuf {
         .filter_map(|entry| {
             let path = entry.ok()?.path();
             let version = path.file_name()?.to_str()?.parse().ok()?;
-            path.join("bin/initdb").exists().then(|| (version, path.join("bin")))
+            path.join("bin/initdb")
+                .exists()
+                .then(|| (version, path.join("bin")))
         })
         .collect();
     versions.sort();
@@ -126,12 +128,9 @@ impl Cluster {
             tokio::process::Command::new(&binary)
         };
         command.args(args).current_dir(&self.dir).kill_on_drop(true);
-        let out = common::within(
-            &format!("{program} {args:?}"),
-            command.output(),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("run {} (runuser missing?): {e}", binary.display()));
+        let out = common::within(&format!("{program} {args:?}"), command.output())
+            .await
+            .unwrap_or_else(|e| panic!("run {} (runuser missing?): {e}", binary.display()));
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),
@@ -322,10 +321,7 @@ async fn set_sync_names(pool: &sqlx::PgPool, any: bool) {
     } else {
         "ALTER SYSTEM SET synchronous_standby_names = ''"
     };
-    sqlx::query(statement)
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(statement).execute(pool).await.unwrap();
     sqlx::query("SELECT pg_reload_conf()")
         .execute(pool)
         .await
@@ -430,7 +426,10 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
     let cluster = Cluster::new();
     let (primary_port, standby_port) = (free_port(), free_port());
     let primary = cluster
-        .init_primary("primary", "synchronous_standby_names = ''\nsynchronous_commit = on")
+        .init_primary(
+            "primary",
+            "synchronous_standby_names = ''\nsynchronous_commit = on",
+        )
         .await;
     cluster.start(&primary, primary_port).await;
     let db = ledger_db(primary_port).await;
@@ -496,7 +495,11 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
         .await
         .unwrap();
     assert_eq!(operations_after, operations_before, "nothing registered");
-    assert_eq!(scenario.side_effects("charges.jsonl").len(), 5, "nothing sent");
+    assert_eq!(
+        scenario.side_effects("charges.jsonl").len(),
+        5,
+        "nothing sent"
+    );
     let metrics = http::get(&format!("{}/metrics", proxy.control_url)).await;
     assert!(
         metrics.body.contains("leasegate_durability_ok 0"),
@@ -524,7 +527,10 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
     println!("failover: {failover}");
     assert_eq!(failover["lossy"], json!(false), "{failover}");
     assert_eq!(
-        (failover["old_timeline"].clone(), failover["new_timeline"].clone()),
+        (
+            failover["old_timeline"].clone(),
+            failover["new_timeline"].clone()
+        ),
         (json!(1), json!(2))
     );
     assert!(failover["resolved_at"].is_string(), "{failover}");
@@ -562,7 +568,11 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
         assert_eq!(note["replayed"], json!(true), "{note}");
     }
     let charges = scenario.side_effects("charges.jsonl");
-    assert_eq!(charges.len(), 5, "each side effect exactly once: {charges:?}");
+    assert_eq!(
+        charges.len(),
+        5,
+        "each side effect exactly once: {charges:?}"
+    );
     admin.close().await;
     proxy.stop().await;
 }
@@ -648,7 +658,10 @@ async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolve
     println!("failover: {failover}");
     assert_eq!(failover["lossy"], json!(true), "{failover}");
     assert_eq!(
-        (failover["old_timeline"].clone(), failover["new_timeline"].clone()),
+        (
+            failover["old_timeline"].clone(),
+            failover["new_timeline"].clone()
+        ),
         (json!(1), json!(2))
     );
     let lsn = |value: &Value| -> u64 {
@@ -696,9 +709,15 @@ async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolve
     let lost: Vec<String> = unreplicated.iter().map(|(_, id, _)| id.clone()).collect();
     let kept_status = statuses(&db, &kept).await;
     let lost_status = statuses(&db, &lost).await;
-    println!("ledger high-water: replicated {kept_status:?}, after the standby stopped {lost_status:?}");
+    println!(
+        "ledger high-water: replicated {kept_status:?}, after the standby stopped {lost_status:?}"
+    );
     assert_eq!(kept_status, vec![Some("succeeded".to_owned()); 3]);
-    assert_eq!(lost_status, vec![None, None], "exactly the unreplicated calls are lost");
+    assert_eq!(
+        lost_status,
+        vec![None, None],
+        "exactly the unreplicated calls are lost"
+    );
     // Remote: the tool server's own record has all five charges.
     let charges = scenario.side_effects("charges.jsonl");
     println!("remote high-water: {} charges: {charges:?}", charges.len());
