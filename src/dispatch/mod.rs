@@ -230,13 +230,16 @@ impl<U: Upstream> Dispatcher<U> {
                 limit: self.policy.max_arguments_bytes,
             });
         }
-        if let Some(reason) = self.gate.hold() {
+        if let Some(reason) = self.gate.admit(&self.ledger).await {
             return Err(CallError::Held { reason });
         }
         let reply = self.call_unchecked(request).await;
         match &reply {
             Ok(_) => self.gate.acknowledged(&self.ledger).await,
-            Err(CallError::Ledger(error)) => self.gate.suspect(&error.to_string()),
+            // The connection broke: the next one may reach another server.
+            Err(CallError::Ledger(
+                error @ (LedgerError::Unavailable { .. } | LedgerError::OutcomeUnknown { .. }),
+            )) => self.gate.suspect(&error.to_string()),
             Err(_) => {}
         }
         reply

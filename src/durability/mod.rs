@@ -57,9 +57,17 @@
 //! # Failure handling
 //!
 //! A check that cannot reach the ledger holds dispatch until a check
-//! succeeds. A ledger error seen by a call ([`Gate::suspect`]) holds
-//! dispatch and wakes the check at once, so a call that reached a promoted
-//! standby before the next periodic check does not slip through.
+//! succeeds. A connection-level ledger error seen by a call
+//! ([`Gate::suspect`]) holds dispatch and wakes the check at once. While the
+//! hold only says "unconfirmed" (a failed check, a suspicion), the next call
+//! runs one check itself before deciding ([`Gate::admit`]), so a database
+//! blip costs one check rather than refused calls, and a call that would
+//! reach a promoted standby is checked first. What remains open: a call that
+//! gets a fresh connection to a promoted standby before any error or check
+//! noticed the old primary's death (the pooled connections to it all break
+//! at once, and the check runs every ~3.3 s, so this needs a call to be the
+//! very first user of the new server); the answer it gets is still recorded
+//! and sampled, and the failover is detected at the next check.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -183,6 +191,14 @@ struct State {
 }
 
 impl State {
+    /// Held only because the last facts are unconfirmed (a failed check, a
+    /// suspicion, no check yet): one successful check may clear it.
+    fn unverified_only(&self) -> bool {
+        self.unmet.is_empty()
+            && !self.failovers.iter().any(|f| f.lossy)
+            && (self.error.is_some() || self.suspect.is_some())
+    }
+
     fn reasons(&self) -> Vec<String> {
         let mut reasons = self.unmet.clone();
         if let Some(error) = &self.error {
@@ -224,6 +240,9 @@ pub struct Gate {
     /// none arrived while it ran.
     suspicions: AtomicU64,
     wake: Notify,
+    /// One check at a time: callers of [`Gate::admit`] that find the gate
+    /// unverified wait for the same check instead of each running one.
+    checking: tokio::sync::Mutex<()>,
 }
 
 impl Gate {
@@ -239,6 +258,7 @@ impl Gate {
             held: AtomicBool::new(true),
             suspicions: AtomicU64::new(0),
             wake: Notify::new(),
+            checking: tokio::sync::Mutex::new(()),
         };
         gate.publish(&gate.lock());
         gate
@@ -254,6 +274,7 @@ impl Gate {
             held: AtomicBool::new(false),
             suspicions: AtomicU64::new(0),
             wake: Notify::new(),
+            checking: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -272,6 +293,27 @@ impl Gate {
         }
         let reasons = self.lock().reasons();
         (!reasons.is_empty()).then(|| reasons.join("; "))
+    }
+
+    /// Why dispatch is held, or `None` when it may proceed — after checking
+    /// at once when the hold only says the facts are unconfirmed (a ledger
+    /// blip, a suspicion), so a transient error costs one check, not a
+    /// refused call. A contract that is not met, or an unresolved lossy
+    /// failover, is answered without a check.
+    pub async fn admit(&self, ledger: &Ledger) -> Option<String> {
+        if !self.held.load(Ordering::Acquire) {
+            return None;
+        }
+        if !self.lock().unverified_only() {
+            return self.hold();
+        }
+        let seen = self.suspicions.load(Ordering::Acquire);
+        let _one = self.checking.lock().await;
+        // Someone else's check may have settled it while we waited.
+        if self.lock().unverified_only() || self.suspicions.load(Ordering::Acquire) != seen {
+            let _ = self.check_locked(ledger).await;
+        }
+        self.hold()
     }
 
     /// A call saw the ledger fail: hold until a check succeeds, and check now.
@@ -333,6 +375,11 @@ impl Gate {
     /// against the high-water (recording it), reads the unresolved
     /// failovers, and publishes the result. An error leaves dispatch held.
     pub async fn check(&self, ledger: &Ledger) -> Result<Report, LedgerError> {
+        let _one = self.checking.lock().await;
+        self.check_locked(ledger).await
+    }
+
+    async fn check_locked(&self, ledger: &Ledger) -> Result<Report, LedgerError> {
         let suspicions = self.suspicions.load(Ordering::Acquire);
         match self.check_inner(ledger).await {
             Ok((facts, failovers)) => {

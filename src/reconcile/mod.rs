@@ -221,7 +221,7 @@ impl<U: Upstream> Background<U> {
 
     async fn run_once(&self, service: Service) {
         if matches!(service, Service::Outbox | Service::Reconciler)
-            && let Some(reason) = self.outbox.0.gate.hold()
+            && let Some(reason) = self.outbox.0.gate.admit(&self.outbox.0.ledger).await
         {
             tracing::debug!(%reason, ?service, "durability hold: not claiming");
             match service {
