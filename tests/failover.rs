@@ -457,10 +457,20 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
 
     set_sync_names(&admin, true).await;
     wait_sync_standbys(&admin, 1).await;
+    // A database default that would weaken commits: every leasegate session
+    // overrides it.
+    sqlx::query("ALTER DATABASE leasegate SET synchronous_commit = 'local'")
+        .execute(&admin)
+        .await
+        .unwrap();
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let report = durability(&proxy).await;
     assert_eq!(report["ok"], json!(true), "{report}");
     assert_eq!(report["durability"], "sync_replica");
+    assert_eq!(
+        report["facts"]["synchronous_commit"], "on",
+        "the database default 'local' is overridden: {report}"
+    );
     let (lease, _) = db.running_run("worker-a", 600_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
 
@@ -723,15 +733,45 @@ async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolve
     println!("remote high-water: {} charges: {charges:?}", charges.len());
     assert_eq!(charges.len(), 5);
 
-    // An operator compares and resolves; dispatch resumes.
-    let id = failover["failover_id"].as_i64().unwrap();
-    let resolved = http::post(
-        &format!("{}/v1/failovers/{id}/resolve", proxy.control_url),
-        &[("content-type", "application/json")],
-        &json!({"by": "ops", "reason": "charges 204 and 205 exist at the provider; re-sent with the same keys"}).to_string(),
-    )
-    .await;
-    assert_eq!(resolved.status, 200, "{}", resolved.body);
+    let metrics = http::get(&format!("{}/metrics", proxy.control_url)).await;
+    assert!(
+        metrics.body.contains("leasegate_failovers_unresolved 1"),
+        "{}",
+        metrics.body
+    );
+
+    // An operator compares and resolves (the operator CLI: one request to
+    // the same API); dispatch resumes.
+    let id = failover["failover_id"].as_i64().unwrap().to_string();
+    let resolve = |reason: &str| {
+        std::process::Command::new(common::proxy::LEASEGATE)
+            .args([
+                "ops",
+                "failover-resolve",
+                &id,
+                "--by",
+                "ops",
+                "--reason",
+                reason,
+            ])
+            .args(["--database-url", &url(primary_port, "leasegate")])
+            .output()
+            .expect("run leasegate ops failover-resolve")
+    };
+    let out = resolve("charges 204 and 205 exist at the provider; re-sent with the same keys");
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{printed}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(printed.contains("\"resolved_by\""), "{printed}");
+    let again = resolve("twice");
+    assert_eq!(
+        again.status.code(),
+        Some(4),
+        "resolving twice is a conflict"
+    );
     wait_durability(&proxy, "dispatch to resume after the resolution", true, "").await;
 
     // The lost calls, re-called with the same run and step by the worker the
