@@ -30,6 +30,11 @@ use leasegate::ledger::{AcquireOutcome, Fenced, LeaseClaim, Ledger};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// The two tests run one after the other: the durability metrics are
+/// process-wide gauges (both in-process proxies would write them), and two
+/// clusters at once would only crowd a small machine.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The newest PostgreSQL's binaries under /usr/lib/postgresql (Debian's
 /// layout), or `PG_BIN` when set.
 fn pg_bin() -> PathBuf {
@@ -423,6 +428,7 @@ async fn promote_at(cluster: &Cluster, standby: &Node, port: u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades() {
+    let _serial = SERIAL.lock().await;
     let cluster = Cluster::new();
     let (primary_port, standby_port) = (free_port(), free_port());
     let primary = cluster
@@ -589,6 +595,7 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolved() {
+    let _serial = SERIAL.lock().await;
     let cluster = Cluster::new();
     let (primary_port, standby_port) = (free_port(), free_port());
     let primary = cluster
