@@ -11,7 +11,9 @@
 //!   `sql/`; one function = one short transaction = one statement), `read`
 //!   (runs, operations — the fate of a call — events, evidence, health),
 //!   `verdict` (the one decoder of every function's outcome and the shared
-//!   fence rejections), `schema` (tables from `migrations/`, functions from
+//!   fence rejections), `durability` (the server's durability facts, WAL
+//!   position and timeline switch points, recorded failovers), `schema`
+//!   (tables from `migrations/`, functions from
 //!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly). Retries of 40001/40P01, "outcome
 //!   unknown" on a connection lost mid-call. The only module that imports
