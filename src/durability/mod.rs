@@ -21,7 +21,12 @@
 //!   before anything is registered or sent, the outbox and the reconciler do
 //!   not claim, `leasegate_durability_ok` is 0 and `GET /v1/durability`
 //!   says why: it never silently degrades to `local`. Promoting the
-//!   synchronous standby loses nothing acknowledged.
+//!   synchronous standby loses nothing acknowledged — with one PostgreSQL
+//!   caveat: a commit whose wait for the standby is cancelled (the session's
+//!   `statement_timeout`, `pg_cancel_backend`) is answered as committed with
+//!   a WARNING while only the primary has it. The high-water below still
+//!   covers such a write, so if a failover loses it, it is reported lossy,
+//!   not silently.
 //!
 //! # Failover detection (both modes)
 //!
