@@ -22,8 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
+use crate::durability::Gate;
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::mcp::{Front, Upstreams};
+use crate::policy::Durability;
 use crate::reconcile::{Background, Signals};
 
 /// The process-wide Prometheus recorder (installed once; `metrics` is a
@@ -64,6 +66,8 @@ pub struct Proxy {
     /// This process's identity: its claims carry it, its liveness is
     /// renewed under it.
     owner: String,
+    /// The durability contract's gate (checked with every renewal).
+    gate: Arc<Gate>,
 }
 
 /// How long this process counts as alive after each renewal (renewed every
@@ -118,13 +122,16 @@ pub async fn run(
         let api = listeners.control.map(|listener| {
             let upstreams = proxy.upstreams.clone();
             crate::control::serve(
-                crate::control::with_upstream_health(
-                    crate::control::router_with_metrics(
-                        proxy.ledger.clone(),
-                        proxy.config.policy.integers,
-                        metrics_handle(),
+                crate::control::with_durability(
+                    crate::control::with_upstream_health(
+                        crate::control::router_with_metrics(
+                            proxy.ledger.clone(),
+                            proxy.config.policy.integers,
+                            metrics_handle(),
+                        ),
+                        Arc::new(move || serde_json::json!(upstreams.health())),
                     ),
-                    Arc::new(move || serde_json::json!(upstreams.health())),
+                    proxy.gate.clone(),
                 ),
                 listener,
                 stop.clone().cancelled_owned(),
@@ -187,9 +194,28 @@ impl Proxy {
             ),
             max_connections: config.database_max_connections,
             statement_timeout: config.database_statement_timeout,
+            synchronous_commit_at_least_on: config.policy.durability == Durability::SyncReplica,
             ..LedgerOptions::default()
         };
         let ledger = Ledger::connect(&config.database_url, options).await?;
+        let owner = crate::dispatch::process_owner();
+        // The durability contract, before anything is served: sync_replica
+        // refuses to start without what it claims; local starts, holding
+        // dispatch while the server is a standby or a lossy failover is
+        // unresolved.
+        let gate = Arc::new(Gate::new(config.policy.durability, owner.clone()));
+        let report = gate.check(&ledger).await?;
+        if config.policy.durability == Durability::SyncReplica && !report.ok {
+            ledger.close().await;
+            anyhow::bail!(
+                "policy durability = \"sync_replica\" is not met by the ledger's server, refusing \
+                 to start: {}",
+                report.reasons.join("; ")
+            );
+        }
+        if !report.ok {
+            tracing::error!(reasons = %report.reasons.join("; "), "starting with dispatch held");
+        }
         let upstreams = Arc::new(Upstreams::connect(&config).await?);
         let catalog = upstreams
             .catalog(&config.namespace_separator, &config.unprefixed)
@@ -199,14 +225,14 @@ impl Proxy {
             upstreams = config.upstreams.len(),
             "upstreams connected"
         );
-        let owner = crate::dispatch::process_owner();
         let dispatcher = Dispatcher::new(
             ledger.clone(),
             upstreams.clone(),
             config.policy.clone(),
             config.tenant.clone(),
             owner.clone(),
-        );
+        )
+        .with_gate(gate.clone());
         let directory = Arc::new(crate::adapter::SharedDirectory::new(
             crate::mcp::upstream::directory(&catalog, &config),
         ));
@@ -236,31 +262,41 @@ impl Proxy {
             .process_heartbeat(&owner, millis(LIVENESS_TTL))
             .await?;
         {
-            let (ledger, owner, stop) = (ledger.clone(), owner.clone(), stop.clone());
+            // The durability check rides along with every renewal, and runs
+            // at once when a call saw the ledger fail (`Gate::suspect`).
+            let (ledger, owner, stop, gate) =
+                (ledger.clone(), owner.clone(), stop.clone(), gate.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(LIVENESS_TTL / 3);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
-                    tokio::select! {
+                    let renew = tokio::select! {
                         _ = stop.cancelled() => return,
-                        _ = tick.tick() => {
-                            if let Err(error) = ledger.process_heartbeat(&owner, millis(LIVENESS_TTL)).await {
-                                tracing::warn!(%error, "liveness renewal failed");
-                            }
-                        }
+                        _ = tick.tick() => true,
+                        () = gate.woken() => false,
+                    };
+                    if renew
+                        && let Err(error) =
+                            ledger.process_heartbeat(&owner, millis(LIVENESS_TTL)).await
+                    {
+                        tracing::warn!(%error, "liveness renewal failed");
+                    }
+                    if let Err(error) = gate.check(&ledger).await {
+                        tracing::warn!(%error, "durability check failed: dispatch held");
                     }
                 }
             });
         }
         let mut loops = None;
         let background = config.policy.background.then(|| {
-            let background = Arc::new(Background::new(
+            let background = Arc::new(Background::gated(
                 ledger.clone(),
                 upstreams.clone(),
                 directory,
                 config.policy.clone(),
                 &config.tenant,
                 owner.clone(),
+                gate.clone(),
             ));
             loops = Some(background.clone().spawn(stop.child_token()));
             background
@@ -274,7 +310,13 @@ impl Proxy {
             stop,
             loops,
             owner,
+            gate,
         })
+    }
+
+    /// The durability gate: what `GET /v1/durability` reports.
+    pub fn durability(&self) -> Arc<Gate> {
+        self.gate.clone()
     }
 
     /// The upstream clients: their health (`Upstreams::health`).

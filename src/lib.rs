@@ -11,7 +11,9 @@
 //!   `sql/`; one function = one short transaction = one statement), `read`
 //!   (runs, operations — the fate of a call — events, evidence, health),
 //!   `verdict` (the one decoder of every function's outcome and the shared
-//!   fence rejections), `schema` (tables from `migrations/`, functions from
+//!   fence rejections), `durability` (the server's durability facts, WAL
+//!   position and timeline switch points, recorded failovers), `schema`
+//!   (tables from `migrations/`, functions from
 //!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly). Retries of 40001/40P01, "outcome
 //!   unknown" on a connection lost mid-call. The only module that imports
@@ -25,6 +27,11 @@
 //!   through which dispatch reaches tool servers. `config` resolves a stdio
 //!   upstream's command (relative to the config file, or beside the running
 //!   executable, then `PATH`).
+//! * `durability`: the durability contract (policy `durability = "local" |
+//!   "sync_replica"`): `Gate`, checked at startup and with every liveness
+//!   renewal, holds dispatch while the server does not give what the policy
+//!   claims or while a lossy failover is unresolved; failover detection
+//!   against this process's acknowledged WAL high-water.
 //! * `dispatch`: the dispatch protocol, shared by the inline path and the
 //!   outbox — register+claim, upstream call in a leasegate-owned task
 //!   (what a failure proves: `UpstreamError::delivery`), settle or mark
@@ -55,12 +62,14 @@
 //!   `CancellationToken` on `127.0.0.1:0`), then stops loops and children.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
-//!   first unconfirmed renewal.
+//!   first unconfirmed renewal; and `worker::session`, the lease leasegate
+//!   holds for an agent without lease plumbing (lease mode `session`). It
+//!   sits below `dispatch` so that the MCP front can use session leases.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
-//!   `0002`: operations, evidence) and the `leasegate_app` role that may
+//!   `0002`: operations, evidence; `0003`: detected failovers) and the `leasegate_app` role that may
 //!   only execute the functions and read. `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
-//!   (`common`, `lease`, `run`, `operation`), installed after the
+//!   (`common`, `process`, `lease`, `run`, `operation`, `durability`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
@@ -73,8 +82,8 @@
 //!   end-to-end tests; it may import rmcp).
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
-//! `reconcile`, `worker` → `dispatch` → `config` → `adapter`, `ledger` →
-//! `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
+//! `reconcile` → `dispatch` → `config`, `worker`, `durability` → `adapter`,
+//! `ledger` → `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`), clap (`control::cli`, `main`).
 //!
@@ -100,6 +109,7 @@ pub mod app;
 pub mod config;
 pub mod control;
 pub mod dispatch;
+pub mod durability;
 pub mod ids;
 pub mod intent;
 pub mod ledger;

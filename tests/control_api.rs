@@ -32,9 +32,12 @@ impl Api {
             )
             .unwrap();
         let router = leasegate::control::with_metrics(
-            leasegate::control::with_upstream_health(
-                router(self.ledger.clone(), IntegerPolicy::Reject),
-                std::sync::Arc::new(|| json!([{"name": "payments", "state": "up"}])),
+            leasegate::control::with_durability(
+                leasegate::control::with_upstream_health(
+                    router(self.ledger.clone(), IntegerPolicy::Reject),
+                    std::sync::Arc::new(|| json!([{"name": "payments", "state": "up"}])),
+                ),
+                std::sync::Arc::new(leasegate::durability::Gate::unchecked()),
             ),
             leasegate::app::metrics_handle(),
         );

@@ -3,8 +3,8 @@
 //! only those of a lower layer:
 //!
 //! ```text
-//! main → app → mcp, control, reconcile → dispatch → config, worker
-//!      → adapter, ledger → policy → intent → ids
+//! main → app → mcp, control, reconcile → dispatch → config, worker,
+//!      durability → adapter, ledger → policy → intent → ids
 //! ```
 //!
 //! The scan covers `src/` (the library and the `leasegate` binary). The
@@ -37,6 +37,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("ledger", 3),
     ("config", 4),
     ("worker", 4),
+    ("durability", 4),
     ("dispatch", 5),
     ("mcp", 6),
     ("control", 6),

@@ -145,6 +145,24 @@ pub enum OpsCommand {
         #[arg(long, env = "USER", default_value = "operator")]
         actor: String,
     },
+    /// The failovers leasegate recorded (lossy ones hold dispatch until
+    /// resolved).
+    Failovers {
+        /// Only the unresolved ones.
+        #[arg(long)]
+        unresolved: bool,
+    },
+    /// Resolve a lossy failover after comparing the ledger with the tools'
+    /// own records: dispatch resumes at every process's next check.
+    FailoverResolve {
+        failover_id: String,
+        /// What was compared and decided (kept on the failover).
+        #[arg(long)]
+        reason: String,
+        /// Who resolves it (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
 }
 
 /// One control API request: method, path (with query) and JSON body.
@@ -258,6 +276,18 @@ impl OperatorCommand {
                 } => ApiRequest::post(
                     format!("/v1/operations/{}/retry", url_segment(operation_id)),
                     json!({"note": note, "actor": actor}),
+                ),
+                OpsCommand::Failovers { unresolved } => ApiRequest::get(format!(
+                    "/v1/failovers{}",
+                    if *unresolved { "?unresolved=true" } else { "" }
+                )),
+                OpsCommand::FailoverResolve {
+                    failover_id,
+                    reason,
+                    by,
+                } => ApiRequest::post(
+                    format!("/v1/failovers/{}/resolve", url_segment(failover_id)),
+                    json!({"by": by, "reason": reason}),
                 ),
             },
         }

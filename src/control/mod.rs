@@ -6,7 +6,9 @@
 //! * `router`: the routes (`ROUTES`), `/metrics`, serving.
 //! * `error`: [`ErrorCode`], the one table of error codes, HTTP statuses and
 //!   operator CLI exit codes; error answers and JSON body extraction.
-//! * `runs`, `operations`: the handlers.
+//! * `runs`, `operations`, `durability`: the handlers (`durability`: the
+//!   recorded failovers and their resolution; `with_durability` adds this
+//!   process's `GET /v1/durability`).
 //! * `cli`: the operator CLI (`leasegate runs|lease|ops …`), which drives the
 //!   same router in-process.
 //!
@@ -16,6 +18,7 @@
 //! is unknown. Messages never carry SQL or stack traces.
 
 pub mod cli;
+mod durability;
 pub mod error;
 mod operations;
 mod router;
@@ -23,6 +26,6 @@ mod runs;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
-    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, router, router_with_metrics, serve, with_metrics,
-    with_upstream_health,
+    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, router, router_with_metrics, serve,
+    with_durability, with_metrics, with_upstream_health,
 };

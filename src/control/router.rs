@@ -7,7 +7,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{get, post};
 
 use super::error::{ApiError, ErrorCode};
-use super::{operations, runs};
+use super::{durability, operations, runs};
 use crate::intent::IntegerPolicy;
 use crate::ledger::{Fenced, Ledger, RunId};
 
@@ -32,9 +32,12 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/operations/{operation_id}"),
     ("POST", "/v1/operations/{operation_id}/resolve"),
     ("POST", "/v1/operations/{operation_id}/retry"),
-    // Added by `with_upstream_health` and `with_metrics` (as `leasegate
-    // serve` does).
+    ("GET", "/v1/failovers"),
+    ("POST", "/v1/failovers/{failover_id}/resolve"),
+    // Added by `with_upstream_health`, `with_durability` and `with_metrics`
+    // (as `leasegate serve` does).
     ("GET", "/v1/upstreams"),
+    ("GET", "/v1/durability"),
     ("GET", "/metrics"),
 ];
 
@@ -76,6 +79,11 @@ pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
             "/v1/operations/{operation_id}/retry",
             post(operations::retry_operation),
         )
+        .route("/v1/failovers", get(durability::list_failovers))
+        .route(
+            "/v1/failovers/{failover_id}/resolve",
+            post(durability::resolve_failover),
+        )
         .fallback(|| async {
             ApiError::new(ErrorCode::NoRoute, "no such endpoint; see openapi.json")
         })
@@ -104,6 +112,16 @@ pub fn with_upstream_health(router: Router, health: UpstreamHealthSource) -> Rou
             let upstreams = health();
             std::future::ready(axum::Json(serde_json::json!({ "upstreams": upstreams })))
         }),
+    )
+}
+
+/// Adds `GET /v1/durability`: this process's durability contract, whether
+/// it is met, why not, the facts it was judged by, the acknowledged WAL
+/// high-water and the unresolved failovers (`crate::durability::Report`).
+pub fn with_durability(router: Router, gate: Arc<crate::durability::Gate>) -> Router {
+    router.route(
+        "/v1/durability",
+        get(move || std::future::ready(axum::Json(gate.report()))),
     )
 }
 

@@ -40,6 +40,7 @@ use crate::adapter::{
     AgentSink, OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
     UpstreamDelivery, UpstreamError,
 };
+use crate::durability::Gate;
 use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
     DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown,
@@ -172,6 +173,10 @@ pub enum CallError {
     Intent(#[from] IntentError),
     #[error("ledger: {0}")]
     Ledger(#[from] LedgerError),
+    /// The durability contract is not met, or a lossy failover is
+    /// unresolved (`crate::durability`): nothing was registered or sent.
+    #[error("durability hold: {reason}. Nothing was registered or sent; call again later")]
+    Held { reason: String },
 }
 
 /// Runs side-effecting calls through the ledger.
@@ -185,6 +190,8 @@ pub struct Dispatcher<U> {
     dispatch_owner: String,
     /// Run → tenant (runs never change tenant), so the hot path reads it once.
     run_tenants: std::sync::Mutex<std::collections::HashMap<crate::ledger::RunId, String>>,
+    /// Asked before anything is registered; told what was acknowledged.
+    gate: Arc<Gate>,
 }
 
 impl<U: Upstream> Dispatcher<U> {
@@ -204,10 +211,21 @@ impl<U: Upstream> Dispatcher<U> {
             tenant,
             dispatch_owner,
             run_tenants: Default::default(),
+            gate: Arc::new(Gate::unchecked()),
         }
     }
 
+    /// Dispatch under `gate` (the process's durability gate).
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
+        self.gate = gate;
+        self
+    }
+
     /// Registers, claims, calls and settles one side-effecting call.
+    ///
+    /// Refused before anything is registered while the durability gate
+    /// holds. An answer is sampled into the gate's acknowledged high-water
+    /// before the agent hears it; a ledger error makes the gate re-check.
     pub async fn call(&self, request: CallRequest) -> Result<CallReply, CallError> {
         if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
             return Err(CallError::StepRequired);
@@ -219,6 +237,22 @@ impl<U: Upstream> Dispatcher<U> {
                 limit: self.policy.max_arguments_bytes,
             });
         }
+        if let Some(reason) = self.gate.admit(&self.ledger).await {
+            return Err(CallError::Held { reason });
+        }
+        let reply = self.call_unchecked(request).await;
+        match &reply {
+            Ok(_) => self.gate.acknowledged(&self.ledger).await,
+            // The connection broke: the next one may reach another server.
+            Err(CallError::Ledger(
+                error @ (LedgerError::Unavailable { .. } | LedgerError::OutcomeUnknown { .. }),
+            )) => self.gate.suspect(&error.to_string()),
+            Err(_) => {}
+        }
+        reply
+    }
+
+    async fn call_unchecked(&self, request: CallRequest) -> Result<CallReply, CallError> {
         self.check_tenant(request.lease.run_id).await?;
         let arguments = Value::Object(request.arguments);
         let mut intent = Intent::identify(

@@ -32,6 +32,7 @@
 //! - If the process dies while a call is in flight, the database finishes or
 //!   rolls back that one statement on its own; no half-written state exists.
 
+mod durability;
 mod error;
 mod lease;
 mod operation;
@@ -50,6 +51,7 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{FromRow, PgPool, Postgres};
 
+pub use durability::{DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn};
 pub use error::{Delivery, InvalidInput, LedgerError};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
@@ -93,6 +95,11 @@ pub struct LedgerOptions {
     /// [`LedgerError::Unavailable`].
     pub acquire_timeout: Duration,
     pub application_name: String,
+    /// Every pooled session sets `synchronous_commit` to at least `on`
+    /// (`remote_apply` is kept), so that no role or database default can
+    /// weaken what an acknowledged commit waits for (policy `durability =
+    /// "sync_replica"`).
+    pub synchronous_commit_at_least_on: bool,
 }
 
 impl Default for LedgerOptions {
@@ -106,6 +113,7 @@ impl Default for LedgerOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
             application_name: "leasegate".to_owned(),
+            synchronous_commit_at_least_on: false,
         }
     }
 }
@@ -142,6 +150,7 @@ impl Ledger {
         let connect = connect.application_name(&options.application_name);
         let role = options.session_role.clone();
         let statement_timeout_ms = options.statement_timeout.as_millis().to_string();
+        let strict_commit = options.synchronous_commit_at_least_on;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
@@ -157,6 +166,17 @@ impl Ledger {
                         .bind(statement_timeout_ms)
                         .execute(&mut *conn)
                         .await?;
+                    if strict_commit {
+                        // At least `on`: a commit returns once the synchronous
+                        // standbys flushed it (`remote_apply`: applied it).
+                        sqlx::query(
+                            "SELECT set_config('synchronous_commit', \
+                             CASE WHEN current_setting('synchronous_commit') = 'remote_apply' \
+                                  THEN 'remote_apply' ELSE 'on' END, false)",
+                        )
+                        .execute(&mut *conn)
+                        .await?;
+                    }
                     if let Some(role) = role {
                         sqlx::query("SELECT set_config('role', $1, false)")
                             .bind(role)

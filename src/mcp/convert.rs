@@ -24,7 +24,9 @@ pub mod codes {
     pub const IN_PROGRESS: i32 = -32006;
     /// The operation was cancelled (run cancelled or plan superseded).
     pub const OPERATION_CANCELLED: i32 = -32007;
-    /// The ledger could not be reached or its answer was lost.
+    /// The ledger could not be reached or its answer was lost; or (with
+    /// `data.reason = "durability"`) its durability contract is not met or a
+    /// lossy failover is unresolved, and nothing was registered or sent.
     pub const LEDGER_UNAVAILABLE: i32 = -32010;
     /// The upstream could not be reached and provably nothing was sent; the
     /// operation is pending under the same id: call again.
@@ -142,6 +144,10 @@ pub fn error_from_call(error: &CallError) -> McpError {
             (codes::INVALID_PARAMS, None)
         }
         CallError::Ledger(_) => (codes::LEDGER_UNAVAILABLE, None),
+        CallError::Held { reason } => (
+            codes::LEDGER_UNAVAILABLE,
+            Some(json!({"reason": "durability", "detail": reason})),
+        ),
     };
     let message = match error {
         CallError::Ledger(inner) => {

@@ -1,5 +1,6 @@
-//! Policies (`policies/*.toml`): timing, step identity, request size and
-//! what of a request the ledger stores.
+//! Policies (`policies/*.toml`): timing, step identity, request size, what
+//! of a request the ledger stores, and the durability contract
+//! ([`Durability`]; enforced by `crate::durability`).
 //!
 //! Files parse with `deny_unknown_fields` into [`RawPolicy`], then
 //! [`RawPolicy::validate`] turns them into a [`Policy`] with every value
@@ -46,6 +47,38 @@ pub struct RawPolicy {
     pub reconcile_claim_ttl: Option<String>,
     /// Same-key retries per operation (idempotency_key tools).
     pub reconcile_retries: Option<i32>,
+    /// "local" (default) or "sync_replica": what an acknowledged write
+    /// survives (see [`Durability`]).
+    pub durability: Option<String>,
+}
+
+/// What an acknowledged ledger write survives: the contract leasegate
+/// claims, checks at startup and every few seconds, and never silently
+/// weakens (seed section 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// The primary's own commit (`synchronous_commit` as the server says).
+    /// A crash of the primary loses nothing acknowledged; promoting an
+    /// asynchronous standby may lose acknowledged writes: leasegate detects
+    /// such a failover, records it and holds dispatch until an operator
+    /// resolves it.
+    #[default]
+    Local,
+    /// Every acknowledged write is also flushed on a synchronous standby:
+    /// leasegate refuses to start unless `synchronous_standby_names` is set,
+    /// a synchronous standby streams and commits wait for it
+    /// (`synchronous_commit` at least `on`, forced on every session), and
+    /// holds dispatch while that stops being true.
+    SyncReplica,
+}
+
+impl Durability {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Durability::Local => "local",
+            Durability::SyncReplica => "sync_replica",
+        }
+    }
 }
 
 /// How a call's step identity is found.
@@ -117,6 +150,7 @@ pub struct Policy {
     pub reconcile_interval: Duration,
     pub reconcile_claim_ttl: Duration,
     pub reconcile_retries: i32,
+    pub durability: Durability,
 }
 
 impl Default for Policy {
@@ -241,7 +275,18 @@ impl RawPolicy {
         if !(0..=100).contains(&reconcile_retries) {
             return Err(FieldError::new("reconcile_retries", "must be 0 to 100"));
         }
+        let durability = match self.durability.as_deref().unwrap_or("local") {
+            "local" => Durability::Local,
+            "sync_replica" => Durability::SyncReplica,
+            other => {
+                return Err(FieldError::new(
+                    "durability",
+                    format!("{other:?} is not one of \"local\", \"sync_replica\""),
+                ));
+            }
+        };
         Ok(Policy {
+            durability,
             background: self.background.unwrap_or(true),
             dispatch_interval,
             claim_expiry_interval,
@@ -286,5 +331,16 @@ mod tests {
             ..RawPolicy::default()
         };
         assert_eq!(raw.validate().unwrap_err().field, "masked_fields");
+        let raw = RawPolicy {
+            durability: Some("sync".into()),
+            ..RawPolicy::default()
+        };
+        assert_eq!(raw.validate().unwrap_err().field, "durability");
+        let raw = RawPolicy {
+            durability: Some("sync_replica".into()),
+            ..RawPolicy::default()
+        };
+        assert_eq!(raw.validate().unwrap().durability, Durability::SyncReplica);
+        assert_eq!(Policy::default().durability, Durability::Local);
     }
 }

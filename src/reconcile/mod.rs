@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, UpstreamDelivery};
 use crate::dispatch::{CallContext, CallReply, Claimed, execute_claim, inject_operation_id};
+use crate::durability::Gate;
 use crate::ledger::{
     Converge, ConvergeOutcome, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, ReconcileItem,
     ResendVerdict, RetryVerdict, UnknownBy, UnknownCause,
@@ -96,6 +97,8 @@ struct Shared<U> {
     /// The tenants this process serves: it touches no other tenant's
     /// operations (their runs are refused by its front too).
     tenants: Vec<String>,
+    /// While it holds, the outbox and the reconciler claim nothing.
+    gate: Arc<Gate>,
 }
 
 impl<U> Shared<U> {
@@ -144,6 +147,29 @@ impl<U: Upstream> Background<U> {
         tenant: &str,
         owner: String,
     ) -> Self {
+        Self::gated(
+            ledger,
+            upstream,
+            directory,
+            policy,
+            tenant,
+            owner,
+            Arc::new(Gate::unchecked()),
+        )
+    }
+
+    /// [`Background::new`] under the process's durability gate: while it
+    /// holds, the outbox and the reconciler do not claim (claim expiry still
+    /// turns lapsed claims unknown, which sends nothing).
+    pub fn gated(
+        ledger: Ledger,
+        upstream: Arc<U>,
+        directory: Arc<SharedDirectory>,
+        policy: Policy,
+        tenant: &str,
+        owner: String,
+        gate: Arc<Gate>,
+    ) -> Self {
         let shared = Arc::new(Shared {
             ledger,
             upstream,
@@ -151,6 +177,7 @@ impl<U: Upstream> Background<U> {
             policy,
             owner,
             tenants: vec![tenant.to_owned()],
+            gate,
         });
         Self {
             outbox: Outbox(shared.clone()),
@@ -193,6 +220,16 @@ impl<U: Upstream> Background<U> {
     }
 
     async fn run_once(&self, service: Service) {
+        if matches!(service, Service::Outbox | Service::Reconciler)
+            && let Some(reason) = self.outbox.0.gate.admit(&self.outbox.0.ledger).await
+        {
+            tracing::debug!(%reason, ?service, "durability hold: not claiming");
+            match service {
+                Service::Outbox => self.signals.dispatch.pass(),
+                _ => self.signals.reconcile.pass(),
+            }
+            return;
+        }
         let (name, result, signal) = match service {
             Service::Outbox => (
                 "dispatcher",
