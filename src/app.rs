@@ -122,6 +122,7 @@ pub async fn run(
                     crate::control::router_with_metrics(
                         proxy.ledger.clone(),
                         proxy.config.policy.integers,
+                        proxy.config.tenant.clone(),
                         metrics_handle(),
                     ),
                     Arc::new(move || serde_json::json!(upstreams.health())),
