@@ -1809,7 +1809,10 @@ impl Front {
         watch: &CallWatch,
     ) -> Result<ToolCall, McpError> {
         let upstream = resolved.upstream.clone();
-        let lease = lease_of(context).map_err(|e| convert::error_from_call(&e))?;
+        let lease = lease_of(context).map_err(|error| match error {
+            CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
+            other => convert::error_from_call(&other),
+        })?;
         let step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), true, watch.detach.clone());
@@ -1872,6 +1875,32 @@ impl Front {
                 }
             })
         }))
+    }
+}
+
+impl Front {
+    /// The -32001 answer for `name`: how to get a lease over this
+    /// transport, and how to mark the tool read-only.
+    fn lease_required(
+        &self,
+        name: &str,
+        resolved: &crate::adapter::ResolvedTool,
+        context: &RequestContext<RoleServer>,
+    ) -> McpError {
+        let read_only_hint = self
+            .catalog()
+            .entries
+            .get(name)
+            .and_then(|entry| entry.tool.annotations.as_ref())
+            .and_then(|annotations| annotations.read_only_hint);
+        convert::lease_required(&convert::LeaseRequired {
+            tool: name,
+            upstream: &resolved.upstream,
+            upstream_tool: &resolved.tool,
+            over_http: context.extensions.get::<http::request::Parts>().is_some(),
+            read_only_hint,
+            trust_annotations: self.state.config.adapter(&resolved.upstream).trust_annotations,
+        })
     }
 }
 
