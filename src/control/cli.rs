@@ -572,6 +572,100 @@ pub fn render(value: &Value) -> String {
 mod tests {
     use super::*;
 
+    /// A refused login cannot be provoked against the test server (its
+    /// pg_hba.conf trusts 127.0.0.1), so its SQLSTATEs are checked here.
+    #[test]
+    fn each_connect_failure_has_its_code_exit_code_and_fix() {
+        use crate::config::DatabaseUrlSource;
+        use crate::ledger::ConnectError;
+        let database = DatabaseUrl {
+            url: "postgres://app:secret@db:5432/leasegate".into(),
+            source: DatabaseUrlSource::Env,
+        };
+        let refusal = |failure| {
+            ledger_refusal(
+                &LedgerError::Connect(ConnectError {
+                    failure,
+                    target: crate::ledger::redacted_url(&database.url),
+                    detail: "detail".into(),
+                }),
+                &database,
+            )
+        };
+        for (sqlstate, failure, code, exit, needles) in [
+            (
+                "28P01",
+                ConnectFailure::AuthenticationFailed,
+                "database_auth_failed",
+                7,
+                &[
+                    "PostgreSQL refused the login at postgres://app:***@db:5432/leasegate: detail",
+                    "Check the user and password",
+                ][..],
+            ),
+            (
+                "28000",
+                ConnectFailure::AuthenticationFailed,
+                "database_auth_failed",
+                7,
+                &["refused the login"][..],
+            ),
+            (
+                "3D000",
+                ConnectFailure::DatabaseMissing,
+                "database_missing",
+                8,
+                &[
+                    "does not exist",
+                    "`leasegate migrate --database-url postgres://app:***@db:5432/leasegate` creates",
+                ][..],
+            ),
+            (
+                "57P03",
+                ConnectFailure::Unreachable,
+                "ledger_unavailable",
+                6,
+                &["no PostgreSQL server answers", "Start PostgreSQL"][..],
+            ),
+        ] {
+            assert_eq!(
+                ConnectFailure::of_sqlstate(sqlstate),
+                Some(failure),
+                "{sqlstate}"
+            );
+            let (error_code, message) = refusal(failure);
+            assert_eq!((error_code.as_str(), error_code.exit_code()), (code, exit));
+            assert!(
+                message.contains("the URL came from LEASEGATE_DATABASE_URL"),
+                "{message}"
+            );
+            assert!(!message.contains("secret"), "{message}");
+            for needle in needles {
+                assert!(
+                    message.contains(needle),
+                    "{needle:?} missing from {message}"
+                );
+            }
+        }
+        assert_eq!(ConnectFailure::of_sqlstate("42P01"), None);
+        let (code, message) = refusal(ConnectFailure::SchemaMissing);
+        assert_eq!((code.as_str(), code.exit_code()), ("schema_missing", 9));
+        assert!(message.contains("holds no leasegate ledger"), "{message}");
+        let (code, _) = refusal(ConnectFailure::InvalidUrl);
+        assert_eq!(code.exit_code(), exit::INVALID_INPUT);
+    }
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        use crate::ledger::redacted_url;
+        assert_eq!(
+            redacted_url("postgres://u:p@ss@h:1/d?sslmode=require"),
+            "postgres://u:***@h:1/d?sslmode=require"
+        );
+        assert_eq!(redacted_url("postgres://u@h/d"), "postgres://u@h/d");
+        assert_eq!(redacted_url("garbage"), "garbage");
+    }
+
     #[test]
     fn path_segments_are_percent_encoded() {
         assert_eq!(url_segment("a b/c?d"), "a%20b%2Fc%3Fd");

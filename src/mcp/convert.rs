@@ -283,21 +283,36 @@ mod tests {
             "set read_only = true under [tools.delete] in the adapter file of upstream \"files\"",
             "trust_annotations = true",
         ] {
-            assert!(message.contains(needle), "{needle:?} missing from {message}");
+            assert!(
+                message.contains(needle),
+                "{needle:?} missing from {message}"
+            );
         }
-        assert!(!message.contains("Leasegate-Run-Id"), "stdio has no headers: {message}");
+        assert!(
+            !message.contains("Leasegate-Run-Id"),
+            "stdio has no headers: {message}"
+        );
         let data = stdio.data.expect("structured hints");
         assert_eq!(data["tool"], "files__delete");
         assert_eq!(data["how"]["lease"]["meta"]["key"], "dev.leasegate/lease");
         assert!(data["how"]["lease"].get("headers").is_none());
-        assert_eq!(data["how"]["read_only"]["set"], "[tools.delete] read_only = true");
+        assert_eq!(
+            data["how"]["read_only"]["set"],
+            "[tools.delete] read_only = true"
+        );
 
         call.over_http = true;
         call.read_only_hint = Some(true);
         let http = lease_required(&call);
         let message = http.message.to_string();
-        assert!(message.contains("Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"), "{message}");
-        assert!(message.contains("honour the readOnlyHint it declares"), "{message}");
+        assert!(
+            message.contains("Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"),
+            "{message}"
+        );
+        assert!(
+            message.contains("honour the readOnlyHint it declares"),
+            "{message}"
+        );
         let data = http.data.expect("structured hints");
         assert_eq!(
             data["how"]["lease"]["headers"],

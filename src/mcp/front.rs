@@ -1899,7 +1899,11 @@ impl Front {
             upstream_tool: &resolved.tool,
             over_http: context.extensions.get::<http::request::Parts>().is_some(),
             read_only_hint,
-            trust_annotations: self.state.config.adapter(&resolved.upstream).trust_annotations,
+            trust_annotations: self
+                .state
+                .config
+                .adapter(&resolved.upstream)
+                .trust_annotations,
         })
     }
 }
