@@ -84,7 +84,7 @@ fn remove_config(path: &Path) {
 #[test]
 fn an_unreachable_server_is_named_without_its_password_with_how_to_fix_it() {
     let url = closed_port_url("leasegate");
-    let target = url.replace(":sekret@", ":***@");
+    let target = url.replace(":sekret@", "@");
     for args in [
         vec!["ops", "unknown", "--database-url", &url],
         vec!["migrate", "--database-url", &url],

@@ -379,7 +379,7 @@ pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode
     };
     (
         ErrorCode::from(connect.failure),
-        format!("{connect}. {fix}"),
+        format!("{connect}; {fix}"),
     )
 }
 
@@ -599,7 +599,7 @@ mod tests {
                 "database_auth_failed",
                 7,
                 &[
-                    "PostgreSQL refused the login at postgres://app:***@db:5432/leasegate: detail",
+                    "PostgreSQL refused the login at postgres://app@db:5432/leasegate: detail",
                     "Check the user and password",
                 ][..],
             ),
@@ -617,7 +617,7 @@ mod tests {
                 8,
                 &[
                     "does not exist",
-                    "`leasegate migrate --database-url postgres://app:***@db:5432/leasegate` creates",
+                    "`leasegate migrate --database-url postgres://app@db:5432/leasegate` creates",
                 ][..],
             ),
             (
@@ -660,7 +660,7 @@ mod tests {
         use crate::ledger::redacted_url;
         assert_eq!(
             redacted_url("postgres://u:p@ss@h:1/d?sslmode=require"),
-            "postgres://u:***@h:1/d?sslmode=require"
+            "postgres://u@h:1/d?sslmode=require"
         );
         assert_eq!(redacted_url("postgres://u@h/d"), "postgres://u@h/d");
         assert_eq!(redacted_url("garbage"), "garbage");

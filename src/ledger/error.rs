@@ -183,7 +183,7 @@ impl ConnectError {
     }
 }
 
-/// `url` without its password (`postgres://user:***@host/db`), for messages.
+/// `url` without its password (`postgres://user@host/db`), for messages.
 pub fn redacted_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
@@ -194,7 +194,7 @@ pub fn redacted_url(url: &str) -> String {
         return url.to_owned();
     };
     match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        Some((user, _password)) => format!("{scheme}://{user}@{host}{tail}"),
         None => url.to_owned(),
     }
 }
