@@ -4,9 +4,10 @@
 //!
 //! Order: `--database-url`, `LEASEGATE_DATABASE_URL`, `database_url` of
 //! `--config`, the default. Failures: unreachable (exit 6), database missing
-//! (8), schema missing (9) — each provoked for real. A refused login (7)
-//! cannot be provoked on a server whose pg_hba.conf trusts 127.0.0.1; its
-//! SQLSTATE mapping and message are unit-tested in `src/control/cli.rs`.
+//! (8), schema missing (9), login refused (7: a role that does not exist,
+//! SQLSTATE 28000; a wrong password, 28P01, cannot be provoked on a server
+//! whose pg_hba.conf trusts 127.0.0.1 and is unit-tested in
+//! `src/control/cli.rs`) — each provoked for real.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -125,7 +126,7 @@ fn an_unreachable_server_is_named_without_its_password_with_how_to_fix_it() {
 }
 
 #[sqlx::test(migrations = false)]
-async fn a_missing_database_and_a_database_without_the_ledger_say_leasegate_migrate_fixes_them(
+async fn a_refused_login_a_missing_database_and_a_database_without_the_ledger_are_told_apart(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -143,9 +144,28 @@ async fn a_missing_database_and_a_database_without_the_ledger_say_leasegate_migr
     assert_mentions(
         &text,
         &[
-            &format!("the database of {missing} does not exist"),
+            &format!("PostgreSQL at {missing} answered: database \"leasegate_missing_"),
             &format!("`leasegate migrate --database-url {missing}` creates the database"),
             "(database_missing)",
+        ],
+    );
+
+    // A login the server refuses: a role that does not exist.
+    let stranger = format!(
+        "postgres://leasegate_no_such_role_{}@{}:{}/postgres",
+        uuid::Uuid::new_v4().simple(),
+        connect.get_host(),
+        connect.get_port(),
+    );
+    let output = leasegate(&["migrate", "--database-url", &stranger], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(7), "{text}");
+    assert_mentions(
+        &text,
+        &[
+            &format!("PostgreSQL refused the login at {stranger}"),
+            "Check the user and password",
+            "(database_auth_failed)",
         ],
     );
 
@@ -158,7 +178,7 @@ async fn a_missing_database_and_a_database_without_the_ledger_say_leasegate_migr
         &text,
         &[
             &format!("{empty} holds no leasegate ledger"),
-            "the ledger tables",
+            "missing the ledger tables",
             "the URL came from LEASEGATE_DATABASE_URL",
             &format!("Run `leasegate migrate --database-url {empty}`"),
             "(schema_missing)",

@@ -174,7 +174,7 @@ impl ConnectError {
                 format!("PostgreSQL refused the login at {target}: {detail}")
             }
             ConnectFailure::DatabaseMissing => {
-                format!("the database of {target} does not exist: {detail}")
+                format!("PostgreSQL at {target} answered: {detail}")
             }
             ConnectFailure::SchemaMissing => {
                 format!("{target} holds no leasegate ledger: {detail}")

@@ -457,7 +457,7 @@ async fn preflight(connect: &PgConnectOptions, options: &LedgerOptions) -> Resul
     Err(LedgerError::Connect(ConnectError {
         failure: ConnectFailure::SchemaMissing,
         target,
-        detail: format!("{} missing", missing.join(", ")),
+        detail: format!("missing {}", missing.join(", ")),
     }))
 }
 
