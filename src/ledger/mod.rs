@@ -23,6 +23,11 @@
 //!
 //! # Failure handling
 //!
+//! - Opening the ledger ([`Ledger::connect_with`], `migrate`,
+//!   `create_database_if_missing`): a [`ConnectError`] says which of
+//!   [`ConnectFailure`] happened — no server answered, the login was
+//!   refused (28P01/28000), no such database (3D000), or no ledger in it —
+//!   with the URL without its password; callers add the fix.
 //! - SQLSTATE 40001 / 40P01: the transaction was rolled back; the whole call
 //!   is sent again, up to [`LedgerOptions::retry_attempts`] times.
 //! - Connection lost with the statement in flight (which includes a lost
