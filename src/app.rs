@@ -101,6 +101,14 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    if proxy.config.lease_mode == crate::config::LeaseMode::Session && !proxy.config.http_sessions {
+        proxy.shutdown().await;
+        anyhow::bail!(
+            "lease_mode = \"session\" over HTTP needs http_sessions = true: a session lease lives as \
+             long as one MCP session (a stateless request has none). `leasegate stdio --task <task>` \
+             needs no such setting"
+        );
+    }
     let stop = CancellationToken::new();
     let mcp = {
         let stop = stop.clone();
@@ -127,6 +135,7 @@ pub async fn run(
                         crate::control::router_with_metrics(
                             proxy.ledger.clone(),
                             proxy.config.policy.integers,
+                            proxy.config.tenant.clone(),
                             metrics_handle(),
                         ),
                         Arc::new(move || serde_json::json!(upstreams.health())),
@@ -162,16 +171,6 @@ pub async fn run(
     mcp.map_err(|e| anyhow::anyhow!("MCP listener: {e}"))?;
     control.map_err(|e| anyhow::anyhow!("control listener: {e}"))?;
     Ok(())
-}
-
-/// A session lease renews every third of its ttl, each renewal given a
-/// sixth to answer.
-fn session_heartbeat(ttl: std::time::Duration) -> crate::worker::HeartbeatConfig {
-    crate::worker::HeartbeatConfig {
-        ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
-        interval: ttl / 3,
-        renew_timeout: ttl / 6,
-    }
 }
 
 impl Proxy {
@@ -349,7 +348,7 @@ impl Proxy {
                     &self.config.tenant,
                     task,
                     &format!("{}:session", self.owner),
-                    session_heartbeat(self.config.session_ttl),
+                    crate::worker::session_heartbeat(self.config.session_ttl),
                 )
                 .await?;
                 let lease = Arc::new(lease);

@@ -16,8 +16,9 @@
 //!   (tables from `migrations/`, functions from
 //!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly). Retries of 40001/40P01, "outcome
-//!   unknown" on a connection lost mid-call. The only module that imports
-//!   sqlx.
+//!   unknown" on a connection lost mid-call; a ledger that cannot be opened
+//!   is a `ConnectFailure` (unreachable, login refused, database missing,
+//!   schema missing). The only module that imports sqlx.
 //! * `ids`: identities every layer shares (`RunId`).
 //! * `intent`: canonical JSON (RFC 8785), `request_digest`, `operation_id`,
 //!   `Intent`. Pure functions; the ledger depends on it, not the reverse.
@@ -26,7 +27,9 @@
 //!   validated into normalized types; `adapter::Upstream` is the seam
 //!   through which dispatch reaches tool servers. `config` resolves a stdio
 //!   upstream's command (relative to the config file, or beside the running
-//!   executable, then `PATH`).
+//!   executable, then `PATH`), and the ledger's URL for every command
+//!   (`DatabaseUrl::resolve`: `--database-url`, `LEASEGATE_DATABASE_URL`,
+//!   the config's `database_url`, the default; never `DATABASE_URL`).
 //! * `durability`: the durability contract (policy `durability = "local" |
 //!   "sync_replica"`): `Gate`, checked at startup and with every liveness
 //!   renewal, holds dispatch while the server does not give what the policy

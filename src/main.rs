@@ -2,13 +2,19 @@
 //! library. `serve` binds the configured listeners and hands them, with
 //! ctrl-c/SIGTERM as the shutdown signal, to [`leasegate::app::run`] — the
 //! same seam the tests use.
+//!
+//! Every command that opens the ledger finds its URL the same way
+//! ([`DatabaseUrl::resolve`]); when the ledger cannot be opened it exits
+//! with the code of the failure (6 unreachable, 7 login refused, 8 database
+//! missing, 9 schema missing: `control::ErrorCode`), other failures exit 1.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use leasegate::app::{Listeners, Proxy};
-use leasegate::config::{Config, DEFAULT_DATABASE_URL};
-use leasegate::control::cli::OperatorCommand;
+use leasegate::config::{Config, DATABASE_URL_HELP, DatabaseUrl};
+use leasegate::control::cli::{OperatorCommand, ledger_refusal};
+use leasegate::ledger::LedgerError;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -30,6 +36,8 @@ enum Command {
         /// Override the config's listen address (e.g. 127.0.0.1:0).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        #[arg(long, value_name = "URL", help = DATABASE_URL_HELP)]
+        database_url: Option<String>,
     },
     /// Run the proxy on stdin/stdout, for MCP clients that spawn their servers.
     Stdio {
@@ -40,6 +48,8 @@ enum Command {
         /// earlier session (a restarted agent fences its predecessor).
         #[arg(long, env = "LEASEGATE_TASK")]
         task: Option<String>,
+        #[arg(long, value_name = "URL", help = DATABASE_URL_HELP)]
+        database_url: Option<String>,
     },
     /// Validate configuration, adapter and policy files; exit 0 when all are valid.
     CheckConfig {
@@ -53,8 +63,11 @@ enum Command {
     /// (schema, protected SQL functions, the leasegate_app role). Running it
     /// again is a no-op.
     Migrate {
-        #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
-        database_url: String,
+        #[arg(long, value_name = "URL", help = DATABASE_URL_HELP)]
+        database_url: Option<String>,
+        /// A leasegate.toml whose database_url to migrate.
+        #[arg(long, value_name = "FILE")]
+        config: Option<std::path::PathBuf>,
     },
 }
 
@@ -66,11 +79,28 @@ async fn main() -> ExitCode {
         return ExitCode::from(command.run().await);
     }
     init_logging();
-    match run(cli.command).await {
+    let mut database = None;
+    match run(cli.command, &mut database).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("leasegate: {}", error_chain(&error));
-            ExitCode::FAILURE
+            // A ledger that cannot be opened: say which and how to fix it.
+            let refusal = database.as_ref().and_then(|database| {
+                error
+                    .chain()
+                    .find_map(|cause| cause.downcast_ref::<LedgerError>())
+                    .filter(|ledger| ledger.connect_failure().is_some())
+                    .map(|ledger| ledger_refusal(ledger, database))
+            });
+            match refusal {
+                Some((code, message)) => {
+                    eprintln!("leasegate: {message} ({code})");
+                    ExitCode::from(code.exit_code())
+                }
+                None => {
+                    eprintln!("leasegate: {}", error_chain(&error));
+                    ExitCode::FAILURE
+                }
+            }
         }
     }
 }
@@ -95,11 +125,18 @@ fn init_logging() {
     }
 }
 
-async fn run(command: Command) -> anyhow::Result<()> {
+/// Runs `command`; `database` is set to the ledger's URL once it is known.
+async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Result<()> {
     match command {
         Command::Operator(_) => unreachable!("answered before logging starts"),
-        Command::Serve { config, listen } => {
+        Command::Serve {
+            config,
+            listen,
+            database_url,
+        } => {
             let mut config = Config::load(&config)?;
+            config.resolve_database_url(database_url.as_deref());
+            *database = Some(config.database());
             if let Some(listen) = listen {
                 config.listen = listen;
             }
@@ -117,8 +154,14 @@ async fn run(command: Command) -> anyhow::Result<()> {
             eprintln!("leasegate: serving MCP at http://{address}/mcp");
             leasegate::app::run(proxy, listeners, shutdown_signal()).await
         }
-        Command::Stdio { config, task } => {
+        Command::Stdio {
+            config,
+            database_url,
+            task,
+        } => {
             let mut config = Config::load(&config)?;
+            config.resolve_database_url(database_url.as_deref());
+            *database = Some(config.database());
             if let Some(task) = task {
                 config.lease_mode = leasegate::config::LeaseMode::Session;
                 config.session_task = Some(task);
@@ -144,11 +187,24 @@ async fn run(command: Command) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Command::Migrate { database_url } => {
-            if leasegate::ledger::Ledger::create_database_if_missing(&database_url).await? {
+        Command::Migrate {
+            database_url,
+            config,
+        } => {
+            let resolved = match config {
+                Some(path) => {
+                    let mut config = Config::load(&path)?;
+                    config.resolve_database_url(database_url.as_deref());
+                    config.database()
+                }
+                None => DatabaseUrl::from_environment(database_url.as_deref(), None),
+            };
+            let url = resolved.url.clone();
+            *database = Some(resolved);
+            if leasegate::ledger::Ledger::create_database_if_missing(&url).await? {
                 tracing::info!("created the ledger database");
             }
-            leasegate::ledger::Ledger::migrate(&database_url).await?;
+            leasegate::ledger::Ledger::migrate(&url).await?;
             let applied = leasegate::ledger::MIGRATOR.iter().count();
             println!("ledger migrated ({applied} migrations)");
             Ok(())

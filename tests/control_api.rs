@@ -892,3 +892,88 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
         (StatusCode::NOT_FOUND, "not_found")
     );
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // As `leasegate serve` builds it for `tenant = "tenant-a"`.
+    let send = |body: Value| {
+        let router = leasegate::control::router_with_metrics(
+            db.ledger.clone(),
+            IntegerPolicy::Reject,
+            "tenant-a".to_owned(),
+            leasegate::app::metrics_handle(),
+        );
+        async move {
+            let request = Request::builder()
+                .method(Method::POST)
+                .uri("/v1/runs")
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap();
+            let response = router.oneshot(request).await.unwrap();
+            let status = response.status();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+        }
+    };
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT (SELECT count(*) FROM agent_tasks) + (SELECT count(*) FROM agent_runs) \
+             + (SELECT count(*) FROM ledger_events)",
+        )
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+    };
+
+    let (status, answer) = send(json!({"tenant_id": "tenant-b", "task_id": "order-42",
+        "owner": "agent", "ttl_ms": 30_000}))
+    .await;
+    assert_eq!(
+        (status, code(&answer)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "tenant_mismatch")
+    );
+    let message = answer["message"].as_str().unwrap();
+    assert!(
+        message.starts_with(
+            "tenant mismatch: expected tenant \"tenant-a\" (the tenant this leasegate serves"
+        ) && message.contains("found \"tenant-b\"")
+            && message.contains("Nothing was written"),
+        "{message}"
+    );
+    assert_eq!(
+        answer["detail"],
+        json!({"expected": "tenant-a", "found": "tenant-b"})
+    );
+    assert_eq!(rows().await, 0, "no task, run or event written");
+
+    // Its own tenant, named or not, is accepted.
+    let (status, named) = send(json!({"tenant_id": "tenant-a", "task_id": "order-42"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{named}");
+    let (status, unnamed) = send(json!({"task_id": "order-43"})).await;
+    assert_eq!(status, StatusCode::CREATED, "{unnamed}");
+    let tenants: Vec<String> =
+        sqlx::query_scalar("SELECT tenant_id FROM agent_runs ORDER BY task_id")
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(tenants, ["tenant-a", "tenant-a"]);
+
+    // The tenant-free router (the operator CLI without --config) takes any.
+    let api = Api {
+        ledger: db.ledger.clone(),
+    };
+    let (status, _) = api
+        .post(
+            "/v1/runs",
+            json!({"tenant_id": "tenant-b", "task_id": "order-42"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+}

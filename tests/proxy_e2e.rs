@@ -174,11 +174,65 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     );
     assert_eq!(op_rows(&db).await, 0, "nothing registered");
 
-    // No lease at all: its own error, also before the upstream.
+    // No lease at all: its own error, also before the upstream, saying how
+    // to get a lease over HTTP and how to mark the tool read-only.
     let (code, message) = call(&agent, "mailer__send_email", json!({"to": "a@b.c"}), None)
         .await
         .unwrap_err();
     assert_eq!(code, -32001, "{message}");
+    for needle in [
+        "tool \"mailer__send_email\" has side effects and needs a lease",
+        "leasegate runs create --task <task> --owner <owner> --ttl-ms 60000",
+        "POST /v1/runs",
+        "Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers",
+        "_meta \"dev.leasegate/lease\" {run_id, owner, epoch}",
+        "set read_only = true under [tools.send_email] in the adapter file of upstream \"mailer\"",
+    ] {
+        assert!(
+            message.contains(needle),
+            "{needle:?} missing from {message}"
+        );
+    }
+    // The same as structured hints in error.data (raw JSON-RPC over HTTP).
+    let response = http::post(
+        &proxy.url,
+        &[
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2025-11-25"),
+        ],
+        &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "mailer__send_email", "arguments": {"to": "a@b.c"}}})
+        .to_string(),
+    )
+    .await;
+    let body = response
+        .body
+        .lines()
+        .find_map(|line| line.strip_prefix("data:"))
+        .unwrap_or(&response.body);
+    let answer: Value = serde_json::from_str(body.trim()).expect("a JSON-RPC answer");
+    assert_eq!(answer["error"]["code"], -32001, "{answer}");
+    let data = &answer["error"]["data"];
+    assert_eq!(
+        (&data["tool"], &data["upstream"], &data["upstream_tool"]),
+        (
+            &json!("mailer__send_email"),
+            &json!("mailer"),
+            &json!("send_email")
+        ),
+        "{data}"
+    );
+    assert_eq!(data["how"]["lease"]["meta"]["key"], "dev.leasegate/lease");
+    assert_eq!(
+        data["how"]["lease"]["headers"],
+        json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"])
+    );
+    assert_eq!(
+        data["how"]["read_only"]["set"],
+        "[tools.send_email] read_only = true"
+    );
+    assert_eq!(op_rows(&db).await, 0, "nothing registered");
     // The new owner's call goes through.
     call(
         &agent,

@@ -6,7 +6,9 @@
 
 mod common;
 
-use common::proxy::{Agent, AgentClient, LEASEGATE, Scenario, call, operation_note};
+use common::proxy::{
+    Agent, AgentClient, LEASEGATE, RunningProxy, Scenario, call, connect_http_with, operation_note,
+};
 use common::{TestDb, wait_until, within};
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
@@ -250,4 +252,99 @@ async fn session_mode_without_a_task_key_refuses_to_start_and_names_the_ways_to_
         .await
         .unwrap();
     assert_eq!(runs, 0, "nothing written");
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn over_http_sessions_each_mcp_session_holds_its_tasks_lease_and_a_new_one_takes_it_over(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!("lease_mode = \"session\"\nhttp_sessions = true\n{config}"),
+    )
+    .unwrap();
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+
+    // No task key anywhere: the call needs a lease, and says how to get one.
+    let anonymous = connect_http_with(&proxy.url, &[]).await;
+    let (code, message) = call(
+        &anonymous,
+        "payments__charge",
+        json!({"amount": 1, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32001);
+    assert!(message.contains("lease_mode"), "{message}");
+
+    let first = connect_http_with(&proxy.url, &[("leasegate-task", "monthly-close")]).await;
+    let charge = json!({"amount": 11, "currency": "eur"});
+    let answer = call(&first, "payments__charge", charge.clone(), None)
+        .await
+        .unwrap();
+    assert_eq!(operation_note(&answer)["status"], "succeeded");
+    assert_eq!(task_lease(&db, "monthly-close").await.1, 1);
+
+    // The agent reconnects (a new MCP session for the same task): the lease
+    // is taken over; the old session's calls are refused, the new one's
+    // repeat replays.
+    let second = connect_http_with(&proxy.url, &[("leasegate-task", "monthly-close")]).await;
+    let again = call(&second, "payments__charge", charge, None)
+        .await
+        .unwrap();
+    assert_eq!(operation_note(&again)["replayed"], true);
+    assert_eq!(task_lease(&db, "monthly-close").await.1, 2);
+    let stale = call(
+        &first,
+        "payments__charge",
+        json!({"amount": 12, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(stale.0, -32002, "{stale:?}");
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+
+    // The session ends: its lease is released.
+    second.cancel().await.unwrap();
+    wait_until("the ended session to release the lease", || async {
+        (task_lease(&db, "monthly-close").await.0.is_none()).then_some(())
+    })
+    .await;
+    first.cancel().await.unwrap();
+    anonymous.cancel().await.unwrap();
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn session_mode_over_stateless_http_is_refused_at_start(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!("lease_mode = \"session\"\n{config}"),
+    )
+    .unwrap();
+    let output = within(
+        "leasegate serve to refuse",
+        tokio::process::Command::new(LEASEGATE)
+            .arg("serve")
+            .arg("--config")
+            .arg(scenario.config_path())
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("needs http_sessions = true"), "{stderr}");
 }

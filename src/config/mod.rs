@@ -144,7 +144,11 @@ pub enum UpstreamTransport {
 /// A validated configuration with its adapters and policy loaded.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// Resolved with [`DatabaseUrl::resolve`]: as loaded, the file's value
+    /// or the default; [`Config::resolve_database_url`] applies the flag and
+    /// the environment.
     pub database_url: String,
+    pub database_url_source: DatabaseUrlSource,
     pub database_max_connections: u32,
     pub database_statement_timeout: std::time::Duration,
     pub tenant: String,
@@ -169,6 +173,90 @@ pub struct Config {
 }
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/leasegate";
+/// The environment variable of the ledger's URL. `DATABASE_URL` is never
+/// read: it belongs to the test suite (`.cargo/config.toml`) and to sqlx's
+/// tools, and would silently point the CLI at another database.
+pub const DATABASE_URL_ENV: &str = "LEASEGATE_DATABASE_URL";
+/// What `--help` says about `--database-url`.
+pub const DATABASE_URL_HELP: &str = "PostgreSQL URL of the ledger. Found in this order: \
+--database-url, then $LEASEGATE_DATABASE_URL, then database_url in the --config file, then \
+postgres://postgres@127.0.0.1:5432/leasegate ($DATABASE_URL is not read)";
+
+/// Where the ledger's URL came from, for messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrlSource {
+    Flag,
+    Env,
+    ConfigFile(PathBuf),
+    Default,
+}
+
+impl std::fmt::Display for DatabaseUrlSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DatabaseUrlSource::Flag => f.write_str("--database-url"),
+            DatabaseUrlSource::Env => f.write_str(DATABASE_URL_ENV),
+            DatabaseUrlSource::ConfigFile(path) => {
+                write!(f, "database_url in {}", path.display())
+            }
+            DatabaseUrlSource::Default => f.write_str("the default"),
+        }
+    }
+}
+
+/// The ledger's URL and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    pub url: String,
+    pub source: DatabaseUrlSource,
+}
+
+impl DatabaseUrl {
+    /// The one order every command resolves the ledger's URL in: the
+    /// `--database-url` flag, then [`DATABASE_URL_ENV`], then `database_url`
+    /// of the config file (`file`: its path and value), then
+    /// [`DEFAULT_DATABASE_URL`]. Empty values count as absent.
+    pub fn resolve(
+        flag: Option<&str>,
+        env: Option<&str>,
+        file: Option<(&Path, Option<&str>)>,
+    ) -> DatabaseUrl {
+        let given = |value: Option<&str>| value.filter(|v| !v.trim().is_empty()).map(str::to_owned);
+        if let Some(url) = given(flag) {
+            return DatabaseUrl {
+                url,
+                source: DatabaseUrlSource::Flag,
+            };
+        }
+        if let Some(url) = given(env) {
+            return DatabaseUrl {
+                url,
+                source: DatabaseUrlSource::Env,
+            };
+        }
+        if let Some((path, value)) = file
+            && let Some(url) = given(value)
+        {
+            return DatabaseUrl {
+                url,
+                source: DatabaseUrlSource::ConfigFile(path.to_owned()),
+            };
+        }
+        DatabaseUrl {
+            url: DEFAULT_DATABASE_URL.to_owned(),
+            source: DatabaseUrlSource::Default,
+        }
+    }
+
+    /// [`DatabaseUrl::resolve`] with this process's environment.
+    pub fn from_environment(
+        flag: Option<&str>,
+        file: Option<(&Path, Option<&str>)>,
+    ) -> DatabaseUrl {
+        let env = std::env::var(DATABASE_URL_ENV).ok();
+        Self::resolve(flag, env.as_deref(), file)
+    }
+}
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8640";
 pub const DEFAULT_CONTROL_LISTEN: &str = "127.0.0.1:8641";
 
@@ -417,16 +505,16 @@ impl Config {
         if session.task.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return Err(err("session.task: must not be empty".into()));
         }
+        let database_url =
+            DatabaseUrl::resolve(None, None, Some((path, raw.database_url.as_deref())));
         Ok(Config {
             lease_mode,
             session_task: session.task.clone(),
             session_ttl,
             database_max_connections,
             database_statement_timeout,
-            database_url: raw
-                .database_url
-                .clone()
-                .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            database_url: database_url.url,
+            database_url_source: database_url.source,
             tenant,
             listen,
             control_listen,
@@ -439,6 +527,31 @@ impl Config {
             adapters,
             upstreams,
         })
+    }
+
+    /// Applies the `--database-url` flag and [`DATABASE_URL_ENV`] over the
+    /// file's `database_url` (see [`DatabaseUrl::resolve`]).
+    pub fn resolve_database_url(&mut self, flag: Option<&str>) {
+        let from_file = match &self.database_url_source {
+            DatabaseUrlSource::ConfigFile(path) => Some((path.clone(), self.database_url.clone())),
+            _ => None,
+        };
+        let resolved = DatabaseUrl::from_environment(
+            flag,
+            from_file
+                .as_ref()
+                .map(|(path, url)| (path.as_path(), Some(url.as_str()))),
+        );
+        self.database_url = resolved.url;
+        self.database_url_source = resolved.source;
+    }
+
+    /// The ledger's URL and where it came from.
+    pub fn database(&self) -> DatabaseUrl {
+        DatabaseUrl {
+            url: self.database_url.clone(),
+            source: self.database_url_source.clone(),
+        }
     }
 
     /// The adapter of `upstream`, or the no-promises default.
@@ -468,5 +581,61 @@ pub fn check_file(path: &Path) -> Result<&'static str, ConfigError> {
         "adapters" => load_adapter(path).map(|_| "adapter"),
         "policies" => load_policy(path).map(|_| "policy"),
         _ => Config::load(path).map(|_| "config"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_database_url_is_found_flag_first_then_env_then_file_then_default() {
+        let file = Path::new("/etc/leasegate.toml");
+        let resolve = |flag, env, file_value| {
+            let found = DatabaseUrl::resolve(flag, env, Some((file, file_value)));
+            (found.url, found.source)
+        };
+        let (f, e, c) = (
+            Some("postgres://flag"),
+            Some("postgres://env"),
+            Some("postgres://file"),
+        );
+        assert_eq!(
+            resolve(f, e, c),
+            ("postgres://flag".into(), DatabaseUrlSource::Flag)
+        );
+        assert_eq!(
+            resolve(None, e, c),
+            ("postgres://env".into(), DatabaseUrlSource::Env)
+        );
+        assert_eq!(
+            resolve(None, None, c),
+            (
+                "postgres://file".into(),
+                DatabaseUrlSource::ConfigFile(file.to_owned())
+            )
+        );
+        assert_eq!(
+            resolve(None, None, None),
+            (DEFAULT_DATABASE_URL.into(), DatabaseUrlSource::Default)
+        );
+        // Empty values count as absent.
+        assert_eq!(
+            resolve(Some(""), Some(" "), c).1,
+            DatabaseUrlSource::ConfigFile(file.to_owned())
+        );
+        // No config file at all.
+        assert_eq!(
+            DatabaseUrl::resolve(None, e, None).source,
+            DatabaseUrlSource::Env
+        );
+        assert_eq!(
+            DatabaseUrl::resolve(None, None, None).url,
+            DEFAULT_DATABASE_URL
+        );
+        assert_eq!(
+            DatabaseUrlSource::ConfigFile(file.to_owned()).to_string(),
+            "database_url in /etc/leasegate.toml"
+        );
     }
 }

@@ -4,6 +4,14 @@
 //! `leasegate serve` serves. Human-readable output by default, the API's
 //! JSON with `--json`; exit codes ([`ErrorCode::exit_code`]) tell not found,
 //! conflict and lease lost apart from other errors.
+//!
+//! The ledger's URL is found as every command finds it
+//! ([`DatabaseUrl::resolve`]: `--database-url`, `LEASEGATE_DATABASE_URL`,
+//! `database_url` of `--config`, the default). With `--config`, the commands
+//! act for that config's tenant, as its `leasegate serve` would. A ledger
+//! that cannot be opened is told apart ([`ledger_refusal`]): unreachable,
+//! login refused, database missing, schema missing, each with its fix and
+//! exit code.
 
 use axum::body::Body as HttpBody;
 use axum::http::{Method, Request, StatusCode};
@@ -11,11 +19,9 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::error::{ErrorCode, exit};
+use crate::config::{Config, DATABASE_URL_HELP, DatabaseUrl};
 use crate::intent::IntegerPolicy;
-use crate::ledger::{Ledger, LedgerOptions};
-
-/// Default ledger database: the machine's local PostgreSQL, trust auth.
-pub const DEFAULT_DATABASE_URL: &str = crate::config::DEFAULT_DATABASE_URL;
+use crate::ledger::{ConnectFailure, Ledger, LedgerError, LedgerOptions};
 
 /// An operator command, as `leasegate` parses it.
 #[derive(Debug, clap::Subcommand)]
@@ -46,8 +52,12 @@ pub enum OperatorCommand {
 /// Options of every operator command.
 #[derive(Debug, clap::Args)]
 pub struct Common {
-    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL, global = true)]
-    pub database_url: String,
+    #[arg(long, global = true, value_name = "URL", help = DATABASE_URL_HELP)]
+    pub database_url: Option<String>,
+    /// A leasegate.toml: its database_url, and its tenant (runs of another
+    /// tenant are refused, as that config's `leasegate serve` refuses them).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
     /// Print the API's JSON instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
@@ -59,8 +69,9 @@ pub enum RunsCommand {
     Create {
         #[arg(long)]
         task: String,
-        #[arg(long, default_value = "default")]
-        tenant: String,
+        /// Default: the --config file's tenant, else "default".
+        #[arg(long)]
+        tenant: Option<String>,
         /// Reuse to make the create retry-safe.
         #[arg(long)]
         run_id: Option<String>,
@@ -298,19 +309,34 @@ impl OperatorCommand {
     /// returns the process exit code.
     pub async fn run(&self) -> u8 {
         let common = self.common();
+        let (database, tenant) = match &common.config {
+            Some(path) => match Config::load(path) {
+                Ok(mut config) => {
+                    config.resolve_database_url(common.database_url.as_deref());
+                    (config.database(), Some(config.tenant))
+                }
+                Err(error) => {
+                    return report(common.json, ErrorCode::InvalidInput, &error.to_string());
+                }
+            },
+            None => (
+                DatabaseUrl::from_environment(common.database_url.as_deref(), None),
+                None,
+            ),
+        };
         let options = LedgerOptions {
             max_connections: 2,
             ..Default::default()
         };
-        let ledger = match Ledger::connect(&common.database_url, options).await {
+        let ledger = match Ledger::connect(&database.url, options).await {
             Ok(ledger) => ledger,
             Err(error) => {
-                eprintln!("leasegate: {error}");
-                return exit::UNAVAILABLE;
+                let (code, message) = ledger_refusal(&error, &database);
+                return report(common.json, code, &message);
             }
         };
         let ApiRequest { method, path, body } = self.request();
-        let (status, answer) = execute(ledger.clone(), method, &path, body).await;
+        let (status, answer) = execute(ledger.clone(), tenant, method, &path, body).await;
         ledger.close().await;
         if status.is_success() {
             println!(
@@ -336,6 +362,57 @@ impl OperatorCommand {
     }
 }
 
+/// Prints an error the CLI found before any request (stderr, or the API's
+/// error JSON on stdout with `--json`); returns its exit code.
+fn report(json: bool, code: ErrorCode, message: &str) -> u8 {
+    if json {
+        println!("{}", json!({"code": code.as_str(), "message": message}));
+    } else {
+        eprintln!("leasegate: {message} ({code})");
+    }
+    code.exit_code()
+}
+
+/// What to tell an operator when the ledger at `database` cannot be
+/// opened: the error code (and so the exit code) and a message that says
+/// which URL was tried, where it came from, and what fixes it.
+pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode, String) {
+    let Some(connect) = error.connect_failure() else {
+        return (
+            ErrorCode::LedgerUnavailable,
+            format!("the ledger database is unavailable: {error}"),
+        );
+    };
+    let source = &database.source;
+    let target = &connect.target;
+    let fix = match connect.failure {
+        ConnectFailure::InvalidUrl => format!(
+            "the URL came from {source}; write it as postgres://user[:password]@host:port/database"
+        ),
+        ConnectFailure::Unreachable => format!(
+            "the URL came from {source}. Start PostgreSQL there (e.g. `sudo systemctl start \
+             postgresql`, or `pg_ctlcluster <version> main start`), or point --database-url (or \
+             LEASEGATE_DATABASE_URL, or database_url in --config) at a server that runs"
+        ),
+        ConnectFailure::AuthenticationFailed => format!(
+            "the URL came from {source}. Check the user and password in it, or the server's \
+             pg_hba.conf"
+        ),
+        ConnectFailure::DatabaseMissing => format!(
+            "the URL came from {source}. `leasegate migrate --database-url {target}` creates \
+             the database and the ledger in it"
+        ),
+        ConnectFailure::SchemaMissing => format!(
+            "the URL came from {source}. Run `leasegate migrate --database-url {target}` to \
+             create the ledger there, or point --database-url at the database that holds it"
+        ),
+    };
+    (
+        ErrorCode::from(connect.failure),
+        format!("{connect}; {fix}"),
+    )
+}
+
 /// The exit code for an API error code string (1 for a code this build
 /// does not know).
 pub fn exit_code(code: &str) -> u8 {
@@ -354,14 +431,16 @@ pub fn url_segment(text: &str) -> String {
         .collect()
 }
 
-/// Sends one request to the control API in-process; returns status and JSON.
+/// Sends one request to the control API in-process (for runs of `tenant`
+/// only, when given); returns status and JSON.
 pub async fn execute(
     ledger: Ledger,
+    tenant: Option<String>,
     method: Method,
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let router = super::router(ledger, IntegerPolicy::Reject);
+    let router = super::router_for_tenant(ledger, IntegerPolicy::Reject, tenant);
     let request = Request::builder()
         .method(method)
         .uri(path)
@@ -522,6 +601,100 @@ pub fn render(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refused login cannot be provoked against the test server (its
+    /// pg_hba.conf trusts 127.0.0.1), so its SQLSTATEs are checked here.
+    #[test]
+    fn each_connect_failure_has_its_code_exit_code_and_fix() {
+        use crate::config::DatabaseUrlSource;
+        use crate::ledger::ConnectError;
+        let database = DatabaseUrl {
+            url: "postgres://app:secret@db:5432/leasegate".into(),
+            source: DatabaseUrlSource::Env,
+        };
+        let refusal = |failure| {
+            ledger_refusal(
+                &LedgerError::Connect(ConnectError {
+                    failure,
+                    target: crate::ledger::redacted_url(&database.url),
+                    detail: "detail".into(),
+                }),
+                &database,
+            )
+        };
+        for (sqlstate, failure, code, exit, needles) in [
+            (
+                "28P01",
+                ConnectFailure::AuthenticationFailed,
+                "database_auth_failed",
+                7,
+                &[
+                    "PostgreSQL refused the login at postgres://app@db:5432/leasegate: detail",
+                    "Check the user and password",
+                ][..],
+            ),
+            (
+                "28000",
+                ConnectFailure::AuthenticationFailed,
+                "database_auth_failed",
+                7,
+                &["refused the login"][..],
+            ),
+            (
+                "3D000",
+                ConnectFailure::DatabaseMissing,
+                "database_missing",
+                8,
+                &[
+                    "does not exist",
+                    "`leasegate migrate --database-url postgres://app@db:5432/leasegate` creates",
+                ][..],
+            ),
+            (
+                "57P03",
+                ConnectFailure::Unreachable,
+                "ledger_unavailable",
+                6,
+                &["no PostgreSQL server answers", "Start PostgreSQL"][..],
+            ),
+        ] {
+            assert_eq!(
+                ConnectFailure::of_sqlstate(sqlstate),
+                Some(failure),
+                "{sqlstate}"
+            );
+            let (error_code, message) = refusal(failure);
+            assert_eq!((error_code.as_str(), error_code.exit_code()), (code, exit));
+            assert!(
+                message.contains("the URL came from LEASEGATE_DATABASE_URL"),
+                "{message}"
+            );
+            assert!(!message.contains("secret"), "{message}");
+            for needle in needles {
+                assert!(
+                    message.contains(needle),
+                    "{needle:?} missing from {message}"
+                );
+            }
+        }
+        assert_eq!(ConnectFailure::of_sqlstate("42P01"), None);
+        let (code, message) = refusal(ConnectFailure::SchemaMissing);
+        assert_eq!((code.as_str(), code.exit_code()), ("schema_missing", 9));
+        assert!(message.contains("holds no leasegate ledger"), "{message}");
+        let (code, _) = refusal(ConnectFailure::InvalidUrl);
+        assert_eq!(code.exit_code(), exit::INVALID_INPUT);
+    }
+
+    #[test]
+    fn passwords_are_redacted_from_urls() {
+        use crate::ledger::redacted_url;
+        assert_eq!(
+            redacted_url("postgres://u:p@ss@h:1/d?sslmode=require"),
+            "postgres://u@h:1/d?sslmode=require"
+        );
+        assert_eq!(redacted_url("postgres://u@h/d"), "postgres://u@h/d");
+        assert_eq!(redacted_url("garbage"), "garbage");
+    }
 
     #[test]
     fn path_segments_are_percent_encoded() {

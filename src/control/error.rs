@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::ids::InvalidRunId;
 use crate::intent::IntentError;
-use crate::ledger::{Delivery, InvalidInput, LedgerError, Rejection};
+use crate::ledger::{ConnectFailure, Delivery, InvalidInput, LedgerError, Rejection};
 
 /// Process exit codes of the operator commands (`leasegate runs|lease|ops`).
 pub mod exit {
@@ -29,7 +29,11 @@ pub mod exit {
     pub const NOT_FOUND: u8 = 3;
     pub const CONFLICT: u8 = 4;
     pub const LEASE_LOST: u8 = 5;
+    /// No database server answers (or a call could not reach it).
     pub const UNAVAILABLE: u8 = 6;
+    pub const AUTHENTICATION_FAILED: u8 = 7;
+    pub const DATABASE_MISSING: u8 = 8;
+    pub const SCHEMA_MISSING: u8 = 9;
 }
 
 /// Every error the control API answers: its JSON `code`, HTTP status and
@@ -53,6 +57,14 @@ pub enum ErrorCode {
     NotUnknown,
     /// Nothing was written: the database is unreachable (503).
     LedgerUnavailable,
+    /// The database server refused the login (503; CLI exit 7).
+    DatabaseAuthFailed,
+    /// The server has no database of that name (503; CLI exit 8).
+    DatabaseMissing,
+    /// The database holds no migrated ledger (503; CLI exit 9).
+    SchemaMissing,
+    /// A run for another tenant than the one this process serves (422).
+    TenantMismatch,
     /// The ledger's answer was lost: read back before retrying (503).
     OutcomeUnknown,
     MalformedJson,
@@ -74,7 +86,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 29] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -87,6 +99,10 @@ impl ErrorCode {
         ErrorCode::RunIdTaken,
         ErrorCode::NotUnknown,
         ErrorCode::LedgerUnavailable,
+        ErrorCode::DatabaseAuthFailed,
+        ErrorCode::DatabaseMissing,
+        ErrorCode::SchemaMissing,
+        ErrorCode::TenantMismatch,
         ErrorCode::OutcomeUnknown,
         ErrorCode::MalformedJson,
         ErrorCode::InvalidBody,
@@ -117,6 +133,10 @@ impl ErrorCode {
             ErrorCode::RunIdTaken => "run_id_taken",
             ErrorCode::NotUnknown => "not_unknown",
             ErrorCode::LedgerUnavailable => "ledger_unavailable",
+            ErrorCode::DatabaseAuthFailed => "database_auth_failed",
+            ErrorCode::DatabaseMissing => "database_missing",
+            ErrorCode::SchemaMissing => "schema_missing",
+            ErrorCode::TenantMismatch => "tenant_mismatch",
             ErrorCode::OutcomeUnknown => "outcome_unknown",
             ErrorCode::MalformedJson => "malformed_json",
             ErrorCode::InvalidBody | ErrorCode::UnreadableBody => "invalid_body",
@@ -152,9 +172,11 @@ impl ErrorCode {
             | ErrorCode::ActiveRunLive
             | ErrorCode::RunIdTaken
             | ErrorCode::NotUnknown => StatusCode::CONFLICT,
-            ErrorCode::LedgerUnavailable | ErrorCode::OutcomeUnknown => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ErrorCode::LedgerUnavailable
+            | ErrorCode::DatabaseAuthFailed
+            | ErrorCode::DatabaseMissing
+            | ErrorCode::SchemaMissing
+            | ErrorCode::OutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::MalformedJson | ErrorCode::UnreadableBody => StatusCode::BAD_REQUEST,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -165,12 +187,15 @@ impl ErrorCode {
             | ErrorCode::InvalidStatus
             | ErrorCode::InvalidOperationId
             | ErrorCode::UnsafeInteger
-            | ErrorCode::InvalidArguments => StatusCode::UNPROCESSABLE_ENTITY,
+            | ErrorCode::InvalidArguments
+            | ErrorCode::TenantMismatch => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
 
     /// The operator CLI's exit code (README: 3 not found, 4 conflict, 5
-    /// lease lost, 2 invalid input, 6 database unavailable, 1 otherwise).
+    /// lease lost, 2 invalid input, 6 database unavailable, 7 login refused,
+    /// 8 database missing, 9 schema missing, 1 otherwise). `serve`, `stdio`
+    /// and `migrate` exit with 6 to 9 too when the ledger cannot be opened.
     pub fn exit_code(self) -> u8 {
         match self {
             ErrorCode::NotFound => exit::NOT_FOUND,
@@ -184,6 +209,9 @@ impl ErrorCode {
             | ErrorCode::RunIdTaken
             | ErrorCode::NotUnknown => exit::CONFLICT,
             ErrorCode::LedgerUnavailable | ErrorCode::OutcomeUnknown => exit::UNAVAILABLE,
+            ErrorCode::DatabaseAuthFailed => exit::AUTHENTICATION_FAILED,
+            ErrorCode::DatabaseMissing => exit::DATABASE_MISSING,
+            ErrorCode::SchemaMissing => exit::SCHEMA_MISSING,
             ErrorCode::MalformedJson
             | ErrorCode::InvalidBody
             | ErrorCode::UnreadableBody
@@ -193,7 +221,8 @@ impl ErrorCode {
             | ErrorCode::InvalidStatus
             | ErrorCode::InvalidOperationId
             | ErrorCode::UnsafeInteger
-            | ErrorCode::InvalidArguments => exit::INVALID_INPUT,
+            | ErrorCode::InvalidArguments
+            | ErrorCode::TenantMismatch => exit::INVALID_INPUT,
             // The CLI builds its own requests: these mean a CLI bug.
             ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
                 exit::OTHER
@@ -217,6 +246,18 @@ impl From<&Rejection> for ErrorCode {
             Rejection::Terminal { .. } => ErrorCode::TerminalRun,
             Rejection::NotFound => ErrorCode::NotFound,
             Rejection::IntentConflict { .. } => ErrorCode::IntentConflict,
+        }
+    }
+}
+
+impl From<ConnectFailure> for ErrorCode {
+    fn from(failure: ConnectFailure) -> Self {
+        match failure {
+            ConnectFailure::InvalidUrl => ErrorCode::InvalidInput,
+            ConnectFailure::Unreachable => ErrorCode::LedgerUnavailable,
+            ConnectFailure::AuthenticationFailed => ErrorCode::DatabaseAuthFailed,
+            ConnectFailure::DatabaseMissing => ErrorCode::DatabaseMissing,
+            ConnectFailure::SchemaMissing => ErrorCode::SchemaMissing,
         }
     }
 }
@@ -292,6 +333,13 @@ impl From<LedgerError> for ApiError {
         match &error {
             LedgerError::InvalidInput(invalid) => {
                 ApiError::new(ErrorCode::from(invalid), invalid.to_string())
+            }
+            LedgerError::Connect(connect) => {
+                tracing::error!(error = %connect, "ledger connect failed");
+                ApiError::new(
+                    ErrorCode::from(connect.failure),
+                    "the ledger database cannot be opened; nothing was written",
+                )
             }
             _ => {
                 tracing::error!(error = %error, "ledger call failed");
@@ -424,6 +472,10 @@ mod tests {
             (RunIdTaken, 409, 4),
             (NotUnknown, 409, 4),
             (LedgerUnavailable, 503, 6),
+            (DatabaseAuthFailed, 503, 7),
+            (DatabaseMissing, 503, 8),
+            (SchemaMissing, 503, 9),
+            (TenantMismatch, 422, 2),
             (OutcomeUnknown, 503, 6),
             (MalformedJson, 400, 2),
             (InvalidBody, 422, 2),

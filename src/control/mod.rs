@@ -14,8 +14,9 @@
 //!
 //! Errors are JSON `{"code", "message"}` with a stable code: 409 for lease
 //! lost, conflicts and busy leases, 404 for unknown ids, 400/413/415/422 for
-//! bad input, 503 when the database is unreachable or the outcome of a write
-//! is unknown. Messages never carry SQL or stack traces.
+//! bad input (422 `tenant_mismatch`: a run of another tenant than the
+//! serving process's), 503 when the database is unreachable or the outcome
+//! of a write is unknown. Messages never carry SQL or stack traces.
 
 pub mod cli;
 mod durability;
@@ -26,6 +27,6 @@ mod runs;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
-    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, router, router_with_metrics, serve,
-    with_durability, with_metrics, with_upstream_health,
+    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, router, router_for_tenant, router_with_metrics,
+    serve, with_durability, with_metrics, with_upstream_health,
 };

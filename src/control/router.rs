@@ -44,13 +44,33 @@ pub const ROUTES: &[(&str, &str)] = &[
 pub(super) struct ControlState {
     pub(super) ledger: Ledger,
     pub(super) integers: IntegerPolicy,
+    /// The one tenant this API creates runs for (`tenant` of the serving
+    /// process's config): a run of another tenant would be "not found" on
+    /// that process's MCP front, so it is refused at creation. `None`: any.
+    pub(super) tenant: Option<String>,
 }
 
 pub(super) type Shared = State<Arc<ControlState>>;
 
-/// The control API as a router (serve it, or drive it with `oneshot` in tests).
+/// The control API as a router (serve it, or drive it with `oneshot` in
+/// tests), for runs of any tenant.
 pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
-    let state = Arc::new(ControlState { ledger, integers });
+    router_for_tenant(ledger, integers, None)
+}
+
+/// The control API of a process that serves one tenant (`Some`): runs of
+/// another tenant are refused (`tenant_mismatch`), and a create without
+/// `tenant_id` is for that tenant.
+pub fn router_for_tenant(
+    ledger: Ledger,
+    integers: IntegerPolicy,
+    tenant: Option<String>,
+) -> Router {
+    let state = Arc::new(ControlState {
+        ledger,
+        integers,
+        tenant,
+    });
     Router::new()
         .route("/v1/runs", post(runs::create_run))
         .route("/v1/runs/{run_id}", get(runs::show_run))
@@ -125,13 +145,14 @@ pub fn with_durability(router: Router, gate: Arc<crate::durability::Gate>) -> Ro
     )
 }
 
-/// The router `leasegate serve` serves: the API and `/metrics`.
+/// The router `leasegate serve` serves: the API for its tenant and `/metrics`.
 pub fn router_with_metrics(
     ledger: Ledger,
     integers: IntegerPolicy,
+    tenant: String,
     handle: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Router {
-    with_metrics(router(ledger, integers), handle)
+    with_metrics(router_for_tenant(ledger, integers, Some(tenant)), handle)
 }
 
 /// Serves the control API until `shutdown` completes.

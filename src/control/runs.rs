@@ -19,8 +19,8 @@ use crate::ledger::{
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CreateRun {
-    #[serde(default = "default_tenant")]
-    tenant_id: String,
+    /// Default: the serving process's tenant, else "default".
+    tenant_id: Option<String>,
     task_id: String,
     /// Chosen by the client to make the create retry-safe; generated if absent.
     run_id: Option<String>,
@@ -29,9 +29,7 @@ pub(super) struct CreateRun {
     ttl_ms: Option<i64>,
 }
 
-fn default_tenant() -> String {
-    "default".to_owned()
-}
+const DEFAULT_TENANT: &str = "default";
 
 fn summary_json(summary: &RunSummary) -> Value {
     json!({
@@ -46,6 +44,24 @@ pub(super) async fn create_run(
     State(state): Shared,
     Body(body): Body<CreateRun>,
 ) -> Result<Response, ApiError> {
+    let tenant = match (&state.tenant, &body.tenant_id) {
+        (Some(served), Some(asked)) if served != asked => {
+            // Nothing is written: the task and run would be invisible to
+            // this process's MCP front ("run not found" on every call).
+            let error = ApiError::new(
+                ErrorCode::TenantMismatch,
+                format!(
+                    "tenant mismatch: expected tenant {served:?} (the tenant this leasegate serves, \
+                     `tenant` in its config), found {asked:?}; its runs would not be found on this \
+                     leasegate's MCP front. Nothing was written"
+                ),
+            );
+            return Err(error.with_detail(json!({"expected": served, "found": asked})));
+        }
+        (_, Some(asked)) => asked.clone(),
+        (Some(served), None) => served.clone(),
+        (None, None) => DEFAULT_TENANT.to_owned(),
+    };
     let run = match &body.run_id {
         Some(raw) => run_id(raw)?,
         None => RunId::generate(),
@@ -62,7 +78,7 @@ pub(super) async fn create_run(
     };
     match state
         .ledger
-        .run_create(run, &body.tenant_id, &body.task_id, lease)
+        .run_create(run, &tenant, &body.task_id, lease)
         .await?
     {
         RunCreateOutcome::Created(summary) => {

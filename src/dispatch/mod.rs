@@ -194,6 +194,18 @@ pub struct Dispatcher<U> {
     gate: Arc<Gate>,
 }
 
+impl<U> Dispatcher<U> {
+    /// The ledger this dispatcher writes to.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// This process's identity on the claims it takes.
+    pub fn owner(&self) -> &str {
+        &self.dispatch_owner
+    }
+}
+
 impl<U: Upstream> Dispatcher<U> {
     /// A dispatcher whose claims carry `dispatch_owner` (the process's
     /// identity, see [`process_owner`]).

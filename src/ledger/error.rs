@@ -100,12 +100,111 @@ pub enum LedgerError {
 
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+
+    /// The ledger could not be opened; [`ConnectFailure`] says why.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+}
+
+/// Why the ledger database could not be opened: each has its own fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// The URL does not parse; nothing was tried.
+    InvalidUrl,
+    /// No PostgreSQL answered: connection refused, name not resolved,
+    /// timed out.
+    Unreachable,
+    /// The server refused the login (SQLSTATE 28P01, 28000).
+    AuthenticationFailed,
+    /// The server has no database of that name (SQLSTATE 3D000).
+    DatabaseMissing,
+    /// The database answered but holds no ledger (tables, functions or the
+    /// application role missing): it was never migrated.
+    SchemaMissing,
+}
+
+impl ConnectFailure {
+    /// The failure a driver error of the connect phase means, if it is
+    /// one of the kinds told apart (others stay plain database errors).
+    pub(crate) fn of(error: &sqlx::Error) -> Option<ConnectFailure> {
+        match error {
+            sqlx::Error::Configuration(_) => Some(ConnectFailure::InvalidUrl),
+            sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => Some(ConnectFailure::Unreachable),
+            sqlx::Error::Database(db) => db.code().as_deref().and_then(Self::of_sqlstate),
+            _ => None,
+        }
+    }
+
+    /// The failure a SQLSTATE of the connect phase means.
+    pub fn of_sqlstate(code: &str) -> Option<ConnectFailure> {
+        match code {
+            "28P01" | "28000" => Some(ConnectFailure::AuthenticationFailed),
+            "3D000" => Some(ConnectFailure::DatabaseMissing),
+            // Server starting up, shutting down, or out of connection slots.
+            "57P03" | "53300" => Some(ConnectFailure::Unreachable),
+            _ => None,
+        }
+    }
+}
+
+/// The ledger database could not be opened. `target` is the URL without
+/// its password, fit for messages and logs.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", self.describe())]
+pub struct ConnectError {
+    pub failure: ConnectFailure,
+    pub target: String,
+    /// What the driver or the schema check said.
+    pub detail: String,
+}
+
+impl ConnectError {
+    fn describe(&self) -> String {
+        let ConnectError {
+            failure,
+            target,
+            detail,
+        } = self;
+        match failure {
+            ConnectFailure::InvalidUrl => format!("the database URL is not valid: {detail}"),
+            ConnectFailure::Unreachable => {
+                format!("no PostgreSQL server answers at {target}: {detail}")
+            }
+            ConnectFailure::AuthenticationFailed => {
+                format!("PostgreSQL refused the login at {target}: {detail}")
+            }
+            ConnectFailure::DatabaseMissing => {
+                format!("PostgreSQL at {target} answered: {detail}")
+            }
+            ConnectFailure::SchemaMissing => {
+                format!("{target} holds no leasegate ledger: {detail}")
+            }
+        }
+    }
+}
+
+/// `url` without its password (`postgres://user@host/db`), for messages.
+pub fn redacted_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}@{host}{tail}"),
+        None => url.to_owned(),
+    }
 }
 
 impl LedgerError {
     pub fn delivery(&self) -> Delivery {
         match self {
-            LedgerError::InvalidInput(_) | LedgerError::Unavailable { .. } => Delivery::NotSent,
+            LedgerError::InvalidInput(_)
+            | LedgerError::Unavailable { .. }
+            | LedgerError::Connect(_) => Delivery::NotSent,
             LedgerError::OutcomeUnknown { .. } => Delivery::Unknown,
             LedgerError::RetryBudgetSpent { .. }
             | LedgerError::Database { .. }
@@ -117,10 +216,19 @@ impl LedgerError {
 
     /// Whether calling again may succeed without changing the input.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            LedgerError::Unavailable { .. } | LedgerError::RetryBudgetSpent { .. }
-        )
+        match self {
+            LedgerError::Unavailable { .. } | LedgerError::RetryBudgetSpent { .. } => true,
+            LedgerError::Connect(error) => error.failure == ConnectFailure::Unreachable,
+            _ => false,
+        }
+    }
+
+    /// Why the ledger could not be opened, when that is what happened.
+    pub fn connect_failure(&self) -> Option<&ConnectError> {
+        match self {
+            LedgerError::Connect(error) => Some(error),
+            _ => None,
+        }
     }
 }
 

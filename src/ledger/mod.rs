@@ -23,6 +23,11 @@
 //!
 //! # Failure handling
 //!
+//! - Opening the ledger ([`Ledger::connect_with`], `migrate`,
+//!   `create_database_if_missing`): a [`ConnectError`] says which of
+//!   [`ConnectFailure`] happened — no server answered, the login was
+//!   refused (28P01/28000), no such database (3D000), or no ledger in it —
+//!   with the URL without its password; callers add the fix.
 //! - SQLSTATE 40001 / 40P01: the transaction was rolled back; the whole call
 //!   is sent again, up to [`LedgerOptions::retry_attempts`] times.
 //! - Connection lost with the statement in flight (which includes a lost
@@ -52,7 +57,7 @@ use sqlx::query::QueryAs;
 use sqlx::{FromRow, PgPool, Postgres};
 
 pub use durability::{DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn};
-pub use error::{Delivery, InvalidInput, LedgerError};
+pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
@@ -133,20 +138,20 @@ const MAX_TASK_LEN: usize = 256;
 impl Ledger {
     /// Connects with a database URL; see [`Ledger::connect_with`].
     pub async fn connect(url: &str, options: LedgerOptions) -> Result<Self, LedgerError> {
-        let connect =
-            PgConnectOptions::from_str(url).map_err(|source| LedgerError::Unavailable {
-                call: "connect",
-                source,
-            })?;
+        let connect = PgConnectOptions::from_str(url)
+            .map_err(|source| connect_error(&redacted_url(url), source))?;
         Self::connect_with(connect, options).await
     }
 
     /// Opens a pool whose sessions run as [`LedgerOptions::session_role`]
-    /// with the statement timeout applied, and checks one connection.
+    /// with the statement timeout applied, after checking on one connection
+    /// that the server answers, accepts the login, has the database and
+    /// holds a migrated ledger (each failure a [`ConnectFailure`]).
     pub async fn connect_with(
         connect: PgConnectOptions,
         options: LedgerOptions,
     ) -> Result<Self, LedgerError> {
+        preflight(&connect, &options).await?;
         let connect = connect.application_name(&options.application_name);
         let role = options.session_role.clone();
         let statement_timeout_ms = options.statement_timeout.as_millis().to_string();
@@ -199,14 +204,15 @@ impl Ledger {
     /// (which must own the schema, and create the application role if it is
     /// missing). Running it again is a no-op.
     pub async fn migrate(url: &str) -> Result<(), LedgerError> {
+        let target = redacted_url(url);
+        let connect =
+            PgConnectOptions::from_str(url).map_err(|source| connect_error(&target, source))?;
         let pool = PgPoolOptions::new()
             .max_connections(1)
-            .connect(url)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .connect_with(connect)
             .await
-            .map_err(|source| LedgerError::Unavailable {
-                call: "migrate",
-                source,
-            })?;
+            .map_err(|source| connect_error(&target, source))?;
         let result = async {
             MIGRATOR.run(&pool).await.map_err(|error| match error {
                 // Migrations before the first release were rewritten once
@@ -245,14 +251,26 @@ impl Ledger {
     /// Returns whether it was created.
     pub async fn create_database_if_missing(url: &str) -> Result<bool, LedgerError> {
         use sqlx::migrate::MigrateDatabase;
-        let unavailable = |source| LedgerError::Unavailable {
-            call: "create_database",
-            source,
+        let target = redacted_url(url);
+        // Both connect to the server's maintenance database (`postgres`).
+        let failed = |source: sqlx::Error| match ConnectFailure::of(&source) {
+            Some(_) => connect_error(&target, source),
+            None => LedgerError::Database {
+                call: "create_database",
+                source,
+            },
         };
-        if Postgres::database_exists(url).await.map_err(unavailable)? {
+        let exists = tokio::time::timeout(CONNECT_TIMEOUT, Postgres::database_exists(url))
+            .await
+            .map_err(|_| timed_out(&target))?
+            .map_err(failed)?;
+        if exists {
             return Ok(false);
         }
-        Postgres::create_database(url).await.map_err(unavailable)?;
+        tokio::time::timeout(CONNECT_TIMEOUT, Postgres::create_database(url))
+            .await
+            .map_err(|_| timed_out(&target))?
+            .map_err(failed)?;
         Ok(true)
     }
 
@@ -375,6 +393,97 @@ impl Ledger {
             }
         }
     }
+}
+
+/// How long `migrate` and `create_database_if_missing` wait for a server.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A connect-phase driver error as a [`LedgerError`]: a [`ConnectError`]
+/// when it is one of the kinds told apart, otherwise `Unavailable`.
+fn connect_error(target: &str, source: sqlx::Error) -> LedgerError {
+    match ConnectFailure::of(&source) {
+        Some(failure) => LedgerError::Connect(ConnectError {
+            failure,
+            target: target.to_owned(),
+            detail: match &source {
+                sqlx::Error::Database(db) => db.message().to_owned(),
+                sqlx::Error::PoolTimedOut => "timed out".to_owned(),
+                other => other.to_string(),
+            },
+        }),
+        None => LedgerError::Unavailable {
+            call: "connect",
+            source,
+        },
+    }
+}
+
+fn timed_out(target: &str) -> LedgerError {
+    LedgerError::Connect(ConnectError {
+        failure: ConnectFailure::Unreachable,
+        target: target.to_owned(),
+        detail: "timed out".to_owned(),
+    })
+}
+
+/// The URL of `connect` without its password.
+fn target_of(connect: &PgConnectOptions) -> String {
+    let user = connect.get_username();
+    let database = connect.get_database().unwrap_or(user);
+    match connect.get_socket() {
+        Some(socket) => format!("postgres://{user}@/{database}?host={}", socket.display()),
+        None => format!(
+            "postgres://{user}@{}:{}/{database}",
+            connect.get_host(),
+            connect.get_port()
+        ),
+    }
+}
+
+/// One connection before the pool: the pool retries a refused connection
+/// and a failing session setup until its acquire timeout and then reports
+/// only "timed out", so the kinds of [`ConnectFailure`] are told apart
+/// here. A ledger is there when its function record table, a protected
+/// function and the application role exist (`leasegate migrate` makes all
+/// three).
+async fn preflight(connect: &PgConnectOptions, options: &LedgerOptions) -> Result<(), LedgerError> {
+    use sqlx::Connection;
+    let target = target_of(connect);
+    let mut conn = tokio::time::timeout(
+        options.acquire_timeout,
+        sqlx::PgConnection::connect_with(connect),
+    )
+    .await
+    .map_err(|_| timed_out(&target))?
+    .map_err(|source| connect_error(&target, source))?;
+    let checked: Result<(bool, bool, bool), sqlx::Error> = sqlx::query_as(
+        "SELECT to_regclass('ledger_functions') IS NOT NULL, \
+                EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'run_create' \
+                        AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())), \
+                $1::text IS NULL OR EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
+    )
+    .bind(options.session_role.as_deref())
+    .fetch_one(&mut conn)
+    .await;
+    let _ = conn.close().await;
+    let (tables, functions, role) = checked.map_err(|source| LedgerError::Database {
+        call: "connect (schema check)",
+        source,
+    })?;
+    let missing = [
+        (!tables).then_some("the ledger tables"),
+        (!functions).then_some("the ledger functions"),
+        (!role).then_some("the application role"),
+    ];
+    let missing: Vec<&str> = missing.into_iter().flatten().collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(LedgerError::Connect(ConnectError {
+        failure: ConnectFailure::SchemaMissing,
+        target,
+        detail: format!("missing {}", missing.join(", ")),
+    }))
 }
 
 /// 5 ms, 10 ms, 20 ms, ... capped at 200 ms, with jitter so that two

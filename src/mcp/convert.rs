@@ -174,6 +174,99 @@ pub fn error_from_call(error: &CallError) -> McpError {
     McpError::new(ErrorCode(code), message, data)
 }
 
+/// What the -32001 answer names: the tool, and what the front knows of
+/// how the agent could call it.
+#[derive(Debug, Clone)]
+pub struct LeaseRequired<'a> {
+    /// The tool as the agent called it.
+    pub tool: &'a str,
+    pub upstream: &'a str,
+    /// The tool's name at the upstream (its `[tools.<name>]` in the adapter).
+    pub upstream_tool: &'a str,
+    /// The call came over HTTP, where the lease may come as headers too.
+    pub over_http: bool,
+    /// The upstream's `readOnlyHint` for the tool.
+    pub read_only_hint: Option<bool>,
+    /// Whether the upstream's adapter honours that hint.
+    pub trust_annotations: bool,
+}
+
+/// The -32001 refusal: a side-effecting call came without a lease. The
+/// message says, in a few sentences, how to get a lease for the transport
+/// in use and how to mark the tool read-only; `data` carries the same as
+/// structured hints.
+pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
+    let LeaseRequired {
+        tool,
+        upstream,
+        upstream_tool,
+        over_http,
+        read_only_hint,
+        trust_annotations,
+    } = call;
+    let meta = super::front::LEASE_META;
+    let send = if *over_http {
+        format!(
+            "send its run_id, owner and epoch as the Leasegate-Run-Id, Leasegate-Owner and \
+             Leasegate-Epoch headers or as _meta \"{meta}\" {{run_id, owner, epoch}}"
+        )
+    } else {
+        format!("send its run_id, owner and epoch as _meta \"{meta}\" {{run_id, owner, epoch}}")
+    };
+    let read_only = if *read_only_hint == Some(true) && !trust_annotations {
+        format!(
+            "If {tool:?} has no side effects, set read_only = true under [tools.{upstream_tool}] in \
+             the adapter file of upstream {upstream:?}, or trust_annotations = true there to honour \
+             the readOnlyHint it declares"
+        )
+    } else {
+        format!(
+            "If {tool:?} has no side effects, set read_only = true under [tools.{upstream_tool}] in \
+             the adapter file of upstream {upstream:?} (or trust_annotations = true to honour a \
+             server's readOnlyHint)"
+        )
+    };
+    let session = if *over_http {
+        "Or let leasegate hold the lease: lease_mode = \"session\" with [session] task in leasegate.toml"
+    } else {
+        "Or let leasegate hold the lease: start it as `leasegate stdio --task <task>` (or set LEASEGATE_TASK)"
+    };
+    let message = format!(
+        "tool {tool:?} has side effects and needs a lease. Create a run that holds one \
+         (`leasegate runs create --task <task> --owner <owner> --ttl-ms 60000`, or POST /v1/runs \
+         with owner and ttl_ms on the control API), then {send}. {session}. {read_only}."
+    );
+    let mut lease = json!({
+        "meta": {"key": meta, "fields": ["run_id", "owner", "epoch"]},
+        "create_run": {
+            "cli": "leasegate runs create --task <task> --owner <owner> --ttl-ms <ms>",
+            "api": "POST /v1/runs {\"task_id\", \"owner\", \"ttl_ms\"}",
+        },
+    });
+    if *over_http {
+        lease["headers"] = json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"]);
+        lease["session_mode"] = json!("lease_mode = \"session\" with [session] task");
+    } else {
+        lease["session_mode"] = json!("leasegate stdio --task <task> (or LEASEGATE_TASK)");
+    }
+    let data = json!({
+        "tool": tool,
+        "upstream": upstream,
+        "upstream_tool": upstream_tool,
+        "how": {
+            "lease": lease,
+            "read_only": {
+                "adapter_upstream": upstream,
+                "set": format!("[tools.{upstream_tool}] read_only = true"),
+                "or": "trust_annotations = true",
+                "read_only_hint": read_only_hint,
+                "trust_annotations": trust_annotations,
+            },
+        },
+    });
+    McpError::new(ErrorCode(codes::LEASE_REQUIRED), message, Some(data))
+}
+
 fn reason_data(rejection: &crate::ledger::Rejection) -> Value {
     json!({ "reason": rejection.reason(), "detail": rejection.to_string() })
 }
@@ -181,4 +274,68 @@ fn reason_data(rejection: &crate::ledger::Rejection) -> Value {
 /// The upstream's JSON-RPC error, as a code and a message.
 pub fn refused(error: &McpError) -> (i32, String) {
     (error.code.0, error.message.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_required_names_the_tool_the_way_to_a_lease_and_to_read_only() {
+        let mut call = LeaseRequired {
+            tool: "files__delete",
+            upstream: "files",
+            upstream_tool: "delete",
+            over_http: false,
+            read_only_hint: None,
+            trust_annotations: false,
+        };
+        let stdio = lease_required(&call);
+        assert_eq!(stdio.code.0, codes::LEASE_REQUIRED);
+        let message = stdio.message.to_string();
+        for needle in [
+            "tool \"files__delete\" has side effects and needs a lease",
+            "leasegate runs create --task <task> --owner <owner>",
+            "POST /v1/runs",
+            "_meta \"dev.leasegate/lease\" {run_id, owner, epoch}",
+            "set read_only = true under [tools.delete] in the adapter file of upstream \"files\"",
+            "trust_annotations = true",
+        ] {
+            assert!(
+                message.contains(needle),
+                "{needle:?} missing from {message}"
+            );
+        }
+        assert!(
+            !message.contains("Leasegate-Run-Id"),
+            "stdio has no headers: {message}"
+        );
+        let data = stdio.data.expect("structured hints");
+        assert_eq!(data["tool"], "files__delete");
+        assert_eq!(data["how"]["lease"]["meta"]["key"], "dev.leasegate/lease");
+        assert!(data["how"]["lease"].get("headers").is_none());
+        assert_eq!(
+            data["how"]["read_only"]["set"],
+            "[tools.delete] read_only = true"
+        );
+
+        call.over_http = true;
+        call.read_only_hint = Some(true);
+        let http = lease_required(&call);
+        let message = http.message.to_string();
+        assert!(
+            message.contains("Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"),
+            "{message}"
+        );
+        assert!(
+            message.contains("honour the readOnlyHint it declares"),
+            "{message}"
+        );
+        let data = http.data.expect("structured hints");
+        assert_eq!(
+            data["how"]["lease"]["headers"],
+            json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"])
+        );
+        assert_eq!(data["how"]["read_only"]["read_only_hint"], true);
+    }
 }

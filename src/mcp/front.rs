@@ -100,6 +100,8 @@ pub const STEP_META: &str = "dev.leasegate/step";
 pub const RUN_ID_HEADER: &str = "leasegate-run-id";
 pub const OWNER_HEADER: &str = "leasegate-owner";
 pub const EPOCH_HEADER: &str = "leasegate-epoch";
+/// Lease mode `session` over HTTP: the task key of this MCP session.
+pub const TASK_HEADER: &str = "leasegate-task";
 /// Resource URIs are exposed as `<upstream>+<uri>`.
 pub const URI_SEPARATOR: &str = "+";
 /// The 2026-07-28 per-request log level (`_meta`).
@@ -177,6 +179,20 @@ pub struct Session {
     cancels: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// Numbers the watches, so a watch only removes its own entry.
     next_watch: std::sync::atomic::AtomicU64,
+    /// Lease mode `session` over HTTP sessions: this MCP session's lease,
+    /// begun by its first side-effecting call without a lease of its own,
+    /// released when the session ends.
+    lease: tokio::sync::OnceCell<Arc<crate::worker::session::SessionLease>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.get().cloned()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move { lease.end().await });
+        }
+    }
 }
 
 /// The MCP front. Cheap to clone.
@@ -1789,6 +1805,9 @@ impl ServerHandler for Front {
                 .await;
         }
 
+        if !resolved.adapter.read_only {
+            self.begin_session_lease(&context).await?;
+        }
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = CallWatch::default();
         let call = if resolved.adapter.read_only {
@@ -1819,8 +1838,13 @@ impl Front {
         watch: &CallWatch,
     ) -> Result<ToolCall, McpError> {
         let upstream = resolved.upstream.clone();
+        let session_lease = self
+            .session
+            .lease
+            .get()
+            .or_else(|| self.state.session_lease.get());
         let lease =
-            match (lease_of(context), self.state.session_lease.get()) {
+            match (lease_of(context), session_lease) {
                 // A lease the agent sent wins; without one, the session's.
                 (Err(CallError::LeaseRequired), Some(session)) => session
                     .current()
@@ -1831,7 +1855,10 @@ impl Front {
                     }),
                 (lease, _) => lease,
             }
-            .map_err(|e| convert::error_from_call(&e))?;
+            .map_err(|error| match error {
+                CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
+                other => convert::error_from_call(&other),
+            })?;
         let step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), true, watch.detach.clone());
@@ -1894,6 +1921,93 @@ impl Front {
                 }
             })
         }))
+    }
+}
+
+impl Front {
+    /// The -32001 answer for `name`: how to get a lease over this
+    /// transport, and how to mark the tool read-only.
+    /// Lease mode `session` over HTTP sessions: begins this MCP session's
+    /// lease on its first side-effecting call that brings no lease of its
+    /// own (task key: the `Leasegate-Task` header, else `[session] task`).
+    /// Without a task key the call goes on and is refused as needing a
+    /// lease.
+    async fn begin_session_lease(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let config = &self.state.config;
+        if config.lease_mode != crate::config::LeaseMode::Session
+            || self.session.lease.initialized()
+            || self.state.session_lease.get().is_some()
+            || !matches!(lease_of(context), Err(CallError::LeaseRequired))
+        {
+            return Ok(());
+        }
+        let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+            return Ok(());
+        };
+        let task = parts
+            .headers
+            .get(TASK_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .or_else(|| config.session_task.clone());
+        let Some(task) = task else {
+            return Ok(());
+        };
+        let ledger = self.state.dispatcher.ledger().clone();
+        let owner = format!("{}:session", self.state.dispatcher.owner());
+        self.session
+            .lease
+            .get_or_try_init(|| async {
+                crate::worker::session::SessionLease::begin(
+                    ledger,
+                    &config.tenant,
+                    &task,
+                    &owner,
+                    crate::worker::session_heartbeat(config.session_ttl),
+                )
+                .await
+                .map(Arc::new)
+            })
+            .await
+            .map(|_| ())
+            .map_err(|error| {
+                tracing::warn!(%error, task, "the session lease could not begin");
+                convert::error_from_call(&CallError::SessionLost {
+                    task: task.clone(),
+                    cause: error.to_string(),
+                })
+            })
+    }
+
+    fn lease_required(
+        &self,
+        name: &str,
+        resolved: &crate::adapter::ResolvedTool,
+        context: &RequestContext<RoleServer>,
+    ) -> McpError {
+        let read_only_hint = self
+            .catalog()
+            .entries
+            .get(name)
+            .and_then(|entry| entry.tool.annotations.as_ref())
+            .and_then(|annotations| annotations.read_only_hint);
+        convert::lease_required(&convert::LeaseRequired {
+            tool: name,
+            upstream: &resolved.upstream,
+            upstream_tool: &resolved.tool,
+            over_http: context.extensions.get::<http::request::Parts>().is_some(),
+            read_only_hint,
+            trust_annotations: self
+                .state
+                .config
+                .adapter(&resolved.upstream)
+                .trust_annotations,
+        })
     }
 }
 

@@ -138,6 +138,16 @@ impl HeartbeatConfig {
     }
 }
 
+/// The heartbeat of a session lease (`session`): renewals every third of
+/// the ttl, each given a sixth to answer.
+pub fn session_heartbeat(ttl: Duration) -> HeartbeatConfig {
+    HeartbeatConfig {
+        ttl_ms: i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+        interval: ttl / 3,
+        renew_timeout: ttl / 6,
+    }
+}
+
 /// Renews `claim` every `config.interval` until `cancel` fires or a renewal
 /// is unconfirmed; then cancels `cancel` with the cause and returns it.
 pub fn spawn_heartbeat(

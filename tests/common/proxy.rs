@@ -247,6 +247,24 @@ pub async fn connect_http(url: &str, lease_headers: Option<&LeaseClaim>) -> (Age
     (client, agent)
 }
 
+/// Connects an agent over Streamable HTTP sending `headers` with every request.
+pub async fn connect_http_with(url: &str, headers: &[(&'static str, &str)]) -> AgentClient {
+    let headers = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                http::HeaderName::from_static(name),
+                http::HeaderValue::from_str(value).unwrap(),
+            )
+        })
+        .collect();
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+    Agent::default()
+        .serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("connect")
+}
+
 /// Calls a tool with extra `_meta`; returns the result or the JSON-RPC error (code, message).
 pub async fn call(
     client: &AgentClient,

@@ -1,0 +1,313 @@
+//! How every command finds the ledger, and what it says when it cannot
+//! open it: the `leasegate` binary run as a process, with the test suite's
+//! `DATABASE_URL` removed from (or set to garbage in) its environment.
+//!
+//! Order: `--database-url`, `LEASEGATE_DATABASE_URL`, `database_url` of
+//! `--config`, the default. Failures: unreachable (exit 6), database missing
+//! (8), schema missing (9), login refused (7: a role that does not exist,
+//! SQLSTATE 28000; a wrong password, 28P01, cannot be provoked on a server
+//! whose pg_hba.conf trusts 127.0.0.1 and is unit-tested in
+//! `src/control/cli.rs`) — each provoked for real.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// The URL of a `#[sqlx::test]` database.
+fn url_of(connect: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        connect
+            .get_database()
+            .expect("sqlx::test names the database"),
+    )
+}
+
+/// A URL on 127.0.0.1 where nothing listens.
+fn closed_port_url(database: &str) -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    format!("postgres://postgres:sekret@127.0.0.1:{port}/{database}")
+}
+
+/// Runs `leasegate` with neither `DATABASE_URL` nor `LEASEGATE_DATABASE_URL`
+/// inherited, then `env` set.
+fn leasegate(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_leasegate"));
+    command
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("LEASEGATE_DATABASE_URL")
+        .env("RUST_LOG", "error");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn assert_mentions(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from:\n{text}");
+    }
+}
+
+/// A valid leasegate.toml (its upstream is never started by the operator
+/// commands) in a fresh directory.
+fn config_file(database_url: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-dburl-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("leasegate.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "database_url = \"{database_url}\"\ntenant = \"tenant-a\"\n\
+             [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn remove_config(path: &Path) {
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn an_unreachable_server_is_named_without_its_password_with_how_to_fix_it() {
+    let url = closed_port_url("leasegate");
+    let target = url.replace(":sekret@", "@");
+    for args in [
+        vec!["ops", "unknown", "--database-url", &url],
+        vec!["migrate", "--database-url", &url],
+    ] {
+        let output = leasegate(&args, &[]);
+        let text = stderr(&output);
+        assert_eq!(output.status.code(), Some(6), "{args:?}: {text}");
+        assert_mentions(
+            &text,
+            &[
+                &format!("no PostgreSQL server answers at {target}"),
+                "the URL came from --database-url",
+                "Start PostgreSQL",
+                "point --database-url (or LEASEGATE_DATABASE_URL, or database_url in --config)",
+                "(ledger_unavailable)",
+            ],
+        );
+        assert!(!text.contains("sekret"), "the password leaked: {text}");
+    }
+    // `serve` too, before it starts anything; the URL from the config file.
+    let config = config_file(&url);
+    let output = leasegate(&["serve", "--config", config.to_str().unwrap()], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(6), "{text}");
+    assert_mentions(
+        &text,
+        &[
+            "no PostgreSQL server answers",
+            &format!("the URL came from database_url in {}", config.display()),
+        ],
+    );
+    // --json: the error as the API's JSON on stdout.
+    let output = leasegate(&["ops", "unknown", "--json", "--database-url", &url], &[]);
+    assert_eq!(output.status.code(), Some(6));
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["code"], "ledger_unavailable");
+    remove_config(&config);
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_refused_login_a_missing_database_and_a_database_without_the_ledger_are_told_apart(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    // A database that does not exist on a server that runs.
+    let missing = format!(
+        "postgres://{}@{}:{}/leasegate_missing_{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let output = leasegate(&["runs", "show", "x", "--database-url", &missing], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(8), "{text}");
+    assert_mentions(
+        &text,
+        &[
+            &format!("PostgreSQL at {missing} answered: database \"leasegate_missing_"),
+            &format!("`leasegate migrate --database-url {missing}` creates the database"),
+            "(database_missing)",
+        ],
+    );
+
+    // A login the server refuses: a role that does not exist.
+    let stranger = format!(
+        "postgres://leasegate_no_such_role_{}@{}:{}/postgres",
+        uuid::Uuid::new_v4().simple(),
+        connect.get_host(),
+        connect.get_port(),
+    );
+    let output = leasegate(&["migrate", "--database-url", &stranger], &[]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(7), "{text}");
+    assert_mentions(
+        &text,
+        &[
+            &format!("PostgreSQL refused the login at {stranger}"),
+            "Check the user and password",
+            "(database_auth_failed)",
+        ],
+    );
+
+    // An empty database (as the `postgres` database is): schema missing.
+    let empty = url_of(&connect);
+    let output = leasegate(&["ops", "unknown"], &[("LEASEGATE_DATABASE_URL", &empty)]);
+    let text = stderr(&output);
+    assert_eq!(output.status.code(), Some(9), "{text}");
+    assert_mentions(
+        &text,
+        &[
+            &format!("{empty} holds no leasegate ledger"),
+            "missing the ledger tables",
+            "the URL came from LEASEGATE_DATABASE_URL",
+            &format!("Run `leasegate migrate --database-url {empty}`"),
+            "(schema_missing)",
+        ],
+    );
+    // The fix it names works, and then the command does.
+    let migrated = leasegate(&["migrate"], &[("LEASEGATE_DATABASE_URL", &empty)]);
+    assert_eq!(migrated.status.code(), Some(0), "{}", stderr(&migrated));
+    let output = leasegate(
+        &["ops", "unknown", "--json"],
+        &[("LEASEGATE_DATABASE_URL", &empty)],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["count"], 0);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_flag_wins_over_the_environment_which_wins_over_the_config_and_database_url_is_never_read(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let admin = pool.connect_with(connect.clone()).await.unwrap();
+    let good = url_of(&connect);
+    let closed = closed_port_url("leasegate");
+    let ok = |output: Output| {
+        assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+        serde_json::from_slice::<serde_json::Value>(&output.stdout).unwrap()
+    };
+
+    // The test suite's DATABASE_URL is not the CLI's: garbage there is ignored.
+    ok(leasegate(
+        &["ops", "unknown", "--json"],
+        &[
+            ("DATABASE_URL", "garbage://"),
+            ("LEASEGATE_DATABASE_URL", &good),
+        ],
+    ));
+    // ... and with nothing else set, the CLI does not fall back to it.
+    let output = leasegate(
+        &["ops", "unknown", "--json"],
+        &[("DATABASE_URL", &good), ("LEASEGATE_DATABASE_URL", &closed)],
+    );
+    assert_eq!(output.status.code(), Some(6), "{}", stderr(&output));
+
+    // LEASEGATE_DATABASE_URL wins over --config.
+    let bad_config = config_file(&closed);
+    let config = bad_config.to_str().unwrap();
+    ok(leasegate(
+        &["ops", "unknown", "--json", "--config", config],
+        &[("LEASEGATE_DATABASE_URL", &good)],
+    ));
+    // --database-url wins over both.
+    ok(leasegate(
+        &[
+            "ops",
+            "unknown",
+            "--json",
+            "--config",
+            config,
+            "--database-url",
+            &good,
+        ],
+        &[("LEASEGATE_DATABASE_URL", &closed)],
+    ));
+    // The config alone is used, and said to be the source when it fails.
+    let output = leasegate(&["ops", "unknown", "--config", config], &[]);
+    assert_eq!(output.status.code(), Some(6));
+    assert_mentions(
+        &stderr(&output),
+        &[&format!("the URL came from database_url in {config}")],
+    );
+    remove_config(&bad_config);
+
+    // With --config, the operator acts for the config's tenant.
+    let good_config = config_file(&good);
+    let config = good_config.to_str().unwrap();
+    let created = ok(leasegate(
+        &[
+            "runs", "create", "--task", "t1", "--json", "--config", config,
+        ],
+        &[],
+    ));
+    let tenant: String =
+        sqlx::query_scalar("SELECT tenant_id FROM agent_runs WHERE run_id = $1::uuid")
+            .bind(created["run_id"].as_str().unwrap())
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    assert_eq!(tenant, "tenant-a");
+    let refused = leasegate(
+        &[
+            "runs", "create", "--task", "t2", "--tenant", "tenant-b", "--config", config,
+        ],
+        &[],
+    );
+    assert_eq!(refused.status.code(), Some(2));
+    assert_mentions(
+        &stderr(&refused),
+        &[
+            "expected tenant \"tenant-a\"",
+            "found \"tenant-b\"",
+            "(tenant_mismatch)",
+        ],
+    );
+    remove_config(&good_config);
+}
+
+#[test]
+fn help_says_the_order_in_which_the_database_is_found() {
+    for command in [
+        &["ops", "--help"][..],
+        &["runs", "create", "--help"],
+        &["migrate", "--help"],
+        &["serve", "--help"],
+        &["stdio", "--help"],
+    ] {
+        let output = leasegate(command, &[]);
+        assert_eq!(output.status.code(), Some(0), "{command:?}");
+        let help = String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert_mentions(
+            &help,
+            &[
+                "--database-url, then $LEASEGATE_DATABASE_URL, then database_url in the --config file, then postgres://postgres@127.0.0.1:5432/leasegate",
+                "($DATABASE_URL is not read)",
+            ],
+        );
+    }
+}
