@@ -399,8 +399,8 @@ pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode
              pg_hba.conf"
         ),
         ConnectFailure::DatabaseMissing => format!(
-            "the URL came from {source}. `leasegate migrate --database-url {target}` creates \
-             the database and the ledger in it"
+            "the database does not exist; the URL came from {source}. `leasegate migrate \
+             --database-url {target}` creates the database and the ledger in it"
         ),
         ConnectFailure::SchemaMissing => format!(
             "the URL came from {source}. Run `leasegate migrate --database-url {target}` to \
@@ -648,6 +648,7 @@ mod tests {
                 &[
                     "does not exist",
                     "`leasegate migrate --database-url postgres://app@db:5432/leasegate` creates",
+                    "the database does not exist",
                 ][..],
             ),
             (
