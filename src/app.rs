@@ -116,6 +116,8 @@ pub async fn run(
             proxy.front.clone(),
             listeners.mcp,
             proxy.config.http_sessions,
+            // The arguments' limit plus room for the envelope.
+            proxy.config.policy.max_arguments_bytes + 64 * 1024,
             stop.clone().cancelled_owned(),
         );
         async move {
@@ -335,7 +337,7 @@ impl Proxy {
     /// from any earlier session first, released when stdin closes.
     pub async fn serve_stdio(&self) -> anyhow::Result<()> {
         let session = match self.config.lease_mode {
-            crate::config::LeaseMode::Explicit => None,
+            crate::config::LeaseMode::Explicit | crate::config::LeaseMode::Key => None,
             crate::config::LeaseMode::Session => {
                 let task = self.config.session_task.as_deref().ok_or_else(|| {
                     anyhow::anyhow!(

@@ -84,10 +84,12 @@ pub struct RawConfig {
     /// agent without sticky sessions.
     pub http_sessions: Option<bool>,
     /// How a side-effecting call without a lease gets one: "explicit"
-    /// (default: the agent sends run, owner and epoch) or "session"
-    /// (leasegate holds a lease per task key; `[session]`).
+    /// (default: the agent sends run, owner and epoch), "session"
+    /// (leasegate holds a lease per task key; `[session]`) or "key" (a
+    /// per-call idempotency key; `[idempotency]`).
     pub lease_mode: Option<String>,
     pub session: Option<RawSession>,
+    pub idempotency: Option<RawIdempotency>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
 }
@@ -103,6 +105,15 @@ pub struct RawSession {
     pub ttl: Option<String>,
 }
 
+/// `[idempotency]`: the key lease mode's settings.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdempotency {
+    /// How long a key stands for its first request (default "24h"); after
+    /// that the same key is a new request.
+    pub retention: Option<String>,
+}
+
 /// How a side-effecting call without a lease of its own gets one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaseMode {
@@ -111,6 +122,9 @@ pub enum LeaseMode {
     /// leasegate holds the lease of a task's run for the life of the
     /// session (`worker::session`).
     Session,
+    /// A per-call idempotency key stands for the call
+    /// (`worker::session::key_lease`).
+    Key,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -166,6 +180,8 @@ pub struct Config {
     pub session_task: Option<String>,
     /// Session mode: the lease ttl, renewed every third of it.
     pub session_ttl: std::time::Duration,
+    /// Key mode: how long a key stands for its first request.
+    pub key_retention: std::time::Duration,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -483,12 +499,21 @@ impl Config {
         let lease_mode = match raw.lease_mode.as_deref() {
             None | Some("explicit") => LeaseMode::Explicit,
             Some("session") => LeaseMode::Session,
+            Some("key") => LeaseMode::Key,
             Some(other) => {
                 return Err(err(format!(
-                    "lease_mode: {other:?} is not one of \"explicit\", \"session\""
+                    "lease_mode: {other:?} is not one of \"explicit\", \"session\", \"key\""
                 )));
             }
         };
+        let key_retention = match raw.idempotency.as_ref().and_then(|i| i.retention.as_ref()) {
+            Some(text) => crate::policy::parse_duration("idempotency.retention", text)
+                .map_err(|e| err(e.to_string()))?,
+            None => std::time::Duration::from_secs(24 * 3600),
+        };
+        if key_retention < std::time::Duration::from_secs(1) {
+            return Err(err("idempotency.retention: must be at least 1s".into()));
+        }
         let session = raw.session.clone().unwrap_or_default();
         let session_ttl = match &session.ttl {
             Some(text) => crate::policy::parse_duration("session.ttl", text)
@@ -511,6 +536,7 @@ impl Config {
             lease_mode,
             session_task: session.task.clone(),
             session_ttl,
+            key_retention,
             database_max_connections,
             database_statement_timeout,
             database_url: database_url.url,

@@ -414,18 +414,27 @@ impl Gate {
         &self,
         ledger: &Ledger,
     ) -> Result<(DurabilityFacts, Vec<FailoverRecord>), LedgerError> {
+        // The baseline is what was read before this reading began: a
+        // reading that finished meanwhile may be ahead of ours without any
+        // history having changed (the WAL position only grows in real time).
+        let baseline = self.lock().high_water.clone();
         let facts = ledger.durability_facts().await?;
         if let Some(now) = Position::of(&facts) {
-            self.advance(ledger, now).await?;
+            self.advance(ledger, baseline, now).await?;
         }
         let failovers = ledger.failovers(true).await?;
         Ok((facts, failovers))
     }
 
     /// Raises the high-water to `now`, or records the failover that `now`
-    /// shows first.
-    async fn advance(&self, ledger: &Ledger, now: Position) -> Result<(), LedgerError> {
-        let high = self.lock().high_water.clone();
+    /// shows against `baseline` (the high-water before `now` was read).
+    async fn advance(
+        &self,
+        ledger: &Ledger,
+        baseline: Option<Position>,
+        now: Position,
+    ) -> Result<(), LedgerError> {
+        let high = baseline;
         let Seen::Diverged { promoted } = compare(high.as_ref(), &now) else {
             let mut state = self.lock();
             // Another reading may have raised it meanwhile: keep the higher.
@@ -485,18 +494,21 @@ impl Gate {
         if self.owner.is_empty() {
             return;
         }
+        // Judged against what was read before this reading began (see
+        // `check_inner`); the high-water only ever moves forward.
+        let baseline = self.lock().high_water.clone();
         match ledger.durability_facts().await {
             Ok(facts) => {
                 let Some(now) = Position::of(&facts) else {
                     return;
                 };
+                if compare(baseline.as_ref(), &now) != Seen::Continues {
+                    self.suspect("the ledger's server history changed");
+                    return;
+                }
                 let mut state = self.lock();
-                match compare(state.high_water.as_ref(), &now) {
-                    Seen::Continues => state.high_water = Some(now),
-                    Seen::Diverged { .. } => {
-                        drop(state);
-                        self.suspect("the ledger's server history changed");
-                    }
+                if compare(state.high_water.as_ref(), &now) == Seen::Continues {
+                    state.high_water = Some(now);
                 }
             }
             Err(error) => {

@@ -227,9 +227,12 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
         )
     };
     let session = if *over_http {
-        "Or let leasegate hold the lease: lease_mode = \"session\" with [session] task in leasegate.toml"
+        "Or let leasegate hold the lease: lease_mode = \"session\" with http_sessions = true and a \
+         Leasegate-Task header (or [session] task) in leasegate.toml; or, with lease_mode = \"key\", \
+         send an Idempotency-Key header or params.idempotencyKey"
     } else {
-        "Or let leasegate hold the lease: start it as `leasegate stdio --task <task>` (or set LEASEGATE_TASK)"
+        "Or let leasegate hold the lease: start it as `leasegate stdio --task <task>` (or set \
+         LEASEGATE_TASK); or, with lease_mode = \"key\", send params.idempotencyKey"
     };
     let message = format!(
         "tool {tool:?} has side effects and needs a lease. Create a run that holds one \
@@ -245,9 +248,13 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
     });
     if *over_http {
         lease["headers"] = json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"]);
-        lease["session_mode"] = json!("lease_mode = \"session\" with [session] task");
+        lease["session_mode"] =
+            json!("lease_mode = \"session\", http_sessions = true, Leasegate-Task header");
+        lease["key_mode"] =
+            json!("lease_mode = \"key\", Idempotency-Key header or params.idempotencyKey");
     } else {
         lease["session_mode"] = json!("leasegate stdio --task <task> (or LEASEGATE_TASK)");
+        lease["key_mode"] = json!("lease_mode = \"key\", params.idempotencyKey");
     }
     let data = json!({
         "tool": tool,

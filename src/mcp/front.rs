@@ -102,6 +102,13 @@ pub const OWNER_HEADER: &str = "leasegate-owner";
 pub const EPOCH_HEADER: &str = "leasegate-epoch";
 /// Lease mode `session` over HTTP: the task key of this MCP session.
 pub const TASK_HEADER: &str = "leasegate-task";
+/// Lease mode `key`: the call's idempotency key in `_meta` (the HTTP front
+/// also moves a draft-spec `params.idempotencyKey` here, and takes the
+/// `Idempotency-Key` header).
+pub const IDEMPOTENCY_KEY_META: &str = "dev.leasegate/idempotency_key";
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+/// Lease mode `key`: the step of a key's run when the agent names none.
+pub const KEY_STEP: &str = "idempotency-key";
 /// Resource URIs are exposed as `<upstream>+<uri>`.
 pub const URI_SEPARATOR: &str = "+";
 /// The 2026-07-28 per-request log level (`_meta`).
@@ -1805,15 +1812,25 @@ impl ServerHandler for Front {
                 .await;
         }
 
+        let mut keyed = None;
         if !resolved.adapter.read_only {
             self.begin_session_lease(&context).await?;
+            keyed = self.key_lease(&context).await?;
         }
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = CallWatch::default();
         let call = if resolved.adapter.read_only {
             self.read_only(resolved, request, &context, agent, &watch)
         } else {
-            self.gated(name.clone(), resolved, request, &context, agent, &watch)?
+            self.gated(
+                name.clone(),
+                resolved,
+                request,
+                &context,
+                agent,
+                &watch,
+                keyed,
+            )?
         };
         let result = if is_modern(&context) {
             let pending = PendingCall::start(name, call, from_upstream, watch);
@@ -1836,6 +1853,7 @@ impl Front {
         context: &RequestContext<RoleServer>,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
+        keyed: Option<LeaseClaim>,
     ) -> Result<ToolCall, McpError> {
         let upstream = resolved.upstream.clone();
         let session_lease = self
@@ -1845,7 +1863,11 @@ impl Front {
             .or_else(|| self.state.session_lease.get());
         let lease =
             match (lease_of(context), session_lease) {
-                // A lease the agent sent wins; without one, the session's.
+                // A lease the agent sent wins; without one, its idempotency
+                // key's (lease mode key), or the session's.
+                (Err(CallError::LeaseRequired), _) if keyed.is_some() => {
+                    Ok(keyed.clone().expect("checked"))
+                }
                 (Err(CallError::LeaseRequired), Some(session)) => session
                     .current()
                     .cloned()
@@ -1859,7 +1881,14 @@ impl Front {
                 CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
                 other => convert::error_from_call(&other),
             })?;
-        let step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
+        let mut step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
+        if keyed.is_some() && step.is_none() {
+            // The key stands for one request: one step per key's run.
+            step = Some(StepRef {
+                step_id: KEY_STEP.to_owned(),
+                effect_version: 1,
+            });
+        }
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), true, watch.detach.clone());
         let call = CallRequest {
@@ -1982,6 +2011,61 @@ impl Front {
                     cause: error.to_string(),
                 })
             })
+    }
+
+    /// Lease mode `key`: the lease of the run that stands for this call's
+    /// idempotency key (`_meta`, else the `Idempotency-Key` header), when
+    /// the call brings no lease of its own. `None`: no key, or not key mode.
+    async fn key_lease(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<LeaseClaim>, McpError> {
+        let config = &self.state.config;
+        if config.lease_mode != crate::config::LeaseMode::Key
+            || !matches!(lease_of(context), Err(CallError::LeaseRequired))
+        {
+            return Ok(None);
+        }
+        let from_meta = match context.meta.get(IDEMPOTENCY_KEY_META) {
+            None => None,
+            Some(Value::String(key)) => Some(key.clone()),
+            Some(_) => {
+                return Err(invalid_params(format!(
+                    "_meta \"{IDEMPOTENCY_KEY_META}\" must be a string"
+                )));
+            }
+        };
+        let key = from_meta.or_else(|| {
+            context
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|parts| parts.headers.get(IDEMPOTENCY_KEY_HEADER))
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim().to_owned())
+        });
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        let dispatcher = &self.state.dispatcher;
+        crate::worker::session::key_lease(
+            dispatcher.ledger(),
+            &config.tenant,
+            // Until the front authenticates callers (issue 13), every caller
+            // of a tenant is one principal.
+            "anonymous",
+            &key,
+            &format!("{}:key", dispatcher.owner()),
+            i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
+            config.key_retention,
+        )
+        .await
+        .map(Some)
+        .map_err(|error| match error {
+            crate::worker::session::SessionError::Ledger(inner) => {
+                convert::error_from_call(&CallError::Ledger(inner))
+            }
+            other => invalid_params(other.to_string()),
+        })
     }
 
     fn lease_required(

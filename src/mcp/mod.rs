@@ -4,6 +4,7 @@
 pub mod convert;
 pub mod front;
 pub mod http_headers;
+pub mod idempotency;
 pub mod inflight;
 pub mod upstream;
 
@@ -27,6 +28,7 @@ pub async fn serve_http(
     front: Front,
     listener: tokio::net::TcpListener,
     sessions: bool,
+    body_limit: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
@@ -57,6 +59,9 @@ pub async fn serve_http(
                 inflight::cancel_layer(in_flight.clone(), request, next)
             }))
     };
+    let router = router.layer(axum::middleware::from_fn(move |request, next| {
+        idempotency::layer(body_limit, request, next)
+    }));
     axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(async move {
             shutdown.await;
@@ -79,7 +84,7 @@ pub fn no_delay(stream: &mut tokio::net::TcpStream) {
 /// must go to stderr.
 pub async fn serve_stdio(front: Front) -> anyhow::Result<()> {
     front
-        .serve(rmcp::transport::stdio())
+        .serve((idempotency::stdin_lifting_keys(), tokio::io::stdout()))
         .await?
         .waiting()
         .await?;

@@ -197,3 +197,92 @@ impl SessionLease {
         }
     }
 }
+
+/// The longest idempotency key accepted (lease mode `key`).
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+
+/// Lease mode `key`: the lease of the run that stands for one idempotency
+/// key of `principal` in `tenant` (task `idempotency-key:<principal>:<key>`).
+///
+/// The first call with a key creates the run (lease held by `owner`); a
+/// later call with the same key takes its lease over at once (there is no
+/// worker to wait for: the lease only fences this call's registration) and
+/// finds the key's intent — the same request replays, another request is an
+/// intent conflict. Once `retention` has passed since the run was created,
+/// the old run is cancelled and the key starts a new one: the same key is a
+/// new request then, as at providers that prune keys.
+pub async fn key_lease(
+    ledger: &Ledger,
+    tenant: &str,
+    principal: &str,
+    key: &str,
+    owner: &str,
+    ttl_ms: i64,
+    retention: std::time::Duration,
+) -> Result<LeaseClaim, SessionError> {
+    let task = format!("idempotency-key:{principal}:{key}");
+    let refused = |detail: String| SessionError::Refused {
+        task: task.clone(),
+        detail,
+    };
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || key.chars().any(char::is_control) {
+        return Err(refused(format!(
+            "an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes without control characters"
+        )));
+    }
+    for _ in 0..3 {
+        let lease = InitialLease { owner, ttl_ms };
+        let (claim, status, revision) = match ledger
+            .run_create(RunId::generate(), tenant, &task, Some(lease))
+            .await?
+        {
+            RunCreateOutcome::Created(run) => (
+                LeaseClaim {
+                    run_id: run.run_id,
+                    owner: owner.to_owned(),
+                    epoch: run.lease_epoch,
+                },
+                run.status,
+                0,
+            ),
+            RunCreateOutcome::ActiveRunLive(run) => {
+                let created = ledger
+                    .run_get(run.run_id)
+                    .await?
+                    .map(|view| view.created_at);
+                let age = created.map(|at| chrono::Utc::now() - at);
+                if age.is_some_and(|age| age.to_std().is_ok_and(|age| age >= retention)) {
+                    // Past retention: the key is free for a new request.
+                    let _ = ledger
+                        .run_cancel(run.run_id, owner, Some("idempotency key retention passed"))
+                        .await?;
+                    continue;
+                }
+                match ledger.lease_takeover(run.run_id, owner, ttl_ms).await? {
+                    AcquireOutcome::Acquired(grant) => {
+                        (grant.claim, grant.run_status, grant.revision)
+                    }
+                    AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
+                    AcquireOutcome::Busy { .. } => unreachable!("a takeover is never busy"),
+                }
+            }
+            RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
+                return Err(refused("a fresh run id collided".into()));
+            }
+        };
+        if status == RunStatus::Pending {
+            match ledger.run_start(&claim, revision).await? {
+                Fenced::Applied(_)
+                | Fenced::Rejected(Rejection::Conflict { .. } | Rejection::WrongStatus { .. }) => {}
+                Fenced::Rejected(Rejection::Terminal { .. } | Rejection::NotFound) => continue,
+                // Another call with the same key took the lease meanwhile:
+                // its registration is as good as ours; ours is fenced.
+                Fenced::Rejected(rejection) => return Err(refused(rejection.to_string())),
+            }
+        }
+        return Ok(claim);
+    }
+    Err(refused(
+        "its runs kept changing while the call began; try again".into(),
+    ))
+}

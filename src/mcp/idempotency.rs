@@ -1,0 +1,132 @@
+//! The draft MCP field `params.idempotencyKey` of `tools/call` (SEP-3182
+//! shape), which rmcp's model does not carry: moved into
+//! `_meta["dev.leasegate/idempotency_key"]` before rmcp parses the request,
+//! on the HTTP front (a body layer) and on stdio (a line filter). A key
+//! already in `_meta` wins. Only messages that contain the field's name are
+//! parsed here; everything else passes untouched.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use super::front::IDEMPOTENCY_KEY_META;
+
+const FIELD: &[u8] = b"\"idempotencyKey\"";
+
+fn names_the_field(bytes: &[u8]) -> bool {
+    bytes.windows(FIELD.len()).any(|window| window == FIELD)
+}
+
+/// Moves `params.idempotencyKey` of a `tools/call` request (or of each in
+/// a batch) into `params._meta`. Returns whether anything moved.
+pub fn lift(message: &mut Value) -> bool {
+    match message {
+        Value::Array(batch) => batch.iter_mut().fold(false, |moved, m| lift(m) || moved),
+        Value::Object(object) => {
+            if object.get("method").and_then(Value::as_str) != Some("tools/call") {
+                return false;
+            }
+            let Some(Value::Object(params)) = object.get_mut("params") else {
+                return false;
+            };
+            let Some(key) = params.remove("idempotencyKey") else {
+                return false;
+            };
+            let meta = params
+                .entry("_meta")
+                .or_insert_with(|| Value::Object(Default::default()));
+            if let Value::Object(meta) = meta {
+                meta.entry(IDEMPOTENCY_KEY_META).or_insert(key);
+            }
+            true
+        }
+        _ => false,
+    }
+}
+
+/// The HTTP front's layer: POST bodies up to `limit` bytes that name the
+/// field are rewritten; larger ones are refused by rmcp's own limit anyway.
+pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
+    if request.method() != Method::POST {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body over {limit} bytes"),
+            )
+                .into_response();
+        }
+    };
+    let lifted = names_the_field(&bytes)
+        .then(|| serde_json::from_slice::<Value>(&bytes).ok())
+        .flatten()
+        .and_then(|mut message| lift(&mut message).then_some(message))
+        .and_then(|message| serde_json::to_vec(&message).ok());
+    let bytes = lifted.map_or(bytes, Into::into);
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// stdin, with `params.idempotencyKey` lifted line by line (stdio MCP is
+/// one JSON-RPC message per line).
+pub fn stdin_lifting_keys() -> tokio::io::DuplexStream {
+    let (reader, mut writer) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let line = if names_the_field(line.as_bytes())
+                && let Ok(mut message) = serde_json::from_str::<Value>(&line)
+                && lift(&mut message)
+            {
+                serde_json::to_string(&message).unwrap_or(line)
+            } else {
+                line
+            };
+            if writer.write_all(line.as_bytes()).await.is_err()
+                || writer.write_all(b"\n").await.is_err()
+            {
+                return;
+            }
+        }
+        // EOF (or an unreadable stdin): the reader sees EOF too.
+    });
+    reader
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_draft_field_moves_into_meta_and_a_meta_key_wins() {
+        let mut call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+            "params": {"name": "pay", "arguments": {}, "idempotencyKey": "k-1"}});
+        assert!(lift(&mut call));
+        assert_eq!(call["params"]["_meta"][IDEMPOTENCY_KEY_META], "k-1");
+        assert!(call["params"].get("idempotencyKey").is_none());
+
+        let mut both = json!({"method": "tools/call", "params": {"name": "pay",
+            "idempotencyKey": "k-2", "_meta": {IDEMPOTENCY_KEY_META: "k-meta"}}});
+        assert!(lift(&mut both));
+        assert_eq!(both["params"]["_meta"][IDEMPOTENCY_KEY_META], "k-meta");
+
+        let mut other = json!({"method": "resources/read", "params": {"idempotencyKey": "k"}});
+        assert!(!lift(&mut other));
+        assert_eq!(other["params"]["idempotencyKey"], "k");
+
+        let mut batch = json!([{"method": "tools/call", "params": {"name": "a", "idempotencyKey": "x"}},
+                               {"method": "ping"}]);
+        assert!(lift(&mut batch));
+        assert_eq!(batch[0]["params"]["_meta"][IDEMPOTENCY_KEY_META], "x");
+    }
+}
