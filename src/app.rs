@@ -21,9 +21,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DatabaseUrlSource};
-use crate::embedded::Cluster;
 use crate::dispatch::Dispatcher;
 use crate::durability::Gate;
+use crate::embedded::Cluster;
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::mcp::{Front, Upstreams};
 use crate::policy::Durability;

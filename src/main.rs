@@ -114,7 +114,9 @@ async fn main() -> ExitCode {
                     ExitCode::from(code.exit_code())
                 }
                 (None, Some(private)) => {
-                    let default = database.as_ref().map_or_else(String::new, |d| d.url.clone());
+                    let default = database
+                        .as_ref()
+                        .map_or_else(String::new, |d| d.url.clone());
                     eprintln!(
                         "leasegate: no database is configured and nothing answers at the \
                          default ({default}); {private}"

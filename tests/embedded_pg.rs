@@ -114,7 +114,11 @@ fn alive(pid: i32) -> bool {
 fn processes_of(needle: &str, parent: Option<i32>) -> Vec<String> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
             continue;
         };
         if !alive(pid) {
@@ -224,7 +228,11 @@ impl Leasegate {
     /// The control API's base URL (`http://…/v1`), once it serves.
     async fn control(&mut self) -> String {
         let line = self.line("control API at ", START_DEADLINE).await;
-        line.split("control API at ").nth(1).unwrap().trim().to_owned()
+        line.split("control API at ")
+            .nth(1)
+            .unwrap()
+            .trim()
+            .to_owned()
     }
 
     fn signal(&self, signal: nix::sys::signal::Signal) {
@@ -301,7 +309,9 @@ async fn no_database_configured_starts_a_private_cluster_and_stops_it() {
     let state = scenario.dir.join("lg-state");
     let pg_dir = state.join("pg");
     // Declared after the scenario: dropped first, before its directory goes.
-    let guard = ClusterGuard { dir: pg_dir.clone() };
+    let guard = ClusterGuard {
+        dir: pg_dir.clone(),
+    };
     let default_url = closed_port_url();
     let config = scenario.config_path();
 
@@ -350,7 +360,9 @@ async fn no_database_configured_starts_a_private_cluster_and_stops_it() {
     // Socket only: no TCP listener configured.
     let settings = std::fs::read_to_string(guard.data().join("leasegate.conf")).unwrap();
     assert!(settings.contains("listen_addresses = ''"), "{settings}");
-    let postmaster = guard.postmaster_pid().expect("postmaster.pid while serving");
+    let postmaster = guard
+        .postmaster_pid()
+        .expect("postmaster.pid while serving");
     assert!(alive(postmaster));
     assert!(
         first
@@ -373,16 +385,25 @@ async fn no_database_configured_starts_a_private_cluster_and_stops_it() {
     let shown = http::get(&format!("{control}/runs/{run_id}")).await;
     assert_eq!(shown.status, 200, "the first life's run: {}", shown.body);
     assert!(
-        !second.stderr().contains("created the private PostgreSQL cluster")
-            && !second.stderr().contains("reusing the private PostgreSQL server"),
+        !second
+            .stderr()
+            .contains("created the private PostgreSQL cluster")
+            && !second
+                .stderr()
+                .contains("reusing the private PostgreSQL server"),
         "{}",
         second.stderr()
     );
-    let postmaster = guard.postmaster_pid().expect("postmaster.pid while serving");
+    let postmaster = guard
+        .postmaster_pid()
+        .expect("postmaster.pid while serving");
     // leasegate dies without stopping anything: the server stays up.
     second.signal(nix::sys::signal::Signal::SIGKILL);
     second.exit(STOP_DEADLINE).await;
-    assert!(alive(postmaster), "the postmaster survives a killed leasegate");
+    assert!(
+        alive(postmaster),
+        "the postmaster survives a killed leasegate"
+    );
 
     // Third life: finds the running server (postmaster.pid) and reuses it.
     let mut third = serve(&config, &default_url, &state, &[]);

@@ -284,7 +284,11 @@ impl Cluster {
             was_running: false,
         };
         if let RunAs::Postgres { .. } = cluster.run_as {
-            let reach = cluster.command("test", false).args(["-w"]).arg(dir).output();
+            let reach = cluster
+                .command("test", false)
+                .args(["-w"])
+                .arg(dir)
+                .output();
             if !reach.is_ok_and(|out| out.status.success()) {
                 return Err(state_err(
                     "the postgres user cannot write to it (every parent directory must be \
@@ -644,7 +648,14 @@ mod tests {
         let found = versioned(&dir, "", "bin");
         let names: Vec<String> = found
             .iter()
-            .map(|p| p.parent().unwrap().file_name().unwrap().to_string_lossy().into_owned())
+            .map(|p| {
+                p.parent()
+                    .unwrap()
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect();
         assert_eq!(names, ["16", "15", "9.6"]);
         std::fs::remove_dir_all(dir).unwrap();
