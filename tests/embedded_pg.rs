@@ -456,3 +456,135 @@ async fn no_postgresql_binaries_is_refused_with_exit_10() {
     }
     assert!(!state.join("pg").exists(), "nothing created: {text}");
 }
+
+#[tokio::test]
+async fn a_default_where_something_answers_is_used_as_before() {
+    // Something accepts connections at the default (and hangs up): no
+    // private cluster, the normal connect failure instead.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            drop(stream);
+        }
+    });
+    let scenario = scenario_without_database();
+    let state = scenario.dir.join("lg-state");
+    let mut leasegate = serve(
+        &scenario.config_path(),
+        &format!("postgres://postgres@127.0.0.1:{port}/leasegate"),
+        &state,
+        &[],
+    );
+    let status = leasegate.exit(START_DEADLINE).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let text = leasegate.stderr();
+    assert!(!status.success(), "{text}");
+    assert!(
+        status.code() != Some(10) && status.code() != Some(11),
+        "{status}: {text}"
+    );
+    assert!(!text.contains("private PostgreSQL"), "{text}");
+    assert!(!state.join("pg").exists(), "no cluster created: {text}");
+}
+
+#[tokio::test]
+async fn stdio_starts_the_private_cluster_and_stops_it_at_eof() {
+    let scenario = scenario_without_database();
+    let state = scenario.dir.join("lg-state");
+    let guard = ClusterGuard {
+        dir: state.join("pg"),
+    };
+    let mut child = tokio::process::Command::new(LEASEGATE)
+        .args(["stdio", "--config"])
+        .arg(scenario.config_path())
+        .env_remove("DATABASE_URL")
+        .env_remove("LEASEGATE_DATABASE_URL")
+        .env_remove("LEASEGATE_PG_BIN_DIRS")
+        .env("LEASEGATE_DEFAULT_DATABASE_URL", closed_port_url())
+        .env("LEASEGATE_STATE_DIR", &state)
+        .env("RUST_LOG", "info,rmcp=warn")
+        .current_dir(&scenario.dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    let until = tokio::time::Instant::now() + START_DEADLINE;
+    // Serving: the upstreams are connected after the ledger.
+    loop {
+        let line = tokio::time::timeout_at(until, lines.next_line())
+            .await
+            .unwrap_or_else(|_| panic!("stdio did not start: {seen:#?}"))
+            .unwrap()
+            .unwrap_or_else(|| panic!("stderr ended: {seen:#?}"));
+        let done = line.contains("upstreams connected");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l
+            == &format!(
+                "leasegate: private PostgreSQL at {} (socket), stopped on exit",
+                guard.dir.display()
+            )),
+        "{seen:#?}"
+    );
+    let postmaster = guard
+        .postmaster_pid()
+        .expect("postmaster.pid while serving");
+    // An MCP handshake over stdio, then EOF: leasegate stdio ends, and
+    // stops the cluster.
+    let mut stdin = stdin;
+    {
+        use tokio::io::AsyncWriteExt;
+        let handshake = concat!(
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"embedded-test","version":"0"}}}"#,
+            "\n",
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+            "\n"
+        );
+        stdin.write_all(handshake.as_bytes()).await.unwrap();
+        stdin.flush().await.unwrap();
+    }
+    let stdout = child.stdout.take().unwrap();
+    let mut answers = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(STOP_DEADLINE, answers.next_line())
+        .await
+        .expect("an answer to initialize")
+        .unwrap()
+        .expect("stdout open");
+    let answer: serde_json::Value =
+        serde_json::from_str(&first).unwrap_or_else(|e| panic!("not JSON ({e}): {first}"));
+    assert_eq!(answer["id"], 1, "{first}");
+    assert!(answer.get("result").is_some(), "{first}");
+    drop(stdin);
+    let status = tokio::time::timeout(STOP_DEADLINE, child.wait())
+        .await
+        .expect("stdio exits at EOF")
+        .unwrap();
+    let mut rest = Vec::new();
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(2), lines.next_line()).await
+    {
+        rest.push(line);
+    }
+    assert!(status.success(), "{status}: {seen:#?}\n{rest:#?}");
+    // Nothing but MCP may reach stdout: pg_ctl's output is captured.
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(2), answers.next_line()).await
+    {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&line).is_ok(),
+            "not MCP on stdout: {line}"
+        );
+    }
+    assert_stopped(&guard, postmaster).await;
+}
