@@ -3,7 +3,10 @@
 //! private PostgreSQL cluster in its state directory (socket only), migrates
 //! it, serves, stops it on SIGTERM, reuses its data at the next start, finds
 //! and reuses a server a killed leasegate left running, and refuses with
-//! exit 10 when there are no PostgreSQL binaries.
+//! exit 10 when there are no PostgreSQL binaries. A default where something
+//! answers is used as before; `leasegate stdio` does the same as `serve`
+//! (stdout stays MCP only); a second process on the same directory shares
+//! the server and only its starter stops it.
 //!
 //! The binary runs as a process with `DATABASE_URL` and
 //! `LEASEGATE_DATABASE_URL` removed, a config without `database_url`, and
@@ -586,5 +589,40 @@ async fn stdio_starts_the_private_cluster_and_stops_it_at_eof() {
             "not MCP on stdout: {line}"
         );
     }
+    assert_stopped(&guard, postmaster).await;
+}
+
+#[tokio::test]
+async fn a_second_leasegate_shares_the_server_and_the_first_one_stops_it() {
+    let scenario = scenario_without_database();
+    let state = scenario.dir.join("lg-state");
+    let guard = ClusterGuard {
+        dir: state.join("pg"),
+    };
+    let default_url = closed_port_url();
+    let config = scenario.config_path();
+    let mut owner = serve(&config, &default_url, &state, &[]);
+    owner.control().await;
+    let postmaster = guard
+        .postmaster_pid()
+        .expect("postmaster.pid while serving");
+    let mut sharer = serve(&config, &default_url, &state, &[]);
+    let line = sharer.line("private PostgreSQL at", START_DEADLINE).await;
+    assert!(
+        line.ends_with("(socket), shared with the leasegate process that started it"),
+        "{line}"
+    );
+    let control = sharer.control().await;
+    assert_eq!(http::get(&format!("{control}/upstreams")).await.status, 200);
+    // The sharer leaves the server running.
+    sharer.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = sharer.exit(STOP_DEADLINE).await;
+    assert!(status.success(), "{status}:\n{}", sharer.stderr());
+    assert!(alive(postmaster), "the owner's server survives the sharer");
+    assert_eq!(guard.postmaster_pid(), Some(postmaster));
+    // The owner stops it.
+    owner.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = owner.exit(STOP_DEADLINE).await;
+    assert!(status.success(), "{status}:\n{}", owner.stderr());
     assert_stopped(&guard, postmaster).await;
 }
