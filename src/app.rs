@@ -20,9 +20,10 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{Config, DatabaseUrlSource};
 use crate::dispatch::Dispatcher;
 use crate::durability::Gate;
+use crate::embedded::Cluster;
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::mcp::{Front, Upstreams};
 use crate::policy::Durability;
@@ -401,6 +402,75 @@ impl Proxy {
         // Stops the supervisors and ends the children, whoever still holds
         // the clients.
         upstreams.shutdown().await;
+    }
+}
+
+/// How long the default URL's server has to accept a connection before the
+/// embedded default starts a private cluster.
+const DEFAULT_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The embedded default (`crate::embedded`): when the ledger's URL is the
+/// default (no `--database-url`, `LEASEGATE_DATABASE_URL` or config
+/// `database_url`) and nothing accepts a connection there, starts (or
+/// reuses) the private PostgreSQL cluster in the state directory, points
+/// `config` at its socket (source [`DatabaseUrlSource::Private`]) with
+/// `migrate` on, and returns it: the caller stops it on exit
+/// ([`stop_private`]; dropping it stops it too). `None`: the configured or
+/// default server is used as before.
+pub async fn provide_database(config: &mut Config) -> anyhow::Result<Option<Cluster>> {
+    if config.database_url_source != DatabaseUrlSource::Default
+        || Ledger::server_answers(&config.database_url, DEFAULT_PROBE).await
+    {
+        return Ok(None);
+    }
+    let (dir, chosen) = crate::embedded::state_dir()?;
+    tracing::info!(
+        default = %config.database_url,
+        dir = %dir.display(),
+        chosen_by = chosen,
+        "no database configured and nothing answers at the default: starting a private PostgreSQL"
+    );
+    let cluster = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || Cluster::start(&dir)).await??
+    };
+    if cluster.created {
+        tracing::info!(dir = %dir.display(), "created the private PostgreSQL cluster (initdb)");
+    }
+    if cluster.was_running {
+        tracing::info!(dir = %dir.display(), "reusing the private PostgreSQL server already running");
+    }
+    config.database_url = cluster.url(crate::embedded::DATABASE);
+    config.database_url_source = DatabaseUrlSource::Private(dir.clone());
+    // The cluster is leasegate's own: its database and ledger are made here.
+    config.migrate = true;
+    if cluster.owned() {
+        eprintln!(
+            "leasegate: private PostgreSQL at {} (socket), stopped on exit",
+            dir.display()
+        );
+    } else {
+        eprintln!(
+            "leasegate: private PostgreSQL at {} (socket), shared with the leasegate process \
+             that started it",
+            dir.display()
+        );
+    }
+    eprintln!(
+        "leasegate: ledger URL {} (for --database-url)",
+        config.database_url
+    );
+    Ok(Some(cluster))
+}
+
+/// Stops the private cluster [`provide_database`] started (`pg_ctl stop -m
+/// fast`), if this process owns it.
+pub async fn stop_private(cluster: Option<Cluster>) {
+    let Some(cluster) = cluster else { return };
+    match tokio::task::spawn_blocking(move || cluster.stop()).await {
+        Ok(Ok(())) => tracing::info!("private PostgreSQL stopped"),
+        Ok(Err(error)) => tracing::error!(%error, "could not stop the private PostgreSQL"),
+        Err(error) => tracing::error!(%error, "could not stop the private PostgreSQL"),
     }
 }
 

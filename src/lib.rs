@@ -35,6 +35,12 @@
 //!   renewal, holds dispatch while the server does not give what the policy
 //!   claims or while a lossy failover is unresolved; failover detection
 //!   against this process's acknowledged WAL high-water.
+//! * `embedded`: the embedded default — a private PostgreSQL cluster in the
+//!   state directory (`.leasegate/pg`, or `$LEASEGATE_STATE_DIR/pg`),
+//!   socket only, from the system's `initdb`/`pg_ctl` (as the `postgres`
+//!   user when root); `app::provide_database` starts it when the URL is the
+//!   default and nothing answers there, `main` stops it on exit. Spawns
+//!   processes, never imports sqlx.
 //! * `dispatch`: the dispatch protocol, shared by the inline path and the
 //!   outbox — register+claim, upstream call in a leasegate-owned task
 //!   (what a failure proves: `UpstreamError::delivery`), settle or mark
@@ -85,7 +91,7 @@
 //!   end-to-end tests; it may import rmcp).
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
-//! `reconcile` → `dispatch` → `config`, `worker`, `durability` → `adapter`,
+//! `reconcile` → `dispatch` → `config`, `worker`, `durability`, `embedded` → `adapter`,
 //! `ledger` → `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`), clap (`control::cli`, `main`).
@@ -113,6 +119,7 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod durability;
+pub mod embedded;
 pub mod ids;
 pub mod intent;
 pub mod ledger;

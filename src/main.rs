@@ -7,6 +7,11 @@
 //! ([`DatabaseUrl::resolve`]); when the ledger cannot be opened it exits
 //! with the code of the failure (6 unreachable, 7 login refused, 8 database
 //! missing, 9 schema missing: `control::ErrorCode`), other failures exit 1.
+//!
+//! `serve` and `stdio` with no database configured and nothing answering at
+//! the default start a private PostgreSQL cluster
+//! ([`leasegate::app::provide_database`]) and stop it on exit; exit 10 when
+//! there are no PostgreSQL binaries for it, 11 when it cannot be started.
 
 use std::process::ExitCode;
 
@@ -14,6 +19,8 @@ use clap::{Parser, Subcommand};
 use leasegate::app::{Listeners, Proxy};
 use leasegate::config::{Config, DATABASE_URL_HELP, DatabaseUrl};
 use leasegate::control::cli::{OperatorCommand, ledger_refusal};
+use leasegate::control::exit;
+use leasegate::embedded::EmbeddedError;
 use leasegate::ledger::LedgerError;
 
 #[derive(Debug, Parser)]
@@ -30,6 +37,10 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the proxy: MCP over HTTP at http://<listen>/mcp.
+    ///
+    /// With no database configured and nothing answering at the default
+    /// URL, starts a private PostgreSQL cluster (socket only) in
+    /// $LEASEGATE_STATE_DIR/pg, else .leasegate/pg, and stops it on exit.
     Serve {
         #[arg(long, default_value = "leasegate.toml")]
         config: std::path::PathBuf,
@@ -40,6 +51,9 @@ enum Command {
         database_url: Option<String>,
     },
     /// Run the proxy on stdin/stdout, for MCP clients that spawn their servers.
+    ///
+    /// With no database configured and nothing answering at the default
+    /// URL, starts a private PostgreSQL cluster as `serve` does.
     Stdio {
         #[arg(long, default_value = "leasegate.toml")]
         config: std::path::PathBuf,
@@ -91,12 +105,29 @@ async fn main() -> ExitCode {
                     .filter(|ledger| ledger.connect_failure().is_some())
                     .map(|ledger| ledger_refusal(ledger, database))
             });
-            match refusal {
-                Some((code, message)) => {
+            let private = error
+                .chain()
+                .find_map(|cause| cause.downcast_ref::<EmbeddedError>());
+            match (refusal, private) {
+                (Some((code, message)), _) => {
                     eprintln!("leasegate: {message} ({code})");
                     ExitCode::from(code.exit_code())
                 }
-                None => {
+                (None, Some(private)) => {
+                    let default = database
+                        .as_ref()
+                        .map_or_else(String::new, |d| d.url.clone());
+                    eprintln!(
+                        "leasegate: no database is configured and nothing answers at the \
+                         default ({default}); {private}"
+                    );
+                    ExitCode::from(if private.is_no_binaries() {
+                        exit::NO_POSTGRES_BINARIES
+                    } else {
+                        exit::PRIVATE_POSTGRES_FAILED
+                    })
+                }
+                (None, None) => {
                     eprintln!("leasegate: {}", error_chain(&error));
                     ExitCode::FAILURE
                 }
@@ -141,6 +172,9 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 config.listen = listen;
             }
             let listeners = Listeners::bind(&config).await?;
+            // Dropped on an error return: a private cluster stops then too.
+            let private = leasegate::app::provide_database(&mut config).await?;
+            *database = Some(config.database());
             let proxy = Proxy::start(config).await?;
             // Tests read these two lines to find the ephemeral ports.
             if let Some(control) = &listeners.control {
@@ -152,7 +186,9 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             let address = listeners.mcp.local_addr()?;
             tracing::info!(%address, "serving MCP at http://{address}/mcp");
             eprintln!("leasegate: serving MCP at http://{address}/mcp");
-            leasegate::app::run(proxy, listeners, shutdown_signal()).await
+            let served = leasegate::app::run(proxy, listeners, shutdown_signal()).await;
+            leasegate::app::stop_private(private).await;
+            served
         }
         Command::Stdio {
             config,
@@ -166,10 +202,13 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 config.lease_mode = leasegate::config::LeaseMode::Session;
                 config.session_task = Some(task);
             }
+            let private = leasegate::app::provide_database(&mut config).await?;
+            *database = Some(config.database());
             let proxy = Proxy::start(config).await?;
-            proxy.serve_stdio().await?;
+            let served = proxy.serve_stdio().await;
             proxy.shutdown().await;
-            Ok(())
+            leasegate::app::stop_private(private).await;
+            served
         }
         Command::CheckConfig { files } => {
             let mut failed = 0;

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! main → app → mcp, control, reconcile → dispatch → config, worker,
-//!      durability → adapter, ledger → policy → intent → ids
+//!      durability, embedded → adapter, ledger → policy → intent → ids
 //! ```
 //!
 //! The scan covers `src/` (the library and the `leasegate` binary). The
@@ -38,6 +38,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config", 4),
     ("worker", 4),
     ("durability", 4),
+    ("embedded", 4),
     ("dispatch", 5),
     ("mcp", 6),
     ("control", 6),

@@ -193,6 +193,10 @@ pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/lease
 /// read: it belongs to the test suite (`.cargo/config.toml`) and to sqlx's
 /// tools, and would silently point the CLI at another database.
 pub const DATABASE_URL_ENV: &str = "LEASEGATE_DATABASE_URL";
+/// Replaces [`DEFAULT_DATABASE_URL`] as the default (the URL's source stays
+/// "the default"): for packagers whose PostgreSQL listens elsewhere, and for
+/// tests that need a default where nothing answers (the embedded default).
+pub const DEFAULT_DATABASE_URL_ENV: &str = "LEASEGATE_DEFAULT_DATABASE_URL";
 /// What `--help` says about `--database-url`.
 pub const DATABASE_URL_HELP: &str = "PostgreSQL URL of the ledger. Found in this order: \
 --database-url, then $LEASEGATE_DATABASE_URL, then database_url in the --config file, then \
@@ -205,6 +209,10 @@ pub enum DatabaseUrlSource {
     Env,
     ConfigFile(PathBuf),
     Default,
+    /// The private PostgreSQL cluster leasegate started in this directory
+    /// (the embedded default: nothing configured, nothing answering at the
+    /// default).
+    Private(PathBuf),
 }
 
 impl std::fmt::Display for DatabaseUrlSource {
@@ -216,6 +224,9 @@ impl std::fmt::Display for DatabaseUrlSource {
                 write!(f, "database_url in {}", path.display())
             }
             DatabaseUrlSource::Default => f.write_str("the default"),
+            DatabaseUrlSource::Private(dir) => {
+                write!(f, "the private PostgreSQL at {}", dir.display())
+            }
         }
     }
 }
@@ -264,13 +275,21 @@ impl DatabaseUrl {
         }
     }
 
-    /// [`DatabaseUrl::resolve`] with this process's environment.
+    /// [`DatabaseUrl::resolve`] with this process's environment, the
+    /// default replaced by [`DEFAULT_DATABASE_URL_ENV`] when that is set.
     pub fn from_environment(
         flag: Option<&str>,
         file: Option<(&Path, Option<&str>)>,
     ) -> DatabaseUrl {
         let env = std::env::var(DATABASE_URL_ENV).ok();
-        Self::resolve(flag, env.as_deref(), file)
+        let mut resolved = Self::resolve(flag, env.as_deref(), file);
+        if resolved.source == DatabaseUrlSource::Default
+            && let Ok(default) = std::env::var(DEFAULT_DATABASE_URL_ENV)
+            && !default.trim().is_empty()
+        {
+            resolved.url = default;
+        }
+        resolved
     }
 }
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8640";

@@ -34,6 +34,12 @@ pub mod exit {
     pub const AUTHENTICATION_FAILED: u8 = 7;
     pub const DATABASE_MISSING: u8 = 8;
     pub const SCHEMA_MISSING: u8 = 9;
+    /// `serve`/`stdio` with no database configured and nothing answering
+    /// at the default: no PostgreSQL binaries to start a private cluster.
+    pub const NO_POSTGRES_BINARIES: u8 = 10;
+    /// The private cluster could not be started (initdb or pg_ctl failed,
+    /// root without a `postgres` user, an unusable state directory).
+    pub const PRIVATE_POSTGRES_FAILED: u8 = 11;
 }
 
 /// Every error the control API answers: its JSON `code`, HTTP status and

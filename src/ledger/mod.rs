@@ -274,6 +274,31 @@ impl Ledger {
         Ok(true)
     }
 
+    /// Whether anything accepts a connection at `url`'s server address (a
+    /// TCP connect to host:port, or the Unix socket), within `timeout`. It
+    /// says nothing about the login or the database; an unparseable URL
+    /// counts as answering, so that opening it reports the URL.
+    pub async fn server_answers(url: &str, timeout: Duration) -> bool {
+        let Ok(options) = PgConnectOptions::from_str(url) else {
+            return true;
+        };
+        let port = options.get_port();
+        let attempt = async {
+            match options.get_socket() {
+                Some(dir) => {
+                    let socket = dir.join(format!(".s.PGSQL.{port}"));
+                    tokio::net::UnixStream::connect(socket).await.is_ok()
+                }
+                None => tokio::net::TcpStream::connect((options.get_host(), port))
+                    .await
+                    .is_ok(),
+            }
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or(false)
+    }
+
     pub fn options(&self) -> &LedgerOptions {
         &self.options
     }
