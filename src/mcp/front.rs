@@ -1822,15 +1822,7 @@ impl ServerHandler for Front {
         let call = if resolved.adapter.read_only {
             self.read_only(resolved, request, &context, agent, &watch)
         } else {
-            self.gated(
-                name.clone(),
-                resolved,
-                request,
-                &context,
-                agent,
-                &watch,
-                keyed,
-            )?
+            self.gated(resolved, request, &context, agent, &watch, keyed)?
         };
         let result = if is_modern(&context) {
             let pending = PendingCall::start(name, call, from_upstream, watch);
@@ -1847,7 +1839,6 @@ impl Front {
     /// everything it needs.
     fn gated(
         &self,
-        name: String,
         resolved: crate::adapter::ResolvedTool,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
@@ -1855,6 +1846,7 @@ impl Front {
         watch: &CallWatch,
         keyed: Option<LeaseClaim>,
     ) -> Result<ToolCall, McpError> {
+        let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
         let session_lease = self
             .session

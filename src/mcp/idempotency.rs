@@ -25,7 +25,14 @@ fn names_the_field(bytes: &[u8]) -> bool {
 /// a batch) into `params._meta`. Returns whether anything moved.
 pub fn lift(message: &mut Value) -> bool {
     match message {
-        Value::Array(batch) => batch.iter_mut().fold(false, |moved, m| lift(m) || moved),
+        Value::Array(batch) => {
+            // Every message of the batch, not only up to the first.
+            let mut moved = false;
+            for message in batch {
+                moved |= lift(message);
+            }
+            moved
+        }
         Value::Object(object) => {
             if object.get("method").and_then(Value::as_str) != Some("tools/call") {
                 return false;
