@@ -141,15 +141,15 @@ pub fn render_config(upstreams: &[InitUpstream]) -> String {
     let _ = writeln!(out, "tenant = {}", quote("default"));
     let _ = writeln!(
         out,
-        "listen = {}              # MCP front: http://{DEFAULT_LISTEN}/mcp",
+        "listen = {}          # MCP front: http://{DEFAULT_LISTEN}/mcp",
         quote(DEFAULT_LISTEN)
     );
     let _ = writeln!(
         out,
-        "control_listen = {}      # control API (\"off\" to disable)",
+        "control_listen = {}  # control API (\"off\" to disable)",
         quote(DEFAULT_CONTROL_LISTEN)
     );
-    out.push_str("adapters = \"adapters\"                # adapters/<upstream>.toml\n");
+    out.push_str("adapters = \"adapters\"               # adapters/<upstream>.toml\n");
     out.push_str("policy = \"policies/default.toml\"\n");
     for upstream in upstreams {
         let _ = writeln!(out, "\n[upstreams.{}]", key(&upstream.name));
@@ -466,8 +466,8 @@ fn render_tool(out: &mut String, tool: &ToolSummary, tools: &[ToolSummary]) {
     // resource_id: the agent's name for the resource, which the query asks by.
     let name_argument = shared
         .iter()
+        .filter(|a| Some(**a) != key_argument)
         .find(|a| !normalized(a).ends_with("id") || normalized(a) == "name")
-        .or(shared.first())
         .copied();
     let (pointer, asked_by) = match name_argument {
         Some(argument) => (quote(&format!("/{argument}")), quote(argument)),
