@@ -287,7 +287,10 @@ fn init_upstreams(
             return Err("give either --url or `-- COMMAND…` with --name, not both".into());
         }
         (Some(name), Some(url), None) => {
-            upstreams.push((name.clone(), RawUpstream::StreamableHttp { url: url.clone() }));
+            upstreams.push((
+                name.clone(),
+                RawUpstream::StreamableHttp { url: url.clone() },
+            ));
         }
         (Some(name), None, Some((command, rest))) => {
             upstreams.push((name.clone(), stdio(command, rest.to_vec())));
@@ -380,8 +383,7 @@ async fn init(args: InitArgs) -> Result<(), (u8, String)> {
         InitError::Io { .. } => (INIT_UNREACHABLE, error.to_string()),
         _ => (INIT_USAGE, error.to_string()),
     };
-    skeleton::check_target(&args.dir, &skeleton::render(&planned), args.force)
-        .map_err(refusal)?;
+    skeleton::check_target(&args.dir, &skeleton::render(&planned), args.force).map_err(refusal)?;
 
     let dir = args.dir.clone();
     let mut found = Vec::new();
@@ -399,7 +401,12 @@ async fn init(args: InitArgs) -> Result<(), (u8, String)> {
         };
         let inspected = leasegate::mcp::inspect_upstream(&name, &transport)
             .await
-            .map_err(|error| (INIT_UNREACHABLE, format!("{error} ({})", describe(&upstream))))?;
+            .map_err(|error| {
+                (
+                    INIT_UNREACHABLE,
+                    format!("{error} ({})", describe(&upstream)),
+                )
+            })?;
         found.push(InitUpstream {
             name,
             transport: upstream,
@@ -407,8 +414,8 @@ async fn init(args: InitArgs) -> Result<(), (u8, String)> {
             tools: inspected.tools,
         });
     }
-    let written = skeleton::write_files(&args.dir, &skeleton::render(&found), args.force)
-        .map_err(refusal)?;
+    let written =
+        skeleton::write_files(&args.dir, &skeleton::render(&found), args.force).map_err(refusal)?;
     let config = args.dir.join("leasegate.toml");
     // What was written must be what check-config accepts.
     leasegate::config::check_file(&config).map_err(|error| {

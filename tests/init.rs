@@ -14,10 +14,8 @@ const LEASEGATE: &str = env!("CARGO_BIN_EXE_leasegate");
 const TOOLS: &str = env!("CARGO_BIN_EXE_leasegate-example-tools");
 
 fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "leasegate-init-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-init-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
@@ -249,7 +247,10 @@ fn init_over_http_and_stdio_together_names_both_upstreams() {
     assert_eq!(init.status.code(), Some(0), "{}", text(&init));
     let stdout = String::from_utf8_lossy(&init.stdout);
     assert!(
-        stdout.contains(&format!("upstream pay (URL {}): 2 tools, 1 read-only", server.url)),
+        stdout.contains(&format!(
+            "upstream pay (URL {}): 2 tools, 1 read-only",
+            server.url
+        )),
         "{}",
         text(&init)
     );
@@ -406,7 +407,13 @@ fn init_names_a_command_or_url_it_cannot_reach_and_writes_nothing() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());
     drop(listener);
-    let init = leasegate(&["init", "--dir", out.to_str().unwrap(), "--http", &format!("api={url}")]);
+    let init = leasegate(&[
+        "init",
+        "--dir",
+        out.to_str().unwrap(),
+        "--http",
+        &format!("api={url}"),
+    ]);
     assert_eq!(init.status.code(), Some(1), "{}", text(&init));
     assert!(
         String::from_utf8_lossy(&init.stderr).contains(&format!("URL {url}")),
@@ -424,21 +431,54 @@ fn init_refuses_bad_arguments_with_exit_2() {
     let out = out.to_str().unwrap();
     for (args, expected) in [
         (vec!["init", "--dir", out], "no upstream given"),
-        (vec!["init", "--dir", out, "--", "server"], "--name NAME is needed"),
-        (vec!["init", "--dir", out, "--name", "x"], "give the upstream's command"),
         (
-            vec!["init", "--dir", out, "--name", "x", "--url", "ftp://host/mcp"],
+            vec!["init", "--dir", out, "--", "server"],
+            "--name NAME is needed",
+        ),
+        (
+            vec!["init", "--dir", out, "--name", "x"],
+            "give the upstream's command",
+        ),
+        (
+            vec![
+                "init",
+                "--dir",
+                out,
+                "--name",
+                "x",
+                "--url",
+                "ftp://host/mcp",
+            ],
             "is not an http(s) URL",
         ),
         (
-            vec!["init", "--dir", out, "--name", "a__b", "--url", "http://h/mcp"],
+            vec![
+                "init",
+                "--dir",
+                out,
+                "--name",
+                "a__b",
+                "--url",
+                "http://h/mcp",
+            ],
             "namespace separator",
         ),
         (
-            vec!["init", "--dir", out, "--http", "a=http://h/mcp", "--http", "a=http://i/mcp"],
+            vec![
+                "init",
+                "--dir",
+                out,
+                "--http",
+                "a=http://h/mcp",
+                "--http",
+                "a=http://i/mcp",
+            ],
             "given twice",
         ),
-        (vec!["init", "--dir", out, "--stdio", "nocommand"], "expected NAME=COMMAND"),
+        (
+            vec!["init", "--dir", out, "--stdio", "nocommand"],
+            "expected NAME=COMMAND",
+        ),
     ] {
         let init = leasegate(&args);
         assert_eq!(init.status.code(), Some(2), "{args:?}: {}", text(&init));

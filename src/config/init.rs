@@ -462,7 +462,9 @@ fn render_tool(out: &mut String, tool: &ToolSummary, tools: &[ToolSummary]) {
             );
         }
     }
-    let query = query_tool.map(quote).unwrap_or_else(|| "\"<read-only tool>\"".into());
+    let query = query_tool
+        .map(quote)
+        .unwrap_or_else(|| "\"<read-only tool>\"".into());
     // resource_id: the agent's name for the resource, which the query asks by.
     let name_argument = shared
         .iter()
@@ -819,9 +821,15 @@ mod tests {
             section.contains("# resource_id_pointer = \"/name\""),
             "{section}"
         );
-        assert!(section.contains("# query_tool = \"getBucket\""), "{section}");
+        assert!(
+            section.contains("# query_tool = \"getBucket\""),
+            "{section}"
+        );
         assert!(section.contains("# query_argument = \"name\""), "{section}");
-        assert!(section.contains("# match_fields = [\"region\"]"), "{section}");
+        assert!(
+            section.contains("# match_fields = [\"region\"]"),
+            "{section}"
+        );
         let suggestion: Vec<&str> = section
             .lines()
             .skip_while(|l| !l.starts_with("# capability = \"resource_id\""))
