@@ -116,7 +116,8 @@ const INIT_USAGE: u8 = 2;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Init(args) = cli.command {
-        init_logging();
+        // Its errors say what failed; rmcp's own logs would repeat them.
+        init_logging("warn,rmcp=off");
         return match init(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, message)) => {
@@ -129,7 +130,7 @@ async fn main() -> ExitCode {
     if let Command::Operator(command) = &cli.command {
         return ExitCode::from(command.run().await);
     }
-    init_logging();
+    init_logging("info,rmcp=warn");
     let mut database = None;
     match run(cli.command, &mut database).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -158,9 +159,10 @@ async fn main() -> ExitCode {
 
 /// Logs to stderr; `LEASEGATE_LOG_FORMAT=json`: one JSON object per line,
 /// span fields (run_id, owner, epoch, operation_id, tool) included.
-fn init_logging() {
+/// `default`: the filter when `RUST_LOG` is not set.
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -403,6 +403,27 @@ fn init_names_a_command_or_url_it_cannot_reach_and_writes_nothing() {
         "{}",
         text(&init)
     );
+    // A command that starts but dies before the handshake: its stderr is quoted.
+    let init = leasegate(&[
+        "init",
+        "--dir",
+        out.to_str().unwrap(),
+        "--name",
+        "dies",
+        "--",
+        "sh",
+        "-c",
+        "echo 'npm error 404 Not Found' >&2; exit 3",
+    ]);
+    assert_eq!(init.status.code(), Some(1), "{}", text(&init));
+    let stderr = String::from_utf8_lossy(&init.stderr);
+    assert!(
+        stderr.contains("upstream dies: cannot start")
+            && stderr.contains("exit status: 3")
+            && stderr.contains("its stderr: npm error 404 Not Found"),
+        "{}",
+        text(&init)
+    );
     // A URL nothing answers at.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/mcp", listener.local_addr().unwrap());

@@ -1344,13 +1344,19 @@ pub async fn inspect_upstream(
         routes: CallRoutes::default(),
         events,
     };
+    // rmcp's transport errors start with the transport's type name.
     let connect_error = |message: String| StartError::Connect {
         upstream: name.to_owned(),
-        message,
+        message: match message.split_once("] error: ") {
+            Some((_, rest)) if message.starts_with("Send message error Transport [") => {
+                rest.to_owned()
+            }
+            _ => message,
+        },
     };
     let (mut session, child) = match transport {
         UpstreamTransport::Stdio { command, args, env } => {
-            let (session, child) = open_stdio(&handler, command, args, env)
+            let (session, child) = inspect_stdio(&handler, command, args, env)
                 .await
                 .map_err(connect_error)?;
             (session, Some(child))
@@ -1380,6 +1386,65 @@ pub async fn inspect_upstream(
         server,
         tools: tools.iter().map(tool_summary).collect(),
     })
+}
+
+/// [`open_stdio`] with the child's stderr kept rather than shown: a server
+/// that fails to start gets its last words quoted in the error, one that
+/// works (and complains when its stdout is closed under it) stays quiet.
+async fn inspect_stdio(
+    handler: &UpstreamClient,
+    command: &std::path::Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<(Session, tokio::process::Child), String> {
+    use tokio::io::AsyncReadExt;
+    let mut child = tokio::process::Command::new(command)
+        .args(args)
+        .envs(env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", command.display()))?;
+    let (Some(stdin), Some(stdout), Some(mut stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err("the child's stdin, stdout or stderr is not piped".into());
+    };
+    // The last 2 KB the child wrote to stderr.
+    let said = tokio::spawn(async move {
+        const KEEP: usize = 2048;
+        let mut kept = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while let Ok(read) = stderr.read(&mut buffer).await {
+            if read == 0 {
+                break;
+            }
+            kept.extend_from_slice(&buffer[..read]);
+            if kept.len() > KEEP {
+                kept.drain(..kept.len() - KEEP);
+            }
+        }
+        String::from_utf8_lossy(&kept).into_owned()
+    });
+    match handshake(handler, AsyncRwTransport::new_client(stdout, stdin)).await {
+        Ok(session) => Ok((session, child)),
+        Err(error) => {
+            let exit = end_child(&mut child, EXIT_GRACE).await;
+            let said = tokio::time::timeout(EXIT_GRACE, said)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .unwrap_or_default();
+            let said = said.split_whitespace().collect::<Vec<_>>().join(" ");
+            if said.is_empty() {
+                Err(format!("{error} (the command {exit})"))
+            } else {
+                Err(format!("{error} (the command {exit}; its stderr: {said})"))
+            }
+        }
+    }
 }
 
 /// What `init` needs of a listed tool.
