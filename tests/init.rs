@@ -512,3 +512,58 @@ fn init_refuses_bad_arguments_with_exit_2() {
     assert!(!Path::new(out).exists(), "nothing written");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The README's "Front your own MCP server" commands, run as written (from
+/// a scratch directory), print what the README says they print.
+#[test]
+fn the_readme_walkthrough_prints_what_the_readme_shows() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let section = readme
+        .split("### Front your own MCP server")
+        .nth(1)
+        .unwrap()
+        .split("\n### ")
+        .next()
+        .unwrap();
+    let block = |fence: &str, starts: &str| -> String {
+        section
+            .split(fence)
+            .skip(1)
+            .map(|rest| rest.split("```").next().unwrap())
+            .find(|body| body.starts_with(starts))
+            .unwrap_or_else(|| panic!("a {fence} block starting {starts:?}"))
+            .to_owned()
+    };
+    let command = block("```sh\n", "leasegate init");
+    let expected = block("```text\n", "upstream ");
+    let snippet = block("```toml\n", "[tools.charge]");
+
+    let dir = scratch();
+    // `leasegate init …` with the built binary, from `dir`.
+    let words: Vec<&str> = command.split_whitespace().collect();
+    assert_eq!(words[0], "leasegate");
+    let init = Command::new(LEASEGATE)
+        .args(&words[1..])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(init.status.code(), Some(0), "{}", text(&init));
+    assert_eq!(String::from_utf8_lossy(&init.stdout), expected);
+
+    let adapter = std::fs::read_to_string(dir.join("my-proxy/adapters/payments.toml")).unwrap();
+    let shown = snippet.trim_end().trim_end_matches("# …").trim_end();
+    assert!(adapter.contains(shown), "{shown}\nnot in\n{adapter}");
+
+    let checked = Command::new(LEASEGATE)
+        .args(["check-config", "my-proxy/leasegate.toml"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked));
+    assert!(section.contains(&format!(
+        "# prints: {}",
+        String::from_utf8_lossy(&checked.stdout).trim_end()
+    )));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
