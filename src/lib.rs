@@ -30,6 +30,9 @@
 //!   executable, then `PATH`), and the ledger's URL for every command
 //!   (`DatabaseUrl::resolve`: `--database-url`, `LEASEGATE_DATABASE_URL`,
 //!   the config's `database_url`, the default; never `DATABASE_URL`).
+//!   `config::init`: what `leasegate init` writes (`leasegate.toml`, the
+//!   default policy, an adapter skeleton per upstream) from listed tools,
+//!   as pure functions.
 //! * `durability`: the durability contract (policy `durability = "local" |
 //!   "sync_replica"`): `Gate`, checked at startup and with every liveness
 //!   renewal, holds dispatch while the server does not give what the policy
@@ -53,7 +56,8 @@
 //!   session per upstream, per-request routing of what upstreams send), the
 //!   stateless front's cancellation registry (`inflight`), per-call HTTP
 //!   headers to Streamable HTTP upstreams (`http_headers`), conversions and
-//!   JSON-RPC codes (`convert`).
+//!   JSON-RPC codes (`convert`); `inspect_upstream`, the one-off connection
+//!   and tool listing of `leasegate init`.
 //! * `reconcile`: the background services of every `serve` process —
 //!   `Outbox` (planned intents), `ClaimExpiry`, `Reconciler` (unknown
 //!   outcomes per adapter capability), each on its own interval with an
@@ -81,7 +85,7 @@
 //!   (`common`, `process`, `lease`, `run`, `operation`, `durability`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
-//!   `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
+//!   `init`, `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
 //!   parses arguments, binds listeners and calls into the library.
 //! * Not part of the library, binaries under `examples/`:
 //!   `leasegate-example-worker` (`examples/worker/`: lease, heartbeat,

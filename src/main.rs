@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use leasegate::app::{Listeners, Proxy};
-use leasegate::config::{Config, DATABASE_URL_HELP, DatabaseUrl};
+use leasegate::config::{Config, DATABASE_URL_HELP, DatabaseUrl, RawUpstream, UpstreamTransport};
 use leasegate::control::cli::{OperatorCommand, ledger_refusal};
 use leasegate::control::exit;
 use leasegate::embedded::EmbeddedError;
@@ -71,6 +71,17 @@ enum Command {
         #[arg(required = true)]
         files: Vec<std::path::PathBuf>,
     },
+    /// Write a leasegate.toml, the default policy and an adapter skeleton per
+    /// upstream into --dir, from the tools the upstreams list.
+    ///
+    /// One upstream: `--name NAME -- COMMAND [ARGS…]` (stdio) or
+    /// `--name NAME --url URL` (Streamable HTTP). Several: repeat
+    /// `--stdio 'NAME=COMMAND ARGS…'` (split at spaces) and `--http NAME=URL`.
+    /// Each is started (or reached) with the same handshake `serve` uses and
+    /// its tools are listed. Exit 0: written; 2: bad arguments, or a file
+    /// would be overwritten (nothing is written); 1: an upstream could not be
+    /// started, reached or listed (nothing is written), or writing failed.
+    Init(InitArgs),
     #[command(flatten)]
     Operator(OperatorCommand),
     /// Create the ledger database if missing and apply the migrations
@@ -85,14 +96,55 @@ enum Command {
     },
 }
 
+#[derive(Debug, clap::Args)]
+struct InitArgs {
+    /// Directory to write leasegate.toml, policies/ and adapters/ into.
+    #[arg(long, default_value = ".")]
+    dir: std::path::PathBuf,
+    /// Overwrite files that exist.
+    #[arg(long)]
+    force: bool,
+    /// The name of the upstream given by `-- COMMAND…` or --url (its tools
+    /// are exposed as NAME__<tool>).
+    #[arg(long)]
+    name: Option<String>,
+    /// A Streamable HTTP upstream's URL (with --name).
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// A stdio upstream, NAME=COMMAND ARGS… (split at spaces; repeatable).
+    #[arg(long = "stdio", value_name = "NAME=COMMAND")]
+    stdio: Vec<String>,
+    /// A Streamable HTTP upstream, NAME=URL (repeatable).
+    #[arg(long = "http", value_name = "NAME=URL")]
+    http: Vec<String>,
+    /// A stdio upstream's command and arguments (with --name), after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+/// `leasegate init`'s exit codes.
+const INIT_UNREACHABLE: u8 = 1;
+const INIT_USAGE: u8 = 2;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Init(args) = cli.command {
+        // Its errors say what failed; rmcp's own logs would repeat them.
+        init_logging("warn,rmcp=off");
+        return match init(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err((code, message)) => {
+                eprintln!("leasegate init: {message}");
+                ExitCode::from(code)
+            }
+        };
+    }
     // Operator commands print only their answer: no logging set up.
     if let Command::Operator(command) = &cli.command {
         return ExitCode::from(command.run().await);
     }
-    init_logging();
+    init_logging("info,rmcp=warn");
     let mut database = None;
     match run(cli.command, &mut database).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -138,9 +190,10 @@ async fn main() -> ExitCode {
 
 /// Logs to stderr; `LEASEGATE_LOG_FORMAT=json`: one JSON object per line,
 /// span fields (run_id, owner, epoch, operation_id, tool) included.
-fn init_logging() {
+/// `default`: the filter when `RUST_LOG` is not set.
+fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -160,6 +213,7 @@ fn init_logging() {
 async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Result<()> {
     match command {
         Command::Operator(_) => unreachable!("answered before logging starts"),
+        Command::Init(_) => unreachable!("answered with its own exit codes"),
         Command::Serve {
             config,
             listen,
@@ -249,6 +303,193 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             Ok(())
         }
     }
+}
+
+/// The upstreams `leasegate init` was given, in order, as they go into
+/// leasegate.toml; or why not (exit 2).
+fn init_upstreams(
+    args: &InitArgs,
+    cwd: &std::path::Path,
+) -> Result<Vec<(String, RawUpstream)>, String> {
+    let mut upstreams = Vec::new();
+    // A command with a `/` is relative to where init runs, not to --dir:
+    // written absolute. A bare name is written as it is.
+    let stdio = |command: &str, args: Vec<String>| RawUpstream::Stdio {
+        command: if command.contains('/') {
+            cwd.join(command).to_string_lossy().into_owned()
+        } else {
+            command.to_owned()
+        },
+        args,
+        env: Default::default(),
+    };
+    match (&args.name, &args.url, args.command.split_first()) {
+        (Some(_), Some(_), Some(_)) => {
+            return Err("give either --url or `-- COMMAND…` with --name, not both".into());
+        }
+        (Some(name), Some(url), None) => {
+            upstreams.push((
+                name.clone(),
+                RawUpstream::StreamableHttp { url: url.clone() },
+            ));
+        }
+        (Some(name), None, Some((command, rest))) => {
+            upstreams.push((name.clone(), stdio(command, rest.to_vec())));
+        }
+        (Some(name), None, None) => {
+            return Err(format!(
+                "--name {name}: give the upstream's command after `--` (stdio) or --url URL (Streamable HTTP)"
+            ));
+        }
+        (None, Some(_), _) | (None, None, Some(_)) => {
+            return Err(
+                "--name NAME is needed with --url or `-- COMMAND…`: the upstream's name".into(),
+            );
+        }
+        (None, None, None) => {}
+    }
+    for spec in &args.stdio {
+        let (name, command) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--stdio {spec:?}: expected NAME=COMMAND ARGS…"))?;
+        let mut words = command.split_whitespace().map(str::to_owned);
+        let Some(program) = words.next() else {
+            return Err(format!("--stdio {spec:?}: the command is empty"));
+        };
+        upstreams.push((name.to_owned(), stdio(&program, words.collect())));
+    }
+    for spec in &args.http {
+        let (name, url) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("--http {spec:?}: expected NAME=URL"))?;
+        upstreams.push((
+            name.to_owned(),
+            RawUpstream::StreamableHttp {
+                url: url.to_owned(),
+            },
+        ));
+    }
+    if upstreams.is_empty() {
+        return Err("no upstream given: `--name NAME -- COMMAND [ARGS…]`, `--name NAME --url URL`, --stdio NAME=COMMAND or --http NAME=URL".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for (name, upstream) in &upstreams {
+        if let Some(why) = leasegate::config::init::invalid_upstream_name(name) {
+            return Err(why);
+        }
+        if !seen.insert(name.as_str()) {
+            return Err(format!("upstream name {name:?} is given twice"));
+        }
+        if let RawUpstream::StreamableHttp { url } = upstream
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(format!("upstream {name}: {url:?} is not an http(s) URL"));
+        }
+    }
+    Ok(upstreams)
+}
+
+/// How an upstream is reached, for messages.
+fn describe(upstream: &RawUpstream) -> String {
+    match upstream {
+        RawUpstream::Stdio { command, args, .. } => {
+            let mut line = command.clone();
+            for arg in args {
+                line.push(' ');
+                line.push_str(arg);
+            }
+            format!("command `{line}`")
+        }
+        RawUpstream::StreamableHttp { url } => format!("URL {url}"),
+    }
+}
+
+/// `leasegate init`: (exit code, message) on failure.
+async fn init(args: InitArgs) -> Result<(), (u8, String)> {
+    use leasegate::config::init::{self as skeleton, InitError, InitUpstream};
+    let usage = |message: String| (INIT_USAGE, message);
+    let cwd = std::env::current_dir().map_err(|e| (INIT_UNREACHABLE, e.to_string()))?;
+    let given = init_upstreams(&args, &cwd).map_err(usage)?;
+    // Refuse before starting anything when a file is in the way.
+    let planned: Vec<InitUpstream> = given
+        .iter()
+        .map(|(name, transport)| InitUpstream {
+            name: name.clone(),
+            transport: transport.clone(),
+            server: None,
+            tools: Vec::new(),
+        })
+        .collect();
+    let refusal = |error: InitError| match error {
+        InitError::Io { .. } => (INIT_UNREACHABLE, error.to_string()),
+        _ => (INIT_USAGE, error.to_string()),
+    };
+    skeleton::check_target(&args.dir, &skeleton::render(&planned), args.force).map_err(refusal)?;
+
+    let dir = args.dir.clone();
+    let mut found = Vec::new();
+    for (name, upstream) in given {
+        let transport = match &upstream {
+            RawUpstream::Stdio { command, args, env } => UpstreamTransport::Stdio {
+                // What `serve` will run for the written config.
+                command: leasegate::config::resolve_command(&dir, command),
+                args: args.clone(),
+                env: env.clone(),
+            },
+            RawUpstream::StreamableHttp { url } => {
+                UpstreamTransport::StreamableHttp { url: url.clone() }
+            }
+        };
+        let inspected = leasegate::mcp::inspect_upstream(&name, &transport)
+            .await
+            .map_err(|error| {
+                (
+                    INIT_UNREACHABLE,
+                    format!("{error} ({})", describe(&upstream)),
+                )
+            })?;
+        found.push(InitUpstream {
+            name,
+            transport: upstream,
+            server: inspected.server,
+            tools: inspected.tools,
+        });
+    }
+    let written =
+        skeleton::write_files(&args.dir, &skeleton::render(&found), args.force).map_err(refusal)?;
+    let config = args.dir.join("leasegate.toml");
+    // What was written must be what check-config accepts.
+    leasegate::config::check_file(&config).map_err(|error| {
+        (
+            INIT_UNREACHABLE,
+            format!("the written configuration does not load (a bug in leasegate init): {error}"),
+        )
+    })?;
+    for upstream in &found {
+        let read_only = upstream
+            .tools
+            .iter()
+            .filter(|t| t.read_only_hint == Some(true))
+            .count();
+        println!(
+            "upstream {} ({}): {} tools, {read_only} read-only by annotation, {} side-effecting (capability \"none\")",
+            upstream.name,
+            describe(&upstream.transport),
+            upstream.tools.len(),
+            upstream.tools.len() - read_only,
+        );
+    }
+    for path in &written {
+        println!("wrote {}", path.display());
+    }
+    let adapters = args.dir.join("adapters");
+    println!(
+        "next: review {} (what each tool can promise), then\n  leasegate check-config {}\n  leasegate serve --config {}",
+        adapters.display(),
+        config.display(),
+        config.display()
+    );
+    Ok(())
 }
 
 /// Completes on ctrl-c (SIGINT) or SIGTERM.

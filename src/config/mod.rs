@@ -40,6 +40,8 @@ use serde::Deserialize;
 use crate::adapter::{Adapter, RawAdapter};
 use crate::policy::{Policy, RawPolicy};
 
+pub mod init;
+
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", file.display())]
 pub struct ConfigError {
@@ -337,6 +339,18 @@ fn beside_executable(name: &str) -> Option<PathBuf> {
     candidate.is_file().then_some(candidate)
 }
 
+/// Where a stdio upstream's `command` is run from (see "Stdio commands" in
+/// the module docs): a path (with a `/`) relative to `base`, the directory
+/// of the configuration file; a bare name beside the running executable if
+/// it is there, else as it is (found on `PATH` when spawned).
+pub fn resolve_command(base: &Path, command: &str) -> PathBuf {
+    if command.contains('/') {
+        base.join(command)
+    } else {
+        beside_executable(command).unwrap_or_else(|| PathBuf::from(command))
+    }
+}
+
 impl Config {
     /// Loads `path` and the files it names (relative to its directory).
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
@@ -382,12 +396,7 @@ impl Config {
                     if command.is_empty() {
                         return Err(err(format!("upstreams.{name}.command: must not be empty")));
                     }
-                    // See "Stdio commands" in the module docs.
-                    let command = if command.contains('/') {
-                        base.join(command)
-                    } else {
-                        beside_executable(command).unwrap_or_else(|| PathBuf::from(command))
-                    };
+                    let command = resolve_command(base, command);
                     UpstreamTransport::Stdio {
                         command,
                         args: args.clone(),

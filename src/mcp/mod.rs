@@ -9,7 +9,9 @@ pub mod inflight;
 pub mod upstream;
 
 pub use front::Front;
-pub use upstream::{StartError, UpstreamHealth, UpstreamState, Upstreams};
+pub use upstream::{
+    Inspected, StartError, UpstreamHealth, UpstreamState, Upstreams, inspect_upstream,
+};
 
 use std::future::Future;
 
