@@ -259,3 +259,35 @@ fn check_config_cli_exits_non_zero_and_names_the_problem() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("1 of 2 files invalid"));
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn check_config_judges_a_file_by_what_it_holds_not_by_its_folder() {
+    let dir = scratch(&[
+        (
+            "conf/strict.toml",
+            "claim_ttl = \"1m\"\nreconcile_retries = 5\n",
+        ),
+        (
+            "conf/pay.toml",
+            "upstream = \"pay\"\n[tools.charge]\ncapability = \"none\"\n",
+        ),
+        ("conf/broken-policy.toml", "claim_ttl = \"soon\"\n"),
+    ]);
+    let output = Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .arg("check-config")
+        .arg(dir.join("conf/strict.toml"))
+        .arg(dir.join("conf/pay.toml"))
+        .arg(dir.join("conf/broken-policy.toml"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("strict.toml (policy)"), "{stdout}");
+    assert!(stdout.contains("pay.toml (adapter)"), "{stdout}");
+    assert!(
+        stdout.contains("broken-policy.toml")
+            && stdout.contains("claim_ttl: \"soon\" is not a duration"),
+        "a policy outside policies/ is checked as a policy: {stdout}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -622,18 +622,41 @@ impl Config {
     }
 }
 
-/// What `leasegate check-config` checks for one path: an adapter file (in
-/// a directory named `adapters`), a policy file (in `policies`), or a main
-/// configuration with everything it names.
+/// What `leasegate check-config` checks for one path, judged by what the
+/// file holds: a top-level `upstream` key makes an adapter file,
+/// `upstreams` (or any key only the main configuration has) a main
+/// configuration with everything it names, and a file of policy fields
+/// alone a policy. A file under a directory named `adapters` or `policies`
+/// is that kind when its contents do not say otherwise.
 pub fn check_file(path: &Path) -> Result<&'static str, ConfigError> {
     let parent = path
         .parent()
         .and_then(Path::file_name)
         .and_then(|name| name.to_str())
         .unwrap_or("");
-    match parent {
-        "adapters" => load_adapter(path).map(|_| "adapter"),
-        "policies" => load_policy(path).map(|_| "policy"),
+    let table = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok());
+    let kind = match table {
+        Some(table) if table.contains_key("upstream") => "adapter",
+        Some(table) if table.contains_key("upstreams") => "config",
+        Some(table)
+            if !table.is_empty()
+                && parent != "adapters"
+                && toml::from_str::<RawPolicy>(&toml::to_string(&table).unwrap_or_default())
+                    .is_ok() =>
+        {
+            "policy"
+        }
+        _ => match parent {
+            "adapters" => "adapter",
+            "policies" => "policy",
+            _ => "config",
+        },
+    };
+    match kind {
+        "adapter" => load_adapter(path).map(|_| "adapter"),
+        "policy" => load_policy(path).map(|_| "policy"),
         _ => Config::load(path).map(|_| "config"),
     }
 }
