@@ -1,17 +1,19 @@
 -- Lease transitions (seed 5): acquire/take over, renew, release. Helpers in
 -- sql/common.sql.
 
--- Acquire a free lease or take over an expired one (seed 5.1): epoch + 1,
--- new owner, expiry on the database clock. A held, unexpired lease is 'busy'
--- (the result names its owner and expiry); a run in a terminal status is
--- 'terminal'. A concurrent protected write holding the row lock makes this
--- wait, then judge the row as that transaction left it (experiment D).
-CREATE OR REPLACE FUNCTION lease_acquire(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- The one home of "this owner takes the lease" (epoch + 1, new owner,
+-- expiry on the database clock), for lease_acquire and lease_takeover. A
+-- held, unexpired lease is 'busy' unless p_force; a run in a terminal status
+-- is 'terminal'. A concurrent protected write holding the row lock makes
+-- this wait, then judge the row as that transaction left it (experiment D).
+CREATE OR REPLACE FUNCTION _lease_take(p_run_id uuid, p_owner text, p_ttl_ms bigint, p_force boolean)
+RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
 DECLARE
   l worker_leases;
   s text;
   now_ts timestamptz;
+  held boolean;
 BEGIN
   PERFORM _ledger_check_ttl(p_ttl_ms);
   IF p_owner IS NULL OR p_owner = '' THEN
@@ -26,10 +28,11 @@ BEGIN
     RETURN _ledger_result('terminal', p_run_id);
   END IF;
   now_ts := clock_timestamp();
-  IF l.owner IS NOT NULL AND l.expires_at > now_ts THEN
+  held := l.owner IS NOT NULL AND l.expires_at > now_ts;
+  IF held AND NOT p_force THEN
     RETURN _ledger_result('busy', p_run_id);
   END IF;
-  IF l.owner IS NOT NULL THEN
+  IF l.owner IS NOT NULL AND NOT held THEN
     PERFORM set_config('leasegate.takeover_after_ms',
                        (extract(epoch FROM now_ts - l.expires_at) * 1000)::text, true);
   END IF;
@@ -40,54 +43,32 @@ BEGIN
          updated_at = now_ts
    WHERE run_id = p_run_id;
   INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch, detail)
-  VALUES (p_run_id, 'lease', CASE WHEN l.owner IS NULL THEN 'free' ELSE 'expired' END, 'held',
-          'worker', p_owner, l.epoch + 1,
+  VALUES (p_run_id, 'lease',
+          CASE WHEN l.owner IS NULL THEN 'free' WHEN held THEN 'held' ELSE 'expired' END,
+          'held', 'worker', p_owner, l.epoch + 1,
           jsonb_build_object('ttl_ms', p_ttl_ms, 'previous_owner', l.owner, 'previous_epoch', l.epoch,
-                             'previous_expires_at', l.expires_at));
+                             'previous_expires_at', l.expires_at)
+            || CASE WHEN p_force THEN '{"forced": true}'::jsonb ELSE '{}'::jsonb END);
   RETURN _ledger_result(CASE WHEN l.owner IS NULL THEN 'acquired' ELSE 'taken_over' END, p_run_id);
 END
 $$;
+REVOKE EXECUTE ON FUNCTION _lease_take(uuid, text, bigint, boolean) FROM PUBLIC;
 
--- Take the lease over now, held or not (leasegate's session mode: a new
--- session for the same task key is the agent restarted, and fences its
--- predecessor at once instead of waiting for its lease to expire): epoch + 1,
--- new owner, expiry on the database clock; the previous holder's writes are
--- rejected from this commit on. Recorded with the previous owner and epoch
--- and 'forced'. A terminal run is 'terminal'.
+-- Acquire a free lease or take over an expired one (seed 5.1). A held,
+-- unexpired lease is 'busy'.
+CREATE OR REPLACE FUNCTION lease_acquire(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+  SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, false)
+$$;
+
+-- Take the lease over now, held or not (leasegate's session and key modes:
+-- a new session for the same task key is the agent restarted, and fences
+-- its predecessor at once instead of waiting for its lease to expire); the
+-- previous holder's writes are rejected from this commit on. Recorded with
+-- the previous owner and epoch and 'forced'.
 CREATE OR REPLACE FUNCTION lease_takeover(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE
-  l worker_leases;
-  s text;
-  now_ts timestamptz;
-BEGIN
-  PERFORM _ledger_check_ttl(p_ttl_ms);
-  IF p_owner IS NULL OR p_owner = '' THEN
-    RAISE EXCEPTION 'lease owner must not be empty' USING ERRCODE = '22023';
-  END IF;
-  l := _lease_lock(p_run_id, false);
-  IF l.run_id IS NULL THEN
-    RETURN _ledger_result('not_found', p_run_id);
-  END IF;
-  SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
-  IF s IN ('succeeded', 'failed', 'cancelled') THEN
-    RETURN _ledger_result('terminal', p_run_id);
-  END IF;
-  now_ts := clock_timestamp();
-  UPDATE worker_leases
-     SET owner = p_owner,
-         epoch = epoch + 1,
-         expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
-         updated_at = now_ts
-   WHERE run_id = p_run_id;
-  INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch, detail)
-  VALUES (p_run_id, 'lease',
-          CASE WHEN l.owner IS NULL THEN 'free' WHEN l.expires_at > now_ts THEN 'held' ELSE 'expired' END,
-          'held', 'worker', p_owner, l.epoch + 1,
-          jsonb_build_object('ttl_ms', p_ttl_ms, 'forced', true, 'previous_owner', l.owner,
-                             'previous_epoch', l.epoch, 'previous_expires_at', l.expires_at));
-  RETURN _ledger_result(CASE WHEN l.owner IS NULL THEN 'acquired' ELSE 'taken_over' END, p_run_id);
-END
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+  SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, true)
 $$;
 
 -- Renew (seed 5.2): only the current owner and epoch, only before expiry. An

@@ -1486,12 +1486,7 @@ async fn a_settle_that_hits_the_statement_timeout_on_a_locked_row_is_unknown_nev
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, FAST);
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("database_statement_timeout = \"1s\"\n{config}"),
-    )
-    .unwrap();
+    scenario.prepend_config("database_statement_timeout = \"1s\"");
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent", 120_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;

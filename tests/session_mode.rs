@@ -221,12 +221,7 @@ async fn session_mode_without_a_task_key_refuses_to_start_and_names_the_ways_to_
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("lease_mode = \"session\"\n{config}"),
-    )
-    .unwrap();
+    scenario.prepend_config("lease_mode = \"session\"");
     let output = within(
         "leasegate stdio to refuse",
         tokio::process::Command::new(LEASEGATE)
@@ -261,12 +256,7 @@ async fn over_http_sessions_each_mcp_session_holds_its_tasks_lease_and_a_new_one
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("lease_mode = \"session\"\nhttp_sessions = true\n{config}"),
-    )
-    .unwrap();
+    scenario.prepend_config("lease_mode = \"session\"\nhttp_sessions = true");
     let proxy = RunningProxy::start(&scenario.config_path()).await;
 
     // No task key anywhere: the call needs a lease, and says how to get one.
@@ -328,12 +318,7 @@ async fn session_mode_over_stateless_http_is_refused_at_start(
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("lease_mode = \"session\"\n{config}"),
-    )
-    .unwrap();
+    scenario.prepend_config("lease_mode = \"session\"");
     let output = within(
         "leasegate serve to refuse",
         tokio::process::Command::new(LEASEGATE)

@@ -19,44 +19,40 @@ impl Ledger {
         owner: &str,
         ttl_ms: i64,
     ) -> Result<AcquireOutcome, LedgerError> {
-        const CALL: &str = "lease_acquire";
-        check_text("owner", owner, MAX_OWNER_LEN)?;
-        self.check_ttl(ttl_ms)?;
-        let row: WriteRow = self
-            .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_acquire($1, $2, $3)")
-                    .bind(run_id.as_uuid())
-                    .bind(owner)
-                    .bind(ttl_ms)
-            })
+        const SQL: &str = "SELECT * FROM lease_acquire($1, $2, $3)";
+        self.lease_take("lease_acquire", SQL, run_id, owner, ttl_ms)
             .await
-            .inspect_err(|_| {
-                metrics::counter!("lease_acquire_total", "outcome" => "db_error").increment(1)
-            })?;
-        row.observe(CALL);
-        if let Some(after) = row.takeover_after_ms {
-            metrics::histogram!("workflow_takeover_duration_seconds").record(after / 1000.0);
-        }
-        let outcome = Self::acquire_outcome(run_id, owner, row)?;
-        metrics::counter!("lease_acquire_total", "outcome" => outcome.label()).increment(1);
-        Ok(outcome)
     }
 
-    /// Takes the lease over now, held or not (epoch + 1): the session mode's
-    /// "this agent restarted" (`sql/lease.sql`, `lease_takeover`). Never
-    /// `Busy`.
+    /// Takes the lease over now, held or not (epoch + 1): the session and
+    /// key modes' "this agent restarted" (`sql/lease.sql`,
+    /// `lease_takeover`). Never `Busy`.
     pub async fn lease_takeover(
         &self,
         run_id: RunId,
         owner: &str,
         ttl_ms: i64,
     ) -> Result<AcquireOutcome, LedgerError> {
-        const CALL: &str = "lease_takeover";
+        const SQL: &str = "SELECT * FROM lease_takeover($1, $2, $3)";
+        self.lease_take("lease_takeover", SQL, run_id, owner, ttl_ms)
+            .await
+    }
+
+    /// `call` (its `statement`) is `lease_acquire` or `lease_takeover`: same
+    /// arguments, same result.
+    async fn lease_take(
+        &self,
+        call: &'static str,
+        statement: &'static str,
+        run_id: RunId,
+        owner: &str,
+        ttl_ms: i64,
+    ) -> Result<AcquireOutcome, LedgerError> {
         check_text("owner", owner, MAX_OWNER_LEN)?;
         self.check_ttl(ttl_ms)?;
         let row: WriteRow = self
-            .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_takeover($1, $2, $3)")
+            .invoke(call, true, || {
+                sqlx::query_as(statement)
                     .bind(run_id.as_uuid())
                     .bind(owner)
                     .bind(ttl_ms)
@@ -65,7 +61,10 @@ impl Ledger {
             .inspect_err(|_| {
                 metrics::counter!("lease_acquire_total", "outcome" => "db_error").increment(1)
             })?;
-        row.observe(CALL);
+        row.observe(call);
+        if let Some(after) = row.takeover_after_ms {
+            metrics::histogram!("workflow_takeover_duration_seconds").record(after / 1000.0);
+        }
         let outcome = Self::acquire_outcome(run_id, owner, row)?;
         metrics::counter!("lease_acquire_total", "outcome" => outcome.label()).increment(1);
         Ok(outcome)

@@ -73,80 +73,20 @@ impl SessionLease {
         config: HeartbeatConfig,
     ) -> Result<Self, SessionError> {
         config.validate().map_err(SessionError::Config)?;
-        let refused = |detail: String| SessionError::Refused {
+        let (claim, took_over) =
+            take_task_run(&ledger, tenant, task, owner, config.ttl_ms, None).await?;
+        let cancel = WorkerCancellation::new();
+        let heartbeat = spawn_heartbeat(ledger.clone(), claim.clone(), config, cancel.clone());
+        tracing::info!(task, run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
+            took_over, "session lease held");
+        Ok(Self {
+            ledger,
             task: task.to_owned(),
-            detail,
-        };
-        // A run finishing between the two steps sends us round again; a
-        // second race in a row is reported.
-        for _ in 0..3 {
-            let lease = InitialLease {
-                owner,
-                ttl_ms: config.ttl_ms,
-            };
-            let (claim, status, revision, took_over) = match ledger
-                .run_create(RunId::generate(), tenant, task, Some(lease))
-                .await?
-            {
-                RunCreateOutcome::Created(run) => (
-                    LeaseClaim {
-                        run_id: run.run_id,
-                        owner: owner.to_owned(),
-                        epoch: run.lease_epoch,
-                    },
-                    run.status,
-                    0,
-                    false,
-                ),
-                RunCreateOutcome::ActiveRunLive(run) => {
-                    match ledger
-                        .lease_takeover(run.run_id, owner, config.ttl_ms)
-                        .await?
-                    {
-                        AcquireOutcome::Acquired(grant) => (
-                            grant.claim,
-                            grant.run_status,
-                            grant.revision,
-                            grant.took_over,
-                        ),
-                        AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
-                        AcquireOutcome::Busy { .. } => {
-                            unreachable!("a takeover is never busy")
-                        }
-                    }
-                }
-                RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
-                    return Err(refused("a fresh run id collided".into()));
-                }
-            };
-            if status == RunStatus::Pending {
-                match ledger.run_start(&claim, revision).await? {
-                    Fenced::Applied(_) => {}
-                    // Another session started it (and may own it now: the
-                    // heartbeat's first renewal tells).
-                    Fenced::Rejected(
-                        Rejection::Conflict { .. } | Rejection::WrongStatus { .. },
-                    ) => {}
-                    Fenced::Rejected(Rejection::Terminal { .. } | Rejection::NotFound) => continue,
-                    Fenced::Rejected(rejection) => return Err(refused(rejection.to_string())),
-                }
-            }
-            let cancel = WorkerCancellation::new();
-            let heartbeat = spawn_heartbeat(ledger.clone(), claim.clone(), config, cancel.clone());
-            tracing::info!(task, run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
-                took_over, "session lease held");
-            return Ok(Self {
-                ledger,
-                task: task.to_owned(),
-                claim,
-                took_over,
-                cancel,
-                heartbeat: Mutex::new(Some(heartbeat)),
-            });
-        }
-        Err(refused(
-            "its runs kept finishing while a session began; try again".into(),
-        ))
+            claim,
+            took_over,
+            cancel,
+            heartbeat: Mutex::new(Some(heartbeat)),
+        })
     }
 
     /// The lease to send calls under while the session holds it; once it
@@ -201,6 +141,87 @@ impl SessionLease {
 /// The longest idempotency key accepted (lease mode `key`).
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 
+/// The task's active run, with its lease now held by `owner`: created
+/// (epoch 1) when the task has no live run, else taken over at once
+/// (`lease_takeover`); a pending run is started. With `retention`, a live
+/// run created longer ago than that is cancelled first and a new one
+/// created. Returns the lease and whether it was taken from a holder.
+async fn take_task_run(
+    ledger: &Ledger,
+    tenant: &str,
+    task: &str,
+    owner: &str,
+    ttl_ms: i64,
+    retention: Option<std::time::Duration>,
+) -> Result<(LeaseClaim, bool), SessionError> {
+    let refused = |detail: String| SessionError::Refused {
+        task: task.to_owned(),
+        detail,
+    };
+    // A run finishing between two steps sends us round again; a third race
+    // in a row is reported.
+    for _ in 0..3 {
+        let lease = InitialLease { owner, ttl_ms };
+        let (claim, status, revision, took_over) = match ledger
+            .run_create(RunId::generate(), tenant, task, Some(lease))
+            .await?
+        {
+            RunCreateOutcome::Created(run) => (
+                LeaseClaim {
+                    run_id: run.run_id,
+                    owner: owner.to_owned(),
+                    epoch: run.lease_epoch,
+                },
+                run.status,
+                0,
+                false,
+            ),
+            RunCreateOutcome::ActiveRunLive(run) => {
+                if let Some(retention) = retention {
+                    let created = ledger
+                        .run_get(run.run_id)
+                        .await?
+                        .map(|view| view.created_at);
+                    let age = created.and_then(|at| (chrono::Utc::now() - at).to_std().ok());
+                    if age.is_some_and(|age| age >= retention) {
+                        let _ = ledger
+                            .run_cancel(run.run_id, owner, Some("retention passed"))
+                            .await?;
+                        continue;
+                    }
+                }
+                match ledger.lease_takeover(run.run_id, owner, ttl_ms).await? {
+                    AcquireOutcome::Acquired(grant) => (
+                        grant.claim,
+                        grant.run_status,
+                        grant.revision,
+                        grant.took_over,
+                    ),
+                    AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
+                    AcquireOutcome::Busy { .. } => unreachable!("a takeover is never busy"),
+                }
+            }
+            RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
+                return Err(refused("a fresh run id collided".into()));
+            }
+        };
+        if status == RunStatus::Pending {
+            match ledger.run_start(&claim, revision).await? {
+                Fenced::Applied(_) => {}
+                // Another taker started it (and may own it now: the next
+                // fenced write tells).
+                Fenced::Rejected(Rejection::Conflict { .. } | Rejection::WrongStatus { .. }) => {}
+                Fenced::Rejected(Rejection::Terminal { .. } | Rejection::NotFound) => continue,
+                Fenced::Rejected(rejection) => return Err(refused(rejection.to_string())),
+            }
+        }
+        return Ok((claim, took_over));
+    }
+    Err(refused(
+        "its runs kept finishing while leasegate took it; try again".into(),
+    ))
+}
+
 /// Lease mode `key`: the lease of the run that stands for one idempotency
 /// key of `principal` in `tenant` (task `idempotency-key:<principal>:<key>`).
 ///
@@ -221,68 +242,14 @@ pub async fn key_lease(
     retention: std::time::Duration,
 ) -> Result<LeaseClaim, SessionError> {
     let task = format!("idempotency-key:{principal}:{key}");
-    let refused = |detail: String| SessionError::Refused {
-        task: task.clone(),
-        detail,
-    };
     if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || key.chars().any(char::is_control) {
-        return Err(refused(format!(
-            "an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes without control characters"
-        )));
-    }
-    for _ in 0..3 {
-        let lease = InitialLease { owner, ttl_ms };
-        let (claim, status, revision) = match ledger
-            .run_create(RunId::generate(), tenant, &task, Some(lease))
-            .await?
-        {
-            RunCreateOutcome::Created(run) => (
-                LeaseClaim {
-                    run_id: run.run_id,
-                    owner: owner.to_owned(),
-                    epoch: run.lease_epoch,
-                },
-                run.status,
-                0,
+        return Err(SessionError::Refused {
+            task,
+            detail: format!(
+                "an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes without control characters"
             ),
-            RunCreateOutcome::ActiveRunLive(run) => {
-                let created = ledger
-                    .run_get(run.run_id)
-                    .await?
-                    .map(|view| view.created_at);
-                let age = created.map(|at| chrono::Utc::now() - at);
-                if age.is_some_and(|age| age.to_std().is_ok_and(|age| age >= retention)) {
-                    // Past retention: the key is free for a new request.
-                    let _ = ledger
-                        .run_cancel(run.run_id, owner, Some("idempotency key retention passed"))
-                        .await?;
-                    continue;
-                }
-                match ledger.lease_takeover(run.run_id, owner, ttl_ms).await? {
-                    AcquireOutcome::Acquired(grant) => {
-                        (grant.claim, grant.run_status, grant.revision)
-                    }
-                    AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
-                    AcquireOutcome::Busy { .. } => unreachable!("a takeover is never busy"),
-                }
-            }
-            RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
-                return Err(refused("a fresh run id collided".into()));
-            }
-        };
-        if status == RunStatus::Pending {
-            match ledger.run_start(&claim, revision).await? {
-                Fenced::Applied(_)
-                | Fenced::Rejected(Rejection::Conflict { .. } | Rejection::WrongStatus { .. }) => {}
-                Fenced::Rejected(Rejection::Terminal { .. } | Rejection::NotFound) => continue,
-                // Another call with the same key took the lease meanwhile:
-                // its registration is as good as ours; ours is fenced.
-                Fenced::Rejected(rejection) => return Err(refused(rejection.to_string())),
-            }
-        }
-        return Ok(claim);
+        });
     }
-    Err(refused(
-        "its runs kept changing while the call began; try again".into(),
-    ))
+    let (claim, _) = take_task_run(ledger, tenant, &task, owner, ttl_ms, Some(retention)).await?;
+    Ok(claim)
 }

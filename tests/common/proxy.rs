@@ -112,6 +112,12 @@ args = ["--tools", "mailer", "--state-dir", "{state}"]
         std::fs::write(self.dir.join(format!("adapters/{name}.toml")), adapter).unwrap();
     }
 
+    /// Puts `lines` (top-level keys) at the head of the config.
+    pub fn prepend_config(&self, lines: &str) {
+        let config = std::fs::read_to_string(self.config_path()).unwrap();
+        std::fs::write(self.config_path(), format!("{lines}\n{config}")).unwrap();
+    }
+
     pub fn config_path(&self) -> PathBuf {
         self.dir.join("leasegate.toml")
     }
