@@ -119,6 +119,10 @@ pub async fn run(
             proxy.config.http_sessions,
             // The arguments' limit plus room for the envelope.
             proxy.config.policy.max_arguments_bytes + 64 * 1024,
+            (
+                proxy.config.allowed_hosts.clone(),
+                proxy.config.allowed_origins.clone(),
+            ),
             stop.clone().cancelled_owned(),
         );
         async move {
@@ -132,18 +136,25 @@ pub async fn run(
         let stop = stop.clone();
         let api = listeners.control.map(|listener| {
             let upstreams = proxy.upstreams.clone();
+            let allowed = Arc::new(crate::control::guard::Allowed {
+                hosts: proxy.config.allowed_hosts.clone(),
+                origins: proxy.config.allowed_origins.clone(),
+            });
             crate::control::serve(
-                crate::control::with_durability(
-                    crate::control::with_upstream_health(
-                        crate::control::router_with_metrics(
-                            proxy.ledger.clone(),
-                            proxy.config.policy.integers,
-                            proxy.config.tenant.clone(),
-                            metrics_handle(),
+                crate::control::guarded(
+                    crate::control::with_durability(
+                        crate::control::with_upstream_health(
+                            crate::control::router_with_metrics(
+                                proxy.ledger.clone(),
+                                proxy.config.policy.integers,
+                                proxy.config.tenant.clone(),
+                                metrics_handle(),
+                            ),
+                            Arc::new(move || serde_json::json!(upstreams.health())),
                         ),
-                        Arc::new(move || serde_json::json!(upstreams.health())),
+                        proxy.gate.clone(),
                     ),
-                    proxy.gate.clone(),
+                    allowed,
                 ),
                 listener,
                 stop.clone().cancelled_owned(),

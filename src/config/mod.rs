@@ -90,6 +90,12 @@ pub struct RawConfig {
     /// (leasegate holds a lease per task key; `[session]`) or "key" (a
     /// per-call idempotency key; `[idempotency]`).
     pub lease_mode: Option<String>,
+    /// `Host` values both listeners serve (default: localhost, 127.0.0.1,
+    /// ::1, and a listen address that is neither loopback nor unspecified).
+    pub allowed_hosts: Option<Vec<String>>,
+    /// `Origin` values a browser page may call from (default: http on
+    /// localhost, 127.0.0.1, [::1], any port). Requests without `Origin` pass.
+    pub allowed_origins: Option<Vec<String>>,
     pub session: Option<RawSession>,
     pub idempotency: Option<RawIdempotency>,
     #[serde(default)]
@@ -177,6 +183,10 @@ pub struct Config {
     pub migrate: bool,
     pub http_sessions: bool,
     pub lease_mode: LeaseMode,
+    /// `Host` values both listeners serve (`control::guard`).
+    pub allowed_hosts: Vec<String>,
+    /// `Origin` values allowed on both listeners (`control::guard`).
+    pub allowed_origins: Vec<String>,
     /// Session mode: the configured task key (the CLI flag and the
     /// environment override it).
     pub session_task: Option<String>,
@@ -560,8 +570,41 @@ impl Config {
         }
         let database_url =
             DatabaseUrl::resolve(None, None, Some((path, raw.database_url.as_deref())));
+        let allowed_hosts = match &raw.allowed_hosts {
+            Some(hosts) => hosts.clone(),
+            None => {
+                let mut hosts: Vec<String> =
+                    ["localhost", "127.0.0.1", "::1"].map(String::from).to_vec();
+                for address in [Some(listen), control_listen].into_iter().flatten() {
+                    let ip = address.ip();
+                    if !ip.is_loopback() && !ip.is_unspecified() {
+                        hosts.push(ip.to_string());
+                    }
+                }
+                hosts
+            }
+        };
+        if allowed_hosts.iter().any(|h| h.trim().is_empty()) {
+            return Err(err("allowed_hosts: entries must not be empty".into()));
+        }
+        let allowed_origins = match &raw.allowed_origins {
+            Some(origins) => origins.clone(),
+            None => ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+                .map(String::from)
+                .to_vec(),
+        };
+        if let Some(bad) = allowed_origins
+            .iter()
+            .find(|o| !o.eq_ignore_ascii_case("null") && !o.contains("://"))
+        {
+            return Err(err(format!(
+                "allowed_origins: {bad:?} is not an origin like \"https://console.example.com\""
+            )));
+        }
         Ok(Config {
             lease_mode,
+            allowed_hosts,
+            allowed_origins,
             session_task: session.task.clone(),
             session_ttl,
             key_retention,

@@ -21,12 +21,13 @@
 pub mod cli;
 mod durability;
 pub mod error;
+pub mod guard;
 mod operations;
 mod router;
 mod runs;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
-    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, router, router_for_tenant, router_with_metrics,
-    serve, with_durability, with_metrics, with_upstream_health,
+    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, guarded, router, router_for_tenant,
+    router_with_metrics, serve, with_durability, with_metrics, with_upstream_health,
 };

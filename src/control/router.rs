@@ -156,6 +156,15 @@ pub fn router_with_metrics(
 }
 
 /// Serves the control API until `shutdown` completes.
+/// Refuses foreign `Host` and `Origin` headers (`guard`) before any route.
+pub fn guarded(router: Router, allowed: Arc<super::guard::Allowed>) -> Router {
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            super::guard::check(allowed.clone(), request, next)
+        },
+    ))
+}
+
 pub async fn serve(
     router: Router,
     listener: tokio::net::TcpListener,

@@ -31,13 +31,19 @@ pub async fn serve_http(
     listener: tokio::net::TcpListener,
     sessions: bool,
     body_limit: usize,
+    (allowed_hosts, allowed_origins): (Vec<String>, Vec<String>),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
     // json_response: a request whose handler sends nothing before its answer
     // is answered as plain JSON (one write, no SSE framing); one that streams
     // progress or asks the agent something falls back to SSE.
+    // Host and Origin checks against DNS rebinding, as `control::guard`
+    // does for the control listener (the same lists and rules).
     let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(allowed_hosts)
+        .with_allowed_origins(allowed_origins)
+        .enforce_origin_validation()
         .with_legacy_session_mode(sessions)
         .with_json_response(true)
         .with_cancellation_token(stop.child_token());
