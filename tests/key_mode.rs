@@ -216,3 +216,41 @@ async fn keys_in_meta_and_in_the_draft_field_work_over_stdio(
     drop(stdin);
     let _ = within("leasegate stdio to end", child.wait()).await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn concurrent_calls_with_one_new_key_share_it_and_charge_once(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "claim_ttl = \"10s\"\nin_flight_wait = \"5s\"\n");
+    key_mode(&scenario, "24h");
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let charge = json!({"name": "payments__charge", "arguments": {"amount": 3, "currency": "eur"}});
+    let calls = (0..8).map(|_| {
+        let (url, charge) = (proxy.url.clone(), charge.clone());
+        tokio::spawn(
+            async move { post_call(&url, &[("idempotency-key", "burst-1")], charge).await },
+        )
+    });
+    let mut replayed = 0;
+    for call in calls {
+        let answer = within("a concurrent call", call).await.unwrap();
+        assert_eq!(
+            note(&answer)["status"],
+            "succeeded",
+            "no call is fenced by another: {answer}"
+        );
+        if note(&answer)["replayed"] == true {
+            replayed += 1;
+        }
+    }
+    assert_eq!(replayed, 7, "one call sent, seven replayed");
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+    proxy.stop().await;
+}

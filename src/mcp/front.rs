@@ -2046,7 +2046,9 @@ impl Front {
             // of a tenant is one principal.
             "anonymous",
             &key,
-            &format!("{}:key", dispatcher.owner()),
+            // One owner for every process: calls with the same key share
+            // the key run's lease instead of fencing each other.
+            crate::worker::session::KEY_OWNER,
             i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
             config.key_retention,
         )

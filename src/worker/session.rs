@@ -138,14 +138,21 @@ impl SessionLease {
     }
 }
 
+/// Lease mode `key`: the owner of every key run's lease, whichever
+/// leasegate process serves the call.
+pub const KEY_OWNER: &str = "leasegate:idempotency-key";
+
 /// The longest idempotency key accepted (lease mode `key`).
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 
 /// The task's active run, with its lease now held by `owner`: created
 /// (epoch 1) when the task has no live run, else taken over at once
-/// (`lease_takeover`); a pending run is started. With `retention`, a live
-/// run created longer ago than that is cancelled first and a new one
-/// created. Returns the lease and whether it was taken from a holder.
+/// (`lease_takeover`); a pending run is started. With `retention` (key
+/// mode), a live run created longer ago than that is cancelled first and a
+/// new one created, and a live lease `owner` already holds is shared rather
+/// than taken over (every leasegate process acts for a key under the same
+/// owner, so concurrent calls with one key do not fence each other).
+/// Returns the lease and whether it was taken from a holder.
 async fn take_task_run(
     ledger: &Ledger,
     tenant: &str,
@@ -177,6 +184,7 @@ async fn take_task_run(
                 false,
             ),
             RunCreateOutcome::ActiveRunLive(run) => {
+                let mut shared = None;
                 if let Some(retention) = retention {
                     let created = ledger
                         .run_get(run.run_id)
@@ -189,16 +197,34 @@ async fn take_task_run(
                             .await?;
                         continue;
                     }
+                    // Key mode: a live lease of the shared owner with half
+                    // its ttl left is used as it is (the call registers
+                    // before it lapses); otherwise it is taken over afresh.
+                    let half = chrono::Duration::milliseconds(ttl_ms / 2);
+                    if run.lease_owner.as_deref() == Some(owner)
+                        && run.lease_expires_at > chrono::Utc::now() + half
+                    {
+                        let claim = LeaseClaim {
+                            run_id: run.run_id,
+                            owner: owner.to_owned(),
+                            epoch: run.lease_epoch,
+                        };
+                        // A pending run has revision 0 until it starts.
+                        shared = Some((claim, run.status, 0, false));
+                    }
                 }
-                match ledger.lease_takeover(run.run_id, owner, ttl_ms).await? {
-                    AcquireOutcome::Acquired(grant) => (
-                        grant.claim,
-                        grant.run_status,
-                        grant.revision,
-                        grant.took_over,
-                    ),
-                    AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
-                    AcquireOutcome::Busy { .. } => unreachable!("a takeover is never busy"),
+                match shared {
+                    Some(shared) => shared,
+                    None => match ledger.lease_takeover(run.run_id, owner, ttl_ms).await? {
+                        AcquireOutcome::Acquired(grant) => (
+                            grant.claim,
+                            grant.run_status,
+                            grant.revision,
+                            grant.took_over,
+                        ),
+                        AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
+                        AcquireOutcome::Busy { .. } => unreachable!("a takeover is never busy"),
+                    },
                 }
             }
             RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
