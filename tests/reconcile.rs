@@ -1230,22 +1230,25 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
     second.stop().await;
 }
 
-#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
-    pool: PgPoolOptions,
-    connect: PgConnectOptions,
+/// A charge through `proxy` that acts at the tool, then answers `hang_ms`
+/// later; returned once the effect exists, with the row locked FOR UPDATE
+/// by the returned transaction (its settle waits on it).
+async fn charge_then_lock_its_row(
+    db: &TestDb,
+    scenario: &Scenario,
+    proxy: &RunningProxy,
+    amount: i64,
+) -> (
+    tokio::task::JoinHandle<Result<rmcp::model::CallToolResult, (i32, String)>>,
+    sqlx::Transaction<'static, sqlx::Postgres>,
 ) {
-    let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent", 120_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    // The charge acts, then answers a second later.
     let pending = tokio::spawn(async move {
         call(
             &agent,
             "payments__charge",
-            json!({"amount": 11, "currency": "eur", "hang_ms": 1000}),
+            json!({"amount": amount, "currency": "eur", "hang_ms": 1000}),
             None,
         )
         .await
@@ -1254,13 +1257,25 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
         (scenario.side_effects("charges.jsonl").len() == 1).then_some(())
     })
     .await;
-    // The operation row is held while the answer comes back; the settle
-    // waiting for it loses its connection.
     let mut holder = db.admin.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'payments__charge' FOR UPDATE")
         .execute(&mut *holder)
         .await
         .unwrap();
+    (pending, holder)
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    // The charge acts, then answers a second later, while its row is held;
+    // the settle waiting for it loses its connection.
+    let (pending, holder) = charge_then_lock_its_row(&db, &scenario, &proxy, 11).await;
     let waiting = db.wait_lock_waiters("operation_settle", 1).await;
     for pid in waiting {
         sqlx::query("SELECT pg_terminate_backend($1)")
@@ -1488,28 +1503,9 @@ async fn a_settle_that_hits_the_statement_timeout_on_a_locked_row_is_unknown_nev
     let scenario = Scenario::new(&db.url, FAST);
     scenario.prepend_config("database_statement_timeout = \"1s\"");
     let proxy = RunningProxy::start(&scenario.config_path()).await;
-    let (lease, _) = db.running_run("agent", 120_000).await;
-    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let pending = tokio::spawn(async move {
-        call(
-            &agent,
-            "payments__charge",
-            json!({"amount": 12, "currency": "eur", "hang_ms": 1000}),
-            None,
-        )
-        .await
-    });
-    wait_until("the charge to happen at the tool", || async {
-        (scenario.side_effects("charges.jsonl").len() == 1).then_some(())
-    })
-    .await;
     // Someone holds the operation row longer than leasegate's statements
     // may wait: the settle times out (57014) instead of committing.
-    let mut holder = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'payments__charge' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let (pending, holder) = charge_then_lock_its_row(&db, &scenario, &proxy, 12).await;
     let answer = within("the agent's answer", pending)
         .await
         .unwrap()

@@ -732,6 +732,25 @@ async fn no_cache(session: &Session) {
         .await;
 }
 
+/// A stdio upstream's child: stdin and stdout piped for MCP, `stderr` as
+/// asked, killed when its handle is dropped.
+fn spawn_stdio(
+    command: &std::path::Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    stderr: std::process::Stdio,
+) -> Result<tokio::process::Child, String> {
+    tokio::process::Command::new(command)
+        .args(args)
+        .envs(env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", command.display()))
+}
+
 /// Spawns a stdio upstream's command and does the MCP handshake over its
 /// stdin/stdout. The child is killed when its handle is dropped (a failed
 /// handshake, a supervisor ended by the runtime).
@@ -741,15 +760,7 @@ async fn open_stdio(
     args: &[String],
     env: &BTreeMap<String, String>,
 ) -> Result<(Session, tokio::process::Child), String> {
-    let mut child = tokio::process::Command::new(command)
-        .args(args)
-        .envs(env)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("{}: {e}", command.display()))?;
+    let mut child = spawn_stdio(command, args, env, std::process::Stdio::inherit())?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Err("the child's stdin or stdout is not piped".into());
     };
@@ -1398,15 +1409,7 @@ async fn inspect_stdio(
     env: &BTreeMap<String, String>,
 ) -> Result<(Session, tokio::process::Child), String> {
     use tokio::io::AsyncReadExt;
-    let mut child = tokio::process::Command::new(command)
-        .args(args)
-        .envs(env)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("{}: {e}", command.display()))?;
+    let mut child = spawn_stdio(command, args, env, std::process::Stdio::piped())?;
     let (Some(stdin), Some(stdout), Some(mut stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
