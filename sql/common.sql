@@ -44,7 +44,16 @@ $$;
 
 -- The fence (invariant 1): locks the lease row and judges the caller's
 -- claim on the database clock (invariant 7).
--- Returns: valid | not_found | lease_lost | terminal.
+-- Returns: valid | not_found | lease_lost | lease_token_unset |
+-- lease_token_invalid | terminal.
+--
+-- Owner and epoch are the lease's public identity; p_token_sha256 (the
+-- SHA-256 of the secret token its taker was shown, migration 0005) is the
+-- credential. A stale owner, epoch or expiry is 'lease_lost' as before,
+-- whatever token is sent; the current owner and epoch with a missing or
+-- wrong token is 'lease_token_invalid', and on a lease taken before 0005
+-- (no token stored) 'lease_token_unset' until it is acquired again or taken
+-- over. Nothing is written on any of them.
 --
 -- p_shared = false (run-state writes): the lease row FOR UPDATE, and on
 -- 'valid' the run row FOR UPDATE too.
@@ -53,7 +62,9 @@ $$;
 -- holds, while parallel tool calls of one run do not queue behind each
 -- other. Every status change of a run holds the lease row FOR UPDATE, so
 -- the run status read here is stable until commit.
-CREATE OR REPLACE FUNCTION _lease_fence(p_run_id uuid, p_owner text, p_epoch bigint, p_shared boolean)
+DROP FUNCTION IF EXISTS _lease_fence(uuid, text, bigint, boolean);
+CREATE OR REPLACE FUNCTION _lease_fence(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
+                                        p_shared boolean)
 RETURNS text
 LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
 DECLARE
@@ -67,6 +78,12 @@ BEGIN
      OR l.epoch IS DISTINCT FROM p_epoch
      OR l.expires_at <= clock_timestamp() THEN
     RETURN 'lease_lost';
+  END IF;
+  IF l.token_sha256 IS NULL THEN
+    RETURN 'lease_token_unset';
+  END IF;
+  IF p_token_sha256 IS NULL OR l.token_sha256 <> p_token_sha256 THEN
+    RETURN 'lease_token_invalid';
   END IF;
   IF p_shared THEN
     SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
@@ -108,7 +125,7 @@ REVOKE EXECUTE ON FUNCTION
   _ledger_result(text, uuid),
   _ledger_check_ttl(bigint),
   _lease_lock(uuid, boolean),
-  _lease_fence(uuid, text, bigint, boolean),
+  _lease_fence(uuid, text, bigint, bytea, boolean),
   _op_result(text, uuid, text, bigint),
   _check_claim_args(text, bigint)
 FROM PUBLIC;

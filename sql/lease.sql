@@ -6,7 +6,12 @@
 -- held, unexpired lease is 'busy' unless p_force; a run in a terminal status
 -- is 'terminal'. A concurrent protected write holding the row lock makes
 -- this wait, then judge the row as that transaction left it (experiment D).
-CREATE OR REPLACE FUNCTION _lease_take(p_run_id uuid, p_owner text, p_ttl_ms bigint, p_force boolean)
+-- p_token_sha256 is the SHA-256 of the new holder's secret lease token (the
+-- caller generates the token and shows it once; only the hash is stored and
+-- the previous holder's token stops working with this commit).
+DROP FUNCTION IF EXISTS _lease_take(uuid, text, bigint, boolean);
+CREATE OR REPLACE FUNCTION _lease_take(p_run_id uuid, p_owner text, p_ttl_ms bigint, p_token_sha256 bytea,
+                                       p_force boolean)
 RETURNS ledger_write_result
 LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
 DECLARE
@@ -18,6 +23,9 @@ BEGIN
   PERFORM _ledger_check_ttl(p_ttl_ms);
   IF p_owner IS NULL OR p_owner = '' THEN
     RAISE EXCEPTION 'lease owner must not be empty' USING ERRCODE = '22023';
+  END IF;
+  IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
+    RAISE EXCEPTION 'a lease token hash is 32 bytes (SHA-256)' USING ERRCODE = '22023';
   END IF;
   l := _lease_lock(p_run_id, false);
   IF l.run_id IS NULL THEN
@@ -40,6 +48,7 @@ BEGIN
      SET owner = p_owner,
          epoch = epoch + 1,
          expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
+         token_sha256 = p_token_sha256,
          updated_at = now_ts
    WHERE run_id = p_run_id;
   INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch, detail)
@@ -52,36 +61,42 @@ BEGIN
   RETURN _ledger_result(CASE WHEN l.owner IS NULL THEN 'acquired' ELSE 'taken_over' END, p_run_id);
 END
 $$;
-REVOKE EXECUTE ON FUNCTION _lease_take(uuid, text, bigint, boolean) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION _lease_take(uuid, text, bigint, bytea, boolean) FROM PUBLIC;
 
 -- Acquire a free lease or take over an expired one (seed 5.1). A held,
--- unexpired lease is 'busy'.
-CREATE OR REPLACE FUNCTION lease_acquire(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
+-- unexpired lease is 'busy'. p_token_sha256: see _lease_take.
+DROP FUNCTION IF EXISTS lease_acquire(uuid, text, bigint);
+CREATE OR REPLACE FUNCTION lease_acquire(p_run_id uuid, p_owner text, p_ttl_ms bigint, p_token_sha256 bytea)
+RETURNS ledger_write_result
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-  SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, false)
+  SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, p_token_sha256, false)
 $$;
 
 -- Take the lease over now, held or not (leasegate's session and key modes:
 -- a new session for the same task key is the agent restarted, and fences
 -- its predecessor at once instead of waiting for its lease to expire); the
 -- previous holder's writes are rejected from this commit on. Recorded with
--- the previous owner and epoch and 'forced'.
-CREATE OR REPLACE FUNCTION lease_takeover(p_run_id uuid, p_owner text, p_ttl_ms bigint) RETURNS ledger_write_result
+-- the previous owner and epoch and 'forced'. p_token_sha256: see _lease_take.
+DROP FUNCTION IF EXISTS lease_takeover(uuid, text, bigint);
+CREATE OR REPLACE FUNCTION lease_takeover(p_run_id uuid, p_owner text, p_ttl_ms bigint, p_token_sha256 bytea)
+RETURNS ledger_write_result
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-  SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, true)
+  SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, p_token_sha256, true)
 $$;
 
 -- Renew (seed 5.2): only the current owner and epoch, only before expiry. An
 -- expired lease is never resurrected, even if nobody took it over. A run that
 -- became terminal (e.g. cancelled by an operator) is 'terminal', so the
--- worker's heartbeat stops it.
-CREATE OR REPLACE FUNCTION lease_renew(p_run_id uuid, p_owner text, p_epoch bigint, p_ttl_ms bigint) RETURNS ledger_write_result
+-- worker's heartbeat stops it. The lease token's hash is judged by the fence.
+DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bigint);
+CREATE OR REPLACE FUNCTION lease_renew(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
+                                       p_ttl_ms bigint) RETURNS ledger_write_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
   verdict text;
 BEGIN
   PERFORM _ledger_check_ttl(p_ttl_ms);
-  verdict := _lease_fence(p_run_id, p_owner, p_epoch, false);
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, false);
   IF verdict <> 'valid' THEN
     RETURN _ledger_result(verdict, p_run_id);
   END IF;
@@ -96,8 +111,13 @@ $$;
 -- Release (seed 5.2): the owner gives the lease up. The epoch is never zeroed,
 -- so the next acquire gets epoch + 1. An expired lease may still be released
 -- by its owner as long as nobody took it over; the run's status is not judged
--- (a worker releases after completing).
-CREATE OR REPLACE FUNCTION lease_release(p_run_id uuid, p_owner text, p_epoch bigint) RETURNS ledger_write_result
+-- (a worker releases after completing). The current owner and epoch with a
+-- missing or wrong token is 'lease_token_invalid' ('lease_token_unset' on a
+-- lease taken before migration 0005), as in _lease_fence. The released
+-- lease keeps no token.
+DROP FUNCTION IF EXISTS lease_release(uuid, text, bigint);
+CREATE OR REPLACE FUNCTION lease_release(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea)
+RETURNS ledger_write_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
   l worker_leases;
@@ -109,8 +129,14 @@ BEGIN
   IF l.owner IS DISTINCT FROM p_owner OR l.epoch IS DISTINCT FROM p_epoch THEN
     RETURN _ledger_result('lease_lost', p_run_id);
   END IF;
+  IF l.token_sha256 IS NULL THEN
+    RETURN _ledger_result('lease_token_unset', p_run_id);
+  END IF;
+  IF p_token_sha256 IS NULL OR l.token_sha256 <> p_token_sha256 THEN
+    RETURN _ledger_result('lease_token_invalid', p_run_id);
+  END IF;
   UPDATE worker_leases
-     SET owner = NULL, expires_at = clock_timestamp(), updated_at = clock_timestamp()
+     SET owner = NULL, expires_at = clock_timestamp(), token_sha256 = NULL, updated_at = clock_timestamp()
    WHERE run_id = p_run_id;
   INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch)
   VALUES (p_run_id, 'lease', 'held', 'free', 'worker', p_owner, p_epoch);
@@ -119,14 +145,14 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION
-  lease_acquire(uuid, text, bigint),
-  lease_takeover(uuid, text, bigint),
-  lease_renew(uuid, text, bigint, bigint),
-  lease_release(uuid, text, bigint)
+  lease_acquire(uuid, text, bigint, bytea),
+  lease_takeover(uuid, text, bigint, bytea),
+  lease_renew(uuid, text, bigint, bytea, bigint),
+  lease_release(uuid, text, bigint, bytea)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-  lease_acquire(uuid, text, bigint),
-  lease_takeover(uuid, text, bigint),
-  lease_renew(uuid, text, bigint, bigint),
-  lease_release(uuid, text, bigint)
+  lease_acquire(uuid, text, bigint, bytea),
+  lease_takeover(uuid, text, bigint, bytea),
+  lease_renew(uuid, text, bigint, bytea, bigint),
+  lease_release(uuid, text, bigint, bytea)
 TO leasegate_app;

@@ -103,8 +103,10 @@ $$;
 -- written and the conflicting intents come back as 'intent_conflict' rows
 -- (the existing operation's fields). A fence or CAS rejection is one row
 -- with that outcome.
+-- p_token_sha256: the lease token's hash, judged by _lease_fence.
+DROP FUNCTION IF EXISTS operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb);
 CREATE OR REPLACE FUNCTION operation_register(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_intents operation_intent[],
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_intents operation_intent[],
   p_expected_revision bigint, p_checkpoint jsonb
 ) RETURNS SETOF operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -122,9 +124,9 @@ BEGIN
     RAISE EXCEPTION 'intents must be a non-empty array' USING ERRCODE = '22023';
   END IF;
   IF p_checkpoint IS NOT NULL OR p_expected_revision IS NOT NULL THEN
-    verdict := _lease_fence(p_run_id, p_owner, p_epoch, false);
+    verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, false);
   ELSE
-    verdict := _lease_fence(p_run_id, p_owner, p_epoch, true);
+    verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, true);
   END IF;
   IF verdict <> 'valid' THEN
     RETURN NEXT _op_result(verdict, p_run_id, NULL, NULL);
@@ -174,8 +176,10 @@ $$;
 -- claim (dispatch_owner, revision, dispatch_until) and may send; 'exists'
 -- returns the operation as it is (settled, in flight under another claim,
 -- unknown, cancelled) and the caller must not send.
+-- p_token_sha256: the lease token's hash, judged by _lease_fence.
+DROP FUNCTION IF EXISTS operation_register_claim(uuid, text, bigint, operation_intent, text, bigint);
 CREATE OR REPLACE FUNCTION operation_register_claim(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_intent operation_intent,
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_intent operation_intent,
   p_dispatch_owner text, p_claim_ttl_ms bigint
 ) RETURNS operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -186,7 +190,7 @@ DECLARE
   v_status  text;
 BEGIN
   PERFORM _check_claim_args(p_dispatch_owner, p_claim_ttl_ms);
-  verdict := _lease_fence(p_run_id, p_owner, p_epoch, true);
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, true);
   IF verdict <> 'valid' THEN
     RETURN _op_result(verdict, p_run_id, NULL, NULL);
   END IF;
@@ -438,8 +442,11 @@ $$;
 -- of the same step is registered; both kept for audit. Only a prepared
 -- intent can change: once claimed, the side effect may be under way
 -- ('not_changeable').
+-- p_token_sha256: the lease token's hash, judged by _lease_fence.
+DROP FUNCTION IF EXISTS operation_supersede(uuid, text, bigint, text, operation_intent);
 CREATE OR REPLACE FUNCTION operation_supersede(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_old_operation_id text, p_new_intent operation_intent
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_old_operation_id text,
+  p_new_intent operation_intent
 ) RETURNS operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -448,7 +455,7 @@ DECLARE
   v_outcome text;
   v_found   text;
 BEGIN
-  verdict := _lease_fence(p_run_id, p_owner, p_epoch, true);
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, true);
   IF verdict <> 'valid' THEN
     RETURN _op_result(verdict, p_run_id, NULL, NULL);
   END IF;
@@ -699,14 +706,14 @@ $$;
 REVOKE EXECUTE ON FUNCTION
   _op_upsert(uuid, operation_intent, text, bigint),
   _op_claim(text, text, bigint, bigint, jsonb),
-  operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
-  operation_register_claim(uuid, text, bigint, operation_intent, text, bigint),
+  operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
+  operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
-  operation_supersede(uuid, text, bigint, text, operation_intent),
+  operation_supersede(uuid, text, bigint, bytea, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),
@@ -715,14 +722,14 @@ REVOKE EXECUTE ON FUNCTION
   operation_reconcile_reset(text, text, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-  operation_register(uuid, text, bigint, operation_intent[], bigint, jsonb),
-  operation_register_claim(uuid, text, bigint, operation_intent, text, bigint),
+  operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
+  operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
-  operation_supersede(uuid, text, bigint, text, operation_intent),
+  operation_supersede(uuid, text, bigint, bytea, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),

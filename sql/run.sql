@@ -2,9 +2,11 @@
 -- lease), cancel (control plane). Helpers in sql/common.sql.
 
 -- Moves a run under a validated lease: revision CAS from one status to
--- another, with an event. Shared by start, complete and fail.
+-- another, with an event. Shared by start, complete and fail. p_token_sha256:
+-- the lease token's hash, judged by _lease_fence.
+DROP FUNCTION IF EXISTS _run_advance(uuid, text, bigint, bigint, text, text, jsonb, jsonb);
 CREATE OR REPLACE FUNCTION _run_advance(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_expected_revision bigint,
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_expected_revision bigint,
   p_from text, p_to text, p_checkpoint jsonb, p_detail jsonb
 ) RETURNS ledger_write_result
 LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
@@ -13,7 +15,7 @@ DECLARE
   found_status text;
   new_revision bigint;
 BEGIN
-  verdict := _lease_fence(p_run_id, p_owner, p_epoch, false);
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, false);
   IF verdict <> 'valid' THEN
     RETURN _ledger_result(verdict, p_run_id);
   END IF;
@@ -43,9 +45,12 @@ $$;
 -- A task whose active run is still pending/running gets 'active_run_live':
 -- the caller takes over that run's lease or cancels it first. Terminal runs
 -- are never reused; a retry is a new run with attempt + 1 (invariant 6).
--- With p_owner and p_ttl_ms the lease is created held (epoch 1).
+-- With p_owner, p_ttl_ms and p_token_sha256 (the SHA-256 of the holder's
+-- secret lease token, see _lease_take) the lease is created held (epoch 1).
+-- A replay ('exists') changes nothing, the stored token hash included.
+DROP FUNCTION IF EXISTS run_create(text, text, uuid, text, bigint);
 CREATE OR REPLACE FUNCTION run_create(
-  p_tenant_id text, p_task_id text, p_run_id uuid, p_owner text, p_ttl_ms bigint
+  p_tenant_id text, p_task_id text, p_run_id uuid, p_owner text, p_ttl_ms bigint, p_token_sha256 bytea
 ) RETURNS run_create_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -62,6 +67,9 @@ BEGIN
     PERFORM _ledger_check_ttl(p_ttl_ms);
     IF p_owner = '' THEN
       RAISE EXCEPTION 'lease owner must not be empty' USING ERRCODE = '22023';
+    END IF;
+    IF p_token_sha256 IS NULL OR octet_length(p_token_sha256) <> 32 THEN
+      RAISE EXCEPTION 'a lease token hash is 32 bytes (SHA-256)' USING ERRCODE = '22023';
     END IF;
   END IF;
 
@@ -103,11 +111,12 @@ BEGIN
   INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status)
   VALUES (p_run_id, p_tenant_id, p_task_id, next_attempt, 'pending');
 
-  INSERT INTO worker_leases (run_id, owner, epoch, expires_at, updated_at)
+  INSERT INTO worker_leases (run_id, owner, epoch, expires_at, token_sha256, updated_at)
   VALUES (p_run_id, p_owner,
           CASE WHEN p_owner IS NULL THEN 0 ELSE 1 END,
           CASE WHEN p_owner IS NULL THEN 'epoch'::timestamptz
                ELSE now_ts + (p_ttl_ms * interval '1 millisecond') END,
+          CASE WHEN p_owner IS NULL THEN NULL ELSE p_token_sha256 END,
           now_ts);
 
   UPDATE agent_tasks SET active_run_id = p_run_id, updated_at = now_ts
@@ -135,37 +144,45 @@ $$;
 -- Save a checkpoint (seed 6): lock lease row -> validate owner, epoch, expiry
 -- -> revision CAS on a running run. The loser of two saves with the same
 -- expected revision gets 'conflict' (experiment C).
+DROP FUNCTION IF EXISTS checkpoint_save(uuid, text, bigint, bigint, jsonb);
 CREATE OR REPLACE FUNCTION checkpoint_save(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_expected_revision bigint, p_checkpoint jsonb
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_expected_revision bigint,
+  p_checkpoint jsonb
 ) RETURNS ledger_write_result
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_expected_revision, 'running', 'running',
+  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_token_sha256, p_expected_revision, 'running', 'running',
                       COALESCE(p_checkpoint, '{}'::jsonb), NULL)
 $$;
 
 -- pending -> running, under the lease and a revision CAS.
-CREATE OR REPLACE FUNCTION run_start(p_run_id uuid, p_owner text, p_epoch bigint, p_expected_revision bigint)
+DROP FUNCTION IF EXISTS run_start(uuid, text, bigint, bigint);
+CREATE OR REPLACE FUNCTION run_start(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
+                                     p_expected_revision bigint)
 RETURNS ledger_write_result
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_expected_revision, 'pending', 'running', NULL, NULL)
+  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_token_sha256, p_expected_revision, 'pending', 'running', NULL, NULL)
 $$;
 
 -- running -> succeeded, optionally with a final checkpoint.
+DROP FUNCTION IF EXISTS run_complete(uuid, text, bigint, bigint, jsonb);
 CREATE OR REPLACE FUNCTION run_complete(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_expected_revision bigint, p_checkpoint jsonb
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_expected_revision bigint,
+  p_checkpoint jsonb
 ) RETURNS ledger_write_result
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_expected_revision, 'running', 'succeeded',
+  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_token_sha256, p_expected_revision, 'running', 'succeeded',
                       p_checkpoint, NULL)
 $$;
 
 -- running -> failed (a deterministic business failure). The reason goes to
 -- the event history. A worker that lost its lease cannot do this (seed 7).
+DROP FUNCTION IF EXISTS run_fail(uuid, text, bigint, bigint, jsonb);
 CREATE OR REPLACE FUNCTION run_fail(
-  p_run_id uuid, p_owner text, p_epoch bigint, p_expected_revision bigint, p_reason jsonb
+  p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_expected_revision bigint,
+  p_reason jsonb
 ) RETURNS ledger_write_result
 LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
-  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_expected_revision, 'running', 'failed', NULL,
+  SELECT _run_advance(p_run_id, p_owner, p_epoch, p_token_sha256, p_expected_revision, 'running', 'failed', NULL,
                       jsonb_build_object('reason', p_reason))
 $$;
 
@@ -213,19 +230,19 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION
-  _run_advance(uuid, text, bigint, bigint, text, text, jsonb, jsonb),
-  run_create(text, text, uuid, text, bigint),
-  checkpoint_save(uuid, text, bigint, bigint, jsonb),
-  run_start(uuid, text, bigint, bigint),
-  run_complete(uuid, text, bigint, bigint, jsonb),
-  run_fail(uuid, text, bigint, bigint, jsonb),
+  _run_advance(uuid, text, bigint, bytea, bigint, text, text, jsonb, jsonb),
+  run_create(text, text, uuid, text, bigint, bytea),
+  checkpoint_save(uuid, text, bigint, bytea, bigint, jsonb),
+  run_start(uuid, text, bigint, bytea, bigint),
+  run_complete(uuid, text, bigint, bytea, bigint, jsonb),
+  run_fail(uuid, text, bigint, bytea, bigint, jsonb),
   run_cancel(uuid, text, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
-  run_create(text, text, uuid, text, bigint),
-  checkpoint_save(uuid, text, bigint, bigint, jsonb),
-  run_start(uuid, text, bigint, bigint),
-  run_complete(uuid, text, bigint, bigint, jsonb),
-  run_fail(uuid, text, bigint, bigint, jsonb),
+  run_create(text, text, uuid, text, bigint, bytea),
+  checkpoint_save(uuid, text, bigint, bytea, bigint, jsonb),
+  run_start(uuid, text, bigint, bytea, bigint),
+  run_complete(uuid, text, bigint, bytea, bigint, jsonb),
+  run_fail(uuid, text, bigint, bytea, bigint, jsonb),
   run_cancel(uuid, text, text)
 TO leasegate_app;

@@ -75,7 +75,8 @@ pub enum RunsCommand {
         /// Reuse to make the create retry-safe.
         #[arg(long)]
         run_id: Option<String>,
-        /// Hold the lease from the start.
+        /// Hold the lease from the start (its secret lease_token is printed
+        /// this once).
         #[arg(long, requires = "ttl_ms")]
         owner: Option<String>,
         #[arg(long, requires = "owner")]
@@ -87,7 +88,8 @@ pub enum RunsCommand {
 
 #[derive(Debug, clap::Subcommand)]
 pub enum LeaseCommand {
-    /// Acquire a free lease or take over an expired one (epoch + 1).
+    /// Acquire a free lease or take over an expired one (epoch + 1). Prints
+    /// the lease's secret lease_token once: renew and release need it.
     Acquire {
         run_id: String,
         #[arg(long)]
@@ -102,6 +104,9 @@ pub enum LeaseCommand {
         owner: String,
         #[arg(long)]
         epoch: i64,
+        /// The lease's secret token, as acquire printed it.
+        #[arg(long, env = "LEASEGATE_LEASE_TOKEN", hide_env_values = true)]
+        lease_token: String,
         #[arg(long)]
         ttl_ms: i64,
     },
@@ -111,6 +116,9 @@ pub enum LeaseCommand {
         owner: String,
         #[arg(long)]
         epoch: i64,
+        /// The lease's secret token, as acquire printed it.
+        #[arg(long, env = "LEASEGATE_LEASE_TOKEN", hide_env_values = true)]
+        lease_token: String,
     },
 }
 
@@ -242,18 +250,20 @@ impl OperatorCommand {
                     run_id,
                     owner,
                     epoch,
+                    lease_token,
                     ttl_ms,
                 } => ApiRequest::post(
                     format!("/v1/runs/{}/lease/renew", url_segment(run_id)),
-                    json!({"owner": owner, "epoch": epoch, "ttl_ms": ttl_ms}),
+                    json!({"owner": owner, "epoch": epoch, "lease_token": lease_token, "ttl_ms": ttl_ms}),
                 ),
                 LeaseCommand::Release {
                     run_id,
                     owner,
                     epoch,
+                    lease_token,
                 } => ApiRequest::post(
                     format!("/v1/runs/{}/lease/release", url_segment(run_id)),
-                    json!({"owner": owner, "epoch": epoch}),
+                    json!({"owner": owner, "epoch": epoch, "lease_token": lease_token}),
                 ),
             },
             OperatorCommand::Ops { command, .. } => match command {

@@ -52,6 +52,10 @@ pub enum ErrorCode {
     NotFound,
     /// The caller's lease is gone: another owner or epoch holds it (409).
     LeaseLost,
+    /// The current owner and epoch without that lease's secret token
+    /// (missing, wrong, or a lease taken before tokens existed) (403; CLI
+    /// exit 5, as lease lost: the caller has no write authority).
+    LeaseTokenInvalid,
     RevisionConflict,
     IntentConflict,
     LeaseBusy,
@@ -92,10 +96,11 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
+        ErrorCode::LeaseTokenInvalid,
         ErrorCode::RevisionConflict,
         ErrorCode::IntentConflict,
         ErrorCode::LeaseBusy,
@@ -130,6 +135,7 @@ impl ErrorCode {
             ErrorCode::NoRoute => "no_route",
             ErrorCode::NotFound => "not_found",
             ErrorCode::LeaseLost => "lease_lost",
+            ErrorCode::LeaseTokenInvalid => "lease_token_invalid",
             ErrorCode::RevisionConflict => "revision_conflict",
             ErrorCode::IntentConflict => "intent_conflict",
             ErrorCode::LeaseBusy => "lease_busy",
@@ -169,6 +175,7 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::NoRoute | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::LeaseTokenInvalid => StatusCode::FORBIDDEN,
             ErrorCode::LeaseLost
             | ErrorCode::RevisionConflict
             | ErrorCode::IntentConflict
@@ -199,13 +206,13 @@ impl ErrorCode {
     }
 
     /// The operator CLI's exit code (README: 3 not found, 4 conflict, 5
-    /// lease lost, 2 invalid input, 6 database unavailable, 7 login refused,
+    /// lease lost or lease token invalid, 2 invalid input, 6 database unavailable, 7 login refused,
     /// 8 database missing, 9 schema missing, 1 otherwise). `serve`, `stdio`
     /// and `migrate` exit with 6 to 9 too when the ledger cannot be opened.
     pub fn exit_code(self) -> u8 {
         match self {
             ErrorCode::NotFound => exit::NOT_FOUND,
-            ErrorCode::LeaseLost => exit::LEASE_LOST,
+            ErrorCode::LeaseLost | ErrorCode::LeaseTokenInvalid => exit::LEASE_LOST,
             ErrorCode::RevisionConflict
             | ErrorCode::IntentConflict
             | ErrorCode::LeaseBusy
@@ -247,6 +254,7 @@ impl From<&Rejection> for ErrorCode {
     fn from(rejection: &Rejection) -> Self {
         match rejection {
             Rejection::LeaseLost { .. } => ErrorCode::LeaseLost,
+            Rejection::LeaseTokenInvalid { .. } => ErrorCode::LeaseTokenInvalid,
             Rejection::Conflict { .. } => ErrorCode::RevisionConflict,
             Rejection::WrongStatus { .. } => ErrorCode::WrongStatus,
             Rejection::Terminal { .. } => ErrorCode::TerminalRun,
@@ -370,6 +378,10 @@ impl From<Rejection> for ApiError {
             Rejection::LeaseLost { expected, found } => {
                 Some(json!({"expected": expected, "found": found}))
             }
+            // The claim serializes without its token.
+            Rejection::LeaseTokenInvalid { claim, fault } => {
+                Some(json!({"lease": claim, "fault": fault}))
+            }
             Rejection::Conflict {
                 expected_revision,
                 found,
@@ -469,6 +481,7 @@ mod tests {
             (NoRoute, 404, 1),
             (NotFound, 404, 3),
             (LeaseLost, 409, 5),
+            (LeaseTokenInvalid, 403, 5),
             (RevisionConflict, 409, 4),
             (IntentConflict, 409, 4),
             (LeaseBusy, 409, 4),
@@ -522,6 +535,15 @@ mod tests {
                 found: crate::ledger::RunStatus::Pending,
             },
             Rejection::NotFound,
+            Rejection::LeaseTokenInvalid {
+                claim: crate::ledger::LeaseClaim {
+                    run_id: crate::ledger::RunId::generate(),
+                    owner: "w".into(),
+                    epoch: 1,
+                    token: Some(crate::ledger::LeaseToken::generate()),
+                },
+                fault: crate::ledger::TokenFault::Wrong,
+            },
         ];
         for rejection in &rejections {
             assert_eq!(ErrorCode::from(rejection).as_str(), rejection.reason());

@@ -1,5 +1,16 @@
 //! Runs, leases, checkpoints (with planned intents) and run transitions:
 //! one handler per route, each one ledger call.
+//!
+//! # Lease tokens
+//!
+//! Taking a lease (`POST /v1/runs` with `owner` and `ttl_ms`, `POST
+//! /v1/runs/{id}/lease`) answers `lease_token`: the lease's secret, shown
+//! this once (the ledger keeps only its SHA-256). Every lease-fenced route
+//! (renew, release, checkpoint, start, complete, fail) takes it back as
+//! `lease_token` in the body; without it, or with another, the answer is
+//! 403 `lease_token_invalid` and nothing is written. Reads (`GET
+//! /v1/runs/{id}`) and errors never carry it. Cancel is an operator route
+//! and not lease-fenced.
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -12,7 +23,7 @@ use super::error::{ApiError, Body, ErrorCode};
 use super::router::{Shared, applied, run_id};
 use crate::intent::{Intent, StepRef};
 use crate::ledger::{
-    AcquireOutcome, Applied, InitialLease, LeaseClaim, PlannedCheckpoint, Rejection,
+    AcquireOutcome, Applied, InitialLease, LeaseClaim, LeaseToken, PlannedCheckpoint, Rejection,
     RunCreateOutcome, RunId, RunSummary,
 };
 
@@ -31,13 +42,19 @@ pub(super) struct CreateRun {
 
 const DEFAULT_TENANT: &str = "default";
 
+/// The run; with `lease_token` when this create took the lease (the one
+/// time it is shown).
 fn summary_json(summary: &RunSummary) -> Value {
-    json!({
+    let mut answer = json!({
         "run_id": summary.run_id,
         "attempt": summary.attempt,
         "status": summary.status,
         "lease": {"owner": summary.lease_owner, "epoch": summary.lease_epoch, "expires_at": summary.lease_expires_at},
-    })
+    });
+    if let Some(token) = &summary.lease_token {
+        answer["lease_token"] = json!(token.expose());
+    }
+    answer
 }
 
 pub(super) async fn create_run(
@@ -131,6 +148,8 @@ pub(super) struct AcquireBody {
 pub(super) struct RenewBody {
     owner: String,
     epoch: i64,
+    /// The lease's secret token, as `lease_token` answered when it was taken.
+    lease_token: Option<String>,
     ttl_ms: i64,
 }
 
@@ -139,6 +158,7 @@ pub(super) struct RenewBody {
 pub(super) struct ClaimBody {
     owner: String,
     epoch: i64,
+    lease_token: Option<String>,
 }
 
 pub(super) async fn acquire(
@@ -153,6 +173,7 @@ pub(super) async fn acquire(
     match state.ledger.lease_acquire(run, &owner, body.ttl_ms).await? {
         AcquireOutcome::Acquired(grant) => Ok(Json(json!({
             "run_id": run, "owner": grant.claim.owner, "epoch": grant.claim.epoch,
+            "lease_token": grant.claim.token.as_ref().map(LeaseToken::expose),
             "expires_at": grant.expires_at, "took_over": grant.took_over,
             "run_status": grant.run_status, "revision": grant.revision,
         }))),
@@ -168,11 +189,14 @@ pub(super) async fn acquire(
     }
 }
 
-fn claim(run: RunId, owner: String, epoch: i64) -> LeaseClaim {
+/// The lease a fenced route's body names; a missing `lease_token` is sent
+/// as none (the fence refuses it).
+fn claim(run: RunId, owner: String, epoch: i64, token: Option<&str>) -> LeaseClaim {
     LeaseClaim {
         run_id: run,
         owner,
         epoch,
+        token: token.map(LeaseToken::presented),
     }
 }
 
@@ -191,7 +215,10 @@ pub(super) async fn renew(
     let run = run_id(&raw)?;
     let outcome = state
         .ledger
-        .lease_renew(&claim(run, body.owner, body.epoch), body.ttl_ms)
+        .lease_renew(
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
+            body.ttl_ms,
+        )
         .await?;
     let applied = applied(outcome)?;
     Ok(Json(
@@ -208,7 +235,12 @@ pub(super) async fn release(
     applied(
         state
             .ledger
-            .lease_release(&claim(run, body.owner, body.epoch))
+            .lease_release(&claim(
+                run,
+                body.owner,
+                body.epoch,
+                body.lease_token.as_deref(),
+            ))
             .await?,
     )?;
     Ok(Json(
@@ -238,6 +270,7 @@ fn first_version() -> i32 {
 pub(super) struct CheckpointBody {
     owner: String,
     epoch: i64,
+    lease_token: Option<String>,
     expected_revision: i64,
     checkpoint: Value,
     #[serde(default)]
@@ -250,7 +283,7 @@ pub(super) async fn checkpoint(
     Body(body): Body<CheckpointBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    let lease = claim(run, body.owner, body.epoch);
+    let lease = claim(run, body.owner, body.epoch, body.lease_token.as_deref());
     if body.intents.is_empty() {
         let applied = applied(
             state
@@ -317,6 +350,7 @@ pub(super) async fn checkpoint(
 pub(super) struct TransitionBody {
     owner: String,
     epoch: i64,
+    lease_token: Option<String>,
     expected_revision: i64,
     /// `complete`: an optional final checkpoint.
     checkpoint: Option<Value>,
@@ -332,7 +366,10 @@ pub(super) async fn start(
     let run = run_id(&raw)?;
     let outcome = state
         .ledger
-        .run_start(&claim(run, body.owner, body.epoch), body.expected_revision)
+        .run_start(
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
+            body.expected_revision,
+        )
         .await?;
     Ok(applied_json(run, &applied(outcome)?))
 }
@@ -346,7 +383,7 @@ pub(super) async fn complete(
     let outcome = state
         .ledger
         .run_complete(
-            &claim(run, body.owner, body.epoch),
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
             body.expected_revision,
             body.checkpoint.as_ref(),
         )
@@ -364,7 +401,7 @@ pub(super) async fn fail(
     let outcome = state
         .ledger
         .run_fail(
-            &claim(run, body.owner, body.epoch),
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
             body.expected_revision,
             &reason,
         )

@@ -135,6 +135,12 @@ pub enum CallError {
         "{0}; stop this worker: another worker owns the run now, or the lease expired (re-acquire to continue)"
     )]
     LeaseLost(Box<Rejection>),
+    /// The current owner and epoch without that lease's secret token.
+    #[error(
+        "{0}; send the lease token you were given when the lease was taken (header \
+         Leasegate-Lease-Token, or token in _meta \"dev.leasegate/lease\")"
+    )]
+    LeaseTokenInvalid(Box<Rejection>),
     /// Lease mode `session`: the session's lease is gone.
     #[error(
         "the session lease of task {task:?} is gone ({cause}): another session took the task over, \
@@ -450,6 +456,7 @@ fn serialized_len(value: &Map<String, Value>) -> usize {
 fn refusal(rejection: Rejection) -> CallError {
     match rejection {
         Rejection::LeaseLost { .. } => CallError::LeaseLost(Box::new(rejection)),
+        Rejection::LeaseTokenInvalid { .. } => CallError::LeaseTokenInvalid(Box::new(rejection)),
         Rejection::Terminal { .. } | Rejection::WrongStatus { .. } | Rejection::Conflict { .. } => {
             CallError::RunTerminal(Box::new(rejection))
         }

@@ -3,23 +3,26 @@
 //! transaction, one round trip once prepared on the pooled connection (the
 //! first use on a new connection adds one Parse/Describe round trip).
 
+use super::token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing};
 use super::{
-    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, Ledger, LedgerError, MAX_OWNER_LEN,
-    Rejection, RunId, check_text,
+    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseToken, Ledger, LedgerError,
+    MAX_OWNER_LEN, Rejection, RunId, check_text,
 };
 
 impl Ledger {
     /// Acquires a free lease or takes over an expired one (epoch + 1). Waits
     /// for a protected write in flight on the same run, then judges the
-    /// lease as that write left it.
+    /// lease as that write left it. The grant's claim carries the new
+    /// secret lease token (only its hash is stored; hand it to the holder
+    /// once).
     pub async fn lease_acquire(
         &self,
         run_id: RunId,
         owner: &str,
         ttl_ms: i64,
     ) -> Result<AcquireOutcome, LedgerError> {
-        const SQL: &str = "SELECT * FROM lease_acquire($1, $2, $3)";
+        const SQL: &str = "SELECT * FROM lease_acquire($1, $2, $3, $4)";
         self.lease_take("lease_acquire", SQL, run_id, owner, ttl_ms)
             .await
     }
@@ -33,7 +36,7 @@ impl Ledger {
         owner: &str,
         ttl_ms: i64,
     ) -> Result<AcquireOutcome, LedgerError> {
-        const SQL: &str = "SELECT * FROM lease_takeover($1, $2, $3)";
+        const SQL: &str = "SELECT * FROM lease_takeover($1, $2, $3, $4)";
         self.lease_take("lease_takeover", SQL, run_id, owner, ttl_ms)
             .await
     }
@@ -50,12 +53,16 @@ impl Ledger {
     ) -> Result<AcquireOutcome, LedgerError> {
         check_text("owner", owner, MAX_OWNER_LEN)?;
         self.check_ttl(ttl_ms)?;
+        // One token per call: a retried statement stores the same hash.
+        let token = LeaseToken::generate();
+        let hash = token.sha256();
         let row: WriteRow = self
             .invoke(call, true, || {
                 sqlx::query_as(statement)
                     .bind(run_id.as_uuid())
                     .bind(owner)
                     .bind(ttl_ms)
+                    .bind(hash.as_slice())
             })
             .await
             .inspect_err(|_| {
@@ -65,7 +72,7 @@ impl Ledger {
         if let Some(after) = row.takeover_after_ms {
             metrics::histogram!("workflow_takeover_duration_seconds").record(after / 1000.0);
         }
-        let outcome = Self::acquire_outcome(run_id, owner, row)?;
+        let outcome = Self::acquire_outcome(run_id, owner, token, row)?;
         metrics::counter!("lease_acquire_total", "outcome" => outcome.label()).increment(1);
         Ok(outcome)
     }
@@ -73,6 +80,7 @@ impl Ledger {
     fn acquire_outcome(
         run_id: RunId,
         owner: &str,
+        token: LeaseToken,
         row: WriteRow,
     ) -> Result<AcquireOutcome, LedgerError> {
         const CALL: &str = "lease_acquire";
@@ -87,6 +95,7 @@ impl Ledger {
                         epoch: row
                             .lease_epoch
                             .ok_or_else(|| missing(CALL, "lease_epoch"))?,
+                        token: Some(token),
                     },
                     expires_at: applied.lease_expires_at,
                     took_over: outcome == Outcome::TakenOver,
@@ -123,10 +132,11 @@ impl Ledger {
         self.check_ttl(ttl_ms)?;
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4)")
+                sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4, $5)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
                     .bind(ttl_ms)
             })
             .await
@@ -141,6 +151,7 @@ impl Ledger {
         let outcome = match &fenced {
             Fenced::Applied(_) => "success",
             Fenced::Rejected(Rejection::Terminal { .. }) => "terminal",
+            Fenced::Rejected(Rejection::LeaseTokenInvalid { .. }) => "token_invalid",
             Fenced::Rejected(_) => "lost",
         };
         metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
@@ -148,14 +159,16 @@ impl Ledger {
     }
 
     /// Gives the lease up; the epoch is kept so the next acquire is epoch + 1.
+    /// Needs the lease's token, like every fenced write.
     pub async fn lease_release(&self, claim: &LeaseClaim) -> Result<Fenced<Applied>, LedgerError> {
         const CALL: &str = "lease_release";
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_release($1, $2, $3)")
+                sqlx::query_as("SELECT * FROM lease_release($1, $2, $3, $4)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
             })
             .await?;
         row.into_fenced(CALL, Expected::claim(claim))

@@ -9,8 +9,10 @@
 //! # Invariants (numbering follows DESIGN.md)
 //!
 //! 1. Only the current run's current epoch writes workflow state: every
-//!    fenced function locks the lease row `FOR UPDATE`, checks owner, epoch
-//!    and expiry, and writes in the same transaction (`_lease_fence`).
+//!    fenced function locks the lease row `FOR UPDATE`, checks owner, epoch,
+//!    expiry and the lease token's hash, and writes in the same transaction
+//!    (`_lease_fence`). Owner and epoch are public; the token (`token`
+//!    module) is the credential, and only its SHA-256 is sent and stored.
 //! 2. Within one epoch, writes are ordered by a revision compare-and-swap.
 //! 5. No transaction spans a network call: the transaction is the statement.
 //! 6. A retry of a task is a new run; terminal runs are never reused.
@@ -46,6 +48,7 @@ mod read;
 mod run;
 mod schema;
 mod stored_json;
+mod token;
 mod types;
 mod verdict;
 
@@ -71,8 +74,10 @@ pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
-    LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary, RunView,
+    LeaseToken, LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary,
+    RunView, TokenFault,
 };
+pub use token::LEASE_TOKEN_PREFIX;
 
 use error::{ErrorClass, classify};
 

@@ -346,10 +346,11 @@ impl Ledger {
         let batch: Vec<IntentParams> = intents.iter().map(|i| IntentParams::new(i, None)).collect();
         let rows: Vec<OpRow> = self
             .invoke_all(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_register($1, $2, $3, $4, $5, $6)")
+                sqlx::query_as("SELECT * FROM operation_register($1, $2, $3, $4, $5, $6, $7)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(super::token::bind_hash(claim.token.as_ref()))
                     .bind(&batch)
                     .bind(checkpoint.map(|c| c.expected_revision))
                     .bind(checkpoint.map(|c| Json(stored_json::encode(c.checkpoint))))
@@ -410,10 +411,11 @@ impl Ledger {
         let params = IntentParams::new(intent, route);
         let row: OpRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6)")
+                sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(super::token::bind_hash(claim.token.as_ref()))
                     .bind(&params)
                     .bind(dispatch_owner)
                     .bind(claim_ttl_ms)
@@ -642,10 +644,11 @@ impl Ledger {
         let params = IntentParams::new(revised, None);
         let row: OpRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_supersede($1, $2, $3, $4, $5)")
+                sqlx::query_as("SELECT * FROM operation_supersede($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(super::token::bind_hash(claim.token.as_ref()))
                     .bind(old.as_str())
                     .bind(&params)
             })

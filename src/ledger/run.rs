@@ -9,9 +9,10 @@ use sqlx::types::Json;
 use uuid::Uuid;
 
 use super::stored_json;
+use super::token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing, parse_run_status};
 use super::{
-    Applied, Fenced, LeaseClaim, Ledger, LedgerError, MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN,
+    Applied, Fenced, LeaseClaim, LeaseToken, Ledger, LedgerError, MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN,
     RunCreateOutcome, RunId, RunStatus, RunSummary, check_text,
 };
 
@@ -36,6 +37,7 @@ impl CreateRow {
             lease_owner: self.lease_owner.clone(),
             lease_epoch: self.lease_epoch.unwrap_or(0),
             lease_expires_at: self.lease_expires_at.unwrap_or(DateTime::<Utc>::UNIX_EPOCH),
+            lease_token: None,
         })
     }
 }
@@ -52,7 +54,9 @@ impl Ledger {
     /// row, in one transaction; the run becomes the task's active run. Pick
     /// `run_id` with [`RunId::generate`] before the call and reuse it when
     /// retrying after [`LedgerError::OutcomeUnknown`]: the replay answers
-    /// [`RunCreateOutcome::Exists`].
+    /// [`RunCreateOutcome::Exists`]. With `lease`, a `Created` run's summary
+    /// carries the new lease's secret token (a replay's does not: the token
+    /// was shown once).
     pub async fn run_create(
         &self,
         run_id: RunId,
@@ -67,18 +71,24 @@ impl Ledger {
             check_text("owner", lease.owner, MAX_OWNER_LEN)?;
             self.check_ttl(lease.ttl_ms)?;
         }
+        let token = lease.map(|_| LeaseToken::generate());
+        let hash = bind_hash(token.as_ref());
         let row: CreateRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM run_create($1, $2, $3, $4, $5)")
+                sqlx::query_as("SELECT * FROM run_create($1, $2, $3, $4, $5, $6)")
                     .bind(tenant_id)
                     .bind(task_id)
                     .bind(run_id.as_uuid())
                     .bind(lease.map(|l| l.owner))
                     .bind(lease.map(|l| l.ttl_ms))
+                    .bind(hash.as_deref())
             })
             .await?;
         Ok(match Outcome::parse(CALL, &row.outcome)? {
-            Outcome::Created => RunCreateOutcome::Created(row.summary(CALL)?),
+            Outcome::Created => RunCreateOutcome::Created(RunSummary {
+                lease_token: token,
+                ..row.summary(CALL)?
+            }),
             Outcome::Exists => RunCreateOutcome::Exists(row.summary(CALL)?),
             Outcome::ActiveRunLive => RunCreateOutcome::ActiveRunLive(row.summary(CALL)?),
             Outcome::RunIdTaken => RunCreateOutcome::RunIdTaken,
@@ -96,10 +106,11 @@ impl Ledger {
         const CALL: &str = "checkpoint_save";
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM checkpoint_save($1, $2, $3, $4, $5)")
+                sqlx::query_as("SELECT * FROM checkpoint_save($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
                     .bind(expected_revision)
                     .bind(Json(stored_json::encode(checkpoint)))
             })
@@ -119,10 +130,11 @@ impl Ledger {
         const CALL: &str = "run_start";
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM run_start($1, $2, $3, $4)")
+                sqlx::query_as("SELECT * FROM run_start($1, $2, $3, $4, $5)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
                     .bind(expected_revision)
             })
             .await?;
@@ -142,10 +154,11 @@ impl Ledger {
         const CALL: &str = "run_complete";
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM run_complete($1, $2, $3, $4, $5)")
+                sqlx::query_as("SELECT * FROM run_complete($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
                     .bind(expected_revision)
                     .bind(final_checkpoint.map(Json))
             })
@@ -167,10 +180,11 @@ impl Ledger {
         const CALL: &str = "run_fail";
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM run_fail($1, $2, $3, $4, $5)")
+                sqlx::query_as("SELECT * FROM run_fail($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
                     .bind(expected_revision)
                     .bind(Json(stored_json::encode(reason)))
             })

@@ -18,6 +18,7 @@
 
 use std::fmt;
 
+pub use super::token::LeaseToken;
 pub use crate::ids::RunId;
 use crate::intent::{OperationId, RequestDigest};
 use chrono::{DateTime, Utc};
@@ -137,12 +138,42 @@ impl fmt::Display for RunStatus {
 }
 
 /// What a worker presents on every protected write: the run, its session
-/// (owner) and its term (epoch). Only the current pair may write (invariant 1).
+/// (owner) and its term (epoch) — the lease's public identity — and the
+/// secret lease token its taker was given. Only the current pair with its
+/// token may write (invariant 1). The token is never serialized: a claim
+/// in an answer or an error names run, owner and epoch only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseClaim {
     pub run_id: RunId,
     pub owner: String,
     pub epoch: i64,
+    /// `None`: the caller presented no token (its writes are refused as
+    /// [`Rejection::LeaseTokenInvalid`]).
+    #[serde(skip)]
+    pub token: Option<LeaseToken>,
+}
+
+/// Why the current owner and epoch were refused for their token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenFault {
+    /// No lease token was presented.
+    Missing,
+    /// The token presented is not this lease's.
+    Wrong,
+    /// The lease was taken before lease tokens existed (migration 0005) and
+    /// has none: acquire it again (once expired) or take it over.
+    Unset,
+}
+
+impl TokenFault {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenFault::Missing => "missing",
+            TokenFault::Wrong => "wrong",
+            TokenFault::Unset => "unset",
+        }
+    }
 }
 
 /// The lease as the database holds it, reported on rejections.
@@ -189,6 +220,12 @@ pub enum Rejection {
         expected: LeaseClaim,
         found: LeaseState,
     },
+    /// The caller named the current owner and epoch but did not present
+    /// that lease's token (none, a wrong one, or the lease has none yet).
+    /// Nothing was written. Owner and epoch are public; the token is the
+    /// credential.
+    #[error("{}", token_message(claim, *fault))]
+    LeaseTokenInvalid { claim: LeaseClaim, fault: TokenFault },
     /// Same epoch, stale snapshot: read back and decide per step semantics.
     #[error("revision conflict: expected revision {expected_revision}, found {found}")]
     Conflict { expected_revision: i64, found: i64 },
@@ -245,11 +282,26 @@ fn lease_lost_message(expected: &LeaseClaim, found: &LeaseState) -> String {
     }
 }
 
+fn token_message(claim: &LeaseClaim, fault: TokenFault) -> String {
+    let what = match fault {
+        TokenFault::Missing => "no lease token was presented".to_owned(),
+        TokenFault::Wrong => "the lease token presented is not this lease's".to_owned(),
+        TokenFault::Unset => "this lease was taken before lease tokens existed and has none; \
+             acquire it again once it expires, or take it over, to get one"
+            .to_owned(),
+    };
+    format!(
+        "lease token invalid for run {} owner {} epoch {}: {what}. Nothing was written",
+        claim.run_id, claim.owner, claim.epoch
+    )
+}
+
 impl Rejection {
     /// A stable, low-cardinality name for metrics labels and API codes.
     pub fn reason(&self) -> &'static str {
         match self {
             Rejection::LeaseLost { .. } => "lease_lost",
+            Rejection::LeaseTokenInvalid { .. } => "lease_token_invalid",
             Rejection::Conflict { .. } => "revision_conflict",
             Rejection::WrongStatus { .. } => "wrong_status",
             Rejection::Terminal { .. } => "terminal_run",
@@ -325,6 +377,10 @@ pub struct RunSummary {
     pub lease_owner: Option<String>,
     pub lease_epoch: i64,
     pub lease_expires_at: DateTime<Utc>,
+    /// The secret token of the lease this create took (`Created` with an
+    /// initial lease only; shown once, never serialized).
+    #[serde(skip)]
+    pub lease_token: Option<LeaseToken>,
 }
 
 /// The outcome of `run_create`.
@@ -412,6 +468,7 @@ mod tests {
             run_id: RunId::generate(),
             owner: "a".into(),
             epoch: 100,
+            token: None,
         };
         let found = LeaseState {
             owner: Some("b".into()),

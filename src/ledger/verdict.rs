@@ -13,7 +13,9 @@ use chrono::{DateTime, Utc};
 
 use sqlx::FromRow;
 
-use super::{Applied, Fenced, LeaseClaim, LeaseState, LedgerError, Rejection, RunStatus};
+use super::{
+    Applied, Fenced, LeaseClaim, LeaseState, LedgerError, Rejection, RunStatus, TokenFault,
+};
 
 /// Every outcome word the SQL functions answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,8 @@ pub(super) enum Outcome {
     // Rejections shared by fenced calls.
     NotFound,
     LeaseLost,
+    LeaseTokenInvalid,
+    LeaseTokenUnset,
     Terminal,
     Conflict,
     WrongStatus,
@@ -77,6 +81,8 @@ impl Outcome {
             "superseded" => Superseded,
             "not_found" => NotFound,
             "lease_lost" => LeaseLost,
+            "lease_token_invalid" => LeaseTokenInvalid,
+            "lease_token_unset" => LeaseTokenUnset,
             "terminal" => Terminal,
             "conflict" => Conflict,
             "wrong_status" => WrongStatus,
@@ -207,6 +213,18 @@ pub(super) fn fence_rejection(
                 .ok_or_else(|| missing(call, "claim"))?,
             found: found.lease_state(),
         },
+        Outcome::LeaseTokenInvalid | Outcome::LeaseTokenUnset => {
+            let claim = expected
+                .claim
+                .cloned()
+                .ok_or_else(|| missing(call, "claim"))?;
+            let fault = match (outcome, &claim.token) {
+                (Outcome::LeaseTokenUnset, _) => TokenFault::Unset,
+                (_, None) => TokenFault::Missing,
+                (_, Some(_)) => TokenFault::Wrong,
+            };
+            Rejection::LeaseTokenInvalid { claim, fault }
+        }
         Outcome::Terminal => Rejection::Terminal {
             status: found.run_status(call)?,
         },

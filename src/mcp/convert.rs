@@ -12,7 +12,9 @@ use crate::dispatch::{CallError, CallReply};
 pub mod codes {
     /// A side-effecting call came without a lease.
     pub const LEASE_REQUIRED: i32 = -32001;
-    /// The lease is not the run's current one (taken over, expired, released).
+    /// The lease is not the run's current one (taken over, expired,
+    /// released), or (`data.reason = "lease_token_invalid"`) it is, but the
+    /// call did not present its secret lease token.
     pub const LEASE_LOST: i32 = -32002;
     /// The same intent identity was sent with a different request.
     pub const INTENT_CONFLICT: i32 = -32003;
@@ -119,6 +121,13 @@ pub fn error_from_call(error: &CallError) -> McpError {
         CallError::LeaseRequired => (codes::LEASE_REQUIRED, None),
         CallError::BadRequestMeta(_) => (codes::INVALID_PARAMS, None),
         CallError::LeaseLost(rejection) => (codes::LEASE_LOST, Some(reason_data(rejection))),
+        CallError::LeaseTokenInvalid(rejection) => {
+            let mut data = reason_data(rejection);
+            if let crate::ledger::Rejection::LeaseTokenInvalid { fault, .. } = rejection.as_ref() {
+                data["fault"] = json!(fault.as_str());
+            }
+            (codes::LEASE_LOST, Some(data))
+        }
         CallError::SessionLost { task, .. } => (
             codes::LEASE_LOST,
             Some(json!({"reason": "session_lost", "task": task})),
@@ -207,11 +216,15 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
     let meta = super::front::LEASE_META;
     let send = if *over_http {
         format!(
-            "send its run_id, owner and epoch as the Leasegate-Run-Id, Leasegate-Owner and \
-             Leasegate-Epoch headers or as _meta \"{meta}\" {{run_id, owner, epoch}}"
+            "send its run_id, owner, epoch and secret lease token (shown once when the lease is \
+             taken) as the Leasegate-Run-Id, Leasegate-Owner, Leasegate-Epoch and \
+             Leasegate-Lease-Token headers or as _meta \"{meta}\" {{run_id, owner, epoch, token}}"
         )
     } else {
-        format!("send its run_id, owner and epoch as _meta \"{meta}\" {{run_id, owner, epoch}}")
+        format!(
+            "send its run_id, owner, epoch and secret lease token (shown once when the lease is \
+             taken) as _meta \"{meta}\" {{run_id, owner, epoch, token}}"
+        )
     };
     let read_only = if *read_only_hint == Some(true) && !trust_annotations {
         format!(
@@ -240,14 +253,19 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
          with owner and ttl_ms on the control API), then {send}. {session}. {read_only}."
     );
     let mut lease = json!({
-        "meta": {"key": meta, "fields": ["run_id", "owner", "epoch"]},
+        "meta": {"key": meta, "fields": ["run_id", "owner", "epoch", "token"]},
         "create_run": {
             "cli": "leasegate runs create --task <task> --owner <owner> --ttl-ms <ms>",
             "api": "POST /v1/runs {\"task_id\", \"owner\", \"ttl_ms\"}",
         },
     });
     if *over_http {
-        lease["headers"] = json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"]);
+        lease["headers"] = json!([
+            "Leasegate-Run-Id",
+            "Leasegate-Owner",
+            "Leasegate-Epoch",
+            "Leasegate-Lease-Token"
+        ]);
         lease["session_mode"] =
             json!("lease_mode = \"session\", http_sessions = true, Leasegate-Task header");
         lease["key_mode"] =
@@ -304,7 +322,7 @@ mod tests {
             "tool \"files__delete\" has side effects and needs a lease",
             "leasegate runs create --task <task> --owner <owner>",
             "POST /v1/runs",
-            "_meta \"dev.leasegate/lease\" {run_id, owner, epoch}",
+            "_meta \"dev.leasegate/lease\" {run_id, owner, epoch, token}",
             "set read_only = true under [tools.delete] in the adapter file of upstream \"files\"",
             "trust_annotations = true",
         ] {
@@ -331,7 +349,9 @@ mod tests {
         let http = lease_required(&call);
         let message = http.message.to_string();
         assert!(
-            message.contains("Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers"),
+            message.contains(
+                "Leasegate-Run-Id, Leasegate-Owner, Leasegate-Epoch and Leasegate-Lease-Token headers"
+            ),
             "{message}"
         );
         assert!(
@@ -341,7 +361,12 @@ mod tests {
         let data = http.data.expect("structured hints");
         assert_eq!(
             data["how"]["lease"]["headers"],
-            json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"])
+            json!([
+                "Leasegate-Run-Id",
+                "Leasegate-Owner",
+                "Leasegate-Epoch",
+                "Leasegate-Lease-Token"
+            ])
         );
         assert_eq!(data["how"]["read_only"]["read_only_hint"], true);
     }

@@ -13,8 +13,14 @@
 //! # Leases
 //!
 //! The caller's lease comes per call in `_meta["dev.leasegate/lease"]` =
-//! `{run_id, owner, epoch}`, or from the HTTP headers `Leasegate-Run-Id`,
-//! `Leasegate-Owner`, `Leasegate-Epoch`; `_meta` wins. The step comes from
+//! `{run_id, owner, epoch, token}`, or from the HTTP headers
+//! `Leasegate-Run-Id`, `Leasegate-Owner`, `Leasegate-Epoch` and
+//! `Leasegate-Lease-Token`; `_meta` wins (and its token is the one in
+//! `_meta`). Run id, owner and epoch are public; the token (shown once when
+//! the lease was taken) is the credential the ledger's fence checks, so a
+//! call without it is refused -32002 with `data.reason =
+//! "lease_token_invalid"` and nothing is registered or sent. The token is
+//! never logged (it is not a span field). The step comes from
 //! `_meta["dev.leasegate/step"]` = `{step_id, effect_version}`.
 //!
 //! # What the upstream sends during a call
@@ -93,13 +99,15 @@ use crate::adapter::{PeerError, SharedDirectory, ToAgent, Upstream, UpstreamCall
 use crate::config::Config;
 use crate::dispatch::{CallContext, CallError, CallReply, CallRequest, Dispatcher};
 use crate::intent::StepRef;
-use crate::ledger::{LeaseClaim, RunId};
+use crate::ledger::{LeaseClaim, LeaseToken, RunId};
 
 pub const LEASE_META: &str = "dev.leasegate/lease";
 pub const STEP_META: &str = "dev.leasegate/step";
 pub const RUN_ID_HEADER: &str = "leasegate-run-id";
 pub const OWNER_HEADER: &str = "leasegate-owner";
 pub const EPOCH_HEADER: &str = "leasegate-epoch";
+/// The secret lease token of the lease the other three headers name.
+pub const LEASE_TOKEN_HEADER: &str = "leasegate-lease-token";
 /// Lease mode `session` over HTTP: the task key of this MCP session.
 pub const TASK_HEADER: &str = "leasegate-task";
 /// Lease mode `key`: the call's idempotency key in `_meta` (the HTTP front
@@ -167,6 +175,8 @@ struct State {
     /// Lease mode `session` (stdio): the lease calls without one of their
     /// own are sent under.
     session_lease: std::sync::OnceLock<Arc<crate::worker::session::SessionLease>>,
+    /// Lease mode `key`: the key runs' leases (and tokens) this process took.
+    key_leases: crate::worker::session::KeyLeases,
     /// Serializes catalog refreshes.
     refreshing: tokio::sync::Mutex<()>,
     /// Session-wide notifications (exposed names and URIs), for 2026-07-28
@@ -239,6 +249,11 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
             .get("epoch")
             .and_then(Value::as_i64)
             .ok_or_else(|| bad("epoch must be an integer"))?;
+        let token = match value.get("token") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(token)) => Some(LeaseToken::presented(token)),
+            Some(_) => return Err(bad("token must be a string")),
+        };
         let run_id: RunId = run_id
             .parse()
             .map_err(|e: crate::ids::InvalidRunId| bad(&e.to_string()))?;
@@ -246,6 +261,7 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
             run_id,
             owner: owner.to_owned(),
             epoch,
+            token,
         });
     }
     let Some(parts) = context.extensions.get::<http::request::Parts>() else {
@@ -278,6 +294,7 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
                 run_id,
                 owner: owner.to_owned(),
                 epoch,
+                token: header(LEASE_TOKEN_HEADER).map(LeaseToken::presented),
             })
         }
         _ => Err(CallError::BadRequestMeta(
@@ -376,6 +393,7 @@ impl Front {
                 sessions: Mutex::new(Vec::new()),
                 parked: Mutex::new(HashMap::new()),
                 session_lease: std::sync::OnceLock::new(),
+                key_leases: crate::worker::session::KeyLeases::new(),
                 notices: tokio::sync::broadcast::channel(256).0,
                 refreshing: tokio::sync::Mutex::new(()),
             }),
@@ -2041,6 +2059,7 @@ impl Front {
         let dispatcher = &self.state.dispatcher;
         crate::worker::session::key_lease(
             dispatcher.ledger(),
+            &self.state.key_leases,
             &config.tenant,
             // Until the front authenticates callers (issue 13), every caller
             // of a tenant is one principal.
@@ -2109,6 +2128,13 @@ pub fn operation_of(result: &CallToolResult) -> Option<Value> {
 }
 
 /// The JSON of the lease `_meta` entry, for clients.
+/// Carries the lease's token when the claim has one: hand it only to the
+/// lease's holder.
 pub fn lease_meta(lease: &LeaseClaim) -> Value {
-    json!({ "run_id": lease.run_id.to_string(), "owner": lease.owner, "epoch": lease.epoch })
+    let mut meta =
+        json!({ "run_id": lease.run_id.to_string(), "owner": lease.owner, "epoch": lease.epoch });
+    if let Some(token) = &lease.token {
+        meta["token"] = json!(token.expose());
+    }
+    meta
 }

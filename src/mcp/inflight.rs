@@ -93,6 +93,7 @@ fn client_identity(headers: &HeaderMap) -> String {
         "leasegate-run-id",
         "leasegate-owner",
         "leasegate-epoch",
+        "leasegate-lease-token",
         "user-agent",
     ]
     .iter()

@@ -268,7 +268,10 @@ impl LeaseHandle {
         if let Ok(Fenced::Rejected(rejection)) = outcome
             && matches!(
                 rejection,
-                Rejection::LeaseLost { .. } | Rejection::Terminal { .. } | Rejection::NotFound
+                Rejection::LeaseLost { .. }
+                    | Rejection::LeaseTokenInvalid { .. }
+                    | Rejection::Terminal { .. }
+                    | Rejection::NotFound
             )
         {
             self.cancel

@@ -29,6 +29,24 @@
 //!
 //! A process that dies holding a session leaves the lease to expire (its
 //! ttl); the next session for the task takes it over at once anyway.
+//!
+//! # Lease tokens
+//!
+//! Every lease leasegate takes here comes with its secret token (issue 13);
+//! leasegate keeps it in memory only, in the session's claim or, in key
+//! mode, in the process's [`KeyLeases`], and presents it on every write. A
+//! token is shown once, so a process never learns another process's token:
+//! in key mode a process that holds no token for a key run's live lease
+//! takes the lease over (epoch + 1, a new token) instead of sharing it. A
+//! call of another process with the same key whose registration had not yet
+//! committed is then refused -32002 (`lease_lost`) and nothing of it is
+//! sent; its retry with the same key replays. A call already registered
+//! and claimed is not affected: settling is fenced by the dispatch claim,
+//! not the lease, so the takeover never causes a second send.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
@@ -75,6 +93,7 @@ impl SessionLease {
         config.validate().map_err(SessionError::Config)?;
         let (claim, took_over) =
             take_task_run(&ledger, tenant, task, owner, config.ttl_ms, None).await?;
+        // The token is not a log field.
         let cancel = WorkerCancellation::new();
         let heartbeat = spawn_heartbeat(ledger.clone(), claim.clone(), config, cancel.clone());
         tracing::info!(task, run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
@@ -145,21 +164,67 @@ pub const KEY_OWNER: &str = "leasegate:idempotency-key";
 /// The longest idempotency key accepted (lease mode `key`).
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 
+/// Lease mode `key`: the key runs' leases this process took, with their
+/// secret tokens, by task. One per process (the MCP front's state); calls
+/// with one key in this process take turns on the key's slot while they
+/// take its lease, so they share one lease instead of fencing each other.
+#[derive(Debug, Default)]
+pub struct KeyLeases {
+    slots: std::sync::Mutex<HashMap<String, Arc<Mutex<Option<HeldKeyLease>>>>>,
+}
+
+#[derive(Debug)]
+struct HeldKeyLease {
+    claim: LeaseClaim,
+    /// This host's estimate of the lease's end; only for forgetting it.
+    until: Instant,
+}
+
+impl KeyLeases {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The task's slot; forgets slots nobody uses whose lease has ended.
+    fn slot(&self, task: &str) -> Arc<Mutex<Option<HeldKeyLease>>> {
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        slots.retain(|name, slot| {
+            name == task
+                || Arc::strong_count(slot) > 1
+                || slot
+                    .try_lock()
+                    .map(|held| held.as_ref().is_some_and(|held| held.until > now))
+                    .unwrap_or(true)
+        });
+        slots.entry(task.to_owned()).or_default().clone()
+    }
+}
+
+/// Key mode's part of [`take_task_run`].
+struct KeyMode<'a> {
+    /// A live run created longer ago than this is cancelled and replaced.
+    retention: std::time::Duration,
+    /// The lease this process holds for the task, token included.
+    held: Option<&'a LeaseClaim>,
+}
+
 /// The task's active run, with its lease now held by `owner`: created
 /// (epoch 1) when the task has no live run, else taken over at once
-/// (`lease_takeover`); a pending run is started. With `retention` (key
-/// mode), a live run created longer ago than that is cancelled first and a
-/// new one created, and a live lease `owner` already holds is shared rather
-/// than taken over (every leasegate process acts for a key under the same
-/// owner, so concurrent calls with one key do not fence each other).
-/// Returns the lease and whether it was taken from a holder.
+/// (`lease_takeover`); a pending run is started. With `key` (key mode), a
+/// live run created longer ago than its retention is cancelled first and a
+/// new one created, and a live lease this process already holds (`held`:
+/// same run and epoch, so its token is known) is shared rather than taken
+/// over, so concurrent calls with one key in one process do not fence each
+/// other. Returns the lease (with its token) and whether it was taken from
+/// a holder.
 async fn take_task_run(
     ledger: &Ledger,
     tenant: &str,
     task: &str,
     owner: &str,
     ttl_ms: i64,
-    retention: Option<std::time::Duration>,
+    key: Option<KeyMode<'_>>,
 ) -> Result<(LeaseClaim, bool), SessionError> {
     let refused = |detail: String| SessionError::Refused {
         task: task.to_owned(),
@@ -178,6 +243,7 @@ async fn take_task_run(
                     run_id: run.run_id,
                     owner: owner.to_owned(),
                     epoch: run.lease_epoch,
+                    token: run.lease_token,
                 },
                 run.status,
                 0,
@@ -185,32 +251,31 @@ async fn take_task_run(
             ),
             RunCreateOutcome::ActiveRunLive(run) => {
                 let mut shared = None;
-                if let Some(retention) = retention {
+                if let Some(key) = &key {
                     let created = ledger
                         .run_get(run.run_id)
                         .await?
                         .map(|view| view.created_at);
                     let age = created.and_then(|at| (chrono::Utc::now() - at).to_std().ok());
-                    if age.is_some_and(|age| age >= retention) {
+                    if age.is_some_and(|age| age >= key.retention) {
                         let _ = ledger
                             .run_cancel(run.run_id, owner, Some("retention passed"))
                             .await?;
                         continue;
                     }
-                    // Key mode: a live lease of the shared owner with half
-                    // its ttl left is used as it is (the call registers
-                    // before it lapses); otherwise it is taken over afresh.
+                    // Key mode: a live lease this process holds (its token
+                    // known) with half its ttl left is used as it is (the
+                    // call registers before it lapses); otherwise it is
+                    // taken over afresh.
                     let half = chrono::Duration::milliseconds(ttl_ms / 2);
-                    if run.lease_owner.as_deref() == Some(owner)
+                    if let Some(held) = key.held
+                        && held.run_id == run.run_id
+                        && held.epoch == run.lease_epoch
+                        && run.lease_owner.as_deref() == Some(owner)
                         && run.lease_expires_at > chrono::Utc::now() + half
                     {
-                        let claim = LeaseClaim {
-                            run_id: run.run_id,
-                            owner: owner.to_owned(),
-                            epoch: run.lease_epoch,
-                        };
                         // A pending run has revision 0 until it starts.
-                        shared = Some((claim, run.status, 0, false));
+                        shared = Some((held.clone(), run.status, 0, false));
                     }
                 }
                 match shared {
@@ -249,7 +314,8 @@ async fn take_task_run(
 }
 
 /// Lease mode `key`: the lease of the run that stands for one idempotency
-/// key of `principal` in `tenant` (task `idempotency-key:<principal>:<key>`).
+/// key of `principal` in `tenant` (task `idempotency-key:<principal>:<key>`),
+/// with its token (this process's, kept in `leases`).
 ///
 /// The first call with a key creates the run (lease held by `owner`); a
 /// later call with the same key takes its lease over at once (there is no
@@ -258,8 +324,10 @@ async fn take_task_run(
 /// intent conflict. Once `retention` has passed since the run was created,
 /// the old run is cancelled and the key starts a new one: the same key is a
 /// new request then, as at providers that prune keys.
+#[allow(clippy::too_many_arguments)]
 pub async fn key_lease(
     ledger: &Ledger,
+    leases: &KeyLeases,
     tenant: &str,
     principal: &str,
     key: &str,
@@ -276,6 +344,17 @@ pub async fn key_lease(
             ),
         });
     }
-    let (claim, _) = take_task_run(ledger, tenant, &task, owner, ttl_ms, Some(retention)).await?;
+    let slot = leases.slot(&task);
+    let mut held = slot.lock().await;
+    let key_mode = KeyMode {
+        retention,
+        held: held.as_ref().map(|held| &held.claim),
+    };
+    let (claim, _) = take_task_run(ledger, tenant, &task, owner, ttl_ms, Some(key_mode)).await?;
+    let ttl = std::time::Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0));
+    *held = Some(HeldKeyLease {
+        claim: claim.clone(),
+        until: Instant::now() + ttl,
+    });
     Ok(claim)
 }
