@@ -105,6 +105,7 @@ async fn unknown_runs_and_malformed_ids_are_named_and_write_nothing(
         run_id: missing,
         owner: "w".into(),
         epoch: 1,
+        token: None,
     };
     assert_eq!(
         db.ledger.lease_acquire(missing, "w", 1_000).await.unwrap(),

@@ -199,6 +199,10 @@ async fn run_client(run: ClientRun<'_>, lease: &LeaseClaim) -> Vec<Value> {
             &lease.owner,
         ])
         .args(["--epoch", &lease.epoch.to_string()])
+        .env(
+            "LEASEGATE_LEASE_TOKEN",
+            lease.token.as_ref().map(|t| t.expose()).unwrap_or_default(),
+        )
         .args(["--interactive", if interactive { "yes" } else { "no" }])
         .args(["--tag", tag]);
     if let Some(stdio) = stdio_command {

@@ -227,6 +227,12 @@ url = "{upstream_url}"
         anyhow::bail!("run_start: {rejection}");
     }
     let epoch = grant.claim.epoch.to_string();
+    let lease_token = grant
+        .claim
+        .token
+        .as_ref()
+        .map(|token| token.expose().to_owned())
+        .unwrap_or_default();
 
     // One kept-alive connection per client (reqwest pools and reuses it).
     let client = || {
@@ -269,6 +275,7 @@ url = "{upstream_url}"
             ("leasegate-run-id", run_id.to_string()),
             ("leasegate-owner", owner.to_owned()),
             ("leasegate-epoch", epoch),
+            ("leasegate-lease-token", lease_token),
         ],
     };
 

@@ -54,6 +54,7 @@ async fn main() -> anyhow::Result<()> {
     Ledger::migrate(&url).await?;
 
     let setup = Ledger::connect(&url, LedgerOptions::default()).await?;
+    let mut tokens = Vec::with_capacity(RUNS);
     for client in 0..RUNS {
         let owner = format!("bench-{client}");
         let lease = InitialLease {
@@ -68,11 +69,12 @@ async fn main() -> anyhow::Result<()> {
                 Some(lease),
             )
             .await?;
-        anyhow::ensure!(
-            matches!(created, RunCreateOutcome::Created(_)),
-            "run {client}: {created:?}"
-        );
+        let RunCreateOutcome::Created(created) = created else {
+            anyhow::bail!("run {client}: {created:?}");
+        };
+        tokens.push(created.lease_token);
     }
+    let tokens = Arc::new(tokens);
     print_settings(&url, seconds).await?;
     setup.close().await;
 
@@ -81,7 +83,8 @@ async fn main() -> anyhow::Result<()> {
         "callers", "leasegate/s", "pgbench/s", "ratio"
     );
     for callers in LEVELS {
-        let (ours, breakdown) = leasegate_rate(&url, callers, Duration::from_secs(seconds)).await?;
+        let (ours, breakdown) =
+            leasegate_rate(&url, callers, Duration::from_secs(seconds), &tokens).await?;
         let theirs = pgbench_rate(&url, callers, seconds)?;
         match theirs {
             Some(theirs) => println!(
@@ -115,6 +118,7 @@ async fn leasegate_rate(
     url: &str,
     callers: usize,
     duration: Duration,
+    tokens: &Arc<Vec<Option<leasegate::ledger::LeaseToken>>>,
 ) -> anyhow::Result<(f64, String)> {
     let options = LedgerOptions {
         max_connections: callers as u32,
@@ -129,11 +133,13 @@ async fn leasegate_rate(
         .map(|client| {
             let (ledger, done, stop, phases) =
                 (ledger.clone(), done.clone(), stop.clone(), phases.clone());
+            let token = tokens[client].clone();
             tokio::spawn(async move {
                 let lease = LeaseClaim {
                     run_id: run_id(client),
                     owner: format!("bench-{client}"),
                     epoch: 1,
+                    token,
                 };
                 let dispatch_owner = format!("leasegate-{client}");
                 let mut n = 0u64;

@@ -2,11 +2,15 @@
 -- functions leasegate calls — register-and-claim, then settle. Client N
 -- works on run 00000000-0000-7000-8000-<N as 12 digits>, leased by bench-N
 -- at epoch 1 (set up by examples/bench_operations). Run with -M prepared.
+-- The lease token's hash is read from the lease row (pgbench cannot know
+-- the token leasegate showed once; leasegate's side sends the hash it holds).
 \set n random(1, 900000000000000)
 SELECT operation_id AS op, revision AS rev, request_digest AS dg
   FROM operation_register_claim(
     ('00000000-0000-7000-8000-' || lpad(:client_id::text, 12, '0'))::uuid,
     'bench-' || :client_id, 1,
+    (SELECT token_sha256 FROM worker_leases
+      WHERE run_id = ('00000000-0000-7000-8000-' || lpad(:client_id::text, 12, '0'))::uuid),
     jsonb_build_object('operation_id', 'pgbench-' || :client_id || '-' || :n,
                        'step_id', 'pgbench-' || :n, 'effect_version', 1,
                        'tool_name', 'bench__create',

@@ -764,7 +764,7 @@ impl AgentCtx {
     async fn intent(&self, index: usize) -> IntentRecord {
         let kind = Kind::ALL[self.draw(4) as usize];
         let label = format!("chaos-{index}");
-        let run_id = uuid::Uuid::new_v4().to_string();
+        let mut run_id = uuid::Uuid::new_v4().to_string();
         let owner = format!("agent-{}", self.agent);
         let mut record = IntentRecord {
             index,
@@ -778,9 +778,13 @@ impl AgentCtx {
             gave_up: None,
         };
         // The run and its lease in one request; the run id is ours, so a
-        // retry after a lost answer is the same run (200, same lease).
-        let create = json!({"tenant_id": "chaos", "task_id": label, "run_id": run_id,
-                            "owner": owner, "ttl_ms": 600_000});
+        // retry after a lost answer is the same run (200, same lease). That
+        // replay does not carry the lease token (it was shown once, in the
+        // lost answer): the run is then cancelled (an operator route, no
+        // lease needed; nothing was registered under it) and a new run
+        // created for the task.
+        let mut create = json!({"tenant_id": "chaos", "task_id": label, "run_id": run_id,
+                                "owner": owner, "ttl_ms": 600_000});
         let mut epoch = None;
         for attempt in 0..60u32 {
             let control = &self.control[self.draw(self.control.len() as u64) as usize];
@@ -800,8 +804,22 @@ impl AgentCtx {
                     .and_then(|t| serde_json::from_str(&t).ok())
                     .unwrap_or(Value::Null);
                 if (status == 200 || status == 201) && body["lease"]["owner"] == owner.as_str() {
-                    epoch = body["lease"]["epoch"].as_i64();
-                    break;
+                    if let Some(token) = body["lease_token"].as_str() {
+                        epoch = body["lease"]["epoch"].as_i64().map(|e| (e, token.to_owned()));
+                        break;
+                    }
+                    let cancel = json!({"actor": "chaos-harness", "reason": "lease token lost"});
+                    let _ = self
+                        .client
+                        .post(format!("{control}/v1/runs/{run_id}/cancel"))
+                        .header("content-type", "application/json")
+                        .body(cancel.to_string())
+                        .send()
+                        .await;
+                    run_id = uuid::Uuid::new_v4().to_string();
+                    record.run_id = run_id.clone();
+                    create["run_id"] = json!(run_id);
+                    continue;
                 }
                 if status < 500 {
                     record.gave_up = Some(format!("create run: {status} {body}"));
@@ -810,7 +828,7 @@ impl AgentCtx {
             }
             tokio::time::sleep(backoff(attempt)).await;
         }
-        let Some(epoch) = epoch else {
+        let Some((epoch, token)) = epoch else {
             record.gave_up = Some("create run: no answer".to_owned());
             return record;
         };
@@ -827,7 +845,7 @@ impl AgentCtx {
             attempt += 1;
             record.calls = attempt;
             let mcp = &self.mcp[self.draw(self.mcp.len() as u64) as usize];
-            match self.call(mcp, &body, &run_id, &owner, epoch).await {
+            match self.call(mcp, &body, &run_id, &owner, epoch, &token).await {
                 Answer::Operation { id, status } => {
                     record.operation_ids.insert(id);
                     record.last_status = Some(status.clone());
@@ -866,7 +884,15 @@ impl AgentCtx {
         }
     }
 
-    async fn call(&self, mcp: &str, body: &str, run_id: &str, owner: &str, epoch: i64) -> Answer {
+    async fn call(
+        &self,
+        mcp: &str,
+        body: &str,
+        run_id: &str,
+        owner: &str,
+        epoch: i64,
+        token: &str,
+    ) -> Answer {
         let sent = self
             .client
             .post(mcp)
@@ -876,6 +902,7 @@ impl AgentCtx {
             .header("leasegate-run-id", run_id)
             .header("leasegate-owner", owner)
             .header("leasegate-epoch", epoch.to_string())
+            .header("leasegate-lease-token", token)
             .body(body.to_owned())
             .send()
             .await;

@@ -63,9 +63,10 @@ class Control:
 class Heartbeat(threading.Thread):
     """Renews every ttl/3; the first renewal it cannot confirm sets `lost`."""
 
-    def __init__(self, control, run_id, owner, epoch, ttl_ms):
+    def __init__(self, control, run_id, owner, epoch, token, ttl_ms):
         super().__init__(daemon=True)
         self.control, self.run_id, self.owner, self.epoch, self.ttl_ms = control, run_id, owner, epoch, ttl_ms
+        self.token = token
         self.lost = threading.Event()
         self.stopped = threading.Event()
 
@@ -73,7 +74,8 @@ class Heartbeat(threading.Thread):
         while not self.stopped.wait(self.ttl_ms / 3000):
             try:
                 self.control.call("POST", f"/v1/runs/{self.run_id}/lease/renew",
-                                  {"owner": self.owner, "epoch": self.epoch, "ttl_ms": self.ttl_ms})
+                                  {"owner": self.owner, "epoch": self.epoch, "lease_token": self.token,
+                                   "ttl_ms": self.ttl_ms})
             except Exception as error:  # lease lost, run terminal, or no answer: stop
                 emit("lease_lost", cause=str(error))
                 self.lost.set()
@@ -109,13 +111,16 @@ def main():
         emit("run_created", run_id=run_id)
     grant = control.call("POST", f"/v1/runs/{run_id}/lease", {"ttl_ms": args.ttl_ms})
     owner, epoch, revision = grant["owner"], grant["epoch"], grant["revision"]
+    # The lease's secret, shown once: every lease-fenced write sends it (never log it).
+    token = grant["lease_token"]
     emit("acquired", run_id=run_id, owner=owner, epoch=epoch, took_over=grant["took_over"])
-    heartbeat = Heartbeat(control, run_id, owner, epoch, args.ttl_ms)
+    heartbeat = Heartbeat(control, run_id, owner, epoch, token, args.ttl_ms)
     heartbeat.start()
 
     if grant["run_status"] == "pending":
         revision = control.call("POST", f"/v1/runs/{run_id}/start",
-                                {"owner": owner, "epoch": epoch, "expected_revision": revision})["revision"]
+                                {"owner": owner, "epoch": epoch, "lease_token": token,
+                                 "expected_revision": revision})["revision"]
     checkpoint = control.call("GET", f"/v1/runs/{run_id}")["checkpoint"]
     if "plan" in checkpoint:
         plan, done = checkpoint["plan"], checkpoint.get("done", [])
@@ -123,7 +128,7 @@ def main():
     else:
         plan, done = PLAN, []
         saved = control.call("POST", f"/v1/runs/{run_id}/checkpoint", {
-            "owner": owner, "epoch": epoch, "expected_revision": revision,
+            "owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": revision,
             "checkpoint": {"plan": plan, "done": done}, "intents": plan})
         revision = saved["revision"]
         emit("planned", operations={i["step_id"]: i["operation_id"] for i in saved["intents"]})
@@ -131,7 +136,7 @@ def main():
         emit("crashing")
         os._exit(3)
 
-    lease = {"run_id": run_id, "owner": owner, "epoch": epoch}
+    lease = {"run_id": run_id, "owner": owner, "epoch": epoch, "token": token}
     for step in plan:
         if step["step_id"] in done:
             continue
@@ -142,13 +147,13 @@ def main():
         emit("called", step_id=step["step_id"], operation=note, is_error=result.get("isError", False))
         done.append(step["step_id"])
         revision = control.call("POST", f"/v1/runs/{run_id}/checkpoint", {
-            "owner": owner, "epoch": epoch, "expected_revision": revision,
+            "owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": revision,
             "checkpoint": {"plan": plan, "done": done}})["revision"]
 
     control.call("POST", f"/v1/runs/{run_id}/complete",
-                 {"owner": owner, "epoch": epoch, "expected_revision": revision})
+                 {"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": revision})
     heartbeat.stopped.set()
-    control.call("POST", f"/v1/runs/{run_id}/lease/release", {"owner": owner, "epoch": epoch})
+    control.call("POST", f"/v1/runs/{run_id}/lease/release", {"owner": owner, "epoch": epoch, "lease_token": token})
     emit("completed", run_id=run_id)
     return 0
 

@@ -235,6 +235,12 @@ pub async fn connect_http(url: &str, lease_headers: Option<&LeaseClaim>) -> (Age
             ("leasegate-epoch", lease.epoch.to_string()),
         ]
         .into_iter()
+        .chain(
+            lease
+                .token
+                .as_ref()
+                .map(|token| ("leasegate-lease-token", token.expose().to_owned())),
+        )
         .map(|(name, value)| {
             (
                 http::HeaderName::from_static(name),

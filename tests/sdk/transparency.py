@@ -33,6 +33,8 @@ parser.add_argument("--upstream", default="everything")
 parser.add_argument("--run-id", required=True)
 parser.add_argument("--owner", required=True)
 parser.add_argument("--epoch", type=int, required=True)
+# The lease's secret token; from the environment so it is not on the command line.
+parser.add_argument("--lease-token", default=os.environ.get("LEASEGATE_LEASE_TOKEN"))
 parser.add_argument("--interactive", default="yes")
 parser.add_argument("--mailer-state", default="")
 parser.add_argument("--tag", default="t")
@@ -40,7 +42,8 @@ args = parser.parse_args()
 
 DEADLINE = 30.0
 UP = args.upstream
-LEASE = {"dev.leasegate/lease": {"run_id": args.run_id, "owner": args.owner, "epoch": args.epoch}}
+LEASE = {"dev.leasegate/lease": {"run_id": args.run_id, "owner": args.owner, "epoch": args.epoch,
+                                  "token": args.lease_token}}
 failures = 0
 
 
