@@ -60,8 +60,9 @@ impl Api {
         self.send(Method::GET, path, None).await
     }
 
-    /// Creates a run, acquires its lease and starts it; (run_id, owner, epoch, revision).
-    async fn running(&self, task: &str, owner: &str) -> (String, String, i64, i64) {
+    /// Creates a run, acquires its lease and starts it; (run_id, owner,
+    /// epoch, revision, lease token).
+    async fn running(&self, task: &str, owner: &str) -> (String, String, i64, i64, String) {
         let (status, run) = self
             .post(
                 "/v1/runs",
@@ -78,10 +79,11 @@ impl Api {
             .await;
         assert_eq!(status, StatusCode::OK, "{lease}");
         let epoch = lease["epoch"].as_i64().unwrap();
+        let token = lease["lease_token"].as_str().unwrap().to_owned();
         let (status, started) = self
             .post(
                 &format!("/v1/runs/{run_id}/start"),
-                json!({"owner": owner, "epoch": epoch, "expected_revision": 0}),
+                json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": 0}),
             )
             .await;
         assert_eq!(status, StatusCode::OK, "{started}");
@@ -90,6 +92,7 @@ impl Api {
             owner.to_owned(),
             epoch,
             started["revision"].as_i64().unwrap(),
+            token,
         )
     }
 }
@@ -131,6 +134,8 @@ async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: P
     assert_eq!(status, StatusCode::OK);
     let owner = lease["owner"].as_str().unwrap().to_owned();
     assert!(owner.starts_with("owner-"), "{lease}");
+    let token = lease["lease_token"].as_str().unwrap().to_owned();
+    assert!(token.starts_with("lgl_"), "{lease}");
     assert_eq!(
         (lease["epoch"].clone(), lease["took_over"].clone()),
         (json!(1), json!(false))
@@ -138,18 +143,18 @@ async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: P
     let (status, renewed) = api
         .post(
             &format!("/v1/runs/{run_id}/lease/renew"),
-            json!({"owner": owner, "epoch": 1, "ttl_ms": 30000}),
+            json!({"owner": owner, "epoch": 1, "lease_token": token, "ttl_ms": 30000}),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{renewed}");
     assert!(renewed["expires_at"].as_str().unwrap() >= lease["expires_at"].as_str().unwrap());
 
     // Start, checkpoint with planned intents, read the run and its operations.
-    let claim = json!({"owner": owner, "epoch": 1});
+    let claim = json!({"owner": owner, "epoch": 1, "lease_token": token});
     let (status, started) = api
         .post(
             &format!("/v1/runs/{run_id}/start"),
-            json!({"owner": owner, "epoch": 1, "expected_revision": 0}),
+            json!({"owner": owner, "epoch": 1, "lease_token": token, "expected_revision": 0}),
         )
         .await;
     assert_eq!(
@@ -160,7 +165,7 @@ async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: P
         ),
         (StatusCode::OK, json!("running"), json!(1))
     );
-    let plan = json!({"owner": owner, "epoch": 1, "expected_revision": 1, "checkpoint": {"step": "charge"},
+    let plan = json!({"owner": owner, "epoch": 1, "lease_token": token, "expected_revision": 1, "checkpoint": {"step": "charge"},
         "intents": [{"tool": "payments__charge", "arguments": {"amount": 5}, "step_id": "charge"}]});
     let (status, saved) = api
         .post(&format!("/v1/runs/{run_id}/checkpoint"), plan)
@@ -213,7 +218,7 @@ async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: P
     );
 
     // Complete, release; fail and cancel on other runs.
-    let (status, done) = api.post(&format!("/v1/runs/{run_id}/complete"), json!({"owner": owner, "epoch": 1, "expected_revision": 2, "checkpoint": {"done": true}})).await;
+    let (status, done) = api.post(&format!("/v1/runs/{run_id}/complete"), json!({"owner": owner, "epoch": 1, "lease_token": token, "expected_revision": 2, "checkpoint": {"done": true}})).await;
     assert_eq!(
         (status, done["run_status"].clone()),
         (StatusCode::OK, json!("succeeded"))
@@ -222,13 +227,13 @@ async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: P
         .post(&format!("/v1/runs/{run_id}/lease/release"), claim)
         .await;
     assert_eq!(status, StatusCode::OK);
-    let (other, other_owner, epoch, revision) = api.running("t2", "w2").await;
-    let (status, failed) = api.post(&format!("/v1/runs/{other}/fail"), json!({"owner": other_owner, "epoch": epoch, "expected_revision": revision, "reason": "card declined"})).await;
+    let (other, other_owner, epoch, revision, other_token) = api.running("t2", "w2").await;
+    let (status, failed) = api.post(&format!("/v1/runs/{other}/fail"), json!({"owner": other_owner, "epoch": epoch, "lease_token": other_token, "expected_revision": revision, "reason": "card declined"})).await;
     assert_eq!(
         (status, failed["run_status"].clone()),
         (StatusCode::OK, json!("failed"))
     );
-    let (third, _, _, _) = api.running("t3", "w3").await;
+    let (third, _, _, _, _) = api.running("t3", "w3").await;
     let (status, cancelled) = api
         .post(
             &format!("/v1/runs/{third}/cancel"),
@@ -250,7 +255,7 @@ async fn documented_error_codes_come_with_their_http_status(
     let api = Api {
         ledger: db.ledger.clone(),
     };
-    let (run_id, owner, epoch, revision) = api.running("task", "holder").await;
+    let (run_id, owner, epoch, revision, token) = api.running("task", "holder").await;
     let missing = uuid::Uuid::now_v7();
 
     let cases: Vec<(StatusCode, Value, &str)> = vec![
@@ -273,7 +278,7 @@ async fn documented_error_codes_come_with_their_http_status(
             (s, a, "lease_lost")
         },
         {
-            let (s, a) = api.post(&format!("/v1/runs/{run_id}/checkpoint"), json!({"owner": owner, "epoch": epoch, "expected_revision": revision + 9, "checkpoint": {}})).await;
+            let (s, a) = api.post(&format!("/v1/runs/{run_id}/checkpoint"), json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": revision + 9, "checkpoint": {}})).await;
             (s, a, "revision_conflict")
         },
         {
@@ -289,7 +294,7 @@ async fn documented_error_codes_come_with_their_http_status(
             let (s, a) = api
                 .post(
                     &format!("/v1/runs/{run_id}/start"),
-                    json!({"owner": owner, "epoch": epoch, "expected_revision": revision}),
+                    json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": revision}),
                 )
                 .await;
             (s, a, "wrong_status")
@@ -306,10 +311,21 @@ async fn documented_error_codes_come_with_their_http_status(
             let (s, a) = api
                 .post(
                     &format!("/v1/runs/{run_id}/lease/renew"),
-                    json!({"owner": owner, "epoch": epoch, "ttl_ms": 0}),
+                    json!({"owner": owner, "epoch": epoch, "lease_token": token, "ttl_ms": 0}),
                 )
                 .await;
             (s, a, "invalid_ttl")
+        },
+        {
+            // The current owner and epoch, read from GET /v1/runs, without
+            // the token.
+            let (s, a) = api
+                .post(
+                    &format!("/v1/runs/{run_id}/lease/renew"),
+                    json!({"owner": owner, "epoch": epoch, "ttl_ms": 1000}),
+                )
+                .await;
+            (s, a, "lease_token_invalid")
         },
         {
             let (s, a) = api.get("/v1/runs/12345").await;
@@ -331,6 +347,7 @@ async fn documented_error_codes_come_with_their_http_status(
         let want = match *expected {
             "not_found" | "no_route" => StatusCode::NOT_FOUND,
             "invalid_ttl" | "invalid_run_id" | "invalid_status" => StatusCode::UNPROCESSABLE_ENTITY,
+            "lease_token_invalid" => StatusCode::FORBIDDEN,
             _ => StatusCode::CONFLICT,
         };
         assert_eq!(*status, want, "{answer}");
@@ -345,7 +362,7 @@ async fn documented_error_codes_come_with_their_http_status(
     }
     // Intent conflict: the same step planned with other arguments.
     let plan = |amount: i64, expected_revision: i64| {
-        json!({"owner": owner, "epoch": epoch, "expected_revision": expected_revision, "checkpoint": {},
+        json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": expected_revision, "checkpoint": {},
                "intents": [{"tool": "payments__charge", "arguments": {"amount": amount}, "step_id": "s"}]})
     };
     assert_eq!(
@@ -402,8 +419,8 @@ async fn acceptance_a_and_c_through_the_http_api(pool: PgPoolOptions, connect: P
     let api = Api {
         ledger: db.ledger.clone(),
     };
-    let (run_id, owner, epoch, revision) = api.running("ac", "worker").await;
-    let save = |expected: i64, n: i64| json!({"owner": owner, "epoch": epoch, "expected_revision": expected, "checkpoint": {"n": n}});
+    let (run_id, owner, epoch, revision, token) = api.running("ac", "worker").await;
+    let save = |expected: i64, n: i64| json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": expected, "checkpoint": {"n": n}});
     // A: sequential saves, revision +1 each.
     let (s1, a1) = api
         .post(&format!("/v1/runs/{run_id}/checkpoint"), save(revision, 1))
@@ -459,9 +476,10 @@ async fn after_a_takeover_the_old_owner_gets_lease_lost_and_changes_nothing(
         .await;
     assert_eq!(status, StatusCode::CREATED);
     let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let old_token = run["lease_token"].as_str().unwrap().to_owned();
     api.post(
         &format!("/v1/runs/{run_id}/start"),
-        json!({"owner": "old", "epoch": 1, "expected_revision": 0}),
+        json!({"owner": "old", "epoch": 1, "lease_token": old_token, "expected_revision": 0}),
     )
     .await;
     db.wait_lease_expired(leasegate::ledger::RunId::from_uuid(run_id.parse().unwrap()))
@@ -476,23 +494,26 @@ async fn after_a_takeover_the_old_owner_gets_lease_lost_and_changes_nothing(
         (status, taken["epoch"].clone(), taken["took_over"].clone()),
         (StatusCode::OK, json!(2), json!(true))
     );
-    let (_, saved) = api.post(&format!("/v1/runs/{run_id}/checkpoint"), json!({"owner": "new", "epoch": 2, "expected_revision": 1, "checkpoint": {"by": "new"}})).await;
+    let new_token = taken["lease_token"].as_str().unwrap().to_owned();
+    assert_ne!(new_token, old_token);
+    let (_, saved) = api.post(&format!("/v1/runs/{run_id}/checkpoint"), json!({"owner": "new", "epoch": 2, "lease_token": new_token, "expected_revision": 1, "checkpoint": {"by": "new"}})).await;
     let (_, before) = api.get(&format!("/v1/runs/{run_id}")).await;
 
+    // The old owner's own (once valid) token does not bring its epoch back.
     for (path, body) in [
         (
             "lease/renew",
-            json!({"owner": "old", "epoch": 1, "ttl_ms": 30000}),
+            json!({"owner": "old", "epoch": 1, "lease_token": old_token, "ttl_ms": 30000}),
         ),
         (
             "checkpoint",
-            json!({"owner": "old", "epoch": 1, "expected_revision": 2, "checkpoint": {"by": "old"}}),
+            json!({"owner": "old", "epoch": 1, "lease_token": old_token, "expected_revision": 2, "checkpoint": {"by": "old"}}),
         ),
         (
             "complete",
-            json!({"owner": "old", "epoch": 1, "expected_revision": 2}),
+            json!({"owner": "old", "epoch": 1, "lease_token": old_token, "expected_revision": 2}),
         ),
-        ("lease/release", json!({"owner": "old", "epoch": 1})),
+        ("lease/release", json!({"owner": "old", "epoch": 1, "lease_token": old_token})),
     ] {
         let (status, answer) = api.post(&format!("/v1/runs/{run_id}/{path}"), body).await;
         assert_eq!(
@@ -740,6 +761,8 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
             "x",
             "--epoch",
             "1",
+            "--lease-token",
+            "lgl_not-the-token",
             "--ttl-ms",
             "1000"
         ])
@@ -747,12 +770,62 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
         .code(),
         Some(5)
     );
+    // The current owner and epoch with a wrong token: exit 5 as well.
+    let forged = cli(&[
+        "lease",
+        "renew",
+        &lease.run_id.to_string(),
+        "--owner",
+        &lease.owner,
+        "--epoch",
+        &lease.epoch.to_string(),
+        "--lease-token",
+        "lgl_not-the-token",
+        "--ttl-ms",
+        "1000",
+        "--json",
+    ]);
+    assert_eq!(forged.status.code(), Some(5));
+    let answer: Value = serde_json::from_slice(&forged.stdout).unwrap();
+    assert_eq!(
+        (answer["code"].clone(), answer["detail"]["fault"].clone()),
+        (json!("lease_token_invalid"), json!("wrong")),
+        "{answer}"
+    );
+    // The holder's token, from the environment: renewed.
+    let renewed = std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .args(["lease", "renew", &lease.run_id.to_string(), "--owner", &lease.owner])
+        .args(["--epoch", &lease.epoch.to_string(), "--ttl-ms", "60000"])
+        .args(["--database-url", &db.url])
+        .env(
+            "LEASEGATE_LEASE_TOKEN",
+            lease.token.as_ref().unwrap().expose(),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(renewed.status.code(), Some(0), "{renewed:?}");
     assert_eq!(cli(&["runs", "show", "not-a-uuid"]).status.code(), Some(2));
     let created = cli(&[
         "runs", "create", "--task", "cli-task", "--tenant", "tenant-a", "--json",
     ]);
     assert_eq!(created.status.code(), Some(0));
     let run: Value = serde_json::from_slice(&created.stdout).unwrap();
+    assert!(run.get("lease_token").is_none(), "no lease, no token: {run}");
+    // Acquire prints the token once, in text as in JSON.
+    let acquired = cli(&[
+        "lease",
+        "acquire",
+        run["run_id"].as_str().unwrap(),
+        "--ttl-ms",
+        "60000",
+        "--owner",
+        "cli-worker",
+    ]);
+    assert_eq!(acquired.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&acquired.stdout).contains("lease_token      lgl_"),
+        "{acquired:?}"
+    );
     let shown = cli(&["runs", "show", run["run_id"].as_str().unwrap()]);
     assert!(String::from_utf8_lossy(&shown.stdout).contains("pending"));
 }
