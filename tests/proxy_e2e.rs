@@ -184,8 +184,8 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         "tool \"mailer__send_email\" has side effects and needs a lease",
         "leasegate runs create --task <task> --owner <owner> --ttl-ms 60000",
         "POST /v1/runs",
-        "Leasegate-Run-Id, Leasegate-Owner and Leasegate-Epoch headers",
-        "_meta \"dev.leasegate/lease\" {run_id, owner, epoch}",
+        "Leasegate-Run-Id, Leasegate-Owner, Leasegate-Epoch and Leasegate-Lease-Token headers",
+        "_meta \"dev.leasegate/lease\" {run_id, owner, epoch, token}",
         "set read_only = true under [tools.send_email] in the adapter file of upstream \"mailer\"",
     ] {
         assert!(
@@ -226,7 +226,12 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     assert_eq!(data["how"]["lease"]["meta"]["key"], "dev.leasegate/lease");
     assert_eq!(
         data["how"]["lease"]["headers"],
-        json!(["Leasegate-Run-Id", "Leasegate-Owner", "Leasegate-Epoch"])
+        json!([
+            "Leasegate-Run-Id",
+            "Leasegate-Owner",
+            "Leasegate-Epoch",
+            "Leasegate-Lease-Token"
+        ])
     );
     assert_eq!(
         data["how"]["read_only"]["set"],
