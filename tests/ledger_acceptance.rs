@@ -115,10 +115,11 @@ async fn acceptance_d_takeover_waits_for_the_transaction_that_locked_the_lease_r
         .await
         .unwrap();
     let (outcome, saved_revision): (String, i64) =
-        sqlx::query_as("SELECT outcome, revision FROM checkpoint_save($1, $2, $3, $4, $5)")
+        sqlx::query_as("SELECT outcome, revision FROM checkpoint_save($1, $2, $3, $4, $5, $6)")
             .bind(claim_a.run_id.as_uuid())
             .bind(&claim_a.owner)
             .bind(claim_a.epoch)
+            .bind(claim_a.token.as_ref().map(|t| t.sha256()))
             .bind(revision)
             .bind(sqlx::types::Json(json!({"writer": "a"})))
             .fetch_one(&mut *tx_a)

@@ -83,7 +83,7 @@ async fn invalid_ttls_are_refused_before_anything_is_written(
         .execute(&mut *tx)
         .await
         .unwrap();
-    let error = sqlx::query("SELECT * FROM lease_renew($1, 'worker', 1, 0)")
+    let error = sqlx::query("SELECT * FROM lease_renew($1, 'worker', 1, NULL, 0)")
         .bind(claim.run_id.as_uuid())
         .execute(&mut *tx)
         .await

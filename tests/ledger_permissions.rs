@@ -47,8 +47,9 @@ async fn application_role_cannot_write_tables_directly(
         "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('x', 'y')",
         "INSERT INTO ledger_events (run_id, subject, to_status, actor_kind) SELECT run_id, 'run', 'failed', 'worker' FROM agent_runs",
         "UPDATE tool_operations SET status = 'succeeded'",
-        "SELECT _lease_fence(run_id, 'worker', 1, false) FROM agent_runs",
-        "SELECT _run_advance(run_id, 'worker', 1, 1, 'running', 'failed', NULL, NULL) FROM agent_runs",
+        "SELECT _lease_fence(run_id, 'worker', 1, NULL::bytea, false) FROM agent_runs",
+        "SELECT _run_advance(run_id, 'worker', 1, NULL::bytea, 1, 'running', 'failed', NULL, NULL) FROM agent_runs",
+        "UPDATE worker_leases SET token_sha256 = sha256('mine')",
     ] {
         let error = as_app_role(&db, statement).await.expect_err(statement);
         assert!(
