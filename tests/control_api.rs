@@ -513,7 +513,10 @@ async fn after_a_takeover_the_old_owner_gets_lease_lost_and_changes_nothing(
             "complete",
             json!({"owner": "old", "epoch": 1, "lease_token": old_token, "expected_revision": 2}),
         ),
-        ("lease/release", json!({"owner": "old", "epoch": 1, "lease_token": old_token})),
+        (
+            "lease/release",
+            json!({"owner": "old", "epoch": 1, "lease_token": old_token}),
+        ),
     ] {
         let (status, answer) = api.post(&format!("/v1/runs/{run_id}/{path}"), body).await;
         assert_eq!(
@@ -794,7 +797,13 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     );
     // The holder's token, from the environment: renewed.
     let renewed = std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
-        .args(["lease", "renew", &lease.run_id.to_string(), "--owner", &lease.owner])
+        .args([
+            "lease",
+            "renew",
+            &lease.run_id.to_string(),
+            "--owner",
+            &lease.owner,
+        ])
         .args(["--epoch", &lease.epoch.to_string(), "--ttl-ms", "60000"])
         .args(["--database-url", &db.url])
         .env(
@@ -810,7 +819,10 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     ]);
     assert_eq!(created.status.code(), Some(0));
     let run: Value = serde_json::from_slice(&created.stdout).unwrap();
-    assert!(run.get("lease_token").is_none(), "no lease, no token: {run}");
+    assert!(
+        run.get("lease_token").is_none(),
+        "no lease, no token: {run}"
+    );
     // Acquire prints the token once, in text as in JSON.
     let acquired = cli(&[
         "lease",

@@ -31,7 +31,12 @@ async fn ledger_state(db: &TestDb) -> String {
 }
 
 async fn post_json(url: &str, body: Value) -> (u16, Value) {
-    let answer = http::post(url, &[("content-type", "application/json")], &body.to_string()).await;
+    let answer = http::post(
+        url,
+        &[("content-type", "application/json")],
+        &body.to_string(),
+    )
+    .await;
     (
         answer.status,
         serde_json::from_str(&answer.body).unwrap_or(Value::Null),
@@ -90,7 +95,10 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     assert_eq!(status, 201, "{created}");
     let run_id = created["run_id"].as_str().unwrap().to_owned();
     let token = created["lease_token"].as_str().unwrap().to_owned();
-    assert!(token.starts_with("lgl_") && token.len() >= 4 + 43, "{token}");
+    assert!(
+        token.starts_with("lgl_") && token.len() >= 4 + 43,
+        "{token}"
+    );
     let holder = |extra: Value| {
         let mut body = json!({"owner": "holder", "epoch": 1, "lease_token": token});
         body.as_object_mut()
@@ -117,7 +125,11 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     assert_eq!((owner.as_str(), epoch), ("holder", 1));
 
     let before = ledger_state(&db).await;
-    let metrics_before = rejected_total(&http::get(&format!("{}/metrics", proxy.control_url)).await.body);
+    let metrics_before = rejected_total(
+        &http::get(&format!("{}/metrics", proxy.control_url))
+            .await
+            .body,
+    );
 
     // Every lease-fenced control route, without a token and with a wrong one.
     let routes: [(&str, Value); 6] = [
@@ -133,7 +145,10 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         ("fail", json!({"expected_revision": 1, "reason": "forged"})),
     ];
     let mut refusals = 0.0;
-    for forged_token in [None, Some("lgl_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA")] {
+    for forged_token in [
+        None,
+        Some("lgl_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"),
+    ] {
         for (route, extra) in &routes {
             let mut body = json!({"owner": owner, "epoch": epoch});
             if let Some(forged) = forged_token {
@@ -142,13 +157,18 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
             body.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
-            let (status, answer) = post_json(&format!("{control}/runs/{run_id}/{route}"), body).await;
+            let (status, answer) =
+                post_json(&format!("{control}/runs/{run_id}/{route}"), body).await;
             assert_eq!(
                 (status, answer["code"].as_str()),
                 (403, Some("lease_token_invalid")),
                 "{route}: {answer}"
             );
-            let fault = if forged_token.is_some() { "wrong" } else { "missing" };
+            let fault = if forged_token.is_some() {
+                "wrong"
+            } else {
+                "missing"
+            };
             assert_eq!(answer["detail"]["fault"], fault, "{route}: {answer}");
             assert!(!answer.to_string().contains(&token[4..]));
             refusals += 1.0;
@@ -163,11 +183,19 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         token: None,
     };
     let (agent, _) = connect_http(&proxy.url, Some(&forged)).await;
-    let (code, message) = call(&agent, "mailer__send_email", json!({"to": "victim@example.com"}), None)
-        .await
-        .expect_err("no token, refused");
+    let (code, message) = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "victim@example.com"}),
+        None,
+    )
+    .await
+    .expect_err("no token, refused");
     assert_eq!(code, -32002, "{message}");
-    assert!(message.contains("no lease token was presented"), "{message}");
+    assert!(
+        message.contains("no lease token was presented"),
+        "{message}"
+    );
     assert!(message.contains("Leasegate-Lease-Token"), "{message}");
     let wrong = LeaseClaim {
         token: Some(LeaseToken::generate()),
@@ -223,7 +251,11 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         scenario.side_effects("emails.jsonl").is_empty(),
         "nothing reached the tool"
     );
-    let metrics_after = rejected_total(&http::get(&format!("{}/metrics", proxy.control_url)).await.body);
+    let metrics_after = rejected_total(
+        &http::get(&format!("{}/metrics", proxy.control_url))
+            .await
+            .body,
+    );
     assert!(
         metrics_after - metrics_before >= refusals,
         "{metrics_before} -> {metrics_after}, {refusals} refusals"
@@ -256,7 +288,11 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     )
     .await;
     assert_eq!(status, 200, "{answer}");
-    let (status, answer) = post_json(&format!("{control}/runs/{run_id}/lease/release"), holder(json!({}))).await;
+    let (status, answer) = post_json(
+        &format!("{control}/runs/{run_id}/lease/release"),
+        holder(json!({})),
+    )
+    .await;
     assert_eq!(status, 200, "{answer}");
 
     // The token is in no answer of a read and in no event.

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{TestDb, applied};
-use leasegate::intent::{Intent, IntegerPolicy, StepRef};
+use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{
     Fenced, LeaseClaim, LeaseToken, PlannedCheckpoint, Rejection, RunId, TokenFault,
 };
@@ -76,7 +76,11 @@ async fn every_fenced_write(
         ),
         rejection(
             "checkpoint_save",
-            unit(l.checkpoint_save(claim, revision, &checkpoint).await.unwrap()),
+            unit(
+                l.checkpoint_save(claim, revision, &checkpoint)
+                    .await
+                    .unwrap(),
+            ),
         ),
         rejection(
             "run_start",
@@ -129,10 +133,7 @@ async fn every_fenced_write(
                     .unwrap(),
             ),
         ),
-        rejection(
-            "lease_release",
-            unit(l.lease_release(claim).await.unwrap()),
-        ),
+        rejection("lease_release", unit(l.lease_release(claim).await.unwrap())),
     ]
 }
 
@@ -153,17 +154,11 @@ async fn the_current_owner_and_epoch_without_the_token_write_nothing(
     );
     let before = snapshot(&db, holder.run_id).await;
     // Only the SHA-256 of the token is stored, never the token.
-    assert_eq!(
-        before.3,
-        Sha256::digest(token.expose().as_bytes()).to_vec()
-    );
+    assert_eq!(before.3, Sha256::digest(token.expose().as_bytes()).to_vec());
 
     for (presented, fault) in [
         (None, TokenFault::Missing),
-        (
-            Some(LeaseToken::presented("lgl_forged")),
-            TokenFault::Wrong,
-        ),
+        (Some(LeaseToken::presented("lgl_forged")), TokenFault::Wrong),
         (Some(LeaseToken::generate()), TokenFault::Wrong),
         // A hash of the right token is not the token.
         (
@@ -179,7 +174,10 @@ async fn the_current_owner_and_epoch_without_the_token_write_nothing(
             assert_eq!(rejection.reason(), "lease_token_invalid", "{call}");
             match &rejection {
                 Rejection::LeaseTokenInvalid { claim, fault: got } => {
-                    assert_eq!((claim.owner.as_str(), claim.epoch), ("holder", holder.epoch));
+                    assert_eq!(
+                        (claim.owner.as_str(), claim.epoch),
+                        ("holder", holder.epoch)
+                    );
                     assert_eq!(*got, fault, "{call}");
                 }
                 other => panic!("{call}: {other:?}"),
@@ -322,7 +320,10 @@ async fn a_lease_from_before_lease_tokens_is_refused_until_taken_again(
                 ),
                 "{call}: {rejection:?}"
             );
-            assert!(rejection.to_string().contains("take it over"), "{rejection}");
+            assert!(
+                rejection.to_string().contains("take it over"),
+                "{rejection}"
+            );
         }
     }
     assert_eq!(snapshot(&db, holder.run_id).await, before);

@@ -805,7 +805,9 @@ impl AgentCtx {
                     .unwrap_or(Value::Null);
                 if (status == 200 || status == 201) && body["lease"]["owner"] == owner.as_str() {
                     if let Some(token) = body["lease_token"].as_str() {
-                        epoch = body["lease"]["epoch"].as_i64().map(|e| (e, token.to_owned()));
+                        epoch = body["lease"]["epoch"]
+                            .as_i64()
+                            .map(|e| (e, token.to_owned()));
                         break;
                     }
                     let cancel = json!({"actor": "chaos-harness", "reason": "lease token lost"});

@@ -72,12 +72,12 @@ pub use operation_types::{
 pub use read::DbHealth;
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
+pub use token::LEASE_TOKEN_PREFIX;
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LeaseToken, LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary,
     RunView, TokenFault,
 };
-pub use token::LEASE_TOKEN_PREFIX;
 
 use error::{ErrorClass, classify};
 

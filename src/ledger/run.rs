@@ -12,8 +12,8 @@ use super::stored_json;
 use super::token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing, parse_run_status};
 use super::{
-    Applied, Fenced, LeaseClaim, LeaseToken, Ledger, LedgerError, MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN,
-    RunCreateOutcome, RunId, RunStatus, RunSummary, check_text,
+    Applied, Fenced, LeaseClaim, LeaseToken, Ledger, LedgerError, MAX_OWNER_LEN, MAX_TASK_LEN,
+    MAX_TENANT_LEN, RunCreateOutcome, RunId, RunStatus, RunSummary, check_text,
 };
 
 /// The `run_create_result` composite.

@@ -225,7 +225,10 @@ pub enum Rejection {
     /// Nothing was written. Owner and epoch are public; the token is the
     /// credential.
     #[error("{}", token_message(claim, *fault))]
-    LeaseTokenInvalid { claim: LeaseClaim, fault: TokenFault },
+    LeaseTokenInvalid {
+        claim: LeaseClaim,
+        fault: TokenFault,
+    },
     /// Same epoch, stale snapshot: read back and decide per step semantics.
     #[error("revision conflict: expected revision {expected_revision}, found {found}")]
     Conflict { expected_revision: i64, found: i64 },
