@@ -29,5 +29,6 @@ mod runs;
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
     MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, guarded, router, router_for_tenant,
-    router_with_metrics, serve, with_durability, with_metrics, with_upstream_health,
+    router_with_metrics, router_with_tools, serve, with_durability, with_metrics,
+    with_upstream_health,
 };

@@ -22,12 +22,10 @@ pub enum InvalidInput {
     Request(String),
     #[error(transparent)]
     RunId(#[from] crate::ids::InvalidRunId),
-    #[error("{field} must be 1 to {max} characters, got {len}")]
-    TextLength {
-        field: &'static str,
-        len: usize,
-        max: usize,
-    },
+    /// An owner, tenant, task id or actor that is empty, too long or
+    /// holds a character outside the identifier set (`ids::check_identifier`).
+    #[error(transparent)]
+    Identifier(#[from] crate::ids::InvalidIdentifier),
 }
 
 impl InvalidInput {
@@ -38,7 +36,7 @@ impl InvalidInput {
                 "invalid_ttl"
             }
             InvalidInput::RunId(invalid) => invalid.code(),
-            InvalidInput::TextLength { .. } | InvalidInput::Request(_) => "invalid_input",
+            InvalidInput::Identifier(_) | InvalidInput::Request(_) => "invalid_input",
         }
     }
 }
