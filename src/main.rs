@@ -301,7 +301,11 @@ fn check_config(files: &[std::path::PathBuf]) -> u8 {
     let mut first = None;
     let mut failed = 0;
     for file in files {
-        match leasegate::config::check_file(file) {
+        let checked = leasegate::config::check_file(file).and_then(|kind| {
+            leasegate::config::check_runnable(file, kind)?;
+            Ok(kind)
+        });
+        match checked {
             Ok(kind) => println!("ok   {} ({kind})", file.display()),
             Err(error) => {
                 failed += 1;

@@ -900,10 +900,19 @@ pub fn check_file(path: &Path) -> Result<&'static str, ConfigError> {
     match kind {
         "adapter" => load_adapter(path).map(|_| "adapter"),
         "policy" => load_policy(path).map(|_| "policy"),
-        _ => Config::load(path)
-            .and_then(|config| check_commands(&config, path))
-            .map(|()| "config"),
+        _ => Config::load(path).map(|_| "config"),
     }
+}
+
+/// What `leasegate check-config` checks beyond [`check_file`]: a main
+/// configuration's stdio commands are there to run ([`check_commands`],
+/// resolved beside the running executable as `serve` would resolve them).
+/// Other kinds of file pass.
+pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
+    if kind != "config" {
+        return Ok(());
+    }
+    check_commands(&Config::load(path)?, path)
 }
 
 #[cfg(test)]
