@@ -83,7 +83,8 @@
 //!   holds for an agent without lease plumbing (lease mode `session`). It
 //!   sits below `dispatch` so that the MCP front can use session leases.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
-//!   `0002`: operations, evidence; `0003`: detected failovers) and the `leasegate_app` role that may
+//!   `0002`: operations, evidence; `0003`: detected failovers; `0004`:
+//!   identifier checks) and the `leasegate_app` role that may
 //!   only execute the functions and read. `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
 //!   (`common`, `process`, `lease`, `run`, `operation`, `durability`), installed after the

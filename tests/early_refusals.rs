@@ -414,3 +414,37 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_database_refuses_identifiers_that_escaped_the_edges(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // As the superuser, bypassing the functions: the table constraints hold.
+    for (sql, constraint) in [
+        (
+            "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('tenant-a', 'line\nbreak')",
+            "agent_tasks_task_id_identifier",
+        ),
+        (
+            "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('ten ant', 't')",
+            "agent_tasks_tenant_id_identifier",
+        ),
+    ] {
+        let error = sqlx::query(sql).execute(&db.admin).await.unwrap_err();
+        assert!(error.to_string().contains(constraint), "{error}");
+    }
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+    let error = sqlx::query("UPDATE worker_leases SET owner = repeat('o', 201) WHERE run_id = $1")
+        .bind(lease.run_id.as_uuid())
+        .execute(&db.admin)
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("worker_leases_owner_identifier"),
+        "{error}"
+    );
+    let (_, _, _, owner, _) = db.run_row(lease.run_id).await;
+    assert_eq!(owner.as_deref(), Some("agent-1"));
+}
