@@ -75,6 +75,11 @@ async fn plans_for_unknown_tools_and_identifiers_out_of_bounds_are_refused_by_th
             json!({"task_id": "t-1", "owner": "agent one", "ttl_ms": 30_000}),
             "owner",
         ),
+        // Checked before the tenant is compared (and quoted).
+        (
+            json!({"tenant_id": "t".repeat(10_240), "task_id": "t-1"}),
+            "tenant_id",
+        ),
     ] {
         let (status, answer) = post_json(&format!("{api}/runs"), &body).await;
         assert_eq!(
@@ -447,4 +452,75 @@ async fn the_database_refuses_identifiers_that_escaped_the_edges(
     );
     let (_, _, _, owner, _) = db.run_row(lease.run_id).await;
     assert_eq!(owner.as_deref(), Some("agent-1"));
+}
+
+/// While an upstream is down its tools stay known (as it listed them last):
+/// a plan for them is accepted and waits in the outbox; a plan for a tool
+/// it never listed is refused all the same.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_plan_for_a_down_upstreams_tools_is_accepted_and_sent_once_it_is_back(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, revision) = db.running_run("agent-1", 60_000).await;
+    let checkpoint_url = format!("{}/v1/runs/{}/checkpoint", proxy.control_url, lease.run_id);
+
+    // Every new mailer child fails to start: its pid file is a directory.
+    let pid_file = scenario.dir.join("state/mailer.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::fs::remove_file(&pid_file).unwrap();
+    std::fs::create_dir(&pid_file).unwrap();
+    kill(Pid::from_raw(pid), Signal::SIGKILL).unwrap();
+    common::wait_until("the mailer to be down", || async {
+        proxy
+            .upstreams
+            .health()
+            .into_iter()
+            .find(|h| h.name == "mailer")
+            .and_then(|h| h.last_error)
+            .is_some_and(|e| e.starts_with("restart failed"))
+            .then_some(())
+    })
+    .await;
+
+    let plan = |tool: &str, revision: i64| {
+        json!({"owner": lease.owner, "epoch": lease.epoch, "expected_revision": revision,
+               "checkpoint": {"step": "mail"},
+               "intents": [{"tool": tool, "step_id": "mail-1", "arguments": {"to": "a@b.c"}}]})
+    };
+    let before = ledger_rows(&db).await;
+    let (status, answer) = post_json(&checkpoint_url, &plan("mailer__send_fax", revision)).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (422, Some("unknown_tool")),
+        "{answer}"
+    );
+    assert_eq!(ledger_rows(&db).await, before);
+    let (status, answer) = post_json(&checkpoint_url, &plan("mailer__send_email", revision)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["intents"][0]["status"], "prepared", "{answer}");
+
+    // Back: the outbox sends it, once.
+    std::fs::remove_dir(&pid_file).unwrap();
+    common::wait_until("the outbox to send the planned email", || async {
+        let status: String = sqlx::query_scalar(
+            "SELECT status FROM tool_operations WHERE tool_name = 'mailer__send_email'",
+        )
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+        (status == "succeeded").then_some(())
+    })
+    .await;
+    assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
+    proxy.stop().await;
 }

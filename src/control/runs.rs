@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::error::{ApiError, Body, ErrorCode};
 use super::router::{Shared, applied, run_id};
-use crate::ids::{MAX_OWNER_LEN, MAX_STEP_ID_LEN, check_identifier};
+use crate::ids::{MAX_OWNER_LEN, MAX_STEP_ID_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, check_identifier};
 use crate::intent::{Intent, StepRef};
 use crate::ledger::{
     AcquireOutcome, Applied, InitialLease, LeaseClaim, PlannedCheckpoint, Rejection,
@@ -45,6 +45,14 @@ pub(super) async fn create_run(
     State(state): Shared,
     Body(body): Body<CreateRun>,
 ) -> Result<Response, ApiError> {
+    // Before any answer quotes them.
+    if let Some(tenant) = &body.tenant_id {
+        check_identifier("tenant_id", tenant, MAX_TENANT_LEN)?;
+    }
+    check_identifier("task_id", &body.task_id, MAX_TASK_LEN)?;
+    if let Some(owner) = &body.owner {
+        check_identifier("owner", owner, MAX_OWNER_LEN)?;
+    }
     let tenant = match (&state.tenant, &body.tenant_id) {
         (Some(served), Some(asked)) if served != asked => {
             // Nothing is written: the task and run would be invisible to
