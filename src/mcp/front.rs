@@ -17,6 +17,12 @@
 //! `Leasegate-Owner`, `Leasegate-Epoch`; `_meta` wins. The step comes from
 //! `_meta["dev.leasegate/step"]` = `{step_id, effect_version}`.
 //!
+//! Refused with -32602 before anything is recorded or sent: a `Leasegate-*`
+//! or `Idempotency-Key` header given twice (which value counts would be a
+//! guess); an owner, step id, task key or idempotency key outside the
+//! identifier rule (`ids::check_identifier`); `tools/call` params that do
+//! not fit their shape (`on_custom_request`, instead of rmcp's -32601).
+//!
 //! # What the upstream sends during a call
 //!
 //! Progress, call-scoped notifications and requests to the client
