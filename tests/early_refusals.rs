@@ -267,6 +267,28 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
         "{answer}"
     );
     assert_eq!(answer["id"], Value::Null);
+    // A foreign Host is refused first (DNS rebinding), malformed or not.
+    let port = proxy
+        .url
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let rebound = format!("attacker.example:{port}");
+    let answer = http::post(
+        &proxy.url,
+        &[
+            MCP_HEADERS[0],
+            MCP_HEADERS[1],
+            MCP_HEADERS[2],
+            ("host", &rebound),
+        ],
+        "{\"jsonrpc\": ",
+    )
+    .await;
+    assert_eq!(answer.status, 403, "{}", answer.body);
     // JSON, but not a JSON-RPC message: 400, invalid request.
     let (status, answer) = mcp_post(&proxy.url, &[], "{\"hello\": \"world\"}").await;
     assert_eq!(

@@ -11,7 +11,9 @@
 //!   JSON content type) → HTTP 400 with a `-32600` invalid request.
 //!
 //! A request without a JSON content type keeps rmcp's 415: that one is
-//! about the media type. Params that do not fit their method (a
+//! about the media type. What rmcp refuses before it reads the body (a
+//! foreign `Host` or `Origin`: 403; a missing `Accept`: 406) keeps its
+//! answer: the layer only rewrites rmcp's 415. Params that do not fit their method (a
 //! `tools/call` whose `arguments` is not an object) are answered `-32602`
 //! by the front itself (`Front::on_custom_request`), on stdio as well.
 //! Nothing reaches the ledger in any of these cases.
@@ -48,10 +50,12 @@ fn answer(code: i32, message: String) -> Response {
     (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
-/// The layer: POST bodies up to `limit` bytes declared as JSON are checked
-/// for JSON syntax before rmcp reads them; rmcp's 415 for a JSON body is
-/// turned into a JSON-RPC invalid request. Larger bodies are refused with
-/// 413, as rmcp's own limit would.
+/// The layer: POST bodies up to `limit` bytes declared as JSON are kept
+/// (a reference-counted copy) while rmcp reads them; rmcp's 415 for such a
+/// body becomes a JSON-RPC parse error (not JSON) or invalid request (JSON,
+/// not JSON-RPC). Everything rmcp checks first — `Host`, `Origin`,
+/// `Accept` — keeps its own answer. Larger bodies are refused with 413, as
+/// rmcp's own limit would.
 pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     if request.method() != Method::POST || !declares_json(&request) {
         return next.run(request).await;
@@ -67,22 +71,22 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
                 .into_response();
         }
     };
-    if let Err(error) = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
-        return answer(
+    let response = next
+        .run(Request::from_parts(parts, Body::from(bytes.clone())))
+        .await;
+    if response.status() != StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return response;
+    }
+    match serde_json::from_slice::<serde::de::IgnoredAny>(&bytes) {
+        Err(error) => answer(
             PARSE_ERROR,
             format!("parse error: the body is not JSON ({error})"),
-        );
-    }
-    let response = next
-        .run(Request::from_parts(parts, Body::from(bytes)))
-        .await;
-    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
-        return answer(
+        ),
+        Ok(_) => answer(
             INVALID_REQUEST,
             "invalid request: the body is JSON but not a JSON-RPC 2.0 message (an object with \
              \"jsonrpc\": \"2.0\", \"method\" and, for a request, \"id\")"
                 .to_owned(),
-        );
+        ),
     }
-    response
 }
