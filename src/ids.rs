@@ -75,8 +75,9 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
 ///
 /// The set is visible ASCII, `!` to `~`: no spaces, no control characters
 /// (which would forge log lines or HTTP headers), nothing beyond ASCII
-/// (look-alike characters would make two ids that read the same). The same
-/// rule holds in the database (`migrations/0004`).
+/// (look-alike characters would make two ids that read the same). The
+/// tables hold tenants, task ids and lease owners to it as well
+/// (`migrations/0004_identifiers.sql`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidIdentifier {
     #[error("{field} must be 1 to {max} characters, got {len}")]
