@@ -282,7 +282,9 @@ impl From<&InvalidInput> for ErrorCode {
                 ErrorCode::InvalidTtl
             }
             InvalidInput::RunId(_) => ErrorCode::InvalidRunId,
-            InvalidInput::Identifier(_) | InvalidInput::Request(_) => ErrorCode::InvalidInput,
+            InvalidInput::TextLength { .. }
+            | InvalidInput::Identifier(_)
+            | InvalidInput::Request(_) => ErrorCode::InvalidInput,
         }
     }
 }
@@ -553,6 +555,11 @@ mod tests {
             },
             InvalidInput::Request("x".into()),
             InvalidInput::RunId(InvalidRunId { value: "x".into() }),
+            InvalidInput::TextLength {
+                field: "reason",
+                len: 0,
+                max: 1,
+            },
             InvalidInput::Identifier(crate::ids::InvalidIdentifier::Length {
                 field: "owner",
                 len: 0,

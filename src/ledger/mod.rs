@@ -560,6 +560,15 @@ fn check_ttl_within(what: &'static str, ttl_ms: i64, ceiling_ms: i64) -> Result<
     Ok(())
 }
 
+/// Free text (not an identifier): 1 to `max` characters of anything.
+fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {
+    let len = value.chars().count();
+    if len == 0 || len > max {
+        return Err(InvalidInput::TextLength { field, len, max });
+    }
+    Ok(())
+}
+
 /// An owner, tenant, task id or actor: 1 to `max` visible ASCII characters
 /// (`ids::check_identifier`), checked before anything is sent.
 fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {
