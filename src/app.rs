@@ -69,6 +69,9 @@ pub struct Proxy {
     owner: String,
     /// The durability contract's gate (checked with every renewal).
     gate: Arc<Gate>,
+    /// The tools the upstreams list (the front's and the outbox's
+    /// directory): the control API judges planned intents by it.
+    directory: Arc<crate::adapter::SharedDirectory>,
 }
 
 /// How long this process counts as alive after each renewal (renewed every
@@ -148,6 +151,7 @@ pub async fn run(
                                 proxy.ledger.clone(),
                                 proxy.config.policy.integers,
                                 proxy.config.tenant.clone(),
+                                proxy.directory.clone(),
                                 metrics_handle(),
                             ),
                             Arc::new(move || serde_json::json!(upstreams.health())),
@@ -192,10 +196,6 @@ impl Proxy {
         // Installed first, so that what connecting records (the upstreams'
         // `upstream_up`) is kept.
         let handle = metrics_handle();
-        if config.migrate {
-            Ledger::create_database_if_missing(&config.database_url).await?;
-            Ledger::migrate(&config.database_url).await?;
-        }
         let millis = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         let options = LedgerOptions {
             max_lease_ttl_ms: millis(config.policy.lease_ttl_ceiling),
@@ -210,7 +210,7 @@ impl Proxy {
             synchronous_commit_at_least_on: config.policy.durability == Durability::SyncReplica,
             ..LedgerOptions::default()
         };
-        let ledger = Ledger::connect(&config.database_url, options).await?;
+        let ledger = open_ledger(&config, options).await?;
         let owner = crate::dispatch::process_owner();
         // The durability contract, before anything is served: sync_replica
         // refuses to start without what it claims; local starts, holding
@@ -305,7 +305,7 @@ impl Proxy {
             let background = Arc::new(Background::gated(
                 ledger.clone(),
                 upstreams.clone(),
-                directory,
+                directory.clone(),
                 config.policy.clone(),
                 &config.tenant,
                 owner.clone(),
@@ -324,6 +324,7 @@ impl Proxy {
             loops,
             owner,
             gate,
+            directory,
         })
     }
 
@@ -413,6 +414,53 @@ impl Proxy {
         // Stops the supervisors and ends the children, whoever still holds
         // the clients.
         upstreams.shutdown().await;
+    }
+}
+
+/// Opens the ledger (creating and migrating it first when `migrate` is
+/// on), all of it within `database_connect_timeout`: a server that accepts
+/// connections but never answers (or a URL that leads nowhere) is reported
+/// as unreachable — which URL, without its password, and what did not
+/// answer — instead of a silent hang (`main` exits 6).
+async fn open_ledger(config: &Config, options: LedgerOptions) -> anyhow::Result<Ledger> {
+    use crate::ledger::{ConnectError, ConnectFailure, LedgerError, redacted_url, url_problem};
+    let url = &config.database_url;
+    let target = redacted_url(url);
+    if let Some(why) = url_problem(url) {
+        return Err(LedgerError::Connect(ConnectError {
+            failure: ConnectFailure::InvalidUrl,
+            target,
+            detail: why,
+        })
+        .into());
+    }
+    let limit = config.database_connect_timeout;
+    tracing::info!(database = %target, timeout = ?limit, "opening the ledger");
+    let open = async {
+        if config.migrate {
+            Ledger::create_database_if_missing(url).await?;
+            Ledger::migrate(url).await?;
+        }
+        Ledger::connect(url, options).await
+    };
+    match tokio::time::timeout(limit, open).await {
+        Ok(opened) => Ok(opened?),
+        Err(_) => {
+            // Tell "nothing accepts a connection" from "something accepted
+            // and never spoke PostgreSQL".
+            let accepts = Ledger::server_answers(url, std::time::Duration::from_secs(1)).await;
+            let what = if accepts {
+                "the server accepted the connection but did not answer as PostgreSQL"
+            } else {
+                "nothing accepted a connection"
+            };
+            Err(LedgerError::Connect(ConnectError {
+                failure: ConnectFailure::Unreachable,
+                target,
+                detail: format!("{what} within {limit:?} (database_connect_timeout)"),
+            })
+            .into())
+        }
     }
 }
 

@@ -19,7 +19,10 @@
 //!   unknown" on a connection lost mid-call; a ledger that cannot be opened
 //!   is a `ConnectFailure` (unreachable, login refused, database missing,
 //!   schema missing). The only module that imports sqlx.
-//! * `ids`: identities every layer shares (`RunId`).
+//! * `ids`: identities every layer shares (`RunId`), and the one rule for
+//!   client-chosen identifiers (`check_identifier`: owner, tenant, task,
+//!   step, idempotency key, actor — bounded, visible ASCII), enforced at
+//!   every edge and again by the ledger.
 //! * `intent`: canonical JSON (RFC 8785), `request_digest`, `operation_id`,
 //!   `Intent`. Pure functions; the ledger depends on it, not the reverse.
 //! * `policy`, `adapter`, `config`: the files users write (`policies/`,
@@ -56,7 +59,8 @@
 //!   session per upstream, per-request routing of what upstreams send), the
 //!   stateless front's cancellation registry (`inflight`), per-call HTTP
 //!   headers to Streamable HTTP upstreams (`http_headers`), conversions and
-//!   JSON-RPC codes (`convert`); `inspect_upstream`, the one-off connection
+//!   JSON-RPC codes (`convert`), JSON-RPC's own answers to bodies rmcp
+//!   cannot read (`malformed`: 400 with -32700 or -32600); `inspect_upstream`, the one-off connection
 //!   and tool listing of `leasegate init`.
 //! * `reconcile`: the background services of every `serve` process —
 //!   `Outbox` (planned intents), `ClaimExpiry`, `Reconciler` (unknown
@@ -80,7 +84,8 @@
 //!   sits below `dispatch` so that the MCP front can use session leases.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
 //!   `0002`: operations, evidence; `0003`: detected failovers; `0005`: the
-//!   lease token's hash, `ledger::LeaseToken`) and the `leasegate_app` role that may
+//!   lease token's hash, `ledger::LeaseToken`; `0006`: identifier checks)
+//!   and the `leasegate_app` role that may
 //!   only execute the functions and read. `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
 //!   (`common`, `process`, `lease`, `run`, `operation`, `durability`), installed after the

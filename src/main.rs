@@ -140,6 +140,9 @@ async fn main() -> ExitCode {
             }
         };
     }
+    if let Command::CheckConfig { files } = &cli.command {
+        return ExitCode::from(check_config(files));
+    }
     // Operator commands print only their answer: no logging set up.
     if let Command::Operator(command) = &cli.command {
         return ExitCode::from(command.run().await);
@@ -264,22 +267,7 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             leasegate::app::stop_private(private).await;
             served
         }
-        Command::CheckConfig { files } => {
-            let mut failed = 0;
-            for file in &files {
-                match leasegate::config::check_file(file) {
-                    Ok(kind) => println!("ok   {} ({kind})", file.display()),
-                    Err(error) => {
-                        failed += 1;
-                        println!("FAIL {error}");
-                    }
-                }
-            }
-            if failed > 0 {
-                anyhow::bail!("{failed} of {} files invalid", files.len());
-            }
-            Ok(())
-        }
+        Command::CheckConfig { .. } => unreachable!("answered with its own exit codes"),
         Command::Migrate {
             database_url,
             config,
@@ -302,6 +290,36 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             println!("ledger migrated ({applied} migrations)");
             Ok(())
         }
+    }
+}
+
+/// `leasegate check-config`: one line per file; the exit code is the first
+/// failing file's problem (`config::Problem::exit_code`: 1 invalid, 12
+/// upstream command, 13 database URL, 14 timeouts out of order), 0 when
+/// every file is valid.
+fn check_config(files: &[std::path::PathBuf]) -> u8 {
+    let mut first = None;
+    let mut failed = 0;
+    for file in files {
+        let checked = leasegate::config::check_file(file).and_then(|kind| {
+            leasegate::config::check_runnable(file, kind)?;
+            Ok(kind)
+        });
+        match checked {
+            Ok(kind) => println!("ok   {} ({kind})", file.display()),
+            Err(error) => {
+                failed += 1;
+                first.get_or_insert(error.problem.exit_code());
+                println!("FAIL {error}");
+            }
+        }
+    }
+    match first {
+        Some(code) => {
+            eprintln!("leasegate: {failed} of {} files invalid", files.len());
+            code
+        }
+        None => exit::OK,
     }
 }
 

@@ -291,3 +291,189 @@ fn check_config_judges_a_file_by_what_it_holds_not_by_its_folder() {
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `check-config` with its exit code, stdout and stderr.
+fn check_config(files: &[PathBuf]) -> (Option<i32>, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .arg("check-config")
+        .args(files)
+        .output()
+        .unwrap();
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_config_refuses_missing_commands_bad_database_urls_and_claims_shorter_than_calls() {
+    use std::os::unix::fs::PermissionsExt;
+    let adapter = "upstream = \"pay\"\ntimeout = \"2s\"\n[tools.charge]\ncapability = \"none\"\ntimeout = \"30s\"\n";
+    let upstream = |command: &str| {
+        format!(
+            "adapters = \"adapters\"\npolicy = \"policies/p.toml\"\n\
+             [upstreams.pay]\ntransport = \"stdio\"\ncommand = \"{command}\"\n"
+        )
+    };
+    let dir = scratch(&[
+        ("bin/tools", "#!/bin/sh\n"),
+        ("bin/not-executable", "#!/bin/sh\n"),
+        ("adapters/pay.toml", adapter),
+        ("policies/p.toml", "claim_ttl = \"2m\"\n"),
+        ("ok.toml", &upstream("./bin/tools")),
+        ("missing.toml", &upstream("./bin/no-such-tool")),
+        ("not-executable.toml", &upstream("bin/not-executable")),
+        ("directory.toml", &upstream("./bin")),
+        ("bare-missing.toml", &upstream("leasegate-no-such-tool")),
+        // The bare name found on PATH, as `serve` would spawn it.
+        ("bare-on-path.toml", &upstream("sh")),
+    ]);
+    std::fs::set_permissions(
+        dir.join("bin/tools"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        dir.join("bin/not-executable"),
+        std::fs::Permissions::from_mode(0o644),
+    )
+    .unwrap();
+    let (code, stdout, _) = check_config(&[dir.join("ok.toml"), dir.join("bare-on-path.toml")]);
+    assert_eq!(code, Some(0), "{stdout}");
+
+    for (file, expected) in [
+        ("missing.toml", "bin/no-such-tool does not exist"),
+        (
+            "not-executable.toml",
+            "bin/not-executable is not executable (mode 644)",
+        ),
+        ("directory.toml", "bin is not a file"),
+        (
+            "bare-missing.toml",
+            "\"leasegate-no-such-tool\" is found neither beside leasegate (",
+        ),
+    ] {
+        let (code, stdout, stderr) = check_config(&[dir.join(file)]);
+        assert_eq!(code, Some(12), "{file}: {stdout}");
+        assert!(
+            stdout.contains(&format!(
+                "FAIL {}: upstreams.pay.command: ",
+                dir.join(file).display()
+            )) && stdout.contains(expected),
+            "{file}: {stdout}"
+        );
+        assert!(stderr.contains("1 of 1 files invalid"), "{stderr}");
+    }
+
+    // The database URL: not a URL, not PostgreSQL; the password is never printed.
+    for (url, expected) in [
+        ("127.0.0.1:5432/leasegate", "is not a URL"),
+        (
+            "mysql://root:hunter2@127.0.0.1/leasegate",
+            "is not a PostgreSQL URL: the scheme is \"mysql\"",
+        ),
+        (
+            "postgres://postgres:hunter2@127.0.0.1:notaport/x",
+            "does not parse",
+        ),
+    ] {
+        let file = dir.join("url.toml");
+        std::fs::write(
+            &file,
+            format!("database_url = \"{url}\"\n{}", upstream("./bin/tools")),
+        )
+        .unwrap();
+        let (code, stdout, _) = check_config(std::slice::from_ref(&file));
+        assert_eq!(code, Some(13), "{url}: {stdout}");
+        assert!(
+            stdout.contains("url.toml: database_url: ") && stdout.contains(expected),
+            "{url}: {stdout}"
+        );
+        assert!(!stdout.contains("hunter2"), "{stdout}");
+    }
+    for url in [
+        "postgres://u@h/db",
+        "postgresql://u:p@h:5433/db?sslmode=disable",
+    ] {
+        let file = dir.join("url.toml");
+        std::fs::write(
+            &file,
+            format!("database_url = \"{url}\"\n{}", upstream("./bin/tools")),
+        )
+        .unwrap();
+        let (code, stdout, _) = check_config(std::slice::from_ref(&file));
+        assert_eq!(code, Some(0), "{url}: {stdout}");
+    }
+
+    // Claims shorter than the calls they cover: the dispatcher's and the
+    // reconciler's, for a tool with its own timeout and for an upstream
+    // without an adapter file (the default 30s).
+    for (policy, culprit, expected) in [
+        (
+            "claim_ttl = \"30s\"\n",
+            "adapters/pay.toml",
+            "tools.charge.timeout: 30s plus a margin of 1s does not fit in the policy's claim_ttl (30s, in ",
+        ),
+        (
+            "reconcile_claim_ttl = \"10s\"\n",
+            "adapters/pay.toml",
+            "tools.charge.timeout: 30s plus a margin of 1s does not fit in the policy's reconcile_claim_ttl (10s, in ",
+        ),
+    ] {
+        std::fs::write(dir.join("policies/p.toml"), policy).unwrap();
+        let (code, stdout, _) = check_config(&[dir.join("ok.toml")]);
+        assert_eq!(code, Some(14), "{policy}: {stdout}");
+        assert!(
+            stdout.contains(&format!("FAIL {}: ", dir.join(culprit).display()))
+                && stdout.contains(expected)
+                && stdout.contains("policies/p.toml)"),
+            "{policy}: {stdout}"
+        );
+    }
+    std::fs::write(
+        dir.join("policies/p.toml"),
+        "reconcile_claim_ttl = \"20s\"\n",
+    )
+    .unwrap();
+    let no_adapter = dir.join("no-adapter.toml");
+    std::fs::write(
+        &no_adapter,
+        "policy = \"policies/p.toml\"\n[upstreams.mail]\ntransport = \"stdio\"\ncommand = \"sh\"\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = check_config(std::slice::from_ref(&no_adapter));
+    assert_eq!(code, Some(14), "{stdout}");
+    assert!(
+        stdout.contains("no-adapter.toml: upstreams.mail (no adapter file: the default tool timeout): 30s plus a margin of 1s does not fit in the policy's reconcile_claim_ttl (20s"),
+        "{stdout}"
+    );
+    // In key mode the key's lease lasts claim_ttl: within the ceiling.
+    std::fs::write(
+        dir.join("policies/p.toml"),
+        "claim_ttl = \"5m\"\nlease_ttl_ceiling = \"2m\"\n",
+    )
+    .unwrap();
+    let key_mode = dir.join("key.toml");
+    std::fs::write(
+        &key_mode,
+        format!("lease_mode = \"key\"\n{}", upstream("./bin/tools")),
+    )
+    .unwrap();
+    let (code, stdout, _) = check_config(std::slice::from_ref(&key_mode));
+    assert_eq!(code, Some(14), "{stdout}");
+    assert!(
+        stdout.contains("lease_mode = \"key\": a key's lease lasts"),
+        "{stdout}"
+    );
+
+    // Several files: the first failure's code.
+    let (code, stdout, stderr) = check_config(&[
+        dir.join("ok.toml"),
+        dir.join("missing.toml"),
+        dir.join("url.toml"),
+    ]);
+    assert_eq!(code, Some(12), "{stdout}");
+    assert!(stderr.contains("of 3 files invalid"), "{stderr}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -990,6 +990,7 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
             db.ledger.clone(),
             IntegerPolicy::Reject,
             "tenant-a".to_owned(),
+            Default::default(),
             leasegate::app::metrics_handle(),
         );
         async move {

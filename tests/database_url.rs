@@ -311,3 +311,113 @@ fn help_says_the_order_in_which_the_database_is_found() {
         );
     }
 }
+
+/// A TCP listener on 127.0.0.1 that accepts connections and never says a
+/// word (a wrong port, a stuck proxy): its URL, with a password.
+fn silent_server_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        // Held open, never answered, until the test process ends.
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    format!("postgres://postgres:sekret@127.0.0.1:{port}/leasegate")
+}
+
+/// Runs `leasegate` (environment as [`leasegate`]), killing it if it has
+/// not exited within the test deadline.
+fn leasegate_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("LEASEGATE_DATABASE_URL")
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!(
+                "leasegate {args:?} still running after {deadline:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut text).unwrap();
+    (status.code(), text)
+}
+
+#[test]
+fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
+    let url = silent_server_url();
+    let target = url.replace(":sekret@", "@");
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-dburl-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("leasegate.toml");
+    std::fs::write(
+        &config,
+        "database_connect_timeout = \"2s\"\nlisten = \"127.0.0.1:0\"\ncontrol_listen = \"off\"\n\
+         [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n",
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    // With migrate on (the default: create the database, then migrate),
+    // then with it off (connect only): each step would wait on the server.
+    let (code, text) = leasegate_within(
+        &["serve", "--config", config, "--database-url", &url],
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(6), "{text}");
+    assert_mentions(
+        &text,
+        &[
+            &format!("no PostgreSQL server answers at {target}"),
+            "the server accepted the connection but did not answer as PostgreSQL within 2s",
+            "(database_connect_timeout)",
+            "the URL came from --database-url",
+            "(ledger_unavailable)",
+        ],
+    );
+    assert!(!text.contains("sekret"), "the password leaked: {text}");
+    std::fs::write(
+        dir.join("leasegate.toml"),
+        "database_connect_timeout = \"2s\"\nmigrate = false\nlisten = \"127.0.0.1:0\"\n\
+         control_listen = \"off\"\n[upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n",
+    )
+    .unwrap();
+    let (code, text) = leasegate_within(
+        &["serve", "--config", config, "--database-url", &url],
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(6), "{text}");
+    assert_mentions(&text, &["did not answer as PostgreSQL within 2s"]);
+
+    // A URL that is not PostgreSQL's is refused before anything is tried.
+    let (code, text) = leasegate_within(
+        &[
+            "serve",
+            "--config",
+            config,
+            "--database-url",
+            "mysql://root:sekret@127.0.0.1/x",
+        ],
+        std::time::Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(2), "{text}");
+    assert_mentions(&text, &["is not a PostgreSQL URL: the scheme is \"mysql\""]);
+    assert!(!text.contains("sekret"), "the password leaked: {text}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

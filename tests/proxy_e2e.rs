@@ -492,15 +492,12 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
         "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ",
     )
     .await;
-    // rmcp's Streamable HTTP server answers a body it cannot parse with 415
-    // and a plain-text reason (not a JSON-RPC -32700 error).
-    assert_eq!(
-        (response.status, response.body.as_str()),
-        (
-            415,
-            "fail to deserialize request body EOF while parsing a value at line 1 column 38"
-        ),
-    );
+    // JSON-RPC's parse error, with HTTP 400 (`mcp::malformed`; rmcp alone
+    // would answer 415 and plain text).
+    assert_eq!(response.status, 400, "{}", response.body);
+    let body: Value = serde_json::from_str(&response.body).unwrap();
+    assert_eq!(body["error"]["code"], -32700, "{body}");
+    assert_eq!(body["id"], Value::Null, "{body}");
 
     assert!(scenario.side_effects("emails.jsonl").is_empty());
     assert!(scenario.side_effects("charges.jsonl").is_empty());

@@ -47,6 +47,35 @@ pub mod init;
 pub struct ConfigError {
     pub file: PathBuf,
     pub message: String,
+    /// What kind of problem (`leasegate check-config`'s exit code).
+    pub problem: Problem,
+}
+
+/// What is wrong with a configuration, each with its own `leasegate
+/// check-config` exit code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Problem {
+    /// The file cannot be read or parsed, or a field has a bad value (exit 1).
+    Invalid,
+    /// A stdio upstream's command is not found or not executable (exit 12).
+    Command,
+    /// `database_url` is not a PostgreSQL URL (exit 13).
+    DatabaseUrl,
+    /// Timeouts out of order: a claim shorter than the call it covers
+    /// (exit 14).
+    Timeouts,
+}
+
+impl Problem {
+    /// `leasegate check-config`'s exit code for it (README, "Exit codes").
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Problem::Invalid => 1,
+            Problem::Command => 12,
+            Problem::DatabaseUrl => 13,
+            Problem::Timeouts => 14,
+        }
+    }
 }
 
 impl ConfigError {
@@ -54,6 +83,14 @@ impl ConfigError {
         Self {
             file: file.to_owned(),
             message: message.into(),
+            problem: Problem::Invalid,
+        }
+    }
+
+    fn of(problem: Problem, file: &Path, message: impl Into<String>) -> Self {
+        Self {
+            problem,
+            ..Self::new(file, message)
         }
     }
 }
@@ -67,6 +104,10 @@ pub struct RawConfig {
     /// Longest a ledger statement may run, lock waits included (default
     /// "10s"); a settle that hits it answers the agent "unknown".
     pub database_statement_timeout: Option<String>,
+    /// How long `serve`/`stdio` wait at start for the database to answer
+    /// (default "15s"): a server that never answers is reported and the
+    /// process exits 6 instead of hanging.
+    pub database_connect_timeout: Option<String>,
     pub tenant: Option<String>,
     pub listen: Option<String>,
     /// Control HTTP API address ("off" to disable).
@@ -173,6 +214,8 @@ pub struct Config {
     pub database_url_source: DatabaseUrlSource,
     pub database_max_connections: u32,
     pub database_statement_timeout: std::time::Duration,
+    /// How long start-up waits for the database to answer.
+    pub database_connect_timeout: std::time::Duration,
     pub tenant: String,
     pub listen: SocketAddr,
     /// `None`: the control API is off.
@@ -305,6 +348,13 @@ impl DatabaseUrl {
     }
 }
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8640";
+/// Default `database_connect_timeout`.
+pub const DEFAULT_DATABASE_CONNECT_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(15);
+/// What a claim must leave after its call's timeout, for the answer to be
+/// settled before the claim lapses (`claim_ttl` and `reconcile_claim_ttl`
+/// are at least every side-effecting tool's timeout plus this).
+pub const CLAIM_MARGIN: std::time::Duration = std::time::Duration::from_secs(1);
 pub const DEFAULT_CONTROL_LISTEN: &str = "127.0.0.1:8641";
 
 fn read(path: &Path) -> Result<String, ConfigError> {
@@ -381,9 +431,8 @@ impl Config {
             })?),
         };
         let tenant = raw.tenant.clone().unwrap_or_else(|| "default".to_owned());
-        if tenant.is_empty() || tenant.len() > 128 {
-            return Err(err("tenant: must be 1 to 128 characters".into()));
-        }
+        crate::ids::check_identifier("tenant", &tenant, crate::ids::MAX_TENANT_LEN)
+            .map_err(|e| err(e.to_string()))?;
         let namespace_separator = raw
             .namespace_separator
             .clone()
@@ -436,11 +485,13 @@ impl Config {
         if !(1..=1000).contains(&tools_page_size) {
             return Err(err("tools_page_size: must be 1 to 1000".into()));
         }
-        let policy = match &raw.policy {
-            Some(file) => load_policy(&base.join(file))?,
+        let policy_file = raw.policy.as_ref().map(|file| base.join(file));
+        let policy = match &policy_file {
+            Some(file) => load_policy(file)?,
             None => Policy::default(),
         };
         let mut adapters = BTreeMap::new();
+        let mut adapter_files = BTreeMap::new();
         if let Some(dir) = &raw.adapters {
             for file in toml_files(&base.join(dir))? {
                 let adapter = load_adapter(&file)?;
@@ -460,29 +511,6 @@ impl Config {
                         format!(
                             "upstream: another adapter file already covers {:?}",
                             adapter.upstream
-                        ),
-                    ));
-                }
-                // A claim must outlive the call it covers.
-                if adapter.timeout >= policy.claim_ttl {
-                    return Err(ConfigError::new(
-                        &file,
-                        format!(
-                            "timeout: must be below the policy's claim_ttl ({:?})",
-                            policy.claim_ttl
-                        ),
-                    ));
-                }
-                if let Some((tool, _)) = adapter
-                    .tools
-                    .iter()
-                    .find(|(_, t)| !t.read_only && t.timeout >= policy.claim_ttl)
-                {
-                    return Err(ConfigError::new(
-                        &file,
-                        format!(
-                            "tools.{tool}.timeout: must be below the policy's claim_ttl ({:?})",
-                            policy.claim_ttl
                         ),
                     ));
                 }
@@ -517,6 +545,7 @@ impl Config {
                         ),
                     ));
                 }
+                adapter_files.insert(adapter.upstream.clone(), file.clone());
                 adapters.insert(adapter.upstream.clone(), adapter);
             }
         }
@@ -534,6 +563,16 @@ impl Config {
                 "database_statement_timeout: must be at least 100ms".into()
             ));
         }
+        let database_connect_timeout = match &raw.database_connect_timeout {
+            Some(text) => crate::policy::parse_duration("database_connect_timeout", text)
+                .map_err(|e| err(e.to_string()))?,
+            None => DEFAULT_DATABASE_CONNECT_TIMEOUT,
+        };
+        if !(std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(600))
+            .contains(&database_connect_timeout)
+        {
+            return Err(err("database_connect_timeout: must be 1s to 10m".into()));
+        }
         let lease_mode = match raw.lease_mode.as_deref() {
             None | Some("explicit") => LeaseMode::Explicit,
             Some("session") => LeaseMode::Session,
@@ -544,6 +583,13 @@ impl Config {
                 )));
             }
         };
+        let timings = Timings {
+            config: path,
+            policy: &policy,
+            policy_file: policy_file.as_deref(),
+            lease_mode,
+        };
+        timings.check(&upstreams, &adapters, &adapter_files)?;
         let key_retention = match raw.idempotency.as_ref().and_then(|i| i.retention.as_ref()) {
             Some(text) => crate::policy::parse_duration("idempotency.retention", text)
                 .map_err(|e| err(e.to_string()))?,
@@ -565,8 +611,18 @@ impl Config {
                 policy.lease_ttl_ceiling
             )));
         }
-        if session.task.as_deref().is_some_and(|t| t.trim().is_empty()) {
-            return Err(err("session.task: must not be empty".into()));
+        if let Some(task) = &session.task {
+            crate::ids::check_identifier("session.task", task, crate::ids::MAX_TASK_LEN)
+                .map_err(|e| err(e.to_string()))?;
+        }
+        if let Some(url) = raw.database_url.as_deref().filter(|u| !u.trim().is_empty())
+            && let Some(why) = crate::ledger::url_problem(url)
+        {
+            return Err(ConfigError::of(
+                Problem::DatabaseUrl,
+                path,
+                format!("database_url: {:?} {why}", crate::ledger::redacted_url(url)),
+            ));
         }
         let database_url =
             DatabaseUrl::resolve(None, None, Some((path, raw.database_url.as_deref())));
@@ -610,6 +666,7 @@ impl Config {
             key_retention,
             database_max_connections,
             database_statement_timeout,
+            database_connect_timeout,
             database_url: database_url.url,
             database_url_source: database_url.source,
             tenant,
@@ -665,6 +722,149 @@ impl Config {
     }
 }
 
+/// The ordering of timeouts a configuration must keep (checked by
+/// [`Config::load`], so `serve` refuses what `check-config` refuses).
+struct Timings<'a> {
+    config: &'a Path,
+    policy: &'a Policy,
+    policy_file: Option<&'a Path>,
+    lease_mode: LeaseMode,
+}
+
+impl Timings<'_> {
+    fn policy_field(&self, field: &str, value: std::time::Duration) -> String {
+        match self.policy_file {
+            Some(file) => format!("the policy's {field} ({value:?}, in {})", file.display()),
+            None => format!("the default policy's {field} ({value:?})"),
+        }
+    }
+
+    /// Every claim outlives the call it covers, with [`CLAIM_MARGIN`] to
+    /// settle the answer: the dispatcher's (`claim_ttl`) and the
+    /// reconciler's (`reconcile_claim_ttl`, under which it queries or
+    /// retries with the tool's timeout). A claim that lapses first turns a
+    /// call still running `unknown`, and lets another process send it
+    /// again. Upstreams without an adapter file count with the default
+    /// timeout. In lease mode `key` the key's lease lasts `claim_ttl`, so
+    /// that must be within `lease_ttl_ceiling`.
+    fn check(
+        &self,
+        upstreams: &BTreeMap<String, UpstreamTransport>,
+        adapters: &BTreeMap<String, Adapter>,
+        adapter_files: &BTreeMap<String, PathBuf>,
+    ) -> Result<(), ConfigError> {
+        let claims = [
+            ("claim_ttl", self.policy.claim_ttl),
+            ("reconcile_claim_ttl", self.policy.reconcile_claim_ttl),
+        ];
+        for name in upstreams.keys() {
+            // (file, field, timeout) of every side-effecting call.
+            let mut calls: Vec<(&Path, String, std::time::Duration)> = Vec::new();
+            match (adapters.get(name), adapter_files.get(name)) {
+                (Some(adapter), Some(file)) => {
+                    calls.push((file, "timeout".to_owned(), adapter.timeout));
+                    for (tool, spec) in &adapter.tools {
+                        if !spec.read_only {
+                            calls.push((file, format!("tools.{tool}.timeout"), spec.timeout));
+                        }
+                    }
+                }
+                _ => calls.push((
+                    self.config,
+                    format!("upstreams.{name} (no adapter file: the default tool timeout)"),
+                    crate::adapter::DEFAULT_TIMEOUT,
+                )),
+            }
+            for (file, field, timeout) in calls {
+                for (claim, ttl) in claims {
+                    if timeout + CLAIM_MARGIN > ttl {
+                        return Err(ConfigError::of(
+                            Problem::Timeouts,
+                            file,
+                            format!(
+                                "{field}: {timeout:?} plus a margin of {CLAIM_MARGIN:?} does not \
+                                 fit in {}: a claim must outlive the call it covers; raise \
+                                 {claim} or lower the timeout",
+                                self.policy_field(claim, ttl)
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        if self.lease_mode == LeaseMode::Key
+            && self.policy.claim_ttl > self.policy.lease_ttl_ceiling
+        {
+            return Err(ConfigError::of(
+                Problem::Timeouts,
+                self.config,
+                format!(
+                    "lease_mode = \"key\": a key's lease lasts {}, which is above {}",
+                    self.policy_field("claim_ttl", self.policy.claim_ttl),
+                    self.policy_field("lease_ttl_ceiling", self.policy.lease_ttl_ceiling)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `path` is a file this process could execute.
+fn executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            Err(format!("{} does not exist", path.display()))
+        }
+        Err(error) => Err(format!("{} cannot be read: {error}", path.display())),
+        Ok(meta) if !meta.is_file() => Err(format!("{} is not a file", path.display())),
+        Ok(meta) if meta.permissions().mode() & 0o111 == 0 => Err(format!(
+            "{} is not executable (mode {:o})",
+            path.display(),
+            meta.permissions().mode() & 0o777
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Every stdio upstream's command, resolved as `serve` resolves it (a path
+/// relative to the config file; a bare name beside the running executable,
+/// then on `PATH`), exists and is executable.
+pub fn check_commands(config: &Config, file: &Path) -> Result<(), ConfigError> {
+    for (name, transport) in &config.upstreams {
+        let UpstreamTransport::Stdio { command, .. } = transport else {
+            continue;
+        };
+        let field = format!("upstreams.{name}.command");
+        let fail = |why: String| ConfigError::of(Problem::Command, file, format!("{field}: {why}"));
+        if command.components().count() > 1 || command.is_absolute() {
+            executable(command).map_err(fail)?;
+            continue;
+        }
+        // A bare name: what `Command::new` would find on PATH.
+        let path = std::env::var_os("PATH").unwrap_or_default();
+        let found = std::env::split_paths(&path)
+            .map(|dir| dir.join(command))
+            .find(|candidate| candidate.is_file());
+        match found {
+            Some(candidate) => executable(&candidate).map_err(fail)?,
+            None => {
+                let beside = std::env::current_exe()
+                    .ok()
+                    .and_then(|exe| exe.parent().map(Path::to_path_buf))
+                    .map_or_else(String::new, |dir| {
+                        format!("beside leasegate ({}) nor ", dir.display())
+                    });
+                return Err(fail(format!(
+                    "{:?} is found neither {beside}on PATH",
+                    command.display().to_string()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What `leasegate check-config` checks for one path, judged by what the
 /// file holds: a top-level `upstream` key makes an adapter file,
 /// `upstreams` (or any key only the main configuration has) a main
@@ -702,6 +902,17 @@ pub fn check_file(path: &Path) -> Result<&'static str, ConfigError> {
         "policy" => load_policy(path).map(|_| "policy"),
         _ => Config::load(path).map(|_| "config"),
     }
+}
+
+/// What `leasegate check-config` checks beyond [`check_file`]: a main
+/// configuration's stdio commands are there to run ([`check_commands`],
+/// resolved beside the running executable as `serve` would resolve them).
+/// Other kinds of file pass.
+pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
+    if kind != "config" {
+        return Ok(());
+    }
+    check_commands(&Config::load(path)?, path)
 }
 
 #[cfg(test)]

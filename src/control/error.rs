@@ -92,11 +92,14 @@ pub enum ErrorCode {
     InvalidOperationId,
     UnsafeInteger,
     InvalidArguments,
+    /// A planned intent names a tool no upstream of this process lists
+    /// (422; nothing written).
+    UnknownTool,
 }
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -127,6 +130,7 @@ impl ErrorCode {
         ErrorCode::InvalidOperationId,
         ErrorCode::UnsafeInteger,
         ErrorCode::InvalidArguments,
+        ErrorCode::UnknownTool,
     ];
 
     /// The stable `code` string of the JSON answer.
@@ -161,6 +165,7 @@ impl ErrorCode {
             ErrorCode::InvalidOperationId => "invalid_operation_id",
             ErrorCode::UnsafeInteger => "unsafe_integer",
             ErrorCode::InvalidArguments => "invalid_arguments",
+            ErrorCode::UnknownTool => "unknown_tool",
         }
     }
 
@@ -201,6 +206,7 @@ impl ErrorCode {
             | ErrorCode::InvalidOperationId
             | ErrorCode::UnsafeInteger
             | ErrorCode::InvalidArguments
+            | ErrorCode::UnknownTool
             | ErrorCode::TenantMismatch => StatusCode::UNPROCESSABLE_ENTITY,
         }
     }
@@ -235,6 +241,7 @@ impl ErrorCode {
             | ErrorCode::InvalidOperationId
             | ErrorCode::UnsafeInteger
             | ErrorCode::InvalidArguments
+            | ErrorCode::UnknownTool
             | ErrorCode::TenantMismatch => exit::INVALID_INPUT,
             // The CLI builds its own requests: these mean a CLI bug.
             ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
@@ -283,7 +290,9 @@ impl From<&InvalidInput> for ErrorCode {
                 ErrorCode::InvalidTtl
             }
             InvalidInput::RunId(_) => ErrorCode::InvalidRunId,
-            InvalidInput::TextLength { .. } | InvalidInput::Request(_) => ErrorCode::InvalidInput,
+            InvalidInput::TextLength { .. }
+            | InvalidInput::Identifier(_)
+            | InvalidInput::Request(_) => ErrorCode::InvalidInput,
         }
     }
 }
@@ -412,6 +421,13 @@ impl From<IntentError> for ApiError {
     }
 }
 
+impl From<crate::ids::InvalidIdentifier> for ApiError {
+    fn from(error: crate::ids::InvalidIdentifier) -> Self {
+        ApiError::new(ErrorCode::InvalidInput, error.to_string())
+            .with_detail(json!({"field": error.field()}))
+    }
+}
+
 impl From<InvalidRunId> for ApiError {
     fn from(error: InvalidRunId) -> Self {
         ApiError::new(ErrorCode::InvalidRunId, error.to_string())
@@ -508,6 +524,7 @@ mod tests {
             (InvalidOperationId, 422, 2),
             (UnsafeInteger, 422, 2),
             (InvalidArguments, 422, 2),
+            (UnknownTool, 422, 2),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, exit) in table {
@@ -561,10 +578,15 @@ mod tests {
             InvalidInput::Request("x".into()),
             InvalidInput::RunId(InvalidRunId { value: "x".into() }),
             InvalidInput::TextLength {
-                field: "owner",
+                field: "reason",
                 len: 0,
                 max: 1,
             },
+            InvalidInput::Identifier(crate::ids::InvalidIdentifier::Length {
+                field: "owner",
+                len: 0,
+                max: 1,
+            }),
         ];
         for invalid in &invalid {
             assert_eq!(ErrorCode::from(invalid).as_str(), invalid.code());

@@ -15,7 +15,8 @@
 //! Errors are JSON `{"code", "message"}` with a stable code: 409 for lease
 //! lost, conflicts and busy leases, 404 for unknown ids, 400/413/415/422 for
 //! bad input (422 `tenant_mismatch`: a run of another tenant than the
-//! serving process's), 503 when the database is unreachable or the outcome
+//! serving process's; 422 `unknown_tool`: a planned intent for a tool no
+//! upstream of the serving process lists), 503 when the database is unreachable or the outcome
 //! of a write is unknown. Messages never carry SQL or stack traces.
 
 pub mod cli;
@@ -29,5 +30,6 @@ mod runs;
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
     MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, guarded, router, router_for_tenant,
-    router_with_metrics, serve, with_durability, with_metrics, with_upstream_health,
+    router_with_metrics, router_with_tools, serve, with_durability, with_metrics,
+    with_upstream_health,
 };

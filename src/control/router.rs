@@ -8,6 +8,7 @@ use axum::routing::{get, post};
 
 use super::error::{ApiError, ErrorCode};
 use super::{durability, operations, runs};
+use crate::adapter::SharedDirectory;
 use crate::intent::IntegerPolicy;
 use crate::ledger::{Fenced, Ledger, RunId};
 
@@ -48,6 +49,11 @@ pub(super) struct ControlState {
     /// process's config): a run of another tenant would be "not found" on
     /// that process's MCP front, so it is refused at creation. `None`: any.
     pub(super) tenant: Option<String>,
+    /// The tools this process's upstreams list (the directory its MCP front
+    /// and outbox resolve calls by): a planned intent for any other tool is
+    /// refused at checkpoint time. `None` (the operator CLI, bare routers):
+    /// not judged here.
+    pub(super) tools: Option<Arc<SharedDirectory>>,
 }
 
 pub(super) type Shared = State<Arc<ControlState>>;
@@ -66,10 +72,22 @@ pub fn router_for_tenant(
     integers: IntegerPolicy,
     tenant: Option<String>,
 ) -> Router {
+    router_with_tools(ledger, integers, tenant, None)
+}
+
+/// [`router_for_tenant`] that also refuses planned intents for tools not in
+/// `tools` (`unknown_tool`), as the router `leasegate serve` serves does.
+pub fn router_with_tools(
+    ledger: Ledger,
+    integers: IntegerPolicy,
+    tenant: Option<String>,
+    tools: Option<Arc<SharedDirectory>>,
+) -> Router {
     let state = Arc::new(ControlState {
         ledger,
         integers,
         tenant,
+        tools,
     });
     Router::new()
         .route("/v1/runs", post(runs::create_run))
@@ -145,14 +163,19 @@ pub fn with_durability(router: Router, gate: Arc<crate::durability::Gate>) -> Ro
     )
 }
 
-/// The router `leasegate serve` serves: the API for its tenant and `/metrics`.
+/// The router `leasegate serve` serves: the API for its tenant, judging
+/// planned intents against its upstreams' `tools`, and `/metrics`.
 pub fn router_with_metrics(
     ledger: Ledger,
     integers: IntegerPolicy,
     tenant: String,
+    tools: Arc<SharedDirectory>,
     handle: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Router {
-    with_metrics(router_for_tenant(ledger, integers, Some(tenant)), handle)
+    with_metrics(
+        router_with_tools(ledger, integers, Some(tenant), Some(tools)),
+        handle,
+    )
 }
 
 /// Serves the control API until `shutdown` completes.

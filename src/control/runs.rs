@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use super::error::{ApiError, Body, ErrorCode};
 use super::router::{Shared, applied, run_id};
+use crate::ids::{MAX_OWNER_LEN, MAX_STEP_ID_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, check_identifier};
 use crate::intent::{Intent, StepRef};
 use crate::ledger::{
     AcquireOutcome, Applied, InitialLease, LeaseClaim, LeaseToken, PlannedCheckpoint, Rejection,
@@ -61,6 +62,14 @@ pub(super) async fn create_run(
     State(state): Shared,
     Body(body): Body<CreateRun>,
 ) -> Result<Response, ApiError> {
+    // Before any answer quotes them.
+    if let Some(tenant) = &body.tenant_id {
+        check_identifier("tenant_id", tenant, MAX_TENANT_LEN)?;
+    }
+    check_identifier("task_id", &body.task_id, MAX_TASK_LEN)?;
+    if let Some(owner) = &body.owner {
+        check_identifier("owner", owner, MAX_OWNER_LEN)?;
+    }
     let tenant = match (&state.tenant, &body.tenant_id) {
         (Some(served), Some(asked)) if served != asked => {
             // Nothing is written: the task and run would be invisible to
@@ -189,15 +198,23 @@ pub(super) async fn acquire(
     }
 }
 
-/// The lease a fenced route's body names; a missing `lease_token` is sent
-/// as none (the fence refuses it).
-fn claim(run: RunId, owner: String, epoch: i64, token: Option<&str>) -> LeaseClaim {
-    LeaseClaim {
+/// The caller's lease from a body. An owner that no acquire could have
+/// handed out (too long, a space or control character) is refused here
+/// rather than answered "lease lost"; a missing `lease_token` is sent as
+/// none (the fence refuses it).
+fn claim(
+    run: RunId,
+    owner: String,
+    epoch: i64,
+    token: Option<&str>,
+) -> Result<LeaseClaim, ApiError> {
+    check_identifier("owner", &owner, MAX_OWNER_LEN)?;
+    Ok(LeaseClaim {
         run_id: run,
         owner,
         epoch,
         token: token.map(LeaseToken::presented),
-    }
+    })
 }
 
 fn applied_json(run: RunId, applied: &Applied) -> Json<Value> {
@@ -216,7 +233,7 @@ pub(super) async fn renew(
     let outcome = state
         .ledger
         .lease_renew(
-            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref())?,
             body.ttl_ms,
         )
         .await?;
@@ -240,7 +257,7 @@ pub(super) async fn release(
                 body.owner,
                 body.epoch,
                 body.lease_token.as_deref(),
-            ))
+            )?)
             .await?,
     )?;
     Ok(Json(
@@ -265,6 +282,72 @@ fn first_version() -> i32 {
     1
 }
 
+/// Refuses a plan before anything is read or written: a step id outside
+/// the identifier rules, or a tool that no upstream of this process lists
+/// (the outbox could only claim it and let it turn `unknown`). The tools
+/// are judged against the directory the MCP front and the outbox use: what
+/// each upstream listed last, kept while that upstream is down (its
+/// planned intents wait in the outbox until it is back).
+fn check_planned(
+    state: &super::router::ControlState,
+    intents: &[PlannedIntent],
+) -> Result<(), ApiError> {
+    for (index, planned) in intents.iter().enumerate() {
+        check_identifier("step_id", &planned.step_id, MAX_STEP_ID_LEN)?;
+        // The outbox sends the stored object as the call's arguments.
+        if !(planned.arguments.is_object() || planned.arguments.is_null()) {
+            let error = ApiError::new(
+                ErrorCode::InvalidArguments,
+                format!(
+                    "intents[{index}].arguments: must be a JSON object (the tool call's \
+                     arguments), got {}. Nothing was written",
+                    json_type(&planned.arguments)
+                ),
+            );
+            return Err(error.with_detail(json!({"index": index, "step_id": planned.step_id})));
+        }
+    }
+    let Some(tools) = &state.tools else {
+        return Ok(());
+    };
+    let known = tools.snapshot();
+    let unknown: Vec<Value> = intents
+        .iter()
+        .enumerate()
+        .filter(|(_, planned)| !known.contains_key(&planned.tool))
+        .map(|(index, planned)| {
+            // A name is echoed back at most this long.
+            let tool: String = planned.tool.chars().take(200).collect();
+            json!({"index": index, "step_id": planned.step_id, "tool": tool})
+        })
+        .collect();
+    let Some(first) = unknown.first() else {
+        return Ok(());
+    };
+    let error = ApiError::new(
+        ErrorCode::UnknownTool,
+        format!(
+            "unknown tool {}: no upstream of this leasegate lists it ({} of {} planned intents \
+             name such a tool; GET tools/list on the MCP front for the names). Nothing was written",
+            first["tool"],
+            unknown.len(),
+            intents.len()
+        ),
+    );
+    Err(error.with_detail(json!({ "unknown": unknown })))
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct CheckpointBody {
@@ -283,7 +366,8 @@ pub(super) async fn checkpoint(
     Body(body): Body<CheckpointBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    let lease = claim(run, body.owner, body.epoch, body.lease_token.as_deref());
+    let lease = claim(run, body.owner, body.epoch, body.lease_token.as_deref())?;
+    check_planned(&state, &body.intents)?;
     if body.intents.is_empty() {
         let applied = applied(
             state
@@ -367,7 +451,7 @@ pub(super) async fn start(
     let outcome = state
         .ledger
         .run_start(
-            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref())?,
             body.expected_revision,
         )
         .await?;
@@ -383,7 +467,7 @@ pub(super) async fn complete(
     let outcome = state
         .ledger
         .run_complete(
-            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref())?,
             body.expected_revision,
             body.checkpoint.as_ref(),
         )
@@ -401,7 +485,7 @@ pub(super) async fn fail(
     let outcome = state
         .ledger
         .run_fail(
-            &claim(run, body.owner, body.epoch, body.lease_token.as_deref()),
+            &claim(run, body.owner, body.epoch, body.lease_token.as_deref())?,
             body.expected_revision,
             &reason,
         )

@@ -33,7 +33,7 @@ use crate::ids::RunId;
 pub use canonical::{IntegerPolicy, MAX_SAFE_INTEGER, canonical_bytes};
 
 /// Longest accepted step id, tool name and tenant.
-pub const MAX_STEP_ID_LEN: usize = 512;
+pub use crate::ids::MAX_STEP_ID_LEN;
 pub const MAX_TOOL_NAME_LEN: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -13,7 +13,7 @@ use serde::{Serialize, Serializer};
 use sqlx::FromRow;
 
 use super::operation::protocol;
-use super::{Ledger, LedgerError, MAX_OWNER_LEN, check_text};
+use super::{Ledger, LedgerError, MAX_OWNER_LEN, check_length, check_text};
 
 /// A WAL position (`pg_lsn`), shown as PostgreSQL does: `16/B374D848`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -273,7 +273,7 @@ impl Ledger {
     ) -> Result<FailoverResolveOutcome, LedgerError> {
         const CALL: &str = "failover_resolve";
         check_text("by", by, MAX_OWNER_LEN)?;
-        check_text("reason", reason, 2000)?;
+        check_length("reason", reason, 2000)?;
         let (outcome,): (String,) = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT outcome FROM failover_resolve($1, $2, $3)")

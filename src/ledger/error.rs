@@ -22,12 +22,17 @@ pub enum InvalidInput {
     Request(String),
     #[error(transparent)]
     RunId(#[from] crate::ids::InvalidRunId),
+    /// Free text (a failover resolution's reason) that is empty or too long.
     #[error("{field} must be 1 to {max} characters, got {len}")]
     TextLength {
         field: &'static str,
         len: usize,
         max: usize,
     },
+    /// An owner, tenant, task id or actor that is empty, too long or
+    /// holds a character outside the identifier set (`ids::check_identifier`).
+    #[error(transparent)]
+    Identifier(#[from] crate::ids::InvalidIdentifier),
 }
 
 impl InvalidInput {
@@ -38,7 +43,9 @@ impl InvalidInput {
                 "invalid_ttl"
             }
             InvalidInput::RunId(invalid) => invalid.code(),
-            InvalidInput::TextLength { .. } | InvalidInput::Request(_) => "invalid_input",
+            InvalidInput::TextLength { .. }
+            | InvalidInput::Identifier(_)
+            | InvalidInput::Request(_) => "invalid_input",
         }
     }
 }

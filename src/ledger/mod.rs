@@ -135,10 +135,9 @@ pub struct Ledger {
     options: LedgerOptions,
 }
 
-/// Longest text accepted for owners, tenants, task ids and actors.
-const MAX_OWNER_LEN: usize = 200;
-const MAX_TENANT_LEN: usize = 128;
-const MAX_TASK_LEN: usize = 256;
+/// Longest text accepted for owners, tenants, task ids and actors (the
+/// limits every edge enforces too, with the same character set).
+use crate::ids::{MAX_OWNER_LEN, MAX_TASK_LEN, MAX_TENANT_LEN};
 
 impl Ledger {
     /// Connects with a database URL; see [`Ledger::connect_with`].
@@ -425,6 +424,34 @@ impl Ledger {
     }
 }
 
+/// Why `url` cannot be a ledger URL, if it cannot: it must be a
+/// `postgres://` or `postgresql://` URL that the driver parses (what
+/// [`Ledger::connect`] would refuse, said before anything is tried). The
+/// answer never quotes the password.
+pub fn url_problem(url: &str) -> Option<String> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    match scheme {
+        None => Some("is not a URL: expected postgres://USER@HOST:PORT/DATABASE".to_owned()),
+        Some(scheme)
+            if !(scheme.eq_ignore_ascii_case("postgres")
+                || scheme.eq_ignore_ascii_case("postgresql")) =>
+        {
+            Some(format!(
+                "is not a PostgreSQL URL: the scheme is {:?}, expected \"postgres\" or \"postgresql\"",
+                scheme.chars().take(40).collect::<String>()
+            ))
+        }
+        Some(_) => PgConnectOptions::from_str(url).err().map(|error| {
+            // The driver's message may quote the URL: say only what kind.
+            let detail = match error {
+                sqlx::Error::Configuration(inner) => redacted_url(&inner.to_string()),
+                other => redacted_url(&other.to_string()),
+            };
+            format!("does not parse as a PostgreSQL URL: {detail}")
+        }),
+    }
+}
+
 /// How long `migrate` and `create_database_if_missing` wait for a server.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -538,10 +565,17 @@ fn check_ttl_within(what: &'static str, ttl_ms: i64, ceiling_ms: i64) -> Result<
     Ok(())
 }
 
-fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {
+/// Free text (not an identifier): 1 to `max` characters of anything.
+fn check_length(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {
     let len = value.chars().count();
     if len == 0 || len > max {
         return Err(InvalidInput::TextLength { field, len, max });
     }
     Ok(())
+}
+
+/// An owner, tenant, task id or actor: 1 to `max` visible ASCII characters
+/// (`ids::check_identifier`), checked before anything is sent.
+fn check_text(field: &'static str, value: &str, max: usize) -> Result<(), InvalidInput> {
+    crate::ids::check_identifier(field, value, max).map_err(InvalidInput::from)
 }

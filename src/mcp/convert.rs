@@ -152,6 +152,10 @@ pub fn error_from_call(error: &CallError) -> McpError {
         CallError::StepRequired | CallError::ArgumentsTooLarge { .. } | CallError::Intent(_) => {
             (codes::INVALID_PARAMS, None)
         }
+        // Refused before anything was sent (an identifier out of bounds).
+        CallError::Ledger(crate::ledger::LedgerError::InvalidInput(_)) => {
+            (codes::INVALID_PARAMS, None)
+        }
         CallError::Ledger(_) => (codes::LEDGER_UNAVAILABLE, None),
         CallError::Held { reason } => (
             codes::LEDGER_UNAVAILABLE,
@@ -159,6 +163,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
         ),
     };
     let message = match error {
+        CallError::Ledger(crate::ledger::LedgerError::InvalidInput(invalid)) => invalid.to_string(),
         CallError::Ledger(inner) => {
             tracing::error!(error = %inner, "ledger call failed");
             match inner.delivery() {

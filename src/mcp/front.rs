@@ -23,6 +23,12 @@
 //! never logged (it is not a span field). The step comes from
 //! `_meta["dev.leasegate/step"]` = `{step_id, effect_version}`.
 //!
+//! Refused with -32602 before anything is recorded or sent: a `Leasegate-*`
+//! or `Idempotency-Key` header given twice (which value counts would be a
+//! guess); an owner, step id, task key or idempotency key outside the
+//! identifier rule (`ids::check_identifier`); `tools/call` params that do
+//! not fit their shape (`on_custom_request`, instead of rmcp's -32601).
+//!
 //! # What the upstream sends during a call
 //!
 //! Progress, call-scoped notifications and requests to the client
@@ -77,8 +83,8 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
-    ClientRequest, CompleteRequestParams, CompleteResult, ErrorCode, GetPromptRequestParams,
-    GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
+    ClientRequest, CompleteRequestParams, CompleteResult, CustomRequest, CustomResult, ErrorCode,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, LoggingLevel,
     PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, RequestId, ResourceUpdatedNotificationParam,
@@ -98,6 +104,9 @@ use super::upstream::{CatalogEntry, REQUEST_TIMEOUT, UpstreamEvent, Upstreams};
 use crate::adapter::{PeerError, SharedDirectory, ToAgent, Upstream, UpstreamCall, UpstreamError};
 use crate::config::Config;
 use crate::dispatch::{CallContext, CallError, CallReply, CallRequest, Dispatcher};
+use crate::ids::{
+    MAX_IDEMPOTENCY_KEY_LEN, MAX_OWNER_LEN, MAX_STEP_ID_LEN, MAX_TASK_LEN, check_identifier,
+};
 use crate::intent::StepRef;
 use crate::ledger::{LeaseClaim, LeaseToken, RunId};
 
@@ -257,6 +266,7 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
         let run_id: RunId = run_id
             .parse()
             .map_err(|e: crate::ids::InvalidRunId| bad(&e.to_string()))?;
+        check_identifier("owner", owner, MAX_OWNER_LEN).map_err(|e| bad(&e.to_string()))?;
         return Ok(LeaseClaim {
             run_id,
             owner: owner.to_owned(),
@@ -287,9 +297,12 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
             })?;
             let epoch: i64 = epoch.parse().map_err(|_| {
                 bad(format!(
-                    "header Leasegate-Epoch: {epoch:?} is not an integer"
+                    "header Leasegate-Epoch: {:?} is not an integer",
+                    epoch.chars().take(40).collect::<String>()
                 ))
             })?;
+            check_identifier("owner", owner, MAX_OWNER_LEN)
+                .map_err(|e| bad(format!("header Leasegate-Owner: {e}")))?;
             Ok(LeaseClaim {
                 run_id,
                 owner: owner.to_owned(),
@@ -312,6 +325,7 @@ fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, Call
         .get("step_id")
         .and_then(Value::as_str)
         .ok_or_else(|| bad("step_id must be a string"))?;
+    check_identifier("step_id", step_id, MAX_STEP_ID_LEN).map_err(|e| bad(&e.to_string()))?;
     let effect_version = match value.get("effect_version") {
         None => 1,
         Some(v) => v
@@ -323,6 +337,19 @@ fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, Call
         step_id: step_id.to_owned(),
         effect_version,
     }))
+}
+
+/// A `Leasegate-*` (or `Idempotency-Key`) header the request carries more
+/// than once: which value counts would be a guess (an intermediary may
+/// have added one), so the call is refused instead.
+fn duplicated_header(context: &RequestContext<RoleServer>) -> Option<(String, usize)> {
+    let parts = context.extensions.get::<http::request::Parts>()?;
+    parts.headers.keys().find_map(|name| {
+        let lease_header =
+            name.as_str().starts_with("leasegate-") || name.as_str() == IDEMPOTENCY_KEY_HEADER;
+        let count = parts.headers.get_all(name).iter().count();
+        (lease_header && count > 1).then(|| (name.as_str().to_owned(), count))
+    })
 }
 
 /// `_meta` worth passing upstream: W3C trace context.
@@ -1800,11 +1827,54 @@ impl ServerHandler for Front {
         }
     }
 
+    /// rmcp hands a request whose params do not fit its method's shape
+    /// over as a custom request (and would answer -32601, "method not
+    /// found"). A `tools/call` that arrives here has malformed params
+    /// (`arguments` not an object, `name` not a string): -32602, nothing
+    /// recorded or sent. Other unknown methods stay -32601.
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, McpError> {
+        if request.method == "tools/call" {
+            let why = match request.params_as::<CallToolRequestParams>() {
+                // serde quotes the value it did not expect: keep it short.
+                Err(error) => error.to_string().chars().take(300).collect(),
+                Ok(None) => "params are missing".to_owned(),
+                Ok(Some(_)) => "params do not fit".to_owned(),
+            };
+            return Err(McpError::new(
+                ErrorCode(codes::INVALID_PARAMS),
+                format!(
+                    "invalid params for tools/call: {why}: `name` must be a string and \
+                     `arguments` an object. Nothing was recorded or sent"
+                ),
+                Some(json!({"reason": "invalid_params", "method": "tools/call"})),
+            ));
+        }
+        Err(McpError::new(
+            ErrorCode::METHOD_NOT_FOUND,
+            request.method.chars().take(200).collect::<String>(),
+            None,
+        ))
+    }
+
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        if let Some((header, count)) = duplicated_header(&context) {
+            return Err(McpError::new(
+                ErrorCode(codes::INVALID_PARAMS),
+                format!(
+                    "header {header} is given {count} times: send each Leasegate-* header (and \
+                     Idempotency-Key) once. Nothing was recorded or sent"
+                ),
+                Some(json!({"reason": "duplicate_header", "header": header, "count": count})),
+            ));
+        }
         let name = request.name.to_string();
         let mut resolved = self.state.directory.get(&name);
         if resolved.is_none()
@@ -1997,6 +2067,8 @@ impl Front {
         let Some(task) = task else {
             return Ok(());
         };
+        check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
+            .map_err(|e| invalid_params(e.to_string()))?;
         let ledger = self.state.dispatcher.ledger().clone();
         let owner = format!("{}:session", self.state.dispatcher.owner());
         self.session
@@ -2056,6 +2128,8 @@ impl Front {
         let Some(key) = key else {
             return Ok(None);
         };
+        check_identifier("idempotency key", &key, MAX_IDEMPOTENCY_KEY_LEN)
+            .map_err(|e| invalid_params(e.to_string()))?;
         let dispatcher = &self.state.dispatcher;
         crate::worker::session::key_lease(
             dispatcher.ledger(),

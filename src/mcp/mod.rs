@@ -6,6 +6,7 @@ pub mod front;
 pub mod http_headers;
 pub mod idempotency;
 pub mod inflight;
+pub mod malformed;
 pub mod upstream;
 
 pub use front::Front;
@@ -67,9 +68,14 @@ pub async fn serve_http(
                 inflight::cancel_layer(in_flight.clone(), request, next)
             }))
     };
-    let router = router.layer(axum::middleware::from_fn(move |request, next| {
-        idempotency::layer(body_limit, request, next)
-    }));
+    let router = router
+        .layer(axum::middleware::from_fn(move |request, next| {
+            idempotency::layer(body_limit, request, next)
+        }))
+        // Outermost: malformed bodies get JSON-RPC's codes, not rmcp's 415.
+        .layer(axum::middleware::from_fn(move |request, next| {
+            malformed::layer(body_limit, request, next)
+        }));
     axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(async move {
             shutdown.await;

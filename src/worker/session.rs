@@ -162,7 +162,7 @@ impl SessionLease {
 pub const KEY_OWNER: &str = "leasegate:idempotency-key";
 
 /// The longest idempotency key accepted (lease mode `key`).
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 200;
+pub use crate::ids::MAX_IDEMPOTENCY_KEY_LEN;
 
 /// Lease mode `key`: the key runs' leases this process took, with their
 /// secret tokens, by task. One per process (the MCP front's state); calls
@@ -336,12 +336,12 @@ pub async fn key_lease(
     retention: std::time::Duration,
 ) -> Result<LeaseClaim, SessionError> {
     let task = format!("idempotency-key:{principal}:{key}");
-    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN || key.chars().any(char::is_control) {
+    if let Err(invalid) =
+        crate::ids::check_identifier("idempotency key", key, MAX_IDEMPOTENCY_KEY_LEN)
+    {
         return Err(SessionError::Refused {
-            task,
-            detail: format!(
-                "an idempotency key is 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes without control characters"
-            ),
+            task: task.chars().take(80).collect(),
+            detail: invalid.to_string(),
         });
     }
     let slot = leases.slot(&task);
