@@ -445,7 +445,8 @@ impl ExampleTools {
             // Every call is logged, so tests can count what reached the tool.
             self.append(
                 "calls.jsonl",
-                &json!({"tool": "charge", "idempotency_key": key, "traceparent": trace}),
+                &json!({"tool": "charge", "idempotency_key": key, "traceparent": trace,
+                        "arguments": args}),
             )
             .await?;
             let charges = self.lines("charges.jsonl").await;

@@ -88,11 +88,15 @@ pub enum ErrorCode {
     InvalidOperationId,
     UnsafeInteger,
     InvalidArguments,
+    /// A stored body is sealed under a key this process does not have, or
+    /// under a different key with that id (500; CLI exit 1): fix the
+    /// policy's `encryption_keys`.
+    KeyUnavailable,
 }
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 30] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -122,6 +126,7 @@ impl ErrorCode {
         ErrorCode::InvalidOperationId,
         ErrorCode::UnsafeInteger,
         ErrorCode::InvalidArguments,
+        ErrorCode::KeyUnavailable,
     ];
 
     /// The stable `code` string of the JSON answer.
@@ -155,6 +160,7 @@ impl ErrorCode {
             ErrorCode::InvalidOperationId => "invalid_operation_id",
             ErrorCode::UnsafeInteger => "unsafe_integer",
             ErrorCode::InvalidArguments => "invalid_arguments",
+            ErrorCode::KeyUnavailable => "key_unavailable",
         }
     }
 
@@ -195,6 +201,7 @@ impl ErrorCode {
             | ErrorCode::UnsafeInteger
             | ErrorCode::InvalidArguments
             | ErrorCode::TenantMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::KeyUnavailable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -233,6 +240,7 @@ impl ErrorCode {
             ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
                 exit::OTHER
             }
+            ErrorCode::KeyUnavailable => exit::OTHER,
         }
     }
 }
@@ -339,6 +347,10 @@ impl From<LedgerError> for ApiError {
         match &error {
             LedgerError::InvalidInput(invalid) => {
                 ApiError::new(ErrorCode::from(invalid), invalid.to_string())
+            }
+            LedgerError::Sealed { .. } => {
+                tracing::error!(%error, "a stored body cannot be opened");
+                ApiError::new(ErrorCode::KeyUnavailable, error.to_string())
             }
             LedgerError::Connect(connect) => {
                 tracing::error!(error = %connect, "ledger connect failed");
@@ -495,6 +507,7 @@ mod tests {
             (InvalidOperationId, 422, 2),
             (UnsafeInteger, 422, 2),
             (InvalidArguments, 422, 2),
+            (KeyUnavailable, 500, 1),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, exit) in table {

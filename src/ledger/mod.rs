@@ -45,6 +45,7 @@ mod operation_types;
 mod read;
 mod run;
 mod schema;
+mod secrets;
 mod stored_json;
 mod types;
 mod verdict;
@@ -69,6 +70,7 @@ pub use operation_types::{
 pub use read::DbHealth;
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
+pub use secrets::RotationReport;
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary, RunView,
@@ -105,6 +107,11 @@ pub struct LedgerOptions {
     /// weaken what an acknowledged commit waits for (policy `durability =
     /// "sync_replica"`).
     pub synchronous_commit_at_least_on: bool,
+    /// What is stored of request arguments, results and evidence (policy
+    /// `request_body`, `result_body`), and the keys sealed bodies are
+    /// opened with: applied on every path that writes a body, and every
+    /// read opens (`stored_json::open`).
+    pub bodies: crate::policy::Bodies,
 }
 
 impl Default for LedgerOptions {
@@ -119,6 +126,7 @@ impl Default for LedgerOptions {
             acquire_timeout: Duration::from_secs(5),
             application_name: "leasegate".to_owned(),
             synchronous_commit_at_least_on: false,
+            bodies: crate::policy::Bodies::default(),
         }
     }
 }

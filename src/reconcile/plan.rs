@@ -18,12 +18,21 @@
 //!
 //! A retry's or query's failure to answer never converges anything: only
 //! an answer that proves an outcome does.
+//!
+//! A stored request that is not the request (policy `request_body =
+//! "masked"`: it does not hash to the intent's digest and holds `"***"`) is
+//! never sent and never taken for the request: a same-key retry, a query by
+//! a masked resource id, a `match_fields` check of a masked field and a
+//! resend all become "needs operator" (`arguments_masked`); a query by
+//! operation id still runs. [`is_original`] is the check every sender makes.
 
 use serde_json::{Value, json};
 
 use crate::adapter::{Capability, QuerySpec, ToolAdapter, ToolAnswer};
 use crate::dispatch::remote_id_of;
+use crate::intent::{IntegerPolicy, request_digest};
 use crate::ledger::{ConvergeEvidence, Evidence, EvidenceKind, OperationRecord, Settlement};
+use crate::policy::secrets::MASK;
 
 /// What the remote says happened, and how leasegate learned it.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +56,27 @@ pub enum Step {
     RetrySameKey,
     /// Nothing leasegate can do: an operator resolves it.
     NeedsOperator(&'static str),
+}
+
+/// Whether `body` is the request the operation was registered with: its
+/// digest is the intent's. Only such a body is ever sent again.
+pub fn is_original(operation: &OperationRecord, body: &Value) -> bool {
+    body.is_object()
+        && request_digest(&operation.tool_name, body, IntegerPolicy::AsDouble)
+            .is_ok_and(|digest| digest == operation.request_digest)
+}
+
+/// Whether a stored body is a masked copy of the request.
+fn is_masked(operation: &OperationRecord, body: &Value) -> bool {
+    fn holds_mask(value: &Value) -> bool {
+        match value {
+            Value::String(text) => text == MASK,
+            Value::Array(items) => items.iter().any(holds_mask),
+            Value::Object(map) => map.values().any(holds_mask),
+            _ => false,
+        }
+    }
+    holds_mask(body) && !is_original(operation, body)
 }
 
 /// Decides the next step from the operation, its adapter (`None`: no
@@ -81,15 +111,26 @@ pub fn plan(
     let Some(adapter) = adapter else {
         return Step::NeedsOperator("unknown_tool");
     };
+    let masked = is_masked(operation, request_body);
+    let masked_field = |value: &Value| masked && value.as_str() == Some(MASK);
     match adapter.capability {
         Capability::None => Step::NeedsOperator("no_capability"),
         Capability::OperationQuery | Capability::ResourceId => match &adapter.query {
+            Some(query)
+                if adapter.capability == Capability::ResourceId
+                    && query.match_fields.iter().any(|field| {
+                        request_body.get(field.as_str()).is_some_and(masked_field)
+                    }) =>
+            {
+                Step::NeedsOperator("arguments_masked")
+            }
             Some(query) => match &query.resource_id_pointer {
                 None => Step::Query {
                     spec: query.clone(),
                     by: Value::String(operation.operation_id.as_str().to_owned()),
                 },
                 Some(pointer) => match request_body.pointer(pointer) {
+                    Some(id) if masked_field(id) => Step::NeedsOperator("arguments_masked"),
                     Some(id) if !id.is_null() => Step::Query {
                         spec: query.clone(),
                         by: id.clone(),
@@ -100,6 +141,7 @@ pub fn plan(
             },
             None => Step::NeedsOperator("no_query_tool"),
         },
+        Capability::IdempotencyKey if masked => Step::NeedsOperator("arguments_masked"),
         Capability::IdempotencyKey => Step::RetrySameKey,
     }
 }
