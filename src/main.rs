@@ -225,6 +225,8 @@ fn init_logging(default: &str) {
     let no_bodies = tracing_subscriber::filter::filter_fn(move |meta| {
         bodies || *meta.level() <= tracing::Level::INFO || !prints_bodies(meta.target())
     });
+    // One filter: RUST_LOG (or the default), and never bodies.
+    let filter = tracing_subscriber::filter::FilterExt::and(filter, no_bodies);
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
@@ -234,13 +236,10 @@ fn init_logging(default: &str) {
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .with_filter(filter)
-            .with_filter(no_bodies);
+            .with_filter(filter);
         registry.with(layer).init();
     } else {
-        registry
-            .with(layer.with_filter(filter).with_filter(no_bodies))
-            .init();
+        registry.with(layer.with_filter(filter)).init();
     }
     if bodies {
         tracing::warn!(

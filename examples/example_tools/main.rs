@@ -147,8 +147,14 @@ impl Faults {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // MCP goes over stdout: logs (warnings only) go to stderr.
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    // It runs as leasegate's child and its stderr is leasegate's: like
+    // leasegate, it never logs whole messages (rmcp prints every request at
+    // debug) unless LEASEGATE_LOG_BODIES=1.
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    if !std::env::var("LEASEGATE_LOG_BODIES").is_ok_and(|v| v == "1" || v == "true") {
+        filter = filter.add_directive("rmcp=info".parse().expect("a valid directive"));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
