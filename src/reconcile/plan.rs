@@ -14,6 +14,7 @@
 //! | `operation_query` | query by operation id | found → `succeeded` with the resource; not found, error, no answer → stays unknown |
 //! | `resource_id` | query by operation id, or by the resource id at the adapter's `resource_id_pointer` in the stored arguments (none stored there → needs operator) | found and every `match_fields` equal to the request's → `succeeded`; a mismatch → stays unknown (logged); not found, error, no answer → stays unknown |
 //! | `operation_query` / `resource_id` with `resend_after_not_found` | the same query | an authoritative "not found" (the found pointer holds `false`) → sent again under the same operation id (unknown → prepared) once the settle delay has passed since the last send, within the retry budget; before that → stays unknown (`not_found_settling`) |
+//! | a masked request (`request_body = "masked"`: holds `"***"` and does not hash to the intent's digest): `idempotency_key`, a `resource_id_pointer` or a `match_fields` entry that is masked | needs operator (`arguments_masked`) | — (a query by operation id still runs) |
 //! | `idempotency_key` | same-key retry (inside the key retention window and retry budget, counted before it leaves) | success → `succeeded` (a provider replay, or the first execution); an error the adapter's `not_done_errors` match → stays unknown (nothing was done now); another error → `failed_final` only if the adapter says `replays_first_outcome`, else stays unknown; no answer → stays unknown |
 //!
 //! A retry's or query's failure to answer never converges anything: only
@@ -567,6 +568,68 @@ mod tests {
             })
         ));
     }
+    #[test]
+    fn a_masked_request_is_never_retried_nor_taken_for_the_request() {
+        let masked = json!({"card": "***", "name": "***", "amount": 5});
+        assert!(!is_original(&operation(), &masked));
+        assert_eq!(
+            plan(
+                &operation(),
+                Some(&adapter(Capability::IdempotencyKey)),
+                &[],
+                &masked
+            ),
+            Step::NeedsOperator("arguments_masked")
+        );
+        // resource_id's match_fields ("name") is masked: no check possible.
+        assert_eq!(
+            plan(
+                &operation(),
+                Some(&adapter(Capability::ResourceId)),
+                &[],
+                &masked
+            ),
+            Step::NeedsOperator("arguments_masked")
+        );
+        // A query by operation id needs nothing from the request.
+        assert!(matches!(
+            plan(
+                &operation(),
+                Some(&adapter(Capability::OperationQuery)),
+                &[],
+                &masked
+            ),
+            Step::Query { .. }
+        ));
+        let named = ToolAdapter {
+            query: Some(QuerySpec {
+                resource_id_pointer: Some("/name".into()),
+                match_fields: Vec::new(),
+                ..query()
+            }),
+            ..adapter(Capability::OperationQuery)
+        };
+        assert_eq!(
+            plan(&operation(), Some(&named), &[], &masked),
+            Step::NeedsOperator("arguments_masked")
+        );
+        // The request itself (its digest is the intent's) is sent again.
+        let arguments = json!({"card": "***", "amount": 5});
+        let mut original = operation();
+        original.request_digest =
+            request_digest(&original.tool_name, &arguments, IntegerPolicy::Reject).unwrap();
+        assert!(is_original(&original, &arguments));
+        assert_eq!(
+            plan(
+                &original,
+                Some(&adapter(Capability::IdempotencyKey)),
+                &[],
+                &arguments
+            ),
+            Step::RetrySameKey
+        );
+    }
+
     #[test]
     fn a_resource_named_by_the_agent_is_queried_by_that_name() {
         let named = ToolAdapter {
