@@ -17,6 +17,13 @@
 //! 7. Lease time is the database's `clock_timestamp()`, never this host's.
 //! 8. Every status change is appended to `ledger_events` with its actor.
 //!
+//! Bodies (request arguments, results, evidence) are written only in the
+//! form [`LedgerOptions::bodies`] keeps (as sent, masked, digest only, or
+//! sealed: `policy::secrets`) and read back through one walk that decodes
+//! and opens them (`stored_json::open`); a body that cannot be opened is a
+//! [`LedgerError::Sealed`] naming its operation, never plaintext or a
+//! placeholder. Planned intents a policy cannot keep sendable are refused.
+//!
 //! The application's database role (`leasegate_app`) may execute these
 //! functions and SELECT, and nothing else, so no caller can bypass fencing.
 //! [`Ledger::connect`] switches every pooled session to that role.

@@ -208,6 +208,26 @@ impl Ledger {
         &self.options.bodies
     }
 
+    /// Whether a planned intent can be stored: it is sent later from what
+    /// the ledger stores, and a policy that keeps less than the request
+    /// (masked fields present, digest only) could only ever send a
+    /// placeholder (`encrypted` keeps it without plaintext at rest).
+    fn keeps(&self, intent: &Intent) -> bool {
+        self.bodies().keeps_request(&intent.request_body)
+    }
+
+    fn unplannable(&self, intent: &Intent) -> LedgerError {
+        let policy = match self.bodies().request {
+            crate::policy::RequestBodyPolicy::DigestOnly => "request_body = \"digest_only\" keeps",
+            _ => "request_body = \"masked\" and a masked field in its arguments keep",
+        };
+        InvalidInput::Request(format!(
+            "planned intent {} v{} cannot be stored: {policy} no sendable copy of its arguments (use \"encrypted\", or leave masked fields out of planned intents)",
+            intent.step_id, intent.effect_version
+        ))
+        .into()
+    }
+
     /// The stored form of `result` of `operation_id` (policy `result_body`).
     fn stored_result(&self, result: &Value, operation_id: &str) -> Result<Value, LedgerError> {
         self.bodies()
@@ -433,24 +453,8 @@ impl Ledger {
                 .into());
             }
         }
-        // A planned intent is sent later from what the ledger stores: a
-        // policy that keeps less than the request (masked fields present,
-        // digest only) could only ever send a placeholder, so it is refused
-        // here (`encrypted` keeps it without plaintext at rest).
-        if let Some(intent) = intents
-            .iter()
-            .find(|intent| !self.bodies().keeps_request(&intent.request_body))
-        {
-            return Err(InvalidInput::Request(format!(
-                "planned intent {} v{} cannot be stored: request_body = {} keeps no sendable copy of its arguments (use \"encrypted\", or leave masked fields out of planned intents)",
-                intent.step_id,
-                intent.effect_version,
-                match self.bodies().request {
-                    crate::policy::RequestBodyPolicy::DigestOnly => "\"digest_only\"",
-                    _ => "\"masked\" and it names masked fields, so it",
-                }
-            ))
-            .into());
+        if let Some(intent) = intents.iter().find(|i| !self.keeps(i)) {
+            return Err(self.unplannable(intent));
         }
         let batch: Vec<IntentParams> = intents
             .iter()
@@ -765,6 +769,9 @@ impl Ledger {
         revised: &Intent,
     ) -> Result<Fenced<SupersedeOutcome>, LedgerError> {
         const CALL: &str = "operation_supersede";
+        if !self.keeps(revised) {
+            return Err(self.unplannable(revised));
+        }
         let params = IntentParams::new(revised, None, self.bodies())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
