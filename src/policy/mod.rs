@@ -1,6 +1,7 @@
 //! Policies (`policies/*.toml`): timing, step identity, request size, what
-//! of a request the ledger stores, and the durability contract
-//! ([`Durability`]; enforced by `crate::durability`).
+//! the ledger stores of requests, results and evidence and under which keys
+//! ([`secrets`]: masked, digest only, encrypted), and the durability
+//! contract ([`Durability`]; enforced by `crate::durability`).
 //!
 //! Files parse with `deny_unknown_fields` into [`RawPolicy`], then
 //! [`RawPolicy::validate`] turns them into a [`Policy`] with every value
