@@ -208,6 +208,7 @@ impl Proxy {
             max_connections: config.database_max_connections,
             statement_timeout: config.database_statement_timeout,
             synchronous_commit_at_least_on: config.policy.durability == Durability::SyncReplica,
+            bodies: config.policy.bodies(),
             ..LedgerOptions::default()
         };
         let ledger = open_ledger(&config, options).await?;

@@ -15,7 +15,10 @@
 //!   position and timeline switch points, recorded failovers), `schema`
 //!   (tables from `migrations/`, functions from
 //!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
-//!   stored and read back exactly). Retries of 40001/40P01, "outcome
+//!   stored and read back exactly, and sealed bodies opened in the same
+//!   walk), `secrets` (key rotation: `operation_reseal`). Every body
+//!   written (request, result, evidence) passes the policy's data rules
+//!   (`LedgerOptions::bodies`) and every body read is opened. Retries of 40001/40P01, "outcome
 //!   unknown" on a connection lost mid-call; a ledger that cannot be opened
 //!   is a `ConnectFailure` (unreachable, login refused, database missing,
 //!   schema missing). The only module that imports sqlx.
@@ -27,7 +30,10 @@
 //!   `Intent`. Pure functions; the ledger depends on it, not the reverse.
 //! * `policy`, `adapter`, `config`: the files users write (`policies/`,
 //!   `adapters/`, `leasegate.toml`), parsed with `deny_unknown_fields` and
-//!   validated into normalized types; `adapter::Upstream` is the seam
+//!   validated into normalized types; `policy::secrets`: what the ledger
+//!   stores of bodies (`full`, `masked` by field name at any depth,
+//!   `digest_only`, `encrypted`: XChaCha20-Poly1305 under named keys from
+//!   files or environment variables); `adapter::Upstream` is the seam
 //!   through which dispatch reaches tool servers. `config` resolves a stdio
 //!   upstream's command (relative to the config file, or beside the running
 //!   executable, then `PATH`), and the ledger's URL for every command
@@ -88,11 +94,14 @@
 //!   and the `leasegate_app` role that may
 //!   only execute the functions and read. `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
-//!   (`common`, `process`, `lease`, `run`, `operation`, `durability`), installed after the
+//!   (`common`, `process`, `lease`, `run`, `operation`, `durability`,
+//!   `secrets`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `init`, `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
-//!   parses arguments, binds listeners and calls into the library.
+//!   parses arguments, binds listeners and calls into the library; `secrets
+//!   rotate` re-seals stored bodies under the policy's current key. Logs
+//!   never carry argument or result values unless `LEASEGATE_LOG_BODIES=1`.
 //! * Not part of the library, binaries under `examples/`:
 //!   `leasegate-example-worker` (`examples/worker/`: lease, heartbeat,
 //!   checkpoint loop, frozen with SIGSTOP by the process-level tests) and

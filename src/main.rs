@@ -84,6 +84,9 @@ enum Command {
     Init(InitArgs),
     #[command(flatten)]
     Operator(OperatorCommand),
+    /// Stored bodies under `encrypted` policies: key rotation.
+    #[command(subcommand)]
+    Secrets(SecretsCommand),
     /// Create the ledger database if missing and apply the migrations
     /// (schema, protected SQL functions, the leasegate_app role). Running it
     /// again is a no-op.
@@ -93,6 +96,21 @@ enum Command {
         /// A leasegate.toml whose database_url to migrate.
         #[arg(long, value_name = "FILE")]
         config: Option<std::path::PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SecretsCommand {
+    /// Re-seal every stored request and result sealed under another key
+    /// than the policy's encryption_key_id (the old keys must still be in
+    /// encryption_keys). Safe to run while serving, and again. Exit 0: every
+    /// operation is under the current key; 1: some could not be opened or
+    /// changed meanwhile (listed; run it again).
+    Rotate {
+        #[arg(long, default_value = "leasegate.toml")]
+        config: std::path::PathBuf,
+        #[arg(long, value_name = "URL", help = DATABASE_URL_HELP)]
+        database_url: Option<String>,
     },
 }
 
@@ -194,22 +212,55 @@ async fn main() -> ExitCode {
 /// Logs to stderr; `LEASEGATE_LOG_FORMAT=json`: one JSON object per line,
 /// span fields (run_id, owner, epoch, operation_id, tool) included.
 /// `default`: the filter when `RUST_LOG` is not set.
+///
+/// Argument and result values never reach the log, whatever `RUST_LOG`
+/// says: the libraries that print whole messages below `info` (rmcp prints
+/// every request and response at `debug`; the HTTP stacks at `trace`) are
+/// held at `info`, unless `LEASEGATE_LOG_BODIES=1` says otherwise — the one
+/// explicit, documented setting for debugging with bodies in the log.
 fn init_logging(default: &str) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let bodies = log_bodies();
+    let no_bodies = tracing_subscriber::filter::filter_fn(move |meta| {
+        bodies || *meta.level() <= tracing::Level::INFO || !prints_bodies(meta.target())
+    });
+    // One filter: RUST_LOG (or the default), and never bodies.
+    let filter = tracing_subscriber::filter::FilterExt::and(filter, no_bodies);
+    let layer = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false);
+    let registry = tracing_subscriber::registry();
     if std::env::var("LEASEGATE_LOG_FORMAT").is_ok_and(|format| format == "json") {
-        builder
+        let layer = layer
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .init();
+            .with_filter(filter);
+        registry.with(layer).init();
     } else {
-        builder.init();
+        registry.with(layer.with_filter(filter)).init();
     }
+    if bodies {
+        tracing::warn!(
+            "LEASEGATE_LOG_BODIES is set: tool arguments and results may be logged in full"
+        );
+    }
+}
+
+/// `LEASEGATE_LOG_BODIES=1` (or `true`): let libraries log whole messages.
+fn log_bodies() -> bool {
+    std::env::var("LEASEGATE_LOG_BODIES").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// Targets that log whole MCP messages or HTTP bodies below `info`.
+fn prints_bodies(target: &str) -> bool {
+    ["rmcp", "hyper", "hyper_util", "h2", "reqwest", "sse_stream"]
+        .iter()
+        .any(|name| target == *name || target.starts_with(&format!("{name}::")))
 }
 
 /// Runs `command`; `database` is set to the ledger's URL once it is known.
@@ -268,6 +319,46 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             served
         }
         Command::CheckConfig { .. } => unreachable!("answered with its own exit codes"),
+        Command::Secrets(SecretsCommand::Rotate {
+            config,
+            database_url,
+        }) => {
+            let mut config = Config::load(&config)?;
+            config.resolve_database_url(database_url.as_deref());
+            *database = Some(config.database());
+            let options = leasegate::ledger::LedgerOptions {
+                max_connections: 2,
+                bodies: config.policy.bodies(),
+                ..Default::default()
+            };
+            let ledger = leasegate::ledger::Ledger::connect(&config.database_url, options).await?;
+            let report = ledger.secrets_rotate(100).await;
+            ledger.close().await;
+            let report = report?;
+            println!(
+                "re-sealed {} operations under key {}",
+                report.resealed, report.key_id
+            );
+            for (operation_id, why) in &report.failed {
+                println!("not re-sealed: operation {operation_id}: {why}");
+            }
+            if report.changed_meanwhile > 0 {
+                println!(
+                    "{} operations changed meanwhile: run it again",
+                    report.changed_meanwhile
+                );
+            }
+            for (key_id, count) in &report.evidence_under_other_keys {
+                println!(
+                    "{count} evidence rows stay sealed under key {key_id} (append-only): keep it in encryption_keys to read them"
+                );
+            }
+            if report.failed.is_empty() && report.changed_meanwhile == 0 {
+                Ok(())
+            } else {
+                anyhow::bail!("rotation incomplete")
+            }
+        }
         Command::Migrate {
             database_url,
             config,

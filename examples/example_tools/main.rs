@@ -147,12 +147,26 @@ impl Faults {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // MCP goes over stdout: logs (warnings only) go to stderr.
+    // It runs as leasegate's child and its stderr is leasegate's: like
+    // leasegate, it never logs whole messages (rmcp prints every request at
+    // debug) unless LEASEGATE_LOG_BODIES=1.
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::filter::FilterExt as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
+    let bodies = std::env::var("LEASEGATE_LOG_BODIES").is_ok_and(|v| v == "1" || v == "true");
+    let no_bodies = tracing_subscriber::filter::filter_fn(move |meta| {
+        bodies || *meta.level() <= tracing::Level::INFO || !meta.target().starts_with("rmcp")
+    });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_filter(filter.and(no_bodies)),
+        )
         .init();
     let faults = Faults::from_cli(&cli);
     let served = match cli.http {
@@ -445,7 +459,8 @@ impl ExampleTools {
             // Every call is logged, so tests can count what reached the tool.
             self.append(
                 "calls.jsonl",
-                &json!({"tool": "charge", "idempotency_key": key, "traceparent": trace}),
+                &json!({"tool": "charge", "idempotency_key": key, "traceparent": trace,
+                        "arguments": args}),
             )
             .await?;
             let charges = self.lines("charges.jsonl").await;

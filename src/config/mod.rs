@@ -367,10 +367,16 @@ fn parse<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, ConfigError> 
 }
 
 /// Loads and validates one policy file.
+/// Its encryption keys are read too: a missing or malformed key is an
+/// error here, at startup, never a body stored in plaintext later.
 pub fn load_policy(path: &Path) -> Result<Policy, ConfigError> {
-    parse::<RawPolicy>(path)?
+    let mut policy = parse::<RawPolicy>(path)?
         .validate()
-        .map_err(|e| ConfigError::new(path, e.to_string()))
+        .map_err(|e| ConfigError::new(path, e.to_string()))?;
+    policy
+        .load_keys(path.parent().unwrap_or(Path::new(".")))
+        .map_err(|e| ConfigError::new(path, e.to_string()))?;
+    Ok(policy)
 }
 
 /// Loads and validates one adapter file.

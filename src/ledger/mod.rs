@@ -19,6 +19,13 @@
 //! 7. Lease time is the database's `clock_timestamp()`, never this host's.
 //! 8. Every status change is appended to `ledger_events` with its actor.
 //!
+//! Bodies (request arguments, results, evidence) are written only in the
+//! form [`LedgerOptions::bodies`] keeps (as sent, masked, digest only, or
+//! sealed: `policy::secrets`) and read back through one walk that decodes
+//! and opens them (`stored_json::open`); a body that cannot be opened is a
+//! [`LedgerError::Sealed`] naming its operation, never plaintext or a
+//! placeholder. Planned intents a policy cannot keep sendable are refused.
+//!
 //! The application's database role (`leasegate_app`) may execute these
 //! functions and SELECT, and nothing else, so no caller can bypass fencing.
 //! [`Ledger::connect`] switches every pooled session to that role.
@@ -47,6 +54,7 @@ mod operation_types;
 mod read;
 mod run;
 mod schema;
+mod secrets;
 mod stored_json;
 mod token;
 mod types;
@@ -73,6 +81,7 @@ pub use read::DbHealth;
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use token::LEASE_TOKEN_PREFIX;
+pub use secrets::RotationReport;
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LeaseToken, LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary,
@@ -110,6 +119,11 @@ pub struct LedgerOptions {
     /// weaken what an acknowledged commit waits for (policy `durability =
     /// "sync_replica"`).
     pub synchronous_commit_at_least_on: bool,
+    /// What is stored of request arguments, results and evidence (policy
+    /// `request_body`, `result_body`), and the keys sealed bodies are
+    /// opened with: applied on every path that writes a body, and every
+    /// read opens (`stored_json::open`).
+    pub bodies: crate::policy::Bodies,
 }
 
 impl Default for LedgerOptions {
@@ -124,6 +138,7 @@ impl Default for LedgerOptions {
             acquire_timeout: Duration::from_secs(5),
             application_name: "leasegate".to_owned(),
             synchronous_commit_at_least_on: false,
+            bodies: crate::policy::Bodies::default(),
         }
     }
 }

@@ -30,7 +30,7 @@ use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
 use super::operation_types::route_of;
-use super::stored_json::{self, Stored};
+use super::stored_json::{self, Raw};
 use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
 use super::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced,
@@ -40,6 +40,7 @@ use super::{
     SettleOutcome, Settlement, StaleReason, SupersedeOutcome, ToolRoute, UnknownBy, check_text,
 };
 use crate::intent::{Intent, OperationId, RequestDigest};
+use crate::policy::Bodies;
 
 /// Most intents registered in one call.
 const MAX_INTENTS_PER_CALL: usize = 1_000;
@@ -66,7 +67,7 @@ struct OpRow {
     dispatch_until: Option<DateTime<Utc>>,
     dispatch_count: Option<i32>,
     remote_id: Option<String>,
-    result: Option<Stored>,
+    result: Option<Raw>,
     evidence_id: Option<i64>,
     upstream: Option<String>,
     upstream_tool: Option<String>,
@@ -81,12 +82,12 @@ pub(super) struct TableRow {
     pub(super) effect_version: i32,
     pub(super) tool_name: String,
     pub(super) request_digest: String,
-    pub(super) request_body: Stored,
+    pub(super) request_body: Raw,
     pub(super) status: String,
     pub(super) dispatch_owner: Option<String>,
     pub(super) dispatch_until: Option<DateTime<Utc>>,
     pub(super) remote_id: Option<String>,
-    pub(super) result: Option<Stored>,
+    pub(super) result: Option<Raw>,
     pub(super) revision: i64,
     pub(super) updated_at: DateTime<Utc>,
     pub(super) created_at: DateTime<Utc>,
@@ -108,7 +109,7 @@ pub(super) struct EvidenceRow {
     pub(super) claim_revision: Option<i64>,
     pub(super) outcome: Option<String>,
     pub(super) remote_id: Option<String>,
-    pub(super) body: Stored,
+    pub(super) body: Raw,
 }
 
 pub(super) fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
@@ -128,7 +129,11 @@ fn operation_status(call: &'static str, value: &str) -> Result<OperationStatus, 
 }
 
 impl TableRow {
-    pub(super) fn record(&self, call: &'static str) -> Result<OperationRecord, LedgerError> {
+    pub(super) fn record(
+        &self,
+        call: &'static str,
+        bodies: &Bodies,
+    ) -> Result<OperationRecord, LedgerError> {
         Ok(OperationRecord {
             operation_id: OperationId::from_string(self.operation_id.clone()),
             run_id: RunId::from_uuid(self.run_id),
@@ -142,22 +147,117 @@ impl TableRow {
             dispatch_until: self.dispatch_until,
             dispatch_count: self.dispatch_count,
             remote_id: self.remote_id.clone(),
-            result: self.result.as_ref().map(|json| json.0.clone()),
+            result: self
+                .result
+                .as_ref()
+                .map(|raw| opened(bodies, raw, &self.operation_id))
+                .transpose()?,
             route: route_of(self.upstream.as_ref(), self.upstream_tool.as_ref()),
         })
+    }
+
+    /// The stored request, opened.
+    pub(super) fn request(&self, bodies: &Bodies) -> Result<Value, LedgerError> {
+        opened(bodies, &self.request_body, &self.operation_id)
+    }
+}
+
+/// A stored body as it was before it was stored (`stored_json::open` with
+/// the ledger's keys); `operation_id`: the row it was read from.
+pub(super) fn opened(bodies: &Bodies, raw: &Raw, operation_id: &str) -> Result<Value, LedgerError> {
+    stored_json::open(raw.0.clone(), &|inner| bodies.open(inner, operation_id)).map_err(|source| {
+        LedgerError::Sealed {
+            operation_id: operation_id.to_owned(),
+            source,
+            after_call: true,
+        }
+    })
+}
+
+/// A claimed row whose body cannot be opened is left out of the batch
+/// (its claim lapses; an operator sees the error in the log and on every
+/// read of it), so one row under a missing key does not stop the others.
+fn skip_unopenable<T>(
+    call: &'static str,
+    item: Result<T, LedgerError>,
+) -> Option<Result<T, LedgerError>> {
+    match item {
+        Err(error @ LedgerError::Sealed { .. }) => {
+            tracing::error!(call, %error, "claimed operation skipped: its stored body cannot be opened");
+            None
+        }
+        other => Some(other),
+    }
+}
+
+/// The stored form of a value that is not sealed.
+fn plain(value: &Value) -> Value {
+    stored_json::encode(value).into_owned()
+}
+
+fn sealing(operation_id: &str, source: crate::policy::secrets::SecretsError) -> LedgerError {
+    LedgerError::Sealed {
+        operation_id: operation_id.to_owned(),
+        source,
+        after_call: false,
+    }
+}
+
+impl Ledger {
+    fn bodies(&self) -> &Bodies {
+        &self.options.bodies
+    }
+
+    /// Whether a planned intent can be stored: it is sent later from what
+    /// the ledger stores, and a policy that keeps less than the request
+    /// (masked fields present, digest only) could only ever send a
+    /// placeholder (`encrypted` keeps it without plaintext at rest).
+    fn keeps(&self, intent: &Intent) -> bool {
+        self.bodies().keeps_request(&intent.request_body)
+    }
+
+    fn unplannable(&self, intent: &Intent) -> LedgerError {
+        let policy = match self.bodies().request {
+            crate::policy::RequestBodyPolicy::DigestOnly => "request_body = \"digest_only\" keeps",
+            _ => "request_body = \"masked\" and a masked field in its arguments keep",
+        };
+        InvalidInput::Request(format!(
+            "planned intent {} v{} cannot be stored: {policy} no sendable copy of its arguments (use \"encrypted\", or leave masked fields out of planned intents)",
+            intent.step_id, intent.effect_version
+        ))
+        .into()
+    }
+
+    /// The stored form of `result` of `operation_id` (policy `result_body`).
+    fn stored_result(&self, result: &Value, operation_id: &str) -> Result<Value, LedgerError> {
+        self.bodies()
+            .store_result(result, operation_id, &plain)
+            .map_err(|e| sealing(operation_id, e))
+    }
+
+    /// The stored form of evidence about `operation_id`.
+    fn stored_evidence(&self, evidence: &Value, operation_id: &str) -> Result<Value, LedgerError> {
+        self.bodies()
+            .store_evidence(evidence, operation_id, &plain)
+            .map_err(|e| sealing(operation_id, e))
     }
 }
 
 impl OpRow {
     /// The operation this row reports, if it names one.
-    fn record(&self, call: &'static str) -> Result<OperationRecord, LedgerError> {
+    fn record(&self, call: &'static str, bodies: &Bodies) -> Result<OperationRecord, LedgerError> {
         let missing = |field: &str| protocol(call, format!("{field} missing from the answer"));
+        let operation_id = self
+            .operation_id
+            .clone()
+            .ok_or_else(|| missing("operation_id"))?;
         Ok(OperationRecord {
-            operation_id: OperationId::from_string(
-                self.operation_id
-                    .clone()
-                    .ok_or_else(|| missing("operation_id"))?,
-            ),
+            result: self
+                .result
+                .as_ref()
+                .map(|raw| opened(bodies, raw, &operation_id))
+                .transpose()?,
+            operation_id: OperationId::from_string(operation_id),
             run_id: RunId::from_uuid(self.run_id.ok_or_else(|| missing("run_id"))?),
             step_id: self.step_id.clone().ok_or_else(|| missing("step_id"))?,
             effect_version: self
@@ -178,7 +278,6 @@ impl OpRow {
             dispatch_until: self.dispatch_until,
             dispatch_count: self.dispatch_count.unwrap_or(0),
             remote_id: self.remote_id.clone(),
-            result: self.result.as_ref().map(|json| json.0.clone()),
             route: route_of(self.upstream.as_ref(), self.upstream_tool.as_ref()),
         })
     }
@@ -212,10 +311,11 @@ impl OpRow {
         call: &'static str,
         expected: Expected<'_>,
         intent: Option<&Intent>,
+        bodies: &Bodies,
     ) -> Result<Option<Rejection>, LedgerError> {
         let outcome = self.outcome(call)?;
         let rejection = if outcome == Outcome::IntentConflict {
-            let found = self.record(call)?;
+            let found = self.record(call, bodies)?;
             Rejection::IntentConflict {
                 expected_digest: intent
                     .filter(|intent| {
@@ -288,17 +388,27 @@ impl sqlx::Encode<'_, Postgres> for IntentParams<'_> {
 }
 
 impl<'a> IntentParams<'a> {
-    fn new(intent: &'a Intent, route: Option<&'a ToolRoute>) -> Self {
-        IntentParams {
-            operation_id: intent.operation_id.as_str(),
+    /// The intent with its request body as `bodies` stores it (the policy's
+    /// `request_body`: as sent, masked, digest only or sealed).
+    fn new(
+        intent: &'a Intent,
+        route: Option<&'a ToolRoute>,
+        bodies: &Bodies,
+    ) -> Result<Self, LedgerError> {
+        let operation_id = intent.operation_id.as_str();
+        let stored = bodies
+            .store_request(&intent.request_body, operation_id, &plain)
+            .map_err(|e| sealing(operation_id, e))?;
+        Ok(IntentParams {
+            operation_id,
             step_id: &intent.step_id,
             effect_version: intent.effect_version,
             tool_name: &intent.tool_name,
             request_digest: intent.request_digest.as_str(),
-            request_body: Json(stored_json::encode(&intent.request_body)),
+            request_body: Json(Cow::Owned(stored)),
             upstream: route.map(|r| r.upstream.as_str()),
             upstream_tool: route.map(|r| r.tool.as_str()),
-        }
+        })
     }
 }
 
@@ -343,7 +453,13 @@ impl Ledger {
                 .into());
             }
         }
-        let batch: Vec<IntentParams> = intents.iter().map(|i| IntentParams::new(i, None)).collect();
+        if let Some(intent) = intents.iter().find(|i| !self.keeps(i)) {
+            return Err(self.unplannable(intent));
+        }
+        let batch: Vec<IntentParams> = intents
+            .iter()
+            .map(|i| IntentParams::new(i, None, self.bodies()))
+            .collect::<Result<_, _>>()?;
         let rows: Vec<OpRow> = self
             .invoke_all(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_register($1, $2, $3, $4, $5, $6, $7)")
@@ -369,7 +485,7 @@ impl Ledger {
                 revision: expected_revision,
                 status: Some(RunStatus::Running),
             };
-            if let Some(rejection) = row.rejection(CALL, fence, expected)? {
+            if let Some(rejection) = row.rejection(CALL, fence, expected, self.bodies())? {
                 return Ok(Fenced::Rejected(rejection));
             }
             let newly_registered = match row.outcome(CALL)? {
@@ -378,7 +494,7 @@ impl Ledger {
                 other => return Err(other.unexpected(CALL)),
             };
             registered.push(Registered {
-                operation: row.record(CALL)?,
+                operation: row.record(CALL, self.bodies())?,
                 newly_registered,
                 run_revision: row
                     .run_revision
@@ -408,7 +524,7 @@ impl Ledger {
         const CALL: &str = "operation_register_claim";
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
-        let params = IntentParams::new(intent, route);
+        let params = IntentParams::new(intent, route, self.bodies())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7)")
@@ -422,10 +538,10 @@ impl Ledger {
             })
             .await?;
         let expected = Expected::claim(claim);
-        if let Some(rejection) = row.rejection(CALL, expected, Some(intent))? {
+        if let Some(rejection) = row.rejection(CALL, expected, Some(intent), self.bodies())? {
             return Ok(Fenced::Rejected(rejection));
         }
-        let operation = row.record(CALL)?;
+        let operation = row.record(CALL, self.bodies())?;
         Ok(Fenced::Applied(match row.outcome(CALL)? {
             Outcome::Claimed => {
                 let claim = operation
@@ -460,16 +576,19 @@ impl Ledger {
             })
             .await?;
         rows.into_iter()
-            .map(|row| {
-                let operation = row.record(CALL)?;
-                let claim = operation
-                    .claim()
-                    .ok_or_else(|| protocol(CALL, "claimed row without a claim"))?;
-                Ok(ClaimedOperation {
-                    operation,
-                    claim,
-                    request_body: row.request_body.0,
-                })
+            .filter_map(|row| {
+                let item = (|| {
+                    let operation = row.record(CALL, self.bodies())?;
+                    let claim = operation
+                        .claim()
+                        .ok_or_else(|| protocol(CALL, "claimed row without a claim"))?;
+                    Ok(ClaimedOperation {
+                        operation,
+                        claim,
+                        request_body: row.request(self.bodies())?,
+                    })
+                })();
+                skip_unopenable(CALL, item)
             })
             .collect()
     }
@@ -485,6 +604,7 @@ impl Ledger {
         result: &Value,
     ) -> Result<SettleOutcome, LedgerError> {
         const CALL: &str = "operation_settle";
+        let result = self.stored_result(result, claim.operation_id.as_str())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_settle($1, $2, $3, $4, $5, $6, $7)")
@@ -494,11 +614,11 @@ impl Ledger {
                     .bind(claim.request_digest.as_str())
                     .bind(settlement.as_str())
                     .bind(remote_id)
-                    .bind(Json(stored_json::encode(result)))
+                    .bind(Json(&result))
             })
             .await?;
         Ok(match row.outcome(CALL)? {
-            Outcome::Settled => SettleOutcome::Settled(row.record(CALL)?),
+            Outcome::Settled => SettleOutcome::Settled(row.record(CALL, self.bodies())?),
             outcome @ (Outcome::StaleClaim | Outcome::DigestMismatch) => {
                 SettleOutcome::KeptAsEvidence {
                     reason: if outcome == Outcome::StaleClaim {
@@ -506,7 +626,7 @@ impl Ledger {
                     } else {
                         StaleReason::DigestMismatch
                     },
-                    found: row.record(CALL)?,
+                    found: row.record(CALL, self.bodies())?,
                     evidence_id: row.evidence_id(CALL)?,
                 }
             }
@@ -524,6 +644,7 @@ impl Ledger {
     ) -> Result<MarkUnknownOutcome, LedgerError> {
         const CALL: &str = "operation_mark_unknown";
         check_text("actor", mark.actor, MAX_OWNER_LEN)?;
+        let evidence = self.stored_evidence(mark.evidence, mark.claim.operation_id.as_str())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_mark_unknown($1, $2, $3, $4, $5, $6, $7)")
@@ -533,16 +654,18 @@ impl Ledger {
                     .bind(mark.by == UnknownBy::ClaimHolder)
                     .bind(mark.actor)
                     .bind(mark.cause.as_str())
-                    .bind(Json(stored_json::encode(mark.evidence)))
+                    .bind(Json(&evidence))
             })
             .await?;
         Ok(match row.outcome(CALL)? {
             Outcome::MarkedUnknown => MarkUnknownOutcome::MarkedUnknown {
-                operation: row.record(CALL)?,
+                operation: row.record(CALL, self.bodies())?,
                 evidence_id: row.evidence_id(CALL)?,
             },
-            Outcome::ClaimLive => MarkUnknownOutcome::ClaimStillLive(row.record(CALL)?),
-            Outcome::StaleClaim => MarkUnknownOutcome::StaleClaim(row.record(CALL)?),
+            Outcome::ClaimLive => {
+                MarkUnknownOutcome::ClaimStillLive(row.record(CALL, self.bodies())?)
+            }
+            Outcome::StaleClaim => MarkUnknownOutcome::StaleClaim(row.record(CALL, self.bodies())?),
             Outcome::NotFound => MarkUnknownOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
         })
@@ -558,21 +681,24 @@ impl Ledger {
         evidence: &Value,
     ) -> Result<ReleaseUnsentOutcome, LedgerError> {
         const CALL: &str = "operation_release_unsent";
+        let evidence = self.stored_evidence(evidence, claim.operation_id.as_str())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_release_unsent($1, $2, $3, $4)")
                     .bind(claim.operation_id.as_str())
                     .bind(claim.dispatch_owner.as_str())
                     .bind(claim.revision)
-                    .bind(Json(stored_json::encode(evidence)))
+                    .bind(Json(&evidence))
             })
             .await?;
         Ok(match row.outcome(CALL)? {
             Outcome::Released => ReleaseUnsentOutcome::Released {
-                operation: row.record(CALL)?,
+                operation: row.record(CALL, self.bodies())?,
                 evidence_id: row.evidence_id(CALL)?,
             },
-            Outcome::StaleClaim => ReleaseUnsentOutcome::StaleClaim(row.record(CALL)?),
+            Outcome::StaleClaim => {
+                ReleaseUnsentOutcome::StaleClaim(row.record(CALL, self.bodies())?)
+            }
             Outcome::NotFound => ReleaseUnsentOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
         })
@@ -600,6 +726,10 @@ impl Ledger {
         if kind == ConvergeEvidence::Operator && note.is_none_or(|n| n.trim().is_empty()) {
             return Err(InvalidInput::Request("an operator resolution needs a note".into()).into());
         }
+        let result = result
+            .map(|r| self.stored_result(r, operation_id.as_str()))
+            .transpose()?;
+        let evidence = self.stored_evidence(evidence, operation_id.as_str())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as(
@@ -609,22 +739,22 @@ impl Ledger {
                 .bind(expected_revision)
                 .bind(settlement.as_str())
                 .bind(remote_id)
-                .bind(result.map(|r| Json(stored_json::encode(r))))
+                .bind(result.as_ref().map(Json))
                 .bind(kind.as_str())
                 .bind(actor)
                 .bind(note)
-                .bind(Json(stored_json::encode(evidence)))
+                .bind(Json(&evidence))
             })
             .await?;
         Ok(match row.outcome(CALL)? {
             Outcome::Converged => ConvergeOutcome::Converged {
-                operation: row.record(CALL)?,
+                operation: row.record(CALL, self.bodies())?,
                 evidence_id: row.evidence_id(CALL)?,
             },
-            Outcome::NotUnknown => ConvergeOutcome::NotUnknown(row.record(CALL)?),
+            Outcome::NotUnknown => ConvergeOutcome::NotUnknown(row.record(CALL, self.bodies())?),
             Outcome::Conflict => ConvergeOutcome::Conflict {
                 expected_revision,
-                found: row.record(CALL)?,
+                found: row.record(CALL, self.bodies())?,
             },
             Outcome::NotFound => ConvergeOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
@@ -641,7 +771,10 @@ impl Ledger {
         revised: &Intent,
     ) -> Result<Fenced<SupersedeOutcome>, LedgerError> {
         const CALL: &str = "operation_supersede";
-        let params = IntentParams::new(revised, None);
+        if !self.keeps(revised) {
+            return Err(self.unplannable(revised));
+        }
+        let params = IntentParams::new(revised, None, self.bodies())?;
         let row: OpRow = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_supersede($1, $2, $3, $4, $5, $6)")
@@ -654,12 +787,14 @@ impl Ledger {
             })
             .await?;
         let expected = Expected::claim(claim);
-        if let Some(rejection) = row.rejection(CALL, expected, Some(revised))? {
+        if let Some(rejection) = row.rejection(CALL, expected, Some(revised), self.bodies())? {
             return Ok(Fenced::Rejected(rejection));
         }
         Ok(Fenced::Applied(match row.outcome(CALL)? {
-            Outcome::Superseded => SupersedeOutcome::Superseded(row.record(CALL)?),
-            Outcome::NotChangeable => SupersedeOutcome::NotChangeable(row.record(CALL)?),
+            Outcome::Superseded => SupersedeOutcome::Superseded(row.record(CALL, self.bodies())?),
+            Outcome::NotChangeable => {
+                SupersedeOutcome::NotChangeable(row.record(CALL, self.bodies())?)
+            }
             other => return Err(other.unexpected(CALL)),
         }))
     }
@@ -691,13 +826,16 @@ impl Ledger {
             })
             .await?;
         rows.into_iter()
-            .map(|row| {
-                Ok(ReconcileItem {
-                    operation: row.record(CALL)?,
-                    request_body: row.request_body.0.clone(),
-                    reconcile_attempts: row.reconcile_attempts,
-                    first_dispatched_at: row.first_dispatched_at,
-                })
+            .filter_map(|row| {
+                let item = (|| {
+                    Ok(ReconcileItem {
+                        operation: row.record(CALL, self.bodies())?,
+                        request_body: row.request(self.bodies())?,
+                        reconcile_attempts: row.reconcile_attempts,
+                        first_dispatched_at: row.first_dispatched_at,
+                    })
+                })();
+                skip_unopenable(CALL, item)
             })
             .collect()
     }
@@ -745,6 +883,7 @@ impl Ledger {
         evidence: &Value,
     ) -> Result<ResendVerdict, LedgerError> {
         const CALL: &str = "operation_reconcile_resend";
+        let evidence = self.stored_evidence(evidence, operation.operation_id.as_str())?;
         let (outcome, _): (String, Option<i64>) = self
             .invoke(CALL, true, || {
                 sqlx::query_as("SELECT * FROM operation_reconcile_resend($1, $2, $3, $4, $5, $6)")
@@ -753,7 +892,7 @@ impl Ledger {
                     .bind(operation.revision)
                     .bind(settle_ms)
                     .bind(max_attempts)
-                    .bind(Json(stored_json::encode(evidence)))
+                    .bind(Json(&evidence))
             })
             .await?;
         Ok(match Outcome::parse(CALL, &outcome)? {
@@ -813,8 +952,8 @@ impl Ledger {
             })
             .await?;
         Ok(match row.outcome(CALL)? {
-            Outcome::Reset => RetryResetOutcome::Reset(row.record(CALL)?),
-            Outcome::NotUnknown => RetryResetOutcome::NotUnknown(row.record(CALL)?),
+            Outcome::Reset => RetryResetOutcome::Reset(row.record(CALL, self.bodies())?),
+            Outcome::NotUnknown => RetryResetOutcome::NotUnknown(row.record(CALL, self.bodies())?),
             Outcome::NotFound => RetryResetOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
         })
@@ -913,7 +1052,7 @@ impl Ledger {
             .await?;
         let mut claims = Vec::with_capacity(rows.len());
         for row in &rows {
-            if let Some(claim) = row.record(CALL)?.claim() {
+            if let Some(claim) = row.record(CALL, self.bodies())?.claim() {
                 claims.push(claim);
             }
         }

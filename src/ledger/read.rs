@@ -215,8 +215,8 @@ impl Ledger {
         let events = self.operation_events(operation_id).await?;
         let evidence = self.operation_evidence(operation_id).await?;
         Ok(Some(OperationView {
-            operation: row.record(CALL)?,
-            request_body: row.request_body.0.clone(),
+            operation: row.record(CALL, &self.options.bodies)?,
+            request_body: row.request(&self.options.bodies)?,
             created_at: row.created_at,
             updated_at: row.updated_at,
             superseded_by: row.superseded_by.clone().map(OperationId::from_string),
@@ -238,7 +238,8 @@ impl Ledger {
                     .bind(operation_id.as_str())
             })
             .await?;
-        row.map(|row| row.record(CALL)).transpose()
+        row.map(|row| row.record(CALL, &self.options.bodies))
+            .transpose()
     }
 
     /// Every piece of evidence kept for an operation, oldest first.
@@ -269,8 +270,12 @@ impl Ledger {
                     claim_owner: e.claim_owner,
                     claim_revision: e.claim_revision,
                     outcome: e.outcome,
+                    body: super::operation::opened(
+                        &self.options.bodies,
+                        &e.body,
+                        operation_id.as_str(),
+                    )?,
                     remote_id: e.remote_id,
-                    body: e.body.0,
                 })
             })
             .collect()
@@ -294,7 +299,9 @@ impl Ledger {
                 .bind(status.map(OperationStatus::as_str))
             })
             .await?;
-        rows.iter().map(|row| row.record(CALL)).collect()
+        rows.iter()
+            .map(|row| row.record(CALL, &self.options.bodies))
+            .collect()
     }
 
     /// How many operations are `unknown` and how old the oldest is.

@@ -19,6 +19,12 @@
 //!
 //! The request digest never sees this form: it is computed from the value
 //! the agent sent.
+//!
+//! Bodies (request arguments, results, evidence) may also hold sealed
+//! envelopes (`{"dev.leasegate/sealed": …}`, `policy::secrets`). They are
+//! read as [`Raw`] and opened by [`open`] in the same walk that decodes the
+//! escape envelopes, so that a user value shaped like a sealed envelope
+//! (stored escaped, like an escape envelope) is never taken for one.
 
 use std::borrow::Cow;
 
@@ -26,6 +32,8 @@ use serde_json::{Map, Value};
 use sqlx::postgres::{PgTypeInfo, PgValueRef};
 use sqlx::types::Json;
 use sqlx::{Decode, Postgres, Type};
+
+use crate::policy::secrets::{SEALED_KEY, SecretsError, sealed_inner};
 
 /// The envelope's only key.
 pub const ENVELOPE_KEY: &str = "dev.leasegate/escaped";
@@ -48,6 +56,57 @@ impl<'r> Decode<'r, Postgres> for Stored {
     fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
         let Json(value) = <Json<Value> as Decode<'r, Postgres>>::decode(value)?;
         Ok(Stored(decode(value)))
+    }
+}
+
+/// A stored body as the database holds it: escape envelopes not decoded,
+/// sealed envelopes not opened ([`open`] does both).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Raw(pub Value);
+
+impl Type<Postgres> for Raw {
+    fn type_info() -> PgTypeInfo {
+        <Json<Value> as Type<Postgres>>::type_info()
+    }
+    fn compatible(ty: &PgTypeInfo) -> bool {
+        <Json<Value> as Type<Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> Decode<'r, Postgres> for Raw {
+    fn decode(value: PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let Json(value) = <Json<Value> as Decode<'r, Postgres>>::decode(value)?;
+        Ok(Raw(value))
+    }
+}
+
+/// A stored body as it was before it was stored: escape envelopes
+/// decoded, sealed envelopes opened by `opener` (given the envelope's inner
+/// value), wherever they sit.
+pub fn open(
+    value: Value,
+    opener: &dyn Fn(&Value) -> Result<Value, SecretsError>,
+) -> Result<Value, SecretsError> {
+    match value {
+        Value::Object(map) if is_envelope(&map) => {
+            let inner = map.into_iter().next().map(|(_, v)| v).unwrap_or_default();
+            Ok(unescape(inner))
+        }
+        Value::Object(map) if map.len() == 1 && map.contains_key(SEALED_KEY) => {
+            let value = Value::Object(map);
+            opener(sealed_inner(&value).expect("checked above"))
+        }
+        Value::Object(map) => map
+            .into_iter()
+            .map(|(k, v)| Ok((k, open(v, opener)?)))
+            .collect::<Result<Map<_, _>, _>>()
+            .map(Value::Object),
+        Value::Array(items) => items
+            .into_iter()
+            .map(|v| open(v, opener))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array),
+        other => Ok(other),
     }
 }
 
@@ -79,13 +138,21 @@ fn is_envelope(map: &Map<String, Value>) -> bool {
     map.len() == 1 && map.contains_key(ENVELOPE_KEY)
 }
 
+/// A user value shaped like a sealed envelope is stored escaped, so that
+/// [`open`] never takes it for one.
+fn is_sealed_shape(map: &Map<String, Value>) -> bool {
+    map.len() == 1 && map.contains_key(SEALED_KEY)
+}
+
 fn needs_escape(value: &Value) -> bool {
     let text_needs = |s: &str| s.contains(['\0', MARK]);
     match value {
         Value::String(s) => text_needs(s),
         Value::Array(items) => items.iter().any(needs_escape),
         Value::Object(map) => {
-            is_envelope(map) || map.iter().any(|(k, v)| text_needs(k) || needs_escape(v))
+            is_envelope(map)
+                || is_sealed_shape(map)
+                || map.iter().any(|(k, v)| text_needs(k) || needs_escape(v))
         }
         _ => false,
     }
@@ -189,6 +256,20 @@ mod tests {
     fn envelope_shaped_user_values_round_trip() {
         round_trip(json!({ENVELOPE_KEY: "x"}));
         round_trip(json!({"nested": {ENVELOPE_KEY: {"y": "\u{0}"}}}));
+    }
+
+    #[test]
+    fn sealed_shaped_user_values_are_not_opened() {
+        let user = json!({"a": {SEALED_KEY: {"kid": "k"}}});
+        let stored = encode(&user).into_owned();
+        let refuse = |_: &Value| -> Result<Value, SecretsError> { Err(SecretsError::NoKey) };
+        assert_eq!(open(stored, &refuse).unwrap(), user);
+        let sealed = json!({"result": {SEALED_KEY: {"kid": "k"}}, "n": 1});
+        let opener = |inner: &Value| -> Result<Value, SecretsError> { Ok(json!([inner["kid"]])) };
+        assert_eq!(
+            open(sealed, &opener).unwrap(),
+            json!({"result": ["k"], "n": 1})
+        );
     }
 
     #[test]

@@ -164,6 +164,12 @@ pub fn error_from_call(error: &CallError) -> McpError {
     };
     let message = match error {
         CallError::Ledger(crate::ledger::LedgerError::InvalidInput(invalid)) => invalid.to_string(),
+        // A stored body under a key this process lacks: the call is not
+        // repeated blindly, the operator fixes encryption_keys.
+        CallError::Ledger(inner @ crate::ledger::LedgerError::Sealed { .. }) => {
+            tracing::error!(error = %inner, "a stored body cannot be opened");
+            format!("{inner}: the operator must configure its key (policy encryption_keys)")
+        }
         CallError::Ledger(inner) => {
             tracing::error!(error = %inner, "ledger call failed");
             match inner.delivery() {

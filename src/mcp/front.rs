@@ -2025,7 +2025,14 @@ impl Front {
                     Ok(convert::result_from_reply(reply))
                 }
                 Err(error) => {
-                    tracing::info!(error = %error, "call refused");
+                    // The agent hears the value; the log names only where
+                    // it is (argument values never reach the log).
+                    match &error {
+                        crate::dispatch::CallError::Intent(
+                            crate::intent::IntentError::UnsafeInteger { path, .. },
+                        ) => tracing::info!(%path, "call refused: integer beyond ±2^53"),
+                        _ => tracing::info!(error = %error, "call refused"),
+                    }
                     Err(convert::error_from_call(&error))
                 }
             })

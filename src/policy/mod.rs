@@ -1,18 +1,23 @@
 //! Policies (`policies/*.toml`): timing, step identity, request size, what
-//! of a request the ledger stores, and the durability contract
-//! ([`Durability`]; enforced by `crate::durability`).
+//! the ledger stores of requests, results and evidence and under which keys
+//! ([`secrets`]: masked, digest only, encrypted), and the durability
+//! contract ([`Durability`]; enforced by `crate::durability`).
 //!
 //! Files parse with `deny_unknown_fields` into [`RawPolicy`], then
 //! [`RawPolicy::validate`] turns them into a [`Policy`] with every value
 //! checked; an error names the field. Durations are strings (`"30s"`,
 //! `"1m 30s"`).
 
+pub mod secrets;
+
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::Value;
 
 use crate::intent::IntegerPolicy;
+pub use secrets::{Bodies, KeySource, Keyring, RequestBodyPolicy, ResultBodyPolicy};
 
 /// A policy file as written.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -28,9 +33,19 @@ pub struct RawPolicy {
     pub in_flight_wait: Option<String>,
     /// "derived" (default: step id from tool + digest) or "explicit".
     pub step_identity: Option<String>,
-    /// "full" (default), "masked" (with `masked_fields`) or "digest_only".
+    /// "full" (default), "masked" (with `masked_fields`), "digest_only" or
+    /// "encrypted" (with `encryption_key_id`).
     pub request_body: Option<String>,
     pub masked_fields: Option<Vec<String>>,
+    /// "full" (default), "masked" (with `result_masked_fields`) or
+    /// "encrypted": what the ledger keeps of results and evidence.
+    pub result_body: Option<String>,
+    pub result_masked_fields: Option<Vec<String>>,
+    /// The key new bodies are sealed under (one of `encryption_keys`).
+    pub encryption_key_id: Option<String>,
+    /// Key id → `"file:<path>"` or `"env:<VARIABLE>"`: the current key and
+    /// the old ones rows may still be sealed under.
+    pub encryption_keys: Option<BTreeMap<String, String>>,
     /// Largest accepted `arguments`, in bytes of JSON.
     pub max_arguments_bytes: Option<usize>,
     /// "reject" (default) or "as_double": integers beyond ±2^53.
@@ -90,46 +105,6 @@ pub enum StepIdentity {
     Explicit,
 }
 
-/// What the ledger stores of a request's arguments.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RequestBodyPolicy {
-    Full,
-    /// These top-level or nested field names are replaced by `"***"`.
-    Masked(Vec<String>),
-    /// Only the digest (already in its own column) is kept.
-    DigestOnly,
-}
-
-impl RequestBodyPolicy {
-    /// The body to store for `arguments`.
-    pub fn apply(&self, arguments: &Value) -> Value {
-        match self {
-            RequestBodyPolicy::Full => arguments.clone(),
-            RequestBodyPolicy::DigestOnly => Value::Null,
-            RequestBodyPolicy::Masked(fields) => mask(arguments, fields),
-        }
-    }
-}
-
-fn mask(value: &Value, fields: &[String]) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(key, item)| {
-                    let item = if fields.iter().any(|f| f == key) {
-                        Value::String("***".into())
-                    } else {
-                        mask(item, fields)
-                    };
-                    (key.clone(), item)
-                })
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.iter().map(|item| mask(item, fields)).collect()),
-        other => other.clone(),
-    }
-}
-
 /// Default `max_arguments_bytes`: the MCP HTTP front's request body limit.
 pub const DEFAULT_MAX_ARGUMENTS_BYTES: usize = 4 * 1024 * 1024;
 
@@ -142,6 +117,12 @@ pub struct Policy {
     pub in_flight_wait: Duration,
     pub step_identity: StepIdentity,
     pub request_body: RequestBodyPolicy,
+    pub result_body: ResultBodyPolicy,
+    pub encryption_key_id: Option<String>,
+    pub encryption_keys: BTreeMap<String, KeySource>,
+    /// The keys read from `encryption_keys` ([`Policy::load_keys`]; `None`
+    /// until then).
+    pub keyring: Option<Keyring>,
     pub max_arguments_bytes: usize,
     pub integers: IntegerPolicy,
     pub background: bool,
@@ -223,6 +204,7 @@ impl RawPolicy {
         ) {
             ("full", None) => RequestBodyPolicy::Full,
             ("digest_only", None) => RequestBodyPolicy::DigestOnly,
+            ("encrypted", None) => RequestBodyPolicy::Encrypted,
             ("masked", Some(fields)) if !fields.is_empty() => {
                 RequestBodyPolicy::Masked(fields.clone())
             }
@@ -232,7 +214,7 @@ impl RawPolicy {
                     "\"masked\" needs a non-empty list of field names",
                 ));
             }
-            ("full" | "digest_only", Some(_)) => {
+            ("full" | "digest_only" | "encrypted", Some(_)) => {
                 return Err(FieldError::new(
                     "masked_fields",
                     "only used with request_body = \"masked\"",
@@ -241,10 +223,63 @@ impl RawPolicy {
             (other, _) => {
                 return Err(FieldError::new(
                     "request_body",
-                    format!("{other:?} is not one of \"full\", \"masked\", \"digest_only\""),
+                    format!(
+                        "{other:?} is not one of \"full\", \"masked\", \"digest_only\", \"encrypted\""
+                    ),
                 ));
             }
         };
+        let result_body = match (
+            self.result_body.as_deref().unwrap_or("full"),
+            &self.result_masked_fields,
+        ) {
+            ("full", None) => ResultBodyPolicy::Full,
+            ("encrypted", None) => ResultBodyPolicy::Encrypted,
+            ("masked", Some(fields)) if !fields.is_empty() => {
+                ResultBodyPolicy::Masked(fields.clone())
+            }
+            ("masked", _) => {
+                return Err(FieldError::new(
+                    "result_masked_fields",
+                    "\"masked\" needs a non-empty list of field names",
+                ));
+            }
+            ("full" | "encrypted", Some(_)) => {
+                return Err(FieldError::new(
+                    "result_masked_fields",
+                    "only used with result_body = \"masked\"",
+                ));
+            }
+            (other, _) => {
+                return Err(FieldError::new(
+                    "result_body",
+                    format!("{other:?} is not one of \"full\", \"masked\", \"encrypted\""),
+                ));
+            }
+        };
+        let mut encryption_keys = BTreeMap::new();
+        for (id, source) in self.encryption_keys.iter().flatten() {
+            let field = format!("encryption_keys.{id}");
+            secrets::check_key_id(&field, id)?;
+            encryption_keys.insert(id.clone(), KeySource::parse(&field, source)?);
+        }
+        if let Some(id) = &self.encryption_key_id {
+            secrets::check_key_id("encryption_key_id", id)?;
+            if !encryption_keys.contains_key(id) {
+                return Err(FieldError::new(
+                    "encryption_key_id",
+                    format!("{id:?} is not one of encryption_keys"),
+                ));
+            }
+        }
+        let encrypts = request_body == RequestBodyPolicy::Encrypted
+            || result_body == ResultBodyPolicy::Encrypted;
+        if encrypts && self.encryption_key_id.is_none() {
+            return Err(FieldError::new(
+                "encryption_key_id",
+                "\"encrypted\" needs the id of the key to seal with (and encryption_keys)",
+            ));
+        }
         // The HTTP front's request body limit: an argument payload the front
         // accepts is not refused later for a few bytes of JSON-RPC framing.
         let max_arguments_bytes = self
@@ -299,9 +334,37 @@ impl RawPolicy {
             in_flight_wait,
             step_identity,
             request_body,
+            result_body,
+            encryption_key_id: self.encryption_key_id.clone(),
+            encryption_keys,
+            keyring: None,
             max_arguments_bytes,
             integers,
         })
+    }
+}
+
+impl Policy {
+    /// Reads the keys `encryption_keys` names (relative files: from `base`,
+    /// the policy file's directory). Without keys configured, nothing.
+    pub fn load_keys(&mut self, base: &Path) -> Result<(), FieldError> {
+        if !self.encryption_keys.is_empty() {
+            self.keyring = Some(Keyring::load(
+                self.encryption_key_id.as_deref(),
+                &self.encryption_keys,
+                base,
+            )?);
+        }
+        Ok(())
+    }
+
+    /// The data policy the ledger applies to every body it stores.
+    pub fn bodies(&self) -> Bodies {
+        Bodies {
+            request: self.request_body.clone(),
+            result: self.result_body.clone(),
+            keyring: self.keyring.clone(),
+        }
     }
 }
 

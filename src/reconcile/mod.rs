@@ -286,12 +286,21 @@ impl<U: Upstream> Outbox<U> {
                 metrics::counter!("dispatch_total", "outcome" => "unknown_tool").increment(1);
                 continue;
             };
-            let Value::Object(arguments) = item.request_body else {
+            // Only the request itself is sent (invariant: never a masked
+            // placeholder); planned intents under a policy that keeps less
+            // are refused when registered.
+            let Value::Object(arguments) = item.request_body.clone() else {
                 tracing::error!(operation_id = %operation_id,
                     "planned intent has no stored arguments (data policy); it will turn unknown");
                 metrics::counter!("dispatch_total", "outcome" => "no_arguments").increment(1);
                 continue;
             };
+            if !plan::is_original(&item.operation, &item.request_body) {
+                tracing::error!(operation_id = %operation_id,
+                    "planned intent's stored arguments are not the request (masked); nothing sent, it will turn unknown");
+                metrics::counter!("dispatch_total", "outcome" => "arguments_masked").increment(1);
+                continue;
+            }
             sends.push(tokio::spawn(execute_claim(
                 shared.ledger.clone(),
                 shared.upstream.clone(),
@@ -395,7 +404,17 @@ impl<U: Upstream> Reconciler<U> {
             .await?;
         let mut converged = 0;
         for item in items {
-            let outcome = self.reconcile(&item).await?;
+            let outcome = match self.reconcile(&item).await {
+                Ok(outcome) => outcome,
+                // One row this process cannot open (its key is missing)
+                // does not stop the others; it is reported each pass.
+                Err(error @ LedgerError::Sealed { .. }) => {
+                    tracing::error!(operation_id = %item.operation.operation_id, %error,
+                        "unknown operation left alone: its stored evidence cannot be opened");
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
             metrics::counter!("reconcile_total", "outcome" => outcome.label()).increment(1);
             match outcome {
                 ReconcileOutcome::Converged => converged += 1,
@@ -507,6 +526,13 @@ impl<U: Upstream> Reconciler<U> {
                     "nothing proven yet: the operation stays unknown");
                 Ok(ReconcileOutcome::StaysUnknown(reason))
             }
+            Judgement::Resend { .. } if !plan::is_original(&item.operation, &item.request_body) => {
+                // The outbox would send what is stored: a masked copy.
+                tracing::warn!(operation_id = %item.operation.operation_id,
+                    "the tool does not know it, but the stored arguments are masked: an operator must resolve it (leasegate ops resolve)");
+                metrics::counter!("tool_operation_needs_operator_total").increment(1);
+                Ok(ReconcileOutcome::NeedsOperator("arguments_masked"))
+            }
             Judgement::Resend { settle, evidence } => {
                 let shared = &self.0;
                 let verdict = shared
@@ -591,6 +617,13 @@ impl<U: Upstream> Reconciler<U> {
             tracing::error!(operation_id = %item.operation.operation_id, "no stored arguments to retry with");
             return Ok(ReconcileOutcome::NeedsOperator("no_arguments"));
         };
+        if !plan::is_original(&item.operation, &item.request_body) {
+            // Never a masked placeholder to the provider (plan checks this
+            // first; this is the last line before the send).
+            tracing::error!(operation_id = %item.operation.operation_id,
+                "stored arguments are not the request (masked): not retried");
+            return Ok(ReconcileOutcome::NeedsOperator("arguments_masked"));
+        }
         let mut meta = Map::new();
         inject_operation_id(
             &item.operation.operation_id,

@@ -14,16 +14,26 @@
 //! | `operation_query` | query by operation id | found → `succeeded` with the resource; not found, error, no answer → stays unknown |
 //! | `resource_id` | query by operation id, or by the resource id at the adapter's `resource_id_pointer` in the stored arguments (none stored there → needs operator) | found and every `match_fields` equal to the request's → `succeeded`; a mismatch → stays unknown (logged); not found, error, no answer → stays unknown |
 //! | `operation_query` / `resource_id` with `resend_after_not_found` | the same query | an authoritative "not found" (the found pointer holds `false`) → sent again under the same operation id (unknown → prepared) once the settle delay has passed since the last send, within the retry budget; before that → stays unknown (`not_found_settling`) |
+//! | a masked request (`request_body = "masked"`: holds `"***"` and does not hash to the intent's digest): `idempotency_key`, a `resource_id_pointer` or a `match_fields` entry that is masked | needs operator (`arguments_masked`) | — (a query by operation id still runs) |
 //! | `idempotency_key` | same-key retry (inside the key retention window and retry budget, counted before it leaves) | success → `succeeded` (a provider replay, or the first execution); an error the adapter's `not_done_errors` match → stays unknown (nothing was done now); another error → `failed_final` only if the adapter says `replays_first_outcome`, else stays unknown; no answer → stays unknown |
 //!
 //! A retry's or query's failure to answer never converges anything: only
 //! an answer that proves an outcome does.
+//!
+//! A stored request that is not the request (policy `request_body =
+//! "masked"`: it does not hash to the intent's digest and holds `"***"`) is
+//! never sent and never taken for the request: a same-key retry, a query by
+//! a masked resource id, a `match_fields` check of a masked field and a
+//! resend all become "needs operator" (`arguments_masked`); a query by
+//! operation id still runs. [`is_original`] is the check every sender makes.
 
 use serde_json::{Value, json};
 
 use crate::adapter::{Capability, QuerySpec, ToolAdapter, ToolAnswer};
 use crate::dispatch::remote_id_of;
+use crate::intent::{IntegerPolicy, request_digest};
 use crate::ledger::{ConvergeEvidence, Evidence, EvidenceKind, OperationRecord, Settlement};
+use crate::policy::secrets::MASK;
 
 /// What the remote says happened, and how leasegate learned it.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,6 +57,27 @@ pub enum Step {
     RetrySameKey,
     /// Nothing leasegate can do: an operator resolves it.
     NeedsOperator(&'static str),
+}
+
+/// Whether `body` is the request the operation was registered with: its
+/// digest is the intent's. Only such a body is ever sent again.
+pub fn is_original(operation: &OperationRecord, body: &Value) -> bool {
+    body.is_object()
+        && request_digest(&operation.tool_name, body, IntegerPolicy::AsDouble)
+            .is_ok_and(|digest| digest == operation.request_digest)
+}
+
+/// Whether a stored body is a masked copy of the request.
+fn is_masked(operation: &OperationRecord, body: &Value) -> bool {
+    fn holds_mask(value: &Value) -> bool {
+        match value {
+            Value::String(text) => text == MASK,
+            Value::Array(items) => items.iter().any(holds_mask),
+            Value::Object(map) => map.values().any(holds_mask),
+            _ => false,
+        }
+    }
+    holds_mask(body) && !is_original(operation, body)
 }
 
 /// Decides the next step from the operation, its adapter (`None`: no
@@ -81,15 +112,26 @@ pub fn plan(
     let Some(adapter) = adapter else {
         return Step::NeedsOperator("unknown_tool");
     };
+    let masked = is_masked(operation, request_body);
+    let masked_field = |value: &Value| masked && value.as_str() == Some(MASK);
     match adapter.capability {
         Capability::None => Step::NeedsOperator("no_capability"),
         Capability::OperationQuery | Capability::ResourceId => match &adapter.query {
+            Some(query)
+                if adapter.capability == Capability::ResourceId
+                    && query.match_fields.iter().any(|field| {
+                        request_body.get(field.as_str()).is_some_and(masked_field)
+                    }) =>
+            {
+                Step::NeedsOperator("arguments_masked")
+            }
             Some(query) => match &query.resource_id_pointer {
                 None => Step::Query {
                     spec: query.clone(),
                     by: Value::String(operation.operation_id.as_str().to_owned()),
                 },
                 Some(pointer) => match request_body.pointer(pointer) {
+                    Some(id) if masked_field(id) => Step::NeedsOperator("arguments_masked"),
                     Some(id) if !id.is_null() => Step::Query {
                         spec: query.clone(),
                         by: id.clone(),
@@ -100,6 +142,7 @@ pub fn plan(
             },
             None => Step::NeedsOperator("no_query_tool"),
         },
+        Capability::IdempotencyKey if masked => Step::NeedsOperator("arguments_masked"),
         Capability::IdempotencyKey => Step::RetrySameKey,
     }
 }
@@ -525,6 +568,68 @@ mod tests {
             })
         ));
     }
+    #[test]
+    fn a_masked_request_is_never_retried_nor_taken_for_the_request() {
+        let masked = json!({"card": "***", "name": "***", "amount": 5});
+        assert!(!is_original(&operation(), &masked));
+        assert_eq!(
+            plan(
+                &operation(),
+                Some(&adapter(Capability::IdempotencyKey)),
+                &[],
+                &masked
+            ),
+            Step::NeedsOperator("arguments_masked")
+        );
+        // resource_id's match_fields ("name") is masked: no check possible.
+        assert_eq!(
+            plan(
+                &operation(),
+                Some(&adapter(Capability::ResourceId)),
+                &[],
+                &masked
+            ),
+            Step::NeedsOperator("arguments_masked")
+        );
+        // A query by operation id needs nothing from the request.
+        assert!(matches!(
+            plan(
+                &operation(),
+                Some(&adapter(Capability::OperationQuery)),
+                &[],
+                &masked
+            ),
+            Step::Query { .. }
+        ));
+        let named = ToolAdapter {
+            query: Some(QuerySpec {
+                resource_id_pointer: Some("/name".into()),
+                match_fields: Vec::new(),
+                ..query()
+            }),
+            ..adapter(Capability::OperationQuery)
+        };
+        assert_eq!(
+            plan(&operation(), Some(&named), &[], &masked),
+            Step::NeedsOperator("arguments_masked")
+        );
+        // The request itself (its digest is the intent's) is sent again.
+        let arguments = json!({"card": "***", "amount": 5});
+        let mut original = operation();
+        original.request_digest =
+            request_digest(&original.tool_name, &arguments, IntegerPolicy::Reject).unwrap();
+        assert!(is_original(&original, &arguments));
+        assert_eq!(
+            plan(
+                &original,
+                Some(&adapter(Capability::IdempotencyKey)),
+                &[],
+                &arguments
+            ),
+            Step::RetrySameKey
+        );
+    }
+
     #[test]
     fn a_resource_named_by_the_agent_is_queried_by_that_name() {
         let named = ToolAdapter {

@@ -1,0 +1,161 @@
+//! Key rotation of sealed bodies (`leasegate secrets rotate`): every
+//! operation whose stored request or result is sealed under another key than
+//! the policy's current one is opened (with the old key, still configured)
+//! and sealed again under the current key (`operation_reseal`, one
+//! compare-and-swap per row in `sql/secrets.sql`).
+//!
+//! # Invariants
+//!
+//! 1. A row is rewritten only from the exact value read: a row that changed
+//!    meanwhile is counted and left for the next pass, never overwritten.
+//! 2. Nothing is ever written in plaintext: a row that cannot be opened is
+//!    reported (operation id and why) and left as it is.
+//! 3. Evidence and ledger events are append-only (DESIGN invariant 8) and
+//!    keep the key they were sealed under; the report counts them per key,
+//!    so the operator knows which old keys must stay configured.
+
+use serde_json::Value;
+use sqlx::FromRow;
+use sqlx::types::Json;
+
+use super::operation::opened;
+use super::stored_json::Raw;
+use super::{InvalidInput, Ledger, LedgerError};
+use crate::policy::secrets::{SEALED_KEY, sealed_inner, sealed_key_ids};
+
+/// What one rotation did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RotationReport {
+    /// The key rows are sealed under now.
+    pub key_id: String,
+    /// Operations re-sealed under `key_id`.
+    pub resealed: u64,
+    /// Operations that changed while being re-sealed (run it again).
+    pub changed_meanwhile: u64,
+    /// Operations that could not be opened: (operation id, why).
+    pub failed: Vec<(String, String)>,
+    /// Evidence bodies still sealed under other keys, per key id.
+    pub evidence_under_other_keys: Vec<(String, i64)>,
+}
+
+#[derive(Debug, FromRow)]
+struct SealedRow {
+    operation_id: String,
+    request_body: Raw,
+    result: Option<Raw>,
+}
+
+/// The key id of a top-level sealed envelope.
+fn top_key(value: &Value) -> Option<&str> {
+    sealed_inner(value)?.get("kid")?.as_str()
+}
+
+impl Ledger {
+    /// Re-seals, `batch` rows at a time, every operation body sealed under
+    /// another key than the policy's current one (see the module docs).
+    pub async fn secrets_rotate(&self, batch: u16) -> Result<RotationReport, LedgerError> {
+        const CALL: &str = "secrets_rotate";
+        let bodies = &self.options.bodies;
+        let Some(keyring) = bodies.keyring.as_ref() else {
+            return Err(InvalidInput::Request(
+                "the policy configures no encryption_keys: nothing to rotate to".into(),
+            )
+            .into());
+        };
+        let Some(current) = keyring.current().map(str::to_owned) else {
+            return Err(InvalidInput::Request(
+                "the policy names no encryption_key_id to rotate to".into(),
+            )
+            .into());
+        };
+        let mut report = RotationReport {
+            key_id: current.clone(),
+            ..RotationReport::default()
+        };
+        let mut after = String::new();
+        loop {
+            let rows: Vec<SealedRow> = self
+                .invoke_all(CALL, false, || {
+                    sqlx::query_as(
+                        "SELECT operation_id, request_body, result FROM tool_operations
+                          WHERE operation_id > $1
+                            AND ((request_body ? $2 AND request_body -> $2 ->> 'kid' IS DISTINCT FROM $3)
+                              OR (result ? $2 AND result -> $2 ->> 'kid' IS DISTINCT FROM $3))
+                          ORDER BY operation_id LIMIT $4",
+                    )
+                    .bind(after.as_str())
+                    .bind(SEALED_KEY)
+                    .bind(current.as_str())
+                    .bind(i64::from(batch.max(1)))
+                })
+                .await?;
+            let Some(last) = rows.last() else {
+                break;
+            };
+            after = last.operation_id.clone();
+            for row in rows {
+                let reseal = |raw: &Raw| -> Result<Value, LedgerError> {
+                    if top_key(&raw.0).is_none_or(|kid| kid == current) {
+                        return Ok(raw.0.clone());
+                    }
+                    let plain = opened(bodies, raw, &row.operation_id)?;
+                    keyring
+                        .seal(&plain, &row.operation_id)
+                        .map_err(|source| LedgerError::Sealed {
+                            operation_id: row.operation_id.clone(),
+                            source,
+                            after_call: false,
+                        })
+                };
+                let resealed = reseal(&row.request_body).and_then(|request| {
+                    let result = row.result.as_ref().map(reseal).transpose()?;
+                    Ok((request, result))
+                });
+                let (request, result) = match resealed {
+                    Ok(pair) => pair,
+                    Err(error) => {
+                        report
+                            .failed
+                            .push((row.operation_id.clone(), error.to_string()));
+                        continue;
+                    }
+                };
+                let (outcome,): (String,) = self
+                    .invoke(CALL, true, || {
+                        sqlx::query_as("SELECT operation_reseal($1, $2, $3, $4, $5)")
+                            .bind(row.operation_id.as_str())
+                            .bind(Json(&row.request_body.0))
+                            .bind(Json(&request))
+                            .bind(row.result.as_ref().map(|r| Json(&r.0)))
+                            .bind(result.as_ref().map(Json))
+                    })
+                    .await?;
+                match outcome.as_str() {
+                    "resealed" => report.resealed += 1,
+                    _ => report.changed_meanwhile += 1,
+                }
+            }
+        }
+        // Evidence: append-only; count what stays under other keys.
+        let bodies: Vec<(Json<Value>,)> = self
+            .invoke_all(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT body FROM operation_evidence WHERE body::text LIKE '%' || $1 || '%'",
+                )
+                .bind(SEALED_KEY)
+            })
+            .await?;
+        let mut counts = std::collections::BTreeMap::<String, i64>::new();
+        for (Json(body),) in bodies {
+            let mut ids = Vec::new();
+            sealed_key_ids(&body, &mut ids);
+            ids.sort();
+            ids.dedup();
+            for id in ids.into_iter().filter(|id| *id != current) {
+                *counts.entry(id).or_default() += 1;
+            }
+        }
+        report.evidence_under_other_keys = counts.into_iter().collect();
+        Ok(report)
+    }
+}
