@@ -119,6 +119,7 @@
 
 pub mod adapter;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dispatch;

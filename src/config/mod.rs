@@ -98,8 +98,31 @@ pub struct RawConfig {
     pub allowed_origins: Option<Vec<String>>,
     pub session: Option<RawSession>,
     pub idempotency: Option<RawIdempotency>,
+    pub auth: Option<RawAuth>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
+}
+
+/// `[auth]`: bearer tokens on both listeners (`crate::auth`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    /// "auto" (default: required as soon as a listener is not loopback),
+    /// "required" or "off" (refused with a listener that is not loopback).
+    pub mode: Option<String>,
+    /// The URL agents reach the MCP front at, as the protected-resource
+    /// metadata names it (default: `http://<Host of the request>/mcp`);
+    /// set it behind a TLS-terminating proxy.
+    pub resource_url: Option<String>,
+}
+
+/// `[auth] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Required whenever a listener is not loopback-only.
+    Auto,
+    Required,
+    Off,
 }
 
 /// `[session]`: the session lease mode's settings.
@@ -194,6 +217,10 @@ pub struct Config {
     pub session_ttl: std::time::Duration,
     /// Key mode: how long a key stands for its first request.
     pub key_retention: std::time::Duration,
+    /// `[auth] mode`; [`Config::auth_required`] resolves `auto`.
+    pub auth_mode: AuthMode,
+    /// `[auth] resource_url`.
+    pub auth_resource_url: Option<String>,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -601,7 +628,27 @@ impl Config {
                 "allowed_origins: {bad:?} is not an origin like \"https://console.example.com\""
             )));
         }
-        Ok(Config {
+        let raw_auth = raw.auth.clone().unwrap_or_default();
+        let auth_mode = match raw_auth.mode.as_deref() {
+            None | Some("auto") => AuthMode::Auto,
+            Some("required") => AuthMode::Required,
+            Some("off") => AuthMode::Off,
+            Some(other) => {
+                return Err(err(format!(
+                    "auth.mode: {other:?} is not one of \"auto\", \"required\", \"off\""
+                )));
+            }
+        };
+        if let Some(url) = &raw_auth.resource_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(err(format!(
+                "auth.resource_url: {url:?} is not an http(s) URL"
+            )));
+        }
+        let config = Config {
+            auth_mode,
+            auth_resource_url: raw_auth.resource_url.clone(),
             lease_mode,
             allowed_hosts,
             allowed_origins,
@@ -623,7 +670,48 @@ impl Config {
             policy,
             adapters,
             upstreams,
-        })
+        };
+        config.check_exposure().map_err(|message| err(message))?;
+        Ok(config)
+    }
+
+    /// Whether the listeners require a bearer token: `[auth] mode =
+    /// "required"`, or `"auto"` with a listener that is not loopback.
+    pub fn auth_required(&self) -> bool {
+        match self.auth_mode {
+            AuthMode::Required => true,
+            AuthMode::Off => false,
+            AuthMode::Auto => !self.loopback_only(),
+        }
+    }
+
+    /// Whether every listener binds a loopback address.
+    pub fn loopback_only(&self) -> bool {
+        [Some(self.listen), self.control_listen]
+            .into_iter()
+            .flatten()
+            .all(|address| address.ip().is_loopback())
+    }
+
+    /// Refuses a listener that is not loopback with authentication off
+    /// (issue 13: `0.0.0.0` without authentication). `leasegate serve`
+    /// checks again after `--listen`.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if self.auth_mode != AuthMode::Off || self.loopback_only() {
+            return Ok(());
+        }
+        let exposed: Vec<String> = [("listen", Some(self.listen)), ("control_listen", self.control_listen)]
+            .into_iter()
+            .filter_map(|(field, address)| address.map(|a| (field, a)))
+            .filter(|(_, address)| !address.ip().is_loopback())
+            .map(|(field, address)| format!("{field} = \"{address}\""))
+            .collect();
+        Err(format!(
+            "auth.mode: \"off\" with a listener that is not loopback ({}): anyone who reaches it \
+             could call tools and drive the control API. Remove `mode = \"off\"` (tokens are then \
+             required: `leasegate tokens create`), or listen on 127.0.0.1 only",
+            exposed.join(", ")
+        ))
     }
 
     /// Applies the `--database-url` flag and [`DATABASE_URL_ENV`] over the

@@ -88,11 +88,15 @@ pub enum ErrorCode {
     InvalidOperationId,
     UnsafeInteger,
     InvalidArguments,
+    /// No valid bearer token (401, with `WWW-Authenticate`).
+    Unauthorized,
+    /// A valid token whose scope does not cover the route (403).
+    InsufficientScope,
 }
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -122,6 +126,8 @@ impl ErrorCode {
         ErrorCode::InvalidOperationId,
         ErrorCode::UnsafeInteger,
         ErrorCode::InvalidArguments,
+        ErrorCode::Unauthorized,
+        ErrorCode::InsufficientScope,
     ];
 
     /// The stable `code` string of the JSON answer.
@@ -155,6 +161,8 @@ impl ErrorCode {
             ErrorCode::InvalidOperationId => "invalid_operation_id",
             ErrorCode::UnsafeInteger => "unsafe_integer",
             ErrorCode::InvalidArguments => "invalid_arguments",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::InsufficientScope => "insufficient_scope",
         }
     }
 
@@ -169,6 +177,8 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::NoRoute | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::InsufficientScope => StatusCode::FORBIDDEN,
             ErrorCode::LeaseLost
             | ErrorCode::RevisionConflict
             | ErrorCode::IntentConflict
@@ -229,10 +239,13 @@ impl ErrorCode {
             | ErrorCode::UnsafeInteger
             | ErrorCode::InvalidArguments
             | ErrorCode::TenantMismatch => exit::INVALID_INPUT,
-            // The CLI builds its own requests: these mean a CLI bug.
-            ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
-                exit::OTHER
-            }
+            // The CLI builds its own requests (in-process, without a
+            // token): these mean a CLI bug.
+            ErrorCode::NoRoute
+            | ErrorCode::UnsupportedMediaType
+            | ErrorCode::BodyTooLarge
+            | ErrorCode::Unauthorized
+            | ErrorCode::InsufficientScope => exit::OTHER,
         }
     }
 }
@@ -495,6 +508,8 @@ mod tests {
             (InvalidOperationId, 422, 2),
             (UnsafeInteger, 422, 2),
             (InvalidArguments, 422, 2),
+            (Unauthorized, 401, 1),
+            (InsufficientScope, 403, 1),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, exit) in table {

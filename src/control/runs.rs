@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorCode};
 use super::router::{Shared, applied, run_id};
 use crate::intent::{Intent, StepRef};
@@ -42,26 +43,14 @@ fn summary_json(summary: &RunSummary) -> Value {
 
 pub(super) async fn create_run(
     State(state): Shared,
+    caller: Caller,
     Body(body): Body<CreateRun>,
 ) -> Result<Response, ApiError> {
-    let tenant = match (&state.tenant, &body.tenant_id) {
-        (Some(served), Some(asked)) if served != asked => {
-            // Nothing is written: the task and run would be invisible to
-            // this process's MCP front ("run not found" on every call).
-            let error = ApiError::new(
-                ErrorCode::TenantMismatch,
-                format!(
-                    "tenant mismatch: expected tenant {served:?} (the tenant this leasegate serves, \
-                     `tenant` in its config), found {asked:?}; its runs would not be found on this \
-                     leasegate's MCP front. Nothing was written"
-                ),
-            );
-            return Err(error.with_detail(json!({"expected": served, "found": asked})));
-        }
-        (_, Some(asked)) => asked.clone(),
-        (Some(served), None) => served.clone(),
-        (None, None) => DEFAULT_TENANT.to_owned(),
-    };
+    // A run of another tenant than the caller's would be invisible to it
+    // (and to this process's MCP front): refused, nothing written.
+    let tenant = caller
+        .tenant_for_create(body.tenant_id.as_deref())?
+        .unwrap_or_else(|| DEFAULT_TENANT.to_owned());
     let run = match &body.run_id {
         Some(raw) => run_id(raw)?,
         None => RunId::generate(),
@@ -106,9 +95,11 @@ pub(super) async fn create_run(
 
 pub(super) async fn show_run(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let view = state
         .ledger
         .run_get(run)
@@ -143,10 +134,12 @@ pub(super) struct ClaimBody {
 
 pub(super) async fn acquire(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<AcquireBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let owner = body
         .owner
         .unwrap_or_else(|| format!("owner-{}", uuid::Uuid::new_v4().simple()));
@@ -185,10 +178,12 @@ fn applied_json(run: RunId, applied: &Applied) -> Json<Value> {
 
 pub(super) async fn renew(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<RenewBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .lease_renew(&claim(run, body.owner, body.epoch), body.ttl_ms)
@@ -201,10 +196,12 @@ pub(super) async fn renew(
 
 pub(super) async fn release(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<ClaimBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     applied(
         state
             .ledger
@@ -246,10 +243,12 @@ pub(super) struct CheckpointBody {
 
 pub(super) async fn checkpoint(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<CheckpointBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let lease = claim(run, body.owner, body.epoch);
     if body.intents.is_empty() {
         let applied = applied(
@@ -326,10 +325,12 @@ pub(super) struct TransitionBody {
 
 pub(super) async fn start(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<TransitionBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .run_start(&claim(run, body.owner, body.epoch), body.expected_revision)
@@ -339,10 +340,12 @@ pub(super) async fn start(
 
 pub(super) async fn complete(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<TransitionBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .run_complete(
@@ -356,10 +359,12 @@ pub(super) async fn complete(
 
 pub(super) async fn fail(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<TransitionBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let reason = body.reason.unwrap_or(Value::Null);
     let outcome = state
         .ledger
@@ -381,10 +386,12 @@ pub(super) struct CancelBody {
 
 pub(super) async fn cancel(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<CancelBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .run_cancel(run, &body.actor, body.reason.as_deref())

@@ -46,6 +46,7 @@ mod read;
 mod run;
 mod schema;
 mod stored_json;
+mod token;
 mod types;
 mod verdict;
 
@@ -69,6 +70,9 @@ pub use operation_types::{
 pub use read::DbHealth;
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
+pub use token::{
+    NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
+};
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary, RunView,
@@ -78,6 +82,10 @@ use error::{ErrorClass, classify};
 
 /// The database role the application runs as (created by the migrations).
 pub const APP_ROLE: &str = "leasegate_app";
+
+/// The database role of token management (`leasegate tokens …`; created by
+/// the migrations): the application role cannot mint or revoke tokens.
+pub const OPERATOR_ROLE: &str = "leasegate_operator";
 
 /// Settings of a [`Ledger`]. The defaults suit the seed's starting points
 /// (30 s TTL, 5 s heartbeat); the ceiling keeps a typo from parking a run for
