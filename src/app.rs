@@ -111,6 +111,21 @@ pub async fn run(
         );
     }
     let stop = CancellationToken::new();
+    // Bearer tokens on both listeners when `[auth]` requires them.
+    let gate = |listener| {
+        proxy
+            .config
+            .auth_required()
+            .then(|| crate::control::auth::Gate {
+                authenticator: crate::auth::Authenticator::new(proxy.ledger.clone()),
+                listener,
+                resource_url: proxy.config.auth_resource_url.clone(),
+            })
+    };
+    let (mcp_gate, control_gate) = (
+        gate(crate::control::auth::Listener::Mcp),
+        gate(crate::control::auth::Listener::Control),
+    );
     let mcp = {
         let stop = stop.clone();
         let served = crate::mcp::serve_http(
@@ -123,6 +138,10 @@ pub async fn run(
                 proxy.config.allowed_hosts.clone(),
                 proxy.config.allowed_origins.clone(),
             ),
+            move |router| match mcp_gate {
+                Some(gate) => crate::control::auth::authenticated(router, gate),
+                None => router,
+            },
             stop.clone().cancelled_owned(),
         );
         async move {
@@ -140,22 +159,26 @@ pub async fn run(
                 hosts: proxy.config.allowed_hosts.clone(),
                 origins: proxy.config.allowed_origins.clone(),
             });
-            crate::control::serve(
-                crate::control::guarded(
-                    crate::control::with_durability(
-                        crate::control::with_upstream_health(
-                            crate::control::router_with_metrics(
-                                proxy.ledger.clone(),
-                                proxy.config.policy.integers,
-                                proxy.config.tenant.clone(),
-                                metrics_handle(),
-                            ),
-                            Arc::new(move || serde_json::json!(upstreams.health())),
-                        ),
-                        proxy.gate.clone(),
+            let api = crate::control::with_durability(
+                crate::control::with_upstream_health(
+                    crate::control::router_with_metrics(
+                        proxy.ledger.clone(),
+                        proxy.config.policy.integers,
+                        proxy.config.tenant.clone(),
+                        metrics_handle(),
                     ),
-                    allowed,
+                    Arc::new(move || serde_json::json!(upstreams.health())),
                 ),
+                proxy.gate.clone(),
+            );
+            let api = match control_gate {
+                Some(gate) => crate::control::auth::authenticated(api, gate),
+                None => api,
+            };
+            crate::control::serve(
+                // Host and Origin first: a rebinding page is 403 before it
+                // is asked for a token.
+                crate::control::guarded(api, allowed),
                 listener,
                 stop.clone().cancelled_owned(),
             )

@@ -25,13 +25,17 @@ use tokio_util::sync::CancellationToken;
 
 /// Serves the front over Streamable HTTP at `/mcp` until `shutdown`
 /// completes. Without `sessions` every request stands alone (no sticky
-/// sessions needed behind a load balancer).
+/// sessions needed behind a load balancer). `wrap` adds what the caller
+/// puts in front of every request (authentication, `control::auth`); what
+/// it inserts into a request's extensions reaches the front's handlers in
+/// the request's `http::request::Parts`.
 pub async fn serve_http(
     front: Front,
     listener: tokio::net::TcpListener,
     sessions: bool,
     body_limit: usize,
     (allowed_hosts, allowed_origins): (Vec<String>, Vec<String>),
+    wrap: impl FnOnce(axum::Router) -> axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
@@ -67,9 +71,9 @@ pub async fn serve_http(
                 inflight::cancel_layer(in_flight.clone(), request, next)
             }))
     };
-    let router = router.layer(axum::middleware::from_fn(move |request, next| {
+    let router = wrap(router.layer(axum::middleware::from_fn(move |request, next| {
         idempotency::layer(body_limit, request, next)
-    }));
+    })));
     axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(async move {
             shutdown.await;
