@@ -38,12 +38,20 @@ async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     let answer: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!((answer["tenant_id"].as_str(), answer["scope"].as_str()), (Some(tenant), Some(scope)));
+    assert_eq!(
+        (answer["tenant_id"].as_str(), answer["scope"].as_str()),
+        (Some(tenant), Some(scope))
+    );
     answer["token"].as_str().unwrap().to_owned()
 }
 
 fn token_id(token: &str) -> &str {
-    token.strip_prefix("lgt_").unwrap().split('_').next().unwrap()
+    token
+        .strip_prefix("lgt_")
+        .unwrap()
+        .split('_')
+        .next()
+        .unwrap()
 }
 
 /// `leasegate serve` with debug logs; its MCP and control URLs, and every
@@ -237,7 +245,10 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         .and_then(|rest| rest.split('"').next())
         .unwrap()
         .to_owned();
-    assert!(mcp_metadata.ends_with("/.well-known/oauth-protected-resource/mcp"), "{challenge}");
+    assert!(
+        mcp_metadata.ends_with("/.well-known/oauth-protected-resource/mcp"),
+        "{challenge}"
+    );
     let document = request("GET", &mcp_metadata, None, None).await;
     assert_eq!(document.body["resource"], json!(served.mcp));
     // A token that is not one, and a well-formed one that does not exist.
@@ -246,7 +257,10 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     assert!(challenge.unwrap().contains("error=\"invalid_token\""));
     let forged = format!("lgt_{}_{}", token_id(&agent), "0".repeat(64));
     let answer = request("GET", &api("/v1/runs/x"), Some(&forged), None).await;
-    assert_eq!((answer.status, answer.body["detail"]["reason"].as_str()), (401, Some("unknown_token")));
+    assert_eq!(
+        (answer.status, answer.body["detail"]["reason"].as_str()),
+        (401, Some("unknown_token"))
+    );
     // An operator does not make tool calls.
     let (status, challenge) = mcp_post(Some(operator.clone())).await;
     assert_eq!(status, 403);
@@ -308,7 +322,10 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     // An agent does not read bodies; the operator does.
     let path = format!("/v1/operations/{operation_id}");
     let answer = request("GET", &api(&path), Some(&agent), None).await;
-    assert_eq!((answer.status, answer.body["code"].as_str()), (403, Some("insufficient_scope")));
+    assert_eq!(
+        (answer.status, answer.body["code"].as_str()),
+        (403, Some("insufficient_scope"))
+    );
     let answer = request("GET", &api(&path), Some(&operator), None).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
 
@@ -318,24 +335,91 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     let claim = json!({"owner": "worker-a", "epoch": lease.epoch});
     let transition = json!({"owner": "worker-a", "epoch": lease.epoch, "expected_revision": 1});
     let walk: Vec<(&str, String, Option<Value>, u16)> = vec![
-        ("POST", "/v1/runs".into(), Some(json!({"tenant_id": "tenant-a", "task_id": "order-1"})), 422),
-        ("POST", "/v1/runs".into(), Some(json!({"task_id": "order-2"})), 422),
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"tenant_id": "tenant-a", "task_id": "order-1"})),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"task_id": "order-2"})),
+            422,
+        ),
         ("GET", format!("/v1/runs/{run}"), None, 404),
-        ("POST", format!("/v1/runs/{run}/lease"), Some(json!({"ttl_ms": 60_000})), 404),
-        ("POST", format!("/v1/runs/{run}/lease/renew"), Some(json!({"owner": "worker-a", "epoch": lease.epoch, "ttl_ms": 60_000})), 404),
-        ("POST", format!("/v1/runs/{run}/lease/release"), Some(claim.clone()), 404),
-        ("POST", format!("/v1/runs/{run}/checkpoint"), Some(json!({"owner": "worker-a", "epoch": lease.epoch, "expected_revision": 1, "checkpoint": {"x": 1}})), 404),
-        ("POST", format!("/v1/runs/{run}/start"), Some(transition.clone()), 404),
-        ("POST", format!("/v1/runs/{run}/complete"), Some(transition.clone()), 404),
-        ("POST", format!("/v1/runs/{run}/fail"), Some(transition.clone()), 404),
-        ("POST", format!("/v1/runs/{run}/cancel"), Some(json!({"actor": "intruder"})), 404),
+        (
+            "POST",
+            format!("/v1/runs/{run}/lease"),
+            Some(json!({"ttl_ms": 60_000})),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/lease/renew"),
+            Some(json!({"owner": "worker-a", "epoch": lease.epoch, "ttl_ms": 60_000})),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/lease/release"),
+            Some(claim.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/checkpoint"),
+            Some(
+                json!({"owner": "worker-a", "epoch": lease.epoch, "expected_revision": 1, "checkpoint": {"x": 1}}),
+            ),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/start"),
+            Some(transition.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/complete"),
+            Some(transition.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/fail"),
+            Some(transition.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/cancel"),
+            Some(json!({"actor": "intruder"})),
+            404,
+        ),
         ("GET", format!("/v1/runs/{run}/operations"), None, 404),
         ("GET", "/v1/operations/unknown".into(), None, 200),
         ("GET", path.clone(), None, 404),
-        ("POST", format!("{path}/resolve"), Some(json!({"outcome": "failed_final", "actor": "intruder", "note": "x"})), 404),
-        ("POST", format!("{path}/retry"), Some(json!({"actor": "intruder", "note": "x"})), 404),
+        (
+            "POST",
+            format!("{path}/resolve"),
+            Some(json!({"outcome": "failed_final", "actor": "intruder", "note": "x"})),
+            404,
+        ),
+        (
+            "POST",
+            format!("{path}/retry"),
+            Some(json!({"actor": "intruder", "note": "x"})),
+            404,
+        ),
         ("GET", "/v1/failovers".into(), None, 200),
-        ("POST", "/v1/failovers/1/resolve".into(), Some(json!({"by": "intruder", "reason": "x"})), 404),
+        (
+            "POST",
+            "/v1/failovers/1/resolve".into(),
+            Some(json!({"by": "intruder", "reason": "x"})),
+            404,
+        ),
         ("GET", "/v1/upstreams".into(), None, 200),
         ("GET", "/v1/durability".into(), None, 200),
         ("GET", "/metrics".into(), None, 200),
@@ -380,7 +464,11 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         } else {
             403
         };
-        assert_eq!(answer.status, expected, "agent {method} {path}: {}", answer.body);
+        assert_eq!(
+            answer.status, expected,
+            "agent {method} {path}: {}",
+            answer.body
+        );
     }
     let summary = request("GET", &api("/v1/operations/unknown"), Some(&intruder), None).await;
     assert_eq!(summary.body["count"], 0);
@@ -401,7 +489,11 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         )
         .await
         .expect_err("another tenant's lease");
-        assert_eq!(refused.0, leasegate::mcp::convert::codes::RUN_NOT_FOUND, "{refused:?}");
+        assert_eq!(
+            refused.0,
+            leasegate::mcp::convert::codes::RUN_NOT_FOUND,
+            "{refused:?}"
+        );
     }
     client.cancel().await.unwrap();
     assert_eq!(charges(), 1, "no tool ran for the other tenant");
@@ -409,13 +501,24 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
 
     // Revoked, then expired: 401 from the next request on.
     let revoked = tokio::process::Command::new(LEASEGATE)
-        .args(["tokens", "revoke", token_id(&agent), "--by", "test", "--database-url", &db.url])
+        .args([
+            "tokens",
+            "revoke",
+            token_id(&agent),
+            "--by",
+            "test",
+            "--database-url",
+            &db.url,
+        ])
         .output()
         .await
         .unwrap();
     assert!(revoked.status.success(), "{revoked:?}");
     let answer = request("GET", &api(&format!("/v1/runs/{run}")), Some(&agent), None).await;
-    assert_eq!((answer.status, answer.body["detail"]["reason"].as_str()), (401, Some("revoked_token")));
+    assert_eq!(
+        (answer.status, answer.body["detail"]["reason"].as_str()),
+        (401, Some("revoked_token"))
+    );
     let (status, _) = mcp_post(Some(agent.clone())).await;
     assert_eq!(status, 401);
     sqlx::query("UPDATE access_tokens SET expires_at = clock_timestamp() - interval '1 second' WHERE token_id = $1")
@@ -424,14 +527,24 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         .await
         .unwrap();
     let answer = request("GET", &api(&path), Some(&operator), None).await;
-    assert_eq!((answer.status, answer.body["detail"]["reason"].as_str()), (401, Some("expired_token")));
+    assert_eq!(
+        (answer.status, answer.body["detail"]["reason"].as_str()),
+        (401, Some("expired_token"))
+    );
 
     // Refusals are counted by reason.
     let metrics = request("GET", &api("/metrics"), Some(&intruder), None).await;
     let text = metrics.body.as_str().unwrap_or_default().to_owned();
-    for reason in ["missing_token", "unknown_token", "insufficient_scope", "revoked_token", "expired_token"] {
+    for reason in [
+        "missing_token",
+        "unknown_token",
+        "insufficient_scope",
+        "revoked_token",
+        "expired_token",
+    ] {
         assert!(
-            text.lines().any(|l| l.starts_with("http_refused_total") && l.contains(&format!("reason=\"{reason}\""))),
+            text.lines().any(|l| l.starts_with("http_refused_total")
+                && l.contains(&format!("reason=\"{reason}\""))),
             "{reason} counted:\n{text}"
         );
     }
@@ -440,14 +553,16 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     let Served { mut child, log, .. } = served;
     child.start_kill().unwrap();
     within("leasegate to stop", child.wait()).await.unwrap();
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
     let log = log.lock().unwrap().join("\n");
-    assert!(log.contains("DEBUG") || log.contains("debug"), "the server logged at debug");
+    assert!(
+        log.contains("DEBUG") || log.contains("debug"),
+        "the server logged at debug"
+    );
     for token in [&agent, &operator, &intruder, &intruder_agent] {
         let secret = token.rsplit('_').next().unwrap();
         for table in &tables {
@@ -466,7 +581,8 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
 
 #[tokio::test]
 async fn a_listener_beyond_loopback_without_authentication_is_refused_by_check_config_and_serve() {
-    let dir = std::env::temp_dir().join(format!("leasegate-auth-{}", uuid::Uuid::new_v4().simple()));
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-auth-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("leasegate.toml");
     let write = |listen: &str, auth: &str| {
@@ -491,7 +607,9 @@ async fn a_listener_beyond_loopback_without_authentication_is_refused_by_check_c
     let stdout = String::from_utf8_lossy(&checked.stdout);
     assert_eq!(checked.status.code(), Some(1), "{stdout}");
     assert!(
-        stdout.contains("auth.mode: \"off\" with a listener that is not loopback (listen = \"0.0.0.0:0\")"),
+        stdout.contains(
+            "auth.mode: \"off\" with a listener that is not loopback (listen = \"0.0.0.0:0\")"
+        ),
         "{stdout}"
     );
     let served = run(&["serve", "--config"]);
@@ -507,14 +625,25 @@ async fn a_listener_beyond_loopback_without_authentication_is_refused_by_check_c
         .unwrap();
     let stderr = String::from_utf8_lossy(&served.stderr);
     assert_eq!(served.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("--listen 0.0.0.0:0: auth.mode: \"off\""), "{stderr}");
+    assert!(
+        stderr.contains("--listen 0.0.0.0:0: auth.mode: \"off\""),
+        "{stderr}"
+    );
     // The default (auto) accepts it: tokens are then required.
     write("0.0.0.0:0", "");
     let checked = run(&["check-config"]);
-    assert!(checked.status.success(), "{}", String::from_utf8_lossy(&checked.stdout));
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
     let loaded = leasegate::config::Config::load(&config).unwrap();
     assert!(loaded.auth_required());
     write("127.0.0.1:0", "");
-    assert!(!leasegate::config::Config::load(&config).unwrap().auth_required());
+    assert!(
+        !leasegate::config::Config::load(&config)
+            .unwrap()
+            .auth_required()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -212,7 +212,10 @@ async fn every_function_has_one_home_and_the_right_grant(
             !name.starts_with('_') && !operators_only,
             "{name}: EXECUTE for leasegate_app"
         );
-        assert_eq!(*operator, operators_only, "{name}: EXECUTE for leasegate_operator");
+        assert_eq!(
+            *operator, operators_only,
+            "{name}: EXECUTE for leasegate_operator"
+        );
     }
     let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
         .fetch_one(&db.admin)
@@ -272,7 +275,11 @@ async fn only_the_operator_role_mints_and_revokes_tokens(
         assert!(error.starts_with("42501"), "{statement}: {error}");
     }
     assert_eq!(
-        as_app_role(&db, "SELECT access_token_verify('00112233445566aa', sha256('s'))").await,
+        as_app_role(
+            &db,
+            "SELECT access_token_verify('00112233445566aa', sha256('s'))"
+        )
+        .await,
         Ok(1)
     );
     let mut tx = db.admin.begin().await.unwrap();

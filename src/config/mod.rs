@@ -671,7 +671,7 @@ impl Config {
             adapters,
             upstreams,
         };
-        config.check_exposure().map_err(|message| err(message))?;
+        config.check_exposure().map_err(err)?;
         Ok(config)
     }
 
@@ -700,12 +700,15 @@ impl Config {
         if self.auth_mode != AuthMode::Off || self.loopback_only() {
             return Ok(());
         }
-        let exposed: Vec<String> = [("listen", Some(self.listen)), ("control_listen", self.control_listen)]
-            .into_iter()
-            .filter_map(|(field, address)| address.map(|a| (field, a)))
-            .filter(|(_, address)| !address.ip().is_loopback())
-            .map(|(field, address)| format!("{field} = \"{address}\""))
-            .collect();
+        let exposed: Vec<String> = [
+            ("listen", Some(self.listen)),
+            ("control_listen", self.control_listen),
+        ]
+        .into_iter()
+        .filter_map(|(field, address)| address.map(|a| (field, a)))
+        .filter(|(_, address)| !address.ip().is_loopback())
+        .map(|(field, address)| format!("{field} = \"{address}\""))
+        .collect();
         Err(format!(
             "auth.mode: \"off\" with a listener that is not loopback ({}): anyone who reaches it \
              could call tools and drive the control API. Remove `mode = \"off\"` (tokens are then \

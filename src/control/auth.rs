@@ -160,10 +160,7 @@ impl Gate {
         }
         let challenge = match refusal {
             // RFC 6750 section 3.1: no error code when no token was sent.
-            Refusal::Missing => format!(
-                "Bearer resource_metadata=\"{}\"",
-                self.metadata_url(host)
-            ),
+            Refusal::Missing => format!("Bearer resource_metadata=\"{}\"", self.metadata_url(host)),
             _ => format!(
                 "Bearer error=\"invalid_token\", error_description=\"{}\", resource_metadata=\"{}\"",
                 refusal.description(),
@@ -174,7 +171,9 @@ impl Gate {
             .with_detail(json!({ "reason": refusal.reason() }))
             .into_response();
         if let Ok(value) = HeaderValue::from_str(&challenge) {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
         }
         response
     }
@@ -199,7 +198,9 @@ impl Gate {
         .with_detail(json!({ "expected": needed, "found": principal.scope.as_str() }))
         .into_response();
         if let Ok(value) = HeaderValue::from_str(&challenge) {
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, value);
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
         }
         response
     }
@@ -225,7 +226,11 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
         .headers()
         .get(header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned());
-    let principal = match gate.authenticator.authenticate(authorization.as_deref()).await {
+    let principal = match gate
+        .authenticator
+        .authenticate(authorization.as_deref())
+        .await
+    {
         Ok(principal) => principal,
         Err(refusal) => return gate.unauthenticated(&host, refusal),
     };
@@ -299,7 +304,10 @@ impl Caller {
     /// The tenant a new run is for: `asked`, or the caller's. A token of
     /// another tenant than the one asked for, or than the process serves,
     /// is refused (`tenant_mismatch`, nothing written).
-    pub(super) fn tenant_for_create(&self, asked: Option<&str>) -> Result<Option<String>, ApiError> {
+    pub(super) fn tenant_for_create(
+        &self,
+        asked: Option<&str>,
+    ) -> Result<Option<String>, ApiError> {
         let mismatch = |expected: &str, found: &str, why: &str| {
             ApiError::new(
                 ErrorCode::TenantMismatch,

@@ -262,13 +262,16 @@ impl TokensArgs {
             if let Some(text) = expires_in {
                 match humantime::parse_duration(text) {
                     Ok(duration) if !duration.is_zero() => {
-                        expires_in_ms = Some(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX));
+                        expires_in_ms =
+                            Some(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX));
                     }
                     _ => {
                         return report(
                             common.json,
                             ErrorCode::InvalidInput,
-                            &format!("--expires-in {text:?} is not a duration like \"30d\" or \"12h\""),
+                            &format!(
+                                "--expires-in {text:?} is not a duration like \"30d\" or \"12h\""
+                            ),
                         );
                     }
                 }
@@ -363,7 +366,9 @@ impl TokensArgs {
                 .await
                 .map(|tokens| json!({ "tokens": tokens })),
             TokensCommand::Revoke { token_id, by } => {
-                let id = token_id.strip_prefix(crate::auth::TOKEN_PREFIX).unwrap_or(token_id);
+                let id = token_id
+                    .strip_prefix(crate::auth::TOKEN_PREFIX)
+                    .unwrap_or(token_id);
                 // A whole token pasted: its id is the part before the secret.
                 let id = id.split('_').next().unwrap_or(id);
                 match ledger.access_token_revoke(id, by).await {
@@ -433,7 +438,9 @@ impl TokensArgs {
                 println!(
                     "{}",
                     table(
-                        &["ID", "TENANT", "SCOPE", "NAME", "CREATED", "EXPIRES", "REVOKED"],
+                        &[
+                            "ID", "TENANT", "SCOPE", "NAME", "CREATED", "EXPIRES", "REVOKED"
+                        ],
                         &rows
                     )
                 );

@@ -70,9 +70,7 @@ pub use operation_types::{
 pub use read::DbHealth;
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
-pub use token::{
-    NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
-};
+pub use token::{NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict};
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary, RunView,

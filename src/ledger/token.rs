@@ -120,7 +120,9 @@ impl Ledger {
             check_text("name", name, MAX_OWNER_LEN)?;
         }
         if token.expires_in_ms.is_some_and(|ms| ms <= 0) {
-            return Err(InvalidInput::Request("a token's expiry must be in the future".into()).into());
+            return Err(
+                InvalidInput::Request("a token's expiry must be in the future".into()).into(),
+            );
         }
         let (outcome, created_at, expires_at): (String, DateTime<Utc>, Option<DateTime<Utc>>) =
             self.invoke(CALL, true, || {

@@ -71,9 +71,11 @@ pub async fn serve_http(
                 inflight::cancel_layer(in_flight.clone(), request, next)
             }))
     };
-    let router = wrap(router.layer(axum::middleware::from_fn(move |request, next| {
-        idempotency::layer(body_limit, request, next)
-    })));
+    let router = wrap(
+        router.layer(axum::middleware::from_fn(move |request, next| {
+            idempotency::layer(body_limit, request, next)
+        })),
+    );
     axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(async move {
             shutdown.await;
