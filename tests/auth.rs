@@ -519,6 +519,35 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         (answer.status, answer.body["detail"]["reason"].as_str()),
         (401, Some("revoked_token"))
     );
+    let listed = tokio::process::Command::new(LEASEGATE)
+        .args([
+            "tokens",
+            "list",
+            "--json",
+            "--tenant",
+            "tenant-a",
+            "--database-url",
+            &db.url,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let listed = listed["tokens"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "tenant-a's tokens only: {listed:?}");
+    let row = listed
+        .iter()
+        .find(|t| t["token_id"] == token_id(&agent))
+        .unwrap();
+    assert_eq!(
+        (row["scope"].as_str(), row["revoked_by"].as_str()),
+        (Some("agent"), Some("test"))
+    );
+    assert!(
+        !Value::Array(listed.clone())
+            .to_string()
+            .contains(agent.rsplit('_').next().unwrap())
+    );
     let (status, _) = mcp_post(Some(agent.clone())).await;
     assert_eq!(status, 401);
     sqlx::query("UPDATE access_tokens SET expires_at = clock_timestamp() - interval '1 second' WHERE token_id = $1")
