@@ -570,6 +570,7 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         "insufficient_scope",
         "revoked_token",
         "expired_token",
+        "other_tenant",
     ] {
         assert!(
             text.lines().any(|l| l.starts_with("http_refused_total")
@@ -675,4 +676,30 @@ async fn a_listener_beyond_loopback_without_authentication_is_refused_by_check_c
             .auth_required()
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn openapi_names_the_scopes_every_route_accepts() {
+    let document: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    for (method, path, scopes) in leasegate::control::auth::ROUTE_SCOPES {
+        let mut expected: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+        if !expected.contains(&"admin") {
+            expected.push("admin");
+        }
+        let operation = &document["paths"][path][method.to_lowercase()];
+        assert_eq!(
+            operation["x-leasegate-scopes"],
+            json!(expected),
+            "{method} {path}"
+        );
+        for status in ["401", "403"] {
+            assert!(
+                operation["responses"][status].is_object(),
+                "{method} {path} {status}"
+            );
+        }
+    }
 }

@@ -1830,6 +1830,8 @@ impl ServerHandler for Front {
             && principal.tenant != self.state.config.tenant
         {
             tracing::info!(token_id = %principal.token_id, tool = %name, "call by a token of another tenant refused");
+            metrics::counter!("http_refused_total", "listener" => "mcp", "reason" => "other_tenant")
+                .increment(1);
             return Err(if resolved.adapter.read_only {
                 invalid_params(format!("unknown tool {name:?}: see tools/list"))
             } else {
