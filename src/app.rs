@@ -111,15 +111,39 @@ pub async fn run(
         );
     }
     let stop = CancellationToken::new();
-    // Bearer tokens on both listeners when `[auth]` requires them.
+    // Bearer tokens on both listeners when `[auth]` requires them:
+    // leasegate's own, and JWTs of the `[auth.jwt]` issuer.
+    let mut authenticator = crate::auth::Authenticator::new(proxy.ledger.clone());
+    if let Some(jwt) = &proxy.config.auth_jwt {
+        let validator = crate::auth::jwt::JwtValidator::new(crate::auth::jwt::JwtSettings {
+            issuer: jwt.issuer.clone(),
+            audience: jwt.audience.clone(),
+            jwks: jwt.jwks.clone(),
+            tenant_claim: jwt.tenant_claim.clone(),
+            scope_claim: jwt.scope_claim.clone(),
+        });
+        match validator {
+            Ok(validator) => authenticator = authenticator.with_jwt(validator),
+            Err(error) => {
+                proxy.shutdown().await;
+                anyhow::bail!("auth.jwt.jwks_file: {error}");
+            }
+        }
+    }
     let gate = |listener| {
         proxy
             .config
             .auth_required()
             .then(|| crate::control::auth::Gate {
-                authenticator: crate::auth::Authenticator::new(proxy.ledger.clone()),
+                authenticator: authenticator.clone(),
                 listener,
                 resource_url: proxy.config.auth_resource_url.clone(),
+                issuers: proxy
+                    .config
+                    .auth_jwt
+                    .iter()
+                    .map(|j| j.issuer.clone())
+                    .collect(),
             })
     };
     let (mcp_gate, control_gate) = (

@@ -703,3 +703,134 @@ fn openapi_names_the_scopes_every_route_accepts() {
         }
     }
 }
+
+/// `[auth.jwt]`: JWTs of the configured issuer act for the tenant and scope
+/// their claims name; a wrong key, issuer or audience, a missing claim or
+/// an expired token is 401; another tenant's JWT finds nothing.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn jwts_of_the_configured_issuer_act_for_their_claims_tenant_and_scope(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, jwk::Jwk};
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_with_auth(&db);
+    let secret = b"a shared secret of the test identity provider, 32+ bytes";
+    let mut key =
+        Jwk::from_encoding_key(&EncodingKey::from_secret(secret).unwrap(), Algorithm::HS256)
+            .unwrap();
+    key.common.key_id = Some("k1".into());
+    std::fs::write(
+        scenario.dir.join("jwks.json"),
+        json!({ "keys": [key] }).to_string(),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!(
+            "{config}\n[auth.jwt]\nissuer = \"https://idp.test\"\naudience = \"leasegate-test\"\njwks_file = \"jwks.json\"\ntenant_claim = \"org\"\n"
+        ),
+    )
+    .unwrap();
+    let proxy = common::proxy::RunningProxy::start(&scenario.config_path()).await;
+    let now = chrono::Utc::now().timestamp();
+    let sign = |claims: Value, key: &[u8]| {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("k1".into());
+        encode(&header, &claims, &EncodingKey::from_secret(key).unwrap()).unwrap()
+    };
+    let claims = |org: &str, scope: Value| {
+        json!({"iss": "https://idp.test", "aud": "leasegate-test", "sub": "alice",
+               "exp": now + 600, "org": org, "scope": scope})
+    };
+    let api = |path: &str| format!("{}{path}", proxy.control_url);
+
+    let agent = sign(claims("tenant-a", json!("openid agent")), secret);
+    let created = request(
+        "POST",
+        &api("/v1/runs"),
+        Some(&agent),
+        Some(json!({"task_id": "t"})),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let run = created.body["run_id"].as_str().unwrap().to_owned();
+    let unknown = request("GET", &api("/v1/operations/unknown"), Some(&agent), None).await;
+    assert_eq!(unknown.status, 403, "an agent is not an operator");
+    let operator = sign(claims("tenant-a", json!(["operator"])), secret);
+    let unknown = request("GET", &api("/v1/operations/unknown"), Some(&operator), None).await;
+    assert_eq!(unknown.status, 200, "{}", unknown.body);
+    let intruder = sign(claims("tenant-evil", json!("admin")), secret);
+    let hidden = request(
+        "GET",
+        &api(&format!("/v1/runs/{run}")),
+        Some(&intruder),
+        None,
+    )
+    .await;
+    assert_eq!(hidden.status, 404, "{}", hidden.body);
+
+    let mut refused = Vec::new();
+    let mut wrong_audience = claims("tenant-a", json!("agent"));
+    wrong_audience["aud"] = json!("someone-else");
+    let mut wrong_issuer = claims("tenant-a", json!("agent"));
+    wrong_issuer["iss"] = json!("https://evil.test");
+    let mut expired = claims("tenant-a", json!("agent"));
+    expired["exp"] = json!(now - 600);
+    let mut no_tenant = claims("tenant-a", json!("agent"));
+    no_tenant.as_object_mut().unwrap().remove("org");
+    for (what, token) in [
+        (
+            "another key",
+            sign(
+                claims("tenant-a", json!("agent")),
+                b"not the provider's key at all, 32+ bytes",
+            ),
+        ),
+        ("wrong audience", sign(wrong_audience, secret)),
+        ("wrong issuer", sign(wrong_issuer, secret)),
+        ("expired", sign(expired, secret)),
+        ("no tenant claim", sign(no_tenant, secret)),
+        (
+            "no leasegate scope",
+            sign(claims("tenant-a", json!("openid email")), secret),
+        ),
+    ] {
+        let answer = request("GET", &api(&format!("/v1/runs/{run}")), Some(&token), None).await;
+        assert_eq!(answer.status, 401, "{what}: {}", answer.body);
+        refused.push((
+            what,
+            answer.body["detail"]["reason"].as_str().unwrap().to_owned(),
+        ));
+    }
+    assert_eq!(refused[3], ("expired", "expired_token".to_owned()));
+    assert!(
+        refused
+            .iter()
+            .filter(|(what, _)| *what != "expired")
+            .all(|(_, reason)| reason == "invalid_jwt"),
+        "{refused:?}"
+    );
+
+    // The metadata names the issuer; the MCP front takes the same JWTs.
+    let document = request(
+        "GET",
+        &proxy
+            .url
+            .replace("/mcp", "/.well-known/oauth-protected-resource/mcp"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        document.body["authorization_servers"],
+        json!(["https://idp.test"])
+    );
+    let header = format!("Bearer {agent}");
+    let client = connect_http_with(&proxy.url, &[("authorization", &header)]).await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "payments__charge"));
+    client.cancel().await.unwrap();
+    proxy.stop().await;
+}

@@ -31,10 +31,13 @@
 //! secret token) is what fences one worker from another.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
 use crate::ledger::{Ledger, LedgerError, TokenVerdict};
+
+pub mod jwt;
 
 /// What a token allows (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -155,6 +158,8 @@ pub enum Refusal {
     Expired,
     /// The ledger could not be asked (answered 503, not 401).
     Unavailable,
+    /// A JWT whose signature, issuer, audience or claims do not hold.
+    InvalidJwt,
 }
 
 impl Refusal {
@@ -167,6 +172,7 @@ impl Refusal {
             Refusal::Revoked => "revoked_token",
             Refusal::Expired => "expired_token",
             Refusal::Unavailable => "ledger_unavailable",
+            Refusal::InvalidJwt => "invalid_jwt",
         }
     }
 
@@ -179,19 +185,30 @@ impl Refusal {
             Refusal::Revoked => "the token was revoked",
             Refusal::Expired => "the token expired",
             Refusal::Unavailable => "the ledger cannot be reached to check the token",
+            Refusal::InvalidJwt => {
+                "the JWT is not valid here (key, signature, issuer, audience, tenant or scope claim)"
+            }
         }
     }
 }
 
-/// Checks bearer tokens against the ledger.
+/// Checks bearer tokens: leasegate tokens against the ledger, JWTs
+/// (when `[auth.jwt]` is configured) against the issuer's keys.
 #[derive(Debug, Clone)]
 pub struct Authenticator {
     ledger: Ledger,
+    jwt: Option<Arc<jwt::JwtValidator>>,
 }
 
 impl Authenticator {
     pub fn new(ledger: Ledger) -> Self {
-        Self { ledger }
+        Self { ledger, jwt: None }
+    }
+
+    /// Also accepts JWTs that `validator` validates.
+    pub fn with_jwt(mut self, validator: jwt::JwtValidator) -> Self {
+        self.jwt = Some(Arc::new(validator));
+        self
     }
 
     /// The caller of a request with this `Authorization` header value.
@@ -204,6 +221,11 @@ impl Authenticator {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => token.trim(),
             _ => return Err(Refusal::Malformed),
         };
+        if !token.starts_with(TOKEN_PREFIX)
+            && let Some(jwt) = &self.jwt
+        {
+            return jwt.validate(token);
+        }
         let (id, secret) = parse_token(token).ok_or(Refusal::Malformed)?;
         let verdict = self
             .ledger

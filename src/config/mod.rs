@@ -114,6 +114,37 @@ pub struct RawAuth {
     /// metadata names it (default: `http://<Host of the request>/mcp`);
     /// set it behind a TLS-terminating proxy.
     pub resource_url: Option<String>,
+    /// JWTs from an identity provider, besides leasegate's own tokens.
+    pub jwt: Option<RawJwt>,
+}
+
+/// `[auth.jwt]`: JWT validation (issuer, audience, keys from a JWKS file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The `aud` a token must carry (this leasegate's resource identifier).
+    pub audience: String,
+    /// The issuer's public keys (JWKS JSON), relative to this file.
+    pub jwks_file: String,
+    /// The claim naming the tenant (default "tenant").
+    pub tenant_claim: Option<String>,
+    /// The claim holding the scopes (default "scope": space-separated, or an
+    /// array); the highest of agent, operator, admin counts.
+    pub scope_claim: Option<String>,
+}
+
+/// `[auth.jwt]`, validated, with its key set read.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_file: PathBuf,
+    /// The JWKS document as read at load.
+    pub jwks: String,
+    pub tenant_claim: String,
+    pub scope_claim: String,
 }
 
 /// `[auth] mode`.
@@ -221,6 +252,8 @@ pub struct Config {
     pub auth_mode: AuthMode,
     /// `[auth] resource_url`.
     pub auth_resource_url: Option<String>,
+    /// `[auth.jwt]`.
+    pub auth_jwt: Option<JwtConfig>,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -646,7 +679,34 @@ impl Config {
                 "auth.resource_url: {url:?} is not an http(s) URL"
             )));
         }
+        let auth_jwt = match &raw_auth.jwt {
+            None => None,
+            Some(jwt) => {
+                if jwt.issuer.trim().is_empty() || jwt.audience.trim().is_empty() {
+                    return Err(err("auth.jwt: issuer and audience must not be empty".into()));
+                }
+                let jwks_file = base.join(&jwt.jwks_file);
+                let jwks = std::fs::read_to_string(&jwks_file).map_err(|e| {
+                    err(format!(
+                        "auth.jwt.jwks_file: cannot read {}: {e}",
+                        jwks_file.display()
+                    ))
+                })?;
+                check_jwks(&jwks).map_err(|e| {
+                    err(format!("auth.jwt.jwks_file: {}: {e}", jwks_file.display()))
+                })?;
+                Some(JwtConfig {
+                    issuer: jwt.issuer.clone(),
+                    audience: jwt.audience.clone(),
+                    jwks_file,
+                    jwks,
+                    tenant_claim: jwt.tenant_claim.clone().unwrap_or_else(|| "tenant".into()),
+                    scope_claim: jwt.scope_claim.clone().unwrap_or_else(|| "scope".into()),
+                })
+            }
+        };
         let config = Config {
+            auth_jwt,
             auth_mode,
             auth_resource_url: raw_auth.resource_url.clone(),
             lease_mode,
@@ -754,6 +814,21 @@ impl Config {
                 tools: BTreeMap::new(),
             })
     }
+}
+
+/// Whether `text` is a JWKS whose every key can verify (what
+/// `auth::jwt::JwtValidator` will load).
+fn check_jwks(text: &str) -> Result<(), String> {
+    let keys: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
+    if keys.keys.is_empty() {
+        return Err("the JWKS has no keys".into());
+    }
+    for (index, key) in keys.keys.iter().enumerate() {
+        jsonwebtoken::DecodingKey::from_jwk(key)
+            .map_err(|e| format!("key {index} cannot verify: {e}"))?;
+    }
+    Ok(())
 }
 
 /// What `leasegate check-config` checks for one path, judged by what the

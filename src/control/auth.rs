@@ -106,6 +106,9 @@ pub struct Gate {
     pub listener: Listener,
     /// `[auth] resource_url` (the MCP front's public URL).
     pub resource_url: Option<String>,
+    /// The issuers whose JWTs are accepted (`[auth.jwt] issuer`), as the
+    /// metadata's `authorization_servers`.
+    pub issuers: Vec<String>,
 }
 
 impl Gate {
@@ -134,9 +137,9 @@ impl Gate {
     fn metadata(&self, host: &str) -> serde_json::Value {
         json!({
             "resource": self.resource(host),
-            // Tokens are issued by `leasegate tokens create`, not by an
-            // authorization server.
-            "authorization_servers": [],
+            // leasegate's own tokens come from `leasegate tokens create`;
+            // JWTs from the `[auth.jwt]` issuer.
+            "authorization_servers": self.issuers,
             "bearer_methods_supported": ["header"],
             "scopes_supported": Scope::ALL.map(Scope::as_str),
             "resource_name": match self.listener {
