@@ -36,7 +36,9 @@
 //! * `auth`: who is calling — bearer access tokens `lgt_<id>_<secret>`
 //!   (only the secret's SHA-256 is stored, `ledger::token`), their scope
 //!   (`agent`, `operator`, `admin`) and tenant (`Principal`), checked against
-//!   the ledger on every request (`Authenticator`). The HTTP side (401/403,
+//!   the ledger on every request (`Authenticator`); JWTs of an identity
+//!   provider (`auth::jwt`, `[auth.jwt]`: JWKS file, issuer, audience,
+//!   tenant and scope claims). The HTTP side (401/403,
 //!   route scopes, the RFC 9728 metadata, tenant scoping) is
 //!   `control::auth`, wrapped around both listeners by `app::run` when
 //!   `[auth]` requires tokens.

@@ -16,6 +16,8 @@
 //!    control API and the MCP front both check, `control::auth`).
 //! 3. A token is checked against the ledger on every request (no cache): a
 //!    revocation or expiry takes effect at the next request.
+//! 4. A bearer token that is not `lgt_…` is a JWT only when `[auth.jwt]` is
+//!    configured (`jwt`); otherwise it is malformed (401).
 //!
 //! # Scopes
 //!

@@ -122,16 +122,9 @@ impl Gate {
         }
     }
 
-    /// Where the metadata of `resource` is (RFC 9728 section 3.1: the
-    /// well-known segment goes between the authority and the path).
+    /// Where this listener's metadata is, for a request with `host`.
     fn metadata_url(&self, host: &str) -> String {
-        let resource = self.resource(host);
-        let (scheme, rest) = resource.split_once("://").unwrap_or(("http", &resource));
-        let (authority, path) = match rest.find('/') {
-            Some(at) => rest.split_at(at),
-            None => (rest, ""),
-        };
-        format!("{scheme}://{authority}{METADATA_PATH}{path}")
+        metadata_url_of(&self.resource(host))
     }
 
     fn metadata(&self, host: &str) -> serde_json::Value {
@@ -207,6 +200,17 @@ impl Gate {
         }
         response
     }
+}
+
+/// Where the metadata of `resource` is (RFC 9728 section 3.1: the
+/// well-known segment goes between the authority and the path).
+fn metadata_url_of(resource: &str) -> String {
+    let (scheme, rest) = resource.split_once("://").unwrap_or(("http", resource));
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    format!("{scheme}://{authority}{METADATA_PATH}{path}")
 }
 
 fn host_of(request: &Request) -> String {
@@ -382,5 +386,17 @@ mod tests {
             assert!(route_scopes(&method, path).is_some(), "{method} {path}");
         }
         assert_eq!(ROUTE_SCOPES.len(), super::super::ROUTES.len());
+    }
+
+    #[test]
+    fn the_metadata_url_puts_the_well_known_segment_before_the_path() {
+        assert_eq!(
+            metadata_url_of("https://gw.example.com/tools/mcp"),
+            "https://gw.example.com/.well-known/oauth-protected-resource/tools/mcp"
+        );
+        assert_eq!(
+            metadata_url_of("http://127.0.0.1:8641"),
+            "http://127.0.0.1:8641/.well-known/oauth-protected-resource"
+        );
     }
 }
