@@ -114,6 +114,45 @@ pub async fn run(
         );
     }
     let stop = CancellationToken::new();
+    // Bearer tokens on both listeners when `[auth]` requires them:
+    // leasegate's own, and JWTs of the `[auth.jwt]` issuer.
+    let mut authenticator = crate::auth::Authenticator::new(proxy.ledger.clone());
+    if let Some(jwt) = &proxy.config.auth_jwt {
+        let validator = crate::auth::jwt::JwtValidator::new(crate::auth::jwt::JwtSettings {
+            issuer: jwt.issuer.clone(),
+            audience: jwt.audience.clone(),
+            jwks: jwt.jwks.clone(),
+            tenant_claim: jwt.tenant_claim.clone(),
+            scope_claim: jwt.scope_claim.clone(),
+        });
+        match validator {
+            Ok(validator) => authenticator = authenticator.with_jwt(validator),
+            Err(error) => {
+                proxy.shutdown().await;
+                anyhow::bail!("auth.jwt.jwks_file: {error}");
+            }
+        }
+    }
+    let gate = |listener| {
+        proxy
+            .config
+            .auth_required()
+            .then(|| crate::control::auth::Gate {
+                authenticator: authenticator.clone(),
+                listener,
+                resource_url: proxy.config.auth_resource_url.clone(),
+                issuers: proxy
+                    .config
+                    .auth_jwt
+                    .iter()
+                    .map(|j| j.issuer.clone())
+                    .collect(),
+            })
+    };
+    let (mcp_gate, control_gate) = (
+        gate(crate::control::auth::Listener::Mcp),
+        gate(crate::control::auth::Listener::Control),
+    );
     let mcp = {
         let stop = stop.clone();
         let served = crate::mcp::serve_http(
@@ -126,6 +165,10 @@ pub async fn run(
                 proxy.config.allowed_hosts.clone(),
                 proxy.config.allowed_origins.clone(),
             ),
+            move |router| match mcp_gate {
+                Some(gate) => crate::control::auth::authenticated(router, gate),
+                None => router,
+            },
             stop.clone().cancelled_owned(),
         );
         async move {
@@ -143,23 +186,27 @@ pub async fn run(
                 hosts: proxy.config.allowed_hosts.clone(),
                 origins: proxy.config.allowed_origins.clone(),
             });
-            crate::control::serve(
-                crate::control::guarded(
-                    crate::control::with_durability(
-                        crate::control::with_upstream_health(
-                            crate::control::router_with_metrics(
-                                proxy.ledger.clone(),
-                                proxy.config.policy.integers,
-                                proxy.config.tenant.clone(),
-                                proxy.directory.clone(),
-                                metrics_handle(),
-                            ),
-                            Arc::new(move || serde_json::json!(upstreams.health())),
-                        ),
-                        proxy.gate.clone(),
+            let api = crate::control::with_durability(
+                crate::control::with_upstream_health(
+                    crate::control::router_with_metrics(
+                        proxy.ledger.clone(),
+                        proxy.config.policy.integers,
+                        proxy.config.tenant.clone(),
+                        proxy.directory.clone(),
+                        metrics_handle(),
                     ),
-                    allowed,
+                    Arc::new(move || serde_json::json!(upstreams.health())),
                 ),
+                proxy.gate.clone(),
+            );
+            let api = match control_gate {
+                Some(gate) => crate::control::auth::authenticated(api, gate),
+                None => api,
+            };
+            crate::control::serve(
+                // Host and Origin first: a rebinding page is 403 before it
+                // is asked for a token.
+                crate::control::guarded(api, allowed),
                 listener,
                 stop.clone().cancelled_owned(),
             )

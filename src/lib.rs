@@ -42,6 +42,15 @@
 //!   `config::init`: what `leasegate init` writes (`leasegate.toml`, the
 //!   default policy, an adapter skeleton per upstream) from listed tools,
 //!   as pure functions.
+//! * `auth`: who is calling — bearer access tokens `lgt_<id>_<secret>`
+//!   (only the secret's SHA-256 is stored, `ledger::token`), their scope
+//!   (`agent`, `operator`, `admin`) and tenant (`Principal`), checked against
+//!   the ledger on every request (`Authenticator`); JWTs of an identity
+//!   provider (`auth::jwt`, `[auth.jwt]`: JWKS file, issuer, audience,
+//!   tenant and scope claims). The HTTP side (401/403,
+//!   route scopes, the RFC 9728 metadata, tenant scoping) is
+//!   `control::auth`, wrapped around both listeners by `app::run` when
+//!   `[auth]` requires tokens.
 //! * `durability`: the durability contract (policy `durability = "local" |
 //!   "sync_replica"`): `Gate`, checked at startup and with every liveness
 //!   renewal, holds dispatch while the server does not give what the policy
@@ -76,9 +85,11 @@
 //!   decision table).
 //! * `control`: the control HTTP API (`openapi.json`): `router` (routes,
 //!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
-//!   codes, HTTP statuses and operator CLI exit codes), the handlers (`runs`,
-//!   `operations`), and `cli`, the operator CLI (`runs`, `lease`, `ops`: each
-//!   one REST request to the same router, in-process).
+//!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
+//!   tokens on both listeners, route scopes, the caller's tenant), the
+//!   handlers (`runs`, `operations`), and `cli`, the operator CLI (`runs`,
+//!   `lease`, `ops`: each one REST request to the same router, in-process;
+//!   `tokens`: straight to the ledger as `leasegate_operator`).
 //! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
 //!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
 //!   until a shutdown future completes (`main`: ctrl-c/SIGTERM; tests: a
@@ -89,13 +100,15 @@
 //!   holds for an agent without lease plumbing (lease mode `session`). It
 //!   sits below `dispatch` so that the MCP front can use session leases.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
-//!   `0002`: operations, evidence; `0003`: detected failovers; `0005`: the
-//!   lease token's hash, `ledger::LeaseToken`; `0006`: identifier checks)
-//!   and the `leasegate_app` role that may
-//!   only execute the functions and read. `sql/`: every protected
+//!   `0002`: operations, evidence; `0003`: detected failovers; `0004`:
+//!   access tokens and the `leasegate_operator` role, the only one that may
+//!   mint or revoke them; `0005`: the lease token's hash,
+//!   `ledger::LeaseToken`; `0006`: identifier checks) and the
+//!   `leasegate_app` role that may only execute the functions and read (not
+//!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
 //!   (`common`, `process`, `lease`, `run`, `operation`, `durability`,
-//!   `secrets`), installed after the
+//!   `secrets`, `token`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `init`, `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
@@ -110,7 +123,7 @@
 //!   end-to-end tests; it may import rmcp).
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
-//! `reconcile` → `dispatch` → `config`, `worker`, `durability`, `embedded` → `adapter`,
+//! `reconcile` → `dispatch` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
 //! `ledger` → `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`), clap (`control::cli`, `main`).
@@ -134,6 +147,7 @@
 
 pub mod adapter;
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod control;
 pub mod dispatch;

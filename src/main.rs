@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use leasegate::app::{Listeners, Proxy};
 use leasegate::config::{Config, DATABASE_URL_HELP, DatabaseUrl, RawUpstream, UpstreamTransport};
-use leasegate::control::cli::{OperatorCommand, ledger_refusal};
+use leasegate::control::cli::{OperatorCommand, TokensArgs, ledger_refusal};
 use leasegate::control::exit;
 use leasegate::embedded::EmbeddedError;
 use leasegate::ledger::LedgerError;
@@ -87,6 +87,13 @@ enum Command {
     /// Stored bodies under `encrypted` policies: key rotation.
     #[command(subcommand)]
     Secrets(SecretsCommand),
+    /// Bearer tokens for the listeners: create (shown once), list, revoke.
+    ///
+    /// Tokens are required on both listeners when `[auth] mode =
+    /// "required"`, or with the default `mode = "auto"` as soon as a
+    /// listener is not loopback. These commands run as the database role
+    /// leasegate_operator.
+    Tokens(TokensArgs),
     /// Create the ledger database if missing and apply the migrations
     /// (schema, protected SQL functions, the leasegate_app role). Running it
     /// again is a no-op.
@@ -163,6 +170,9 @@ async fn main() -> ExitCode {
     }
     // Operator commands print only their answer: no logging set up.
     if let Command::Operator(command) = &cli.command {
+        return ExitCode::from(command.run().await);
+    }
+    if let Command::Tokens(command) = &cli.command {
         return ExitCode::from(command.run().await);
     }
     init_logging("info,rmcp=warn");
@@ -266,7 +276,9 @@ fn prints_bodies(target: &str) -> bool {
 /// Runs `command`; `database` is set to the ledger's URL once it is known.
 async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Result<()> {
     match command {
-        Command::Operator(_) => unreachable!("answered before logging starts"),
+        Command::Operator(_) | Command::Tokens(_) => {
+            unreachable!("answered before logging starts")
+        }
         Command::Init(_) => unreachable!("answered with its own exit codes"),
         Command::Serve {
             config,
@@ -278,11 +290,15 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             *database = Some(config.database());
             if let Some(listen) = listen {
                 config.listen = listen;
+                config
+                    .check_exposure()
+                    .map_err(|message| anyhow::anyhow!("--listen {listen}: {message}"))?;
             }
             let listeners = Listeners::bind(&config).await?;
             // Dropped on an error return: a private cluster stops then too.
             let private = leasegate::app::provide_database(&mut config).await?;
             *database = Some(config.database());
+            let config_auth_required = config.auth_required();
             let proxy = Proxy::start(config).await?;
             // Tests read these two lines to find the ephemeral ports.
             if let Some(control) = &listeners.control {
@@ -292,6 +308,11 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 );
             }
             let address = listeners.mcp.local_addr()?;
+            if config_auth_required {
+                eprintln!(
+                    "leasegate: bearer tokens required on both listeners (`leasegate tokens create`)"
+                );
+            }
             tracing::info!(%address, "serving MCP at http://{address}/mcp");
             eprintln!("leasegate: serving MCP at http://{address}/mcp");
             let served = leasegate::app::run(proxy, listeners, shutdown_signal()).await;

@@ -77,6 +77,14 @@ fn the_configuration_reference_lists_exactly_the_accepted_fields() {
             accepted::<RawConfig>(&format!("[idempotency]\n{PROBE} = 1")),
         ),
         (
+            "auth",
+            accepted::<RawConfig>(&format!("[auth]\n{PROBE} = 1")),
+        ),
+        (
+            "jwt",
+            accepted::<RawConfig>(&format!("[auth.jwt]\n{PROBE} = 1")),
+        ),
+        (
             "stdio",
             with_transport(accepted::<RawConfig>(&format!(
                 "[upstreams.a]\ntransport = \"stdio\"\ncommand = \"x\"\n{PROBE} = 1"

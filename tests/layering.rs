@@ -3,7 +3,7 @@
 //! only those of a lower layer:
 //!
 //! ```text
-//! main → app → mcp, control, reconcile → dispatch → config, worker,
+//! main → app → mcp, control, reconcile → dispatch → config, auth, worker,
 //!      durability, embedded → adapter, ledger → policy → intent → ids
 //! ```
 //!
@@ -36,6 +36,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("adapter", 3),
     ("ledger", 3),
     ("config", 4),
+    ("auth", 4),
     ("worker", 4),
     ("durability", 4),
     ("embedded", 4),

@@ -191,23 +191,31 @@ async fn every_function_has_one_home_and_the_right_grant(
     assert_eq!(in_migrations, ["ledger_events_refuse_change"]);
 
     // The database runs exactly those, and the application role may execute
-    // the public ones (no leading underscore) and none of the helpers.
-    let installed: Vec<(String, bool)> = sqlx::query_as(
-        "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE') \
+    // the public ones (no leading underscore) but token management, and none
+    // of the helpers; the operator role exactly token management.
+    let installed: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
+                has_function_privilege('leasegate_operator', p.oid, 'EXECUTE') \
            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
           WHERE n.nspname = 'public' AND p.prorettype <> 'trigger'::regtype ORDER BY 1",
     )
     .fetch_all(&db.admin)
     .await
     .unwrap();
-    let names: Vec<&str> = installed.iter().map(|(name, _)| name.as_str()).collect();
+    let names: Vec<&str> = installed.iter().map(|(name, _, _)| name.as_str()).collect();
     let expected: Vec<&str> = homes.keys().map(String::as_str).collect();
     assert_eq!(names, expected, "installed functions differ from sql/");
-    for (name, executable) in &installed {
+    let operators = ["access_token_create", "access_token_revoke"];
+    for (name, app, operator) in &installed {
+        let operators_only = operators.contains(&name.as_str());
         assert_eq!(
-            *executable,
-            !name.starts_with('_'),
+            *app,
+            !name.starts_with('_') && !operators_only,
             "{name}: EXECUTE for leasegate_app"
+        );
+        assert_eq!(
+            *operator, operators_only,
+            "{name}: EXECUTE for leasegate_operator"
         );
     }
     let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
@@ -247,4 +255,54 @@ async fn migrate_reinstalls_functions_that_differ_from_sql_files(
         error.as_database_error().and_then(|e| e.code()).as_deref(),
         Some("22023")
     );
+}
+
+/// Least privilege for tokens: the proxy's role can check a presented token
+/// but cannot read the hashes, mint or revoke; the operator role can.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn only_the_operator_role_mints_and_revokes_tokens(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let mint = "SELECT access_token_create('00112233445566aa', sha256('s'), 'tenant-a', 'admin', NULL, 'x', NULL)";
+    for statement in [
+        "SELECT * FROM access_tokens",
+        mint,
+        "SELECT access_token_revoke('00112233445566aa', 'x')",
+        "INSERT INTO access_tokens (token_id, secret_hash, tenant_id, scope, created_by) VALUES ('00112233445566aa', sha256('s'), 't', 'admin', 'x')",
+    ] {
+        let error = as_app_role(&db, statement).await.expect_err(statement);
+        assert!(error.starts_with("42501"), "{statement}: {error}");
+    }
+    assert_eq!(
+        as_app_role(
+            &db,
+            "SELECT access_token_verify('00112233445566aa', sha256('s'))"
+        )
+        .await,
+        Ok(1)
+    );
+    let mut tx = db.admin.begin().await.unwrap();
+    sqlx::query("SET LOCAL ROLE leasegate_operator")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (outcome,): (String,) = sqlx::query_as(
+        "SELECT outcome FROM access_token_create('00112233445566aa', sha256('s'), 'tenant-a', \
+         'admin', NULL, 'x', NULL)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(outcome, "created");
+    let error = sqlx::query("UPDATE access_tokens SET scope = 'agent'")
+        .execute(&mut *tx)
+        .await
+        .expect_err("the operator role changes tokens only through the functions");
+    assert_eq!(
+        error.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("42501")
+    );
+    tx.rollback().await.unwrap();
 }

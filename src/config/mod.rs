@@ -139,8 +139,62 @@ pub struct RawConfig {
     pub allowed_origins: Option<Vec<String>>,
     pub session: Option<RawSession>,
     pub idempotency: Option<RawIdempotency>,
+    pub auth: Option<RawAuth>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
+}
+
+/// `[auth]`: bearer tokens on both listeners (`crate::auth`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAuth {
+    /// "auto" (default: required as soon as a listener is not loopback),
+    /// "required" or "off" (refused with a listener that is not loopback).
+    pub mode: Option<String>,
+    /// The URL agents reach the MCP front at, as the protected-resource
+    /// metadata names it (default: `http://<Host of the request>/mcp`);
+    /// set it behind a TLS-terminating proxy.
+    pub resource_url: Option<String>,
+    /// JWTs from an identity provider, besides leasegate's own tokens.
+    pub jwt: Option<RawJwt>,
+}
+
+/// `[auth.jwt]`: JWT validation (issuer, audience, keys from a JWKS file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJwt {
+    /// The `iss` a token must carry.
+    pub issuer: String,
+    /// The `aud` a token must carry (this leasegate's resource identifier).
+    pub audience: String,
+    /// The issuer's public keys (JWKS JSON), relative to this file.
+    pub jwks_file: String,
+    /// The claim naming the tenant (default "tenant").
+    pub tenant_claim: Option<String>,
+    /// The claim holding the scopes (default "scope": space-separated, or an
+    /// array); the highest of agent, operator, admin counts.
+    pub scope_claim: Option<String>,
+}
+
+/// `[auth.jwt]`, validated, with its key set read.
+#[derive(Debug, Clone)]
+pub struct JwtConfig {
+    pub issuer: String,
+    pub audience: String,
+    pub jwks_file: PathBuf,
+    /// The JWKS document as read at load.
+    pub jwks: String,
+    pub tenant_claim: String,
+    pub scope_claim: String,
+}
+
+/// `[auth] mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthMode {
+    /// Required whenever a listener is not loopback-only.
+    Auto,
+    Required,
+    Off,
 }
 
 /// `[session]`: the session lease mode's settings.
@@ -237,6 +291,12 @@ pub struct Config {
     pub session_ttl: std::time::Duration,
     /// Key mode: how long a key stands for its first request.
     pub key_retention: std::time::Duration,
+    /// `[auth] mode`; [`Config::auth_required`] resolves `auto`.
+    pub auth_mode: AuthMode,
+    /// `[auth] resource_url`.
+    pub auth_resource_url: Option<String>,
+    /// `[auth.jwt]`.
+    pub auth_jwt: Option<JwtConfig>,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -663,7 +723,54 @@ impl Config {
                 "allowed_origins: {bad:?} is not an origin like \"https://console.example.com\""
             )));
         }
-        Ok(Config {
+        let raw_auth = raw.auth.clone().unwrap_or_default();
+        let auth_mode = match raw_auth.mode.as_deref() {
+            None | Some("auto") => AuthMode::Auto,
+            Some("required") => AuthMode::Required,
+            Some("off") => AuthMode::Off,
+            Some(other) => {
+                return Err(err(format!(
+                    "auth.mode: {other:?} is not one of \"auto\", \"required\", \"off\""
+                )));
+            }
+        };
+        if let Some(url) = &raw_auth.resource_url
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            return Err(err(format!(
+                "auth.resource_url: {url:?} is not an http(s) URL"
+            )));
+        }
+        let auth_jwt = match &raw_auth.jwt {
+            None => None,
+            Some(jwt) => {
+                if jwt.issuer.trim().is_empty() || jwt.audience.trim().is_empty() {
+                    return Err(err("auth.jwt: issuer and audience must not be empty".into()));
+                }
+                let jwks_file = base.join(&jwt.jwks_file);
+                let jwks = std::fs::read_to_string(&jwks_file).map_err(|e| {
+                    err(format!(
+                        "auth.jwt.jwks_file: cannot read {}: {e}",
+                        jwks_file.display()
+                    ))
+                })?;
+                check_jwks(&jwks).map_err(|e| {
+                    err(format!("auth.jwt.jwks_file: {}: {e}", jwks_file.display()))
+                })?;
+                Some(JwtConfig {
+                    issuer: jwt.issuer.clone(),
+                    audience: jwt.audience.clone(),
+                    jwks_file,
+                    jwks,
+                    tenant_claim: jwt.tenant_claim.clone().unwrap_or_else(|| "tenant".into()),
+                    scope_claim: jwt.scope_claim.clone().unwrap_or_else(|| "scope".into()),
+                })
+            }
+        };
+        let config = Config {
+            auth_jwt,
+            auth_mode,
+            auth_resource_url: raw_auth.resource_url.clone(),
             lease_mode,
             allowed_hosts,
             allowed_origins,
@@ -686,7 +793,51 @@ impl Config {
             policy,
             adapters,
             upstreams,
-        })
+        };
+        config.check_exposure().map_err(err)?;
+        Ok(config)
+    }
+
+    /// Whether the listeners require a bearer token: `[auth] mode =
+    /// "required"`, or `"auto"` with a listener that is not loopback.
+    pub fn auth_required(&self) -> bool {
+        match self.auth_mode {
+            AuthMode::Required => true,
+            AuthMode::Off => false,
+            AuthMode::Auto => !self.loopback_only(),
+        }
+    }
+
+    /// Whether every listener binds a loopback address.
+    pub fn loopback_only(&self) -> bool {
+        [Some(self.listen), self.control_listen]
+            .into_iter()
+            .flatten()
+            .all(|address| address.ip().is_loopback())
+    }
+
+    /// Refuses a listener that is not loopback with authentication off
+    /// (issue 13: `0.0.0.0` without authentication). `leasegate serve`
+    /// checks again after `--listen`.
+    pub fn check_exposure(&self) -> Result<(), String> {
+        if self.auth_mode != AuthMode::Off || self.loopback_only() {
+            return Ok(());
+        }
+        let exposed: Vec<String> = [
+            ("listen", Some(self.listen)),
+            ("control_listen", self.control_listen),
+        ]
+        .into_iter()
+        .filter_map(|(field, address)| address.map(|a| (field, a)))
+        .filter(|(_, address)| !address.ip().is_loopback())
+        .map(|(field, address)| format!("{field} = \"{address}\""))
+        .collect();
+        Err(format!(
+            "auth.mode: \"off\" with a listener that is not loopback ({}): anyone who reaches it \
+             could call tools and drive the control API. Remove `mode = \"off\"` (tokens are then \
+             required: `leasegate tokens create`), or listen on 127.0.0.1 only",
+            exposed.join(", ")
+        ))
     }
 
     /// Applies the `--database-url` flag and [`DATABASE_URL_ENV`] over the
@@ -867,6 +1018,21 @@ pub fn check_commands(config: &Config, file: &Path) -> Result<(), ConfigError> {
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// Whether `text` is a JWKS whose every key can verify (what
+/// `auth::jwt::JwtValidator` will load).
+fn check_jwks(text: &str) -> Result<(), String> {
+    let keys: jsonwebtoken::jwk::JwkSet =
+        serde_json::from_str(text).map_err(|e| format!("not a JWKS document: {e}"))?;
+    if keys.keys.is_empty() {
+        return Err("the JWKS has no keys".into());
+    }
+    for (index, key) in keys.keys.iter().enumerate() {
+        jsonwebtoken::DecodingKey::from_jwk(key)
+            .map_err(|e| format!("key {index} cannot verify: {e}"))?;
     }
     Ok(())
 }

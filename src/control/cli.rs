@@ -184,6 +184,287 @@ pub enum OpsCommand {
     },
 }
 
+/// `leasegate tokens …`: bearer tokens for the listeners (`crate::auth`).
+/// The commands work on the ledger directly, as the database role
+/// `leasegate_operator` (the proxy's role cannot mint or revoke tokens): the
+/// login role of the URL must be allowed to `SET ROLE leasegate_operator`
+/// (a superuser, or `GRANT leasegate_operator TO my_login`).
+#[derive(Debug, clap::Args)]
+pub struct TokensArgs {
+    #[command(subcommand)]
+    pub command: TokensCommand,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokensCommand {
+    /// Create a token; it is printed once and cannot be shown again.
+    Create {
+        /// The tenant it acts for (default: the --config file's tenant, else "default").
+        #[arg(long)]
+        tenant: Option<String>,
+        /// agent (tool calls, runs, leases), operator (bodies, resolve,
+        /// cancel, retry) or admin (everything).
+        #[arg(long)]
+        scope: String,
+        /// A label to tell tokens apart in `tokens list`.
+        #[arg(long)]
+        name: Option<String>,
+        /// How long it is valid, e.g. "30d", "12h" (default: until revoked).
+        #[arg(long, value_name = "DURATION")]
+        expires_in: Option<String>,
+        /// Who creates it (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+    /// List tokens (never their secrets), optionally of one tenant.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a token for good (by its id, the part after `lgt_`): it is
+    /// refused from its next request on.
+    Revoke {
+        token_id: String,
+        /// Who revokes it (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        by: String,
+    },
+}
+
+impl TokensArgs {
+    /// Runs the command; returns the process exit code.
+    pub async fn run(&self) -> u8 {
+        use crate::auth::{IssuedToken, Scope};
+        use crate::ledger::{NewToken, TokenCreateOutcome, TokenRevokeOutcome};
+        let common = &self.common;
+        let (database, tenant) = match &common.config {
+            Some(path) => match Config::load(path) {
+                Ok(mut config) => {
+                    config.resolve_database_url(common.database_url.as_deref());
+                    (config.database(), Some(config.tenant))
+                }
+                Err(error) => {
+                    return report(common.json, ErrorCode::InvalidInput, &error.to_string());
+                }
+            },
+            None => (
+                DatabaseUrl::from_environment(common.database_url.as_deref(), None),
+                None,
+            ),
+        };
+        // Refuse bad arguments before connecting.
+        let mut expires_in_ms = None;
+        if let TokensCommand::Create {
+            scope, expires_in, ..
+        } = &self.command
+        {
+            if Scope::parse(scope).is_none() {
+                return report(
+                    common.json,
+                    ErrorCode::InvalidInput,
+                    &format!("--scope {scope:?} is not one of agent, operator, admin"),
+                );
+            }
+            if let Some(text) = expires_in {
+                match humantime::parse_duration(text) {
+                    Ok(duration) if !duration.is_zero() => {
+                        expires_in_ms =
+                            Some(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX));
+                    }
+                    _ => {
+                        return report(
+                            common.json,
+                            ErrorCode::InvalidInput,
+                            &format!(
+                                "--expires-in {text:?} is not a duration like \"30d\" or \"12h\""
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        let options = LedgerOptions {
+            max_connections: 2,
+            session_role: Some(crate::ledger::OPERATOR_ROLE.to_owned()),
+            ..Default::default()
+        };
+        let ledger = match Ledger::connect(&database.url, options).await {
+            Ok(ledger) => ledger,
+            Err(error) => {
+                let (code, message) = ledger_refusal(&error, &database);
+                let hint = if error.connect_failure().is_none() {
+                    format!(
+                        "{message} (token commands run as the database role {}: the login role \
+                         must be allowed to SET ROLE to it)",
+                        crate::ledger::OPERATOR_ROLE
+                    )
+                } else {
+                    message
+                };
+                return report(common.json, code, &hint);
+            }
+        };
+        let answer = match &self.command {
+            TokensCommand::Create {
+                tenant: asked,
+                scope,
+                name,
+                by,
+                ..
+            } => {
+                let tenant = asked
+                    .clone()
+                    .or(tenant)
+                    .unwrap_or_else(|| "default".to_owned());
+                // A random id colliding is astronomically unlikely; retry anyway.
+                let mut created = None;
+                for _ in 0..3 {
+                    let issued = match IssuedToken::mint() {
+                        Ok(issued) => issued,
+                        Err(error) => {
+                            ledger.close().await;
+                            return report(
+                                common.json,
+                                ErrorCode::LedgerUnavailable,
+                                &format!("no random bytes from the operating system: {error}"),
+                            );
+                        }
+                    };
+                    let outcome = ledger
+                        .access_token_create(NewToken {
+                            token_id: &issued.token_id,
+                            secret_hash: &issued.secret_hash(),
+                            tenant: &tenant,
+                            scope,
+                            name: name.as_deref(),
+                            created_by: by,
+                            expires_in_ms,
+                        })
+                        .await;
+                    match outcome {
+                        Ok(TokenCreateOutcome::IdTaken) => continue,
+                        Ok(TokenCreateOutcome::Created {
+                            created_at,
+                            expires_at,
+                        }) => {
+                            created = Some(Ok(json!({
+                                "token": issued.reveal(), "token_id": issued.token_id,
+                                "tenant_id": tenant, "scope": scope, "name": name,
+                                "created_at": created_at, "expires_at": expires_at,
+                            })));
+                            break;
+                        }
+                        Err(error) => {
+                            created = Some(Err(error));
+                            break;
+                        }
+                    }
+                }
+                created.unwrap_or_else(|| {
+                    Err(crate::ledger::LedgerError::Protocol {
+                        call: "access_token_create",
+                        detail: "three random token ids were taken".into(),
+                    })
+                })
+            }
+            TokensCommand::List { tenant: asked } => ledger
+                .access_tokens_list(asked.as_deref().or(tenant.as_deref()))
+                .await
+                .map(|tokens| json!({ "tokens": tokens })),
+            TokensCommand::Revoke { token_id, by } => {
+                let id = token_id
+                    .strip_prefix(crate::auth::TOKEN_PREFIX)
+                    .unwrap_or(token_id);
+                // A whole token pasted: its id is the part before the secret.
+                let id = id.split('_').next().unwrap_or(id);
+                match ledger.access_token_revoke(id, by).await {
+                    Ok(TokenRevokeOutcome::NotFound) => {
+                        ledger.close().await;
+                        return report(
+                            common.json,
+                            ErrorCode::NotFound,
+                            &format!("token {id} not found"),
+                        );
+                    }
+                    Ok(outcome) => Ok(json!({
+                        "token_id": id, "revoked": true,
+                        "already_revoked": outcome == TokenRevokeOutcome::AlreadyRevoked,
+                    })),
+                    Err(error) => Err(error),
+                }
+            }
+        };
+        ledger.close().await;
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(error) => {
+                let error = super::ApiError::from(error);
+                return report(common.json, error.code(), &error.message);
+            }
+        };
+        if common.json {
+            println!("{answer}");
+            return exit::OK;
+        }
+        match &self.command {
+            TokensCommand::Create { .. } => {
+                println!("{}", answer["token"].as_str().unwrap_or_default());
+                eprintln!(
+                    "leasegate: token {} for tenant {} with scope {} (expires: {}). It is shown \
+                     only now: store it; send it as `Authorization: Bearer <token>`",
+                    text(&answer["token_id"]),
+                    text(&answer["tenant_id"]),
+                    text(&answer["scope"]),
+                    answer["expires_at"].as_str().unwrap_or("never"),
+                );
+            }
+            TokensCommand::List { .. } => {
+                let rows: Vec<Vec<String>> = answer["tokens"]
+                    .as_array()
+                    .map(|tokens| {
+                        tokens
+                            .iter()
+                            .map(|t| {
+                                [
+                                    "token_id",
+                                    "tenant_id",
+                                    "scope",
+                                    "name",
+                                    "created_at",
+                                    "expires_at",
+                                    "revoked_at",
+                                ]
+                                .iter()
+                                .map(|k| text(&t[*k]))
+                                .collect()
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                println!(
+                    "{}",
+                    table(
+                        &[
+                            "ID", "TENANT", "SCOPE", "NAME", "CREATED", "EXPIRES", "REVOKED"
+                        ],
+                        &rows
+                    )
+                );
+            }
+            TokensCommand::Revoke { .. } => {
+                if answer["already_revoked"] == json!(true) {
+                    println!("token {} was already revoked", text(&answer["token_id"]));
+                } else {
+                    println!("token {} revoked", text(&answer["token_id"]));
+                }
+            }
+        }
+        exit::OK
+    }
+}
+
 /// One control API request: method, path (with query) and JSON body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiRequest {

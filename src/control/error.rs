@@ -99,11 +99,15 @@ pub enum ErrorCode {
     /// under a different key with that id (500; CLI exit 1): fix the
     /// policy's `encryption_keys`.
     KeyUnavailable,
+    /// No valid bearer token (401, with `WWW-Authenticate`).
+    Unauthorized,
+    /// A valid token whose scope does not cover the route (403).
+    InsufficientScope,
 }
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 34] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -136,6 +140,8 @@ impl ErrorCode {
         ErrorCode::InvalidArguments,
         ErrorCode::UnknownTool,
         ErrorCode::KeyUnavailable,
+        ErrorCode::Unauthorized,
+        ErrorCode::InsufficientScope,
     ];
 
     /// The stable `code` string of the JSON answer.
@@ -172,6 +178,8 @@ impl ErrorCode {
             ErrorCode::InvalidArguments => "invalid_arguments",
             ErrorCode::UnknownTool => "unknown_tool",
             ErrorCode::KeyUnavailable => "key_unavailable",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::InsufficientScope => "insufficient_scope",
         }
     }
 
@@ -187,6 +195,8 @@ impl ErrorCode {
         match self {
             ErrorCode::NoRoute | ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::LeaseTokenInvalid => StatusCode::FORBIDDEN,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::InsufficientScope => StatusCode::FORBIDDEN,
             ErrorCode::LeaseLost
             | ErrorCode::RevisionConflict
             | ErrorCode::IntentConflict
@@ -250,10 +260,13 @@ impl ErrorCode {
             | ErrorCode::InvalidArguments
             | ErrorCode::UnknownTool
             | ErrorCode::TenantMismatch => exit::INVALID_INPUT,
-            // The CLI builds its own requests: these mean a CLI bug.
-            ErrorCode::NoRoute | ErrorCode::UnsupportedMediaType | ErrorCode::BodyTooLarge => {
-                exit::OTHER
-            }
+            // The CLI builds its own requests (in-process, without a
+            // token): these mean a CLI bug.
+            ErrorCode::NoRoute
+            | ErrorCode::UnsupportedMediaType
+            | ErrorCode::BodyTooLarge
+            | ErrorCode::Unauthorized
+            | ErrorCode::InsufficientScope => exit::OTHER,
             ErrorCode::KeyUnavailable => exit::OTHER,
         }
     }
@@ -538,6 +551,8 @@ mod tests {
             (InvalidArguments, 422, 2),
             (UnknownTool, 422, 2),
             (KeyUnavailable, 500, 1),
+            (Unauthorized, 401, 1),
+            (InsufficientScope, 403, 1),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, exit) in table {

@@ -9,16 +9,21 @@
 //! * `runs`, `operations`, `durability`: the handlers (`durability`: the
 //!   recorded failovers and their resolution; `with_durability` adds this
 //!   process's `GET /v1/durability`).
+//! * `auth`: bearer tokens on both listeners (`authenticated`), the scope
+//!   of every route, the tenant a request acts for (`Caller`: another
+//!   tenant's run or operation is 404), the RFC 9728 metadata.
 //! * `cli`: the operator CLI (`leasegate runs|lease|ops …`), which drives the
 //!   same router in-process.
 //!
 //! Errors are JSON `{"code", "message"}` with a stable code: 409 for lease
 //! lost, conflicts and busy leases, 404 for unknown ids, 400/413/415/422 for
 //! bad input (422 `tenant_mismatch`: a run of another tenant than the
-//! serving process's; 422 `unknown_tool`: a planned intent for a tool no
-//! upstream of the serving process lists), 503 when the database is unreachable or the outcome
+//! serving process's or the token's; 422 `unknown_tool`: a planned intent
+//! for a tool no upstream of the serving process lists), 401 `unauthorized`
+//! and 403 `insufficient_scope` when authentication is on, 503 when the database is unreachable or the outcome
 //! of a write is unknown. Messages never carry SQL or stack traces.
 
+pub mod auth;
 pub mod cli;
 mod durability;
 pub mod error;

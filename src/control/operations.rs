@@ -6,6 +6,7 @@ use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorCode};
 use super::router::{Shared, run_id};
 use crate::intent::OperationId;
@@ -19,6 +20,7 @@ pub(super) struct ListQuery {
 
 pub(super) async fn list_operations(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
@@ -35,6 +37,7 @@ pub(super) async fn list_operations(
     if state.ledger.run_get(run).await?.is_none() {
         return Err(ApiError::not_found("run"));
     }
+    caller.owns_run(&state, run).await?;
     let operations = state.ledger.operations_list(run, status).await?;
     Ok(Json(readable(
         json!({"run_id": run, "operations": operations}),
@@ -43,6 +46,7 @@ pub(super) async fn list_operations(
 
 pub(super) async fn show_operation(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     if raw.is_empty() || raw.len() > 255 {
@@ -51,9 +55,11 @@ pub(super) async fn show_operation(
             "operation ids are 1 to 255 characters",
         ));
     }
+    let id = OperationId::from_string(raw);
+    caller.owns_operation(&state, &id).await?;
     let view = state
         .ledger
-        .operation_get(&OperationId::from_string(raw))
+        .operation_get(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("operation"))?;
     Ok(Json(readable(
@@ -84,6 +90,7 @@ pub(super) struct ResolveBody {
 
 pub(super) async fn resolve_operation(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -104,6 +111,7 @@ pub(super) async fn resolve_operation(
         ));
     }
     let id = OperationId::from_string(raw);
+    caller.owns_operation(&state, &id).await?;
     let found = state
         .ledger
         .operation_record(&id)
@@ -157,6 +165,7 @@ pub(super) struct RetryBody {
 /// Starts an unknown operation's same-key retry budget over.
 pub(super) async fn retry_operation(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<RetryBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -167,6 +176,7 @@ pub(super) async fn retry_operation(
         ));
     }
     let id = OperationId::from_string(raw);
+    caller.owns_operation(&state, &id).await?;
     match state
         .ledger
         .operation_reconcile_reset(&id, &body.actor, &body.note)
@@ -186,8 +196,13 @@ pub(super) async fn retry_operation(
     }
 }
 
-pub(super) async fn unknown_summary(State(state): Shared) -> Result<Json<Value>, ApiError> {
-    Ok(Json(
-        serde_json::to_value(state.ledger.operations_unknown_summary().await?).unwrap_or_default(),
-    ))
+pub(super) async fn unknown_summary(
+    State(state): Shared,
+    caller: Caller,
+) -> Result<Json<Value>, ApiError> {
+    let summary = state
+        .ledger
+        .operations_unknown_summary_of(caller.tenant())
+        .await?;
+    Ok(Json(serde_json::to_value(summary).unwrap_or_default()))
 }

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::auth::Caller;
 use super::error::{ApiError, Body, ErrorCode};
 use super::router::{Shared, applied, run_id};
 use crate::ids::{MAX_OWNER_LEN, MAX_STEP_ID_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, check_identifier};
@@ -60,6 +61,7 @@ fn summary_json(summary: &RunSummary) -> Value {
 
 pub(super) async fn create_run(
     State(state): Shared,
+    caller: Caller,
     Body(body): Body<CreateRun>,
 ) -> Result<Response, ApiError> {
     // Before any answer quotes them.
@@ -70,24 +72,11 @@ pub(super) async fn create_run(
     if let Some(owner) = &body.owner {
         check_identifier("owner", owner, MAX_OWNER_LEN)?;
     }
-    let tenant = match (&state.tenant, &body.tenant_id) {
-        (Some(served), Some(asked)) if served != asked => {
-            // Nothing is written: the task and run would be invisible to
-            // this process's MCP front ("run not found" on every call).
-            let error = ApiError::new(
-                ErrorCode::TenantMismatch,
-                format!(
-                    "tenant mismatch: expected tenant {served:?} (the tenant this leasegate serves, \
-                     `tenant` in its config), found {asked:?}; its runs would not be found on this \
-                     leasegate's MCP front. Nothing was written"
-                ),
-            );
-            return Err(error.with_detail(json!({"expected": served, "found": asked})));
-        }
-        (_, Some(asked)) => asked.clone(),
-        (Some(served), None) => served.clone(),
-        (None, None) => DEFAULT_TENANT.to_owned(),
-    };
+    // A run of another tenant than the caller's would be invisible to it
+    // (and to this process's MCP front): refused, nothing written.
+    let tenant = caller
+        .tenant_for_create(body.tenant_id.as_deref())?
+        .unwrap_or_else(|| DEFAULT_TENANT.to_owned());
     let run = match &body.run_id {
         Some(raw) => run_id(raw)?,
         None => RunId::generate(),
@@ -132,9 +121,11 @@ pub(super) async fn create_run(
 
 pub(super) async fn show_run(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let view = state
         .ledger
         .run_get(run)
@@ -172,10 +163,12 @@ pub(super) struct ClaimBody {
 
 pub(super) async fn acquire(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<AcquireBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let owner = body
         .owner
         .unwrap_or_else(|| format!("owner-{}", uuid::Uuid::new_v4().simple()));
@@ -226,10 +219,12 @@ fn applied_json(run: RunId, applied: &Applied) -> Json<Value> {
 
 pub(super) async fn renew(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<RenewBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .lease_renew(
@@ -245,10 +240,12 @@ pub(super) async fn renew(
 
 pub(super) async fn release(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<ClaimBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     applied(
         state
             .ledger
@@ -362,10 +359,12 @@ pub(super) struct CheckpointBody {
 
 pub(super) async fn checkpoint(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<CheckpointBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let lease = claim(run, body.owner, body.epoch, body.lease_token.as_deref())?;
     check_planned(&state, &body.intents)?;
     if body.intents.is_empty() {
@@ -444,10 +443,12 @@ pub(super) struct TransitionBody {
 
 pub(super) async fn start(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<TransitionBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .run_start(
@@ -460,10 +461,12 @@ pub(super) async fn start(
 
 pub(super) async fn complete(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<TransitionBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .run_complete(
@@ -477,10 +480,12 @@ pub(super) async fn complete(
 
 pub(super) async fn fail(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<TransitionBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let reason = body.reason.unwrap_or(Value::Null);
     let outcome = state
         .ledger
@@ -502,10 +507,12 @@ pub(super) struct CancelBody {
 
 pub(super) async fn cancel(
     State(state): Shared,
+    caller: Caller,
     Path(raw): Path<String>,
     Body(body): Body<CancelBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
+    caller.owns_run(&state, run).await?;
     let outcome = state
         .ledger
         .run_cancel(run, &body.actor, body.reason.as_deref())

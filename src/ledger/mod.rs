@@ -46,6 +46,7 @@
 //! - If the process dies while a call is in flight, the database finishes or
 //!   rolls back that one statement on its own; no half-written state exists.
 
+mod access_token;
 mod durability;
 mod error;
 mod lease;
@@ -82,6 +83,7 @@ pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use token::LEASE_TOKEN_PREFIX;
 pub use secrets::RotationReport;
+pub use access_token::{NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict};
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LeaseToken, LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary,
@@ -92,6 +94,10 @@ use error::{ErrorClass, classify};
 
 /// The database role the application runs as (created by the migrations).
 pub const APP_ROLE: &str = "leasegate_app";
+
+/// The database role of token management (`leasegate tokens …`; created by
+/// the migrations): the application role cannot mint or revoke tokens.
+pub const OPERATOR_ROLE: &str = "leasegate_operator";
 
 /// Settings of a [`Ledger`]. The defaults suit the seed's starting points
 /// (30 s TTL, 5 s heartbeat); the ceiling keeps a typo from parking a run for

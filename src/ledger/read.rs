@@ -146,6 +146,24 @@ impl Ledger {
         Ok(row.map(|(tenant,)| tenant))
     }
 
+    /// The tenant of the run an operation belongs to.
+    pub async fn operation_tenant(
+        &self,
+        operation_id: &crate::intent::OperationId,
+    ) -> Result<Option<String>, LedgerError> {
+        let row: Option<(String,)> = self
+            .invoke_optional("operation_tenant", false, || {
+                sqlx::query_as(
+                    "SELECT r.tenant_id FROM tool_operations o
+                       JOIN agent_runs r ON r.run_id = o.run_id
+                      WHERE o.operation_id = $1",
+                )
+                .bind(operation_id.as_str())
+            })
+            .await?;
+        Ok(row.map(|(tenant,)| tenant))
+    }
+
     /// The run's status history (run, lease and operation events), oldest first.
     pub async fn run_events(&self, run_id: RunId) -> Result<Vec<LedgerEvent>, LedgerError> {
         let rows: Vec<EventRow> = self
@@ -306,18 +324,33 @@ impl Ledger {
 
     /// How many operations are `unknown` and how old the oldest is.
     pub async fn operations_unknown_summary(&self) -> Result<UnknownSummary, LedgerError> {
+        self.operations_unknown_summary_of(None).await
+    }
+
+    /// [`Ledger::operations_unknown_summary`] of one tenant's runs (`Some`).
+    pub async fn operations_unknown_summary_of(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<UnknownSummary, LedgerError> {
         let (count, oldest_operation_id, oldest_age_seconds): (i64, Option<String>, Option<f64>) =
             self.invoke("operations_unknown_summary", false, || {
                 sqlx::query_as(
-                    "SELECT (SELECT count(*) FROM tool_operations WHERE status = 'unknown'),
+                    "WITH unknown AS (
+                       SELECT o.operation_id, o.updated_at FROM tool_operations o
+                        WHERE o.status = 'unknown'
+                          AND ($1::text IS NULL OR EXISTS (
+                                SELECT 1 FROM agent_runs r
+                                 WHERE r.run_id = o.run_id AND r.tenant_id = $1)))
+                     SELECT (SELECT count(*) FROM unknown),
                             oldest.operation_id,
                             extract(epoch FROM clock_timestamp() - oldest.updated_at)::float8
                        FROM (SELECT 1) one
                        LEFT JOIN LATERAL (
-                         SELECT operation_id, updated_at FROM tool_operations
-                          WHERE status = 'unknown' ORDER BY updated_at LIMIT 1
+                         SELECT operation_id, updated_at FROM unknown
+                          ORDER BY updated_at LIMIT 1
                        ) oldest ON true",
                 )
+                .bind(tenant)
             })
             .await?;
         Ok(UnknownSummary {

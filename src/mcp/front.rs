@@ -316,6 +316,17 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
     }
 }
 
+/// The authenticated caller of an HTTP request (the listener's
+/// authentication puts it into the request; `None` without authentication
+/// and over stdio).
+fn principal_of(context: &RequestContext<RoleServer>) -> Option<&crate::auth::Principal> {
+    context
+        .extensions
+        .get::<http::request::Parts>()?
+        .extensions
+        .get::<crate::auth::Principal>()
+}
+
 fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, CallError> {
     let Some(value) = context.meta.get(STEP_META) else {
         return Ok(None);
@@ -1900,6 +1911,21 @@ impl ServerHandler for Front {
                 .await;
         }
 
+        // A token of another tenant than this process serves: every run
+        // here is another tenant's, so a call under a lease is refused as
+        // "run not found"; no tool is its to call (`control::auth`, invariant 3).
+        if let Some(principal) = principal_of(&context)
+            && principal.tenant != self.state.config.tenant
+        {
+            tracing::info!(token_id = %principal.token_id, tool = %name, "call by a token of another tenant refused");
+            metrics::counter!("http_refused_total", "listener" => "mcp", "reason" => "other_tenant")
+                .increment(1);
+            return Err(if resolved.adapter.read_only {
+                invalid_params(format!("unknown tool {name:?}: see tools/list"))
+            } else {
+                convert::error_from_call(&CallError::RunNotFound)
+            });
+        }
         let mut keyed = None;
         if !resolved.adapter.read_only {
             self.begin_session_lease(&context).await?;
@@ -2142,9 +2168,9 @@ impl Front {
             dispatcher.ledger(),
             &self.state.key_leases,
             &config.tenant,
-            // Until the front authenticates callers (issue 13), every caller
-            // of a tenant is one principal.
-            "anonymous",
+            // With authentication, each token is a principal of its own;
+            // without, every caller of the tenant is one.
+            principal_of(context).map_or("anonymous", |p| p.token_id.as_str()),
             &key,
             // One owner for every process: calls with the same key share
             // the key run's lease instead of fencing each other.

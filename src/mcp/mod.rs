@@ -26,13 +26,17 @@ use tokio_util::sync::CancellationToken;
 
 /// Serves the front over Streamable HTTP at `/mcp` until `shutdown`
 /// completes. Without `sessions` every request stands alone (no sticky
-/// sessions needed behind a load balancer).
+/// sessions needed behind a load balancer). `wrap` adds what the caller
+/// puts in front of every request (authentication, `control::auth`); what
+/// it inserts into a request's extensions reaches the front's handlers in
+/// the request's `http::request::Parts`.
 pub async fn serve_http(
     front: Front,
     listener: tokio::net::TcpListener,
     sessions: bool,
     body_limit: usize,
     (allowed_hosts, allowed_origins): (Vec<String>, Vec<String>),
+    wrap: impl FnOnce(axum::Router) -> axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stop = CancellationToken::new();
@@ -68,14 +72,17 @@ pub async fn serve_http(
                 inflight::cancel_layer(in_flight.clone(), request, next)
             }))
     };
-    let router = router
-        .layer(axum::middleware::from_fn(move |request, next| {
-            idempotency::layer(body_limit, request, next)
-        }))
-        // Outermost: malformed bodies get JSON-RPC's codes, not rmcp's 415.
-        .layer(axum::middleware::from_fn(move |request, next| {
-            malformed::layer(body_limit, request, next)
-        }));
+    // Outermost: the token gate (`wrap`); then malformed bodies get
+    // JSON-RPC's codes, not rmcp's 415.
+    let router = wrap(
+        router
+            .layer(axum::middleware::from_fn(move |request, next| {
+                idempotency::layer(body_limit, request, next)
+            }))
+            .layer(axum::middleware::from_fn(move |request, next| {
+                malformed::layer(body_limit, request, next)
+            })),
+    );
     axum::serve(listener.tap_io(no_delay), router)
         .with_graceful_shutdown(async move {
             shutdown.await;

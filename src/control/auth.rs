@@ -1,0 +1,402 @@
+//! Authentication on both listeners (`[auth]`, `crate::auth`): bearer
+//! tokens, the scope each route needs, the tenant a request acts for, and
+//! the OAuth 2.0 protected-resource metadata (RFC 9728) that the MCP
+//! authorization specification asks a resource server to publish.
+//!
+//! # Invariants
+//!
+//! 1. With authentication on, no handler runs without a valid token: a
+//!    missing, malformed, unknown, revoked or expired token is 401 with
+//!    `WWW-Authenticate: Bearer resource_metadata="…"`; a valid token whose
+//!    scope does not cover the route is 403 (`insufficient_scope`). Both are
+//!    answered before any handler, so nothing is written. The ledger being
+//!    unreachable is 503, never a pass.
+//! 2. Every refusal is counted: `http_refused_total{listener, reason}`.
+//! 3. A request acts for one tenant ([`Caller`]): its token's, else the
+//!    serving process's (`tenant`), else any (the operator CLI without
+//!    `--config`). A run or operation of another tenant is 404 `not_found`,
+//!    exactly as one that does not exist, and nothing is written.
+//! 4. Failovers, upstream health, durability and metrics belong to the
+//!    deployment, not to a tenant: they need `operator` (read) or `admin`
+//!    (resolving a failover resumes dispatch for every tenant).
+//!
+//! The metadata documents (`/.well-known/oauth-protected-resource`, and
+//! `…/mcp` on the MCP listener) are served without a token: they say where
+//! the resource is and which scopes exist, nothing else.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{FromRequestParts, MatchedPath, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use super::error::{ApiError, ErrorCode};
+use super::router::ControlState;
+use crate::auth::{Authenticator, Principal, Refusal, Scope};
+use crate::intent::OperationId;
+use crate::ledger::RunId;
+
+/// The well-known path of the protected-resource metadata (RFC 9728).
+pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+const AGENT: &[Scope] = &[Scope::Agent];
+const AGENT_OR_OPERATOR: &[Scope] = &[Scope::Agent, Scope::Operator];
+const OPERATOR: &[Scope] = &[Scope::Operator];
+const ADMIN: &[Scope] = &[Scope::Admin];
+
+/// The scopes each control route accepts (`admin` is accepted everywhere).
+/// Every route of [`super::ROUTES`] has a row (a test checks it).
+pub const ROUTE_SCOPES: &[(&str, &str, &[Scope])] = &[
+    ("POST", "/v1/runs", AGENT),
+    ("GET", "/v1/runs/{run_id}", AGENT_OR_OPERATOR),
+    ("POST", "/v1/runs/{run_id}/lease", AGENT),
+    ("POST", "/v1/runs/{run_id}/lease/renew", AGENT),
+    ("POST", "/v1/runs/{run_id}/lease/release", AGENT),
+    ("POST", "/v1/runs/{run_id}/checkpoint", AGENT),
+    ("POST", "/v1/runs/{run_id}/start", AGENT),
+    ("POST", "/v1/runs/{run_id}/complete", AGENT),
+    ("POST", "/v1/runs/{run_id}/fail", AGENT),
+    ("POST", "/v1/runs/{run_id}/cancel", OPERATOR),
+    ("GET", "/v1/runs/{run_id}/operations", OPERATOR),
+    ("GET", "/v1/operations/unknown", OPERATOR),
+    ("GET", "/v1/operations/{operation_id}", OPERATOR),
+    ("POST", "/v1/operations/{operation_id}/resolve", OPERATOR),
+    ("POST", "/v1/operations/{operation_id}/retry", OPERATOR),
+    ("GET", "/v1/failovers", OPERATOR),
+    ("POST", "/v1/failovers/{failover_id}/resolve", ADMIN),
+    ("GET", "/v1/upstreams", OPERATOR),
+    ("GET", "/v1/durability", OPERATOR),
+    ("GET", "/metrics", OPERATOR),
+];
+
+/// The scopes a control route accepts; `None` for no route (any valid token
+/// then learns only that there is no such route).
+pub fn route_scopes(method: &Method, path: &str) -> Option<&'static [Scope]> {
+    ROUTE_SCOPES
+        .iter()
+        .find(|(m, p, _)| *m == method.as_str() && *p == path)
+        .map(|(_, _, scopes)| *scopes)
+}
+
+/// Which listener a gate guards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Control,
+    Mcp,
+}
+
+impl Listener {
+    fn label(self) -> &'static str {
+        match self {
+            Listener::Control => "control",
+            Listener::Mcp => "mcp",
+        }
+    }
+}
+
+/// One listener's authentication.
+#[derive(Debug, Clone)]
+pub struct Gate {
+    pub authenticator: Authenticator,
+    pub listener: Listener,
+    /// `[auth] resource_url` (the MCP front's public URL).
+    pub resource_url: Option<String>,
+    /// The issuers whose JWTs are accepted (`[auth.jwt] issuer`), as the
+    /// metadata's `authorization_servers`.
+    pub issuers: Vec<String>,
+}
+
+impl Gate {
+    /// The resource this listener is, as the metadata and the challenge name
+    /// it, for a request that came with `host`.
+    fn resource(&self, host: &str) -> String {
+        match (self.listener, &self.resource_url) {
+            (Listener::Mcp, Some(url)) => url.trim_end_matches('/').to_owned(),
+            (Listener::Mcp, None) => format!("http://{host}/mcp"),
+            (Listener::Control, _) => format!("http://{host}"),
+        }
+    }
+
+    /// Where this listener's metadata is, for a request with `host`.
+    fn metadata_url(&self, host: &str) -> String {
+        metadata_url_of(&self.resource(host))
+    }
+
+    fn metadata(&self, host: &str) -> serde_json::Value {
+        json!({
+            "resource": self.resource(host),
+            // leasegate's own tokens come from `leasegate tokens create`;
+            // JWTs from the `[auth.jwt]` issuer.
+            "authorization_servers": self.issuers,
+            "bearer_methods_supported": ["header"],
+            "scopes_supported": Scope::ALL.map(Scope::as_str),
+            "resource_name": match self.listener {
+                Listener::Mcp => "leasegate MCP front",
+                Listener::Control => "leasegate control API",
+            },
+        })
+    }
+
+    fn refuse(&self, reason: &'static str) {
+        metrics::counter!("http_refused_total", "listener" => self.listener.label(), "reason" => reason)
+            .increment(1);
+    }
+
+    /// The 401 (or 503) for a request that was not authenticated.
+    fn unauthenticated(&self, host: &str, refusal: Refusal) -> Response {
+        self.refuse(refusal.reason());
+        if refusal == Refusal::Unavailable {
+            return ApiError::new(ErrorCode::LedgerUnavailable, refusal.description())
+                .into_response();
+        }
+        let challenge = match refusal {
+            // RFC 6750 section 3.1: no error code when no token was sent.
+            Refusal::Missing => format!("Bearer resource_metadata=\"{}\"", self.metadata_url(host)),
+            _ => format!(
+                "Bearer error=\"invalid_token\", error_description=\"{}\", resource_metadata=\"{}\"",
+                refusal.description(),
+                self.metadata_url(host)
+            ),
+        };
+        let mut response = ApiError::new(ErrorCode::Unauthorized, refusal.description())
+            .with_detail(json!({ "reason": refusal.reason() }))
+            .into_response();
+        if let Ok(value) = HeaderValue::from_str(&challenge) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
+        }
+        response
+    }
+
+    /// The 403 for a valid token whose scope does not cover the request.
+    fn insufficient(&self, host: &str, principal: &Principal, needed: &[Scope]) -> Response {
+        self.refuse("insufficient_scope");
+        let needed: Vec<&str> = needed.iter().map(|s| s.as_str()).collect();
+        let challenge = format!(
+            "Bearer error=\"insufficient_scope\", scope=\"{}\", resource_metadata=\"{}\"",
+            needed.join(" "),
+            self.metadata_url(host)
+        );
+        let mut response = ApiError::new(
+            ErrorCode::InsufficientScope,
+            format!(
+                "insufficient scope: expected {} (or admin), found {}",
+                needed.join(" or "),
+                principal.scope
+            ),
+        )
+        .with_detail(json!({ "expected": needed, "found": principal.scope.as_str() }))
+        .into_response();
+        if let Ok(value) = HeaderValue::from_str(&challenge) {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, value);
+        }
+        response
+    }
+}
+
+/// Where the metadata of `resource` is (RFC 9728 section 3.1: the
+/// well-known segment goes between the authority and the path).
+fn metadata_url_of(resource: &str) -> String {
+    let (scheme, rest) = resource.split_once("://").unwrap_or(("http", resource));
+    let (authority, path) = match rest.find('/') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    format!("{scheme}://{authority}{METADATA_PATH}{path}")
+}
+
+fn host_of(request: &Request) -> String {
+    request
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("localhost")
+        .to_owned()
+}
+
+/// The middleware: authenticate, check the scope, hand the [`Principal`]
+/// to the handler in the request's extensions.
+async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
+    if request.uri().path().starts_with(METADATA_PATH) {
+        return next.run(request).await;
+    }
+    let host = host_of(&request);
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned());
+    let principal = match gate
+        .authenticator
+        .authenticate(authorization.as_deref())
+        .await
+    {
+        Ok(principal) => principal,
+        Err(refusal) => return gate.unauthenticated(&host, refusal),
+    };
+    let needed = match gate.listener {
+        Listener::Mcp => Some(AGENT),
+        Listener::Control => request
+            .extensions()
+            .get::<MatchedPath>()
+            .and_then(|path| route_scopes(request.method(), path.as_str())),
+    };
+    if let Some(needed) = needed
+        && !principal.scope.satisfies(needed)
+    {
+        return gate.insufficient(&host, &principal, needed);
+    }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
+}
+
+/// `router` behind `gate`: the metadata documents, then every route (and
+/// the fallback) authenticated.
+pub fn authenticated(router: Router, gate: Gate) -> Router {
+    let gate = Arc::new(gate);
+    let document = {
+        let gate = gate.clone();
+        move |request: Request| {
+            let gate = gate.clone();
+            async move { axum::Json(gate.metadata(&host_of(&request))) }
+        }
+    };
+    let mut router = router.route(METADATA_PATH, get(document.clone()));
+    if gate.listener == Listener::Mcp {
+        router = router.route(&format!("{METADATA_PATH}/mcp"), get(document));
+    }
+    router.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| check(gate.clone(), request, next),
+    ))
+}
+
+/// The tenant a control request acts for (invariant 3).
+pub(super) struct Caller {
+    /// The token's caller, when authentication is on.
+    principal: Option<Principal>,
+    /// The serving process's tenant (`None`: any).
+    served: Option<String>,
+}
+
+impl FromRequestParts<Arc<ControlState>> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<ControlState>,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Caller {
+            principal: parts.extensions.get::<Principal>().cloned(),
+            served: state.tenant.clone(),
+        })
+    }
+}
+
+impl Caller {
+    /// The tenant whose resources this request may see (`None`: any).
+    pub(super) fn tenant(&self) -> Option<&str> {
+        match &self.principal {
+            Some(principal) => Some(&principal.tenant),
+            None => self.served.as_deref(),
+        }
+    }
+
+    /// The tenant a new run is for: `asked`, or the caller's. A token of
+    /// another tenant than the one asked for, or than the process serves,
+    /// is refused (`tenant_mismatch`, nothing written).
+    pub(super) fn tenant_for_create(
+        &self,
+        asked: Option<&str>,
+    ) -> Result<Option<String>, ApiError> {
+        let mismatch = |expected: &str, found: &str, why: &str| {
+            ApiError::new(
+                ErrorCode::TenantMismatch,
+                format!("tenant mismatch: expected tenant {expected:?} ({why}), found {found:?}. Nothing was written"),
+            )
+            .with_detail(json!({"expected": expected, "found": found}))
+        };
+        if let (Some(principal), Some(served)) = (&self.principal, &self.served)
+            && principal.tenant != *served
+        {
+            return Err(mismatch(
+                served,
+                &principal.tenant,
+                "the tenant this leasegate serves; the token is for another",
+            ));
+        }
+        match (self.tenant(), asked) {
+            (Some(own), Some(asked)) if own != asked => Err(mismatch(
+                own,
+                asked,
+                if self.principal.is_some() {
+                    "the tenant of the token"
+                } else {
+                    "the tenant this leasegate serves, `tenant` in its config; its runs would not \
+                     be found on this leasegate's MCP front"
+                },
+            )),
+            (_, Some(asked)) => Ok(Some(asked.to_owned())),
+            (own, None) => Ok(own.map(str::to_owned)),
+        }
+    }
+
+    /// 404 unless `run` exists and belongs to the caller's tenant.
+    pub(super) async fn owns_run(&self, state: &ControlState, run: RunId) -> Result<(), ApiError> {
+        let Some(own) = self.tenant() else {
+            return Ok(());
+        };
+        match state.ledger.run_tenant(run).await? {
+            Some(tenant) if tenant == own => Ok(()),
+            _ => Err(ApiError::not_found("run")),
+        }
+    }
+
+    /// 404 unless `operation` exists and belongs to a run of the caller's
+    /// tenant.
+    pub(super) async fn owns_operation(
+        &self,
+        state: &ControlState,
+        operation: &OperationId,
+    ) -> Result<(), ApiError> {
+        let Some(own) = self.tenant() else {
+            return Ok(());
+        };
+        match state.ledger.operation_tenant(operation).await? {
+            Some(tenant) if tenant == own => Ok(()),
+            _ => Err(ApiError::not_found("operation")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_has_its_scopes_and_no_other_row_exists() {
+        for (method, path) in super::super::ROUTES {
+            let method: Method = method.parse().unwrap();
+            assert!(route_scopes(&method, path).is_some(), "{method} {path}");
+        }
+        assert_eq!(ROUTE_SCOPES.len(), super::super::ROUTES.len());
+    }
+
+    #[test]
+    fn the_metadata_url_puts_the_well_known_segment_before_the_path() {
+        assert_eq!(
+            metadata_url_of("https://gw.example.com/tools/mcp"),
+            "https://gw.example.com/.well-known/oauth-protected-resource/tools/mcp"
+        );
+        assert_eq!(
+            metadata_url_of("http://127.0.0.1:8641"),
+            "http://127.0.0.1:8641/.well-known/oauth-protected-resource"
+        );
+    }
+}

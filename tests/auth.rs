@@ -1,0 +1,839 @@
+//! Authentication and tenant isolation (issue 13, items 1 and 3), against a
+//! real `leasegate serve` process with `[auth] mode = "required"`, tokens
+//! made by the real `leasegate tokens` CLI, and real HTTP and MCP clients:
+//!
+//! * no token → 401 with `WWW-Authenticate: Bearer resource_metadata=…`,
+//!   and the RFC 9728 document there; a wrong scope → 403;
+//! * a token of another tenant walks every control route and gets 404 (or
+//!   403 for its scope, 422 for a create) with nothing written; on the MCP
+//!   front its call under the other tenant's lease is "run not found" and
+//!   reaches no tool;
+//! * revoked and expired tokens → 401;
+//! * the secret is in no table and no log line (the server logs at debug).
+
+mod common;
+
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use common::proxy::{LEASEGATE, Scenario, call, connect_http_with, lease_meta};
+use common::{TestDb, within};
+use leasegate::ledger::{LeaseClaim, RunId};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+/// `leasegate tokens create … --json` as a child process: the token text.
+async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
+    let output = tokio::process::Command::new(LEASEGATE)
+        .args(["tokens", "create", "--json", "--database-url", &db.url])
+        .args(["--tenant", tenant, "--scope", scope, "--name", "test"])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "tokens create: {stdout} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (answer["tenant_id"].as_str(), answer["scope"].as_str()),
+        (Some(tenant), Some(scope))
+    );
+    answer["token"].as_str().unwrap().to_owned()
+}
+
+fn token_id(token: &str) -> &str {
+    token
+        .strip_prefix("lgt_")
+        .unwrap()
+        .split('_')
+        .next()
+        .unwrap()
+}
+
+/// `leasegate serve` with debug logs; its MCP and control URLs, and every
+/// line it writes to stderr.
+struct Served {
+    child: tokio::process::Child,
+    mcp: String,
+    control: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+async fn serve(scenario: &Scenario) -> Served {
+    let mut child = tokio::process::Command::new(LEASEGATE)
+        .arg("serve")
+        .arg("--config")
+        .arg(scenario.config_path())
+        .env("RUST_LOG", "debug")
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (mut mcp, mut control) = (None, None);
+    within("leasegate serve to listen", async {
+        while mcp.is_none() || control.is_none() {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("leasegate prints its addresses");
+            if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
+                mcp = Some(url.to_owned());
+            }
+            if let Some(url) = line.strip_prefix("leasegate: control API at ") {
+                control = Some(url.trim_end_matches("/v1").to_owned());
+            }
+            log.lock().unwrap().push(line);
+        }
+    })
+    .await;
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            sink.lock().unwrap().push(line);
+        }
+    });
+    Served {
+        child,
+        mcp: mcp.unwrap(),
+        control: control.unwrap(),
+        log,
+    }
+}
+
+struct Answer {
+    status: u16,
+    challenge: Option<String>,
+    body: Value,
+}
+
+async fn request(method: &str, url: &str, token: Option<&str>, body: Option<Value>) -> Answer {
+    let client = reqwest::Client::builder()
+        .timeout(common::DEADLINE)
+        .build()
+        .unwrap();
+    let mut request = client.request(method.parse().unwrap(), url);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if let Some(body) = body {
+        request = request
+            .header("content-type", "application/json")
+            .body(body.to_string());
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let challenge = response
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let text = response.text().await.unwrap();
+    Answer {
+        status,
+        challenge,
+        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    }
+}
+
+/// Everything tenant data is made of, as one digest: equal before and after
+/// means nothing was written.
+async fn fingerprint(db: &TestDb) -> String {
+    let mut parts = Vec::new();
+    for table in [
+        "agent_tasks",
+        "agent_runs",
+        "worker_leases",
+        "tool_operations",
+        "ledger_events",
+        "operation_evidence",
+        "ledger_failovers",
+        "access_tokens",
+    ] {
+        let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {table} t"
+        )))
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+        parts.push(format!("{table}={}", digest.unwrap_or_default()));
+    }
+    parts.join(" ")
+}
+
+const POLICY: &str = "background = false\n";
+
+fn scenario_with_auth(db: &TestDb) -> Scenario {
+    let scenario = Scenario::new(&db.url, POLICY);
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!("{config}\n[auth]\nmode = \"required\"\n"),
+    )
+    .unwrap();
+    scenario
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_and_writes_nothing(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_with_auth(&db);
+    let agent = create_token(&db, "tenant-a", "agent").await;
+    let operator = create_token(&db, "tenant-a", "operator").await;
+    let intruder = create_token(&db, "tenant-evil", "admin").await;
+    let intruder_agent = create_token(&db, "tenant-evil", "agent").await;
+    let served = serve(&scenario).await;
+    let control = served.control.clone();
+    let api = |path: &str| format!("{control}{path}");
+
+    // No token: 401 on both listeners, with where to read about the resource.
+    let answer = request("GET", &api("/v1/operations/unknown"), None, None).await;
+    assert_eq!(answer.status, 401, "{}", answer.body);
+    assert_eq!(answer.body["code"], "unauthorized");
+    let challenge = answer.challenge.expect("a WWW-Authenticate challenge");
+    let metadata_url = challenge
+        .split("resource_metadata=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("resource_metadata in the challenge")
+        .to_owned();
+    assert!(challenge.starts_with("Bearer "), "{challenge}");
+    let document = request("GET", &metadata_url, None, None).await;
+    assert_eq!(document.status, 200);
+    assert_eq!(document.body["resource"], json!(control));
+    assert_eq!(
+        document.body["scopes_supported"],
+        json!(["agent", "operator", "admin"])
+    );
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}});
+    let mcp_post = |token: Option<String>| {
+        let url = served.mcp.clone();
+        let list = list.clone();
+        async move {
+            let client = reqwest::Client::new();
+            let mut request = client
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-11-25")
+                .body(list.to_string());
+            if let Some(token) = token {
+                request = request.header("authorization", format!("Bearer {token}"));
+            }
+            let response = request.send().await.unwrap();
+            let challenge = response
+                .headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (response.status().as_u16(), challenge)
+        }
+    };
+    let (status, challenge) = mcp_post(None).await;
+    assert_eq!(status, 401);
+    let challenge = challenge.expect("a challenge on the MCP front");
+    let mcp_metadata = challenge
+        .split("resource_metadata=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    assert!(
+        mcp_metadata.ends_with("/.well-known/oauth-protected-resource/mcp"),
+        "{challenge}"
+    );
+    let document = request("GET", &mcp_metadata, None, None).await;
+    assert_eq!(document.body["resource"], json!(served.mcp));
+    // A token that is not one, and a well-formed one that does not exist.
+    let (status, challenge) = mcp_post(Some("not-a-token".into())).await;
+    assert_eq!(status, 401);
+    assert!(challenge.unwrap().contains("error=\"invalid_token\""));
+    let forged = format!("lgt_{}_{}", token_id(&agent), "0".repeat(64));
+    let answer = request("GET", &api("/v1/runs/x"), Some(&forged), None).await;
+    assert_eq!(
+        (answer.status, answer.body["detail"]["reason"].as_str()),
+        (401, Some("unknown_token"))
+    );
+    // An operator does not make tool calls.
+    let (status, challenge) = mcp_post(Some(operator.clone())).await;
+    assert_eq!(status, 403);
+    assert!(challenge.unwrap().contains("error=\"insufficient_scope\""));
+    let (status, _) = mcp_post(Some(agent.clone())).await;
+    assert_eq!(status, 200);
+
+    // The agent of tenant-a: a run, its lease, and one charge through MCP.
+    let created = request(
+        "POST",
+        &api("/v1/runs"),
+        Some(&agent),
+        Some(json!({"task_id": "order-1"})),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let run: RunId = created.body["run_id"].as_str().unwrap().parse().unwrap();
+    let leased = request(
+        "POST",
+        &api(&format!("/v1/runs/{run}/lease")),
+        Some(&agent),
+        Some(json!({"owner": "worker-a", "ttl_ms": 60_000})),
+    )
+    .await;
+    assert_eq!(leased.status, 200, "{}", leased.body);
+    let lease = LeaseClaim {
+        run_id: run,
+        owner: "worker-a".into(),
+        epoch: leased.body["epoch"].as_i64().unwrap(),
+        token: Some(leasegate::ledger::LeaseToken::presented(
+            leased.body["lease_token"].as_str().expect("the lease token"),
+        )),
+    };
+    let auth_header = format!("Bearer {agent}");
+    let client = connect_http_with(&served.mcp, &[("authorization", &auth_header)]).await;
+    let mut meta = lease_meta(&lease);
+    meta.insert(
+        "dev.leasegate/step".into(),
+        json!({"step_id": "charge", "effect_version": 1}),
+    );
+    let result = call(
+        &client,
+        "payments__charge",
+        json!({"amount": 500, "currency": "eur"}),
+        Some(meta.clone()),
+    )
+    .await
+    .expect("the agent's charge");
+    let operation_id = common::proxy::operation_note(&result)["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    client.cancel().await.unwrap();
+    let charges = || {
+        scenario
+            .side_effects("calls.jsonl")
+            .into_iter()
+            .filter(|c| c["tool"] == "charge")
+            .count()
+    };
+    assert_eq!(charges(), 1);
+    // An agent does not read bodies; the operator does.
+    let path = format!("/v1/operations/{operation_id}");
+    let answer = request("GET", &api(&path), Some(&agent), None).await;
+    assert_eq!(
+        (answer.status, answer.body["code"].as_str()),
+        (403, Some("insufficient_scope"))
+    );
+    let answer = request("GET", &api(&path), Some(&operator), None).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+
+    // Another tenant's admin walks every route: nothing of tenant-a exists
+    // for it, and nothing is written.
+    let before = fingerprint(&db).await;
+    let claim = json!({"owner": "worker-a", "epoch": lease.epoch});
+    let transition = json!({"owner": "worker-a", "epoch": lease.epoch, "expected_revision": 1});
+    let walk: Vec<(&str, String, Option<Value>, u16)> = vec![
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"tenant_id": "tenant-a", "task_id": "order-1"})),
+            422,
+        ),
+        (
+            "POST",
+            "/v1/runs".into(),
+            Some(json!({"task_id": "order-2"})),
+            422,
+        ),
+        ("GET", format!("/v1/runs/{run}"), None, 404),
+        (
+            "POST",
+            format!("/v1/runs/{run}/lease"),
+            Some(json!({"ttl_ms": 60_000})),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/lease/renew"),
+            Some(json!({"owner": "worker-a", "epoch": lease.epoch, "ttl_ms": 60_000})),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/lease/release"),
+            Some(claim.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/checkpoint"),
+            Some(
+                json!({"owner": "worker-a", "epoch": lease.epoch, "expected_revision": 1, "checkpoint": {"x": 1}}),
+            ),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/start"),
+            Some(transition.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/complete"),
+            Some(transition.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/fail"),
+            Some(transition.clone()),
+            404,
+        ),
+        (
+            "POST",
+            format!("/v1/runs/{run}/cancel"),
+            Some(json!({"actor": "intruder"})),
+            404,
+        ),
+        ("GET", format!("/v1/runs/{run}/operations"), None, 404),
+        ("GET", "/v1/operations/unknown".into(), None, 200),
+        ("GET", path.clone(), None, 404),
+        (
+            "POST",
+            format!("{path}/resolve"),
+            Some(json!({"outcome": "failed_final", "actor": "intruder", "note": "x"})),
+            404,
+        ),
+        (
+            "POST",
+            format!("{path}/retry"),
+            Some(json!({"actor": "intruder", "note": "x"})),
+            404,
+        ),
+        ("GET", "/v1/failovers".into(), None, 200),
+        (
+            "POST",
+            "/v1/failovers/1/resolve".into(),
+            Some(json!({"by": "intruder", "reason": "x"})),
+            404,
+        ),
+        ("GET", "/v1/upstreams".into(), None, 200),
+        ("GET", "/v1/durability".into(), None, 200),
+        ("GET", "/metrics".into(), None, 200),
+    ];
+    // Every route of the router is walked.
+    for (method, route) in leasegate::control::ROUTES {
+        let pattern = route
+            .replace("{run_id}", &run.to_string())
+            .replace("{operation_id}", &operation_id)
+            .replace("{failover_id}", "1");
+        assert!(
+            walk.iter().any(|(m, p, _, _)| m == method && *p == pattern),
+            "{method} {route} is not walked"
+        );
+    }
+    for (method, path, body, expected) in &walk {
+        let answer = request(method, &api(path), Some(&intruder), body.clone()).await;
+        assert_eq!(answer.status, *expected, "{method} {path}: {}", answer.body);
+        if *expected == 404 {
+            assert_eq!(answer.body["code"], "not_found", "{method} {path}");
+        }
+        // The agent scope of the same tenant: 403 where the route is not an
+        // agent's, else the same 404/422.
+        let needed = leasegate::control::auth::route_scopes(
+            &method.parse().unwrap(),
+            leasegate::control::ROUTES
+                .iter()
+                .find(|(m, r)| {
+                    m == method
+                        && *path
+                            == r.replace("{run_id}", &run.to_string())
+                                .replace("{operation_id}", &operation_id)
+                                .replace("{failover_id}", "1")
+                })
+                .unwrap()
+                .1,
+        )
+        .unwrap();
+        let answer = request(method, &api(path), Some(&intruder_agent), body.clone()).await;
+        let expected = if needed.contains(&leasegate::auth::Scope::Agent) {
+            *expected
+        } else {
+            403
+        };
+        assert_eq!(
+            answer.status, expected,
+            "agent {method} {path}: {}",
+            answer.body
+        );
+    }
+    let summary = request("GET", &api("/v1/operations/unknown"), Some(&intruder), None).await;
+    assert_eq!(summary.body["count"], 0);
+    // On the MCP front: the other tenant's lease is not found, and no tool runs.
+    let intruder_header = format!("Bearer {intruder_agent}");
+    let client = connect_http_with(&served.mcp, &[("authorization", &intruder_header)]).await;
+    let mut other_step = meta.clone();
+    other_step.insert(
+        "dev.leasegate/step".into(),
+        json!({"step_id": "charge-2", "effect_version": 1}),
+    );
+    for meta in [meta.clone(), other_step] {
+        let refused = call(
+            &client,
+            "payments__charge",
+            json!({"amount": 900, "currency": "eur"}),
+            Some(meta),
+        )
+        .await
+        .expect_err("another tenant's lease");
+        assert_eq!(
+            refused.0,
+            leasegate::mcp::convert::codes::RUN_NOT_FOUND,
+            "{refused:?}"
+        );
+    }
+    client.cancel().await.unwrap();
+    assert_eq!(charges(), 1, "no tool ran for the other tenant");
+    assert_eq!(fingerprint(&db).await, before, "nothing was written");
+
+    // Revoked, then expired: 401 from the next request on.
+    let revoked = tokio::process::Command::new(LEASEGATE)
+        .args([
+            "tokens",
+            "revoke",
+            token_id(&agent),
+            "--by",
+            "test",
+            "--database-url",
+            &db.url,
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert!(revoked.status.success(), "{revoked:?}");
+    let answer = request("GET", &api(&format!("/v1/runs/{run}")), Some(&agent), None).await;
+    assert_eq!(
+        (answer.status, answer.body["detail"]["reason"].as_str()),
+        (401, Some("revoked_token"))
+    );
+    let listed = tokio::process::Command::new(LEASEGATE)
+        .args([
+            "tokens",
+            "list",
+            "--json",
+            "--tenant",
+            "tenant-a",
+            "--database-url",
+            &db.url,
+        ])
+        .output()
+        .await
+        .unwrap();
+    let listed: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let listed = listed["tokens"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 2, "tenant-a's tokens only: {listed:?}");
+    let row = listed
+        .iter()
+        .find(|t| t["token_id"] == token_id(&agent))
+        .unwrap();
+    assert_eq!(
+        (row["scope"].as_str(), row["revoked_by"].as_str()),
+        (Some("agent"), Some("test"))
+    );
+    assert!(
+        !Value::Array(listed.clone())
+            .to_string()
+            .contains(agent.rsplit('_').next().unwrap())
+    );
+    let (status, _) = mcp_post(Some(agent.clone())).await;
+    assert_eq!(status, 401);
+    sqlx::query("UPDATE access_tokens SET expires_at = clock_timestamp() - interval '1 second' WHERE token_id = $1")
+        .bind(token_id(&operator))
+        .execute(&db.admin)
+        .await
+        .unwrap();
+    let answer = request("GET", &api(&path), Some(&operator), None).await;
+    assert_eq!(
+        (answer.status, answer.body["detail"]["reason"].as_str()),
+        (401, Some("expired_token"))
+    );
+
+    // Refusals are counted by reason.
+    let metrics = request("GET", &api("/metrics"), Some(&intruder), None).await;
+    let text = metrics.body.as_str().unwrap_or_default().to_owned();
+    for reason in [
+        "missing_token",
+        "unknown_token",
+        "insufficient_scope",
+        "revoked_token",
+        "expired_token",
+        "other_tenant",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with("http_refused_total")
+                && l.contains(&format!("reason=\"{reason}\""))),
+            "{reason} counted:\n{text}"
+        );
+    }
+
+    // The secrets are in no table and in no log line.
+    let Served { mut child, log, .. } = served;
+    child.start_kill().unwrap();
+    within("leasegate to stop", child.wait()).await.unwrap();
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+    let log = log.lock().unwrap().join("\n");
+    assert!(
+        log.contains("DEBUG") || log.contains("debug"),
+        "the server logged at debug"
+    );
+    for token in [&agent, &operator, &intruder, &intruder_agent] {
+        let secret = token.rsplit('_').next().unwrap();
+        for table in &tables {
+            let found: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {table} t WHERE t::text LIKE '%' || $1 || '%'"
+            )))
+            .bind(secret)
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+            assert_eq!(found, 0, "the secret is in {table}");
+        }
+        assert!(!log.contains(secret), "the secret is in the log");
+    }
+}
+
+#[tokio::test]
+async fn a_listener_beyond_loopback_without_authentication_is_refused_by_check_config_and_serve() {
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-auth-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("leasegate.toml");
+    let write = |listen: &str, auth: &str| {
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"{listen}\"\ncontrol_listen = \"127.0.0.1:0\"\n\n[upstreams.tools]\ntransport = \"stdio\"\ncommand = \"{}\"\n{auth}",
+                common::proxy::EXAMPLE_TOOLS
+            ),
+        )
+        .unwrap();
+    };
+    let run = |args: &[&str]| {
+        std::process::Command::new(LEASEGATE)
+            .args(args)
+            .arg(&config)
+            .output()
+            .unwrap()
+    };
+    write("0.0.0.0:0", "\n[auth]\nmode = \"off\"\n");
+    let checked = run(&["check-config"]);
+    let stdout = String::from_utf8_lossy(&checked.stdout);
+    assert_eq!(checked.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains(
+            "auth.mode: \"off\" with a listener that is not loopback (listen = \"0.0.0.0:0\")"
+        ),
+        "{stdout}"
+    );
+    let served = run(&["serve", "--config"]);
+    let stderr = String::from_utf8_lossy(&served.stderr);
+    assert_eq!(served.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("auth.mode: \"off\""), "{stderr}");
+    // `--listen` cannot expose a loopback config that has authentication off.
+    write("127.0.0.1:0", "\n[auth]\nmode = \"off\"\n");
+    let served = std::process::Command::new(LEASEGATE)
+        .args(["serve", "--listen", "0.0.0.0:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&served.stderr);
+    assert_eq!(served.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--listen 0.0.0.0:0: auth.mode: \"off\""),
+        "{stderr}"
+    );
+    // The default (auto) accepts it: tokens are then required.
+    write("0.0.0.0:0", "");
+    let checked = run(&["check-config"]);
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+    let loaded = leasegate::config::Config::load(&config).unwrap();
+    assert!(loaded.auth_required());
+    write("127.0.0.1:0", "");
+    assert!(
+        !leasegate::config::Config::load(&config)
+            .unwrap()
+            .auth_required()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn openapi_names_the_scopes_every_route_accepts() {
+    let document: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json")).unwrap(),
+    )
+    .unwrap();
+    for (method, path, scopes) in leasegate::control::auth::ROUTE_SCOPES {
+        let mut expected: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+        if !expected.contains(&"admin") {
+            expected.push("admin");
+        }
+        let operation = &document["paths"][path][method.to_lowercase()];
+        assert_eq!(
+            operation["x-leasegate-scopes"],
+            json!(expected),
+            "{method} {path}"
+        );
+        for status in ["401", "403"] {
+            assert!(
+                operation["responses"][status].is_object(),
+                "{method} {path} {status}"
+            );
+        }
+    }
+}
+
+/// `[auth.jwt]`: JWTs of the configured issuer act for the tenant and scope
+/// their claims name; a wrong key, issuer or audience, a missing claim or
+/// an expired token is 401; another tenant's JWT finds nothing.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn jwts_of_the_configured_issuer_act_for_their_claims_tenant_and_scope(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, jwk::Jwk};
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_with_auth(&db);
+    let secret = b"a shared secret of the test identity provider, 32+ bytes";
+    let mut key =
+        Jwk::from_encoding_key(&EncodingKey::from_secret(secret).unwrap(), Algorithm::HS256)
+            .unwrap();
+    key.common.key_id = Some("k1".into());
+    std::fs::write(
+        scenario.dir.join("jwks.json"),
+        json!({ "keys": [key] }).to_string(),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!(
+            "{config}\n[auth.jwt]\nissuer = \"https://idp.test\"\naudience = \"leasegate-test\"\njwks_file = \"jwks.json\"\ntenant_claim = \"org\"\n"
+        ),
+    )
+    .unwrap();
+    let proxy = common::proxy::RunningProxy::start(&scenario.config_path()).await;
+    let now = chrono::Utc::now().timestamp();
+    let sign = |claims: Value, key: &[u8]| {
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("k1".into());
+        encode(&header, &claims, &EncodingKey::from_secret(key).unwrap()).unwrap()
+    };
+    let claims = |org: &str, scope: Value| {
+        json!({"iss": "https://idp.test", "aud": "leasegate-test", "sub": "alice",
+               "exp": now + 600, "org": org, "scope": scope})
+    };
+    let api = |path: &str| format!("{}{path}", proxy.control_url);
+
+    let agent = sign(claims("tenant-a", json!("openid agent")), secret);
+    let created = request(
+        "POST",
+        &api("/v1/runs"),
+        Some(&agent),
+        Some(json!({"task_id": "t"})),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let run = created.body["run_id"].as_str().unwrap().to_owned();
+    let unknown = request("GET", &api("/v1/operations/unknown"), Some(&agent), None).await;
+    assert_eq!(unknown.status, 403, "an agent is not an operator");
+    let operator = sign(claims("tenant-a", json!(["operator"])), secret);
+    let unknown = request("GET", &api("/v1/operations/unknown"), Some(&operator), None).await;
+    assert_eq!(unknown.status, 200, "{}", unknown.body);
+    let intruder = sign(claims("tenant-evil", json!("admin")), secret);
+    let hidden = request(
+        "GET",
+        &api(&format!("/v1/runs/{run}")),
+        Some(&intruder),
+        None,
+    )
+    .await;
+    assert_eq!(hidden.status, 404, "{}", hidden.body);
+
+    let mut refused = Vec::new();
+    let mut wrong_audience = claims("tenant-a", json!("agent"));
+    wrong_audience["aud"] = json!("someone-else");
+    let mut wrong_issuer = claims("tenant-a", json!("agent"));
+    wrong_issuer["iss"] = json!("https://evil.test");
+    let mut expired = claims("tenant-a", json!("agent"));
+    expired["exp"] = json!(now - 600);
+    let mut no_tenant = claims("tenant-a", json!("agent"));
+    no_tenant.as_object_mut().unwrap().remove("org");
+    for (what, token) in [
+        (
+            "another key",
+            sign(
+                claims("tenant-a", json!("agent")),
+                b"not the provider's key at all, 32+ bytes",
+            ),
+        ),
+        ("wrong audience", sign(wrong_audience, secret)),
+        ("wrong issuer", sign(wrong_issuer, secret)),
+        ("expired", sign(expired, secret)),
+        ("no tenant claim", sign(no_tenant, secret)),
+        (
+            "no leasegate scope",
+            sign(claims("tenant-a", json!("openid email")), secret),
+        ),
+    ] {
+        let answer = request("GET", &api(&format!("/v1/runs/{run}")), Some(&token), None).await;
+        assert_eq!(answer.status, 401, "{what}: {}", answer.body);
+        refused.push((
+            what,
+            answer.body["detail"]["reason"].as_str().unwrap().to_owned(),
+        ));
+    }
+    assert_eq!(refused[3], ("expired", "expired_token".to_owned()));
+    assert!(
+        refused
+            .iter()
+            .filter(|(what, _)| *what != "expired")
+            .all(|(_, reason)| reason == "invalid_jwt"),
+        "{refused:?}"
+    );
+
+    // The metadata names the issuer; the MCP front takes the same JWTs.
+    let document = request(
+        "GET",
+        &proxy
+            .url
+            .replace("/mcp", "/.well-known/oauth-protected-resource/mcp"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        document.body["authorization_servers"],
+        json!(["https://idp.test"])
+    );
+    let header = format!("Bearer {agent}");
+    let client = connect_http_with(&proxy.url, &[("authorization", &header)]).await;
+    let tools = client.peer().list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "payments__charge"));
+    client.cancel().await.unwrap();
+    proxy.stop().await;
+}
