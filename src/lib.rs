@@ -127,6 +127,8 @@ pub mod embedded;
 pub mod ids;
 pub mod intent;
 pub mod ledger;
+pub mod limits;
+pub mod logfield;
 pub mod mcp;
 pub mod policy;
 pub mod reconcile;

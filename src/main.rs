@@ -196,7 +196,7 @@ fn init_logging(default: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| CappedStderr)
         .with_ansi(false);
     if std::env::var("LEASEGATE_LOG_FORMAT").is_ok_and(|format| format == "json") {
         builder
@@ -206,6 +206,22 @@ fn init_logging(default: &str) {
             .init();
     } else {
         builder.init();
+    }
+}
+
+/// stderr, one log event at a time, each cut at
+/// `logfield::max_line_bytes` (a backstop for text dependencies log whole;
+/// leasegate's own sites clip request-controlled fields).
+struct CappedStderr;
+
+impl std::io::Write for CappedStderr {
+    fn write(&mut self, event: &[u8]) -> std::io::Result<usize> {
+        std::io::stderr().write_all(&leasegate::logfield::cap_line(event))?;
+        Ok(event.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
     }
 }
 

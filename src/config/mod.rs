@@ -41,6 +41,9 @@ use crate::adapter::{Adapter, RawAdapter};
 use crate::policy::{Policy, RawPolicy};
 
 pub mod init;
+pub mod limits;
+
+pub use limits::{Limits, RateLimit, RawLimits};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", file.display())]
@@ -98,6 +101,9 @@ pub struct RawConfig {
     pub allowed_origins: Option<Vec<String>>,
     pub session: Option<RawSession>,
     pub idempotency: Option<RawIdempotency>,
+    /// `[limits]`: timeouts, connections, sessions, rate limits, log
+    /// field size (`config::limits`).
+    pub limits: Option<RawLimits>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
 }
@@ -194,6 +200,8 @@ pub struct Config {
     pub session_ttl: std::time::Duration,
     /// Key mode: how long a key stands for its first request.
     pub key_retention: std::time::Duration,
+    /// `[limits]`: what one client may hold of this process.
+    pub limits: Limits,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -601,7 +609,29 @@ impl Config {
                 "allowed_origins: {bad:?} is not an origin like \"https://console.example.com\""
             )));
         }
+        let limits = raw
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .validate()
+            .map_err(err)?;
+        // A session's idle timer runs while a call is in flight without
+        // messages: it must outlast the longest call.
+        if let Some(longest) = adapters
+            .values()
+            .flat_map(|a| std::iter::once(a.timeout).chain(a.tools.values().map(|t| t.timeout)))
+            .chain(std::iter::once(crate::adapter::DEFAULT_TIMEOUT))
+            .max()
+            && raw.http_sessions == Some(true)
+            && limits.session_idle_timeout <= longest
+        {
+            return Err(err(format!(
+                "limits.session_idle_timeout: must exceed the longest tool timeout ({longest:?}): \
+                 a session is ended after this long without a message, even during a call"
+            )));
+        }
         Ok(Config {
+            limits,
             lease_mode,
             allowed_hosts,
             allowed_origins,

@@ -341,14 +341,14 @@ impl From<LedgerError> for ApiError {
                 ApiError::new(ErrorCode::from(invalid), invalid.to_string())
             }
             LedgerError::Connect(connect) => {
-                tracing::error!(error = %connect, "ledger connect failed");
+                tracing::error!(error = %crate::logfield::clip_display(&connect), "ledger connect failed");
                 ApiError::new(
                     ErrorCode::from(connect.failure),
                     "the ledger database cannot be opened; nothing was written",
                 )
             }
             _ => {
-                tracing::error!(error = %error, "ledger call failed");
+                tracing::error!(error = %crate::logfield::clip_display(&error), "ledger call failed");
                 match error.delivery() {
                     Delivery::Unknown => ApiError::new(
                         ErrorCode::OutcomeUnknown,

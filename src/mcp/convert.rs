@@ -151,7 +151,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
     };
     let message = match error {
         CallError::Ledger(inner) => {
-            tracing::error!(error = %inner, "ledger call failed");
+            tracing::error!(error = %crate::logfield::clip_display(&inner), "ledger call failed");
             match inner.delivery() {
                 crate::ledger::Delivery::Unknown => {
                     "ledger outcome unknown: call again with the same step to learn the operation's fate".to_owned()
