@@ -153,7 +153,9 @@ pub fn cap_line(line: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     if kept.last().is_some_and(|b| *b >= 0xC0) {
         kept.pop();
     }
-    kept.extend_from_slice(format!("…(log line cut: +{} bytes)\n", line.len() - kept.len()).as_bytes());
+    kept.extend_from_slice(
+        format!("…(log line cut: +{} bytes)\n", line.len() - kept.len()).as_bytes(),
+    );
     kept.into()
 }
 

@@ -109,7 +109,9 @@ impl RawLimits {
             return Err("limits.max_sessions: must be 1 to 1000000".into());
         }
         let per_second = self.rate_limit.unwrap_or(50);
-        let burst = self.rate_limit_burst.unwrap_or(per_second.saturating_mul(2).max(1));
+        let burst = self
+            .rate_limit_burst
+            .unwrap_or(per_second.saturating_mul(2).max(1));
         if per_second > 0 && burst == 0 {
             return Err("limits.rate_limit_burst: must be at least 1".into());
         }

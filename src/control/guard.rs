@@ -98,7 +98,10 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
         (header("host").unwrap_or_default(), header("origin"))
     };
     if !host_allowed(&allowed.hosts, &host) {
-        crate::limits::refused(crate::limits::Listener::Control, crate::limits::Refusal::Host);
+        crate::limits::refused(
+            crate::limits::Listener::Control,
+            crate::limits::Refusal::Host,
+        );
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({

@@ -94,10 +94,12 @@ pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum:
             }
         });
     }
-    router.layer(axum::middleware::from_fn(move |request: Request, next: Next| {
-        let limiter = limiter.clone();
-        async move { limiter.check(request, next).await }
-    }))
+    router.layer(axum::middleware::from_fn(
+        move |request: Request, next: Next| {
+            let limiter = limiter.clone();
+            async move { limiter.check(request, next).await }
+        },
+    ))
 }
 
 impl Limiter {
@@ -120,9 +122,7 @@ impl Limiter {
 /// The 429 answer: the control API's error shape, or a JSON-RPC error on
 /// the MCP front.
 fn too_many(listener: Listener, retry_after: u64) -> Response {
-    let message = format!(
-        "rate limit exceeded (limits.rate_limit); retry after {retry_after} s"
-    );
+    let message = format!("rate limit exceeded (limits.rate_limit); retry after {retry_after} s");
     let body = match listener {
         Listener::Control => serde_json::json!({ "code": "rate_limited", "message": message }),
         Listener::Mcp => serde_json::json!({

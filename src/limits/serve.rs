@@ -327,8 +327,7 @@ impl State {
         let http2 = *phase
             .http2
             .get_or_insert_with(|| bytes.starts_with(b"PRI * HTTP/2"));
-        if phase.in_flight == 0 && phase.head_started.is_none() && !(http2 && phase.requests > 0)
-        {
+        if phase.in_flight == 0 && phase.head_started.is_none() && !(http2 && phase.requests > 0) {
             phase.head_started = Some(Instant::now());
             drop(phase);
             self.changed.notify_one();
@@ -442,8 +441,7 @@ pub struct BodyTimeout(pub Duration);
 impl DeadlineBody {
     fn new(inner: Incoming, timeout: Duration, listener: Listener) -> DeadlineBody {
         use http_body::Body as _;
-        let deadline =
-            (!inner.is_end_stream()).then(|| Box::pin(tokio::time::sleep(timeout)));
+        let deadline = (!inner.is_end_stream()).then(|| Box::pin(tokio::time::sleep(timeout)));
         DeadlineBody {
             inner,
             deadline,

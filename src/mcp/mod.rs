@@ -73,11 +73,8 @@ pub async fn serve_http(
             limits.max_sessions,
             limits.session_idle_timeout,
         ));
-        let service = StreamableHttpService::new(
-            move || Ok(front.for_session()),
-            manager.clone(),
-            config,
-        );
+        let service =
+            StreamableHttpService::new(move || Ok(front.for_session()), manager.clone(), config);
         axum::Router::new()
             .nest_service("/mcp", service)
             .layer(axum::middleware::from_fn(move |request, next| {
