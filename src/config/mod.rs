@@ -620,7 +620,8 @@ impl Config {
         if let Some(longest) = adapters
             .values()
             .flat_map(|a| std::iter::once(a.timeout).chain(a.tools.values().map(|t| t.timeout)))
-            .chain(std::iter::once(crate::adapter::DEFAULT_TIMEOUT))
+            // An upstream without an adapter file calls with the default.
+            .chain((upstreams.len() > adapters.len()).then_some(crate::adapter::DEFAULT_TIMEOUT))
             .max()
             && raw.http_sessions == Some(true)
             && limits.session_idle_timeout <= longest

@@ -430,13 +430,19 @@ where
                     ErrorCode::UnsupportedMediaType,
                     "send Content-Type: application/json",
                 ),
-                other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    ErrorCode::BodyTooLarge,
-                    format!(
-                        "request bodies are limited to {} bytes",
-                        super::MAX_BODY_BYTES
-                    ),
-                ),
+                other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    crate::limits::refused(
+                        crate::limits::Listener::Control,
+                        crate::limits::Refusal::BodyTooLarge,
+                    );
+                    ApiError::new(
+                        ErrorCode::BodyTooLarge,
+                        format!(
+                            "request bodies are limited to {} bytes",
+                            super::MAX_BODY_BYTES
+                        ),
+                    )
+                }
                 // The body could not be read (axum answers 400 for it).
                 other => ApiError::new(ErrorCode::UnreadableBody, other.body_text()),
             }),

@@ -96,7 +96,7 @@ pub fn raise_fd_limit(needed: u64) -> std::io::Result<u64> {
         return Err(std::io::Error::last_os_error());
     }
     if limit.rlim_cur >= needed as libc::rlim_t {
-        return Ok(limit.rlim_cur as u64);
+        return Ok(limit.rlim_cur);
     }
     let raised = libc::rlimit {
         rlim_cur: (needed as libc::rlim_t).min(limit.rlim_max),
@@ -106,7 +106,7 @@ pub fn raise_fd_limit(needed: u64) -> std::io::Result<u64> {
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(raised.rlim_cur as u64)
+    Ok(raised.rlim_cur)
 }
 
 /// Hands freed heap back to the operating system (glibc keeps freed
