@@ -109,7 +109,8 @@
 //! `reconcile` → `dispatch`, `limits` → `config`, `worker`, `durability`, `embedded` → `adapter`,
 //! `ledger` → `policy` → `intent` → `ids`, `logfield`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
-//! axum (`control`, `mcp`), clap (`control::cli`, `main`).
+//! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
+//! (`control::cli`, `main`).
 //!
 //! # Invariant index (DESIGN.md numbering)
 //!

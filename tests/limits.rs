@@ -569,6 +569,28 @@ async fn a_megabyte_tool_name_or_traceparent_leaves_no_long_log_line(
     .await;
     assert!(refused.is_err(), "{refused:?}");
     agent.cancel().await.unwrap();
+    // A side-effecting call without a lease is refused before the ledger
+    // sees it, and counted with the ledger's own fence refusals.
+    let (leaseless, _) = connect_http(&served.mcp, None).await;
+    let refused = call(
+        &leaseless,
+        "payments__charge",
+        json!({"amount": 1, "currency": "eur"}),
+        None,
+    )
+    .await;
+    match refused {
+        Err((code, _)) => assert_eq!(code, -32001),
+        Ok(result) => panic!("a call without a lease was answered: {result:?}"),
+    }
+    leaseless.cancel().await.unwrap();
+    let counted = served
+        .metric(
+            "protected_write_rejected_total",
+            &[("call", "mcp_tools_call"), ("reason", "lease_missing")],
+        )
+        .await;
+    assert_eq!(counted, 1.0);
     // Everything above is logged by now: the next request comes after it.
     assert_eq!(
         common::http::get(&format!("{}/v1/upstreams", served.control))

@@ -85,7 +85,6 @@ pub async fn serve(
     let stop = CancellationToken::new();
     let open = Arc::new(AtomicUsize::new(0));
     let gauge = metrics::gauge!("http_connections_open", "listener" => name.as_str());
-    gauge.set(0.0);
     let (closed_tx, closed_rx) = tokio::sync::watch::channel(());
     let mut shutdown = pin!(shutdown);
     let mut errors = AcceptErrors::default();
