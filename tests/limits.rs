@@ -34,7 +34,27 @@ struct Served {
 
 impl Served {
     async fn start(scenario: &Scenario, env: &[(&str, &str)]) -> Served {
-        let mut command = tokio::process::Command::new(LEASEGATE);
+        Self::start_with(scenario, env, None).await
+    }
+
+    /// With `open_files`: under that open-file limit (soft and hard).
+    async fn start_with(
+        scenario: &Scenario,
+        env: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Served {
+        let mut command = match open_files {
+            Some(limit) => {
+                let mut command = tokio::process::Command::new("bash");
+                command.args([
+                    "-c",
+                    &format!("ulimit -n {limit} && exec \"$0\" \"$@\""),
+                    LEASEGATE,
+                ]);
+                command
+            }
+            None => tokio::process::Command::new(LEASEGATE),
+        };
         command
             .arg("serve")
             .arg("--config")
@@ -718,4 +738,63 @@ async fn memory_after_bursts_of_half_open_connections_and_sessions(
         opened
     );
     served.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_low_open_file_limit_lowers_the_connection_cap_instead_of_running_out(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "");
+    append_limits(
+        &scenario,
+        "rate_limit = 0\nidle_timeout = \"60s\"\nheader_read_timeout = \"60s\"\n",
+    );
+    // 300 descriptors cannot hold 2 × 1024 connections: fewer are served.
+    let served = Served::start_with(&scenario, &[], Some(300)).await;
+    let address = served.mcp_address();
+    let mut held = Vec::new();
+    for _ in 0..400 {
+        held.push(TcpStream::connect(&address).await.unwrap());
+    }
+    // Those beyond the lowered cap are refused and counted, never an
+    // accept error (no descriptor shortage).
+    common::wait_until(
+        "connections beyond the lowered cap to be refused",
+        || async {
+            let refused = served
+                .metric(
+                    "http_refused_total",
+                    &[("listener", "mcp"), ("reason", "max_connections")],
+                )
+                .await;
+            (refused >= 100.0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        served.metric("http_accept_errors_total", &[]).await,
+        0.0,
+        "no accept failed"
+    );
+    drop(held);
+    // Room again: a new connection is answered.
+    common::wait_until("a new connection to be served", || async {
+        let mut stream = TcpStream::connect(&address).await.ok()?;
+        stream
+            .write_all(get("/nothing-here", &address).as_bytes())
+            .await
+            .ok()?;
+        let mut answer = [0u8; 12];
+        stream.read_exact(&mut answer).await.ok()?;
+        (&answer == b"HTTP/1.1 404").then_some(())
+    })
+    .await;
+    let lines = served.stop().await;
+    assert!(
+        lines.iter().any(|l| l.contains("open-file limit")),
+        "the lowered cap is logged: {lines:#?}"
+    );
+    assert!(!lines.iter().any(|l| l.contains("accept failed")));
 }
