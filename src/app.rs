@@ -98,6 +98,45 @@ impl Listeners {
     }
 }
 
+/// How often freed heap is handed back while connections or sessions end
+/// (`limits::spawn_memory_upkeep`).
+const MEMORY_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Descriptors this process needs besides its listeners' connections: the
+/// ledger pool, three pipes per stdio upstream, connections to HTTP
+/// upstreams, the listeners, logs and the runtime.
+fn reserved_descriptors(config: &Config) -> u64 {
+    u64::from(config.database_max_connections) + 8 * config.upstreams.len() as u64 + 128
+}
+
+/// `limits.max_connections` per listener, lowered to what the open-file
+/// limit holds (raised towards its hard limit first), so that accepting
+/// never runs the process out of descriptors (`limits` invariant 3).
+fn connection_room(config: &Config, control: bool) -> usize {
+    let listeners = if control { 2 } else { 1 };
+    let wanted = config.limits.max_connections as u64;
+    let reserved = reserved_descriptors(config);
+    let needed = wanted * listeners + reserved;
+    match crate::limits::raise_fd_limit(needed) {
+        Ok(soft) if soft >= needed => config.limits.max_connections,
+        Ok(soft) => {
+            let room = (soft.saturating_sub(reserved) / listeners).max(1);
+            tracing::warn!(
+                open_file_limit = soft,
+                max_connections = wanted,
+                serving = room,
+                "the open-file limit cannot hold limits.max_connections on every listener; \
+                 serving at most {room} connections per listener (raise `ulimit -n`)"
+            );
+            usize::try_from(room).unwrap_or(usize::MAX)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "cannot read or raise the open-file limit");
+            config.limits.max_connections
+        }
+    }
+}
+
 /// Serves `proxy` on `listeners` until `shutdown` completes, then shuts it
 /// down (see the module docs). An error of either server stops both.
 pub async fn run(
@@ -153,18 +192,23 @@ pub async fn run(
         gate(crate::control::auth::Listener::Mcp),
         gate(crate::control::auth::Listener::Control),
     );
+    let limits = proxy.config.limits.clone();
+    let max_connections = connection_room(&proxy.config, listeners.control.is_some());
+    crate::limits::spawn_memory_upkeep(MEMORY_UPKEEP, stop.clone());
     let mcp = {
         let stop = stop.clone();
         let served = crate::mcp::serve_http(
             proxy.front.clone(),
             listeners.mcp,
-            proxy.config.http_sessions,
-            // The arguments' limit plus room for the envelope.
-            proxy.config.policy.max_arguments_bytes + 64 * 1024,
-            (
-                proxy.config.allowed_hosts.clone(),
-                proxy.config.allowed_origins.clone(),
-            ),
+            crate::mcp::HttpServing {
+                sessions: proxy.config.http_sessions,
+                // The arguments' limit plus room for the envelope.
+                body_limit: proxy.config.policy.max_arguments_bytes + 64 * 1024,
+                allowed_hosts: proxy.config.allowed_hosts.clone(),
+                allowed_origins: proxy.config.allowed_origins.clone(),
+                limits: limits.clone(),
+                max_connections,
+            },
             move |router| match mcp_gate {
                 Some(gate) => crate::control::auth::authenticated(router, gate),
                 None => router,
@@ -208,6 +252,8 @@ pub async fn run(
                 // is asked for a token.
                 crate::control::guarded(api, allowed),
                 listener,
+                &limits,
+                max_connections,
                 stop.clone().cancelled_owned(),
             )
         });
@@ -243,6 +289,7 @@ impl Proxy {
         // Installed first, so that what connecting records (the upstreams'
         // `upstream_up`) is kept.
         let handle = metrics_handle();
+        crate::logfield::set_max_bytes(config.limits.log_field_max_bytes);
         let millis = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
         let options = LedgerOptions {
             max_lease_ttl_ms: millis(config.policy.lease_ttl_ceiling),

@@ -83,6 +83,17 @@
 //!   awaitable `Signal`; work claimed in the database, no leader.
 //!   `reconcile::plan`: the reconciler's decisions as pure functions (the
 //!   decision table).
+//! * `limits`: bounded serving — the one HTTP server both listeners run on
+//!   (`limits::serve`: header-read, body-read and idle timeouts, at most
+//!   `max_connections` connections, accept errors backed off and logged
+//!   once per interval), per-principal rate limits (`limits::rate`, 429 with
+//!   `Retry-After`), the refusal counter `http_refused_total`, the open-file
+//!   limit and freed memory handed back. `[limits]` is `config::limits`;
+//!   the session cap is `mcp::sessions`. The only module besides `control`
+//!   and `mcp` that imports axum, and the only one that imports hyper.
+//! * `logfield`: request-controlled text in log lines cut to
+//!   `limits.log_field_max_bytes` (`clip`, `clip_display`); every log site
+//!   that prints such text goes through it.
 //! * `control`: the control HTTP API (`openapi.json`): `router` (routes,
 //!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
 //!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
@@ -123,10 +134,11 @@
 //!   end-to-end tests; it may import rmcp).
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
-//! `reconcile` → `dispatch` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
-//! `ledger` → `policy` → `intent` → `ids`. `tests/layering.rs` checks it per module,
+//! `reconcile` → `dispatch`, `limits` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
+//! `ledger` → `policy` → `intent` → `ids`, `logfield`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
-//! axum (`control`, `mcp`), clap (`control::cli`, `main`).
+//! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
+//! (`control::cli`, `main`).
 //!
 //! # Invariant index (DESIGN.md numbering)
 //!
@@ -156,6 +168,8 @@ pub mod embedded;
 pub mod ids;
 pub mod intent;
 pub mod ledger;
+pub mod limits;
+pub mod logfield;
 pub mod mcp;
 pub mod policy;
 pub mod reconcile;

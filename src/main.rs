@@ -241,7 +241,7 @@ fn init_logging(default: &str) {
     // One filter: RUST_LOG (or the default), and never bodies.
     let filter = tracing_subscriber::filter::FilterExt::and(filter, no_bodies);
     let layer = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| CappedStderr)
         .with_ansi(false);
     let registry = tracing_subscriber::registry();
     if std::env::var("LEASEGATE_LOG_FORMAT").is_ok_and(|format| format == "json") {
@@ -271,6 +271,22 @@ fn prints_bodies(target: &str) -> bool {
     ["rmcp", "hyper", "hyper_util", "h2", "reqwest", "sse_stream"]
         .iter()
         .any(|name| target == *name || target.starts_with(&format!("{name}::")))
+}
+
+/// stderr, one log event at a time, each cut at
+/// `logfield::max_line_bytes` (a backstop for text dependencies log whole;
+/// leasegate's own sites clip request-controlled fields).
+struct CappedStderr;
+
+impl std::io::Write for CappedStderr {
+    fn write(&mut self, event: &[u8]) -> std::io::Result<usize> {
+        std::io::stderr().write_all(&leasegate::logfield::cap_line(event))?;
+        Ok(event.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
 }
 
 /// Runs `command`; `database` is set to the ledger's URL once it is known.

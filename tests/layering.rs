@@ -20,8 +20,12 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
     ("sqlx", &["ledger/"]),
     ("rmcp", &["mcp/"]),
     // HTTP framework types stay in the control API and the MCP front.
-    ("axum", &["control/", "mcp/"]),
-    ("tower", &["control/"]),
+    // limits/: the one server both listeners are served by.
+    ("axum", &["control/", "mcp/", "limits/"]),
+    ("tower", &["control/", "limits/"]),
+    ("hyper", &["limits/"]),
+    ("hyper_util", &["limits/"]),
+    ("governor", &["limits/"]),
     ("reqwest", &["mcp/"]),
     ("clap", &["control/cli.rs", "main.rs"]),
     ("tracing_subscriber", &["main.rs"]),
@@ -31,6 +35,7 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
 /// Internal modules by layer: a module may use only modules of a lower layer.
 const LAYERS: &[(&str, u8)] = &[
     ("ids", 0),
+    ("logfield", 0),
     ("intent", 1),
     ("policy", 2),
     ("adapter", 3),
@@ -41,6 +46,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("durability", 4),
     ("embedded", 4),
     ("dispatch", 5),
+    ("limits", 5),
     ("mcp", 6),
     ("control", 6),
     ("reconcile", 6),

@@ -462,7 +462,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         let mut config = format!(
             "database_url = {database_url:?}\ndatabase_max_connections = 6\ntenant = \"chaos\"\n\
              listen = \"127.0.0.1:{mcp_port}\"\ncontrol_listen = \"127.0.0.1:{control_port}\"\n\
-             adapters = \"adapters\"\npolicy = \"policy.toml\"\nmigrate = false\n\n"
+             adapters = \"adapters\"\npolicy = \"policy.toml\"\nmigrate = false\n\n\
+             # Every agent calls from one loopback address: the soak measures the\n\
+             # ledger under faults, not the per-principal rate limit.\n\
+             [limits]\nrate_limit = 0\n\n"
         );
         for (salt, (name, set)) in [
             ("payments", "payments"),

@@ -41,6 +41,9 @@ use crate::adapter::{Adapter, RawAdapter};
 use crate::policy::{Policy, RawPolicy};
 
 pub mod init;
+pub mod limits;
+
+pub use limits::{Limits, RateLimit, RawLimits};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", file.display())]
@@ -140,6 +143,9 @@ pub struct RawConfig {
     pub session: Option<RawSession>,
     pub idempotency: Option<RawIdempotency>,
     pub auth: Option<RawAuth>,
+    /// `[limits]`: timeouts, connections, sessions, rate limits, log
+    /// field size (`config::limits`).
+    pub limits: Option<RawLimits>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
 }
@@ -297,6 +303,8 @@ pub struct Config {
     pub auth_resource_url: Option<String>,
     /// `[auth.jwt]`.
     pub auth_jwt: Option<JwtConfig>,
+    /// `[limits]`: what one client may hold of this process.
+    pub limits: Limits,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -723,6 +731,28 @@ impl Config {
                 "allowed_origins: {bad:?} is not an origin like \"https://console.example.com\""
             )));
         }
+        let limits = raw
+            .limits
+            .clone()
+            .unwrap_or_default()
+            .validate()
+            .map_err(err)?;
+        // A session's idle timer runs while a call is in flight without
+        // messages: it must outlast the longest call.
+        if let Some(longest) = adapters
+            .values()
+            .flat_map(|a| std::iter::once(a.timeout).chain(a.tools.values().map(|t| t.timeout)))
+            // An upstream without an adapter file calls with the default.
+            .chain((upstreams.len() > adapters.len()).then_some(crate::adapter::DEFAULT_TIMEOUT))
+            .max()
+            && raw.http_sessions == Some(true)
+            && limits.session_idle_timeout <= longest
+        {
+            return Err(err(format!(
+                "limits.session_idle_timeout: must exceed the longest tool timeout ({longest:?}): \
+                 a session is ended after this long without a message, even during a call"
+            )));
+        }
         let raw_auth = raw.auth.clone().unwrap_or_default();
         let auth_mode = match raw_auth.mode.as_deref() {
             None | Some("auto") => AuthMode::Auto,
@@ -771,6 +801,7 @@ impl Config {
             auth_jwt,
             auth_mode,
             auth_resource_url: raw_auth.resource_url.clone(),
+            limits,
             lease_mode,
             allowed_hosts,
             allowed_origins,

@@ -383,14 +383,14 @@ impl From<LedgerError> for ApiError {
                 ApiError::new(ErrorCode::KeyUnavailable, error.to_string())
             }
             LedgerError::Connect(connect) => {
-                tracing::error!(error = %connect, "ledger connect failed");
+                tracing::error!(error = %crate::logfield::clip_display(&connect), "ledger connect failed");
                 ApiError::new(
                     ErrorCode::from(connect.failure),
                     "the ledger database cannot be opened; nothing was written",
                 )
             }
             _ => {
-                tracing::error!(error = %error, "ledger call failed");
+                tracing::error!(error = %crate::logfield::clip_display(&error), "ledger call failed");
                 match error.delivery() {
                     Delivery::Unknown => ApiError::new(
                         ErrorCode::OutcomeUnknown,
@@ -483,13 +483,19 @@ where
                     ErrorCode::UnsupportedMediaType,
                     "send Content-Type: application/json",
                 ),
-                other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-                    ErrorCode::BodyTooLarge,
-                    format!(
-                        "request bodies are limited to {} bytes",
-                        super::MAX_BODY_BYTES
-                    ),
-                ),
+                other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                    crate::limits::refused(
+                        crate::limits::Listener::Control,
+                        crate::limits::Refusal::BodyTooLarge,
+                    );
+                    ApiError::new(
+                        ErrorCode::BodyTooLarge,
+                        format!(
+                            "request bodies are limited to {} bytes",
+                            super::MAX_BODY_BYTES
+                        ),
+                    )
+                }
                 // The body could not be read (axum answers 400 for it).
                 other => ApiError::new(ErrorCode::UnreadableBody, other.body_text()),
             }),

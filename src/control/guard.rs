@@ -98,8 +98,10 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
         (header("host").unwrap_or_default(), header("origin"))
     };
     if !host_allowed(&allowed.hosts, &host) {
-        metrics::counter!("http_refused_total", "listener" => "control", "reason" => "host")
-            .increment(1);
+        crate::limits::refused(
+            crate::limits::Listener::Control,
+            crate::limits::Refusal::Host,
+        );
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({
@@ -112,8 +114,10 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
     if let Some(origin) = origin
         && !origin_allowed(&allowed.origins, &origin)
     {
-        metrics::counter!("http_refused_total", "listener" => "control", "reason" => "origin")
-            .increment(1);
+        crate::limits::refused(
+            crate::limits::Listener::Control,
+            crate::limits::Refusal::Origin,
+        );
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({

@@ -178,7 +178,6 @@ pub fn router_with_metrics(
     )
 }
 
-/// Serves the control API until `shutdown` completes.
 /// Refuses foreign `Host` and `Origin` headers (`guard`) before any route.
 pub fn guarded(router: Router, allowed: Arc<super::guard::Allowed>) -> Router {
     router.layer(axum::middleware::from_fn(
@@ -188,19 +187,25 @@ pub fn guarded(router: Router, allowed: Arc<super::guard::Allowed>) -> Router {
     ))
 }
 
+/// Serves the control API until `shutdown` completes, bounded by `limits`
+/// (`crate::limits`: timeouts, at most `max_connections` connections, the
+/// rate limit).
 pub async fn serve(
     router: Router,
     listener: tokio::net::TcpListener,
+    limits: &crate::config::Limits,
+    max_connections: usize,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|stream| {
-        // See `mcp::no_delay`: no 40 ms Nagle stall on kept-alive connections.
-        let _ = stream.set_nodelay(true);
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    crate::limits::serve(
+        listener,
+        router,
+        crate::limits::Listener::Control,
+        limits,
+        max_connections,
+        shutdown,
+    )
+    .await
 }
 
 pub(super) fn run_id(raw: &str) -> Result<RunId, ApiError> {

@@ -343,7 +343,11 @@ impl<U: Upstream> Dispatcher<U> {
                     .ledger
                     .run_tenant(run)
                     .await?
-                    .ok_or(CallError::RunNotFound)?;
+                    .ok_or_else(|| {
+                        metrics::counter!("protected_write_rejected_total", "reason" => "not_found", "call" => "tenant_check")
+                            .increment(1);
+                        CallError::RunNotFound
+                    })?;
                 if let Ok(mut map) = self.run_tenants.lock() {
                     if map.len() > 100_000 {
                         map.clear();
@@ -356,6 +360,9 @@ impl<U: Upstream> Dispatcher<U> {
         if tenant == self.tenant {
             Ok(())
         } else {
+            // The ledger never saw it: counted as its fence would.
+            metrics::counter!("protected_write_rejected_total", "reason" => "not_found", "call" => "tenant_check")
+                .increment(1);
             Err(CallError::RunNotFound)
         }
     }
@@ -514,7 +521,7 @@ pub async fn execute_claim<U: Upstream>(
     claimed: Claimed,
 ) -> Result<CallReply, CallError> {
     let span = tracing::info_span!("dispatch", operation_id = %claim.operation_id, revision = claim.revision,
-        dispatch_owner = %claim.dispatch_owner, tool = %claimed.tool.tool);
+        dispatch_owner = %crate::logfield::clip(&claim.dispatch_owner), tool = %crate::logfield::clip(&claimed.tool.tool));
     send_and_settle(ledger, upstream, dispatch_owner, claim, claimed)
         .instrument(span)
         .await
@@ -592,7 +599,7 @@ async fn send_and_settle<U: Upstream>(
                     if attempt < NOT_SENT_ATTEMPTS
                         && chrono::Utc::now() + call.timeout < claim.until =>
                 {
-                    tracing::warn!(attempt, %error, "upstream unreachable, nothing sent; retrying");
+                    tracing::warn!(attempt, error = %crate::logfield::clip_display(&error), "upstream unreachable, nothing sent; retrying");
                     tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
                     attempt += 1;
                 }
@@ -607,7 +614,7 @@ async fn send_and_settle<U: Upstream>(
         match ledger.operation_release_unsent(&claim, &evidence).await {
             Ok(ReleaseUnsentOutcome::Released { .. }) => {
                 metrics::counter!("tool_operation_not_sent_total").increment(1);
-                tracing::warn!(error = %failure, "nothing was sent: the operation is prepared again");
+                tracing::warn!(error = %crate::logfield::clip_display(&failure), "nothing was sent: the operation is prepared again");
                 return Err(CallError::NotSent {
                     operation_id: claim.operation_id,
                     reason: failure.to_string(),
@@ -616,10 +623,10 @@ async fn send_and_settle<U: Upstream>(
             // Moved on (or the ledger failed): fall through to unknown,
             // which the claim's expiry reaches anyway.
             Ok(other) => {
-                tracing::warn!(error = %failure, outcome = ?other, "releasing an unsent claim found it moved on");
+                tracing::warn!(error = %crate::logfield::clip_display(&failure), outcome = ?other, "releasing an unsent claim found it moved on");
             }
             Err(error) => {
-                tracing::warn!(error = %failure, ledger = %error, "releasing an unsent claim failed");
+                tracing::warn!(error = %crate::logfield::clip_display(&failure), ledger = %crate::logfield::clip_display(&error), "releasing an unsent claim failed");
             }
         }
     }
@@ -649,7 +656,7 @@ async fn send_and_settle<U: Upstream>(
         Ok(MarkUnknownOutcome::MarkedUnknown { .. }) => {
             metrics::counter!("tool_operation_unknown_total", "cause" => cause.as_str())
                 .increment(1);
-            tracing::warn!(error = %failure, "no answer from the upstream: operation is unknown");
+            tracing::warn!(error = %crate::logfield::clip_display(&failure), "no answer from the upstream: operation is unknown");
             failure.to_string()
         }
         Ok(MarkUnknownOutcome::ClaimStillLive(found) | MarkUnknownOutcome::StaleClaim(found)) => {
@@ -737,14 +744,14 @@ async fn settle(
                     && error.is_retryable()
                     && chrono::Utc::now() < claim.until =>
             {
-                tracing::warn!(attempt, %error, "settle failed after the tool answered; retrying");
+                tracing::warn!(attempt, error = %crate::logfield::clip_display(&error), "settle failed after the tool answered; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
                 attempt += 1;
             }
             Err(error) => {
                 // The request was sent and answered: whatever the ledger
                 // says now, the agent hears "unknown", never "not sent".
-                tracing::error!(%error, "the tool answered but settling failed: the operation will turn unknown");
+                tracing::error!(error = %crate::logfield::clip_display(&error), "the tool answered but settling failed: the operation will turn unknown");
                 metrics::counter!("tool_operation_unknown_total", "cause" => "settle_failed")
                     .increment(1);
                 return Ok(CallReply::Unknown {

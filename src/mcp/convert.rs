@@ -171,7 +171,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
             format!("{inner}: the operator must configure its key (policy encryption_keys)")
         }
         CallError::Ledger(inner) => {
-            tracing::error!(error = %inner, "ledger call failed");
+            tracing::error!(error = %crate::logfield::clip_display(&inner), "ledger call failed");
             match inner.delivery() {
                 crate::ledger::Delivery::Unknown => {
                     "ledger outcome unknown: call again with the same step to learn the operation's fate".to_owned()

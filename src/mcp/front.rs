@@ -707,7 +707,7 @@ impl Front {
                         let _ = context.peer.send_notification(notification).await;
                     }
                     Err(error) => {
-                        tracing::debug!(%method, %error, "upstream notification not relayed")
+                        tracing::debug!(method = %crate::logfield::clip(&method), error = %crate::logfield::clip_display(&error), "upstream notification not relayed")
                     }
                 }
                 None
@@ -1246,7 +1246,7 @@ impl Front {
         match method.as_str() {
             "notifications/tools/list_changed" => {
                 if let Err(error) = self.refresh_tools(&upstream).await {
-                    tracing::warn!(%upstream, %error, "tools/list after list_changed failed; catalog kept");
+                    tracing::warn!(%upstream, error = %crate::logfield::clip_display(&error), "tools/list after list_changed failed; catalog kept");
                     return;
                 }
                 self.notice(ServerNotification::ToolListChangedNotification(
@@ -1320,7 +1320,7 @@ impl Front {
                 }
             }
             other => {
-                tracing::debug!(%upstream, method = other, "upstream notification not relayed")
+                tracing::debug!(%upstream, method = %crate::logfield::clip(other), "upstream notification not relayed")
             }
         }
     }
@@ -1350,7 +1350,7 @@ impl Front {
         let upstreams: Vec<String> = self.state.upstreams.names().map(str::to_owned).collect();
         for upstream in upstreams {
             if let Err(error) = self.refresh_locked(&upstream).await {
-                tracing::warn!(%upstream, %error, "tools/list failed; its tools are served as last listed");
+                tracing::warn!(%upstream, error = %crate::logfield::clip_display(&error), "tools/list failed; its tools are served as last listed");
             }
         }
     }
@@ -1370,7 +1370,7 @@ impl Front {
         for tool in tools {
             let exposed = self.exposed_name(upstream, &tool.name);
             if let Some(existing) = entries.get(&exposed) {
-                tracing::warn!(name = %exposed, first = %existing.upstream, second = %upstream,
+                tracing::warn!(name = %crate::logfield::clip(&exposed), first = %existing.upstream, second = %upstream,
                     "tool name collision after list_changed; keeping the first");
                 continue;
             }
@@ -1552,7 +1552,7 @@ impl ServerHandler for Front {
                     )
                     .await
             {
-                tracing::debug!(%upstream, uri = %own, %error, "upstream resources/subscribe failed");
+                tracing::debug!(%upstream, uri = %crate::logfield::clip(&own), error = %crate::logfield::clip_display(&error), "upstream resources/subscribe failed");
             }
         }
         loop {
@@ -1983,9 +1983,20 @@ impl Front {
                     }),
                 (lease, _) => lease,
             }
-            .map_err(|error| match error {
-                CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
-                other => convert::error_from_call(&other),
+            .map_err(|error| {
+                // Refused before the ledger saw it: counted beside the
+                // ledger's own fence refusals.
+                let reason = match &error {
+                    CallError::LeaseRequired => "lease_missing",
+                    CallError::SessionLost { .. } => "session_lost",
+                    _ => "lease_malformed",
+                };
+                metrics::counter!("protected_write_rejected_total", "reason" => reason, "call" => "mcp_tools_call")
+                    .increment(1);
+                match error {
+                    CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
+                    other => convert::error_from_call(&other),
+                }
             })?;
         let mut step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
         if keyed.is_some() && step.is_none() {
@@ -2017,8 +2028,8 @@ impl Front {
             .and_then(|tp| tp.split('-').nth(1))
             .unwrap_or("")
             .to_owned();
-        let span = tracing::info_span!("tools/call", tool = %call.exposed_name, run_id = %call.lease.run_id,
-            owner = %call.lease.owner, epoch = call.lease.epoch, trace_id = %trace_id);
+        let span = tracing::info_span!("tools/call", tool = %crate::logfield::clip(&call.exposed_name), run_id = %call.lease.run_id,
+            owner = %crate::logfield::clip(&call.lease.owner), epoch = call.lease.epoch, trace_id = %crate::logfield::clip(&trace_id));
         let front = self.clone();
         Ok(Box::pin(async move {
             // The agent's cancel answers at once; the dispatch runs on in
@@ -2057,7 +2068,7 @@ impl Front {
                         crate::dispatch::CallError::Intent(
                             crate::intent::IntentError::UnsafeInteger { path, .. },
                         ) => tracing::info!(%path, "call refused: integer beyond ±2^53"),
-                        _ => tracing::info!(error = %error, "call refused"),
+                        _ => tracing::info!(error = %crate::logfield::clip_display(&error), "call refused"),
                     }
                     Err(convert::error_from_call(&error))
                 }
@@ -2120,7 +2131,7 @@ impl Front {
             .await
             .map(|_| ())
             .map_err(|error| {
-                tracing::warn!(%error, task, "the session lease could not begin");
+                tracing::warn!(error = %crate::logfield::clip_display(&error), task = %crate::logfield::clip(&task), "the session lease could not begin");
                 convert::error_from_call(&CallError::SessionLost {
                     task: task.clone(),
                     cause: error.to_string(),

@@ -64,7 +64,20 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
+        // `limits.body_read_timeout`: the body did not arrive in time.
+        Err(error) if crate::limits::serve::is_body_timeout(&error) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                [(http::header::CONNECTION, "close")],
+                error.to_string(),
+            )
+                .into_response();
+        }
         Err(_) => {
+            crate::limits::refused(
+                crate::limits::Listener::Mcp,
+                crate::limits::Refusal::BodyTooLarge,
+            );
             return (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("request body over {limit} bytes"),

@@ -169,7 +169,7 @@ impl InFlightRequests {
             // Only a finished request: the cancel came after its answer.
             [_] | [] => false,
             several => {
-                tracing::warn!(request_id = %key.1, requests = several.len(),
+                tracing::warn!(request_id = %crate::logfield::clip_display(&key.1), requests = several.len(),
                     "notifications/cancelled is ambiguous (the same client identity and request id in flight or lately finished more than once); nothing cancelled");
                 metrics::counter!("mcp_cancel_ambiguous_total").increment(1);
                 false
@@ -214,7 +214,7 @@ pub async fn cancel_layer(
     {
         if let Some(id) = message.pointer("/params/requestId") {
             let cancelled = registry.cancel(&parts.headers, id);
-            tracing::debug!(request_id = %id, cancelled, "notifications/cancelled on the stateless front");
+            tracing::debug!(request_id = %crate::logfield::clip_display(&id), cancelled, "notifications/cancelled on the stateless front");
         }
         return StatusCode::ACCEPTED.into_response();
     }

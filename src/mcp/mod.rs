@@ -7,6 +7,7 @@ pub mod http_headers;
 pub mod idempotency;
 pub mod inflight;
 pub mod malformed;
+pub mod sessions;
 pub mod upstream;
 
 pub use front::Front;
@@ -16,29 +17,48 @@ pub use upstream::{
 
 use std::future::Future;
 
-use axum::serve::ListenerExt;
+use std::sync::Arc;
 
 use rmcp::ServiceExt;
-use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+/// How the front is served over HTTP.
+pub struct HttpServing {
+    /// MCP sessions (`http_sessions`). Without them every request stands
+    /// alone (no sticky sessions needed behind a load balancer).
+    pub sessions: bool,
+    /// Largest POST body.
+    pub body_limit: usize,
+    pub allowed_hosts: Vec<String>,
+    pub allowed_origins: Vec<String>,
+    pub limits: crate::config::Limits,
+    /// `limits.max_connections`, or less when the open-file limit is lower.
+    pub max_connections: usize,
+}
+
 /// Serves the front over Streamable HTTP at `/mcp` until `shutdown`
-/// completes. Without `sessions` every request stands alone (no sticky
-/// sessions needed behind a load balancer). `wrap` adds what the caller
-/// puts in front of every request (authentication, `control::auth`); what
-/// it inserts into a request's extensions reaches the front's handlers in
-/// the request's `http::request::Parts`.
+/// completes, bounded by `serving.limits` (`crate::limits`; sessions:
+/// `sessions`). `wrap` adds what the caller puts in front of every request
+/// (authentication, `control::auth`); what it inserts into a request's
+/// extensions reaches the front's handlers in the request's
+/// `http::request::Parts`.
 pub async fn serve_http(
     front: Front,
     listener: tokio::net::TcpListener,
-    sessions: bool,
-    body_limit: usize,
-    (allowed_hosts, allowed_origins): (Vec<String>, Vec<String>),
+    serving: HttpServing,
     wrap: impl FnOnce(axum::Router) -> axum::Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let HttpServing {
+        sessions,
+        body_limit,
+        allowed_hosts,
+        allowed_origins,
+        limits,
+        max_connections,
+    } = serving;
     let stop = CancellationToken::new();
     // json_response: a request whose handler sends nothing before its answer
     // is answered as plain JSON (one write, no SSE framing); one that streams
@@ -54,12 +74,17 @@ pub async fn serve_http(
         .with_cancellation_token(stop.child_token());
     let in_flight = front.in_flight();
     let router = if sessions {
-        let service = StreamableHttpService::new(
-            move || Ok(front.for_session()),
-            LocalSessionManager::default().into(),
-            config,
-        );
-        axum::Router::new().nest_service("/mcp", service)
+        let manager = Arc::new(sessions::BoundedSessions::new(
+            limits.max_sessions,
+            limits.session_idle_timeout,
+        ));
+        let service =
+            StreamableHttpService::new(move || Ok(front.for_session()), manager.clone(), config);
+        axum::Router::new()
+            .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(move |request, next| {
+                session_cap(manager.clone(), request, next)
+            }))
     } else {
         let service = StreamableHttpService::new(
             move || Ok(front.for_session()),
@@ -83,18 +108,56 @@ pub async fn serve_http(
                 malformed::layer(body_limit, request, next)
             })),
     );
-    axum::serve(listener.tap_io(no_delay), router)
-        .with_graceful_shutdown(async move {
+    crate::limits::serve(
+        listener,
+        router,
+        crate::limits::Listener::Mcp,
+        &limits,
+        max_connections,
+        async move {
             shutdown.await;
             stop.cancel();
-        })
-        .await
+        },
+    )
+    .await
 }
 
-/// `TCP_NODELAY` on an accepted socket: a Streamable HTTP answer is a small
-/// chunked write followed by the terminating chunk; with Nagle on, the second
-/// write waits for the client's delayed ACK (~40 ms) on a kept-alive
-/// connection.
+/// Invariant 2 of `sessions`: an `initialize` (a POST without
+/// `Mcp-Session-Id`) while every session is busy gets 503 and
+/// `Retry-After` before rmcp makes a session.
+async fn session_cap(
+    manager: Arc<sessions::BoundedSessions>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if request.method() == http::Method::POST
+        && !request.headers().contains_key("mcp-session-id")
+        && manager.full()
+    {
+        crate::limits::refused(
+            crate::limits::Listener::Mcp,
+            crate::limits::Refusal::MaxSessions,
+        );
+        return (
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            [(http::header::RETRY_AFTER, "5")],
+            axum::Json(serde_json::json!({
+                "jsonrpc": "2.0",
+                "id": null,
+                "error": {
+                    "code": -32000,
+                    "message": "every MCP session is busy (limits.max_sessions); retry later",
+                },
+            })),
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
+/// `TCP_NODELAY` on an accepted socket (`limits::serve` sets it on both
+/// listeners; the example tool server uses this one).
 pub fn no_delay(stream: &mut tokio::net::TcpStream) {
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%error, "cannot set TCP_NODELAY");

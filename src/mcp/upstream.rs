@@ -424,7 +424,7 @@ impl Service<RoleClient> for UpstreamClient {
         let (method, params) = method_and_params(&request);
         let origin = origin_of(&context.extensions);
         let agent = self.routes.owner_soon(&origin, true).await.map_err(|why| {
-            tracing::warn!(upstream = %self.name, %method, why, "upstream request not relayed");
+            tracing::warn!(upstream = %self.name, %method, why = %crate::logfield::clip_display(&why), "upstream request not relayed");
             McpError::internal_error(
                 format!("leasegate cannot relay {method} to an agent: {why}"),
                 None,
@@ -888,7 +888,7 @@ async fn supervise(
             Ok(quit) => format!("session ended ({quit:?}), child: {exit}"),
             Err(error) => format!("session task failed ({error}), child: {exit}"),
         };
-        tracing::warn!(upstream = %connection.name, why, "stdio upstream lost; restarting it");
+        tracing::warn!(upstream = %connection.name, why = %crate::logfield::clip_display(&why), "stdio upstream lost; restarting it");
         connection.set_state(UpstreamState::Restarting, Some(why));
         if started.elapsed() >= STABLE_AFTER {
             backoff.reset();

@@ -248,7 +248,7 @@ impl<U: Upstream> Background<U> {
             ),
         };
         if let Err(error) = result {
-            tracing::warn!(%error, "{name} pass failed");
+            tracing::warn!(error = %crate::logfield::clip_display(&error), "{name} pass failed");
         }
         signal.pass();
     }
@@ -281,7 +281,7 @@ impl<U: Upstream> Outbox<U> {
             let Some(tool) = shared.resolve(&item.operation) else {
                 // Claimed but not sendable: the claim lapses into unknown and
                 // an operator sees why.
-                tracing::error!(operation_id = %operation_id, tool = %item.operation.tool_name,
+                tracing::error!(operation_id = %operation_id, tool = %crate::logfield::clip(&item.operation.tool_name),
                     "planned intent names a tool no upstream offers; it will turn unknown");
                 metrics::counter!("dispatch_total", "outcome" => "unknown_tool").increment(1);
                 continue;
@@ -346,7 +346,7 @@ impl<U: Upstream> ClaimExpiry<U> {
                 })
                 .await?;
             if let MarkUnknownOutcome::MarkedUnknown { .. } = outcome {
-                tracing::warn!(operation_id = %claim.operation_id, dispatch_owner = %claim.dispatch_owner,
+                tracing::warn!(operation_id = %claim.operation_id, dispatch_owner = %crate::logfield::clip(&claim.dispatch_owner),
                     "claim expired without an answer: operation is unknown");
                 metrics::counter!("tool_operation_unknown_total", "cause" => "claim_expired")
                     .increment(1);
@@ -458,7 +458,7 @@ impl<U: Upstream> Reconciler<U> {
         ) {
             Step::Converge(fact) => self.converge(item, operation.revision, fact).await,
             Step::NeedsOperator(reason) => {
-                tracing::warn!(operation_id = %operation.operation_id, tool = %operation.tool_name, reason,
+                tracing::warn!(operation_id = %operation.operation_id, tool = %crate::logfield::clip(&operation.tool_name), reason,
                     "unknown outcome leasegate cannot settle: an operator must resolve it (leasegate ops resolve)");
                 metrics::counter!("tool_operation_needs_operator_total").increment(1);
                 Ok(ReconcileOutcome::NeedsOperator(reason))
@@ -646,7 +646,7 @@ impl<U: Upstream> Reconciler<U> {
             Ok(answer) => Some(answer),
             Err(error) if error.delivery() == UpstreamDelivery::NotSent => {
                 // Nothing left: the attempt does not count.
-                tracing::warn!(operation_id = %item.operation.operation_id, %error,
+                tracing::warn!(operation_id = %item.operation.operation_id, error = %crate::logfield::clip_display(&error),
                     "same-key retry not sent (upstream down); the attempt is given back");
                 shared
                     .ledger
@@ -659,7 +659,7 @@ impl<U: Upstream> Reconciler<U> {
                 return Ok(ReconcileOutcome::StaysUnknown("retry_not_sent"));
             }
             Err(error) => {
-                tracing::warn!(operation_id = %item.operation.operation_id, %error, "same-key retry got no answer");
+                tracing::warn!(operation_id = %item.operation.operation_id, error = %crate::logfield::clip_display(&error), "same-key retry got no answer");
                 None
             }
         };

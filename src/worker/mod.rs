@@ -175,7 +175,7 @@ pub fn spawn_heartbeat(
             .await;
             let cause = match renewal {
                 Ok(Ok(Fenced::Applied(applied))) => {
-                    tracing::debug!(run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
+                    tracing::debug!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
                         expires_at = %applied.lease_expires_at, "lease renewed");
                     continue;
                 }
@@ -186,7 +186,7 @@ pub fn spawn_heartbeat(
                     config.renew_timeout
                 )),
             };
-            tracing::warn!(run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
+            tracing::warn!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
                 cause = %cause, "heartbeat stopping the worker");
             cancel.cancel_with(cause.clone());
             return cause;

@@ -96,7 +96,7 @@ impl SessionLease {
         // The token is not a log field.
         let cancel = WorkerCancellation::new();
         let heartbeat = spawn_heartbeat(ledger.clone(), claim.clone(), config, cancel.clone());
-        tracing::info!(task, run_id = %claim.run_id, owner = %claim.owner, epoch = claim.epoch,
+        tracing::info!(task = %crate::logfield::clip(task), run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
             took_over, "session lease held");
         Ok(Self {
             ledger,
@@ -144,13 +144,13 @@ impl SessionLease {
         if held {
             match self.ledger.lease_release(&self.claim).await {
                 Ok(Fenced::Applied(_)) => {
-                    tracing::info!(task = %self.task, run_id = %self.claim.run_id, "session lease released")
+                    tracing::info!(task = %crate::logfield::clip(&self.task), run_id = %self.claim.run_id, "session lease released")
                 }
                 Ok(Fenced::Rejected(rejection)) => {
-                    tracing::info!(task = %self.task, %rejection, "session lease was no longer ours")
+                    tracing::info!(task = %crate::logfield::clip(&self.task), rejection = %crate::logfield::clip_display(&rejection), "session lease was no longer ours")
                 }
                 Err(error) => {
-                    tracing::warn!(task = %self.task, %error, "releasing the session lease failed; it expires on its own")
+                    tracing::warn!(task = %crate::logfield::clip(&self.task), error = %crate::logfield::clip_display(&error), "releasing the session lease failed; it expires on its own")
                 }
             }
         }
