@@ -192,7 +192,10 @@ pub async fn run(
         gate(crate::control::auth::Listener::Mcp),
         gate(crate::control::auth::Listener::Control),
     );
-    let limits = proxy.config.limits.clone();
+    let limits = proxy
+        .config
+        .limits
+        .for_serving(proxy.config.auth_required());
     let max_connections = connection_room(&proxy.config, listeners.control.is_some());
     crate::limits::spawn_memory_upkeep(MEMORY_UPKEEP, stop.clone());
     let mcp = {

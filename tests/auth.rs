@@ -291,7 +291,9 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         owner: "worker-a".into(),
         epoch: leased.body["epoch"].as_i64().unwrap(),
         token: Some(leasegate::ledger::LeaseToken::presented(
-            leased.body["lease_token"].as_str().expect("the lease token"),
+            leased.body["lease_token"]
+                .as_str()
+                .expect("the lease token"),
         )),
     };
     let auth_header = format!("Bearer {agent}");

@@ -49,6 +49,9 @@ pub struct Limits {
     pub session_idle_timeout: Duration,
     /// `None`: no rate limit.
     pub rate_limit: Option<RateLimit>,
+    /// `rate_limit` was not set: the default applies only where tokens are
+    /// required ([`Limits::for_serving`]).
+    pub rate_limit_defaulted: bool,
     pub log_field_max_bytes: usize,
 }
 
@@ -127,8 +130,24 @@ impl RawLimits {
             max_sessions,
             session_idle_timeout,
             rate_limit: (per_second > 0).then_some(RateLimit { per_second, burst }),
+            rate_limit_defaulted: self.rate_limit.is_none(),
             log_field_max_bytes,
         })
+    }
+}
+
+impl Limits {
+    /// The limits a listener serves with. The default rate limit (50/s per
+    /// principal) applies only where tokens are required: on loopback
+    /// without tokens every caller is a local process sharing one address
+    /// (one bucket), and a benchmark or a busy agent host would be throttled
+    /// for nothing. A `rate_limit` set in the config always applies.
+    pub fn for_serving(&self, auth_required: bool) -> Limits {
+        let mut limits = self.clone();
+        if limits.rate_limit_defaulted && !auth_required {
+            limits.rate_limit = None;
+        }
+        limits
     }
 }
 

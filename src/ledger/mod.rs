@@ -68,6 +68,9 @@ use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::query::QueryAs;
 use sqlx::{FromRow, PgPool, Postgres};
 
+pub use access_token::{
+    NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
+};
 pub use durability::{DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn};
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
 pub use operation::PlannedCheckpoint;
@@ -81,9 +84,8 @@ pub use operation_types::{
 pub use read::DbHealth;
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
-pub use token::LEASE_TOKEN_PREFIX;
 pub use secrets::RotationReport;
-pub use access_token::{NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict};
+pub use token::LEASE_TOKEN_PREFIX;
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LeaseToken, LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary,
