@@ -34,4 +34,9 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION operation_reseal(text, jsonb, jsonb, jsonb, jsonb) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION operation_reseal(text, jsonb, jsonb, jsonb, jsonb) TO leasegate_app;
+-- Re-sealing is an operator's act (`leasegate secrets rotate`, as
+-- leasegate_operator): the proxy's role cannot rewrite stored bodies.
+REVOKE EXECUTE ON FUNCTION operation_reseal(text, jsonb, jsonb, jsonb, jsonb) FROM leasegate_app;
+GRANT EXECUTE ON FUNCTION operation_reseal(text, jsonb, jsonb, jsonb, jsonb) TO leasegate_operator;
+-- What rotation reads to find the rows to re-seal and to count evidence.
+GRANT SELECT ON tool_operations, operation_evidence TO leasegate_operator;

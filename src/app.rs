@@ -186,6 +186,8 @@ pub async fn run(
                     .iter()
                     .map(|j| j.issuer.clone())
                     .collect(),
+                served_tenant: (listener == crate::control::auth::Listener::Mcp)
+                    .then(|| proxy.config.tenant.clone()),
             })
     };
     let (mcp_gate, control_gate) = (
@@ -198,6 +200,11 @@ pub async fn run(
         .for_serving(proxy.config.auth_required());
     let max_connections = connection_room(&proxy.config, listeners.control.is_some());
     crate::limits::spawn_memory_upkeep(MEMORY_UPKEEP, stop.clone());
+    let mcp_allowed = Arc::new(crate::control::guard::Allowed {
+        hosts: proxy.config.allowed_hosts.clone(),
+        origins: proxy.config.allowed_origins.clone(),
+        mcp: true,
+    });
     let mcp = {
         let stop = stop.clone();
         let served = crate::mcp::serve_http(
@@ -212,9 +219,16 @@ pub async fn run(
                 limits: limits.clone(),
                 max_connections,
             },
-            move |router| match mcp_gate {
-                Some(gate) => crate::control::auth::authenticated(router, gate),
-                None => router,
+            move |router| {
+                let router = match mcp_gate {
+                    Some(gate) => crate::control::auth::authenticated(router, gate),
+                    None => router,
+                };
+                // Host and Origin first, as on the control listener: a
+                // rebinding page is 403 before it is asked for a token, and
+                // the metadata never echoes a foreign Host. (rmcp checks
+                // the same lists again inside.)
+                crate::control::guarded(router, mcp_allowed)
             },
             stop.clone().cancelled_owned(),
         );
@@ -232,6 +246,7 @@ pub async fn run(
             let allowed = Arc::new(crate::control::guard::Allowed {
                 hosts: proxy.config.allowed_hosts.clone(),
                 origins: proxy.config.allowed_origins.clone(),
+                mcp: false,
             });
             let api = crate::control::with_durability(
                 crate::control::with_upstream_health(

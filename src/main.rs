@@ -363,9 +363,11 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             let mut config = Config::load(&config)?;
             config.resolve_database_url(database_url.as_deref());
             *database = Some(config.database());
+            // As the operator role: the proxy's role cannot rewrite bodies.
             let options = leasegate::ledger::LedgerOptions {
                 max_connections: 2,
                 bodies: config.policy.bodies(),
+                session_role: Some(leasegate::ledger::OPERATOR_ROLE.to_owned()),
                 ..Default::default()
             };
             let ledger = leasegate::ledger::Ledger::connect(&config.database_url, options).await?;

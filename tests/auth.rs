@@ -6,7 +6,8 @@
 //!   and the RFC 9728 document there; a wrong scope → 403;
 //! * a token of another tenant walks every control route and gets 404 (or
 //!   403 for its scope, 422 for a create) with nothing written; on the MCP
-//!   front its call under the other tenant's lease is "run not found" and
+//!   front a token of another tenant than the served one is refused (422
+//!   `tenant_mismatch`) before any method runs, and
 //!   reaches no tool;
 //! * revoked and expired tokens → 401;
 //! * the secret is in no table and no log line (the server logs at debug).
@@ -477,30 +478,23 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     }
     let summary = request("GET", &api("/v1/operations/unknown"), Some(&intruder), None).await;
     assert_eq!(summary.body["count"], 0);
-    // On the MCP front: the other tenant's lease is not found, and no tool runs.
-    let intruder_header = format!("Bearer {intruder_agent}");
-    let client = connect_http_with(&served.mcp, &[("authorization", &intruder_header)]).await;
-    let mut other_step = meta.clone();
-    other_step.insert(
-        "dev.leasegate/step".into(),
-        json!({"step_id": "charge-2", "effect_version": 1}),
-    );
-    for meta in [meta.clone(), other_step] {
-        let refused = call(
-            &client,
-            "payments__charge",
-            json!({"amount": 900, "currency": "eur"}),
-            Some(meta),
-        )
+    // On the MCP front: a token of another tenant than the one this
+    // process serves is refused before any method runs or any session is
+    // made (resources, prompts and sessions are the served tenant's too).
+    let (status, _) = mcp_post(Some(intruder_agent.clone())).await;
+    assert_eq!(status, 422, "tenant_mismatch on the MCP front");
+    // A rebinding page: Host and Origin are judged before the token.
+    let rebinding = reqwest::Client::new()
+        .post(&served.mcp)
+        .header("host", "attacker.example")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string())
+        .send()
         .await
-        .expect_err("another tenant's lease");
-        assert_eq!(
-            refused.0,
-            leasegate::mcp::convert::codes::RUN_NOT_FOUND,
-            "{refused:?}"
-        );
-    }
-    client.cancel().await.unwrap();
+        .unwrap();
+    assert_eq!(rebinding.status().as_u16(), 403);
+    assert!(rebinding.headers().get("www-authenticate").is_none());
     assert_eq!(charges(), 1, "no tool ran for the other tenant");
     assert_eq!(fingerprint(&db).await, before, "nothing was written");
 

@@ -192,7 +192,8 @@ async fn every_function_has_one_home_and_the_right_grant(
 
     // The database runs exactly those, and the application role may execute
     // the public ones (no leading underscore) but token management, and none
-    // of the helpers; the operator role exactly token management.
+    // of the helpers; the operator role exactly token management and
+    // re-sealing stored bodies (`secrets rotate`).
     let installed: Vec<(String, bool, bool)> = sqlx::query_as(
         "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
                 has_function_privilege('leasegate_operator', p.oid, 'EXECUTE') \
@@ -205,7 +206,11 @@ async fn every_function_has_one_home_and_the_right_grant(
     let names: Vec<&str> = installed.iter().map(|(name, _, _)| name.as_str()).collect();
     let expected: Vec<&str> = homes.keys().map(String::as_str).collect();
     assert_eq!(names, expected, "installed functions differ from sql/");
-    let operators = ["access_token_create", "access_token_revoke"];
+    let operators = [
+        "access_token_create",
+        "access_token_revoke",
+        "operation_reseal",
+    ];
     for (name, app, operator) in &installed {
         let operators_only = operators.contains(&name.as_str());
         assert_eq!(

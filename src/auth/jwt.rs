@@ -103,8 +103,15 @@ impl JwtValidator {
             .max()
             .ok_or(Refusal::InvalidJwt)?;
         let subject = claims.get("sub").and_then(Value::as_str).unwrap_or("-");
+        // A fixed-length, visible-ASCII id: it names the principal in key
+        // mode's task ids (bounded identifiers, no ':' to collide on) and in
+        // logs, whatever the identity provider's subjects look like.
+        let digest = {
+            use sha2::Digest as _;
+            sha2::Sha256::digest(format!("{}\n{subject}", self.settings.issuer).as_bytes())
+        };
         Ok(Principal {
-            token_id: format!("jwt:{subject}"),
+            token_id: format!("jwt-{}", hex::encode(&digest[..8])),
             tenant: tenant.to_owned(),
             scope,
         })

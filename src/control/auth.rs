@@ -109,6 +109,11 @@ pub struct Gate {
     /// The issuers whose JWTs are accepted (`[auth.jwt] issuer`), as the
     /// metadata's `authorization_servers`.
     pub issuers: Vec<String>,
+    /// On the MCP front: the tenant this process serves. Every upstream
+    /// behind it (tools, resources, prompts, sessions) is that tenant's, so
+    /// a token of another tenant is refused before any method runs or any
+    /// session is made (422 `tenant_mismatch`, counted `other_tenant`).
+    pub served_tenant: Option<String>,
 }
 
 impl Gate {
@@ -252,6 +257,22 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
         && !principal.scope.satisfies(needed)
     {
         return gate.insufficient(&host, &principal, needed);
+    }
+    if let Some(served) = &gate.served_tenant
+        && gate.listener == Listener::Mcp
+        && &principal.tenant != served
+    {
+        gate.refuse("other_tenant");
+        return ApiError::new(
+            ErrorCode::TenantMismatch,
+            format!(
+                "tenant mismatch: expected tenant {served:?} (the tenant this leasegate serves), \
+                 found {:?} (the token's); nothing was called",
+                principal.tenant
+            ),
+        )
+        .with_detail(json!({"expected": served, "found": principal.tenant}))
+        .into_response();
     }
     request.extensions_mut().insert(principal);
     next.run(request).await

@@ -23,6 +23,19 @@ use axum::response::{IntoResponse, Response};
 pub struct Allowed {
     pub hosts: Vec<String>,
     pub origins: Vec<String>,
+    /// Guards the MCP listener (refusals are counted under `mcp`); else the
+    /// control listener.
+    pub mcp: bool,
+}
+
+impl Allowed {
+    fn listener(&self) -> crate::limits::Listener {
+        if self.mcp {
+            crate::limits::Listener::Mcp
+        } else {
+            crate::limits::Listener::Control
+        }
+    }
 }
 
 fn split_authority(authority: &str) -> (String, Option<u16>) {
@@ -98,10 +111,7 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
         (header("host").unwrap_or_default(), header("origin"))
     };
     if !host_allowed(&allowed.hosts, &host) {
-        crate::limits::refused(
-            crate::limits::Listener::Control,
-            crate::limits::Refusal::Host,
-        );
+        crate::limits::refused(allowed.listener(), crate::limits::Refusal::Host);
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({
@@ -114,10 +124,7 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
     if let Some(origin) = origin
         && !origin_allowed(&allowed.origins, &origin)
     {
-        crate::limits::refused(
-            crate::limits::Listener::Control,
-            crate::limits::Refusal::Origin,
-        );
+        crate::limits::refused(allowed.listener(), crate::limits::Refusal::Origin);
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({

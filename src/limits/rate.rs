@@ -43,14 +43,29 @@ pub enum Principal {
 }
 
 impl Principal {
-    /// The principal of a request, if it has a peer.
+    /// The principal of a request: its bearer credential when it has an
+    /// `Authorization` header (scheme case and surrounding blanks do not
+    /// make another principal), else its peer address.
     pub fn of(request: &Request) -> Option<Principal> {
         if let Some(value) = request.headers().get(http::header::AUTHORIZATION) {
-            let digest = sha2::Sha256::digest(value.as_bytes());
+            let text = String::from_utf8_lossy(value.as_bytes());
+            let text = text.trim();
+            let normalized = match text.split_once(char::is_whitespace) {
+                Some((scheme, credential)) => {
+                    format!("{} {}", scheme.to_ascii_lowercase(), credential.trim())
+                }
+                None => text.to_owned(),
+            };
+            let digest = sha2::Sha256::digest(normalized.as_bytes());
             let mut key = [0; 16];
             key.copy_from_slice(&digest[..16]);
             return Some(Principal::Token(key));
         }
+        Principal::address(request)
+    }
+
+    /// The peer address a request came from (IPv6: its /64), if known.
+    pub fn address(request: &Request) -> Option<Principal> {
         let Peer(address) = request.extensions().get::<Peer>()?;
         Some(Principal::Ip(match address.ip() {
             IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
@@ -64,8 +79,17 @@ impl Principal {
     }
 }
 
+/// How many times a principal's rate one peer address may send in all:
+/// the credential is not verified yet when the limit is checked, so a
+/// client inventing a new `Authorization` value per request would get a
+/// fresh bucket each time (and cost a ledger lookup each); the address
+/// bound caps that, and leaves room for several agents behind one address.
+pub const ADDRESS_ALLOWANCE: u32 = 10;
+
 struct Limiter {
     buckets: DefaultKeyedRateLimiter<Principal>,
+    /// Every request's peer address, at [`ADDRESS_ALLOWANCE`] times the rate.
+    addresses: DefaultKeyedRateLimiter<Principal>,
     clock: DefaultClock,
     listener: Listener,
 }
@@ -74,8 +98,12 @@ struct Limiter {
 pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum::Router {
     let quota = Quota::per_second(NonZeroU32::new(rate.per_second).unwrap_or(NonZeroU32::MIN))
         .allow_burst(NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN));
+    let scaled =
+        |n: u32| NonZeroU32::new(n.saturating_mul(ADDRESS_ALLOWANCE)).unwrap_or(NonZeroU32::MIN);
+    let address_quota = Quota::per_second(scaled(rate.per_second)).allow_burst(scaled(rate.burst));
     let limiter = Arc::new(Limiter {
         buckets: DefaultKeyedRateLimiter::keyed(quota),
+        addresses: DefaultKeyedRateLimiter::keyed(address_quota),
         clock: DefaultClock::default(),
         listener,
     });
@@ -91,6 +119,8 @@ pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum:
                 };
                 limiter.buckets.retain_recent();
                 limiter.buckets.shrink_to_fit();
+                limiter.addresses.retain_recent();
+                limiter.addresses.shrink_to_fit();
             }
         });
     }
@@ -104,10 +134,13 @@ pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum:
 
 impl Limiter {
     async fn check(&self, request: Request, next: Next) -> Response {
-        let Some(principal) = Principal::of(&request) else {
-            return next.run(request).await;
-        };
-        match self.buckets.check_key(&principal) {
+        let verdict = Principal::address(&request)
+            .map_or(Ok(()), |address| self.addresses.check_key(&address))
+            .and_then(|()| {
+                Principal::of(&request)
+                    .map_or(Ok(()), |principal| self.buckets.check_key(&principal))
+            });
+        match verdict {
             Ok(()) => next.run(request).await,
             Err(not_until) => {
                 let wait = not_until.wait_time_from(self.clock.now());
