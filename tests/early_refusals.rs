@@ -102,6 +102,10 @@ async fn plans_for_unknown_tools_and_identifiers_out_of_bounds_are_refused_by_th
     assert_eq!(status, 201, "{created}");
     let run = created["run_id"].as_str().unwrap().to_owned();
     let epoch = created["lease"]["epoch"].as_i64().unwrap();
+    let token = created["lease_token"]
+        .as_str()
+        .expect("the lease token")
+        .to_owned();
     let checkpoint_url = format!("{api}/runs/{run}/checkpoint");
     let revision = || async {
         sqlx::query_scalar::<_, i64>("SELECT revision FROM agent_runs WHERE run_id = $1")
@@ -112,14 +116,15 @@ async fn plans_for_unknown_tools_and_identifiers_out_of_bounds_are_refused_by_th
     };
     let (status, started) = post_json(
         &format!("{api}/runs/{run}/start"),
-        &json!({"owner": "agent-1", "epoch": epoch, "expected_revision": revision().await}),
+        &json!({"owner": "agent-1", "epoch": epoch, "lease_token": token,
+                "expected_revision": revision().await}),
     )
     .await;
     assert_eq!(status, 200, "{started}");
     let revision = revision().await;
     let plan = |intents: Value| {
-        json!({"owner": "agent-1", "epoch": epoch, "expected_revision": revision,
-               "checkpoint": {"step": 1}, "intents": intents})
+        json!({"owner": "agent-1", "epoch": epoch, "lease_token": token,
+               "expected_revision": revision, "checkpoint": {"step": 1}, "intents": intents})
     };
 
     let before = ledger_rows(&db).await;
@@ -516,6 +521,7 @@ async fn a_plan_for_a_down_upstreams_tools_is_accepted_and_sent_once_it_is_back(
 
     let plan = |tool: &str, revision: i64| {
         json!({"owner": lease.owner, "epoch": lease.epoch, "expected_revision": revision,
+               "lease_token": lease.token.as_ref().map(|t| t.expose()),
                "checkpoint": {"step": "mail"},
                "intents": [{"tool": tool, "step_id": "mail-1", "arguments": {"to": "a@b.c"}}]})
     };

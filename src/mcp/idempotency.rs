@@ -57,6 +57,29 @@ pub fn lift(message: &mut Value) -> bool {
 
 /// The HTTP front's layer: POST bodies up to `limit` bytes that name the
 /// field are rewritten; larger ones are refused by rmcp's own limit anyway.
+/// The answer to a POST body that could not be read whole: 408 when it did
+/// not arrive within `limits.body_read_timeout` (the connection is closed),
+/// else 413 (over `limit`), counted. Shared by the MCP front's body layers.
+pub(super) fn unreadable_body(error: &axum::Error, limit: usize) -> Response {
+    if crate::limits::serve::is_body_timeout(error) {
+        return (
+            StatusCode::REQUEST_TIMEOUT,
+            [(http::header::CONNECTION, "close")],
+            error.to_string(),
+        )
+            .into_response();
+    }
+    crate::limits::refused(
+        crate::limits::Listener::Mcp,
+        crate::limits::Refusal::BodyTooLarge,
+    );
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("request body over {limit} bytes"),
+    )
+        .into_response()
+}
+
 pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     if request.method() != Method::POST {
         return next.run(request).await;
@@ -64,26 +87,7 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
-        // `limits.body_read_timeout`: the body did not arrive in time.
-        Err(error) if crate::limits::serve::is_body_timeout(&error) => {
-            return (
-                StatusCode::REQUEST_TIMEOUT,
-                [(http::header::CONNECTION, "close")],
-                error.to_string(),
-            )
-                .into_response();
-        }
-        Err(_) => {
-            crate::limits::refused(
-                crate::limits::Listener::Mcp,
-                crate::limits::Refusal::BodyTooLarge,
-            );
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body over {limit} bytes"),
-            )
-                .into_response();
-        }
+        Err(error) => return unreadable_body(&error, limit),
     };
     let lifted = names_the_field(&bytes)
         .then(|| serde_json::from_slice::<Value>(&bytes).ok())

@@ -55,7 +55,7 @@ fn answer(code: i32, message: String) -> Response {
 /// body becomes a JSON-RPC parse error (not JSON) or invalid request (JSON,
 /// not JSON-RPC). Everything rmcp checks first — `Host`, `Origin`,
 /// `Accept` — keeps its own answer. Larger bodies are refused with 413, as
-/// rmcp's own limit would.
+/// rmcp's own limit would; a body that does not arrive in time with 408.
 pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     if request.method() != Method::POST || !declares_json(&request) {
         return next.run(request).await;
@@ -63,13 +63,7 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body over {limit} bytes"),
-            )
-                .into_response();
-        }
+        Err(error) => return super::idempotency::unreadable_body(&error, limit),
     };
     let response = next
         .run(Request::from_parts(parts, Body::from(bytes.clone())))
