@@ -14,15 +14,13 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use common::proxy::{LEASEGATE, Scenario, call, connect_http_with, lease_meta};
+use common::proxy::{LEASEGATE, Scenario, ServedChild, call, connect_http_with, lease_meta};
 use common::{TestDb, within};
 use leasegate::ledger::{LeaseClaim, RunId};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// `leasegate tokens create … --json` as a child process: the token text.
 async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
@@ -65,46 +63,12 @@ struct Served {
 }
 
 async fn serve(scenario: &Scenario) -> Served {
-    let mut child = tokio::process::Command::new(LEASEGATE)
-        .arg("serve")
-        .arg("--config")
-        .arg(scenario.config_path())
-        .env("RUST_LOG", "debug")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let (mut mcp, mut control) = (None, None);
-    within("leasegate serve to listen", async {
-        while mcp.is_none() || control.is_none() {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("leasegate prints its addresses");
-            if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
-                mcp = Some(url.to_owned());
-            }
-            if let Some(url) = line.strip_prefix("leasegate: control API at ") {
-                control = Some(url.trim_end_matches("/v1").to_owned());
-            }
-            log.lock().unwrap().push(line);
-        }
-    })
-    .await;
-    let sink = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            sink.lock().unwrap().push(line);
-        }
-    });
+    let served = ServedChild::spawn(ServedChild::command(scenario, &[("RUST_LOG", "debug")])).await;
     Served {
-        child,
-        mcp: mcp.unwrap(),
-        control: control.unwrap(),
-        log,
+        child: served.child,
+        mcp: served.mcp,
+        control: served.control,
+        log: served.log,
     }
 }
 

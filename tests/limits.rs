@@ -10,17 +10,17 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::proxy::{
-    LEASEGATE, MAILER_ADAPTER, PAYMENTS_ADAPTER, Scenario, call, connect_http, connect_http_with,
+    LEASEGATE, MAILER_ADAPTER, PAYMENTS_ADAPTER, Scenario, ServedChild, call, connect_http,
+    connect_http_with,
 };
 use common::{DEADLINE, TestDb, prometheus, replace_exactly, within};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// `leasegate serve` as a child, with every stderr line it writes.
@@ -58,46 +58,17 @@ impl Served {
         command
             .arg("serve")
             .arg("--config")
-            .arg(scenario.config_path())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .arg(scenario.config_path());
         for (name, value) in env {
             command.env(name, value);
         }
-        let mut child = command.spawn().unwrap();
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let stderr = Arc::new(Mutex::new(Vec::new()));
-        let (mut mcp, mut control) = (None, None);
-        within("leasegate serve to listen", async {
-            while mcp.is_none() || control.is_none() {
-                let line = lines
-                    .next_line()
-                    .await
-                    .unwrap()
-                    .expect("leasegate prints its addresses");
-                if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
-                    mcp = Some(url.to_owned());
-                }
-                if let Some(url) = line.strip_prefix("leasegate: control API at ") {
-                    control = Some(url.trim_end_matches("/v1").to_owned());
-                }
-                stderr.lock().unwrap().push(line);
-            }
-        })
-        .await;
-        // Keep draining (and keeping) stderr so the child never blocks.
-        let kept = stderr.clone();
-        let drained = tokio::spawn(async move {
-            while let Ok(Some(line)) = lines.next_line().await {
-                kept.lock().unwrap().push(line);
-            }
-        });
+        let served = ServedChild::spawn(command).await;
         Served {
-            child,
-            mcp: mcp.unwrap(),
-            control: control.unwrap(),
-            stderr,
-            drained,
+            child: served.child,
+            mcp: served.mcp,
+            control: served.control,
+            stderr: served.log,
+            drained: served.drained,
         }
     }
 

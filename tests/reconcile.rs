@@ -5,15 +5,14 @@
 
 mod common;
 
-use std::process::Stdio;
-
-use common::proxy::{LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, call, connect_http};
+use common::proxy::{
+    LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, ServedChild, call, connect_http,
+};
 use common::{TestDb, http, prometheus, replace_exactly, wait_until, within};
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{MarkUnknown, OperationStatus, Settlement, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const FAST: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"100ms\"\nin_flight_wait = \"1s\"\n";
 
@@ -35,35 +34,8 @@ fn calls_of(scenario: &Scenario, tool: &str) -> Vec<Value> {
 
 /// `leasegate serve` as a child process; returns it with its MCP and control URLs.
 async fn serve_child(scenario: &Scenario) -> (tokio::process::Child, String, String) {
-    let mut child = tokio::process::Command::new(LEASEGATE)
-        .arg("serve")
-        .arg("--config")
-        .arg(scenario.config_path())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (mut mcp, mut control) = (None, None);
-    within("leasegate serve to listen", async {
-        while mcp.is_none() || control.is_none() {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("leasegate prints its addresses");
-            if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
-                mcp = Some(url.to_owned());
-            }
-            if let Some(url) = line.strip_prefix("leasegate: control API at ") {
-                control = Some(url.trim_end_matches("/v1").to_owned());
-            }
-        }
-    })
-    .await;
-    // Keep draining stderr so the child never blocks on a full pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, mcp.unwrap(), control.unwrap())
+    let served = ServedChild::spawn(ServedChild::command(scenario, &[])).await;
+    (served.child, served.mcp, served.control)
 }
 
 /// The sum of one metric's samples with these labels, as the control listener serves it.

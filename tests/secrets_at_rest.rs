@@ -7,17 +7,15 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use common::proxy::{LEASEGATE, Scenario, call, connect_http};
-use common::{TestDb, http, wait_until, within};
+use common::proxy::{LEASEGATE, Scenario, ServedChild, call, connect_http};
+use common::{TestDb, http, wait_until};
 use leasegate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
 use leasegate::ledger::{Ledger, LedgerError, LedgerOptions};
 use leasegate::policy::{Bodies, Keyring, RequestBodyPolicy, ResultBodyPolicy};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 const FAST: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"100ms\"\nin_flight_wait = \"1s\"\n";
 
@@ -33,61 +31,27 @@ struct Served {
     mcp: String,
     control: String,
     /// Everything the child wrote to stderr so far.
-    log: Arc<Mutex<String>>,
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Served {
     fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.lock().unwrap().join("\n")
     }
 }
 
 /// `leasegate serve` as a child at `RUST_LOG=debug`, its stderr kept.
 async fn serve(scenario: &Scenario, env: &[(&str, &str)]) -> Served {
-    let mut command = tokio::process::Command::new(LEASEGATE);
+    let mut command = ServedChild::command(scenario, env);
     command
-        .arg("serve")
-        .arg("--config")
-        .arg(scenario.config_path())
         .env("RUST_LOG", "debug")
-        .env_remove("LEASEGATE_LOG_BODIES")
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    for (name, value) in env {
-        command.env(name, value);
-    }
-    let mut child = command.spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let log = Arc::new(Mutex::new(String::new()));
-    let (mut mcp, mut control) = (None, None);
-    within("leasegate serve to listen", async {
-        while mcp.is_none() || control.is_none() {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .unwrap_or_else(|| panic!("leasegate exited: {}", log.lock().unwrap()));
-            log.lock().unwrap().push_str(&format!("{line}\n"));
-            if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
-                mcp = Some(url.to_owned());
-            }
-            if let Some(url) = line.strip_prefix("leasegate: control API at ") {
-                control = Some(url.trim_end_matches("/v1").to_owned());
-            }
-        }
-    })
-    .await;
-    let kept = log.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            kept.lock().unwrap().push_str(&format!("{line}\n"));
-        }
-    });
+        .env_remove("LEASEGATE_LOG_BODIES");
+    let served = ServedChild::spawn(command).await;
     Served {
-        child,
-        mcp: mcp.unwrap(),
-        control: control.unwrap(),
-        log,
+        child: served.child,
+        mcp: served.mcp,
+        control: served.control,
+        log: served.log,
     }
 }
 

@@ -324,3 +324,81 @@ pub fn lease_meta(lease: &LeaseClaim) -> Map<String, Value> {
 pub fn operation_note(result: &CallToolResult) -> Value {
     leasegate::mcp::front::operation_of(result).unwrap_or(json!(null))
 }
+
+/// A `leasegate serve` child process whose stderr the test reads: the URLs
+/// its listeners print, and every line it logs (kept draining, so the child
+/// never blocks on a full pipe).
+pub struct ServedChild {
+    pub child: tokio::process::Child,
+    /// `http://…/mcp`.
+    pub mcp: String,
+    /// The control listener's base URL (without `/v1`).
+    pub control: String,
+    /// Every stderr line so far.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Ends when stderr does (the child exited).
+    pub drained: tokio::task::JoinHandle<()>,
+}
+
+impl ServedChild {
+    /// `leasegate serve --config <scenario's config>` with `env`.
+    pub fn command(scenario: &Scenario, env: &[(&str, &str)]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(LEASEGATE);
+        command
+            .arg("serve")
+            .arg("--config")
+            .arg(scenario.config_path());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        command
+    }
+
+    /// Spawns `command` (stderr piped here, killed on drop) and waits, with
+    /// the suite's deadline, until both listeners are announced; a child
+    /// that exits first fails the test with what it logged.
+    pub async fn spawn(mut command: tokio::process::Command) -> ServedChild {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut child = command
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn leasegate serve");
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (mut mcp, mut control) = (None, None);
+        super::within("leasegate serve to listen", async {
+            while mcp.is_none() || control.is_none() {
+                let line = lines.next_line().await.unwrap().unwrap_or_else(|| {
+                    panic!("leasegate exited: {}", log.lock().unwrap().join("\n"))
+                });
+                if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
+                    mcp = Some(url.to_owned());
+                }
+                if let Some(url) = line.strip_prefix("leasegate: control API at ") {
+                    control = Some(url.trim_end_matches("/v1").to_owned());
+                }
+                log.lock().unwrap().push(line);
+            }
+        })
+        .await;
+        let kept = log.clone();
+        let drained = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        ServedChild {
+            child,
+            mcp: mcp.unwrap(),
+            control: control.unwrap(),
+            log,
+            drained,
+        }
+    }
+
+    /// Everything logged so far, one line per line.
+    pub fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
