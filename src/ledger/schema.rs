@@ -62,7 +62,8 @@ pub static MIGRATOR: LazyLock<Migrator> = LazyLock::new(|| {
 
 /// Every function file, then the digest record.
 fn install_sql() -> String {
-    let mut sql = String::new();
+    // As in `apply`: no "does not exist, skipping" notices in the log.
+    let mut sql = String::from("SET LOCAL client_min_messages = warning;\n");
     for (_, text) in FUNCTION_FILES {
         sql.push_str(text);
         sql.push('\n');
@@ -121,6 +122,11 @@ pub(crate) async fn apply(conn: &mut PgConnection) -> Result<bool, sqlx::Error> 
         tx.commit().await?;
         return Ok(false);
     }
+    // The files drop superseded signatures with `DROP … IF EXISTS`, whose
+    // "does not exist, skipping" notices are noise in a first run's log.
+    sqlx::query("SET LOCAL client_min_messages = warning")
+        .execute(&mut *tx)
+        .await?;
     for (_, text) in FUNCTION_FILES {
         sqlx::raw_sql(text).execute(&mut *tx).await?;
     }
