@@ -1911,21 +1911,6 @@ impl ServerHandler for Front {
                 .await;
         }
 
-        // A token of another tenant than this process serves: every run
-        // here is another tenant's, so a call under a lease is refused as
-        // "run not found"; no tool is its to call (`control::auth`, invariant 3).
-        if let Some(principal) = principal_of(&context)
-            && principal.tenant != self.state.config.tenant
-        {
-            tracing::info!(token_id = %principal.token_id, tool = %name, "call by a token of another tenant refused");
-            metrics::counter!("http_refused_total", "listener" => "mcp", "reason" => "other_tenant")
-                .increment(1);
-            return Err(if resolved.adapter.read_only {
-                invalid_params(format!("unknown tool {name:?}: see tools/list"))
-            } else {
-                convert::error_from_call(&CallError::RunNotFound)
-            });
-        }
         let mut keyed = None;
         if !resolved.adapter.read_only {
             self.begin_session_lease(&context).await?;
