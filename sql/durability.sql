@@ -149,6 +149,10 @@ FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   ledger_durability(),
   ledger_timeline_switch(bigint, bigint),
-  failover_record(text, text, text, bigint, bigint, pg_lsn, pg_lsn),
-  failover_resolve(bigint, text, text)
+  failover_record(text, text, text, bigint, bigint, pg_lsn, pg_lsn)
 TO leasegate_app;
+-- Resolving a lossy failover resumes dispatch: an operator act
+-- (migrations/0007), revoked from the app role explicitly, since a
+-- database migrated before kept that grant.
+REVOKE EXECUTE ON FUNCTION failover_resolve(bigint, text, text) FROM leasegate_app;
+GRANT EXECUTE ON FUNCTION failover_resolve(bigint, text, text) TO leasegate_operator;

@@ -386,11 +386,13 @@ $$;
 -- unknown -> succeeded | failed_final from verified evidence: a query of
 -- the remote by operation id, a same-key retry, or an operator's resolution
 -- (which needs a note). The evidence is stored and cited by the event.
-CREATE OR REPLACE FUNCTION operation_converge(
+-- Shared by operation_converge (the reconciler, as leasegate_app) and
+-- operation_resolve (an operator, as leasegate_operator).
+CREATE OR REPLACE FUNCTION _op_converge(
   p_operation_id text, p_expected_revision bigint, p_status text, p_remote_id text,
   p_result jsonb, p_kind text, p_actor text, p_note text, p_evidence jsonb
 ) RETURNS operation_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
 DECLARE
   o  tool_operations;
   ev bigint;
@@ -435,6 +437,36 @@ BEGIN
           jsonb_build_object('evidence_id', ev, 'kind', p_kind, 'note', p_note, 'remote_id', p_remote_id));
   RETURN _op_result('converged', o.run_id, p_operation_id, ev);
 END
+$$;
+
+-- The reconciler's convergence (leasegate_app): evidence from the remote
+-- only — a query, a same-key retry, a late response. An operator's
+-- resolution is operation_resolve's, which the app role cannot run.
+CREATE OR REPLACE FUNCTION operation_converge(
+  p_operation_id text, p_expected_revision bigint, p_status text, p_remote_id text,
+  p_result jsonb, p_kind text, p_actor text, p_note text, p_evidence jsonb
+) RETURNS operation_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+  IF p_kind = 'operator' THEN
+    RAISE EXCEPTION 'an operator resolution is operation_resolve, run as leasegate_operator'
+      USING ERRCODE = '42501';
+  END IF;
+  RETURN _op_converge(p_operation_id, p_expected_revision, p_status, p_remote_id, p_result,
+                      p_kind, p_actor, p_note, p_evidence);
+END
+$$;
+
+-- An operator's resolution of an unknown operation (leasegate_operator
+-- only): unknown -> succeeded | failed_final with who and why (a note is
+-- required), kept as 'operator' evidence and cited by the event.
+CREATE OR REPLACE FUNCTION operation_resolve(
+  p_operation_id text, p_expected_revision bigint, p_status text, p_remote_id text,
+  p_result jsonb, p_actor text, p_note text, p_evidence jsonb
+) RETURNS operation_result
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+  SELECT _op_converge(p_operation_id, p_expected_revision, p_status, p_remote_id, p_result,
+                      'operator', p_actor, p_note, p_evidence)
 $$;
 
 -- Changes a planned intent (seed 9.3): the old prepared row becomes
@@ -712,7 +744,9 @@ REVOKE EXECUTE ON FUNCTION
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
+  _op_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
+  operation_resolve(text, bigint, text, text, jsonb, text, text, jsonb),
   operation_supersede(uuid, text, bigint, bytea, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
@@ -734,6 +768,16 @@ GRANT EXECUTE ON FUNCTION
   operation_reconcile_attempt(text, text, bigint, bigint, integer),
   operation_reconcile_refund(text, text, bigint),
   operation_reconcile_release(text, text, bigint),
-  operation_reconcile_resend(text, text, bigint, bigint, integer, jsonb),
-  operation_reconcile_reset(text, text, text)
+  operation_reconcile_resend(text, text, bigint, bigint, integer, jsonb)
 TO leasegate_app;
+-- Operator acts (migrations/0007): a resolution and a retry-budget reset
+-- are leasegate_operator's. Revoked from the app role explicitly, since a
+-- database migrated before kept that grant across CREATE OR REPLACE.
+REVOKE EXECUTE ON FUNCTION
+  operation_resolve(text, bigint, text, text, jsonb, text, text, jsonb),
+  operation_reconcile_reset(text, text, text)
+FROM leasegate_app;
+GRANT EXECUTE ON FUNCTION
+  operation_resolve(text, bigint, text, text, jsonb, text, text, jsonb),
+  operation_reconcile_reset(text, text, text)
+TO leasegate_operator;

@@ -186,11 +186,13 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
                       jsonb_build_object('reason', p_reason))
 $$;
 
--- Control plane: pending/running -> cancelled, no lease needed. It still
--- takes the lease row lock first, so it orders after any protected write in
--- flight, and every later write of the worker sees 'terminal'.
-CREATE OR REPLACE FUNCTION run_cancel(p_run_id uuid, p_actor text, p_reason text) RETURNS ledger_write_result
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+-- pending/running -> cancelled, its prepared operations with it. It takes
+-- the lease row lock first, so it orders after any protected write in
+-- flight, and every later write of the worker sees 'terminal'. Shared by
+-- run_cancel (an operator) and run_retire (the lease holder).
+CREATE OR REPLACE FUNCTION _run_cancel(p_run_id uuid, p_actor_kind text, p_actor text, p_reason text)
+RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
 DECLARE
   l worker_leases;
   r agent_runs;
@@ -217,15 +219,39 @@ BEGIN
   )
   INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
                              actor, revision, detail)
-  SELECT p_run_id, c.operation_id, 'operation', 'prepared', 'cancelled', 'operator', p_actor,
+  SELECT p_run_id, c.operation_id, 'operation', 'prepared', 'cancelled', p_actor_kind, p_actor,
          c.revision, jsonb_build_object('reason', p_reason, 'run_cancelled', true)
     FROM cancelled c;
   GET DIAGNOSTICS n = ROW_COUNT;
   INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, revision, detail)
-  VALUES (p_run_id, 'run', r.status, 'cancelled', 'operator', p_actor, r.revision + 1,
+  VALUES (p_run_id, 'run', r.status, 'cancelled', p_actor_kind, p_actor, r.revision + 1,
           jsonb_build_object('reason', p_reason, 'lease_owner', l.owner, 'lease_epoch', l.epoch,
                              'prepared_operations_cancelled', n));
   RETURN _ledger_result('applied', p_run_id);
+END
+$$;
+
+-- Control plane: an operator cancels a run, no lease needed
+-- (leasegate_operator only; migrations/0007).
+CREATE OR REPLACE FUNCTION run_cancel(p_run_id uuid, p_actor text, p_reason text) RETURNS ledger_write_result
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+  SELECT _run_cancel(p_run_id, 'operator', p_actor, p_reason)
+$$;
+
+-- The lease holder ends its own run as cancelled (lease mode `key` retires
+-- a run past its retention this way, after taking its lease over): fenced
+-- like every worker write (owner, epoch, token), recorded as the worker's.
+CREATE OR REPLACE FUNCTION run_retire(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
+                                      p_reason text) RETURNS ledger_write_result
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  verdict text;
+BEGIN
+  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, false);
+  IF verdict <> 'valid' THEN
+    RETURN _ledger_result(verdict, p_run_id);
+  END IF;
+  RETURN _run_cancel(p_run_id, 'worker', p_owner, p_reason);
 END
 $$;
 
@@ -236,7 +262,9 @@ REVOKE EXECUTE ON FUNCTION
   run_start(uuid, text, bigint, bytea, bigint),
   run_complete(uuid, text, bigint, bytea, bigint, jsonb),
   run_fail(uuid, text, bigint, bytea, bigint, jsonb),
-  run_cancel(uuid, text, text)
+  _run_cancel(uuid, text, text, text),
+  run_cancel(uuid, text, text),
+  run_retire(uuid, text, bigint, bytea, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   run_create(text, text, uuid, text, bigint, bytea),
@@ -244,5 +272,9 @@ GRANT EXECUTE ON FUNCTION
   run_start(uuid, text, bigint, bytea, bigint),
   run_complete(uuid, text, bigint, bytea, bigint, jsonb),
   run_fail(uuid, text, bigint, bytea, bigint, jsonb),
-  run_cancel(uuid, text, text)
+  run_retire(uuid, text, bigint, bytea, text)
 TO leasegate_app;
+-- Cancel is an operator act (migrations/0007); revoked from the app role
+-- explicitly, since a database migrated before kept that grant.
+REVOKE EXECUTE ON FUNCTION run_cancel(uuid, text, text) FROM leasegate_app;
+GRANT EXECUTE ON FUNCTION run_cancel(uuid, text, text) TO leasegate_operator;

@@ -55,6 +55,9 @@ pub fn metrics_handle() -> PrometheusHandle {
 pub struct Proxy {
     pub config: Config,
     pub ledger: Ledger,
+    /// The control API's operator routes run as `leasegate_operator`
+    /// through this small pool ([`open_operator`]).
+    pub operator: crate::control::OperatorLedger,
     pub front: Front,
     upstreams: Arc<Upstreams>,
     /// The background loops, when the policy runs them.
@@ -252,6 +255,7 @@ pub async fn run(
                 crate::control::with_upstream_health(
                     crate::control::router_with_metrics(
                         proxy.ledger.clone(),
+                        proxy.operator.clone(),
                         proxy.config.policy.integers,
                         proxy.config.tenant.clone(),
                         proxy.directory.clone(),
@@ -323,7 +327,19 @@ impl Proxy {
             bodies: config.policy.bodies(),
             ..LedgerOptions::default()
         };
-        let ledger = open_ledger(&config, options).await?;
+        let ledger = open_ledger(&config, options.clone()).await?;
+        let operator = match config.control_listen {
+            Some(_) => match open_operator(&config, options).await {
+                Ok(operator) => operator,
+                Err(error) => {
+                    ledger.close().await;
+                    return Err(error);
+                }
+            },
+            None => crate::control::OperatorLedger::Unavailable(
+                "no control API in this process".into(),
+            ),
+        };
         let owner = crate::dispatch::process_owner();
         // The durability contract, before anything is served: sync_replica
         // refuses to start without what it claims; local starts, holding
@@ -430,6 +446,7 @@ impl Proxy {
         Ok(Proxy {
             config,
             ledger,
+            operator,
             front,
             upstreams,
             background,
@@ -496,6 +513,7 @@ impl Proxy {
     pub async fn shutdown(self) {
         let Proxy {
             ledger,
+            operator,
             front,
             upstreams,
             background,
@@ -524,9 +542,73 @@ impl Proxy {
             tracing::warn!(%error, "could not record this process as stopped");
         }
         ledger.close().await;
+        if let crate::control::OperatorLedger::Ready(operator) = operator {
+            operator.close().await;
+        }
         // Stops the supervisors and ends the children, whoever still holds
         // the clients.
         upstreams.shutdown().await;
+    }
+}
+
+/// The operator routes' ledger: a pool of two sessions as
+/// `leasegate_operator`, through `database_operator_url` when set, else the
+/// ledger's own URL (whose login must then be a member of both roles).
+///
+/// * `database_operator_url` set and unusable: start-up fails (exit 6–9,
+///   or 15 when its login is not a member of `leasegate_operator`) — a
+///   login named for operator acts that cannot do them is a mistake.
+/// * not set, and the ledger's login is not a member of
+///   `leasegate_operator` (the least-privilege deployment: the proxy's
+///   login holds `leasegate_app` only): tool calls and every other route
+///   are served; the operator routes answer 503 `role_not_granted` and
+///   operators act through `leasegate ops …` as a login of their own.
+async fn open_operator(
+    config: &Config,
+    options: LedgerOptions,
+) -> anyhow::Result<crate::control::OperatorLedger> {
+    use crate::control::OperatorLedger;
+    use crate::ledger::{ConnectFailure, LedgerError, OPERATOR_ROLE, redacted_url};
+    let options = LedgerOptions {
+        session_role: Some(OPERATOR_ROLE.to_owned()),
+        max_connections: 2,
+        application_name: "leasegate-operator".to_owned(),
+        ..options
+    };
+    let (url, explicit) = match &config.database_operator_url {
+        Some(url) => (url.as_str(), true),
+        None => (config.database_url.as_str(), false),
+    };
+    let opened = tokio::time::timeout(
+        config.database_connect_timeout,
+        Ledger::connect(url, options),
+    )
+    .await;
+    match opened {
+        Ok(Ok(ledger)) => Ok(OperatorLedger::Ready(ledger)),
+        Ok(Err(LedgerError::Connect(error)))
+            if !explicit && error.failure == ConnectFailure::RoleNotGranted =>
+        {
+            tracing::warn!(
+                %error,
+                "the control API's operator routes (resolve, retry, cancel, failover resolve)                  answer 503 role_not_granted: operators act with `leasegate ops …` as a login                  that is a member of {OPERATOR_ROLE}, or set database_operator_url"
+            );
+            Ok(OperatorLedger::Unavailable(error.to_string()))
+        }
+        Ok(Err(error)) => Err(anyhow::Error::new(error).context(format!(
+            "opening the operator ledger ({OPERATOR_ROLE}) at {}{}",
+            redacted_url(url),
+            if explicit {
+                " (database_operator_url)"
+            } else {
+                ""
+            }
+        ))),
+        Err(_) => Err(anyhow::anyhow!(
+            "opening the operator ledger ({OPERATOR_ROLE}) at {}: no answer within {:?}              (database_connect_timeout)",
+            redacted_url(url),
+            config.database_connect_timeout
+        )),
     }
 }
 

@@ -111,6 +111,11 @@ pub struct RawConfig {
     /// (default "15s"): a server that never answers is reported and the
     /// process exits 6 instead of hanging.
     pub database_connect_timeout: Option<String>,
+    /// The login the operator routes of the control API (resolve, retry,
+    /// cancel, failover resolve) use, as the database role
+    /// `leasegate_operator`. Default: `database_url`'s login, which must
+    /// then be a member of both roles (README, "Database roles").
+    pub database_operator_url: Option<String>,
     pub tenant: Option<String>,
     pub listen: Option<String>,
     /// Control HTTP API address ("off" to disable).
@@ -276,6 +281,9 @@ pub struct Config {
     pub database_statement_timeout: std::time::Duration,
     /// How long start-up waits for the database to answer.
     pub database_connect_timeout: std::time::Duration,
+    /// `database_operator_url`: the operator routes' login (`None`: the
+    /// ledger's URL, `SET ROLE leasegate_operator`).
+    pub database_operator_url: Option<String>,
     pub tenant: String,
     pub listen: SocketAddr,
     /// `None`: the control API is off.
@@ -698,6 +706,18 @@ impl Config {
                 format!("database_url: {:?} {why}", crate::ledger::redacted_url(url)),
             ));
         }
+        if let Some(url) = &raw.database_operator_url
+            && let Some(why) = crate::ledger::url_problem(url)
+        {
+            return Err(ConfigError::of(
+                Problem::DatabaseUrl,
+                path,
+                format!(
+                    "database_operator_url: {:?} {why}",
+                    crate::ledger::redacted_url(url)
+                ),
+            ));
+        }
         let database_url =
             DatabaseUrl::resolve(None, None, Some((path, raw.database_url.as_deref())));
         let allowed_hosts = match &raw.allowed_hosts {
@@ -811,6 +831,7 @@ impl Config {
             database_max_connections,
             database_statement_timeout,
             database_connect_timeout,
+            database_operator_url: raw.database_operator_url.clone(),
             database_url: database_url.url,
             database_url_source: database_url.source,
             tenant,

@@ -1,5 +1,9 @@
 //! The operator CLI (`leasegate runs|lease|ops …`): the control API driven
-//! in-process, so the CLI and the API can never disagree. Each subcommand
+//! in-process, so the CLI and the API can never disagree. It connects to
+//! the database itself, never through a `leasegate serve`: operator acts
+//! ([`OperatorCommand::is_operator_act`]) as the role `leasegate_operator`,
+//! the rest as `leasegate_app`, so that in a least-privilege deployment the
+//! operator's own login (a member of `leasegate_operator` only) does them. Each subcommand
 //! is one request (method, REST path, JSON body) to the same router
 //! `leasegate serve` serves. Human-readable output by default, the API's
 //! JSON with `--json`; exit codes ([`ErrorCode::exit_code`]) tell not found,
@@ -84,6 +88,17 @@ pub enum RunsCommand {
     },
     /// Show a run: status, revision, checkpoint, lease holder and epoch.
     Show { run_id: String },
+    /// Cancel a run (pending or running) without its lease; its planned
+    /// (prepared) operations are cancelled with it. An operator act.
+    Cancel {
+        run_id: String,
+        /// Why (kept in the history).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Who cancels it (default: $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        actor: String,
+    },
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -500,6 +515,28 @@ impl OperatorCommand {
         }
     }
 
+    /// Whether this command is an operator act, whose SQL only the
+    /// database role `leasegate_operator` may execute (migrations/0007):
+    /// `runs cancel`, `ops resolve`, `ops retry`, `ops failover-resolve`.
+    /// Such a command connects as that role for all of its work (reads
+    /// included), so that it works from a login that is a member of
+    /// `leasegate_operator` only; every other command runs as
+    /// `leasegate_app`.
+    pub fn is_operator_act(&self) -> bool {
+        matches!(
+            self,
+            OperatorCommand::Runs {
+                command: RunsCommand::Cancel { .. },
+                ..
+            } | OperatorCommand::Ops {
+                command: OpsCommand::Resolve { .. }
+                    | OpsCommand::Retry { .. }
+                    | OpsCommand::FailoverResolve { .. },
+                ..
+            }
+        )
+    }
+
     /// The control API request this command makes.
     pub fn request(&self) -> ApiRequest {
         match self {
@@ -517,6 +554,14 @@ impl OperatorCommand {
                 RunsCommand::Show { run_id } => {
                     ApiRequest::get(format!("/v1/runs/{}", url_segment(run_id)))
                 }
+                RunsCommand::Cancel {
+                    run_id,
+                    reason,
+                    actor,
+                } => ApiRequest::post(
+                    format!("/v1/runs/{}/cancel", url_segment(run_id)),
+                    json!({"actor": actor, "reason": reason}),
+                ),
             },
             OperatorCommand::Lease { command, .. } => match command {
                 LeaseCommand::Acquire {
@@ -619,9 +664,18 @@ impl OperatorCommand {
                 Default::default(),
             ),
         };
+        let operator_act = self.is_operator_act();
         let options = LedgerOptions {
             max_connections: 2,
             bodies,
+            session_role: Some(
+                if operator_act {
+                    crate::ledger::OPERATOR_ROLE
+                } else {
+                    crate::ledger::APP_ROLE
+                }
+                .to_owned(),
+            ),
             ..Default::default()
         };
         let ledger = match Ledger::connect(&database.url, options).await {
@@ -631,8 +685,14 @@ impl OperatorCommand {
                 return report(common.json, code, &message);
             }
         };
+        let operator = if operator_act {
+            super::OperatorLedger::Ready(ledger.clone())
+        } else {
+            super::OperatorLedger::Unavailable("not an operator command".into())
+        };
         let ApiRequest { method, path, body } = self.request();
-        let (status, answer) = execute(ledger.clone(), tenant, method, &path, body).await;
+        let (status, answer) =
+            execute(ledger.clone(), operator, tenant, method, &path, body).await;
         ledger.close().await;
         if status.is_success() {
             println!(
@@ -702,6 +762,11 @@ pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode
             "the URL came from {source}. Run `leasegate migrate --database-url {target}` to \
              create the ledger there, or point --database-url at the database that holds it"
         ),
+        ConnectFailure::RoleNotGranted => format!(
+            "the URL came from {source}. Operator acts (ops resolve, ops retry, ops \
+             failover-resolve, runs cancel, tokens, secrets rotate) run as the database role \
+             leasegate_operator, every other command as leasegate_app (README, \"Database roles\")"
+        ),
     };
     (
         ErrorCode::from(connect.failure),
@@ -731,12 +796,13 @@ pub fn url_segment(text: &str) -> String {
 /// only, when given); returns status and JSON.
 pub async fn execute(
     ledger: Ledger,
+    operator: super::OperatorLedger,
     tenant: Option<String>,
     method: Method,
     path: &str,
     body: Option<Value>,
 ) -> (StatusCode, Value) {
-    let router = super::router_for_tenant(ledger, IntegerPolicy::Reject, tenant);
+    let router = super::router_with_tools(ledger, operator, IntegerPolicy::Reject, tenant, None);
     let request = Request::builder()
         .method(method)
         .uri(path)

@@ -57,8 +57,10 @@ pub(super) async fn resolve_failover(
             "a failover resolution needs \"by\" and a \"reason\"",
         ));
     }
+    // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
     match state
-        .ledger
+        .operator
+        .get()?
         .failover_resolve(id, &body.by, &body.reason)
         .await?
     {

@@ -40,6 +40,10 @@ pub mod exit {
     /// The private cluster could not be started (initdb or pg_ctl failed,
     /// root without a `postgres` user, an unusable state directory).
     pub const PRIVATE_POSTGRES_FAILED: u8 = 11;
+    /// The login may not become the database role the command needs
+    /// (`leasegate_app`, or `leasegate_operator` for operator acts).
+    /// (12–14 are `check-config`'s.)
+    pub const ROLE_NOT_GRANTED: u8 = 15;
 }
 
 /// Every error the control API answers: its JSON `code`, HTTP status and
@@ -103,11 +107,16 @@ pub enum ErrorCode {
     Unauthorized,
     /// A valid token whose scope does not cover the route (403).
     InsufficientScope,
+    /// The process's database login may not act as the role the request
+    /// needs: an operator route on a `leasegate serve` whose login is not a
+    /// member of `leasegate_operator`, or a CLI login that is not (503; CLI
+    /// exit 15).
+    RoleNotGranted,
 }
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 34] = [
+    pub const ALL: [ErrorCode; 35] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -142,6 +151,7 @@ impl ErrorCode {
         ErrorCode::KeyUnavailable,
         ErrorCode::Unauthorized,
         ErrorCode::InsufficientScope,
+        ErrorCode::RoleNotGranted,
     ];
 
     /// The stable `code` string of the JSON answer.
@@ -180,6 +190,7 @@ impl ErrorCode {
             ErrorCode::KeyUnavailable => "key_unavailable",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::InsufficientScope => "insufficient_scope",
+            ErrorCode::RoleNotGranted => "role_not_granted",
         }
     }
 
@@ -210,6 +221,7 @@ impl ErrorCode {
             | ErrorCode::DatabaseAuthFailed
             | ErrorCode::DatabaseMissing
             | ErrorCode::SchemaMissing
+            | ErrorCode::RoleNotGranted
             | ErrorCode::OutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::MalformedJson | ErrorCode::UnreadableBody => StatusCode::BAD_REQUEST,
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -248,6 +260,7 @@ impl ErrorCode {
             ErrorCode::DatabaseAuthFailed => exit::AUTHENTICATION_FAILED,
             ErrorCode::DatabaseMissing => exit::DATABASE_MISSING,
             ErrorCode::SchemaMissing => exit::SCHEMA_MISSING,
+            ErrorCode::RoleNotGranted => exit::ROLE_NOT_GRANTED,
             ErrorCode::MalformedJson
             | ErrorCode::InvalidBody
             | ErrorCode::UnreadableBody
@@ -300,6 +313,7 @@ impl From<ConnectFailure> for ErrorCode {
             ConnectFailure::AuthenticationFailed => ErrorCode::DatabaseAuthFailed,
             ConnectFailure::DatabaseMissing => ErrorCode::DatabaseMissing,
             ConnectFailure::SchemaMissing => ErrorCode::SchemaMissing,
+            ConnectFailure::RoleNotGranted => ErrorCode::RoleNotGranted,
         }
     }
 }

@@ -15,6 +15,17 @@
 //! * `cli`: the operator CLI (`leasegate runs|lease|ops …`), which drives the
 //!   same router in-process.
 //!
+//! # Database roles
+//!
+//! The operator routes — resolve and retry an operation, cancel a run,
+//! resolve a failover — run their SQL through [`OperatorLedger`], a ledger
+//! whose sessions are `leasegate_operator`; every other route runs as
+//! `leasegate_app`, which may not execute those functions (migrations/0007).
+//! A process without an operator ledger answers the operator routes 503
+//! `role_not_granted` and writes nothing. The audited actor stays the
+//! caller's (`actor`/`by` in the body, the CLI's `--actor`/`--by`), never
+//! the database role.
+//!
 //! Errors are JSON `{"code", "message"}` with a stable code: 409 for lease
 //! lost, conflicts and busy leases, 404 for unknown ids, 400/413/415/422 for
 //! bad input (422 `tenant_mismatch`: a run of another tenant than the
@@ -34,7 +45,7 @@ mod runs;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
-    MAX_BODY_BYTES, ROUTES, UpstreamHealthSource, guarded, router, router_for_tenant,
-    router_with_metrics, router_with_tools, serve, with_durability, with_metrics,
-    with_upstream_health,
+    MAX_BODY_BYTES, OperatorLedger, ROUTES, UpstreamHealthSource, guarded, router,
+    router_for_tenant, router_with_metrics, router_with_operator, router_with_tools, serve,
+    with_durability, with_metrics, with_upstream_health,
 };

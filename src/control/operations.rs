@@ -117,8 +117,10 @@ pub(super) async fn resolve_operation(
         .operation_record(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("operation"))?;
+    // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
     let outcome = state
-        .ledger
+        .operator
+        .get()?
         .operation_converge(crate::ledger::Converge {
             operation_id: &id,
             expected_revision: found.revision,
@@ -178,7 +180,8 @@ pub(super) async fn retry_operation(
     let id = OperationId::from_string(raw);
     caller.owns_operation(&state, &id).await?;
     match state
-        .ledger
+        .operator
+        .get()?
         .operation_reconcile_reset(&id, &body.actor, &body.note)
         .await?
     {

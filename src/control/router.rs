@@ -42,8 +42,41 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
 ];
 
+/// Who runs the operator routes' SQL — resolve, retry, cancel, failover
+/// resolve — which only the database role `leasegate_operator` may execute
+/// (migrations/0007): a compromised proxy, running as `leasegate_app`,
+/// cannot resolve as an operator.
+#[derive(Debug, Clone)]
+pub enum OperatorLedger {
+    /// A ledger whose sessions run as `leasegate_operator`.
+    Ready(Ledger),
+    /// This process cannot act as `leasegate_operator` (why, and the fix):
+    /// the operator routes answer 503 `role_not_granted`, nothing written.
+    Unavailable(String),
+}
+
+impl OperatorLedger {
+    /// The operator ledger, or the 503 that says why there is none.
+    pub(super) fn get(&self) -> Result<&Ledger, ApiError> {
+        match self {
+            OperatorLedger::Ready(ledger) => Ok(ledger),
+            OperatorLedger::Unavailable(why) => Err(ApiError::new(
+                ErrorCode::RoleNotGranted,
+                format!(
+                    "this leasegate cannot act as the database role leasegate_operator, which \
+                     operator acts need: {why}. Nothing was written. Use `leasegate ops …` with a \
+                     login that is a member of leasegate_operator, or give this process one \
+                     (database_operator_url)"
+                ),
+            )),
+        }
+    }
+}
+
 pub(super) struct ControlState {
     pub(super) ledger: Ledger,
+    /// The operator routes' ledger (see [`OperatorLedger`]).
+    pub(super) operator: OperatorLedger,
     pub(super) integers: IntegerPolicy,
     /// The one tenant this API creates runs for (`tenant` of the serving
     /// process's config): a run of another tenant would be "not found" on
@@ -59,32 +92,56 @@ pub(super) struct ControlState {
 pub(super) type Shared = State<Arc<ControlState>>;
 
 /// The control API as a router (serve it, or drive it with `oneshot` in
-/// tests), for runs of any tenant.
+/// tests), for runs of any tenant. Without an operator ledger: the
+/// operator routes answer 503 `role_not_granted` ([`router_with_operator`]
+/// has one).
 pub fn router(ledger: Ledger, integers: IntegerPolicy) -> Router {
     router_for_tenant(ledger, integers, None)
 }
 
+/// [`router`] whose operator routes run as `operator` (a ledger connected
+/// as `leasegate_operator`).
+pub fn router_with_operator(ledger: Ledger, operator: Ledger, integers: IntegerPolicy) -> Router {
+    router_with_tools(
+        ledger,
+        OperatorLedger::Ready(operator),
+        integers,
+        None,
+        None,
+    )
+}
+
 /// The control API of a process that serves one tenant (`Some`): runs of
 /// another tenant are refused (`tenant_mismatch`), and a create without
-/// `tenant_id` is for that tenant.
+/// `tenant_id` is for that tenant. No operator ledger.
 pub fn router_for_tenant(
     ledger: Ledger,
     integers: IntegerPolicy,
     tenant: Option<String>,
 ) -> Router {
-    router_with_tools(ledger, integers, tenant, None)
+    router_with_tools(
+        ledger,
+        OperatorLedger::Unavailable("this router was built without an operator ledger".into()),
+        integers,
+        tenant,
+        None,
+    )
 }
 
-/// [`router_for_tenant`] that also refuses planned intents for tools not in
-/// `tools` (`unknown_tool`), as the router `leasegate serve` serves does.
+/// The control API with every part given: the operator routes' ledger,
+/// the tenant, and the tools planned intents are judged against (`None`:
+/// not judged; `Some`: others are refused, `unknown_tool`, as the router
+/// `leasegate serve` serves does).
 pub fn router_with_tools(
     ledger: Ledger,
+    operator: OperatorLedger,
     integers: IntegerPolicy,
     tenant: Option<String>,
     tools: Option<Arc<SharedDirectory>>,
 ) -> Router {
     let state = Arc::new(ControlState {
         ledger,
+        operator,
         integers,
         tenant,
         tools,
@@ -167,13 +224,14 @@ pub fn with_durability(router: Router, gate: Arc<crate::durability::Gate>) -> Ro
 /// planned intents against its upstreams' `tools`, and `/metrics`.
 pub fn router_with_metrics(
     ledger: Ledger,
+    operator: OperatorLedger,
     integers: IntegerPolicy,
     tenant: String,
     tools: Arc<SharedDirectory>,
     handle: metrics_exporter_prometheus::PrometheusHandle,
 ) -> Router {
     with_metrics(
-        router_with_tools(ledger, integers, Some(tenant), Some(tools)),
+        router_with_tools(ledger, operator, integers, Some(tenant), Some(tools)),
         handle,
     )
 }

@@ -513,8 +513,10 @@ pub(super) async fn cancel(
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
     caller.owns_run(&state, run).await?;
+    // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
     let outcome = state
-        .ledger
+        .operator
+        .get()?
         .run_cancel(run, &body.actor, body.reason.as_deref())
         .await?;
     Ok(applied_json(run, &applied(outcome)?))

@@ -264,7 +264,8 @@ impl Ledger {
         rows.into_iter().map(|row| row.into_record(CALL)).collect()
     }
 
-    /// An operator resolves a failover, with who and why.
+    /// An operator resolves a failover, with who and why. Only a ledger
+    /// connected as [`super::OPERATOR_ROLE`] may (SQLSTATE 42501 otherwise).
     pub async fn failover_resolve(
         &self,
         failover_id: i64,

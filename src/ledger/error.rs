@@ -142,6 +142,10 @@ pub enum ConnectFailure {
     /// The database answered but holds no ledger (tables, functions or the
     /// application role missing): it was never migrated.
     SchemaMissing,
+    /// The login may not become the role the sessions need
+    /// ([`super::LedgerOptions::session_role`]): it is not a member of
+    /// `leasegate_app` (the proxy) or `leasegate_operator` (operator acts).
+    RoleNotGranted,
 }
 
 impl ConnectFailure {
@@ -199,6 +203,9 @@ impl ConnectError {
             }
             ConnectFailure::SchemaMissing => {
                 format!("{target} holds no leasegate ledger: {detail}")
+            }
+            ConnectFailure::RoleNotGranted => {
+                format!("the login at {target} may not act as the role it needs: {detail}")
             }
         }
     }

@@ -97,8 +97,10 @@ use error::{ErrorClass, classify};
 /// The database role the application runs as (created by the migrations).
 pub const APP_ROLE: &str = "leasegate_app";
 
-/// The database role of token management (`leasegate tokens …`; created by
-/// the migrations): the application role cannot mint or revoke tokens.
+/// The database role of operator acts (created by the migrations): token
+/// management (`leasegate tokens …`), re-sealing bodies (`secrets
+/// rotate`), resolving and retrying operations, cancelling runs, resolving
+/// failovers (migrations/0007). The application role can do none of these.
 pub const OPERATOR_ROLE: &str = "leasegate_operator";
 
 /// Settings of a [`Ledger`]. The defaults suit the seed's starting points
@@ -536,20 +538,35 @@ async fn preflight(connect: &PgConnectOptions, options: &LedgerOptions) -> Resul
     .await
     .map_err(|_| timed_out(&target))?
     .map_err(|source| connect_error(&target, source))?;
-    let checked: Result<(bool, bool, bool), sqlx::Error> = sqlx::query_as(
+    let checked: Result<(bool, bool, bool, bool, String), sqlx::Error> = sqlx::query_as(
         "SELECT to_regclass('ledger_functions') IS NOT NULL, \
                 EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'run_create' \
                         AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())), \
-                $1::text IS NULL OR EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)",
+                $1::text IS NULL OR EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1), \
+                $1::text IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1) \
+                  OR pg_has_role($1, 'MEMBER'), \
+                session_user::text",
     )
     .bind(options.session_role.as_deref())
     .fetch_one(&mut conn)
     .await;
     let _ = conn.close().await;
-    let (tables, functions, role) = checked.map_err(|source| LedgerError::Database {
-        call: "connect (schema check)",
-        source,
-    })?;
+    let (tables, functions, role, member, login) =
+        checked.map_err(|source| LedgerError::Database {
+            call: "connect (schema check)",
+            source,
+        })?;
+    if !member && let Some(role) = &options.session_role {
+        return Err(LedgerError::Connect(ConnectError {
+            failure: ConnectFailure::RoleNotGranted,
+            target,
+            detail: format!(
+                "the login role {login:?} is not a member of {role:?}, so its sessions cannot \
+                 SET ROLE {role}; grant it (`GRANT {role} TO \"{login}\"`, as the schema owner) \
+                 or use a login that is a member"
+            ),
+        }));
+    }
     let missing = [
         (!tables).then_some("the ledger tables"),
         (!functions).then_some("the ledger functions"),

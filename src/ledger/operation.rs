@@ -705,7 +705,11 @@ impl Ledger {
     }
 
     /// `unknown` → `succeeded` / `failed_final` from verified evidence. An
-    /// operator resolution needs a `note`; both who and why are recorded.
+    /// operator resolution ([`ConvergeEvidence::Operator`]) needs a `note`;
+    /// both who and why are recorded. It runs `operation_resolve`, which
+    /// only a ledger connected as [`super::OPERATOR_ROLE`] may execute: as
+    /// the application role it is refused (`LedgerError::Database`,
+    /// SQLSTATE 42501) and nothing is written.
     pub async fn operation_converge(
         &self,
         converge: Converge<'_>,
@@ -730,8 +734,24 @@ impl Ledger {
             .map(|r| self.stored_result(r, operation_id.as_str()))
             .transpose()?;
         let evidence = self.stored_evidence(evidence, operation_id.as_str())?;
-        let row: OpRow = self
-            .invoke(CALL, true, || {
+        // An operator's resolution is its own function, which only the
+        // operator role may execute (`OPERATOR_ROLE`; migrations/0007): the
+        // application role's `operation_converge` refuses the kind.
+        let row: OpRow = if kind == ConvergeEvidence::Operator {
+            self.invoke("operation_resolve", true, || {
+                sqlx::query_as("SELECT * FROM operation_resolve($1, $2, $3, $4, $5, $6, $7, $8)")
+                    .bind(operation_id.as_str())
+                    .bind(expected_revision)
+                    .bind(settlement.as_str())
+                    .bind(remote_id)
+                    .bind(result.as_ref().map(Json))
+                    .bind(actor)
+                    .bind(note)
+                    .bind(Json(&evidence))
+            })
+            .await?
+        } else {
+            self.invoke(CALL, true, || {
                 sqlx::query_as(
                     "SELECT * FROM operation_converge($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                 )
@@ -745,7 +765,8 @@ impl Ledger {
                 .bind(note)
                 .bind(Json(&evidence))
             })
-            .await?;
+            .await?
+        };
         Ok(match row.outcome(CALL)? {
             Outcome::Converged => ConvergeOutcome::Converged {
                 operation: row.record(CALL, self.bodies())?,
@@ -931,7 +952,8 @@ impl Ledger {
 
     /// An operator asks for an unknown operation to be tried again: its
     /// same-key retry budget starts over (e.g. after the upstream was down
-    /// or fixed). `actor` and `note` go to the history.
+    /// or fixed). `actor` and `note` go to the history. Only a ledger
+    /// connected as [`super::OPERATOR_ROLE`] may (SQLSTATE 42501 otherwise).
     pub async fn operation_reconcile_reset(
         &self,
         operation_id: &OperationId,

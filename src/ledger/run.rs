@@ -195,8 +195,33 @@ impl Ledger {
         )
     }
 
+    /// The lease holder ends its own run: pending/running → cancelled,
+    /// fenced like every worker write (owner, epoch, lease token); its
+    /// prepared operations are cancelled with it. Lease mode `key` retires
+    /// a run past its retention this way, after taking its lease over.
+    pub async fn run_retire(
+        &self,
+        claim: &LeaseClaim,
+        reason: &str,
+    ) -> Result<Fenced<Applied>, LedgerError> {
+        const CALL: &str = "run_retire";
+        let row: WriteRow = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT * FROM run_retire($1, $2, $3, $4, $5)")
+                    .bind(claim.run_id.as_uuid())
+                    .bind(claim.owner.as_str())
+                    .bind(claim.epoch)
+                    .bind(bind_hash(claim.token.as_ref()))
+                    .bind(reason)
+            })
+            .await?;
+        row.into_fenced(CALL, Expected::claim(claim))
+    }
+
     /// Control plane: pending/running → cancelled, without a lease. `actor`
-    /// (who asked) and `reason` go to the event history.
+    /// (who asked) and `reason` go to the event history. An operator act:
+    /// only a ledger connected as [`super::OPERATOR_ROLE`] may run it (the
+    /// application role is refused, SQLSTATE 42501, nothing written).
     pub async fn run_cancel(
         &self,
         run_id: RunId,

@@ -258,9 +258,16 @@ async fn take_task_run(
                         .map(|view| view.created_at);
                     let age = created.and_then(|at| (chrono::Utc::now() - at).to_std().ok());
                     if age.is_some_and(|age| age >= key.retention) {
-                        let _ = ledger
-                            .run_cancel(run.run_id, owner, Some("retention passed"))
-                            .await?;
+                        // Past retention: the key is a new request. The run
+                        // is retired by its lease holder — this process,
+                        // after taking the lease over — since cancelling
+                        // without a lease is an operator's act that the
+                        // application role cannot run (migrations/0007).
+                        if let AcquireOutcome::Acquired(grant) =
+                            ledger.lease_takeover(run.run_id, owner, ttl_ms).await?
+                        {
+                            let _ = ledger.run_retire(&grant.claim, "retention passed").await?;
+                        }
                         continue;
                     }
                     // Key mode: a live lease this process holds (its token
