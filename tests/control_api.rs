@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::TestDb;
-use leasegate::control::{ROUTES, router};
+use leasegate::control::ROUTES;
 use leasegate::intent::IntegerPolicy;
 use leasegate::ledger::{Ledger, MarkUnknown, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
@@ -18,6 +18,8 @@ use tower::ServiceExt;
 
 struct Api {
     ledger: Ledger,
+    /// The operator routes' ledger (as `leasegate_operator`).
+    operator: Ledger,
 }
 
 impl Api {
@@ -34,7 +36,11 @@ impl Api {
         let router = leasegate::control::with_metrics(
             leasegate::control::with_durability(
                 leasegate::control::with_upstream_health(
-                    router(self.ledger.clone(), IntegerPolicy::Reject),
+                    leasegate::control::router_with_operator(
+                        self.ledger.clone(),
+                        self.operator.clone(),
+                        IntegerPolicy::Reject,
+                    ),
                     std::sync::Arc::new(|| json!([{"name": "payments", "state": "up"}])),
                 ),
                 std::sync::Arc::new(leasegate::durability::Gate::unchecked()),
@@ -106,6 +112,7 @@ async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: P
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
 
     // Create (and replay), acquire with a generated owner, renew.
@@ -254,6 +261,7 @@ async fn documented_error_codes_come_with_their_http_status(
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let (run_id, owner, epoch, revision, token) = api.running("task", "holder").await;
     let missing = uuid::Uuid::now_v7();
@@ -418,6 +426,7 @@ async fn acceptance_a_and_c_through_the_http_api(pool: PgPoolOptions, connect: P
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let (run_id, owner, epoch, revision, token) = api.running("ac", "worker").await;
     let save = |expected: i64, n: i64| json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": expected, "checkpoint": {"n": n}});
@@ -467,6 +476,7 @@ async fn after_a_takeover_the_old_owner_gets_lease_lost_and_changes_nothing(
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let (status, run) = api
         .post(
@@ -542,6 +552,7 @@ async fn bad_input_gets_a_4xx_with_a_code_and_writes_nothing(
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let huge = json!({"task_id": "x".repeat(2 * 1024 * 1024)}).to_string();
     let cases: Vec<(&str, String, StatusCode, &str)> = vec![
@@ -620,6 +631,7 @@ async fn the_openapi_document_matches_the_served_routes(
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let document: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json")).unwrap(),
@@ -850,6 +862,7 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
     let db = TestDb::new(pool, connect).await;
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let (lease, _) = db.running_run("agent", 60_000).await;
     let intent = leasegate::intent::Intent::new(
@@ -988,6 +1001,7 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
     let send = |body: Value| {
         let router = leasegate::control::router_with_metrics(
             db.ledger.clone(),
+            leasegate::control::OperatorLedger::Ready(db.operator.clone()),
             IntegerPolicy::Reject,
             "tenant-a".to_owned(),
             Default::default(),
@@ -1054,6 +1068,7 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
     // The tenant-free router (the operator CLI without --config) takes any.
     let api = Api {
         ledger: db.ledger.clone(),
+        operator: db.operator.clone(),
     };
     let (status, _) = api
         .post(

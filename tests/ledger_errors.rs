@@ -126,7 +126,7 @@ async fn unknown_runs_and_malformed_ids_are_named_and_write_nothing(
     );
     assert_eq!(db.ledger.run_start(&claim, 0).await.unwrap(), not_found);
     assert_eq!(
-        db.ledger.run_cancel(missing, "ops", None).await.unwrap(),
+        db.operator.run_cancel(missing, "ops", None).await.unwrap(),
         not_found
     );
     assert!(db.ledger.run_get(missing).await.unwrap().is_none());

@@ -5,7 +5,12 @@
 mod common;
 
 use common::TestDb;
-use leasegate::ledger::Ledger;
+use leasegate::intent::{Intent, IntegerPolicy};
+use leasegate::ledger::{
+    Converge, ConvergeEvidence, ConvergeOutcome, Fenced, Ledger, MarkUnknown, RetryResetOutcome,
+    Settlement, UnknownBy, UnknownCause,
+};
+use serde_json::json;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -191,9 +196,11 @@ async fn every_function_has_one_home_and_the_right_grant(
     assert_eq!(in_migrations, ["ledger_events_refuse_change"]);
 
     // The database runs exactly those, and the application role may execute
-    // the public ones (no leading underscore) but token management, and none
-    // of the helpers; the operator role exactly token management and
-    // re-sealing stored bodies (`secrets rotate`).
+    // the public ones (no leading underscore) but the operator acts, and
+    // none of the helpers; the operator role exactly the operator acts:
+    // token management, re-sealing stored bodies (`secrets rotate`),
+    // resolving and retrying operations, cancelling runs, resolving
+    // failovers (migrations/0007).
     let installed: Vec<(String, bool, bool)> = sqlx::query_as(
         "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
                 has_function_privilege('leasegate_operator', p.oid, 'EXECUTE') \
@@ -209,7 +216,11 @@ async fn every_function_has_one_home_and_the_right_grant(
     let operators = [
         "access_token_create",
         "access_token_revoke",
+        "failover_resolve",
+        "operation_reconcile_reset",
         "operation_reseal",
+        "operation_resolve",
+        "run_cancel",
     ];
     for (name, app, operator) in &installed {
         let operators_only = operators.contains(&name.as_str());
@@ -310,4 +321,236 @@ async fn only_the_operator_role_mints_and_revokes_tokens(
         Some("42501")
     );
     tx.rollback().await.unwrap();
+}
+
+/// The SQLSTATE of a ledger error (`42501`: permission denied).
+fn sqlstate(error: &leasegate::ledger::LedgerError) -> String {
+    use std::error::Error;
+    error
+        .source()
+        .and_then(|e| e.downcast_ref::<sqlx::Error>())
+        .and_then(|e| e.as_database_error())
+        .and_then(|e| e.code().map(|c| c.into_owned()))
+        .unwrap_or_else(|| format!("not a database error: {error}"))
+}
+
+/// Least privilege for operator acts (issue 13, item 7; migrations/0007):
+/// a compromised proxy — a session as leasegate_app — cannot resolve an
+/// operation, start its retry budget over, cancel a run or resolve a lossy
+/// failover: each is permission denied and nothing changes (rows, events).
+/// The same calls as leasegate_operator are applied, with the caller's
+/// actor in the history.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // An unknown operation (a timed-out charge) on a running run, and an
+    // unresolved lossy failover.
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let intent = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &json!({"amount": 3}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
+    db.ledger
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({}),
+        })
+        .await
+        .unwrap();
+    let (failover_id,): (i64,) = sqlx::query_as(
+        "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
+         new_timeline, acknowledged_lsn, lossy) VALUES ('proxy-1', '42', 1, 2, '0/10', true) \
+         RETURNING failover_id",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    let id = intent.operation_id.clone();
+    let snapshot = || async {
+        sqlx::query_as::<_, (String, i64, String, i64, bool, i64)>(
+            "SELECT (SELECT status FROM tool_operations WHERE operation_id = $1), \
+                    (SELECT revision FROM tool_operations WHERE operation_id = $1), \
+                    (SELECT status FROM agent_runs WHERE run_id = $2), \
+                    (SELECT count(*) FROM ledger_events), \
+                    (SELECT resolved_at IS NULL FROM ledger_failovers WHERE failover_id = $3), \
+                    (SELECT count(*) FROM operation_evidence)",
+        )
+        .bind(id.as_str())
+        .bind(lease.run_id.as_uuid())
+        .bind(failover_id)
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+    };
+    let before = snapshot().await;
+    assert_eq!(
+        (before.0.as_str(), before.2.as_str(), before.4),
+        ("unknown", "running", true)
+    );
+    let resolve = |ledger: Ledger, revision: i64| {
+        let id = id.clone();
+        async move {
+            ledger
+                .operation_converge(Converge {
+                    operation_id: &id,
+                    expected_revision: revision,
+                    settlement: Settlement::Succeeded,
+                    remote_id: Some("ch_1"),
+                    result: None,
+                    kind: ConvergeEvidence::Operator,
+                    actor: "alice",
+                    note: Some("the bank shows the charge"),
+                    evidence: &json!({}),
+                })
+                .await
+        }
+    };
+
+    // As the proxy's role: every operator act is permission denied.
+    let app = &db.ledger;
+    let refused = [
+        (
+            "operation_resolve",
+            resolve(app.clone(), before.1).await.map(|_| ()),
+        ),
+        (
+            "operation_reconcile_reset",
+            app.operation_reconcile_reset(&id, "alice", "upstream back")
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "run_cancel",
+            app.run_cancel(lease.run_id, "alice", Some("stop"))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "failover_resolve",
+            app.failover_resolve(failover_id, "alice", "compared by hand")
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (call, outcome) in refused {
+        let error = outcome.expect_err(call);
+        assert_eq!(sqlstate(&error), "42501", "{call}: {error}");
+    }
+    // Nor can the app role reach a resolution through the reconciler's
+    // function by naming the operator's kind, or call the SQL directly.
+    let sneaky = as_app_role(
+        &db,
+        "SELECT * FROM operation_converge((SELECT operation_id FROM tool_operations), \
+         (SELECT revision FROM tool_operations), 'succeeded', NULL, NULL, 'operator', 'mallory', \
+         'trust me', '{}')",
+    )
+    .await
+    .expect_err("operator kind through operation_converge");
+    assert!(sneaky.starts_with("42501"), "{sneaky}");
+    assert_eq!(snapshot().await, before, "nothing written by the app role");
+
+    // As the operator role: each is applied, with the caller as the actor.
+    let operator = &db.operator;
+    match operator
+        .operation_reconcile_reset(&id, "alice", "upstream back")
+        .await
+        .unwrap()
+    {
+        RetryResetOutcome::Reset(_) => {}
+        other => panic!("expected a reset, got {other:?}"),
+    }
+    let revision: i64 =
+        sqlx::query_scalar("SELECT revision FROM tool_operations WHERE operation_id = $1")
+            .bind(id.as_str())
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+    match resolve(operator.clone(), revision).await.unwrap() {
+        ConvergeOutcome::Converged { operation, .. } => {
+            assert_eq!(operation.status.as_str(), "succeeded")
+        }
+        other => panic!("expected a resolution, got {other:?}"),
+    }
+    assert!(matches!(
+        operator
+            .failover_resolve(failover_id, "alice", "compared by hand")
+            .await
+            .unwrap(),
+        leasegate::ledger::FailoverResolveOutcome::Resolved
+    ));
+    assert!(matches!(
+        operator
+            .run_cancel(lease.run_id, "alice", Some("stop"))
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
+    let after = snapshot().await;
+    assert_eq!(
+        (after.0.as_str(), after.2.as_str(), after.4),
+        ("succeeded", "cancelled", false)
+    );
+    let actors: Vec<(String, String)> = sqlx::query_as(
+        "SELECT actor_kind, actor FROM ledger_events WHERE event_id > (SELECT max(event_id) - 3 \
+         FROM ledger_events) ORDER BY event_id",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        actors,
+        vec![("operator".to_owned(), "alice".to_owned()); 3],
+        "reset, resolution and cancel recorded as the operator who asked"
+    );
+    let (by,): (String,) =
+        sqlx::query_as("SELECT resolved_by FROM ledger_failovers WHERE failover_id = $1")
+            .bind(failover_id)
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(by, "alice");
+}
+
+/// The proxy still retires a run it holds the lease of (lease mode `key`
+/// past retention): `run_retire` is fenced by the lease token, so the app
+/// role needs no operator right for it, and a stale holder cannot.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_lease_holder_retires_its_run_and_a_stale_holder_cannot(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("worker", 60_000).await;
+    let mut forged = lease.clone();
+    forged.epoch += 1;
+    assert!(matches!(
+        db.ledger.run_retire(&forged, "retention passed").await.unwrap(),
+        Fenced::Rejected(_)
+    ));
+    assert_eq!(db.run_row(lease.run_id).await.0, "running");
+    assert!(matches!(
+        db.ledger.run_retire(&lease, "retention passed").await.unwrap(),
+        Fenced::Applied(_)
+    ));
+    assert_eq!(db.run_row(lease.run_id).await.0, "cancelled");
+    let (kind, actor): (String, String) = sqlx::query_as(
+        "SELECT actor_kind, actor FROM ledger_events WHERE run_id = $1 AND to_status = 'cancelled'",
+    )
+    .bind(lease.run_id.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!((kind.as_str(), actor.as_str()), ("worker", "worker"));
 }

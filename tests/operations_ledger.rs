@@ -493,7 +493,7 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
         .unwrap();
 
     applied(
-        db.ledger
+        db.operator
             .run_cancel(lease.run_id, "ops@example", Some("stop"))
             .await
             .unwrap(),
@@ -913,7 +913,7 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
     assert!(summary.oldest_age_seconds.unwrap() >= 0.0);
 
     let resolve = |revision| {
-        let ledger = db.ledger.clone();
+        let ledger = db.operator.clone();
         let id = wire.operation_id.clone();
         async move {
             ledger
@@ -932,7 +932,7 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
         }
     };
     let no_note = db
-        .ledger
+        .operator
         .operation_converge(Converge {
             operation_id: &wire.operation_id,
             expected_revision: unknown.revision,
@@ -1205,7 +1205,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                         .unwrap();
                 }
                 Event::Converge(settlement) => {
-                    db.ledger
+                    db.operator
                         .operation_converge(Converge {
                             operation_id: &original.operation_id,
                             expected_revision: record.revision,
@@ -1222,7 +1222,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                 }
                 Event::CancelRun => {
                     applied(
-                        db.ledger
+                        db.operator
                             .run_cancel(lease.run_id, "alice", None)
                             .await
                             .unwrap(),

@@ -128,7 +128,7 @@ async fn a_task_with_a_live_run_gets_no_second_run(pool: PgPoolOptions, connect:
     );
     // Once cancelled, a retry is allowed.
     applied(
-        db.ledger
+        db.operator
             .run_cancel(first.run_id, "ops", None)
             .await
             .unwrap(),

@@ -24,7 +24,7 @@ async fn run_in(db: &TestDb, status: RunStatus) -> (LeaseClaim, i64) {
         RunStatus::Pending | RunStatus::Running => return (claim, revision),
         RunStatus::Succeeded => db.ledger.run_complete(&claim, revision, None).await,
         RunStatus::Failed => db.ledger.run_fail(&claim, revision, &json!("boom")).await,
-        RunStatus::Cancelled => db.ledger.run_cancel(claim.run_id, "operator", None).await,
+        RunStatus::Cancelled => db.operator.run_cancel(claim.run_id, "operator", None).await,
     };
     (claim, applied(last.unwrap()).revision)
 }
@@ -49,7 +49,7 @@ async fn database_follows_the_transition_table_for_every_status_and_event(
                 RunEvent::Complete => db.ledger.run_complete(&claim, revision, None).await,
                 RunEvent::Fail => db.ledger.run_fail(&claim, revision, &json!("x")).await,
                 RunEvent::Cancel => {
-                    db.ledger
+                    db.operator
                         .run_cancel(claim.run_id, "operator", Some("test"))
                         .await
                 }
@@ -275,7 +275,7 @@ async fn cancelled_run_refuses_every_worker_write_and_renewal(
     let db = TestDb::new(pool, connect).await;
     let (claim, revision) = db.running_run("worker", 30_000).await;
     applied(
-        db.ledger
+        db.operator
             .run_cancel(claim.run_id, "ops@example", Some("customer asked"))
             .await
             .unwrap(),
@@ -295,7 +295,7 @@ async fn cancelled_run_refuses_every_worker_write_and_renewal(
         cancelled
     );
     assert_eq!(
-        db.ledger
+        db.operator
             .run_cancel(claim.run_id, "ops@example", None)
             .await
             .unwrap(),

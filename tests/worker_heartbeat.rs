@@ -107,7 +107,7 @@ async fn heartbeat_stops_the_worker_when_an_operator_cancels_the_run(
         .await
         .unwrap();
     applied(
-        db.ledger
+        db.operator
             .run_cancel(run_id, "ops", Some("stop it"))
             .await
             .unwrap(),

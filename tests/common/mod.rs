@@ -25,6 +25,9 @@ pub struct TestDb {
     pub admin: PgPool,
     /// The ledger as the application uses it (SET ROLE leasegate_app).
     pub ledger: Ledger,
+    /// The ledger as an operator uses it (SET ROLE leasegate_operator):
+    /// resolve, retry, cancel, failover resolve (migrations/0007).
+    pub operator: Ledger,
     /// URL of this test's database, for child processes.
     pub url: String,
 }
@@ -53,10 +56,23 @@ impl TestDb {
             .connect_with(connect.clone())
             .await
             .expect("connect the admin pool (is PostgreSQL up at DATABASE_URL?)");
-        let ledger = Ledger::connect_with(connect, options)
+        let operator_options = LedgerOptions {
+            session_role: Some(leasegate::ledger::OPERATOR_ROLE.to_owned()),
+            max_connections: 2,
+            ..options.clone()
+        };
+        let ledger = Ledger::connect_with(connect.clone(), options)
             .await
             .expect("connect the ledger as the application role");
-        Self { admin, ledger, url }
+        let operator = Ledger::connect_with(connect, operator_options)
+            .await
+            .expect("connect the ledger as the operator role");
+        Self {
+            admin,
+            ledger,
+            operator,
+            url,
+        }
     }
 
     /// A fresh task with one pending run and a free lease.
