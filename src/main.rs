@@ -387,9 +387,13 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                     report.changed_meanwhile
                 );
             }
+            println!(
+                "re-sealed {} evidence rows under key {}",
+                report.evidence_resealed, report.key_id
+            );
             for (key_id, count) in &report.evidence_under_other_keys {
                 println!(
-                    "{count} evidence rows stay sealed under key {key_id} (append-only): keep it in encryption_keys to read them"
+                    "{count} evidence rows stay sealed under key {key_id} (not re-sealed: see above): keep it in encryption_keys to read them"
                 );
             }
             if report.failed.is_empty() && report.changed_meanwhile == 0 {

@@ -404,8 +404,28 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     second.child.kill().await.unwrap();
     assert!(!second.log().contains(SECRET_CARD), "{}", second.log());
 
-    // Rotation: k2 becomes current, k1 stays readable; every operation is
-    // sealed under k2 afterwards.
+    // Rotation: k2 becomes current, k1 stays readable; every operation and
+    // every evidence row is sealed under k2 afterwards.
+    let evidence_kids = || async {
+        let bodies: Vec<Value> = sqlx::query_scalar("SELECT body FROM operation_evidence")
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+        let mut kids = Vec::new();
+        for body in &bodies {
+            leasegate::policy::secrets::sealed_key_ids(body, &mut kids);
+        }
+        kids
+    };
+    let before = evidence_kids().await;
+    assert!(
+        !before.is_empty() && before.iter().all(|kid| kid == "k1"),
+        "the retry's evidence is sealed under k1: {before:?}"
+    );
+    let evidence_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_evidence")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
     let rotated = format!(
         "{FAST}{sealed}encryption_key_id = \"k2\"\n\
          encryption_keys = {{ k1 = \"env:LG_TEST_KEY_1\", k2 = \"file:k2.key\" }}\n"
@@ -434,6 +454,28 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     .await
     .unwrap();
     assert_eq!(kids, vec![Some("k2".to_owned()); 4]);
+    let after = evidence_kids().await;
+    assert_eq!(
+        after,
+        vec!["k2".to_owned(); before.len()],
+        "every sealed evidence value re-sealed under k2"
+    );
+    let resealed = said
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("re-sealed ")?
+                .strip_suffix(" evidence rows under key k2")?
+                .parse::<i64>()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no evidence count in: {said}"));
+    assert!(resealed > 0, "{said}");
+    // Re-sealing changed bodies only: no evidence row added or removed.
+    let rows_after: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_evidence")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(rows_after, evidence_rows);
     assert!(!dump(&db).await.contains(SECRET_CARD));
 
     // k2 alone opens the operations now; k1 alone is a clear per-row error;
