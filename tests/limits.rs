@@ -495,9 +495,27 @@ async fn a_principal_over_its_rate_gets_429_with_retry_after_and_others_do_not(
         if !post {
             assert!(body.contains("\"rate_limited\""), "{body}");
         }
-        // Another principal (a token of its own) has its own bucket.
-        let other = send(Some("Bearer another-principal")).await.unwrap();
-        assert_eq!(other.status(), 200);
+        // Without tokens the principal is the peer address: a header names
+        // no principal of its own (it is verified by no one) ...
+        let header = send(Some("Bearer another-principal")).await.unwrap();
+        assert_eq!(header.status(), 429, "{url}");
+        // ... and another address has its own bucket.
+        let elsewhere = reqwest::Client::builder()
+            .timeout(DEADLINE)
+            .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+            .build()
+            .unwrap();
+        let request = if post {
+            elsewhere
+                .post(&url)
+                .header("content-type", "application/json")
+                .header("accept", "application/json, text/event-stream")
+                .header("mcp-protocol-version", "2025-11-25")
+                .body(list)
+        } else {
+            elsewhere.get(&url)
+        };
+        assert_eq!(request.send().await.unwrap().status(), 200, "{url}");
     }
     let answer = common::wait_until("/metrics within the rate", || async {
         let response = client
@@ -770,4 +788,81 @@ async fn a_low_open_file_limit_lowers_the_connection_cap_instead_of_running_out(
         "the lowered cap is logged: {lines:#?}"
     );
     assert!(!lines.iter().any(|l| l.contains("accept failed")));
+}
+
+/// `leasegate tokens create … --json`: the token text.
+async fn create_token(db: &TestDb, scope: &str) -> String {
+    let output = tokio::process::Command::new(LEASEGATE)
+        .args(["tokens", "create", "--json", "--database-url", &db.url])
+        .args(["--tenant", "tenant-a", "--scope", scope])
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "tokens create: {stdout}");
+    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    answer["token"].as_str().unwrap().to_owned()
+}
+
+/// With tokens required, the rate bucket is taken after authentication:
+/// a verified token's requests count against its token id, and every
+/// missing or bad token from one address counts against that address's one
+/// bucket — inventing tokens does not buy fresh buckets (before, each
+/// presented header had its own).
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn rate_buckets_are_the_verified_tokens_and_bad_tokens_share_their_address(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "");
+    append_limits(
+        &scenario,
+        "rate_limit = 1\nrate_limit_burst = 2\n\n[auth]\nmode = \"required\"\n",
+    );
+    let first = create_token(&db, "operator").await;
+    let second = create_token(&db, "operator").await;
+    let served = Served::start(&scenario, &[]).await;
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/upstreams", served.control);
+    let send = |token: String| {
+        client
+            .get(&url)
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+    };
+    // Bad tokens, a new one each time: two refusals, then the address's
+    // bucket is spent. A refill in between (1/s) may let one more through.
+    let bogus = |n: usize| format!("lgt_{:016x}_{}", n, "x".repeat(43));
+    let mut statuses = Vec::new();
+    for n in 0..6 {
+        let status = send(bogus(n)).await.unwrap().status().as_u16();
+        statuses.push(status);
+        if status == 429 {
+            break;
+        }
+    }
+    assert!(
+        statuses.len() <= 4 && statuses.last() == Some(&429),
+        "distinct bad tokens from one address share one bucket: {statuses:?}"
+    );
+    assert!(statuses[..statuses.len() - 1].iter().all(|s| *s == 401), "{statuses:?}");
+    // A valid token has its own bucket: the bad ones did not spend it ...
+    let mut own = Vec::new();
+    for _ in 0..6 {
+        let status = send(first.clone()).await.unwrap().status().as_u16();
+        own.push(status);
+        if status == 429 {
+            break;
+        }
+    }
+    assert!(own.len() >= 2 && own.len() <= 4, "{own:?}");
+    assert!(own[..own.len() - 1].iter().all(|s| *s == 200), "{own:?}");
+    assert_eq!(own.last(), Some(&429), "{own:?}");
+    // ... and it is not the other token's: that one still passes.
+    assert_eq!(send(second.clone()).await.unwrap().status(), 200);
+    served.stop().await;
 }

@@ -53,6 +53,10 @@ pub struct Limits {
     /// required ([`Limits::for_serving`]).
     pub rate_limit_defaulted: bool,
     pub log_field_max_bytes: usize,
+    /// Tokens are verified on the listeners (set by [`Limits::for_serving`]):
+    /// a request's rate bucket is then its verified token's, taken after
+    /// authentication (`limits::rate`), not a digest of what it presented.
+    pub verified_principals: bool,
 }
 
 /// Requests per second and burst, per principal and listener.
@@ -132,6 +136,7 @@ impl RawLimits {
             rate_limit: (per_second > 0).then_some(RateLimit { per_second, burst }),
             rate_limit_defaulted: self.rate_limit.is_none(),
             log_field_max_bytes,
+            verified_principals: false,
         })
     }
 }
@@ -147,6 +152,7 @@ impl Limits {
         if limits.rate_limit_defaulted && !auth_required {
             limits.rate_limit = None;
         }
+        limits.verified_principals = auth_required;
         limits
     }
 }

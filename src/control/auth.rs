@@ -244,8 +244,18 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
         .await
     {
         Ok(principal) => principal,
-        Err(refusal) => return gate.unauthenticated(&host, refusal),
+        Err(refusal) => {
+            // Every refused credential of one address shares its bucket.
+            if let Some(limited) = crate::limits::rate::admit(&request, None) {
+                return limited;
+            }
+            return gate.unauthenticated(&host, refusal);
+        }
     };
+    // The rate bucket of the verified token (`limits::rate`, check 2).
+    if let Some(limited) = crate::limits::rate::admit(&request, Some(&principal.token_id)) {
+        return limited;
+    }
     let needed = match gate.listener {
         Listener::Mcp => Some(AGENT),
         Listener::Control => request

@@ -2,9 +2,22 @@
 //! own buckets; a request over its principal's rate gets 429 with
 //! `Retry-After` (whole seconds, at least 1) before any handler runs.
 //!
-//! The principal is a digest of the `Authorization` header when there is
-//! one (a token's requests share a bucket wherever they come from), else
-//! the peer's IP address (IPv6: its /64, what one host usually holds).
+//! Two checks:
+//!
+//! 1. Before anything else (the outermost layer, before Host/Origin and
+//!    before the token is looked up): the peer address's allowance,
+//!    [`ADDRESS_ALLOWANCE`] times the rate, so a flood of invented tokens
+//!    from one address is bounded before it costs ledger lookups.
+//! 2. The principal's own bucket, at the rate. Where tokens are required
+//!    ([`crate::config::Limits::verified_principals`]) it is taken after
+//!    authentication ([`admit`], called by `control::auth`): a verified
+//!    token's requests count against its token id, wherever they come from
+//!    and however the header is spelled; a request whose token is missing
+//!    or not valid counts against its peer address's bucket — every bad
+//!    token from one client shares one bucket. Without tokens the bucket is
+//!    the peer address's, taken in the outer layer.
+//!
+//! The peer address is its IP (IPv6: its /64, what one host usually holds).
 //! Requests without a peer (the operator CLI's in-process router) are not
 //! limited.
 //!
@@ -37,31 +50,18 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// Who a request counts against.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Principal {
-    /// The first 16 bytes of SHA-256 of the `Authorization` header.
+    /// The first 16 bytes of SHA-256 of a verified token's id.
     Token([u8; 16]),
     Ip(IpAddr),
 }
 
 impl Principal {
-    /// The principal of a request: its bearer credential when it has an
-    /// `Authorization` header (scheme case and surrounding blanks do not
-    /// make another principal), else its peer address.
-    pub fn of(request: &Request) -> Option<Principal> {
-        if let Some(value) = request.headers().get(http::header::AUTHORIZATION) {
-            let text = String::from_utf8_lossy(value.as_bytes());
-            let text = text.trim();
-            let normalized = match text.split_once(char::is_whitespace) {
-                Some((scheme, credential)) => {
-                    format!("{} {}", scheme.to_ascii_lowercase(), credential.trim())
-                }
-                None => text.to_owned(),
-            };
-            let digest = sha2::Sha256::digest(normalized.as_bytes());
-            let mut key = [0; 16];
-            key.copy_from_slice(&digest[..16]);
-            return Some(Principal::Token(key));
-        }
-        Principal::address(request)
+    /// The principal of a verified token (its public id).
+    pub fn token(token_id: &str) -> Principal {
+        let digest = sha2::Sha256::digest(token_id.as_bytes());
+        let mut key = [0; 16];
+        key.copy_from_slice(&digest[..16]);
+        Principal::Token(key)
     }
 
     /// The peer address a request came from (IPv6: its /64), if known.
@@ -79,12 +79,28 @@ impl Principal {
     }
 }
 
-/// How many times a principal's rate one peer address may send in all:
-/// the credential is not verified yet when the limit is checked, so a
-/// client inventing a new `Authorization` value per request would get a
-/// fresh bucket each time (and cost a ledger lookup each); the address
-/// bound caps that, and leaves room for several agents behind one address.
+/// How many times a principal's rate one peer address may send in all,
+/// checked before the credential is verified: it bounds what a client
+/// inventing a new `Authorization` value per request costs (a ledger
+/// lookup each), and leaves room for several agents behind one address.
 pub const ADDRESS_ALLOWANCE: u32 = 10;
+
+/// The listener's limiter, in a request's extensions for [`admit`].
+#[derive(Clone)]
+pub struct Pending(Arc<Limiter>);
+
+/// Takes a request's principal bucket after authentication (module docs,
+/// check 2): `token_id` of the verified token, or `None` when the request
+/// was refused (its peer address's bucket). `Some(429)` when over the rate;
+/// `None` to go on (also when the listener has no rate limit).
+pub fn admit(request: &Request, token_id: Option<&str>) -> Option<Response> {
+    let Pending(limiter) = request.extensions().get::<Pending>()?;
+    let principal = match token_id {
+        Some(id) => Principal::token(id),
+        None => Principal::address(request)?,
+    };
+    limiter.take(&principal).err()
+}
 
 struct Limiter {
     buckets: DefaultKeyedRateLimiter<Principal>,
@@ -92,10 +108,19 @@ struct Limiter {
     addresses: DefaultKeyedRateLimiter<Principal>,
     clock: DefaultClock,
     listener: Listener,
+    /// Whether the principal bucket waits for [`admit`] (tokens verified).
+    verified: bool,
 }
 
 /// `router` behind the rate limit of `listener`.
-pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum::Router {
+/// `verified`: tokens are required on this listener, so the principal
+/// bucket is taken after authentication ([`admit`]).
+pub fn layer(
+    router: axum::Router,
+    listener: Listener,
+    rate: RateLimit,
+    verified: bool,
+) -> axum::Router {
     let quota = Quota::per_second(NonZeroU32::new(rate.per_second).unwrap_or(NonZeroU32::MIN))
         .allow_burst(NonZeroU32::new(rate.burst).unwrap_or(NonZeroU32::MIN));
     let scaled =
@@ -106,6 +131,7 @@ pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum:
         addresses: DefaultKeyedRateLimiter::keyed(address_quota),
         clock: DefaultClock::default(),
         listener,
+        verified,
     });
     {
         // Invariant 1; ends with the router (the last strong reference).
@@ -125,30 +151,43 @@ pub fn layer(router: axum::Router, listener: Listener, rate: RateLimit) -> axum:
         });
     }
     router.layer(axum::middleware::from_fn(
-        move |request: Request, next: Next| {
-            let limiter = limiter.clone();
-            async move { limiter.check(request, next).await }
-        },
+        move |request: Request, next: Next| limiter.clone().check(request, next),
     ))
 }
 
 impl Limiter {
-    async fn check(&self, request: Request, next: Next) -> Response {
-        let verdict = Principal::address(&request)
-            .map_or(Ok(()), |address| self.addresses.check_key(&address))
-            .and_then(|()| {
-                Principal::of(&request)
-                    .map_or(Ok(()), |principal| self.buckets.check_key(&principal))
-            });
-        match verdict {
-            Ok(()) => next.run(request).await,
-            Err(not_until) => {
-                let wait = not_until.wait_time_from(self.clock.now());
-                let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
-                refused(self.listener, Refusal::RateLimited);
-                too_many(self.listener, seconds.max(1))
+    async fn check(self: Arc<Self>, mut request: Request, next: Next) -> Response {
+        let Some(address) = Principal::address(&request) else {
+            return next.run(request).await;
+        };
+        let verdict = self.addresses.check_key(&address).and_then(|()| {
+            if self.verified {
+                Ok(())
+            } else {
+                self.buckets.check_key(&address)
             }
+        });
+        if let Err(not_until) = verdict {
+            return self.refuse(not_until);
         }
+        if self.verified {
+            request.extensions_mut().insert(Pending(self.clone()));
+        }
+        next.run(request).await
+    }
+
+    /// Takes one request from `principal`'s bucket.
+    fn take(&self, principal: &Principal) -> Result<(), Response> {
+        self.buckets
+            .check_key(principal)
+            .map_err(|not_until| self.refuse(not_until))
+    }
+
+    fn refuse(&self, not_until: governor::NotUntil<<DefaultClock as Clock>::Instant>) -> Response {
+        let wait = not_until.wait_time_from(self.clock.now());
+        let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        refused(self.listener, Refusal::RateLimited);
+        too_many(self.listener, seconds.max(1))
     }
 }
 

@@ -79,7 +79,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let router = match limits.rate_limit {
-        Some(rate) => super::rate::layer(router, name, rate),
+        Some(rate) => super::rate::layer(router, name, rate, limits.verified_principals),
         None => router,
     };
     let stop = CancellationToken::new();
