@@ -336,9 +336,9 @@ impl Proxy {
                     return Err(error);
                 }
             },
-            None => crate::control::OperatorLedger::Unavailable(
-                "no control API in this process".into(),
-            ),
+            None => {
+                crate::control::OperatorLedger::Unavailable("no control API in this process".into())
+            }
         };
         let owner = crate::dispatch::process_owner();
         // The durability contract, before anything is served: sync_replica

@@ -99,8 +99,12 @@
 //!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
 //!   tokens on both listeners, route scopes, the caller's tenant), the
 //!   handlers (`runs`, `operations`), and `cli`, the operator CLI (`runs`,
-//!   `lease`, `ops`: each one REST request to the same router, in-process;
-//!   `tokens`: straight to the ledger as `leasegate_operator`).
+//!   `lease`, `ops`: each one REST request to the same router, in-process,
+//!   operator acts as `leasegate_operator` and the rest as `leasegate_app`;
+//!   `tokens`: straight to the ledger as `leasegate_operator`). The operator
+//!   routes (resolve, retry, cancel, failover resolve) run their SQL through
+//!   `OperatorLedger`, a pool as `leasegate_operator`, or answer 503
+//!   `role_not_granted` when the process has none.
 //! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
 //!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
 //!   until a shutdown future completes (`main`: ctrl-c/SIGTERM; tests: a
@@ -114,7 +118,10 @@
 //!   `0002`: operations, evidence; `0003`: detected failovers; `0004`:
 //!   access tokens and the `leasegate_operator` role, the only one that may
 //!   mint or revoke them; `0005`: the lease token's hash,
-//!   `ledger::LeaseToken`; `0006`: identifier checks) and the
+//!   `ledger::LeaseToken`; `0006`: identifier checks; `0007`: operator
+//!   acts — resolve, retry reset, cancel, failover resolve — are
+//!   `leasegate_operator`'s alone, which reads the ledger; evidence bodies
+//!   may be re-sealed in place by `evidence_reseal` only) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity

@@ -797,3 +797,75 @@ async fn jwts_of_the_configured_issuer_act_for_their_claims_tenant_and_scope(
     client.cancel().await.unwrap();
     proxy.stop().await;
 }
+
+/// The official Python SDK (mcp 2.3.0, the suite's venv) against `[auth]
+/// mode = "required"`: the default client given an `Authorization: Bearer`
+/// header on its HTTP client lists the tools and makes a gated call with a
+/// lease token (one charge); the default client without it is refused 401
+/// (counted `missing_token`) and reaches no tool.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_refused_without(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_with_auth(&db);
+    let agent = create_token(&db, "tenant-a", "agent").await;
+    let operator = create_token(&db, "tenant-a", "operator").await;
+    let served = serve(&scenario).await;
+    let (lease, _) = db.running_run("python-agent", 60_000).await;
+    let mut command = tokio::process::Command::new(common::peers::python());
+    command
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/bearer.py"))
+        .arg(&served.mcp)
+        .env("LEASEGATE_BEARER", &agent)
+        .env("LEASEGATE_RUN_ID", lease.run_id.to_string())
+        .env("LEASEGATE_OWNER", &lease.owner)
+        .env("LEASEGATE_EPOCH", lease.epoch.to_string())
+        .env(
+            "LEASEGATE_LEASE_TOKEN",
+            lease.token.as_ref().unwrap().expose(),
+        );
+    let output = within("the Python SDK client", command.kill_on_drop(true).output())
+        .await
+        .expect("the test Python runs");
+    let checks: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
+    assert!(
+        output.status.success() && failed.is_empty() && checks.len() == 3,
+        "{} of {} checks failed:\n{}\nstderr:\n{}",
+        failed.len(),
+        checks.len(),
+        serde_json::to_string_pretty(&failed).unwrap(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // One charge, under the lease, recorded as succeeded.
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    let (status,): (String,) = sqlx::query_as(
+        "SELECT status FROM tool_operations WHERE run_id = $1 AND tool_name = 'payments__charge'",
+    )
+    .bind(lease.run_id.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(status, "succeeded");
+    // The refusal without a token was counted.
+    let metrics = request(
+        "GET",
+        &format!("{}/metrics", served.control),
+        Some(&operator),
+        None,
+    )
+    .await;
+    assert_eq!(metrics.status, 200);
+    let text = metrics.body.as_str().unwrap_or_default().to_owned();
+    let refused = common::prometheus::sum(
+        &text,
+        "http_refused_total",
+        &[("listener", "mcp"), ("reason", "missing_token")],
+    );
+    assert!(refused >= 1.0, "{text}");
+}

@@ -5,7 +5,7 @@
 mod common;
 
 use common::TestDb;
-use leasegate::intent::{Intent, IntegerPolicy};
+use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{
     Converge, ConvergeEvidence, ConvergeOutcome, Fenced, Ledger, MarkUnknown, RetryResetOutcome,
     Settlement, UnknownBy, UnknownCause,
@@ -544,12 +544,18 @@ async fn the_lease_holder_retires_its_run_and_a_stale_holder_cannot(
     let mut forged = lease.clone();
     forged.epoch += 1;
     assert!(matches!(
-        db.ledger.run_retire(&forged, "retention passed").await.unwrap(),
+        db.ledger
+            .run_retire(&forged, "retention passed")
+            .await
+            .unwrap(),
         Fenced::Rejected(_)
     ));
     assert_eq!(db.run_row(lease.run_id).await.0, "running");
     assert!(matches!(
-        db.ledger.run_retire(&lease, "retention passed").await.unwrap(),
+        db.ledger
+            .run_retire(&lease, "retention passed")
+            .await
+            .unwrap(),
         Fenced::Applied(_)
     ));
     assert_eq!(db.run_row(lease.run_id).await.0, "cancelled");

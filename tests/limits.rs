@@ -849,7 +849,10 @@ async fn rate_buckets_are_the_verified_tokens_and_bad_tokens_share_their_address
         statuses.len() <= 4 && statuses.last() == Some(&429),
         "distinct bad tokens from one address share one bucket: {statuses:?}"
     );
-    assert!(statuses[..statuses.len() - 1].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(
+        statuses[..statuses.len() - 1].iter().all(|s| *s == 401),
+        "{statuses:?}"
+    );
     // A valid token has its own bucket: the bad ones did not spend it ...
     let mut own = Vec::new();
     for _ in 0..6 {

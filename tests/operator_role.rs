@@ -16,7 +16,7 @@ mod common;
 
 use common::proxy::{LEASEGATE, RunningProxy, Scenario, call, connect_http};
 use common::{TestDb, http};
-use leasegate::intent::{Intent, IntegerPolicy};
+use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{MarkUnknown, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -211,7 +211,11 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
             "{path}: the message names the role and the login: {message}"
         );
     }
-    assert_eq!(state(&db, &run, &operation).await, before, "nothing written");
+    assert_eq!(
+        state(&db, &run, &operation).await,
+        before,
+        "nothing written"
+    );
     // Reads still work for the operator scope's routes.
     let shown = http::get(&format!("{}/v1/operations/{operation}", proxy.control_url)).await;
     assert_eq!(shown.status, 200, "{}", shown.body);
@@ -221,7 +225,9 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     // saying which role and login, nothing written.
     let (code, _, stderr) = cli(
         &url_as(&db, &app_login),
-        &["ops", "retry", &operation, "--note", "again", "--actor", "mallory"],
+        &[
+            "ops", "retry", &operation, "--note", "again", "--actor", "mallory",
+        ],
     );
     assert_eq!(code, 15, "{stderr}");
     assert!(
@@ -233,14 +239,26 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     // Its reads still work as leasegate_app.
     let (code, stdout, stderr) = cli(&url_as(&db, &app_login), &["ops", "show", &operation]);
     assert_eq!(code, 0, "{stdout}{stderr}");
-    assert_eq!(state(&db, &run, &operation).await, before, "nothing written");
+    assert_eq!(
+        state(&db, &run, &operation).await,
+        before,
+        "nothing written"
+    );
 
     // The operator's own login (leasegate_operator only) does each act; the
     // history names the CLI's actor.
     let ops_url = url_as(&db, &ops_login);
     let (code, stdout, stderr) = cli(
         &ops_url,
-        &["ops", "retry", &operation, "--note", "bank API back", "--actor", "alice"],
+        &[
+            "ops",
+            "retry",
+            &operation,
+            "--note",
+            "bank API back",
+            "--actor",
+            "alice",
+        ],
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
     let (code, stdout, stderr) = cli(
@@ -261,7 +279,15 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     assert_eq!(code, 0, "{stdout}{stderr}");
     let (code, stdout, stderr) = cli(
         &ops_url,
-        &["runs", "cancel", &run, "--reason", "customer asked", "--actor", "alice"],
+        &[
+            "runs",
+            "cancel",
+            &run,
+            "--reason",
+            "customer asked",
+            "--actor",
+            "alice",
+        ],
     );
     assert_eq!(code, 0, "{stdout}{stderr}");
     let (code, stdout, stderr) = cli(

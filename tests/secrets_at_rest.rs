@@ -10,7 +10,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::proxy::{LEASEGATE, Scenario, ServedChild, call, connect_http};
-use common::{TestDb, http, wait_until};
+use common::{TestDb, http, wait_until, within};
 use leasegate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
 use leasegate::ledger::{Ledger, LedgerError, LedgerOptions};
 use leasegate::policy::{Bodies, Keyring, RequestBodyPolicy, ResultBodyPolicy};
@@ -517,4 +517,70 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
         .await
         .unwrap_err();
     assert!(error.to_string().contains("does not open it"), "{error}");
+}
+
+/// `LEASEGATE_LOG_BODIES=1`, the one documented debug setting that lets
+/// bodies into the log: two `leasegate serve` processes at `RUST_LOG=debug`
+/// make the same calls (a read-only call and a gated charge) with a marker
+/// in their arguments; only the one with the setting logs the marker (and
+/// says so at start), the other logs neither marker nor warning.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn bodies_reach_the_log_only_with_leasegate_log_bodies(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, FAST);
+    let mut logs = Vec::new();
+    for with_bodies in [false, true] {
+        let marker = format!("body-marker-{}", uuid::Uuid::new_v4().simple());
+        let mut command = ServedChild::command(&scenario, &[("RUST_LOG", "debug")]);
+        if with_bodies {
+            command.env("LEASEGATE_LOG_BODIES", "1");
+        } else {
+            command.env_remove("LEASEGATE_LOG_BODIES");
+        }
+        let mut served = ServedChild::spawn(command).await;
+        let (agent, _) = connect_http(&served.mcp, None).await;
+        let read = call(
+            &agent,
+            "payments__get_charge",
+            json!({"charge_id": marker}),
+            None,
+        )
+        .await;
+        assert!(read.is_ok(), "{read:?}");
+        let (lease, _) = db
+            .running_run(&format!("agent-{with_bodies}"), 60_000)
+            .await;
+        let (gated, _) = connect_http(&served.mcp, Some(&lease)).await;
+        let charged = call(
+            &gated,
+            "payments__charge",
+            json!({"amount": 3, "currency": "eur", "card": marker}),
+            None,
+        )
+        .await;
+        assert!(charged.is_ok(), "{charged:?}");
+        drop((agent, gated));
+        served.child.kill().await.unwrap();
+        let log = served.log.clone();
+        let _ = within("its stderr to be read to the end", served.drained).await;
+        let text = log.lock().unwrap().join("\n");
+        logs.push((with_bodies, marker, text));
+    }
+    for (with_bodies, marker, log) in logs {
+        assert_eq!(
+            log.contains(&marker),
+            with_bodies,
+            "LEASEGATE_LOG_BODIES={with_bodies}: the marker in the log:\n{log}"
+        );
+        assert_eq!(
+            log.contains("LEASEGATE_LOG_BODIES is set"),
+            with_bodies,
+            "{log}"
+        );
+        // Debug logging was on in both: the difference is the setting.
+        assert!(log.contains("DEBUG"), "{log}");
+    }
 }

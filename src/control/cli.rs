@@ -691,8 +691,7 @@ impl OperatorCommand {
             super::OperatorLedger::Unavailable("not an operator command".into())
         };
         let ApiRequest { method, path, body } = self.request();
-        let (status, answer) =
-            execute(ledger.clone(), operator, tenant, method, &path, body).await;
+        let (status, answer) = execute(ledger.clone(), operator, tenant, method, &path, body).await;
         ledger.close().await;
         if status.is_success() {
             println!(

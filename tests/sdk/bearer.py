@@ -1,0 +1,77 @@
+"""The official Python SDK (default client, mcp 2.3.0) through leasegate's
+HTTP front with `[auth] mode = "required"`.
+
+Run by tests/auth.rs; prints one JSON line per check
+({"check": name, "ok": bool, "detail": ...}) and exits 0 when every check
+passed. With an `Authorization: Bearer` header on the SDK's own HTTP client
+(`streamable_http_client(url, http_client=httpx2.AsyncClient(headers=...))`)
+it lists the tools and makes a gated call under the lease given in the
+environment; the default client without the header is refused with 401.
+
+usage: bearer.py URL   (LEASEGATE_BEARER, LEASEGATE_RUN_ID, LEASEGATE_OWNER,
+                        LEASEGATE_EPOCH, LEASEGATE_LEASE_TOKEN in the environment)
+"""
+
+import json
+import os
+import sys
+import traceback
+import warnings
+
+import anyio
+import httpx2
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+warnings.simplefilter("ignore")
+
+URL = sys.argv[1]
+LEASE = {
+    "dev.leasegate/lease": {
+        "run_id": os.environ["LEASEGATE_RUN_ID"],
+        "owner": os.environ["LEASEGATE_OWNER"],
+        "epoch": int(os.environ["LEASEGATE_EPOCH"]),
+        "token": os.environ["LEASEGATE_LEASE_TOKEN"],
+    }
+}
+failures = 0
+
+
+def report(check, ok, detail=None):
+    global failures
+    if not ok:
+        failures += 1
+    print(json.dumps({"check": check, "ok": bool(ok), "detail": detail}, default=str), flush=True)
+
+
+def described(error):
+    """An exception (group) and its causes as text."""
+    return "".join(traceback.format_exception(error))[-3000:]
+
+
+async def main():
+    headers = {"Authorization": f"Bearer {os.environ['LEASEGATE_BEARER']}"}
+    try:
+        transport = streamable_http_client(URL, http_client=httpx2.AsyncClient(headers=headers))
+        async with Client(transport) as client:
+            names = sorted(t.name for t in (await client.list_tools()).tools)
+            report("lists tools with the bearer token", "payments__charge" in names, names)
+            result = await client.call_tool(
+                "payments__charge", {"amount": 11, "currency": "eur"}, meta=LEASE
+            )
+            detail = result.model_dump(by_alias=True, exclude_none=True, mode="json")
+            report("a gated call with the bearer token and the lease token", not result.is_error, detail)
+    except BaseException as error:  # noqa: BLE001 - reported, not raised
+        report("connects with the bearer token", False, described(error))
+
+    try:
+        async with Client(URL) as client:
+            await client.list_tools()
+        report("the default client without a token is refused", False, "it connected")
+    except BaseException as error:  # noqa: BLE001 - the refusal is the expected outcome
+        text = described(error)
+        report("the default client without a token is refused", "401" in text, text)
+
+
+anyio.run(main)
+sys.exit(1 if failures else 0)
