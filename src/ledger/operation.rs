@@ -32,9 +32,9 @@ use sqlx::types::Json;
 use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
+use super::durability::{WalColumns, WalPosition};
 use super::operation_types::route_of;
 use super::stored_json::{self, Raw};
-use super::durability::{WalColumns, WalPosition};
 use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
 use super::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced,
@@ -641,7 +641,10 @@ impl Ledger {
                 let claim = operation
                     .claim()
                     .ok_or_else(|| protocol(CALL, "claimed without a claim"))?;
-                (Fenced::Applied(InlineClaim::Claimed { operation, claim }), None)
+                (
+                    Fenced::Applied(InlineClaim::Claimed { operation, claim }),
+                    None,
+                )
             }
             Outcome::Exists => (
                 Fenced::Applied(InlineClaim::Existing(operation)),
