@@ -42,6 +42,25 @@ BEGIN
 END
 $$;
 
+-- Where this server's WAL stands, for the acknowledged high-water of one
+-- call (src/durability): the system identifier, the current timeline (as
+-- ledger_durability reads it) and the WAL insert position, which is at or
+-- beyond the end of every commit acknowledged before this call, on any
+-- session. timeline and wal_lsn are NULL on a standby. Read by the hot
+-- path's own statements (operation_settle_acknowledged after its commit,
+-- operation_register_claim on a replay), so the sample costs no round trip.
+CREATE OR REPLACE FUNCTION ledger_wal_position(OUT system_identifier text, OUT timeline bigint,
+                                               OUT wal_lsn bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+  system_identifier := (SELECT c.system_identifier::text FROM pg_control_system() c);
+  IF NOT pg_is_in_recovery() THEN
+    wal_lsn := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
+    timeline := ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint;
+  END IF;
+END
+$$;
+
 -- Where timeline p_old_timeline ended, from the history file of
 -- p_new_timeline (lines "parent_tli <tab> switch_lsn <tab> reason"). NULL
 -- when the file cannot be read (privileges, missing file) or names no such
@@ -141,12 +160,14 @@ END
 $$;
 
 REVOKE EXECUTE ON FUNCTION
+  ledger_wal_position(),
   ledger_durability(),
   ledger_timeline_switch(bigint, bigint),
   failover_record(text, text, text, bigint, bigint, pg_lsn, pg_lsn),
   failover_resolve(bigint, text, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
+  ledger_wal_position(),
   ledger_durability(),
   ledger_timeline_switch(bigint, bigint),
   failover_record(text, text, text, bigint, bigint, pg_lsn, pg_lsn)

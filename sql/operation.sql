@@ -171,40 +171,175 @@ BEGIN
 END
 $$;
 
--- The proxy's hot path: validate the lease, register or find the intent,
--- and claim it, in one transaction. 'claimed' means the caller now holds a
+-- The proxy's hot path, one transaction: validate the lease, register or
+-- find the intent, and claim it. 'claimed' means the caller now holds a
 -- claim (dispatch_owner, revision, dispatch_until) and may send; 'exists'
 -- returns the operation as it is (settled, in flight under another claim,
 -- unknown, cancelled) and the caller must not send.
--- p_token_sha256: the lease token's hash, judged by _lease_fence.
+--
+-- One plpgsql body, no helper calls (each `SET search_path` helper costs a
+-- GUC save/restore per call and cannot be inlined); what it does is what
+-- _lease_fence, _op_upsert and _op_claim do, in their order:
+--   1. the lease row FOR SHARE joined to its run (tenant, status, revision):
+--      one index probe each. A run of another tenant than p_tenant (NULL:
+--      any) is 'not_found' before anything about its lease is judged. Then
+--      the fence verdicts of _lease_fence (not_found, lease_lost,
+--      lease_token_unset, lease_token_invalid, terminal); nothing written.
+--      FOR SHARE, not FOR UPDATE: a takeover (which updates the row) still
+--      waits for this transaction (invariant 1), while parallel calls of
+--      one run do not queue behind each other.
+--   2. a new intent is inserted directly as 'dispatching' under the claim
+--      (revision 1, dispatch_count 1), with ONE event (NULL -> dispatching,
+--      detail: inline, worker, dispatch_until): the 'prepared' state of an
+--      inline call was never visible outside this transaction.
+--   3. an existing one (same operation_id, or same run/step/effect_version:
+--      ON CONFLICT DO NOTHING covers both keys) is locked FOR UPDATE and
+--      compared on run, step, version, tool and digest: any difference is
+--      'intent_conflict' and nothing is written (invariant 3, on every
+--      path, the concurrent-insert one included). If it is 'prepared'
+--      (planned by a checkpoint, released unsent) it is claimed here with
+--      its prepared -> dispatching event; anything else is 'exists'.
+-- On 'exists' the answer also carries the WAL position read after the row
+-- was (system_identifier, timeline, wal_lsn: ledger_wal_position()): every
+-- commit visible to that read, the settle being replayed included, ends at
+-- or before it, so the caller can count it as the acknowledged high-water
+-- of a replay without another round trip (src/durability).
+-- p_token_sha256: the lease token's hash, judged as _lease_fence does.
 DROP FUNCTION IF EXISTS operation_register_claim(uuid, text, bigint, operation_intent, text, bigint);
+DROP FUNCTION IF EXISTS operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint);
 CREATE OR REPLACE FUNCTION operation_register_claim(
   p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea, p_intent operation_intent,
-  p_dispatch_owner text, p_claim_ttl_ms bigint
-) RETURNS operation_result
+  p_dispatch_owner text, p_claim_ttl_ms bigint, p_tenant text,
+  OUT outcome text, OUT run_status text, OUT run_revision bigint, OUT lease_owner text,
+  OUT lease_epoch bigint, OUT lease_expires_at timestamptz, OUT db_now timestamptz,
+  OUT operation_id text, OUT run_id uuid, OUT step_id text, OUT effect_version integer,
+  OUT tool_name text, OUT request_digest text, OUT status text, OUT revision bigint,
+  OUT dispatch_owner text, OUT dispatch_until timestamptz, OUT dispatch_count integer,
+  OUT remote_id text, OUT result jsonb, OUT evidence_id bigint, OUT upstream text,
+  OUT upstream_tool text, OUT system_identifier text, OUT timeline bigint, OUT wal_lsn bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
-  verdict   text;
-  v_outcome text;
-  v_found   text;
-  v_status  text;
+  v_tenant   text;
+  v_token    bytea;
+  o          tool_operations;
+  v_id       text := p_intent.operation_id;
+  attempt    integer := 0;
 BEGIN
-  PERFORM _check_claim_args(p_dispatch_owner, p_claim_ttl_ms);
-  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, true);
-  IF verdict <> 'valid' THEN
-    RETURN _op_result(verdict, p_run_id, NULL, NULL);
+  IF p_dispatch_owner IS NULL OR p_dispatch_owner = '' THEN
+    RAISE EXCEPTION 'dispatch owner must not be empty' USING ERRCODE = '22023';
   END IF;
-  SELECT * INTO v_outcome, v_found FROM _op_upsert(p_run_id, p_intent, p_owner, p_epoch);
-  IF v_outcome = 'intent_conflict' THEN
-    RETURN _op_result('intent_conflict', p_run_id, v_found, NULL);
+  IF p_claim_ttl_ms IS NULL OR p_claim_ttl_ms <= 0 THEN
+    RAISE EXCEPTION 'claim ttl must be > 0 ms, got %', p_claim_ttl_ms USING ERRCODE = '22023';
   END IF;
-  SELECT status INTO v_status FROM tool_operations WHERE operation_id = v_found;
-  IF v_status <> 'prepared' THEN
-    RETURN _op_result('exists', p_run_id, v_found, NULL);
+  IF v_id IS NULL OR p_intent.step_id IS NULL OR p_intent.effect_version IS NULL
+     OR p_intent.tool_name IS NULL OR p_intent.request_digest IS NULL THEN
+    RAISE EXCEPTION 'intent needs operation_id, step_id, effect_version, tool_name, request_digest: %', p_intent
+      USING ERRCODE = '22023';
   END IF;
-  PERFORM _op_claim(v_found, p_dispatch_owner, p_claim_ttl_ms, p_epoch,
-                    jsonb_build_object('inline', true, 'worker', p_owner));
-  RETURN _op_result('claimed', p_run_id, v_found, NULL);
+
+  -- 1. The fence (invariant 1, on the database clock: invariant 7).
+  SELECT l.owner, l.epoch, l.expires_at, l.token_sha256, r.status, r.revision, r.tenant_id
+    INTO lease_owner, lease_epoch, lease_expires_at, v_token, run_status, run_revision, v_tenant
+    FROM worker_leases l JOIN agent_runs r ON r.run_id = l.run_id
+   WHERE l.run_id = p_run_id
+     FOR SHARE OF l;
+  db_now := clock_timestamp();
+  run_id := p_run_id;
+  IF NOT FOUND OR (p_tenant IS NOT NULL AND v_tenant IS DISTINCT FROM p_tenant) THEN
+    lease_owner := NULL; lease_epoch := NULL; lease_expires_at := NULL;
+    run_status := NULL; run_revision := NULL;
+    outcome := 'not_found';
+    RETURN;
+  END IF;
+  IF lease_owner IS DISTINCT FROM p_owner OR lease_epoch IS DISTINCT FROM p_epoch
+     OR lease_expires_at <= db_now THEN
+    outcome := 'lease_lost';
+    RETURN;
+  END IF;
+  IF v_token IS NULL THEN
+    outcome := 'lease_token_unset';
+    RETURN;
+  END IF;
+  IF p_token_sha256 IS NULL OR v_token <> p_token_sha256 THEN
+    outcome := 'lease_token_invalid';
+    RETURN;
+  END IF;
+  IF run_status IN ('succeeded', 'failed', 'cancelled') THEN
+    outcome := 'terminal';
+    RETURN;
+  END IF;
+
+  LOOP
+    attempt := attempt + 1;
+    -- 2. A new intent: registered and claimed in one row.
+    INSERT INTO tool_operations AS t (operation_id, run_id, step_id, effect_version, tool_name,
+                                      request_digest, request_body, status, upstream, upstream_tool,
+                                      dispatch_owner, dispatch_until, dispatch_count, revision,
+                                      first_dispatched_at)
+    VALUES (v_id, p_run_id, p_intent.step_id, p_intent.effect_version, p_intent.tool_name,
+            p_intent.request_digest, COALESCE(p_intent.request_body, 'null'::jsonb), 'dispatching',
+            p_intent.upstream, p_intent.upstream_tool, p_dispatch_owner,
+            db_now + (p_claim_ttl_ms * interval '1 millisecond'), 1, 1, db_now)
+    ON CONFLICT DO NOTHING
+    RETURNING t.* INTO o;
+    IF FOUND THEN
+      INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                                 actor, epoch, revision, detail)
+      VALUES (p_run_id, v_id, 'operation', NULL, 'dispatching', 'dispatcher', p_dispatch_owner, p_epoch, 1,
+              jsonb_build_object('inline', true, 'worker', p_owner, 'dispatch_until', o.dispatch_until));
+      outcome := 'claimed';
+      EXIT;
+    END IF;
+    -- 3. It exists (or a concurrent transaction inserted a key of it and
+    -- committed: this statement's snapshot sees it).
+    SELECT * INTO o FROM tool_operations t WHERE t.operation_id = v_id FOR UPDATE;
+    IF NOT FOUND THEN
+      SELECT * INTO o FROM tool_operations t
+       WHERE t.run_id = p_run_id AND t.step_id = p_intent.step_id
+         AND t.effect_version = p_intent.effect_version
+         FOR UPDATE;
+    END IF;
+    IF FOUND THEN
+      IF o.operation_id <> v_id OR o.run_id <> p_run_id OR o.step_id <> p_intent.step_id
+         OR o.effect_version <> p_intent.effect_version OR o.tool_name <> p_intent.tool_name
+         OR o.request_digest <> p_intent.request_digest THEN
+        outcome := 'intent_conflict';
+      ELSIF o.status = 'prepared' THEN
+        UPDATE tool_operations t
+           SET status = 'dispatching', dispatch_owner = p_dispatch_owner,
+               dispatch_until = clock_timestamp() + (p_claim_ttl_ms * interval '1 millisecond'),
+               dispatch_count = t.dispatch_count + 1, revision = t.revision + 1,
+               updated_at = clock_timestamp(),
+               first_dispatched_at = COALESCE(t.first_dispatched_at, clock_timestamp())
+         WHERE t.operation_id = o.operation_id
+        RETURNING t.* INTO o;
+        INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                                   actor, epoch, revision, detail)
+        VALUES (o.run_id, o.operation_id, 'operation', 'prepared', 'dispatching', 'dispatcher',
+                p_dispatch_owner, p_epoch, o.revision,
+                jsonb_build_object('inline', true, 'worker', p_owner, 'dispatch_until', o.dispatch_until));
+        outcome := 'claimed';
+      ELSE
+        outcome := 'exists';
+        result := o.result;
+        SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
+          FROM ledger_wal_position() w;
+      END IF;
+      EXIT;
+    END IF;
+    -- The conflicting insert was rolled back, or its row is not visible yet:
+    -- try again.
+    IF attempt >= 3 THEN
+      RAISE EXCEPTION 'intent % keeps colliding with concurrent inserts', v_id USING ERRCODE = '40001';
+    END IF;
+  END LOOP;
+
+  operation_id := o.operation_id; run_id := o.run_id; step_id := o.step_id;
+  effect_version := o.effect_version; tool_name := o.tool_name; request_digest := o.request_digest;
+  status := o.status; revision := o.revision; dispatch_owner := o.dispatch_owner;
+  dispatch_until := o.dispatch_until; dispatch_count := o.dispatch_count; remote_id := o.remote_id;
+  upstream := o.upstream; upstream_tool := o.upstream_tool;
 END
 $$;
 
@@ -251,6 +386,11 @@ $$;
 -- else is stored as evidence of kind 'late_response' and settles nothing:
 -- 'stale_claim' (the operation moved on: unknown, re-claimed, settled,
 -- cancelled) or 'digest_mismatch'.
+-- The live claim settles in one guarded UPDATE (the guard is the claim
+-- itself; its row lock orders it after any concurrent change), plus its
+-- event. The answer names the operation as it is now, without the result
+-- (the caller sent it) and without the run and lease (settling has no
+-- fence verdicts).
 CREATE OR REPLACE FUNCTION operation_settle(
   p_operation_id text, p_dispatch_owner text, p_expected_revision bigint,
   p_request_digest text, p_status text, p_remote_id text, p_result jsonb
@@ -263,21 +403,27 @@ BEGIN
   IF p_status IS NULL OR p_status NOT IN ('succeeded', 'failed_final') THEN
     RAISE EXCEPTION 'settle status must be succeeded or failed_final, got %', p_status USING ERRCODE = '22023';
   END IF;
-  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
-  IF NOT FOUND THEN
-    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
-  END IF;
-  IF o.status = 'dispatching' AND o.dispatch_owner = p_dispatch_owner
-     AND o.revision = p_expected_revision AND o.request_digest = p_request_digest THEN
-    UPDATE tool_operations
-       SET status = p_status, remote_id = p_remote_id, result = p_result, dispatch_until = NULL,
-           revision = revision + 1, updated_at = clock_timestamp()
-     WHERE operation_id = p_operation_id;
+  UPDATE tool_operations
+     SET status = p_status, remote_id = p_remote_id, result = p_result, dispatch_until = NULL,
+         revision = revision + 1, updated_at = clock_timestamp()
+   WHERE operation_id = p_operation_id AND status = 'dispatching' AND dispatch_owner = p_dispatch_owner
+     AND revision = p_expected_revision AND request_digest = p_request_digest
+  RETURNING * INTO o;
+  IF FOUND THEN
     INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
                                actor, revision, detail)
     VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
-            p_dispatch_owner, o.revision + 1, jsonb_build_object('remote_id', p_remote_id));
-    RETURN _op_result('settled', o.run_id, p_operation_id, NULL);
+            p_dispatch_owner, o.revision,
+            CASE WHEN p_remote_id IS NULL THEN '{}'::jsonb
+                 ELSE jsonb_build_object('remote_id', p_remote_id) END);
+    RETURN ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), o.operation_id, o.run_id,
+               o.step_id, o.effect_version, o.tool_name, o.request_digest, o.status, o.revision,
+               o.dispatch_owner, o.dispatch_until, o.dispatch_count, o.remote_id, NULL, NULL,
+               o.upstream, o.upstream_tool)::operation_result;
+  END IF;
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RETURN _op_result('not_found', NULL, p_operation_id, NULL);
   END IF;
   INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome,
                                   remote_id, body)
@@ -288,6 +434,50 @@ BEGIN
   RETURNING evidence_id INTO ev;
   RETURN _op_result(CASE WHEN o.request_digest <> p_request_digest THEN 'digest_mismatch' ELSE 'stale_claim' END,
                     o.run_id, p_operation_id, ev);
+END
+$$;
+
+-- operation_settle, committed, then where the WAL stands: one statement
+-- (CALL), so the proxy's settle and its durability sample are one round
+-- trip. The COMMIT returns once the commit is as durable as the session's
+-- synchronous_commit makes it (invariant of src/durability: at least 'on'
+-- under sync_replica); the position is read after it, so it is at or
+-- beyond the end of this settle's commit record: an upper bound of what
+-- was acknowledged, as the separate sample was. A WAL position read inside
+-- the settle's own transaction would not be (the commit record comes after
+-- it), which is why this is a procedure.
+-- A procedure that commits can be neither SECURITY DEFINER nor carry a SET
+-- clause: it runs as the caller (leasegate_app), calls only granted
+-- functions, schema-qualified. On an error before the COMMIT nothing is
+-- written; a connection lost after it is "outcome unknown" as for any call.
+CREATE OR REPLACE PROCEDURE operation_settle_acknowledged(
+  p_operation_id text, p_dispatch_owner text, p_expected_revision bigint,
+  p_request_digest text, p_status text, p_remote_id text, p_result jsonb,
+  INOUT outcome text DEFAULT NULL, INOUT db_now timestamptz DEFAULT NULL,
+  INOUT operation_id text DEFAULT NULL, INOUT run_id uuid DEFAULT NULL, INOUT step_id text DEFAULT NULL,
+  INOUT effect_version integer DEFAULT NULL, INOUT tool_name text DEFAULT NULL,
+  INOUT request_digest text DEFAULT NULL, INOUT status text DEFAULT NULL,
+  INOUT revision bigint DEFAULT NULL, INOUT dispatch_owner text DEFAULT NULL,
+  INOUT dispatch_until timestamptz DEFAULT NULL, INOUT dispatch_count integer DEFAULT NULL,
+  INOUT remote_id text DEFAULT NULL, INOUT evidence_id bigint DEFAULT NULL,
+  INOUT upstream text DEFAULT NULL, INOUT upstream_tool text DEFAULT NULL,
+  INOUT system_identifier text DEFAULT NULL, INOUT timeline bigint DEFAULT NULL,
+  INOUT wal_lsn bigint DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+  s public.operation_result;
+BEGIN
+  s := public.operation_settle(p_operation_id, p_dispatch_owner, p_expected_revision, p_request_digest,
+                               p_status, p_remote_id, p_result);
+  outcome := s.outcome; db_now := s.db_now; operation_id := s.operation_id; run_id := s.run_id;
+  step_id := s.step_id; effect_version := s.effect_version; tool_name := s.tool_name;
+  request_digest := s.request_digest; status := s.status; revision := s.revision;
+  dispatch_owner := s.dispatch_owner; dispatch_until := s.dispatch_until;
+  dispatch_count := s.dispatch_count; remote_id := s.remote_id; evidence_id := s.evidence_id;
+  upstream := s.upstream; upstream_tool := s.upstream_tool;
+  COMMIT;
+  SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
+    FROM public.ledger_wal_position() w;
 END
 $$;
 
@@ -739,7 +929,7 @@ REVOKE EXECUTE ON FUNCTION
   _op_upsert(uuid, operation_intent, text, bigint),
   _op_claim(text, text, bigint, bigint, jsonb),
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
-  operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint),
+  operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
@@ -755,9 +945,11 @@ REVOKE EXECUTE ON FUNCTION
   operation_reconcile_resend(text, text, bigint, bigint, integer, jsonb),
   operation_reconcile_reset(text, text, text)
 FROM PUBLIC;
+REVOKE EXECUTE ON PROCEDURE operation_settle_acknowledged FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE operation_settle_acknowledged TO leasegate_app;
 GRANT EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
-  operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint),
+  operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),

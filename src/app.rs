@@ -158,7 +158,8 @@ pub async fn run(
     let stop = CancellationToken::new();
     // Bearer tokens on both listeners when `[auth]` requires them:
     // leasegate's own, and JWTs of the `[auth.jwt]` issuer.
-    let mut authenticator = crate::auth::Authenticator::new(proxy.ledger.clone());
+    let mut authenticator = crate::auth::Authenticator::new(proxy.ledger.clone())
+        .with_cache(proxy.config.auth_token_cache_ttl);
     if let Some(jwt) = &proxy.config.auth_jwt {
         let validator = crate::auth::jwt::JwtValidator::new(crate::auth::jwt::JwtSettings {
             issuer: jwt.issuer.clone(),

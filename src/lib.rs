@@ -8,7 +8,9 @@
 //!
 //! * `ledger`: the PostgreSQL ledger, by entity: `lease`, `run`,
 //!   `operation` (typed `<entity>_<verb>` calls of the SQL functions in
-//!   `sql/`; one function = one short transaction = one statement), `read`
+//!   `sql/`; one function = one short transaction = one statement; the
+//!   settle's `CALL operation_settle_acknowledged` commits and then reads
+//!   the WAL position, still one statement), `read`
 //!   (runs, operations — the fate of a call — events, evidence, health),
 //!   `verdict` (the one decoder of every function's outcome and the shared
 //!   fence rejections), `durability` (the server's durability facts, WAL
@@ -153,7 +155,8 @@
 //!    `_lease_fence` in `sql/common.sql`; `ledger` module docs.
 //! 2. Within one epoch, writes are ordered by revision CAS — `_run_advance`.
 //! 3. One intent has one operation_id forever — `intent::operation_id`;
-//!    conflicts compared on every path — `_op_upsert`.
+//!    conflicts compared on every path — `_op_upsert`, and the hot path's
+//!    one body `operation_register_claim`.
 //! 4. Unknown stays unknown until evidence converges it; `dispatching`
 //!    returns to `prepared` only with proof that no byte of the request left
 //!    (`operation_release_unsent`, kept as `not_sent` evidence) —

@@ -157,16 +157,21 @@ where
     outputs
 }
 
-/// The names a file defines with `CREATE [OR REPLACE] FUNCTION name(`.
+/// The names a file defines with `CREATE [OR REPLACE] FUNCTION name(` or
+/// `CREATE [OR REPLACE] PROCEDURE name(`.
 fn defined_functions(text: &str) -> Vec<String> {
-    text.match_indices("FUNCTION ")
-        .filter(|(at, _)| {
-            let before = &text[..*at];
-            before.ends_with("CREATE ") || before.ends_with("CREATE OR REPLACE ")
-        })
-        .map(|(at, _)| {
-            let rest = &text[at + "FUNCTION ".len()..];
-            rest[..rest.find('(').expect("a parameter list")].to_owned()
+    ["FUNCTION ", "PROCEDURE "]
+        .into_iter()
+        .flat_map(|kind| {
+            text.match_indices(kind)
+                .filter(|(at, _)| {
+                    let before = &text[..*at];
+                    before.ends_with("CREATE ") || before.ends_with("CREATE OR REPLACE ")
+                })
+                .map(move |(at, _)| {
+                    let rest = &text[at + kind.len()..];
+                    rest[..rest.find('(').expect("a parameter list")].to_owned()
+                })
         })
         .collect()
 }

@@ -141,9 +141,10 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
         .collect();
     assert_eq!(
         history,
+        // An inline call is registered and claimed in one row and one
+        // event: its 'prepared' state never existed outside that transaction.
         vec![
-            (None, "prepared", "worker"),
-            (Some("prepared"), "dispatching", "dispatcher"),
+            (None, "dispatching", "dispatcher"),
             (Some("dispatching"), "succeeded", "dispatcher"),
         ]
     );
@@ -454,10 +455,7 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
         ]
     );
     let statuses: Vec<&str> = view.events.iter().map(|e| e.to_status.as_str()).collect();
-    assert_eq!(
-        statuses,
-        vec!["prepared", "dispatching", "unknown", "succeeded"]
-    );
+    assert_eq!(statuses, vec!["dispatching", "unknown", "succeeded"]);
     // The run itself was never advanced by any of this.
     let (status, _, _, _, _) = db.run_row(lease.run_id).await;
     assert_eq!(status, "running");
@@ -1372,4 +1370,110 @@ async fn a_not_found_operation_is_sent_again_only_after_the_settle_delay_within_
     .await
     .unwrap();
     assert_eq!(attempts, (1, 2), "one resend counted, sent twice in all");
+}
+
+/// The hot path's round trips carry what used to cost extra ones: the run's
+/// tenant is judged by `operation_register_claim` itself (another tenant's
+/// run is not found, nothing written), the settle commits and then reads
+/// where the WAL stands (at or beyond its own commit), and a replay reads it
+/// after the recorded row.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn hot_path_judges_the_tenant_and_samples_the_wal_in_its_own_statements(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    let charge = intent(lease.run_id, "charge", json!({"amount": 7}));
+    let events_before = db.event_count(lease.run_id).await;
+
+    // Another tenant's proxy: not found, and nothing written.
+    let (outcome, sampled) = db
+        .ledger
+        .operation_register_claim_in(Some("tenant-b"), &lease, &charge, None, "proxy-b", 30_000)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, Fenced::Rejected(Rejection::NotFound)),
+        "{outcome:?}"
+    );
+    assert_eq!(sampled, None);
+    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.event_count(lease.run_id).await, events_before);
+
+    // Its own tenant: claimed (no position: nothing acknowledged yet).
+    let (outcome, sampled) = db
+        .ledger
+        .operation_register_claim_in(Some(TENANT), &lease, &charge, None, "proxy-1", 30_000)
+        .await
+        .unwrap();
+    let InlineClaim::Claimed { claim, .. } = applied(outcome) else {
+        panic!("expected a claim");
+    };
+    assert_eq!(sampled, None);
+
+    let lsn = |sql: &'static str| {
+        let admin = db.admin.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&admin)
+                .await
+                .unwrap() as u64
+        }
+    };
+    let before = lsn("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").await;
+    let (settled, position) = db
+        .ledger
+        .operation_settle_acknowledged(
+            &claim,
+            Settlement::Succeeded,
+            Some("ch_7"),
+            &json!({"ok": 1}),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(settled, SettleOutcome::Settled(ref record)
+        if record.status == OperationStatus::Succeeded && record.result == Some(json!({"ok": 1}))),
+        "{settled:?}"
+    );
+    let position = position.expect("the settle reads the WAL position after its commit");
+    // Read after the settle's writes and commit: past everything inserted
+    // before the call, and no further than the WAL reached after it.
+    assert!(position.lsn.0 > before, "{position:?} vs {before}");
+    let after = lsn("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").await;
+    assert!(position.lsn.0 <= after, "{position:?} vs {after}");
+    let (system, timeline): (String, i64) = sqlx::query_as(
+        "SELECT system_identifier::text, \
+                ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint \
+           FROM pg_control_system()",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        (position.system_identifier.as_str(), position.timeline),
+        (system.as_str(), timeline)
+    );
+
+    // The replay: one statement, the recorded answer and a position at or
+    // beyond the settle's.
+    let (outcome, replay_position) = db
+        .ledger
+        .operation_register_claim_in(Some(TENANT), &lease, &charge, None, "proxy-2", 30_000)
+        .await
+        .unwrap();
+    match applied(outcome) {
+        InlineClaim::Existing(record) => {
+            assert_eq!(record.status, OperationStatus::Succeeded);
+            assert_eq!(record.result, Some(json!({"ok": 1})));
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    let replay_position = replay_position.expect("a replay samples the WAL position");
+    assert!(replay_position.lsn >= position.lsn);
+    assert_eq!(
+        op_row(&db, &charge).await,
+        ("succeeded".into(), 2, 1, Some("ch_7".into()))
+    );
 }

@@ -1,17 +1,24 @@
 //! Benchmark of the proxy's ledger hot path: register-and-claim, then settle
 //! (two round trips per tool call), at 1, 8, 32 and 64 concurrent callers,
-//! next to pgbench running the same SQL function calls
-//! (`register_claim_settle.sql` beside this file).
+//! next to pgbench running the same SQL (`register_claim_settle.sql` beside
+//! this file) and pgbench running the minimal ceiling (`ceiling_*.sql`: the
+//! seed's schema, one function that checks the lease FOR UPDATE and inserts
+//! a `dispatching` operation, then one settle UPDATE).
 //!
 //! ```text
 //! cargo run --release --example bench_operations -- [seconds-per-level] [admin-database-url]
 //! ```
 //!
-//! It (re)creates the database `leasegate_bench` on the server of the admin
-//! URL (default `postgres://postgres@127.0.0.1:5432/postgres`), creates 64
-//! runs leased at epoch 1, and alternates leasegate and pgbench per level.
-//! Each leasegate caller is one agent run with its own connection, as each
-//! pgbench client is. Numbers are reported, never asserted.
+//! It (re)creates the database `leasegate_bench` (`LEASEGATE_BENCH_DB`
+//! names another) and `<that>_ceiling` on the server of the admin URL
+//! (default `postgres://postgres@127.0.0.1:5432/postgres`), creates 64 runs
+//! leased at epoch 1, and runs leasegate, pgbench (leasegate's SQL) and
+//! pgbench (ceiling) per level. Each leasegate caller is one agent run with
+//! its own connection, as each pgbench client is. leasegate's connections
+//! go through a counting TCP relay, so the table also shows database round
+//! trips per call as the wire saw them (a round trip = one Sync of the
+//! extended protocol or one simple Query, client to server). Numbers are
+//! reported, never asserted.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -46,7 +53,9 @@ async fn main() -> anyhow::Result<()> {
         .rsplit_once('/')
         .map(|(b, _)| b)
         .unwrap_or(&admin_url);
-    let url = format!("{base}/leasegate_bench");
+    let name = std::env::var("LEASEGATE_BENCH_DB").unwrap_or_else(|_| "leasegate_bench".to_owned());
+    let url = format!("{base}/{name}");
+    let ceiling_url = setup_ceiling(&format!("{base}/{name}_ceiling")).await?;
     if sqlx::Postgres::database_exists(&url).await? {
         sqlx::Postgres::force_drop_database(&url).await?;
     }
@@ -78,26 +87,182 @@ async fn main() -> anyhow::Result<()> {
     print_settings(&url, seconds).await?;
     setup.close().await;
 
+    let relay = Relay::start(&url).await?;
     println!(
-        "{:>8} {:>16} {:>16} {:>8}",
-        "callers", "leasegate/s", "pgbench/s", "ratio"
+        "{:>8} {:>12} {:>10} {:>14} {:>12} {:>10} {:>10}",
+        "callers", "leasegate/s", "trips/call", "pgbench-own/s", "ceiling/s", "lg/ceil", "own/ceil"
+    );
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/bench_operations/register_claim_settle.sql"
+    );
+    let ceiling_script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/bench_operations/ceiling_hotpath.sql"
     );
     for callers in LEVELS {
-        let (ours, breakdown) =
-            leasegate_rate(&url, callers, Duration::from_secs(seconds), &tokens).await?;
-        let theirs = pgbench_rate(&url, callers, seconds)?;
-        match theirs {
-            Some(theirs) => println!(
-                "{callers:>8} {ours:>16.0} {theirs:>16.0} {:>8.2}",
-                ours / theirs
-            ),
-            None => println!(
-                "{callers:>8} {ours:>16.0} {:>16} {:>8}",
-                "(no pgbench)", "-"
-            ),
-        }
+        let trips_before = relay.round_trips();
+        let (ours, calls, breakdown) =
+            leasegate_rate(&relay.url, callers, Duration::from_secs(seconds), &tokens).await?;
+        let trips = (relay.round_trips() - trips_before) as f64 / calls.max(1) as f64;
+        let theirs = pgbench_rate(&url, script, callers, seconds)?;
+        let ceiling = match &ceiling_url {
+            Some(ceiling_url) => pgbench_rate(ceiling_url, ceiling_script, callers, seconds)?,
+            None => None,
+        };
+        let show = |rate: Option<f64>| rate.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.2}", a / b),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "{callers:>8} {ours:>12.0} {trips:>10.2} {:>14} {:>12} {:>10} {:>10}",
+            show(theirs),
+            show(ceiling),
+            ratio(Some(ours), ceiling),
+            ratio(theirs, ceiling),
+        );
         println!("{:>8} leasegate: {breakdown}", "");
     }
+    Ok(())
+}
+
+/// The minimal ceiling's database (`ceiling_schema.sql`, `ceiling_fn.sql`),
+/// or `None` without psql.
+async fn setup_ceiling(url: &str) -> anyhow::Result<Option<String>> {
+    if sqlx::Postgres::database_exists(url).await? {
+        sqlx::Postgres::force_drop_database(url).await?;
+    }
+    sqlx::Postgres::create_database(url).await?;
+    for file in ["ceiling_schema.sql", "ceiling_fn.sql"] {
+        let path = format!(
+            "{}/examples/bench_operations/{file}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let output = match Command::new("psql")
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-f", &path, url])
+            .output()
+        {
+            Ok(output) => output,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(error) => return Err(error.into()),
+        };
+        anyhow::ensure!(
+            output.status.success(),
+            "psql -f {file}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok(Some(url.to_owned()))
+}
+
+/// A TCP relay in front of PostgreSQL that counts round trips: Sync
+/// (extended protocol) and Query (simple protocol) messages from client to
+/// server, after each connection's startup packets.
+struct Relay {
+    url: String,
+    trips: Arc<AtomicU64>,
+}
+
+impl Relay {
+    async fn start(url: &str) -> anyhow::Result<Relay> {
+        // postgres://[user@]host[:port]/database[?…]
+        let (scheme, rest) = url
+            .split_once("://")
+            .ok_or_else(|| anyhow::anyhow!("not a URL: {url}"))?;
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (user, host_port) = match authority.rsplit_once('@') {
+            Some((user, host_port)) => (format!("{user}@"), host_port),
+            None => (String::new(), authority),
+        };
+        let upstream = if host_port.contains(':') {
+            host_port.to_owned()
+        } else {
+            format!("{host_port}:5432")
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        // The relay reads the protocol: no TLS through it.
+        let database = path.split('?').next().unwrap_or("");
+        let relayed = format!("{scheme}://{user}127.0.0.1:{port}/{database}?sslmode=disable");
+        let trips = Arc::new(AtomicU64::new(0));
+        let counter = trips.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let upstream = upstream.clone();
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let _ = relay_one(client, &upstream, counter).await;
+                });
+            }
+        });
+        Ok(Relay {
+            url: relayed,
+            trips,
+        })
+    }
+
+    fn round_trips(&self) -> u64 {
+        self.trips.load(Ordering::Relaxed)
+    }
+}
+
+async fn relay_one(
+    client: tokio::net::TcpStream,
+    upstream: &str,
+    trips: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    client.set_nodelay(true)?;
+    let server = tokio::net::TcpStream::connect(upstream).await?;
+    server.set_nodelay(true)?;
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let back =
+        tokio::spawn(async move { tokio::io::copy(&mut server_read, &mut client_write).await });
+    // Client to server: parse message boundaries to count Sync and Query.
+    let mut pending: Vec<u8> = Vec::new();
+    let mut started = false;
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = client_read.read(&mut buffer).await?;
+        if n == 0 {
+            break;
+        }
+        server_write.write_all(&buffer[..n]).await?;
+        pending.extend_from_slice(&buffer[..n]);
+        loop {
+            if !started {
+                // Startup phase: untyped, length-prefixed packets.
+                if pending.len() < 8 {
+                    break;
+                }
+                let len = u32::from_be_bytes(pending[0..4].try_into()?) as usize;
+                let code = u32::from_be_bytes(pending[4..8].try_into()?);
+                if pending.len() < len {
+                    break;
+                }
+                pending.drain(..len);
+                if code == 196_608 {
+                    started = true;
+                }
+                continue;
+            }
+            if pending.len() < 5 {
+                break;
+            }
+            let kind = pending[0];
+            let len = u32::from_be_bytes(pending[1..5].try_into()?) as usize;
+            if pending.len() < len + 1 {
+                break;
+            }
+            if kind == b'S' || kind == b'Q' {
+                trips.fetch_add(1, Ordering::Relaxed);
+            }
+            pending.drain(..len + 1);
+        }
+    }
+    back.abort();
     Ok(())
 }
 
@@ -119,7 +284,7 @@ async fn leasegate_rate(
     callers: usize,
     duration: Duration,
     tokens: &Arc<Vec<Option<leasegate::ledger::LeaseToken>>>,
-) -> anyhow::Result<(f64, String)> {
+) -> anyhow::Result<(f64, u64, String)> {
     let options = LedgerOptions {
         max_connections: callers as u32,
         ..LedgerOptions::default()
@@ -160,9 +325,19 @@ async fn leasegate_rate(
                     )?;
                     add(&phases.intent, began);
                     let began = Instant::now();
+                    // As the proxy calls it: the tenant judged in the same
+                    // statement, the settle with its WAL sample.
                     let claim = match ledger
-                        .operation_register_claim(&lease, &intent, None, &dispatch_owner, 60_000)
+                        .operation_register_claim_in(
+                            Some("bench"),
+                            &lease,
+                            &intent,
+                            None,
+                            &dispatch_owner,
+                            60_000,
+                        )
                         .await?
+                        .0
                     {
                         Fenced::Applied(InlineClaim::Claimed { claim, .. }) => claim,
                         other => anyhow::bail!("not claimed: {other:?}"),
@@ -170,13 +345,14 @@ async fn leasegate_rate(
                     add(&phases.register_claim, began);
                     let began = Instant::now();
                     match ledger
-                        .operation_settle(
+                        .operation_settle_acknowledged(
                             &claim,
                             leasegate::ledger::Settlement::Succeeded,
                             Some("remote"),
                             &json!({ "ok": true }),
                         )
                         .await?
+                        .0
                     {
                         SettleOutcome::Settled(_) => {}
                         other => anyhow::bail!("not settled: {other:?}"),
@@ -205,17 +381,19 @@ async fn leasegate_rate(
     );
     Ok((
         done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),
+        done.load(Ordering::Relaxed),
         breakdown,
     ))
 }
 
 /// Transactions per second pgbench reports for the same calls, or `None`
 /// when pgbench is not installed.
-fn pgbench_rate(url: &str, clients: usize, seconds: u64) -> anyhow::Result<Option<f64>> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/bench_operations/register_claim_settle.sql"
-    );
+fn pgbench_rate(
+    url: &str,
+    script: &str,
+    clients: usize,
+    seconds: u64,
+) -> anyhow::Result<Option<f64>> {
     let threads = clients.min(2);
     let output = match Command::new("pgbench")
         .args(["-n", "-M", "prepared", "-f", script])

@@ -1,5 +1,6 @@
 -- pgbench script: the proxy's hot path as two statements, the same SQL
--- functions leasegate calls — register-and-claim, then settle. Client N
+-- leasegate sends — register-and-claim (with the tenant check), then the
+-- settle with its commit and WAL sample (CALL operation_settle_acknowledged). Client N
 -- works on run 00000000-0000-7000-8000-<N as 12 digits>, leased by bench-N
 -- at epoch 1 (set up by examples/bench_operations). Run with -M prepared.
 -- The lease token's hash is read from the lease row (pgbench cannot know
@@ -11,11 +12,9 @@ SELECT operation_id AS op, revision AS rev, request_digest AS dg
     'bench-' || :client_id, 1,
     (SELECT token_sha256 FROM worker_leases
       WHERE run_id = ('00000000-0000-7000-8000-' || lpad(:client_id::text, 12, '0'))::uuid),
-    jsonb_build_object('operation_id', 'pgbench-' || :client_id || '-' || :n,
-                       'step_id', 'pgbench-' || :n, 'effect_version', 1,
-                       'tool_name', 'bench__create',
-                       'request_digest', 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
-                       'request_body', jsonb_build_object('n', :n::bigint)),
-    'pgbench-' || :client_id, 60000) \gset
-SELECT outcome FROM operation_settle(:op, 'pgbench-' || :client_id, :rev, :dg, 'succeeded',
-                                     'remote-' || :n, '{"ok": true}');
+    ROW('pgbench-' || :client_id || '-' || :n, 'pgbench-' || :n, 1, 'bench__create',
+        'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
+        jsonb_build_object('n', :n::bigint), NULL, NULL)::operation_intent,
+    'pgbench-' || :client_id, 60000, 'bench') \gset
+CALL operation_settle_acknowledged(:op, 'pgbench-' || :client_id, :rev, :dg, 'succeeded',
+                                   'remote-' || :n, '{"ok": true}');

@@ -14,8 +14,19 @@
 //! 2. Every token is bound to one tenant; a caller with a token acts for that
 //!    tenant only. Resources of another tenant are "not found" to it (the
 //!    control API and the MCP front both check, `control::auth`).
-//! 3. A token is checked against the ledger on every request (no cache): a
-//!    revocation or expiry takes effect at the next request.
+//! 3. A token is checked against the ledger on every request, unless
+//!    `[auth] token_cache_ttl` is set (default `"0s"`: off): then a
+//!    *positive* verification of that exact token (id and secret hash) is
+//!    reused by this process for at most that long (bounded at 60 s) and
+//!    never past the token's own expiry. Refusals are never cached. So a
+//!    revocation takes effect at the next request with the cache off, and
+//!    within `token_cache_ttl` on every process with it on — the revocation
+//!    latency is that setting, by construction: an entry is only ever
+//!    created from a ledger answer that said valid, and is dropped once it
+//!    is older than the setting. A verification cache invalidated by
+//!    LISTEN/NOTIFY on revoke was not chosen: it needs a connection per
+//!    process held open for notifications, and its latency is unbounded
+//!    when that connection stalls without breaking, which a TTL is not.
 //! 4. A bearer token that is not `lgt_…` is a JWT only when `[auth.jwt]` is
 //!    configured (`jwt`); otherwise it is malformed (401).
 //!
@@ -200,11 +211,78 @@ impl Refusal {
 pub struct Authenticator {
     ledger: Ledger,
     jwt: Option<Arc<jwt::JwtValidator>>,
+    /// Positive verifications, reused for `cache_ttl` (invariant 3).
+    cache: Option<Arc<VerifiedCache>>,
+}
+
+/// Most entries of the verification cache; full, it starts over.
+const CACHE_ENTRIES: usize = 10_000;
+
+/// Token id → (secret hash, who, valid until): positive verifications only.
+#[derive(Debug)]
+struct VerifiedCache {
+    ttl: std::time::Duration,
+    entries: std::sync::Mutex<
+        std::collections::HashMap<String, ([u8; 32], Principal, std::time::Instant)>,
+    >,
+}
+
+impl VerifiedCache {
+    fn get(&self, id: &str, hash: &[u8; 32]) -> Option<Principal> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        match entries.get(id) {
+            Some((cached, principal, until))
+                if cached == hash && std::time::Instant::now() < *until =>
+            {
+                Some(principal.clone())
+            }
+            _ => None,
+        }
+    }
+
+    fn put(
+        &self,
+        id: &str,
+        hash: [u8; 32],
+        principal: &Principal,
+        expires_at: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        let mut until = std::time::Instant::now() + self.ttl;
+        if let Some(expires_at) = expires_at {
+            // Never past the token's own expiry (wall clock to monotonic).
+            let left = (expires_at - chrono::Utc::now())
+                .to_std()
+                .unwrap_or(std::time::Duration::ZERO);
+            until = until.min(std::time::Instant::now() + left);
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= CACHE_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(id.to_owned(), (hash, principal.clone(), until));
+    }
 }
 
 impl Authenticator {
     pub fn new(ledger: Ledger) -> Self {
-        Self { ledger, jwt: None }
+        Self {
+            ledger,
+            jwt: None,
+            cache: None,
+        }
+    }
+
+    /// Reuses a positive verification of a leasegate token for `ttl`
+    /// (`[auth] token_cache_ttl`; zero: off): the revocation latency of
+    /// this process (invariant 3).
+    pub fn with_cache(mut self, ttl: std::time::Duration) -> Self {
+        self.cache = (!ttl.is_zero()).then(|| {
+            Arc::new(VerifiedCache {
+                ttl,
+                entries: Default::default(),
+            })
+        });
+        self
     }
 
     /// Also accepts JWTs that `validator` validates.
@@ -229,20 +307,34 @@ impl Authenticator {
             return jwt.validate(token);
         }
         let (id, secret) = parse_token(token).ok_or(Refusal::Malformed)?;
-        let verdict = self
-            .ledger
-            .access_token_verify(id, &secret_hash(secret))
-            .await
-            .map_err(|error: LedgerError| {
-                tracing::warn!(%error, token_id = id, "could not check a token");
-                Refusal::Unavailable
-            })?;
+        let hash = secret_hash(secret);
+        if let Some(principal) = self.cache.as_ref().and_then(|c| c.get(id, &hash)) {
+            return Ok(principal);
+        }
+        let verdict =
+            self.ledger
+                .access_token_verify(id, &hash)
+                .await
+                .map_err(|error: LedgerError| {
+                    tracing::warn!(%error, token_id = id, "could not check a token");
+                    Refusal::Unavailable
+                })?;
         match verdict {
-            TokenVerdict::Valid { tenant, scope, .. } => Ok(Principal {
-                token_id: id.to_owned(),
+            TokenVerdict::Valid {
                 tenant,
-                scope: Scope::parse(&scope).ok_or(Refusal::Unknown)?,
-            }),
+                scope,
+                expires_at,
+            } => {
+                let principal = Principal {
+                    token_id: id.to_owned(),
+                    tenant,
+                    scope: Scope::parse(&scope).ok_or(Refusal::Unknown)?,
+                };
+                if let Some(cache) = &self.cache {
+                    cache.put(id, hash, &principal, expires_at);
+                }
+                Ok(principal)
+            }
             TokenVerdict::Unknown => Err(Refusal::Unknown),
             TokenVerdict::Revoked => Err(Refusal::Revoked),
             TokenVerdict::Expired => Err(Refusal::Expired),
@@ -272,6 +364,38 @@ mod tests {
         ] {
             assert_eq!(parse_token(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_verification_cache_answers_only_the_same_secret_and_only_in_time() {
+        let cache = VerifiedCache {
+            ttl: std::time::Duration::from_secs(30),
+            entries: Default::default(),
+        };
+        let who = Principal {
+            token_id: "0123456789abcdef".into(),
+            tenant: "t".into(),
+            scope: Scope::Agent,
+        };
+        let hash = secret_hash("right");
+        cache.put(&who.token_id, hash, &who, None);
+        assert_eq!(cache.get(&who.token_id, &hash), Some(who.clone()));
+        assert_eq!(cache.get(&who.token_id, &secret_hash("wrong")), None);
+        assert_eq!(cache.get("fedcba9876543210", &hash), None);
+        // A token that expires before the ttl is cached only until then.
+        cache.put(
+            &who.token_id,
+            hash,
+            &who,
+            Some(chrono::Utc::now() - chrono::Duration::seconds(1)),
+        );
+        assert_eq!(cache.get(&who.token_id, &hash), None);
+        let short = VerifiedCache {
+            ttl: std::time::Duration::ZERO,
+            entries: Default::default(),
+        };
+        short.put(&who.token_id, hash, &who, None);
+        assert_eq!(short.get(&who.token_id, &hash), None);
     }
 
     #[test]

@@ -168,6 +168,11 @@ pub struct RawAuth {
     pub resource_url: Option<String>,
     /// JWTs from an identity provider, besides leasegate's own tokens.
     pub jwt: Option<RawJwt>,
+    /// How long a positive verification of a leasegate token may be reused
+    /// without asking the ledger ("0s", the default: never; every request
+    /// reads the ledger). Also the longest a revocation may take to reach
+    /// this process.
+    pub token_cache_ttl: Option<String>,
 }
 
 /// `[auth.jwt]`: JWT validation (issuer, audience, keys from a JWKS file).
@@ -309,6 +314,8 @@ pub struct Config {
     pub auth_mode: AuthMode,
     /// `[auth] resource_url`.
     pub auth_resource_url: Option<String>,
+    /// `[auth] token_cache_ttl`: zero turns the verification cache off.
+    pub auth_token_cache_ttl: std::time::Duration,
     /// `[auth.jwt]`.
     pub auth_jwt: Option<JwtConfig>,
     /// `[limits]`: what one client may hold of this process.
@@ -791,6 +798,19 @@ impl Config {
                 "auth.resource_url: {url:?} is not an http(s) URL"
             )));
         }
+        let auth_token_cache_ttl = match &raw_auth.token_cache_ttl {
+            None => std::time::Duration::ZERO,
+            Some(text) if matches!(text.trim(), "0" | "0s") => std::time::Duration::ZERO,
+            Some(text) => crate::policy::parse_duration("auth.token_cache_ttl", text)
+                .map_err(|e| err(e.to_string()))?,
+        };
+        if auth_token_cache_ttl > std::time::Duration::from_secs(60) {
+            return Err(err(format!(
+                "auth.token_cache_ttl: {} s is above the 60 s bound (it is how long a revoked \
+                 token may still be accepted)",
+                auth_token_cache_ttl.as_secs()
+            )));
+        }
         let auth_jwt = match &raw_auth.jwt {
             None => None,
             Some(jwt) => {
@@ -821,6 +841,7 @@ impl Config {
             auth_jwt,
             auth_mode,
             auth_resource_url: raw_auth.resource_url.clone(),
+            auth_token_cache_ttl,
             limits,
             lease_mode,
             allowed_hosts,

@@ -45,7 +45,7 @@ use crate::intent::{Intent, IntentError, OperationId, StepRef};
 use crate::ledger::{
     DispatchClaim, Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown,
     MarkUnknownOutcome, OperationRecord, OperationStatus, Rejection, ReleaseUnsentOutcome,
-    SettleOutcome, Settlement, ToolRoute, UnknownBy, UnknownCause,
+    SettleOutcome, Settlement, ToolRoute, UnknownBy, UnknownCause, WalPosition,
 };
 use crate::policy::{Policy, StepIdentity};
 
@@ -194,8 +194,6 @@ pub struct Dispatcher<U> {
     tenant: String,
     /// Unique per process: the claims this process takes.
     dispatch_owner: String,
-    /// Run → tenant (runs never change tenant), so the hot path reads it once.
-    run_tenants: std::sync::Mutex<std::collections::HashMap<crate::ledger::RunId, String>>,
     /// Asked before anything is registered; told what was acknowledged.
     gate: Arc<Gate>,
 }
@@ -228,7 +226,6 @@ impl<U: Upstream> Dispatcher<U> {
             policy,
             tenant,
             dispatch_owner,
-            run_tenants: Default::default(),
             gate: Arc::new(Gate::unchecked()),
         }
     }
@@ -243,7 +240,9 @@ impl<U: Upstream> Dispatcher<U> {
     ///
     /// Refused before anything is registered while the durability gate
     /// holds. An answer is sampled into the gate's acknowledged high-water
-    /// before the agent hears it; a ledger error makes the gate re-check.
+    /// before the agent hears it — from the settle's (or the replay's) own
+    /// statement when it carries the position, so a gated call costs two
+    /// round trips and a replay one; a ledger error makes the gate re-check.
     pub async fn call(&self, request: CallRequest) -> Result<CallReply, CallError> {
         if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
             return Err(CallError::StepRequired);
@@ -258,20 +257,30 @@ impl<U: Upstream> Dispatcher<U> {
         if let Some(reason) = self.gate.admit(&self.ledger).await {
             return Err(CallError::Held { reason });
         }
+        // The high-water before this call's reading began (Gate::acknowledged_at).
+        let baseline = self.gate.baseline();
         let reply = self.call_unchecked(request).await;
         match &reply {
-            Ok(_) => self.gate.acknowledged(&self.ledger).await,
+            Ok((_, sampled)) => {
+                self.gate
+                    .acknowledged_at(&self.ledger, baseline, sampled.clone())
+                    .await
+            }
             // The connection broke: the next one may reach another server.
             Err(CallError::Ledger(
                 error @ (LedgerError::Unavailable { .. } | LedgerError::OutcomeUnknown { .. }),
             )) => self.gate.suspect(&error.to_string()),
             Err(_) => {}
         }
-        reply
+        reply.map(|(reply, _)| reply)
     }
 
-    async fn call_unchecked(&self, request: CallRequest) -> Result<CallReply, CallError> {
-        self.check_tenant(request.lease.run_id).await?;
+    /// The reply, and where the WAL stood after the write it reports, when
+    /// the call's own statement read it.
+    async fn call_unchecked(
+        &self,
+        request: CallRequest,
+    ) -> Result<(CallReply, Option<WalPosition>), CallError> {
         let arguments = Value::Object(request.arguments);
         let mut intent = Intent::identify(
             &self.tenant,
@@ -289,9 +298,13 @@ impl<U: Upstream> Dispatcher<U> {
             upstream: request.tool.upstream.clone(),
             tool: request.tool.tool.clone(),
         };
-        let outcome = self
+        // Runs of other tenants are not found (their existence is not this
+        // tenant's business; operation ids derive from the run's tenant):
+        // judged by the same statement.
+        let (outcome, sampled) = self
             .ledger
-            .operation_register_claim(
+            .operation_register_claim_in(
+                Some(&self.tenant),
                 &request.lease,
                 &intent,
                 Some(&route),
@@ -301,13 +314,24 @@ impl<U: Upstream> Dispatcher<U> {
             .await?;
         match outcome {
             Fenced::Rejected(rejection) => Err(refusal(rejection)),
-            Fenced::Applied(InlineClaim::Existing(record)) => self.existing(record).await,
+            Fenced::Applied(InlineClaim::Existing(record)) => {
+                // The position covers the row as this statement read it: only
+                // an answer from that row (not one polled later) may use it.
+                let as_read = matches!(
+                    record.status,
+                    OperationStatus::Succeeded
+                        | OperationStatus::FailedFinal
+                        | OperationStatus::Unknown
+                );
+                let reply = self.existing(record).await?;
+                Ok((reply, sampled.filter(|_| as_read)))
+            }
             Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
                 let Value::Object(arguments) = arguments else {
                     unreachable!("built from an object above")
                 };
                 // From here on the call belongs to leasegate, not to the agent.
-                let task = tokio::spawn(execute_claim(
+                let task = tokio::spawn(execute_claim_acknowledged(
                     self.ledger.clone(),
                     self.upstream.clone(),
                     self.dispatch_owner.clone(),
@@ -325,45 +349,6 @@ impl<U: Upstream> Dispatcher<U> {
                     })
                 })?
             }
-        }
-    }
-
-    /// Refuses runs of other tenants as not found (their existence is not
-    /// this tenant's business); operation ids derive from the run's tenant.
-    async fn check_tenant(&self, run: crate::ledger::RunId) -> Result<(), CallError> {
-        let cached = self
-            .run_tenants
-            .lock()
-            .ok()
-            .and_then(|map| map.get(&run).cloned());
-        let tenant = match cached {
-            Some(tenant) => tenant,
-            None => {
-                let tenant = self
-                    .ledger
-                    .run_tenant(run)
-                    .await?
-                    .ok_or_else(|| {
-                        metrics::counter!("protected_write_rejected_total", "reason" => "not_found", "call" => "tenant_check")
-                            .increment(1);
-                        CallError::RunNotFound
-                    })?;
-                if let Ok(mut map) = self.run_tenants.lock() {
-                    if map.len() > 100_000 {
-                        map.clear();
-                    }
-                    map.insert(run, tenant.clone());
-                }
-                tenant
-            }
-        };
-        if tenant == self.tenant {
-            Ok(())
-        } else {
-            // The ledger never saw it: counted as its fence would.
-            metrics::counter!("protected_write_rejected_total", "reason" => "not_found", "call" => "tenant_check")
-                .increment(1);
-            Err(CallError::RunNotFound)
         }
     }
 
@@ -520,6 +505,20 @@ pub async fn execute_claim<U: Upstream>(
     claim: DispatchClaim,
     claimed: Claimed,
 ) -> Result<CallReply, CallError> {
+    execute_claim_acknowledged(ledger, upstream, dispatch_owner, claim, claimed)
+        .await
+        .map(|(reply, _)| reply)
+}
+
+/// [`execute_claim`], and where the WAL stood after the settle committed
+/// (read by the settle's own statement), for the durability gate.
+pub async fn execute_claim_acknowledged<U: Upstream>(
+    ledger: Ledger,
+    upstream: Arc<U>,
+    dispatch_owner: String,
+    claim: DispatchClaim,
+    claimed: Claimed,
+) -> Result<(CallReply, Option<WalPosition>), CallError> {
     let span = tracing::info_span!("dispatch", operation_id = %claim.operation_id, revision = claim.revision,
         dispatch_owner = %crate::logfield::clip(&claim.dispatch_owner), tool = %crate::logfield::clip(&claimed.tool.tool));
     send_and_settle(ledger, upstream, dispatch_owner, claim, claimed)
@@ -533,7 +532,7 @@ async fn send_and_settle<U: Upstream>(
     dispatch_owner: String,
     claim: DispatchClaim,
     claimed: Claimed,
-) -> Result<CallReply, CallError> {
+) -> Result<(CallReply, Option<WalPosition>), CallError> {
     let Claimed {
         tool,
         mut arguments,
@@ -674,10 +673,13 @@ async fn send_and_settle<U: Upstream>(
             format!("{failure}; recording it failed ({error}): the claim will expire into unknown")
         }
     };
-    Ok(CallReply::Unknown {
-        operation_id: claim.operation_id,
-        reason,
-    })
+    Ok((
+        CallReply::Unknown {
+            operation_id: claim.operation_id,
+            reason,
+        },
+        None,
+    ))
 }
 
 /// The remote id an adapter points at in a tool answer.
@@ -703,7 +705,7 @@ async fn settle(
     claim: &DispatchClaim,
     adapter: &ToolAdapter,
     answer: ToolAnswer,
-) -> Result<CallReply, CallError> {
+) -> Result<(CallReply, Option<WalPosition>), CallError> {
     if adapter.says_nothing_was_done(&answer) {
         // The provider documents this error as "nothing was done": the
         // operation stays sendable under the same id, not failed_final.
@@ -712,7 +714,7 @@ async fn settle(
             ledger.operation_release_unsent(claim, &evidence).await
         {
             metrics::counter!("tool_operation_not_sent_total").increment(1);
-            return Ok(CallReply::Answer {
+            let reply = CallReply::Answer {
                 result: answer.result,
                 is_error: true,
                 operation: OperationNote {
@@ -720,7 +722,8 @@ async fn settle(
                     status: operation.status,
                     replayed: false,
                 },
-            });
+            };
+            return Ok((reply, None));
         }
         // Moved on, or the ledger failed: record the answer as usual.
     }
@@ -733,12 +736,12 @@ async fn settle(
     // If we crash before this commits, the side effect exists and the row is
     // dispatching: the claim expires into unknown, and evidence converges it.
     let mut attempt = 1;
-    let outcome = loop {
+    let (outcome, sampled) = loop {
         match ledger
-            .operation_settle(claim, settlement, remote_id.as_deref(), &answer.result)
+            .operation_settle_acknowledged(claim, settlement, remote_id.as_deref(), &answer.result)
             .await
         {
-            Ok(outcome) => break outcome,
+            Ok(settled) => break settled,
             Err(error)
                 if attempt < SETTLE_ATTEMPTS
                     && error.is_retryable()
@@ -754,32 +757,39 @@ async fn settle(
                 tracing::error!(error = %crate::logfield::clip_display(&error), "the tool answered but settling failed: the operation will turn unknown");
                 metrics::counter!("tool_operation_unknown_total", "cause" => "settle_failed")
                     .increment(1);
-                return Ok(CallReply::Unknown {
+                let reply = CallReply::Unknown {
                     operation_id: claim.operation_id.clone(),
                     reason: format!(
                         "the tool answered but the ledger could not record it ({error}); the outcome is being reconciled"
                     ),
-                });
+                };
+                return Ok((reply, None));
             }
         }
     };
     match outcome {
-        SettleOutcome::Settled(record) => Ok(CallReply::Answer {
-            result: answer.result,
-            is_error: answer.is_error,
-            operation: OperationNote {
-                operation_id: record.operation_id,
-                status: record.status,
-                replayed: false,
+        SettleOutcome::Settled(record) => Ok((
+            CallReply::Answer {
+                result: answer.result,
+                is_error: answer.is_error,
+                operation: OperationNote {
+                    operation_id: record.operation_id,
+                    status: record.status,
+                    replayed: false,
+                },
             },
-        }),
-        SettleOutcome::KeptAsEvidence { found, .. } => Ok(CallReply::Unknown {
-            operation_id: found.operation_id,
-            reason: format!(
-                "the answer came after the claim lapsed (operation is {}); it is kept as evidence",
-                found.status
-            ),
-        }),
+            sampled,
+        )),
+        SettleOutcome::KeptAsEvidence { found, .. } => Ok((
+            CallReply::Unknown {
+                operation_id: found.operation_id,
+                reason: format!(
+                    "the answer came after the claim lapsed (operation is {}); it is kept as evidence",
+                    found.status
+                ),
+            },
+            sampled,
+        )),
         SettleOutcome::NotFound => Err(CallError::Ledger(LedgerError::Protocol {
             call: "operation_settle",
             detail: format!("operation {} vanished", claim.operation_id),

@@ -81,7 +81,9 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::ledger::{DurabilityFacts, FailoverRecord, FailoverSeen, Ledger, LedgerError, Lsn};
+use crate::ledger::{
+    DurabilityFacts, FailoverRecord, FailoverSeen, Ledger, LedgerError, Lsn, WalPosition,
+};
 use crate::policy::Durability;
 
 /// A WAL position on one server history: what a process saw acknowledged.
@@ -488,6 +490,12 @@ impl Gate {
         Ok(())
     }
 
+    /// The high-water as it is now: the baseline a reading that begins
+    /// after this is judged against (see [`Gate::acknowledged_at`]).
+    pub fn baseline(&self) -> Option<Position> {
+        self.lock().high_water.clone()
+    }
+
     /// Samples the position after an acknowledgement (before the agent
     /// hears it). A different history is left to the check, woken now.
     pub async fn acknowledged(&self, ledger: &Ledger) {
@@ -496,25 +504,59 @@ impl Gate {
         }
         // Judged against what was read before this reading began (see
         // `check_inner`); the high-water only ever moves forward.
-        let baseline = self.lock().high_water.clone();
-        match ledger.durability_facts().await {
-            Ok(facts) => {
-                let Some(now) = Position::of(&facts) else {
-                    return;
-                };
-                if compare(baseline.as_ref(), &now) != Seen::Continues {
-                    self.suspect("the ledger's server history changed");
+        let baseline = self.baseline();
+        self.acknowledged_at(ledger, baseline, None).await;
+    }
+
+    /// [`Gate::acknowledged`] with the reading the acknowledged call made
+    /// itself (`sampled`: where the WAL stood after its commit, from the
+    /// same statement — `Ledger::operation_settle_acknowledged`, or a
+    /// replay's `Ledger::operation_register_claim_in`), so the sample costs
+    /// no round trip; `None` reads it now (one round trip, as before).
+    /// `baseline` is [`Gate::baseline`] taken before that call began: a
+    /// reading that finished meanwhile may be ahead of this one without any
+    /// history having changed, so only the high-water from before the
+    /// reading is a fair comparison.
+    pub async fn acknowledged_at(
+        &self,
+        ledger: &Ledger,
+        baseline: Option<Position>,
+        sampled: Option<WalPosition>,
+    ) {
+        if self.owner.is_empty() {
+            return;
+        }
+        let now = match sampled {
+            Some(position) => Position::from(position),
+            None => match ledger.durability_facts().await {
+                Ok(facts) => match Position::of(&facts) {
+                    Some(now) => now,
+                    None => return,
+                },
+                Err(error) => {
+                    tracing::warn!(%error, "could not sample the acknowledged WAL position");
+                    self.suspect("sampling the acknowledged WAL position");
                     return;
                 }
-                let mut state = self.lock();
-                if compare(state.high_water.as_ref(), &now) == Seen::Continues {
-                    state.high_water = Some(now);
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%error, "could not sample the acknowledged WAL position");
-                self.suspect("sampling the acknowledged WAL position");
-            }
+            },
+        };
+        if compare(baseline.as_ref(), &now) != Seen::Continues {
+            self.suspect("the ledger's server history changed");
+            return;
+        }
+        let mut state = self.lock();
+        if compare(state.high_water.as_ref(), &now) == Seen::Continues {
+            state.high_water = Some(now);
+        }
+    }
+}
+
+impl From<WalPosition> for Position {
+    fn from(position: WalPosition) -> Position {
+        Position {
+            system_identifier: position.system_identifier,
+            timeline: position.timeline,
+            lsn: position.lsn,
         }
     }
 }

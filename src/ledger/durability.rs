@@ -61,6 +61,41 @@ pub struct DurabilityFacts {
     pub wal_lsn: Option<Lsn>,
 }
 
+/// Where the WAL stood right after a hot-path call committed (or, for a
+/// replay, after the recorded answer was read): an upper bound of that
+/// call's acknowledged write, sampled by the call's own statement
+/// (`ledger_wal_position()`), so the durability gate needs no extra round
+/// trip. `crate::durability::Gate::acknowledged_at` judges it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalPosition {
+    pub system_identifier: String,
+    pub timeline: i64,
+    pub lsn: Lsn,
+}
+
+/// The `system_identifier, timeline, wal_lsn` columns of an answer.
+#[derive(Debug, Default, FromRow)]
+pub(super) struct WalColumns {
+    system_identifier: Option<String>,
+    timeline: Option<i64>,
+    wal_lsn: Option<i64>,
+}
+
+impl WalColumns {
+    /// The position, when the answer carries one (none on a standby, or on
+    /// an outcome that read none).
+    pub(super) fn position(&self, call: &'static str) -> Result<Option<WalPosition>, LedgerError> {
+        match (&self.system_identifier, self.timeline, self.wal_lsn) {
+            (Some(system_identifier), Some(timeline), Some(lsn)) => Ok(Some(WalPosition {
+                system_identifier: system_identifier.clone(),
+                timeline,
+                lsn: Lsn::from_db(call, lsn)?,
+            })),
+            _ => Ok(None),
+        }
+    }
+}
+
 #[derive(Debug, FromRow)]
 struct FactsRow {
     in_recovery: bool,

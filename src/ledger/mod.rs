@@ -71,7 +71,9 @@ use sqlx::{FromRow, PgPool, Postgres};
 pub use access_token::{
     NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
 };
-pub use durability::{DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn};
+pub use durability::{
+    DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn, WalPosition,
+};
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{

@@ -1,8 +1,11 @@
 //! The operations ledger: side-effect intents, claims, settlement, unknown
 //! outcomes and evidence (the read side, the fate of a call, is in
 //! `read.rs`). One SQL function call each (`sql/operation.sql`), so the proxy's hot path costs two
-//! round trips: `operation_register_claim` before the upstream call and
-//! `operation_settle` after it.
+//! round trips: `operation_register_claim` before the upstream call (which
+//! also checks the run's tenant, and on a replay samples the WAL position)
+//! and `CALL operation_settle_acknowledged` after it (the settle committed,
+//! then the WAL position read: the durability gate's sample, in the same
+//! round trip). A replay served from the ledger costs one.
 //!
 //! # Failure handling (at each durability boundary)
 //!
@@ -29,6 +32,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
+use super::durability::{WalColumns, WalPosition};
 use super::operation_types::route_of;
 use super::stored_json::{self, Raw};
 use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
@@ -71,6 +75,72 @@ struct OpRow {
     evidence_id: Option<i64>,
     upstream: Option<String>,
     upstream_tool: Option<String>,
+}
+
+/// What `operation_register_claim` answers: the `operation_result` columns
+/// and, on a replay, where the WAL stood.
+#[derive(Debug, FromRow)]
+struct ClaimRow {
+    #[sqlx(flatten)]
+    row: OpRow,
+    #[sqlx(flatten)]
+    wal: WalColumns,
+}
+
+/// What `CALL operation_settle_acknowledged` answers: the operation's
+/// columns of `operation_result` (no run, lease or result) and where the
+/// WAL stood after the commit.
+#[derive(Debug, FromRow)]
+struct SettleRow {
+    outcome: String,
+    db_now: Option<DateTime<Utc>>,
+    operation_id: Option<String>,
+    run_id: Option<Uuid>,
+    step_id: Option<String>,
+    effect_version: Option<i32>,
+    tool_name: Option<String>,
+    request_digest: Option<String>,
+    status: Option<String>,
+    revision: Option<i64>,
+    dispatch_owner: Option<String>,
+    dispatch_until: Option<DateTime<Utc>>,
+    dispatch_count: Option<i32>,
+    remote_id: Option<String>,
+    evidence_id: Option<i64>,
+    upstream: Option<String>,
+    upstream_tool: Option<String>,
+    #[sqlx(flatten)]
+    wal: WalColumns,
+}
+
+impl SettleRow {
+    fn into_op_row(self) -> OpRow {
+        OpRow {
+            outcome: self.outcome,
+            run_status: None,
+            run_revision: None,
+            lease_owner: None,
+            lease_epoch: None,
+            lease_expires_at: None,
+            db_now: self.db_now.unwrap_or_else(Utc::now),
+            operation_id: self.operation_id,
+            run_id: self.run_id,
+            step_id: self.step_id,
+            effect_version: self.effect_version,
+            tool_name: self.tool_name,
+            request_digest: self.request_digest,
+            status: self.status,
+            revision: self.revision,
+            dispatch_owner: self.dispatch_owner,
+            dispatch_until: self.dispatch_until,
+            dispatch_count: self.dispatch_count,
+            remote_id: self.remote_id,
+            result: None,
+            evidence_id: self.evidence_id,
+            upstream: self.upstream,
+            upstream_tool: self.upstream_tool,
+        }
+    }
 }
 
 /// A `tool_operations` row, as the dispatcher's claim returns it.
@@ -512,7 +582,8 @@ impl Ledger {
 
     /// The proxy's hot path, one transaction: validate the lease, register
     /// or find the intent (comparing run, tool and digest on every path),
-    /// and claim it under `dispatch_owner` for `claim_ttl_ms`.
+    /// and claim it under `dispatch_owner` for `claim_ttl_ms`. Any tenant's
+    /// run; see [`Ledger::operation_register_claim_in`].
     pub async fn operation_register_claim(
         &self,
         claim: &LeaseClaim,
@@ -521,37 +592,66 @@ impl Ledger {
         dispatch_owner: &str,
         claim_ttl_ms: i64,
     ) -> Result<Fenced<InlineClaim>, LedgerError> {
+        self.operation_register_claim_in(None, claim, intent, route, dispatch_owner, claim_ttl_ms)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`Ledger::operation_register_claim`] for a run of `tenant` (`None`:
+    /// any): a run of another tenant is [`Rejection::NotFound`], judged in
+    /// the same statement, so the proxy's first call of a run costs no
+    /// tenant lookup. On a replay ([`InlineClaim::Existing`]) the answer also
+    /// carries where the WAL stood after the recorded row was read: an upper
+    /// bound of the write being replayed (`crate::durability`).
+    pub async fn operation_register_claim_in(
+        &self,
+        tenant: Option<&str>,
+        claim: &LeaseClaim,
+        intent: &Intent,
+        route: Option<&ToolRoute>,
+        dispatch_owner: &str,
+        claim_ttl_ms: i64,
+    ) -> Result<(Fenced<InlineClaim>, Option<WalPosition>), LedgerError> {
         const CALL: &str = "operation_register_claim";
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
         let params = IntentParams::new(intent, route, self.bodies())?;
-        let row: OpRow = self
+        let ClaimRow { row, wal } = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7)")
-                    .bind(claim.run_id.as_uuid())
-                    .bind(claim.owner.as_str())
-                    .bind(claim.epoch)
-                    .bind(super::token::bind_hash(claim.token.as_ref()))
-                    .bind(&params)
-                    .bind(dispatch_owner)
-                    .bind(claim_ttl_ms)
+                sqlx::query_as(
+                    "SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(claim.run_id.as_uuid())
+                .bind(claim.owner.as_str())
+                .bind(claim.epoch)
+                .bind(super::token::bind_hash(claim.token.as_ref()))
+                .bind(&params)
+                .bind(dispatch_owner)
+                .bind(claim_ttl_ms)
+                .bind(tenant)
             })
             .await?;
         let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(intent), self.bodies())? {
-            return Ok(Fenced::Rejected(rejection));
+            return Ok((Fenced::Rejected(rejection), None));
         }
         let operation = row.record(CALL, self.bodies())?;
-        Ok(Fenced::Applied(match row.outcome(CALL)? {
+        Ok(match row.outcome(CALL)? {
             Outcome::Claimed => {
                 let claim = operation
                     .claim()
                     .ok_or_else(|| protocol(CALL, "claimed without a claim"))?;
-                InlineClaim::Claimed { operation, claim }
+                (
+                    Fenced::Applied(InlineClaim::Claimed { operation, claim }),
+                    None,
+                )
             }
-            Outcome::Exists => InlineClaim::Existing(operation),
+            Outcome::Exists => (
+                Fenced::Applied(InlineClaim::Existing(operation)),
+                wal.position(CALL)?,
+            ),
             other => return Err(other.unexpected(CALL)),
-        }))
+        })
     }
 
     /// The dispatcher's claim: up to `limit` prepared operations of live
@@ -603,11 +703,28 @@ impl Ledger {
         remote_id: Option<&str>,
         result: &Value,
     ) -> Result<SettleOutcome, LedgerError> {
+        self.operation_settle_acknowledged(claim, settlement, remote_id, result)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`Ledger::operation_settle`], and where the WAL stood once the settle
+    /// had committed (`CALL operation_settle_acknowledged`: the commit and
+    /// the reading in one statement, one round trip): an upper bound of
+    /// this acknowledgement for the durability gate. `None` on a server
+    /// that reports no position (a standby).
+    pub async fn operation_settle_acknowledged(
+        &self,
+        claim: &DispatchClaim,
+        settlement: Settlement,
+        remote_id: Option<&str>,
+        result: &Value,
+    ) -> Result<(SettleOutcome, Option<WalPosition>), LedgerError> {
         const CALL: &str = "operation_settle";
         let result = self.stored_result(result, claim.operation_id.as_str())?;
-        let row: OpRow = self
+        let answer: SettleRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_settle($1, $2, $3, $4, $5, $6, $7)")
+                sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
                     .bind(claim.operation_id.as_str())
                     .bind(claim.dispatch_owner.as_str())
                     .bind(claim.revision)
@@ -617,8 +734,19 @@ impl Ledger {
                     .bind(Json(&result))
             })
             .await?;
-        Ok(match row.outcome(CALL)? {
-            Outcome::Settled => SettleOutcome::Settled(row.record(CALL, self.bodies())?),
+        let position = answer.wal.position(CALL)?;
+        let row = answer.into_op_row();
+        let outcome = match row.outcome(CALL)? {
+            Outcome::Settled => {
+                let mut record = row.record(CALL, self.bodies())?;
+                // What was stored, as every read shows it (not sent back).
+                record.result = Some(opened(
+                    self.bodies(),
+                    &Raw(result),
+                    claim.operation_id.as_str(),
+                )?);
+                SettleOutcome::Settled(record)
+            }
             outcome @ (Outcome::StaleClaim | Outcome::DigestMismatch) => {
                 SettleOutcome::KeptAsEvidence {
                     reason: if outcome == Outcome::StaleClaim {
@@ -632,7 +760,8 @@ impl Ledger {
             }
             Outcome::NotFound => SettleOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
-        })
+        };
+        Ok((outcome, position))
     }
 
     /// `dispatching` → `unknown`, guarded by the claim's owner and revision;
