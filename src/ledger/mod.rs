@@ -53,6 +53,7 @@ mod lease;
 mod operation;
 mod operation_types;
 mod read;
+mod retention;
 mod run;
 mod schema;
 mod secrets;
@@ -83,6 +84,7 @@ pub use operation_types::{
     ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };
 pub use read::DbHealth;
+pub use retention::{ArchiveBatch, MAX_ARCHIVE_BATCH};
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use secrets::RotationReport;
