@@ -164,7 +164,9 @@ $$;
 --      statement) sees the committed state of those rows and, since every
 --      status change of a run holds its lease row lock, of their runs; the
 --      verdicts and the UPDATE of the renewed rows come from that one view,
---      on one database clock reading.
+--      on one database clock reading. The renewed rows are updated by the
+--      ctid this statement read them at (no second index lookup): locked
+--      since step 1, they cannot have moved.
 -- lock_wait_ms is the time the whole batch took to lock its rows (the same
 -- on every row); takeover_after_ms is always NULL (the columns are
 -- ledger_write_result's, so each row decodes like a single renew's answer).
@@ -214,7 +216,7 @@ BEGIN
            AS r(run_id, owner, epoch, token_sha256, ord)
   ),
   judged AS (
-    SELECT q.ord, q.run_id, a.status, a.revision, l.owner, l.epoch, l.expires_at,
+    SELECT q.ord, q.run_id, a.status, a.revision, l.owner, l.epoch, l.expires_at, l.ctid AS lease_ctid,
            CASE
              WHEN l.run_id IS NULL OR a.run_id IS NULL THEN 'not_found'
              WHEN l.owner IS DISTINCT FROM q.owner OR l.epoch IS DISTINCT FROM q.epoch
@@ -234,7 +236,7 @@ BEGIN
        SET expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
            updated_at = now_ts
       FROM judged j
-     WHERE j.verdict = 'applied' AND w.run_id = j.run_id
+     WHERE j.verdict = 'applied' AND w.ctid = j.lease_ctid
     RETURNING w.run_id, w.expires_at
   )
   SELECT j.run_id, j.verdict,
