@@ -11,7 +11,7 @@
 //! and `ledger_events` with one event per operation and one per run, in SQL
 //! (`generate_series`, as the owner role, `synchronous_commit = off` for the
 //! fill only), vacuums and analyses, then runs pgbench with leasegate's own
-//! hot-path SQL (`examples/bench_operations/register_claim_settle.sql`:
+//! hot-path SQL (`examples/bench_scale/gated_call.sql`, beside this file:
 //! register-claim + settle, the two statements of a gated call) `--repeat`
 //! times and reports the median rate, and prints the plans (`EXPLAIN
 //! ANALYZE, BUFFERS`) of the background scans and the fate query. Last, the
@@ -365,7 +365,7 @@ async fn bench_runs(url: &str) -> anyhow::Result<()> {
 fn pgbench(url: &str, clients: usize, seconds: u64) -> anyhow::Result<(f64, f64)> {
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/bench_operations/register_claim_settle.sql"
+        "/examples/bench_scale/gated_call.sql"
     );
     let output = Command::new("pgbench")
         .args(["-n", "-M", "prepared", "-f", script])
