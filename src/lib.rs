@@ -14,7 +14,9 @@
 //!   fence rejections), `durability` (the server's durability facts, WAL
 //!   position and timeline switch points, recorded failovers), `schema`
 //!   (tables from `migrations/`, functions from
-//!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
+//!   `sql/`), `retention` (old settled history of terminal runs moved to
+//!   the archive tables, as the operator role; `operation_get` reads the
+//!   archive), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly, and sealed bodies opened in the same
 //!   walk), `secrets` (key rotation: `operation_reseal`). Every body
 //!   written (request, result, evidence) passes the policy's data rules
@@ -107,19 +109,22 @@
 //!   `CancellationToken` on `127.0.0.1:0`), then stops loops and children.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
-//!   first unconfirmed renewal; and `worker::session`, the lease leasegate
+//!   first unconfirmed renewal; `worker::batch` (`BatchHeartbeat`: one
+//!   batch renewal per interval for many leases of one host, each loss
+//!   delivered to its own holder); and `worker::session`, the lease leasegate
 //!   holds for an agent without lease plumbing (lease mode `session`). It
 //!   sits below `dispatch` so that the MCP front can use session leases.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
 //!   `0002`: operations, evidence; `0003`: detected failovers; `0004`:
 //!   access tokens and the `leasegate_operator` role, the only one that may
 //!   mint or revoke them; `0005`: the lease token's hash,
-//!   `ledger::LeaseToken`; `0006`: identifier checks) and the
+//!   `ledger::LeaseToken`; `0006`: identifier checks; `0009`: partial
+//!   indexes on the live statuses, the archive tables of retention) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
 //!   (`common`, `process`, `lease`, `run`, `operation`, `durability`,
-//!   `secrets`, `token`), installed after the
+//!   `secrets`, `token`, `retention`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `init`, `migrate`, and the operator commands `runs`, `lease`, `ops`); it only

@@ -188,12 +188,16 @@ async fn every_function_has_one_home_and_the_right_grant(
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
         in_migrations.extend(defined_functions(&text));
     }
+    // (0001 defines it, 0009 lets operations_archive delete through it.)
+    in_migrations.sort();
+    in_migrations.dedup();
     assert_eq!(in_migrations, ["ledger_events_refuse_change"]);
 
     // The database runs exactly those, and the application role may execute
     // the public ones (no leading underscore) but token management, and none
-    // of the helpers; the operator role exactly token management and
-    // re-sealing stored bodies (`secrets rotate`).
+    // of the helpers; the operator role exactly token management,
+    // re-sealing stored bodies (`secrets rotate`) and retention (`ops
+    // archive`).
     let installed: Vec<(String, bool, bool)> = sqlx::query_as(
         "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
                 has_function_privilege('leasegate_operator', p.oid, 'EXECUTE') \
@@ -210,6 +214,7 @@ async fn every_function_has_one_home_and_the_right_grant(
         "access_token_create",
         "access_token_revoke",
         "operation_reseal",
+        "operations_archive",
     ];
     for (name, app, operator) in &installed {
         let operators_only = operators.contains(&name.as_str());
