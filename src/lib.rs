@@ -100,9 +100,11 @@
 //!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
 //!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
 //!   tokens on both listeners, route scopes, the caller's tenant), the
-//!   handlers (`runs`, `operations`), and `cli`, the operator CLI (`runs`,
+//!   handlers (`runs`, `leases` — `POST /v1/leases/renew`, many leases in
+//!   one call —, `operations`), and `cli`, the operator CLI (`runs`,
 //!   `lease`, `ops`: each one REST request to the same router, in-process;
-//!   `tokens`: straight to the ledger as `leasegate_operator`).
+//!   `tokens` and `ops archive`: straight to the ledger as
+//!   `leasegate_operator`).
 //! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
 //!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
 //!   until a shutdown future completes (`main`: ctrl-c/SIGTERM; tests: a
