@@ -172,7 +172,8 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     sqlx::query("SET leasegate.archiving = 'on'").execute(&mut *app).await.unwrap();
     let denied = sqlx::query("DELETE FROM ledger_events").execute(&mut *app).await.unwrap_err();
     assert!(denied.to_string().contains("permission denied"), "{denied}");
-    drop(app);
+    // Not back into the admin pool as the application role.
+    app.detach();
     // Nor may the owner outside the archive function.
     let denied = sqlx::query("DELETE FROM ledger_events WHERE run_id = $1")
         .bind(old.run_id.as_uuid())
