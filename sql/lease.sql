@@ -144,15 +144,127 @@ BEGIN
 END
 $$;
 
+-- Batch renewal (issue 14, P4): one worker host renews many leases in one
+-- call. Each lease is judged exactly as lease_renew judges it (the fence of
+-- _lease_fence: owner, epoch, unexpired, lease token hash, non-terminal run)
+-- and answered on its own row, in the order given:
+--   applied (renewed: lease_expires_at is the new expiry) | not_found |
+--   lease_lost | lease_token_unset | lease_token_invalid | terminal.
+-- p_tenant (NULL: any) scopes the batch: a run of another tenant is
+-- 'not_found' with nothing found shown and nothing written, exactly as a run
+-- that does not exist. Like lease_renew, a renewal writes no event (the
+-- audit trail of a lease is its takes and releases; the expiry is on the
+-- row), so a batch writes none either.
+--
+-- Two statements in one call (one transaction, one round trip):
+--   1. lock every named lease row FOR UPDATE in run_id order (two batches
+--      naming the same leases cannot deadlock; a single renew or takeover
+--      locks one row, so it queues like it would behind one renew);
+--   2. with every lock held, a fresh snapshot (READ COMMITTED: a new one per
+--      statement) sees the committed state of those rows and, since every
+--      status change of a run holds its lease row lock, of their runs; the
+--      verdicts and the UPDATE of the renewed rows come from that one view,
+--      on one database clock reading. The renewed rows are updated by the
+--      ctid this statement read them at (no second index lookup): locked
+--      since step 1, they cannot have moved.
+-- lock_wait_ms is the time the whole batch took to lock its rows (the same
+-- on every row); takeover_after_ms is always NULL (the columns are
+-- ledger_write_result's, so each row decodes like a single renew's answer).
+-- Input the Rust layer never sends (arrays of different lengths, a NULL or
+-- repeated run id, more than 100,000 leases) raises 22023 and writes nothing.
+CREATE OR REPLACE FUNCTION lease_renew_batch(p_run_ids uuid[], p_owners text[], p_epochs bigint[],
+                                             p_token_sha256s bytea[], p_ttl_ms bigint, p_tenant text)
+RETURNS TABLE (run_id uuid, outcome text, run_status text, revision bigint, lease_owner text,
+               lease_epoch bigint, lease_expires_at timestamptz, db_now timestamptz,
+               lock_wait_ms double precision, takeover_after_ms double precision)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+  n integer := coalesce(cardinality(p_run_ids), 0);
+  t0 timestamptz;
+  now_ts timestamptz;
+BEGIN
+  PERFORM _ledger_check_ttl(p_ttl_ms);
+  IF n <> coalesce(cardinality(p_owners), 0) OR n <> coalesce(cardinality(p_epochs), 0)
+     OR n <> coalesce(cardinality(p_token_sha256s), 0) THEN
+    RAISE EXCEPTION 'lease_renew_batch: run ids, owners, epochs and token hashes must be arrays of one length'
+      USING ERRCODE = '22023';
+  END IF;
+  IF n > 100000 THEN
+    RAISE EXCEPTION 'lease_renew_batch: at most 100000 leases per call, got %', n USING ERRCODE = '22023';
+  END IF;
+  IF array_position(p_run_ids, NULL) IS NOT NULL THEN
+    RAISE EXCEPTION 'lease_renew_batch: a run id is NULL' USING ERRCODE = '22023';
+  END IF;
+  IF (SELECT count(DISTINCT u) FROM unnest(p_run_ids) u) <> n THEN
+    RAISE EXCEPTION 'lease_renew_batch: a run id appears twice' USING ERRCODE = '22023';
+  END IF;
+
+  -- 1. Locks, in one order.
+  t0 := clock_timestamp();
+  PERFORM 1 FROM worker_leases l
+   WHERE l.run_id = ANY (p_run_ids)
+   ORDER BY l.run_id
+     FOR UPDATE;
+  now_ts := clock_timestamp();
+
+  -- 2. Verdicts and renewals under those locks.
+  RETURN QUERY
+  WITH req AS (
+    SELECT r.run_id, r.owner, r.epoch, r.token_sha256, r.ord
+      FROM unnest(p_run_ids, p_owners, p_epochs, p_token_sha256s) WITH ORDINALITY
+           AS r(run_id, owner, epoch, token_sha256, ord)
+  ),
+  judged AS (
+    SELECT q.ord, q.run_id, a.status, a.revision, l.owner, l.epoch, l.expires_at, l.ctid AS lease_ctid,
+           CASE
+             WHEN l.run_id IS NULL OR a.run_id IS NULL THEN 'not_found'
+             WHEN l.owner IS DISTINCT FROM q.owner OR l.epoch IS DISTINCT FROM q.epoch
+                  OR l.expires_at <= now_ts THEN 'lease_lost'
+             WHEN l.token_sha256 IS NULL THEN 'lease_token_unset'
+             WHEN q.token_sha256 IS NULL OR l.token_sha256 <> q.token_sha256 THEN 'lease_token_invalid'
+             WHEN a.status IN ('succeeded', 'failed', 'cancelled') THEN 'terminal'
+             ELSE 'applied'
+           END AS verdict
+      FROM req q
+      LEFT JOIN agent_runs a
+             ON a.run_id = q.run_id AND (p_tenant IS NULL OR a.tenant_id = p_tenant)
+      LEFT JOIN worker_leases l ON l.run_id = a.run_id
+  ),
+  renewed AS (
+    UPDATE worker_leases w
+       SET expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
+           updated_at = now_ts
+      FROM judged j
+     WHERE j.verdict = 'applied' AND w.ctid = j.lease_ctid
+    RETURNING w.run_id, w.expires_at
+  )
+  SELECT j.run_id, j.verdict,
+         CASE WHEN j.verdict = 'not_found' THEN NULL ELSE j.status END,
+         CASE WHEN j.verdict = 'not_found' THEN NULL ELSE j.revision END,
+         CASE WHEN j.verdict = 'not_found' THEN NULL ELSE j.owner END,
+         CASE WHEN j.verdict = 'not_found' THEN NULL ELSE j.epoch END,
+         CASE WHEN j.verdict = 'not_found' THEN NULL ELSE coalesce(n.expires_at, j.expires_at) END,
+         now_ts,
+         extract(epoch FROM now_ts - t0)::double precision * 1000,
+         NULL::double precision
+    FROM judged j
+    LEFT JOIN renewed n ON n.run_id = j.run_id
+   ORDER BY j.ord;
+END
+$$;
+
 REVOKE EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint, bytea),
   lease_takeover(uuid, text, bigint, bytea),
   lease_renew(uuid, text, bigint, bytea, bigint),
-  lease_release(uuid, text, bigint, bytea)
+  lease_release(uuid, text, bigint, bytea),
+  lease_renew_batch(uuid[], text[], bigint[], bytea[], bigint, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint, bytea),
   lease_takeover(uuid, text, bigint, bytea),
   lease_renew(uuid, text, bigint, bytea, bigint),
-  lease_release(uuid, text, bigint, bytea)
+  lease_release(uuid, text, bigint, bytea),
+  lease_renew_batch(uuid[], text[], bigint[], bytea[], bigint, text)
 TO leasegate_app;

@@ -16,7 +16,9 @@
 //!   fence rejections), `durability` (the server's durability facts, WAL
 //!   position and timeline switch points, recorded failovers), `schema`
 //!   (tables from `migrations/`, functions from
-//!   `sql/`), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
+//!   `sql/`), `retention` (old settled history of terminal runs moved to
+//!   the archive tables, as the operator role; `operation_get` reads the
+//!   archive), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly, and sealed bodies opened in the same
 //!   walk), `secrets` (key rotation: `operation_reseal`). Every body
 //!   written (request, result, evidence) passes the policy's data rules
@@ -100,20 +102,24 @@
 //!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
 //!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
 //!   tokens on both listeners, route scopes, the caller's tenant), the
-//!   handlers (`runs`, `operations`), and `cli`, the operator CLI (`runs`,
+//!   handlers (`runs`, `leases` — `POST /v1/leases/renew`, many leases in
+//!   one call —, `operations`), and `cli`, the operator CLI (`runs`,
 //!   `lease`, `ops`: each one REST request to the same router, in-process,
 //!   operator acts as `leasegate_operator` and the rest as `leasegate_app`;
-//!   `tokens`: straight to the ledger as `leasegate_operator`). The operator
-//!   routes (resolve, retry, cancel, failover resolve) run their SQL through
-//!   `OperatorLedger`, a pool as `leasegate_operator`, or answer 503
-//!   `role_not_granted` when the process has none.
+//!   `tokens` and `ops archive`: straight to the ledger as
+//!   `leasegate_operator`). The operator routes (resolve, retry, cancel,
+//!   failover resolve) run their SQL through `OperatorLedger`, a pool as
+//!   `leasegate_operator`, or answer 503 `role_not_granted` when the process
+//!   has none.
 //! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
 //!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
 //!   until a shutdown future completes (`main`: ctrl-c/SIGTERM; tests: a
 //!   `CancellationToken` on `127.0.0.1:0`), then stops loops and children.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
-//!   first unconfirmed renewal; and `worker::session`, the lease leasegate
+//!   first unconfirmed renewal; `worker::batch` (`BatchHeartbeat`: one
+//!   batch renewal per interval for many leases of one host, each loss
+//!   delivered to its own holder); and `worker::session`, the lease leasegate
 //!   holds for an agent without lease plumbing (lease mode `session`). It
 //!   sits below `dispatch` so that the MCP front can use session leases.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
@@ -123,12 +129,13 @@
 //!   `ledger::LeaseToken`; `0006`: identifier checks; `0007`: operator
 //!   acts — resolve, retry reset, cancel, failover resolve — are
 //!   `leasegate_operator`'s alone, which reads the ledger; evidence bodies
-//!   may be re-sealed in place by `evidence_reseal` only) and the
+//!   may be re-sealed in place by `evidence_reseal` only; `0009`: partial
+//!   indexes on the live statuses, the archive tables of retention) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
 //!   (`common`, `process`, `lease`, `run`, `operation`, `durability`,
-//!   `secrets`, `token`), installed after the
+//!   `secrets`, `token`, `retention`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
 //!   `init`, `migrate`, and the operator commands `runs`, `lease`, `ops`); it only

@@ -197,6 +197,27 @@ pub enum OpsCommand {
         #[arg(long, env = "USER", default_value = "operator")]
         by: String,
     },
+    /// Retention: move the settled history of terminal runs older than the
+    /// window (their operations, evidence and events) to the archive tables,
+    /// in batches, until none is left. Archived operations stay answerable
+    /// by `ops show` (marked archived). Runs on the ledger directly as the
+    /// database role `leasegate_operator`.
+    Archive {
+        /// The window, e.g. "30d": runs terminal and operations settled for
+        /// at least this long.
+        #[arg(long)]
+        older_than: String,
+        /// Delete instead of archiving (the fate query then answers "not
+        /// found" for them).
+        #[arg(long)]
+        delete: bool,
+        /// Runs per batch (one transaction each), 1 to 10000.
+        #[arg(long, default_value_t = 1000)]
+        batch: i32,
+        /// Stop after this many batches (default: until nothing is left).
+        #[arg(long)]
+        max_batches: Option<u64>,
+    },
 }
 
 /// `leasegate tokens …`: bearer tokens for the listeners (`crate::auth`).
@@ -636,6 +657,8 @@ impl OperatorCommand {
                     format!("/v1/failovers/{}/resolve", url_segment(failover_id)),
                     json!({"by": by, "reason": reason}),
                 ),
+                // No route: `run` sends it to the ledger directly.
+                OpsCommand::Archive { .. } => ApiRequest::get("/v1/ops-archive-has-no-route".to_owned()),
             },
         }
     }
@@ -645,6 +668,19 @@ impl OperatorCommand {
     /// returns the process exit code.
     pub async fn run(&self) -> u8 {
         let common = self.common();
+        if let OperatorCommand::Ops {
+            command:
+                OpsCommand::Archive {
+                    older_than,
+                    delete,
+                    batch,
+                    max_batches,
+                },
+            ..
+        } = self
+        {
+            return archive(common, older_than, *delete, *batch, *max_batches).await;
+        }
         let (database, tenant, bodies) = match &common.config {
             Some(path) => match Config::load(path) {
                 Ok(mut config) => {
@@ -715,6 +751,122 @@ impl OperatorCommand {
         }
         exit_code(code)
     }
+}
+
+/// `leasegate ops archive`: batches of `operations_archive` as the operator
+/// role until a batch moves no run (or `max_batches`). Prints one line per
+/// batch and the totals (`--json`: one object with the totals).
+async fn archive(
+    common: &Common,
+    older_than: &str,
+    delete: bool,
+    batch: i32,
+    max_batches: Option<u64>,
+) -> u8 {
+    let window_ms = match humantime::parse_duration(older_than) {
+        Ok(duration) if !duration.is_zero() => i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
+        _ => {
+            return report(
+                common.json,
+                ErrorCode::InvalidInput,
+                &format!("--older-than {older_than:?} is not a duration like \"30d\" or \"12h\""),
+            );
+        }
+    };
+    if !(1..=crate::ledger::MAX_ARCHIVE_BATCH).contains(&batch) {
+        return report(
+            common.json,
+            ErrorCode::InvalidInput,
+            &format!(
+                "--batch {batch} is not 1 to {}",
+                crate::ledger::MAX_ARCHIVE_BATCH
+            ),
+        );
+    }
+    let (database, tenant) = match &common.config {
+        Some(path) => match Config::load(path) {
+            Ok(mut config) => {
+                config.resolve_database_url(common.database_url.as_deref());
+                (config.database(), Some(config.tenant))
+            }
+            Err(error) => return report(common.json, ErrorCode::InvalidInput, &error.to_string()),
+        },
+        None => (
+            DatabaseUrl::from_environment(common.database_url.as_deref(), None),
+            None,
+        ),
+    };
+    let options = LedgerOptions {
+        max_connections: 1,
+        session_role: Some(crate::ledger::OPERATOR_ROLE.to_owned()),
+        ..Default::default()
+    };
+    let ledger = match Ledger::connect(&database.url, options).await {
+        Ok(ledger) => ledger,
+        Err(error) => {
+            let (code, message) = ledger_refusal(&error, &database);
+            return report(common.json, code, &message);
+        }
+    };
+    let mut total = crate::ledger::ArchiveBatch::default();
+    let mut batches = 0u64;
+    let outcome = loop {
+        if max_batches.is_some_and(|max| batches >= max) {
+            break Ok(());
+        }
+        // If we crash here, the batches so far are committed; a batch in
+        // flight is wholly moved or untouched (one transaction).
+        match ledger
+            .operations_archive(window_ms, batch, delete, tenant.as_deref())
+            .await
+        {
+            Ok(moved) if moved.runs == 0 => break Ok(()),
+            Ok(moved) => {
+                batches += 1;
+                total.runs += moved.runs;
+                total.operations += moved.operations;
+                total.evidence += moved.evidence;
+                total.events += moved.events;
+                if !common.json {
+                    println!(
+                        "batch {batches}: {} runs, {} operations, {} evidence, {} events {}",
+                        moved.runs,
+                        moved.operations,
+                        moved.evidence,
+                        moved.events,
+                        if delete { "deleted" } else { "archived" }
+                    );
+                }
+            }
+            Err(error) => break Err(error),
+        }
+    };
+    ledger.close().await;
+    if let Err(error) = outcome {
+        let api = super::error::ApiError::from(error);
+        return report(
+            common.json,
+            api.code(),
+            &format!("archive stopped after {batches} batches: {}", api.message),
+        );
+    }
+    if common.json {
+        println!(
+            "{}",
+            json!({"batches": batches, "deleted": delete, "runs": total.runs, "operations": total.operations,
+                   "evidence": total.evidence, "events": total.events})
+        );
+    } else {
+        println!(
+            "{} runs, {} operations, {} evidence, {} events {} in {batches} batches (older than {older_than})",
+            total.runs,
+            total.operations,
+            total.evidence,
+            total.events,
+            if delete { "deleted" } else { "archived" }
+        );
+    }
+    exit::OK
 }
 
 /// Prints an error the CLI found before any request (stderr, or the API's

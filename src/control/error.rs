@@ -505,8 +505,9 @@ where
                     ApiError::new(
                         ErrorCode::BodyTooLarge,
                         format!(
-                            "request bodies are limited to {} bytes",
-                            super::MAX_BODY_BYTES
+                            "request bodies are limited to {} bytes ({} for POST /v1/leases/renew)",
+                            super::MAX_BODY_BYTES,
+                            super::leases::MAX_BATCH_BODY_BYTES
                         ),
                     )
                 }

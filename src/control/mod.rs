@@ -6,7 +6,8 @@
 //! * `router`: the routes (`ROUTES`), `/metrics`, serving.
 //! * `error`: [`ErrorCode`], the one table of error codes, HTTP statuses and
 //!   operator CLI exit codes; error answers and JSON body extraction.
-//! * `runs`, `operations`, `durability`: the handlers (`durability`: the
+//! * `runs`, `leases` (`POST /v1/leases/renew`: many leases renewed in one
+//!   call, each answered on its own), `operations`, `durability`: the handlers (`durability`: the
 //!   recorded failovers and their resolution; `with_durability` adds this
 //!   process's `GET /v1/durability`).
 //! * `auth`: bearer tokens on both listeners (`authenticated`), the scope
@@ -39,6 +40,7 @@ pub mod cli;
 mod durability;
 pub mod error;
 pub mod guard;
+mod leases;
 mod operations;
 mod router;
 mod runs;

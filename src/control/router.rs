@@ -7,7 +7,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::{get, post};
 
 use super::error::{ApiError, ErrorCode};
-use super::{durability, operations, runs};
+use super::{durability, leases, operations, runs};
 use crate::adapter::SharedDirectory;
 use crate::intent::IntegerPolicy;
 use crate::ledger::{Fenced, Ledger, RunId};
@@ -28,6 +28,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/runs/{run_id}/complete"),
     ("POST", "/v1/runs/{run_id}/fail"),
     ("POST", "/v1/runs/{run_id}/cancel"),
+    ("POST", "/v1/leases/renew"),
     ("GET", "/v1/runs/{run_id}/operations"),
     ("GET", "/v1/operations/unknown"),
     ("GET", "/v1/operations/{operation_id}"),
@@ -157,6 +158,11 @@ pub fn router_with_tools(
         .route("/v1/runs/{run_id}/complete", post(runs::complete))
         .route("/v1/runs/{run_id}/fail", post(runs::fail))
         .route("/v1/runs/{run_id}/cancel", post(runs::cancel))
+        .route(
+            "/v1/leases/renew",
+            post(leases::renew_batch)
+                .layer(DefaultBodyLimit::max(leases::MAX_BATCH_BODY_BYTES)),
+        )
         .route(
             "/v1/runs/{run_id}/operations",
             get(operations::list_operations),

@@ -2,11 +2,18 @@
 //! function call each (`sql/lease.sql`); one statement, one short
 //! transaction, one round trip once prepared on the pooled connection (the
 //! first use on a new connection adds one Parse/Describe round trip).
+//!
+//! [`Ledger::lease_renew_batch`] renews many leases (one worker host's) in
+//! one call: each lease is judged by the same fence as `lease_renew` and
+//! answered on its own, in the order given; a crash mid-call leaves either
+//! every renewal of the batch or none (one transaction), and an answer lost
+//! with the connection is `Delivery::Unknown` for the whole batch, which a
+//! heartbeat treats as unconfirmed (stop, let the leases expire).
 
 use super::token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing};
 use super::{
-    AcquireOutcome, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseToken, Ledger, LedgerError,
+    AcquireOutcome, InvalidInput, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseToken, Ledger, LedgerError,
     MAX_OWNER_LEN, Rejection, RunId, check_text,
 };
 
@@ -173,4 +180,138 @@ impl Ledger {
             .await?;
         row.into_fenced(CALL, Expected::claim(claim))
     }
+
+    /// Renews every lease of `claims` by `ttl_ms` from now (database clock)
+    /// in one call (`sql/lease.sql`, `lease_renew_batch`), each judged as
+    /// [`Ledger::lease_renew`] judges one, and answers each lease on its
+    /// own, in the order given. `tenant` scopes the batch (`None`: any): a
+    /// run of another tenant is [`Rejection::NotFound`] with nothing
+    /// written, exactly as one that does not exist. An empty batch answers
+    /// at once without a round trip.
+    ///
+    /// Refused before anything is sent: more than [`MAX_RENEW_BATCH`]
+    /// leases, a run named twice, an owner that no acquire could have
+    /// handed out, a ttl outside (0, ceiling].
+    pub async fn lease_renew_batch(
+        &self,
+        claims: &[LeaseClaim],
+        ttl_ms: i64,
+        tenant: Option<&str>,
+    ) -> Result<Vec<BatchRenewal>, LedgerError> {
+        const CALL: &str = "lease_renew_batch";
+        self.check_ttl(ttl_ms)?;
+        check_batch(claims)?;
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let run_ids: Vec<uuid::Uuid> = claims.iter().map(|c| c.run_id.as_uuid()).collect();
+        let owners: Vec<&str> = claims.iter().map(|c| c.owner.as_str()).collect();
+        let epochs: Vec<i64> = claims.iter().map(|c| c.epoch).collect();
+        let hashes: Vec<Option<Vec<u8>>> =
+            claims.iter().map(|c| bind_hash(c.token.as_ref())).collect();
+        let rows: Vec<BatchRow> = self
+            .invoke_all(CALL, true, || {
+                sqlx::query_as("SELECT * FROM lease_renew_batch($1, $2, $3, $4, $5, $6)")
+                    .bind(&run_ids)
+                    .bind(&owners)
+                    .bind(&epochs)
+                    .bind(&hashes)
+                    .bind(ttl_ms)
+                    .bind(tenant)
+            })
+            .await
+            .inspect_err(|error| {
+                let outcome = match error.delivery() {
+                    super::Delivery::Unknown => "result_unknown",
+                    _ => "db_error",
+                };
+                metrics::counter!("lease_renew_total", "outcome" => outcome)
+                    .increment(claims.len() as u64);
+            })?;
+        if rows.len() != claims.len() {
+            return Err(LedgerError::Protocol {
+                call: CALL,
+                detail: format!("{} answers for {} leases", rows.len(), claims.len()),
+            });
+        }
+        if let Some(first) = rows.first() {
+            first.row.observe(CALL);
+        }
+        let mut answers = Vec::with_capacity(rows.len());
+        let (mut renewed, mut lost, mut terminal, mut token_invalid) = (0u64, 0u64, 0u64, 0u64);
+        for (claim, row) in claims.iter().zip(rows) {
+            if row.run_id != claim.run_id.as_uuid() {
+                return Err(LedgerError::Protocol {
+                    call: CALL,
+                    detail: format!(
+                        "answer for run {} where run {} was asked",
+                        row.run_id, claim.run_id
+                    ),
+                });
+            }
+            let outcome = row.row.into_fenced(CALL, Expected::claim(claim))?;
+            match &outcome {
+                Fenced::Applied(_) => renewed += 1,
+                Fenced::Rejected(Rejection::Terminal { .. }) => terminal += 1,
+                Fenced::Rejected(Rejection::LeaseTokenInvalid { .. }) => token_invalid += 1,
+                Fenced::Rejected(_) => lost += 1,
+            }
+            answers.push(BatchRenewal {
+                run_id: claim.run_id,
+                outcome,
+            });
+        }
+        for (label, count) in [
+            ("success", renewed),
+            ("lost", lost),
+            ("terminal", terminal),
+            ("token_invalid", token_invalid),
+        ] {
+            if count > 0 {
+                metrics::counter!("lease_renew_total", "outcome" => label).increment(count);
+            }
+        }
+        Ok(answers)
+    }
+}
+
+/// The most leases one [`Ledger::lease_renew_batch`] call renews (the
+/// control API's `POST /v1/leases/renew` answers 413 above it).
+pub const MAX_RENEW_BATCH: usize = 10_000;
+
+/// One lease's answer in a batch renewal: renewed (the new expiry in
+/// [`Applied::lease_expires_at`]) or rejected for its own reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BatchRenewal {
+    pub run_id: RunId,
+    pub outcome: Fenced<Applied>,
+}
+
+/// A row of `lease_renew_batch`: the run it answers, then the same columns
+/// as every fenced write's `ledger_write_result`.
+#[derive(Debug, sqlx::FromRow)]
+struct BatchRow {
+    run_id: uuid::Uuid,
+    #[sqlx(flatten)]
+    row: WriteRow,
+}
+
+fn check_batch(claims: &[LeaseClaim]) -> Result<(), InvalidInput> {
+    if claims.len() > MAX_RENEW_BATCH {
+        return Err(InvalidInput::Request(format!(
+            "a batch renewal holds at most {MAX_RENEW_BATCH} leases, got {}",
+            claims.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(claims.len());
+    for claim in claims {
+        check_text("owner", &claim.owner, MAX_OWNER_LEN)?;
+        if !seen.insert(claim.run_id) {
+            return Err(InvalidInput::Request(format!(
+                "run {} appears twice in the batch renewal",
+                claim.run_id
+            )));
+        }
+    }
+    Ok(())
 }

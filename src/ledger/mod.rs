@@ -53,6 +53,7 @@ mod lease;
 mod operation;
 mod operation_types;
 mod read;
+mod retention;
 mod run;
 mod schema;
 mod secrets;
@@ -74,6 +75,7 @@ pub use access_token::{
 pub use durability::{
     DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn, WalPosition,
 };
+pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
@@ -84,6 +86,7 @@ pub use operation_types::{
     ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };
 pub use read::DbHealth;
+pub use retention::{ArchiveBatch, MAX_ARCHIVE_BATCH};
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use secrets::RotationReport;

@@ -463,6 +463,10 @@ pub struct OperationView {
     pub superseded_by: Option<OperationId>,
     pub events: Vec<super::LedgerEvent>,
     pub evidence: Vec<Evidence>,
+    /// Read from the archive: retention moved this settled operation of a
+    /// terminal run out of the live tables (`leasegate ops archive`).
+    #[serde(default)]
+    pub archived: bool,
 }
 
 /// How many operations are `unknown`, and for how long the oldest has been.

@@ -36,6 +36,12 @@ const EVENTS_OF_RUN: &str =
     "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status,
         actor_kind, actor, epoch, revision, detail
    FROM ledger_events WHERE run_id = $1 ORDER BY event_id";
+const ARCHIVED_EVENTS_OF_OPERATION: &str =
+    "SELECT e.event_id, e.at, e.run_id, e.operation_id, e.subject, e.from_status, e.to_status,
+        e.actor_kind, e.actor, e.epoch, e.revision, e.detail
+   FROM ledger_events_archive a
+   CROSS JOIN LATERAL jsonb_populate_record(NULL::ledger_events, a.row) e
+  WHERE a.operation_id = $1 ORDER BY a.event_id";
 const EVENTS_OF_OPERATION: &str =
     "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status,
         actor_kind, actor, epoch, revision, detail
@@ -154,9 +160,12 @@ impl Ledger {
         let row: Option<(String,)> = self
             .invoke_optional("operation_tenant", false, || {
                 sqlx::query_as(
-                    "SELECT r.tenant_id FROM tool_operations o
-                       JOIN agent_runs r ON r.run_id = o.run_id
-                      WHERE o.operation_id = $1",
+                    "SELECT r.tenant_id
+                       FROM (SELECT run_id FROM tool_operations WHERE operation_id = $1
+                             UNION ALL
+                             SELECT run_id FROM tool_operations_archive WHERE operation_id = $1
+                             LIMIT 1) o
+                       JOIN agent_runs r ON r.run_id = o.run_id",
                 )
                 .bind(operation_id.as_str())
             })
@@ -216,22 +225,50 @@ impl Ledger {
 
     /// The fate of a call: the operation, its request, every status change
     /// and every piece of evidence. `None` when no such operation exists.
+    /// An operation moved to the archive by retention
+    /// (`operations_archive`, migration 0009) is read from there, whole,
+    /// and marked `archived`.
     pub async fn operation_get(
         &self,
         operation_id: &OperationId,
     ) -> Result<Option<OperationView>, LedgerError> {
         const CALL: &str = "operation_get";
-        let row: Option<TableRow> = self
+        let mut archived = false;
+        let mut row: Option<TableRow> = self
             .invoke_optional(CALL, false, || {
                 sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
                     .bind(operation_id.as_str())
             })
             .await?;
+        if row.is_none() {
+            row = self
+                .invoke_optional(CALL, false, || {
+                    sqlx::query_as(
+                        "SELECT (jsonb_populate_record(NULL::tool_operations, a.row)).*
+                           FROM tool_operations_archive a WHERE a.operation_id = $1",
+                    )
+                    .bind(operation_id.as_str())
+                })
+                .await?;
+            archived = row.is_some();
+        }
         let Some(row) = row else {
             return Ok(None);
         };
-        let events = self.operation_events(operation_id).await?;
-        let evidence = self.operation_evidence(operation_id).await?;
+        let (events, evidence) = if archived {
+            let rows: Vec<EventRow> = self
+                .invoke_all("operation_events", false, || {
+                    sqlx::query_as(ARCHIVED_EVENTS_OF_OPERATION).bind(operation_id.as_str())
+                })
+                .await?;
+            let events = rows.into_iter().map(EventRow::into_event).collect();
+            (events, self.evidence_from(operation_id, true).await?)
+        } else {
+            (
+                self.operation_events(operation_id).await?,
+                self.operation_evidence(operation_id).await?,
+            )
+        };
         Ok(Some(OperationView {
             operation: row.record(CALL, &self.options.bodies)?,
             request_body: row.request(&self.options.bodies)?,
@@ -240,6 +277,7 @@ impl Ledger {
             superseded_by: row.superseded_by.clone().map(OperationId::from_string),
             events,
             evidence,
+            archived,
         }))
     }
 
@@ -265,15 +303,31 @@ impl Ledger {
         &self,
         operation_id: &OperationId,
     ) -> Result<Vec<Evidence>, LedgerError> {
+        self.evidence_from(operation_id, false).await
+    }
+
+    /// An operation's evidence from the live table or (`archived`) the
+    /// archive.
+    async fn evidence_from(
+        &self,
+        operation_id: &OperationId,
+        archived: bool,
+    ) -> Result<Vec<Evidence>, LedgerError> {
         const CALL: &str = "operation_evidence";
+        let sql = if archived {
+            "SELECT e.evidence_id, e.at, e.kind, e.source, e.claim_owner, e.claim_revision, e.outcome,
+                    e.remote_id, e.body
+               FROM operation_evidence_archive a
+               CROSS JOIN LATERAL jsonb_populate_record(NULL::operation_evidence, a.row) e
+              WHERE a.operation_id = $1 ORDER BY a.evidence_id"
+        } else {
+            "SELECT evidence_id, at, kind, source, claim_owner, claim_revision, outcome,
+                    remote_id, body
+               FROM operation_evidence WHERE operation_id = $1 ORDER BY evidence_id"
+        };
         let rows: Vec<EvidenceRow> = self
             .invoke_all(CALL, false, || {
-                sqlx::query_as(
-                    "SELECT evidence_id, at, kind, source, claim_owner, claim_revision, outcome,
-                            remote_id, body
-                       FROM operation_evidence WHERE operation_id = $1 ORDER BY evidence_id",
-                )
-                .bind(operation_id.as_str())
+                sqlx::query_as(sql).bind(operation_id.as_str())
             })
             .await?;
         rows.into_iter()

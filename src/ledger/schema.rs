@@ -4,7 +4,8 @@
 //! `migrations/` holds tables, types, indexes and grants on tables; a
 //! migration never changes once released (sqlx checks each applied file's
 //! checksum). The functions live in `sql/<entity>.sql` (`common`, `process`,
-//! `lease`, `run`, `operation`, `durability`, `secrets`, `token`), written as `CREATE OR REPLACE` plus their grants, so
+//! `lease`, `run`, `operation`, `durability`, `secrets`, `token`,
+//! `retention`), written as `CREATE OR REPLACE` plus their grants, so
 //! a function changes by editing its one definition. [`apply`] runs them
 //! after the migrations, in one transaction under an advisory lock, and
 //! records their SHA-256 in `ledger_functions`: a process whose files match
@@ -77,7 +78,7 @@ fn install_sql() -> String {
 }
 
 /// The function files, in the order they are applied (helpers first).
-pub const FUNCTION_FILES: [(&str, &str); 8] = [
+pub const FUNCTION_FILES: [(&str, &str); 9] = [
     ("sql/common.sql", include_str!("../../sql/common.sql")),
     ("sql/process.sql", include_str!("../../sql/process.sql")),
     ("sql/lease.sql", include_str!("../../sql/lease.sql")),
@@ -89,6 +90,7 @@ pub const FUNCTION_FILES: [(&str, &str); 8] = [
     ),
     ("sql/secrets.sql", include_str!("../../sql/secrets.sql")),
     ("sql/token.sql", include_str!("../../sql/token.sql")),
+    ("sql/retention.sql", include_str!("../../sql/retention.sql")),
 ];
 
 /// Serializes function installs across processes (any constant; "lgfn").

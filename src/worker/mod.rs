@@ -21,8 +21,15 @@
 //! renewal after it thaws is rejected as lease lost, or, if the freeze
 //! happened mid-call, times out; either way the token is cancelled. Writes
 //! attempted meanwhile are rejected by the database.
+//!
+//! A host holding many leases uses [`BatchHeartbeat`] (`worker::batch`):
+//! one batch renewal per interval for all of them, each lease's loss
+//! delivered to its own holder exactly as this heartbeat delivers it.
 
+pub mod batch;
 pub mod session;
+
+pub use batch::BatchHeartbeat;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;

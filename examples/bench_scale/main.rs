@@ -1,0 +1,521 @@
+//! Flat cost at scale (issue 14, P5) and batch renewal throughput (P4).
+//!
+//! ```text
+//! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--url ADMIN_URL] [--db leasegate_scale]
+//! cargo run --release --example bench_scale -- renew [--leases 10000] [--rounds 20] [--url ADMIN_URL] [--db leasegate_renew_bench]
+//! ```
+//!
+//! `scale`: for each row count N it (re)creates the database
+//! `leasegate_scale`, migrates it, fills `tool_operations` with N settled
+//! operations (10 per succeeded run, ids spread like real operation ids)
+//! and `ledger_events` with one event per operation and one per run, in SQL
+//! (`generate_series`, as the owner role, `synchronous_commit = off` for the
+//! fill only), vacuums and analyses, then runs pgbench with leasegate's own
+//! hot-path SQL (`examples/bench_scale/gated_call.sql`, beside this file:
+//! register-claim + settle, the two statements of a gated call) `--repeat`
+//! times and reports the median rate, and prints the plans (`EXPLAIN
+//! ANALYZE, BUFFERS`) of the background scans and the fate query. Last, the
+//! ratio of the first row count's rate to each other's. The scans' SQL is
+//! copied from `sql/operation.sql`, `src/ledger/operation.rs` and
+//! `src/ledger/read.rs` (keep it in step).
+//!
+//! `renew`: creates `--leases` leased runs and renews them all `--rounds`
+//! times three ways: the SQL function `lease_renew_batch` alone (one
+//! statement with bound arrays, answers discarded), `Ledger::lease_renew_batch`
+//! (decoded answers), and `POST /v1/leases/renew` through the control
+//! router in-process (JSON in and out, no socket). Reports leases/s, median
+//! of the rounds.
+//!
+//! Numbers are reported, never asserted.
+
+use std::process::Command;
+use std::time::Instant;
+
+use leasegate::control::router_for_tenant;
+use leasegate::intent::IntegerPolicy;
+use leasegate::ledger::{
+    InitialLease, LeaseClaim, LeaseToken, Ledger, LedgerOptions, RunCreateOutcome, RunId,
+};
+use serde_json::json;
+use sqlx::Executor;
+use sqlx::migrate::MigrateDatabase;
+use tower::ServiceExt;
+
+const BENCH_RUNS: usize = 64;
+
+struct Args {
+    mode: String,
+    rows: Vec<i64>,
+    clients: usize,
+    seconds: u64,
+    repeat: usize,
+    leases: i64,
+    rounds: usize,
+    url: String,
+    /// The database (re)created on the admin URL's server.
+    db: Option<String>,
+}
+
+fn args() -> anyhow::Result<Args> {
+    let mut it = std::env::args().skip(1);
+    let mut a = Args {
+        mode: it.next().unwrap_or_else(|| "scale".into()),
+        rows: vec![10_000, 10_000_000],
+        clients: 8,
+        seconds: 15,
+        repeat: 3,
+        leases: 10_000,
+        rounds: 20,
+        url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
+        db: None,
+    };
+    while let Some(flag) = it.next() {
+        let value = it
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--rows" => {
+                a.rows = value
+                    .split(',')
+                    .map(|v| v.trim().replace('_', "").parse())
+                    .collect::<Result<_, _>>()?
+            }
+            "--clients" => a.clients = value.parse()?,
+            "--seconds" => a.seconds = value.parse()?,
+            "--repeat" => a.repeat = value.parse()?,
+            "--leases" => a.leases = value.parse()?,
+            "--rounds" => a.rounds = value.parse()?,
+            "--url" => a.url = value,
+            "--db" => a.db = Some(value),
+            other => anyhow::bail!("unknown flag {other}"),
+        }
+    }
+    Ok(a)
+}
+
+fn database(admin_url: &str, name: &str) -> String {
+    let base = admin_url
+        .rsplit_once('/')
+        .map(|(b, _)| b)
+        .unwrap_or(admin_url);
+    format!("{base}/{name}")
+}
+
+async fn fresh(url: &str) -> anyhow::Result<()> {
+    if sqlx::Postgres::database_exists(url).await? {
+        sqlx::Postgres::force_drop_database(url).await?;
+    }
+    sqlx::Postgres::create_database(url).await?;
+    Ledger::migrate(url).await?;
+    Ok(())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = args()?;
+    match a.mode.as_str() {
+        "scale" => scale(&a).await,
+        "renew" => renew(&a).await,
+        other => anyhow::bail!("unknown mode {other}: scale or renew"),
+    }
+}
+
+// ---------------------------------------------------------------- scale
+
+/// The scans whose plans are shown: (name, SQL). `$OP` is replaced by an
+/// operation id that exists.
+const SCANS: &[(&str, &str)] = &[
+    (
+        "outbox: operation_claim candidates",
+        "SELECT o.operation_id FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
+          WHERE o.status = 'prepared' AND r.status IN ('pending', 'running')
+            AND (NULL::text[] IS NULL OR r.tenant_id = ANY (NULL::text[]))
+            AND (o.not_before IS NULL OR o.not_before <= clock_timestamp())
+          ORDER BY o.updated_at LIMIT 100 FOR UPDATE OF o SKIP LOCKED",
+    ),
+    (
+        "reconciler: operation_reconcile_claim candidates",
+        "SELECT o.operation_id FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
+          WHERE o.status = 'unknown'
+            AND (o.reconcile_until IS NULL OR o.reconcile_until <= clock_timestamp())
+            AND (NULL::text[] IS NULL OR r.tenant_id = ANY (NULL::text[]))
+          ORDER BY o.updated_at LIMIT 100 FOR UPDATE OF o SKIP LOCKED",
+    ),
+    (
+        "claim expiry: operations_expired_claims",
+        "SELECT o.* FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
+          WHERE o.status = 'dispatching'
+            AND (o.dispatch_until <= clock_timestamp()
+                 OR EXISTS (SELECT 1 FROM leasegate_processes p
+                             WHERE p.owner = o.dispatch_owner AND p.alive_until <= clock_timestamp()))
+            AND (NULL::text[] IS NULL OR r.tenant_id = ANY (NULL::text[]))
+          ORDER BY o.dispatch_until LIMIT 100",
+    ),
+    (
+        "unknown listing: operations_unknown_summary",
+        "WITH unknown AS (
+           SELECT o.operation_id, o.updated_at FROM tool_operations o
+            WHERE o.status = 'unknown'
+              AND (NULL::text IS NULL OR EXISTS (SELECT 1 FROM agent_runs r
+                                                  WHERE r.run_id = o.run_id AND r.tenant_id = NULL::text)))
+         SELECT (SELECT count(*) FROM unknown), oldest.operation_id
+           FROM (SELECT 1) one
+           LEFT JOIN LATERAL (SELECT operation_id, updated_at FROM unknown ORDER BY updated_at LIMIT 1) oldest ON true",
+    ),
+    (
+        "fate query: the operation",
+        "SELECT * FROM tool_operations WHERE operation_id = '$OP'",
+    ),
+    (
+        "fate query: its events",
+        "SELECT event_id, at, run_id, operation_id, subject, from_status, to_status
+           FROM ledger_events WHERE operation_id = '$OP' ORDER BY event_id",
+    ),
+    (
+        "fate query: its evidence",
+        "SELECT evidence_id FROM operation_evidence WHERE operation_id = '$OP' ORDER BY evidence_id",
+    ),
+    (
+        "retention: operations_archive candidates",
+        "SELECT r.run_id FROM agent_runs r
+          WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.archived_at IS NULL
+            AND r.updated_at < clock_timestamp() - interval '30 days'
+            AND NOT EXISTS (SELECT 1 FROM tool_operations o WHERE o.run_id = r.run_id
+                             AND (o.status NOT IN ('succeeded', 'failed_final', 'cancelled')
+                                  OR o.updated_at >= clock_timestamp() - interval '30 days'))
+          ORDER BY r.updated_at LIMIT 1000 FOR UPDATE OF r SKIP LOCKED",
+    ),
+];
+
+/// N settled operations of N/10 succeeded runs (ten each), 40 days old, one
+/// settle event per operation and one completion event per run. Operation
+/// ids are md5-spread like real (hash-derived) ones. In chunks of 1M
+/// operations, each one statement.
+const FILL: &str = "
+SET synchronous_commit = off;
+INSERT INTO agent_tasks (tenant_id, task_id)
+  SELECT 'scale', 'fill-' || r FROM generate_series($1::bigint, $2::bigint - 1) r;
+INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status, revision, created_at, updated_at)
+  SELECT md5('run' || r)::uuid, 'scale', 'fill-' || r, 1, 'succeeded', 3,
+         now() - interval '40 days', now() - interval '40 days'
+    FROM generate_series($1::bigint, $2::bigint - 1) r;
+INSERT INTO worker_leases (run_id, owner, epoch, expires_at)
+  SELECT md5('run' || r)::uuid, NULL, 1, now() - interval '40 days'
+    FROM generate_series($1::bigint, $2::bigint - 1) r;
+INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name, request_digest,
+                             request_body, status, remote_id, result, revision, created_at, updated_at,
+                             dispatch_count, first_dispatched_at)
+  SELECT md5('op' || i)::uuid::text, md5('run' || (i / 10))::uuid, 'step-' || (i % 10), 1, 'payments__charge',
+         md5('d' || i) || md5('e' || i), jsonb_build_object('amount', i % 1000, 'currency', 'eur'),
+         'succeeded', 'ch_' || i, '{\"content\": [{\"type\": \"text\", \"text\": \"ok\"}]}'::jsonb, 2,
+         now() - interval '40 days', now() - interval '40 days', 1, now() - interval '40 days'
+    FROM generate_series($1::bigint * 10, $2::bigint * 10 - 1) i;
+INSERT INTO ledger_events (at, run_id, operation_id, subject, from_status, to_status, actor_kind, actor, epoch, revision)
+  SELECT now() - interval '40 days', md5('run' || (i / 10))::uuid, md5('op' || i)::uuid::text, 'operation',
+         'dispatching', 'succeeded', 'dispatcher', 'fill', 1, 2
+    FROM generate_series($1::bigint * 10, $2::bigint * 10 - 1) i;
+INSERT INTO ledger_events (at, run_id, subject, from_status, to_status, actor_kind, actor, epoch, revision)
+  SELECT now() - interval '40 days', md5('run' || r)::uuid, 'run', 'running', 'succeeded', 'worker', 'fill', 1, 3
+    FROM generate_series($1::bigint, $2::bigint - 1) r;
+";
+
+async fn scale(a: &Args) -> anyhow::Result<()> {
+    let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_scale"));
+    let mut rates: Vec<(i64, f64, f64)> = Vec::new();
+    for &rows in &a.rows {
+        println!("\n=== {rows} settled operations ===");
+        fresh(&url).await?;
+        let admin = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&url)
+            .await?;
+        let began = Instant::now();
+        let runs = (rows / 10).max(1);
+        let chunk = 100_000i64; // runs per chunk: 1M operations
+        let mut from = 0i64;
+        while from < runs {
+            let to = (from + chunk).min(runs);
+            let mut conn = admin.acquire().await?;
+            for statement in FILL.split(";\n").map(str::trim).filter(|s| !s.is_empty()) {
+                if statement.starts_with("SET") {
+                    conn.execute(statement).await?;
+                    continue;
+                }
+                sqlx::query(statement)
+                    .bind(from)
+                    .bind(to)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+            from = to;
+            eprintln!(
+                "  filled {} operations ({:.0} s)",
+                from * 10,
+                began.elapsed().as_secs_f64()
+            );
+        }
+        admin.execute("VACUUM (ANALYZE) tool_operations").await?;
+        admin.execute("VACUUM (ANALYZE) ledger_events").await?;
+        admin.execute("VACUUM (ANALYZE) agent_runs").await?;
+        admin.execute("CHECKPOINT").await?;
+        let sizes: (i64, i64, String, String) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM tool_operations), (SELECT count(*) FROM ledger_events),
+                    pg_size_pretty(pg_total_relation_size('tool_operations')),
+                    pg_size_pretty(pg_total_relation_size('ledger_events'))",
+        )
+        .fetch_one(&admin)
+        .await?;
+        println!(
+            "filled in {:.0} s: tool_operations {} rows ({}), ledger_events {} rows ({})",
+            began.elapsed().as_secs_f64(),
+            sizes.0,
+            sizes.2,
+            sizes.1,
+            sizes.3
+        );
+
+        // Live work for the scans to find: a few prepared, dispatching and
+        // unknown operations of one running run.
+        bench_runs(&url).await?;
+        sqlx::query(
+            "INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
+                                          request_digest, request_body, status, dispatch_owner, dispatch_until)
+             SELECT 'live-' || s || '-' || i, '00000000-0000-7000-8000-000000000000'::uuid,
+                    'live-' || s || '-' || i, 1, 'payments__charge', md5('l' || i) || md5('m' || i), '{}'::jsonb,
+                    s, CASE WHEN s = 'dispatching' THEN 'nobody' END,
+                    CASE WHEN s = 'dispatching' THEN now() + interval '1 hour' END
+               FROM unnest(ARRAY['prepared', 'dispatching', 'unknown']) s, generate_series(1, 20) i",
+        )
+        .execute(&admin)
+        .await?;
+        admin.execute("ANALYZE tool_operations").await?;
+
+        let op: String = sqlx::query_scalar("SELECT md5('op' || ($1::bigint / 2))::uuid::text")
+            .bind(rows)
+            .fetch_one(&admin)
+            .await?;
+        for (name, sql) in SCANS {
+            let sql = sql.replace("$OP", &op);
+            // The bench's own constant SQL.
+            let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}"
+            )))
+            .fetch_all(&admin)
+            .await?;
+            println!("-- {name}");
+            for line in plan {
+                println!("   {line}");
+            }
+        }
+        admin.close().await;
+
+        let mut tps = Vec::new();
+        let mut latency = Vec::new();
+        for _ in 0..a.repeat.max(1) {
+            let (rate, ms) = pgbench(&url, a.clients, a.seconds)?;
+            println!(
+                "pgbench register-claim + settle, {} clients, {} s: {rate:.0} calls/s, {ms:.2} ms per call",
+                a.clients, a.seconds
+            );
+            tps.push(rate);
+            latency.push(ms);
+        }
+        rates.push((rows, median(tps), median(latency)));
+    }
+    println!("\n{:>12} {:>14} {:>12} {:>10}", "operations", "calls/s (med)", "ms/call", "ratio");
+    let base = rates.first().map(|r| r.2).unwrap_or(1.0);
+    for (rows, rate, ms) in &rates {
+        println!("{rows:>12} {rate:>14.0} {ms:>12.2} {:>10.2}", ms / base);
+    }
+    println!("(ratio: cost per gated call relative to the first row count; goal <= 1.2)");
+    Ok(())
+}
+
+/// The 64 running runs pgbench's clients use (as in bench_operations).
+async fn bench_runs(url: &str) -> anyhow::Result<()> {
+    let ledger = Ledger::connect(url, LedgerOptions::default()).await?;
+    for client in 0..BENCH_RUNS {
+        let run: RunId = format!("00000000-0000-7000-8000-{client:012}").parse()?;
+        let owner = format!("bench-{client}");
+        let created = ledger
+            .run_create(
+                run,
+                "bench",
+                &format!("task-{client}"),
+                Some(InitialLease {
+                    owner: &owner,
+                    ttl_ms: 600_000,
+                }),
+            )
+            .await?;
+        let RunCreateOutcome::Created(_) = created else {
+            anyhow::bail!("run {client}: {created:?}");
+        };
+    }
+    ledger.close().await;
+    Ok(())
+}
+
+/// (calls per second, mean ms per call) of pgbench running the hot path.
+fn pgbench(url: &str, clients: usize, seconds: u64) -> anyhow::Result<(f64, f64)> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/bench_scale/gated_call.sql"
+    );
+    let output = Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-f", script])
+        .args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string()])
+        .args(["-T", &seconds.to_string()])
+        .arg(url)
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        anyhow::bail!(
+            "pgbench failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let find = |key: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split(['=', ' ']).filter_map(|w| w.parse().ok()).next())
+    };
+    let tps = find("tps").ok_or_else(|| anyhow::anyhow!("no tps in: {text}"))?;
+    let ms = find("latency average").unwrap_or(f64::NAN);
+    Ok((tps, ms))
+}
+
+// ---------------------------------------------------------------- renew
+
+async fn renew(a: &Args) -> anyhow::Result<()> {
+    let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_renew_bench"));
+    fresh(&url).await?;
+    let admin = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await?;
+    let rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
+        "WITH g AS (SELECT i, gen_random_uuid() AS run_id FROM generate_series(1, $1::bigint) i),
+              t AS (INSERT INTO agent_tasks (tenant_id, task_id) SELECT 'bench', 'renew-' || i FROM g),
+              r AS (INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status)
+                    SELECT run_id, 'bench', 'renew-' || i, 1, 'running' FROM g)
+         INSERT INTO worker_leases (run_id, owner, epoch, expires_at, token_sha256)
+         SELECT run_id, 'host-1', 1, clock_timestamp() + interval '1 hour',
+                sha256(convert_to('lgl_bench_' || run_id::text, 'UTF8'))
+           FROM g RETURNING run_id",
+    )
+    .bind(a.leases)
+    .fetch_all(&admin)
+    .await?;
+    admin.execute("VACUUM (ANALYZE) worker_leases").await?;
+    admin.execute("VACUUM (ANALYZE) agent_runs").await?;
+    let claims: Vec<LeaseClaim> = rows
+        .iter()
+        .map(|(run,)| LeaseClaim {
+            run_id: RunId::from_uuid(*run),
+            owner: "host-1".into(),
+            epoch: 1,
+            token: Some(LeaseToken::presented(&format!("lgl_bench_{run}"))),
+        })
+        .collect();
+    let ids: Vec<uuid::Uuid> = rows.iter().map(|(r,)| *r).collect();
+    let owners: Vec<&str> = claims.iter().map(|c| c.owner.as_str()).collect();
+    let epochs: Vec<i64> = claims.iter().map(|c| c.epoch).collect();
+    let hashes: Vec<Vec<u8>> = claims
+        .iter()
+        .map(|c| c.token.as_ref().map(LeaseToken::sha256).unwrap_or_default())
+        .collect();
+    let ledger = Ledger::connect(
+        &url,
+        LedgerOptions {
+            max_connections: 1,
+            ..LedgerOptions::default()
+        },
+    )
+    .await?;
+    let app = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET ROLE leasegate_app").await?;
+                Ok(())
+            })
+        })
+        .connect(&url)
+        .await?;
+    let n = claims.len() as f64;
+    let (mut sql_rates, mut ledger_rates, mut http_rates) = (Vec::new(), Vec::new(), Vec::new());
+    let mut bare_rates = Vec::new();
+    let body = json!({"ttl_ms": 600_000,
+        "leases": claims.iter().map(|c| json!({"run_id": c.run_id, "owner": c.owner, "epoch": c.epoch,
+            "lease_token": c.token.as_ref().map(LeaseToken::expose)})).collect::<Vec<_>>()})
+    .to_string();
+    let router = router_for_tenant(ledger.clone(), IntegerPolicy::Reject, Some("bench".into()));
+    for _ in 0..a.rounds.max(1) {
+        // The minimal shape for reference: one UPDATE of the same rows with
+        // owner and epoch checked, no token, no run status, no answer per
+        // lease (as /work/shared/bench/ceiling/renew_batch.sql).
+        let began = Instant::now();
+        sqlx::query(
+            "UPDATE worker_leases SET expires_at = clock_timestamp() + interval '10 min',
+                    updated_at = clock_timestamp()
+              WHERE run_id = ANY ($1) AND owner = 'host-1' AND epoch = 1
+                AND expires_at > clock_timestamp()",
+        )
+        .bind(&ids)
+        .execute(&admin)
+        .await?;
+        bare_rates.push(n / began.elapsed().as_secs_f64());
+
+        let began = Instant::now();
+        let renewed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FILTER (WHERE outcome = 'applied')
+               FROM lease_renew_batch($1, $2, $3, $4, 600000, NULL)",
+        )
+        .bind(&ids)
+        .bind(&owners)
+        .bind(&epochs)
+        .bind(&hashes)
+        .fetch_one(&app)
+        .await?;
+        sql_rates.push(n / began.elapsed().as_secs_f64());
+        anyhow::ensure!(renewed as usize == claims.len(), "sql: {renewed} renewed");
+
+        let began = Instant::now();
+        let answers = ledger.lease_renew_batch(&claims, 600_000, None).await?;
+        ledger_rates.push(n / began.elapsed().as_secs_f64());
+        anyhow::ensure!(answers.len() == claims.len());
+
+        let began = Instant::now();
+        let request = axum::http::Request::builder()
+            .method("POST")
+            .uri("/v1/leases/renew")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(body.clone()))?;
+        let response = router.clone().oneshot(request).await?;
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+        http_rates.push(n / began.elapsed().as_secs_f64());
+        let answer: serde_json::Value = serde_json::from_slice(&bytes)?;
+        anyhow::ensure!(
+            status == 200 && answer["renewed"] == claims.len(),
+            "http: {status} {}",
+            &answer.to_string()[..200.min(answer.to_string().len())]
+        );
+    }
+    println!(
+        "{} leases per batch, {} rounds, median leases/s:",
+        claims.len(),
+        a.rounds
+    );
+    println!("  bare UPDATE, owner + epoch only:      {:>10.0}", median(bare_rates));
+    println!("  SQL function lease_renew_batch alone: {:>10.0}", median(sql_rates));
+    println!("  Ledger::lease_renew_batch:            {:>10.0}", median(ledger_rates));
+    println!("  POST /v1/leases/renew (in-process):   {:>10.0}", median(http_rates));
+    Ok(())
+}

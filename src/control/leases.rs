@@ -1,0 +1,127 @@
+//! `POST /v1/leases/renew`: one worker host renews many leases in one call
+//! (issue 14, P4), each lease answered on its own as renewed (its new
+//! expiry) or lost (the reason the single renew route would have answered:
+//! `lease_lost`, `lease_token_invalid`, `terminal_run`, `not_found`).
+//!
+//! # Invariants
+//!
+//! 1. One ledger call (`Ledger::lease_renew_batch`, one transaction): every
+//!    lease is fenced exactly as `POST /v1/runs/{id}/lease/renew` fences it
+//!    (owner, epoch, unexpired, token, non-terminal run).
+//! 2. Tenant scoping: a lease of a run of another tenant than the caller's
+//!    is answered `not_found`, exactly as one that does not exist, with
+//!    nothing written for it; the rest of the batch is renewed.
+//! 3. Bad input refuses the whole batch with nothing written: a malformed
+//!    run id or owner (422, naming the entry), a run named twice (422), more
+//!    than [`MAX_RENEW_BATCH`] leases (413), a bad ttl (422).
+//!
+//! # Failure handling
+//!
+//! The answer lost with the connection leaves the batch wholly applied or
+//! wholly not (one transaction): the caller treats every lease of it as
+//! unconfirmed, as the single heartbeat does.
+
+use axum::Json;
+use axum::extract::State;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::auth::Caller;
+use super::error::{ApiError, Body, ErrorCode};
+use super::router::Shared;
+use crate::ids::{MAX_OWNER_LEN, check_identifier};
+use crate::ledger::{Fenced, LeaseClaim, LeaseToken, MAX_RENEW_BATCH, RunId};
+
+/// Largest accepted body of `POST /v1/leases/renew` (10,000 leases of about
+/// 160 bytes each fit with room to spare).
+pub const MAX_BATCH_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RenewBatchBody {
+    ttl_ms: i64,
+    leases: Vec<LeaseEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct LeaseEntry {
+    run_id: String,
+    owner: String,
+    epoch: i64,
+    /// The lease's secret token, as `lease_token` answered when it was taken.
+    lease_token: Option<String>,
+}
+
+pub(super) async fn renew_batch(
+    State(state): Shared,
+    caller: Caller,
+    Body(body): Body<RenewBatchBody>,
+) -> Result<Json<Value>, ApiError> {
+    if body.leases.len() > MAX_RENEW_BATCH {
+        return Err(ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!(
+                "a batch renewal holds at most {MAX_RENEW_BATCH} leases, got {}; split it. Nothing was written",
+                body.leases.len()
+            ),
+        )
+        .with_detail(json!({"max_leases": MAX_RENEW_BATCH, "found": body.leases.len()})));
+    }
+    let mut claims = Vec::with_capacity(body.leases.len());
+    let mut seen = std::collections::HashSet::with_capacity(body.leases.len());
+    for (index, entry) in body.leases.into_iter().enumerate() {
+        let run = entry.run_id.parse::<RunId>().map_err(|error| {
+            let error = ApiError::from(error);
+            let message = format!("leases[{index}].run_id: {}", error.message);
+            ApiError::new(error.code, message).with_detail(json!({"index": index}))
+        })?;
+        check_identifier("owner", &entry.owner, MAX_OWNER_LEN).map_err(|error| {
+            let error = ApiError::from(error);
+            let message = format!("leases[{index}].owner: {}", error.message);
+            ApiError::new(error.code, message).with_detail(json!({"index": index}))
+        })?;
+        if !seen.insert(run) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidInput,
+                format!("leases[{index}].run_id: run {run} appears twice in the batch; nothing was written"),
+            )
+            .with_detail(json!({"index": index, "run_id": run})));
+        }
+        claims.push(LeaseClaim {
+            run_id: run,
+            owner: entry.owner,
+            epoch: entry.epoch,
+            token: entry.lease_token.as_deref().map(LeaseToken::presented),
+        });
+    }
+    let answers = state
+        .ledger
+        .lease_renew_batch(&claims, body.ttl_ms, caller.tenant())
+        .await?;
+    let mut renewed = 0usize;
+    let leases: Vec<Value> = answers
+        .into_iter()
+        .zip(&claims)
+        .map(|(answer, claim)| match answer.outcome {
+            Fenced::Applied(applied) => {
+                renewed += 1;
+                json!({"run_id": answer.run_id, "epoch": claim.epoch, "outcome": "renewed",
+                       "expires_at": applied.lease_expires_at})
+            }
+            Fenced::Rejected(rejection) => {
+                let error = ApiError::from(rejection);
+                let mut lost = json!({"run_id": answer.run_id, "epoch": claim.epoch, "outcome": "lost",
+                                      "code": error.code.as_str(), "message": error.message});
+                if let Some(detail) = error.detail {
+                    lost["detail"] = detail;
+                }
+                lost
+            }
+        })
+        .collect();
+    let lost = leases.len() - renewed;
+    Ok(Json(
+        json!({"renewed": renewed, "lost": lost, "leases": leases}),
+    ))
+}
