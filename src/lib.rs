@@ -181,6 +181,7 @@ pub mod limits;
 pub mod logfield;
 pub mod mcp;
 pub mod policy;
+pub mod progress;
 pub mod reconcile;
 pub mod telemetry;
 pub mod worker;

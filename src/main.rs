@@ -402,7 +402,9 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 ..Default::default()
             };
             let ledger = leasegate::ledger::Ledger::connect(&config.database_url, options).await?;
+            let progress = leasegate::progress::Progress::spinner("re-sealing stored bodies");
             let report = ledger.secrets_rotate(100).await;
+            progress.finish();
             ledger.close().await;
             let report = report?;
             println!(
@@ -443,10 +445,13 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             };
             let url = resolved.url.clone();
             *database = Some(resolved);
+            // A spinner on a terminal; nothing in CI or a pipe.
+            let progress = leasegate::progress::Progress::spinner("migrating the ledger");
             if leasegate::ledger::Ledger::create_database_if_missing(&url).await? {
                 tracing::info!("created the ledger database");
             }
             leasegate::ledger::Ledger::migrate(&url).await?;
+            progress.finish();
             let applied = leasegate::ledger::MIGRATOR.iter().count();
             println!("ledger migrated ({applied} migrations)");
             Ok(())

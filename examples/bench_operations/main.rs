@@ -83,9 +83,14 @@ async fn main() -> anyhow::Result<()> {
         "callers", "leasegate/s", "pgbench/s", "ratio"
     );
     for callers in LEVELS {
+        // A spinner on a terminal while this level runs; nothing elsewhere.
+        let progress = leasegate::progress::Progress::spinner(&format!(
+            "{callers} callers: leasegate, then pgbench ({seconds} s each)"
+        ));
         let (ours, breakdown) =
             leasegate_rate(&url, callers, Duration::from_secs(seconds), &tokens).await?;
         let theirs = pgbench_rate(&url, callers, seconds)?;
+        progress.finish();
         match theirs {
             Some(theirs) => println!(
                 "{callers:>8} {ours:>16.0} {theirs:>16.0} {:>8.2}",
