@@ -95,6 +95,14 @@
 //!   limit and freed memory handed back. `[limits]` is `config::limits`;
 //!   the session cap is `mcp::sessions`. The only module besides `control`
 //!   and `mcp` that imports axum, and the only one that imports hyper.
+//! * `telemetry`: traces — `[telemetry]` settings (parsed by
+//!   `config::telemetry`), the OTLP exporter and the `tracing` layer that
+//!   turns leasegate's spans into OpenTelemetry spans (installed by `main`),
+//!   and the W3C trace context: the agent's `traceparent` as a span's parent
+//!   (`set_parent`), the upstream attempt's own as what the tool receives
+//!   (`upstream_trace_context`). A bottom-layer module like `ids`, so that
+//!   the front and dispatch use it; the only one besides `main` that imports
+//!   `tracing_subscriber`, and the only one that imports `opentelemetry*`.
 //! * `logfield`: request-controlled text in log lines cut to
 //!   `limits.log_field_max_bytes` (`clip`, `clip_display`); every log site
 //!   that prints such text goes through it.
@@ -151,10 +159,11 @@
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
 //! `reconcile` → `dispatch`, `limits` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
-//! `ledger` → `policy` → `intent` → `ids`, `logfield`. `tests/layering.rs` checks it per module,
+//! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
-//! (`control::cli`, `main`).
+//! (`control::cli`, `main`), opentelemetry and tracing-opentelemetry
+//! (`telemetry`), indicatif (`progress`).
 //!
 //! # Invariant index (DESIGN.md numbering)
 //!
@@ -189,5 +198,7 @@ pub mod limits;
 pub mod logfield;
 pub mod mcp;
 pub mod policy;
+pub mod progress;
 pub mod reconcile;
+pub mod telemetry;
 pub mod worker;

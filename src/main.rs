@@ -22,6 +22,7 @@ use leasegate::control::cli::{OperatorCommand, TokensArgs, ledger_refusal};
 use leasegate::control::exit;
 use leasegate::embedded::EmbeddedError;
 use leasegate::ledger::LedgerError;
+use leasegate::telemetry::Tracing;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -106,6 +107,16 @@ enum Command {
     },
 }
 
+impl Command {
+    /// The config file of the commands that serve (and so may export traces).
+    fn config_path(&self) -> Option<&std::path::Path> {
+        match self {
+            Command::Serve { config, .. } | Command::Stdio { config, .. } => Some(config),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum SecretsCommand {
     /// Re-seal every stored request and result sealed under another key
@@ -156,7 +167,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Command::Init(args) = cli.command {
         // Its errors say what failed; rmcp's own logs would repeat them.
-        init_logging("warn,rmcp=off");
+        init_logging("warn,rmcp=off", None);
         return match init(args).await {
             Ok(()) => ExitCode::SUCCESS,
             Err((code, message)) => {
@@ -175,9 +186,27 @@ async fn main() -> ExitCode {
     if let Command::Tokens(command) = &cli.command {
         return ExitCode::from(command.run().await);
     }
-    init_logging("info,rmcp=warn");
+    // Traces (`[telemetry]`): read ahead of the config's full load so that
+    // the subscriber is set up once; a config that does not load is
+    // reported by `run` as before.
+    let traces = cli
+        .command
+        .config_path()
+        .and_then(leasegate::config::telemetry::read_ahead)
+        .and_then(|settings| match Tracing::from_settings(&settings) {
+            Ok(traces) => traces,
+            Err(error) => {
+                eprintln!("leasegate: {error}; spans are not exported");
+                None
+            }
+        });
+    init_logging("info,rmcp=warn", traces.as_ref());
     let mut database = None;
-    match run(cli.command, &mut database).await {
+    let outcome = run(cli.command, &mut database).await;
+    if let Some(traces) = &traces {
+        traces.shutdown();
+    }
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // A ledger that cannot be opened: say which and how to fix it.
@@ -228,7 +257,7 @@ async fn main() -> ExitCode {
 /// every request and response at `debug`; the HTTP stacks at `trace`) are
 /// held at `info`, unless `LEASEGATE_LOG_BODIES=1` says otherwise — the one
 /// explicit, documented setting for debugging with bodies in the log.
-fn init_logging(default: &str) {
+fn init_logging(default: &str, traces: Option<&Tracing>) {
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -243,7 +272,9 @@ fn init_logging(default: &str) {
     let layer = tracing_subscriber::fmt::layer()
         .with_writer(|| CappedStderr)
         .with_ansi(false);
-    let registry = tracing_subscriber::registry();
+    // Spans to OpenTelemetry (only leasegate's own: `telemetry`), when
+    // `[telemetry] otlp_endpoint` is set.
+    let registry = tracing_subscriber::registry().with(traces.map(Tracing::layer));
     if std::env::var("LEASEGATE_LOG_FORMAT").is_ok_and(|format| format == "json") {
         let layer = layer
             .json()
@@ -371,7 +402,9 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 ..Default::default()
             };
             let ledger = leasegate::ledger::Ledger::connect(&config.database_url, options).await?;
+            let progress = leasegate::progress::Progress::spinner("re-sealing stored bodies");
             let report = ledger.secrets_rotate(100).await;
+            progress.finish();
             ledger.close().await;
             let report = report?;
             println!(
@@ -416,10 +449,13 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             };
             let url = resolved.url.clone();
             *database = Some(resolved);
+            // A spinner on a terminal; nothing in CI or a pipe.
+            let progress = leasegate::progress::Progress::spinner("migrating the ledger");
             if leasegate::ledger::Ledger::create_database_if_missing(&url).await? {
                 tracing::info!("created the ledger database");
             }
             leasegate::ledger::Ledger::migrate(&url).await?;
+            progress.finish();
             let applied = leasegate::ledger::MIGRATOR.iter().count();
             println!("ledger migrated ({applied} migrations)");
             Ok(())

@@ -89,6 +89,10 @@ fn the_configuration_reference_lists_exactly_the_accepted_fields() {
             accepted::<RawConfig>(&format!("[limits]\n{PROBE} = 1")),
         ),
         (
+            "telemetry",
+            accepted::<RawConfig>(&format!("[telemetry]\n{PROBE} = 1")),
+        ),
+        (
             "stdio",
             with_transport(accepted::<RawConfig>(&format!(
                 "[upstreams.a]\ntransport = \"stdio\"\ncommand = \"x\"\n{PROBE} = 1"

@@ -28,7 +28,13 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
     ("governor", &["limits/"]),
     ("reqwest", &["mcp/"]),
     ("clap", &["control/cli.rs", "main.rs"]),
-    ("tracing_subscriber", &["main.rs"]),
+    ("tracing_subscriber", &["main.rs", "telemetry.rs"]),
+    // Traces: the exporter, the layer and W3C trace context live in one place.
+    ("opentelemetry", &["telemetry.rs"]),
+    ("opentelemetry_sdk", &["telemetry.rs"]),
+    ("opentelemetry_otlp", &["telemetry.rs"]),
+    ("tracing_opentelemetry", &["telemetry.rs"]),
+    ("indicatif", &["progress.rs"]),
     ("metrics_exporter_prometheus", &["app.rs", "control/"]),
 ];
 
@@ -36,6 +42,8 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
 const LAYERS: &[(&str, u8)] = &[
     ("ids", 0),
     ("logfield", 0),
+    ("telemetry", 0),
+    ("progress", 0),
     ("intent", 1),
     ("policy", 2),
     ("adapter", 3),

@@ -73,11 +73,17 @@ async fn measure(
     calls: usize,
     label: &str,
 ) -> anyhow::Result<Vec<Duration>> {
+    // On a terminal: calls done of this measurement; elsewhere nothing.
+    let progress = leasegate::progress::Progress::bar(
+        (calls.min(200) + calls) as u64,
+        &format!("{label} (warm-up, then measured)"),
+    );
     // Warm up: connection, prepared statements, upstream JIT.
     for i in 0..calls.min(200) {
         endpoint
             .call(i as u64, tool, &format!("warm-{label}-{i}"))
             .await?;
+        progress.inc(1);
     }
     let mut samples = Vec::with_capacity(calls);
     for i in 0..calls {
@@ -86,7 +92,9 @@ async fn measure(
             .call(i as u64, tool, &format!("{label}-{i}"))
             .await?;
         samples.push(started.elapsed());
+        progress.inc(1);
     }
+    progress.finish();
     samples.sort();
     Ok(samples)
 }

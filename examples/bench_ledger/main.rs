@@ -53,7 +53,11 @@ async fn main() -> anyhow::Result<()> {
 
     let xid_before = ledger.transaction_id().await?;
     let mut save_latencies = Vec::with_capacity(calls);
+    // On a terminal: calls done; elsewhere nothing.
+    let progress =
+        leasegate::progress::Progress::bar(2 * calls as u64, "checkpoint_save, then lease_renew");
     for step in 0..calls {
+        progress.inc(1);
         let began = Instant::now();
         let outcome = ledger
             .checkpoint_save(&claim, revision, &json!({ "step": step, "note": "bench" }))
@@ -63,10 +67,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let mut renew_latencies = Vec::with_capacity(calls);
     for _ in 0..calls {
+        progress.inc(1);
         let began = Instant::now();
         ledger.lease_renew(&claim, 60_000).await?.into_result()?;
         renew_latencies.push(began.elapsed());
     }
+    progress.finish();
     let xid_after = ledger.transaction_id().await?;
     report("checkpoint_save", &mut save_latencies);
     report("lease_renew", &mut renew_latencies);

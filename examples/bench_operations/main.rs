@@ -101,6 +101,10 @@ async fn main() -> anyhow::Result<()> {
         "/examples/bench_operations/ceiling_hotpath.sql"
     );
     for callers in LEVELS {
+        // A spinner on a terminal while this level runs; nothing elsewhere.
+        let progress = leasegate::progress::Progress::spinner(&format!(
+            "{callers} callers: leasegate, then pgbench ({seconds} s each)"
+        ));
         let trips_before = relay.round_trips();
         let (ours, calls, breakdown) =
             leasegate_rate(&relay.url, callers, Duration::from_secs(seconds), &tokens).await?;
@@ -110,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
             Some(ceiling_url) => pgbench_rate(ceiling_url, ceiling_script, callers, seconds)?,
             None => None,
         };
+        progress.finish();
         let show = |rate: Option<f64>| rate.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
         let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
             (Some(a), Some(b)) => format!("{:.2}", a / b),

@@ -499,6 +499,21 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // The agents.
     let next = Arc::new(AtomicUsize::new(0));
     let records = Arc::new(std::sync::Mutex::new(Vec::<IntentRecord>::new()));
+    // On a terminal: intents answered so far; elsewhere (CI) nothing.
+    let progress = Arc::new(leasegate::progress::Progress::bar(
+        settings.intents as u64,
+        "chaos: intents answered",
+    ));
+    let ticker = progress.is_drawn().then(|| {
+        let (progress, records) = (progress.clone(), records.clone());
+        tokio::spawn(async move {
+            loop {
+                let answered = records.lock().map_or(0, |r| r.len());
+                progress.set_position(answered as u64);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    });
     let mut agents = Vec::new();
     for agent in 0..settings.agents {
         let ctx = AgentCtx {
@@ -527,6 +542,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     for agent in agents {
         agent.await?;
     }
+    if let Some(ticker) = ticker {
+        ticker.abort();
+    }
+    progress.finish();
     let driven = started.elapsed() - setup;
     done.store(true, Ordering::SeqCst);
     let faults = monkey.await??;
@@ -554,6 +573,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     // never reached the tool stays unknown: not found proves nothing).
     let settle_started = Instant::now();
     let mut last_change = (Instant::now(), -1i64);
+    let settling = leasegate::progress::Progress::spinner("chaos: settling");
     loop {
         let (moving, unknown): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE status IN ('prepared', 'dispatching')),
@@ -566,12 +586,16 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         if moving > 0 || unknown != last_change.1 {
             last_change = (Instant::now(), unknown);
         }
+        settling.set_message(&format!(
+            "chaos: settling ({moving} in flight, {unknown} unknown)"
+        ));
         let quiet = moving == 0 && (unknown == 0 || last_change.0.elapsed() > QUIET);
         if quiet || settle_started.elapsed() > settings.settle {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    settling.finish();
     let settled_in = settle_started.elapsed();
 
     // Read the ledger and the effect logs.

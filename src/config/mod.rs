@@ -42,8 +42,10 @@ use crate::policy::{Policy, RawPolicy};
 
 pub mod init;
 pub mod limits;
+pub mod telemetry;
 
 pub use limits::{Limits, RateLimit, RawLimits};
+pub use telemetry::RawTelemetry;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {message}", file.display())]
@@ -151,6 +153,9 @@ pub struct RawConfig {
     /// `[limits]`: timeouts, connections, sessions, rate limits, log
     /// field size (`config::limits`).
     pub limits: Option<RawLimits>,
+    /// `[telemetry]`: OpenTelemetry traces over OTLP (`config::telemetry`),
+    /// off by default.
+    pub telemetry: Option<RawTelemetry>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
 }
@@ -320,6 +325,8 @@ pub struct Config {
     pub auth_jwt: Option<JwtConfig>,
     /// `[limits]`: what one client may hold of this process.
     pub limits: Limits,
+    /// `[telemetry]`: where spans are exported, if anywhere.
+    pub telemetry: crate::telemetry::Settings,
     pub policy: Policy,
     /// By upstream name.
     pub adapters: BTreeMap<String, Adapter>,
@@ -764,6 +771,12 @@ impl Config {
             .unwrap_or_default()
             .validate()
             .map_err(err)?;
+        let telemetry = raw
+            .telemetry
+            .clone()
+            .unwrap_or_default()
+            .validate()
+            .map_err(err)?;
         // A session's idle timer runs while a call is in flight without
         // messages: it must outlast the longest call.
         if let Some(longest) = adapters
@@ -843,6 +856,7 @@ impl Config {
             auth_resource_url: raw_auth.resource_url.clone(),
             auth_token_cache_ttl,
             limits,
+            telemetry,
             lease_mode,
             allowed_hosts,
             allowed_origins,

@@ -311,6 +311,7 @@ impl<U: Upstream> Dispatcher<U> {
                 &self.dispatch_owner,
                 claim_ttl_ms,
             )
+            .instrument(tracing::info_span!("ledger.operation_register_claim"))
             .await?;
         match outcome {
             Fenced::Rejected(rejection) => Err(refusal(rejection)),
@@ -331,17 +332,20 @@ impl<U: Upstream> Dispatcher<U> {
                     unreachable!("built from an object above")
                 };
                 // From here on the call belongs to leasegate, not to the agent.
-                let task = tokio::spawn(execute_claim_acknowledged(
-                    self.ledger.clone(),
-                    self.upstream.clone(),
-                    self.dispatch_owner.clone(),
-                    claim,
-                    Claimed {
-                        tool: request.tool,
-                        arguments,
-                        context: request.context,
-                    },
-                ));
+                let task = tokio::spawn(
+                    execute_claim_acknowledged(
+                        self.ledger.clone(),
+                        self.upstream.clone(),
+                        self.dispatch_owner.clone(),
+                        claim,
+                        Claimed {
+                            tool: request.tool,
+                            arguments,
+                            context: request.context,
+                        },
+                    )
+                    .in_current_span(),
+                );
                 task.await.map_err(|e| {
                     CallError::Ledger(LedgerError::Protocol {
                         call: "dispatch",
@@ -520,10 +524,50 @@ pub async fn execute_claim_acknowledged<U: Upstream>(
     claimed: Claimed,
 ) -> Result<(CallReply, Option<WalPosition>), CallError> {
     let span = tracing::info_span!("dispatch", operation_id = %claim.operation_id, revision = claim.revision,
-        dispatch_owner = %crate::logfield::clip(&claim.dispatch_owner), tool = %crate::logfield::clip(&claimed.tool.tool));
-    send_and_settle(ledger, upstream, dispatch_owner, claim, claimed)
-        .instrument(span)
-        .await
+        dispatch_owner = %crate::logfield::clip(&claim.dispatch_owner), tool = %crate::logfield::clip(&claimed.tool.tool),
+        upstream = %crate::logfield::clip(&claimed.tool.upstream), outcome = tracing::field::Empty);
+    let result = send_and_settle(ledger, upstream, dispatch_owner, claim, claimed)
+        .instrument(span.clone())
+        .await;
+    span.record(
+        "outcome",
+        trace_outcome(result.as_ref().map(|(reply, _)| reply)),
+    );
+    result
+}
+
+/// A call's outcome as a trace records it (span attribute `outcome`).
+pub fn trace_outcome(result: Result<&CallReply, &CallError>) -> &'static str {
+    match result {
+        Ok(CallReply::Answer {
+            operation,
+            is_error,
+            ..
+        }) => match operation.status {
+            OperationStatus::Succeeded | OperationStatus::FailedFinal => operation.status.as_str(),
+            // Provider said nothing was done: prepared again.
+            _ if *is_error => "not_sent",
+            other => other.as_str(),
+        },
+        Ok(CallReply::Unknown { .. }) => "unknown",
+        Err(CallError::NotSent { .. }) => "not_sent",
+        Err(_) => "refused",
+    }
+}
+
+/// The `_meta` of one attempt: the upstream sees this attempt's span as its
+/// parent when traces are on (`telemetry`, invariant 2), else the agent's
+/// own trace context as it came.
+fn attempt_meta(meta: &Map<String, Value>, attempt: &tracing::Span) -> Map<String, Value> {
+    let mut meta = meta.clone();
+    if let Some((traceparent, tracestate)) = crate::telemetry::upstream_trace_context(attempt) {
+        meta.insert("traceparent".to_owned(), Value::String(traceparent));
+        match tracestate {
+            Some(state) => meta.insert("tracestate".to_owned(), Value::String(state)),
+            None => meta.remove("tracestate"),
+        };
+    }
+    meta
 }
 
 async fn send_and_settle<U: Upstream>(
@@ -567,7 +611,24 @@ async fn send_and_settle<U: Upstream>(
                     .into(),
             );
         }
-        match upstream.call(call.clone()).await {
+        let span = tracing::info_span!("upstream.attempt", attempt, upstream = %crate::logfield::clip(&call.upstream),
+            tool = %crate::logfield::clip(&call.tool), outcome = tracing::field::Empty);
+        let mut sent = call.clone();
+        sent.meta = attempt_meta(&call.meta, &span);
+        let answer = upstream.call(sent).instrument(span.clone()).await;
+        span.record(
+            "outcome",
+            match &answer {
+                Ok(answer) if answer.is_error => "error_answer",
+                Ok(_) => "answered",
+                Err(error) => match error.delivery() {
+                    UpstreamDelivery::Rejected => "rejected",
+                    UpstreamDelivery::NotSent => "not_sent",
+                    UpstreamDelivery::MaybeSent => "maybe_sent",
+                },
+            },
+        );
+        match answer {
             // After the agent cancelled, a tool's error answer ("cancelled")
             // says nothing about whether it acted: unknown, never failed.
             Ok(answer) if answer.is_error && call.cancel.is_cancelled() => {
@@ -610,7 +671,11 @@ async fn send_and_settle<U: Upstream>(
         // Proof that no byte left: the operation goes back to prepared (the
         // same operation id may be sent again) instead of unknown.
         let evidence = json!({"error": failure.to_string(), "attempts": attempt});
-        match ledger.operation_release_unsent(&claim, &evidence).await {
+        match ledger
+            .operation_release_unsent(&claim, &evidence)
+            .instrument(tracing::info_span!("ledger.operation_release_unsent"))
+            .await
+        {
             Ok(ReleaseUnsentOutcome::Released { .. }) => {
                 metrics::counter!("tool_operation_not_sent_total").increment(1);
                 tracing::warn!(error = %crate::logfield::clip_display(&failure), "nothing was sent: the operation is prepared again");
@@ -650,6 +715,7 @@ async fn send_and_settle<U: Upstream>(
             cause,
             evidence: &evidence,
         })
+        .instrument(tracing::info_span!("ledger.operation_mark_unknown"))
         .await;
     let reason = match outcome {
         Ok(MarkUnknownOutcome::MarkedUnknown { .. }) => {
@@ -710,8 +776,10 @@ async fn settle(
         // The provider documents this error as "nothing was done": the
         // operation stays sendable under the same id, not failed_final.
         let evidence = json!({"provider_said_nothing_was_done": answer.result});
-        if let Ok(ReleaseUnsentOutcome::Released { operation, .. }) =
-            ledger.operation_release_unsent(claim, &evidence).await
+        if let Ok(ReleaseUnsentOutcome::Released { operation, .. }) = ledger
+            .operation_release_unsent(claim, &evidence)
+            .instrument(tracing::info_span!("ledger.operation_release_unsent"))
+            .await
         {
             metrics::counter!("tool_operation_not_sent_total").increment(1);
             let reply = CallReply::Answer {
@@ -739,6 +807,11 @@ async fn settle(
     let (outcome, sampled) = loop {
         match ledger
             .operation_settle_acknowledged(claim, settlement, remote_id.as_deref(), &answer.result)
+            .instrument(tracing::info_span!(
+                "ledger.operation_settle",
+                attempt,
+                settlement = settlement.as_str()
+            ))
             .await
         {
             Ok(settled) => break settled,

@@ -374,6 +374,30 @@ fn passthrough_meta(context: &RequestContext<RoleServer>) -> Map<String, Value> 
     meta
 }
 
+/// The agent's W3C trace context: `traceparent`/`tracestate` in `_meta`,
+/// else the HTTP request's headers of the same names.
+fn trace_context(context: &RequestContext<RoleServer>) -> (Option<String>, Option<String>) {
+    let from_meta = |key: &str| {
+        context
+            .meta
+            .get(key)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    if let Some(traceparent) = from_meta("traceparent") {
+        return (Some(traceparent), from_meta("tracestate"));
+    }
+    let header = |key: &str| {
+        context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.headers.get(key))
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    (header("traceparent"), header("tracestate"))
+}
+
 /// An rmcp request from its JSON-RPC method and params.
 fn client_request(method: &str, params: Value) -> Result<ClientRequest, McpError> {
     serde_json::from_value(json!({"method": method, "params": params}))
@@ -2014,7 +2038,11 @@ impl Front {
             .unwrap_or("")
             .to_owned();
         let span = tracing::info_span!("tools/call", tool = %crate::logfield::clip(&call.exposed_name), run_id = %call.lease.run_id,
-            owner = %crate::logfield::clip(&call.lease.owner), epoch = call.lease.epoch, trace_id = %crate::logfield::clip(&trace_id));
+            owner = %crate::logfield::clip(&call.lease.owner), epoch = call.lease.epoch, trace_id = %crate::logfield::clip(&trace_id),
+            operation_id = tracing::field::Empty, outcome = tracing::field::Empty);
+        // The agent's trace is this span's parent (`telemetry`).
+        let (traceparent, tracestate) = trace_context(context);
+        crate::telemetry::set_parent(&span, traceparent.as_deref(), tracestate.as_deref());
         let front = self.clone();
         Ok(Box::pin(async move {
             // The agent's cancel answers at once; the dispatch runs on in
@@ -2034,6 +2062,16 @@ impl Front {
             };
             // The call is over: release the cancel watcher.
             cancel.cancel();
+            span.record("outcome", crate::dispatch::trace_outcome(outcome.as_ref()));
+            match &outcome {
+                Ok(CallReply::Answer { operation, .. }) => {
+                    span.record("operation_id", operation.operation_id.as_str());
+                }
+                Ok(CallReply::Unknown { operation_id, .. }) => {
+                    span.record("operation_id", operation_id.as_str());
+                }
+                Err(_) => {}
+            }
             // No guard held in this future: the span is entered for the
             // synchronous rest only.
             span.in_scope(|| match outcome {

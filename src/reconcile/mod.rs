@@ -31,6 +31,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, UpstreamDelivery};
 use crate::dispatch::{CallContext, CallReply, Claimed, execute_claim, inject_operation_id};
@@ -230,23 +231,28 @@ impl<U: Upstream> Background<U> {
             }
             return;
         }
+        // One span per activation (`telemetry`): a root of its own trace.
+        let span = tracing::info_span!(parent: None, "background.pass", loop = ?service, items = tracing::field::Empty);
         let (name, result, signal) = match service {
             Service::Outbox => (
                 "dispatcher",
-                self.outbox.once().await,
+                self.outbox.once().instrument(span.clone()).await,
                 &self.signals.dispatch,
             ),
             Service::Expiry => (
                 "claim expiry",
-                self.expiry.once().await,
+                self.expiry.once().instrument(span.clone()).await,
                 &self.signals.expiry,
             ),
             Service::Reconciler => (
                 "reconciler",
-                self.reconciler.once().await,
+                self.reconciler.once().instrument(span.clone()).await,
                 &self.signals.reconcile,
             ),
         };
+        if let Ok(items) = &result {
+            span.record("items", *items as u64);
+        }
         if let Err(error) = result {
             tracing::warn!(error = %crate::logfield::clip_display(&error), "{name} pass failed");
         }
@@ -301,17 +307,21 @@ impl<U: Upstream> Outbox<U> {
                 metrics::counter!("dispatch_total", "outcome" => "arguments_masked").increment(1);
                 continue;
             }
-            sends.push(tokio::spawn(execute_claim(
-                shared.ledger.clone(),
-                shared.upstream.clone(),
-                shared.owner.clone(),
-                item.claim,
-                Claimed {
-                    tool,
-                    arguments,
-                    context: CallContext::default(),
-                },
-            )));
+            let span = tracing::info_span!("outbox.send", run_id = %item.operation.run_id);
+            sends.push(tokio::spawn(
+                execute_claim(
+                    shared.ledger.clone(),
+                    shared.upstream.clone(),
+                    shared.owner.clone(),
+                    item.claim,
+                    Claimed {
+                        tool,
+                        arguments,
+                        context: CallContext::default(),
+                    },
+                )
+                .instrument(span),
+            ));
         }
         for send in sends {
             let outcome = match send.await {
@@ -404,7 +414,14 @@ impl<U: Upstream> Reconciler<U> {
             .await?;
         let mut converged = 0;
         for item in items {
-            let outcome = match self.reconcile(&item).await {
+            let span = tracing::info_span!("reconcile.operation", operation_id = %item.operation.operation_id,
+                run_id = %item.operation.run_id, tool = %crate::logfield::clip(&item.operation.tool_name),
+                outcome = tracing::field::Empty);
+            let reconciled = self.reconcile(&item).instrument(span.clone()).await;
+            if let Ok(outcome) = &reconciled {
+                span.record("outcome", outcome.label());
+            }
+            let outcome = match reconciled {
                 Ok(outcome) => outcome,
                 // One row this process cannot open (its key is missing)
                 // does not stop the others; it is reported each pass.
