@@ -47,6 +47,7 @@
 //!   rolls back that one statement on its own; no half-written state exists.
 
 mod access_token;
+mod console;
 mod durability;
 mod error;
 mod lease;
@@ -70,6 +71,9 @@ use sqlx::{FromRow, PgPool, Postgres};
 
 pub use access_token::{
     NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
+};
+pub use console::{
+    ConsoleCounts, LIST_LIMIT, OperationRowSummary, OperationSearch, RunRowSummary, RunSearch,
 };
 pub use durability::{DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn};
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
