@@ -400,10 +400,9 @@ async fn overview(State(state): Shared, viewer: Viewer) -> PageResult {
     let (mut calls_per_second, mut calls_total, mut takeovers_total) = (None, None, None);
     let (mut rejections, mut refusals) = (Vec::new(), Vec::new());
     if let Some(text) = &metrics {
-        let total: f64 = counter_by(text, "dispatch_total", "outcome")
+        let total = counter_by(text, "dispatch_total", "outcome")
             .iter()
-            .map(|(_, v)| v)
-            .sum();
+            .fold(0.0, |sum, (_, v)| sum + v);
         calls_total = Some(total);
         let now = Instant::now();
         let mut last = state.last_calls.lock().unwrap_or_else(|e| e.into_inner());

@@ -222,7 +222,7 @@ pub fn overview(viewer: &str, auth_required: bool, o: &Overview) -> Markup {
                                         tr {
                                             td { (u.get("name").and_then(Value::as_str).unwrap_or("?")) }
                                             td { (badge(u.get("state").and_then(Value::as_str).unwrap_or("?"))) }
-                                            td { (u.get("since").map(|v| v.to_string().trim_matches('"').to_owned()).unwrap_or_default()) }
+                                            td.small { (u.get("since").and_then(Value::as_str).and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok()).map(|at| time(&at)).unwrap_or_default()) }
                                             td.num { (u.get("restarts").map(Value::to_string).unwrap_or_default()) }
                                             td.small { (u.get("last_error").and_then(Value::as_str).unwrap_or("")) }
                                         }
@@ -379,7 +379,7 @@ pub fn run(
                         @for op in operations {
                             tr data-operation=(op.operation_id.as_str()) {
                                 td { (operation_link(op.operation_id.as_str())) }
-                                td { (op.step_id) " v" (op.effect_version) }
+                                td.step { (op.step_id) " v" (op.effect_version) }
                                 td { code { (op.tool_name) } }
                                 td { (badge(op.status.as_str())) }
                                 td.num { (op.revision) }
@@ -466,7 +466,7 @@ pub fn operations(
                         tr data-operation=(op.operation_id.as_str()) data-status=(op.status.as_str()) {
                             td { (operation_link(op.operation_id.as_str())) }
                             td.small { (run_link(&op.run_id.to_string())) }
-                            td { (op.step_id) " v" (op.effect_version) }
+                            td.step { (op.step_id) " v" (op.effect_version) }
                             td { code { (op.tool_name) } }
                             td { (op.route.as_ref().map(|r| r.upstream.as_str()).unwrap_or("—")) }
                             td { (badge(op.status.as_str())) }
