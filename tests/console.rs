@@ -19,9 +19,9 @@
 
 mod common;
 
+use common::TestDb;
 use common::proxy::{LEASEGATE, Scenario, ServedChild};
 use common::webdriver::Browser;
-use common::TestDb;
 use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{MarkUnknown, RunId, Settlement, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
@@ -30,7 +30,14 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
     let output = tokio::process::Command::new(LEASEGATE)
         .args(["tokens", "create", "--json", "--database-url", &db.url])
-        .args(["--tenant", tenant, "--scope", scope, "--name", "console-test"])
+        .args([
+            "--tenant",
+            tenant,
+            "--scope",
+            scope,
+            "--name",
+            "console-test",
+        ])
         .output()
         .await
         .unwrap();
@@ -191,15 +198,22 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await
         .unwrap();
     assert_eq!(answer.status(), 303);
-    assert!(answer.headers()["location"]
-        .to_str()
-        .unwrap()
-        .starts_with("/console/login"));
+    assert!(
+        answer.headers()["location"]
+            .to_str()
+            .unwrap()
+            .starts_with("/console/login")
+    );
 
     // The operator logs in; the overview counts this tenant's operations.
     log_in(&browser, &control, &operator).await;
     assert_eq!(browser.text("#unknown-count .value").await, "1");
-    assert!(browser.text("#unknown-count .sub").await.contains(&unknown_id));
+    assert!(
+        browser
+            .text("#unknown-count .sub")
+            .await
+            .contains(&unknown_id)
+    );
     assert_eq!(
         browser
             .text("#operations-by-status tr[data-status=succeeded] td.num")
@@ -210,12 +224,7 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     assert!(queue.contains(&unknown_id), "{queue}");
     assert!(queue.contains("no_capability"), "{queue}");
     assert!(browser.text("#upstreams").await.contains("mailer"));
-    assert!(
-        browser
-            .text("#viewer")
-            .await
-            .contains(token_id(&operator))
-    );
+    assert!(browser.text("#viewer").await.contains(token_id(&operator)));
     screenshot(&browser, "overview").await;
 
     // Runs: search by task; the run's page shows the lease and the
@@ -229,7 +238,9 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .goto(&format!("{control}/console/runs?task={task}"))
         .await;
     assert_eq!(browser.count("#runs tbody tr").await, 1);
-    browser.click(&format!("#runs tr[data-run='{}'] a", lease.run_id)).await;
+    browser
+        .click(&format!("#runs tr[data-run='{}'] a", lease.run_id))
+        .await;
     assert_eq!(browser.text("#lease-owner").await, "worker-7");
     assert_eq!(browser.text("#lease-epoch").await, "1");
     assert_eq!(browser.text("#run-task").await, task);
@@ -242,7 +253,9 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
 
     // The operation's page: identity, request, evidence, the plan.
     browser
-        .click(&format!("#run-operations tr[data-operation='{unknown_id}'] a"))
+        .click(&format!(
+            "#run-operations tr[data-operation='{unknown_id}'] a"
+        ))
         .await;
     assert_eq!(browser.text("#operation-id").await, unknown_id);
     assert_eq!(browser.text("#step").await, email.step_id);
@@ -263,7 +276,11 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         "{}",
         browser.text("#refused").await
     );
-    assert_eq!(fingerprint(&db).await, before, "a refused resolution writes nothing");
+    assert_eq!(
+        fingerprint(&db).await,
+        before,
+        "a refused resolution writes nothing"
+    );
 
     // Stale: another operator acts while this page is open.
     browser
@@ -287,7 +304,11 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         refused.contains("moved on") && refused.contains(&format!("revision {rendered_revision}")),
         "{refused}"
     );
-    assert_eq!(fingerprint(&db).await, before, "a stale resolution writes nothing");
+    assert_eq!(
+        fingerprint(&db).await,
+        before,
+        "a stale resolution writes nothing"
+    );
     let status: String =
         sqlx::query_scalar("SELECT status FROM tool_operations WHERE operation_id = $1")
             .bind(&unknown_id)
@@ -307,14 +328,16 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await;
     browser.click("#resolve-submit").await;
     browser.find("#done").await;
-    let (status, remote_id): (String, Option<String>) = sqlx::query_as(
-        "SELECT status, remote_id FROM tool_operations WHERE operation_id = $1",
-    )
-    .bind(&unknown_id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
-    assert_eq!((status.as_str(), remote_id.as_deref()), ("succeeded", Some("msg_77")));
+    let (status, remote_id): (String, Option<String>) =
+        sqlx::query_as("SELECT status, remote_id FROM tool_operations WHERE operation_id = $1")
+            .bind(&unknown_id)
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), remote_id.as_deref()),
+        ("succeeded", Some("msg_77"))
+    );
     let (actor_kind, actor, note): (String, String, String) = sqlx::query_as(
         "SELECT actor_kind, actor, detail->>'note' FROM ledger_events
           WHERE operation_id = $1 AND to_status = 'succeeded'",
@@ -335,7 +358,12 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     .await
     .unwrap();
     assert_eq!(operator_evidence, 1);
-    assert!(browser.text("#history").await.contains(&format!("token:{}", token_id(&operator))));
+    assert!(
+        browser
+            .text("#history")
+            .await
+            .contains(&format!("token:{}", token_id(&operator)))
+    );
     assert_eq!(browser.text("#status").await, "succeeded");
 
     // Another tenant's operator: sees nothing of tenant-a, resolves nothing.
@@ -345,7 +373,11 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     assert!(browser.exists("#needs-operator-empty").await);
     browser.goto(&format!("{control}/console/runs")).await;
     assert_eq!(browser.count("#runs tbody tr").await, 1);
-    assert!(browser.exists(&format!("#runs tr[data-run='{other_run}']")).await);
+    assert!(
+        browser
+            .exists(&format!("#runs tr[data-run='{other_run}']"))
+            .await
+    );
     browser.goto(&format!("{control}/console/operations")).await;
     assert!(browser.exists("#no-operations").await);
     for path in [
@@ -353,8 +385,14 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         format!("/console/runs/{}", lease.run_id),
     ] {
         browser.goto(&format!("{control}{path}")).await;
-        assert!(browser.text("#problem").await.starts_with("no such"), "{path}");
-        assert!(!browser.source().await.contains("ada@example.com"), "{path}");
+        assert!(
+            browser.text("#problem").await.starts_with("no such"),
+            "{path}"
+        );
+        assert!(
+            !browser.source().await.contains("ada@example.com"),
+            "{path}"
+        );
     }
     let before = fingerprint(&db).await;
     let answer = client
@@ -366,7 +404,11 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await
         .unwrap();
     assert_eq!(answer.status(), 404);
-    assert_eq!(fingerprint(&db).await, before, "another tenant writes nothing");
+    assert_eq!(
+        fingerprint(&db).await,
+        before,
+        "another tenant writes nothing"
+    );
 
     browser.quit().await;
     let mut child = served.child;

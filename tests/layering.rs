@@ -30,6 +30,8 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
     ("clap", &["control/cli.rs", "main.rs"]),
     ("tracing_subscriber", &["main.rs"]),
     ("metrics_exporter_prometheus", &["app.rs", "control/"]),
+    // The web console's HTML templates.
+    ("maud", &["control/console/"]),
 ];
 
 /// Internal modules by layer: a module may use only modules of a lower layer.

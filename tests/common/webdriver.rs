@@ -148,9 +148,10 @@ impl Browser {
 
     /// The element matching `css`, waited for up to the deadline.
     pub async fn find(&self, css: &str) -> String {
-        super::wait_until(&format!("an element {css:?} on {}", self.url().await), || {
-            self.element(css)
-        })
+        super::wait_until(
+            &format!("an element {css:?} on {}", self.url().await),
+            || self.element(css),
+        )
         .await
     }
 

@@ -94,7 +94,11 @@ pub const CONSOLE_ROUTES: &[(&str, &str, &[Scope])] = &[
     ("POST", "/console/runs/{run_id}/cancel", OPERATOR),
     ("GET", "/console/operations", OPERATOR),
     ("GET", "/console/operations/{operation_id}", OPERATOR),
-    ("POST", "/console/operations/{operation_id}/resolve", OPERATOR),
+    (
+        "POST",
+        "/console/operations/{operation_id}/resolve",
+        OPERATOR,
+    ),
     ("POST", "/console/operations/{operation_id}/retry", OPERATOR),
 ];
 
@@ -262,7 +266,10 @@ impl axum::extract::FromRequestParts<Arc<ConsoleState>> for Viewer {
         parts: &mut axum::http::request::Parts,
         state: &Arc<ConsoleState>,
     ) -> Result<Self, Self::Rejection> {
-        Ok(Viewer::of(parts.extensions.get::<Principal>().cloned(), state))
+        Ok(Viewer::of(
+            parts.extensions.get::<Principal>().cloned(),
+            state,
+        ))
     }
 }
 
@@ -300,7 +307,11 @@ impl From<LedgerError> for Problem {
 
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        (self.status, html(pages::problem(self.status, &self.message))).into_response()
+        (
+            self.status,
+            html(pages::problem(self.status, &self.message)),
+        )
+            .into_response()
     }
 }
 
@@ -548,15 +559,22 @@ fn check_form_token(
 fn expected_revision(raw: Option<&str>) -> Result<i64, String> {
     raw.map(str::trim)
         .filter(|v| !v.is_empty())
-        .ok_or_else(|| "refused: the form carries no revision; reload the page. Nothing was written".to_owned())?
+        .ok_or_else(|| {
+            "refused: the form carries no revision; reload the page. Nothing was written".to_owned()
+        })?
         .parse::<i64>()
-        .map_err(|_| "refused: the form's revision is not a number; reload the page. Nothing was written".to_owned())
+        .map_err(|_| {
+            "refused: the form's revision is not a number; reload the page. Nothing was written"
+                .to_owned()
+        })
 }
 
 fn required_note(note: Option<&str>, what: &str) -> Result<String, String> {
     match note.map(str::trim).filter(|n| !n.is_empty()) {
         Some(note) => Ok(note.to_owned()),
-        None => Err(format!("refused: a {what} needs a note (why); nothing was written")),
+        None => Err(format!(
+            "refused: a {what} needs a note (why); nothing was written"
+        )),
     }
 }
 
@@ -645,7 +663,9 @@ async fn operations(
     {
         return Err(Problem::new(
             StatusCode::BAD_REQUEST,
-            format!("{status:?} is not an operation status (prepared, dispatching, unknown, succeeded, failed_final, cancelled)"),
+            format!(
+                "{status:?} is not an operation status (prepared, dispatching, unknown, succeeded, failed_final, cancelled)"
+            ),
         ));
     }
     let older_than_seconds = blank(&query.older_than)
@@ -783,8 +803,15 @@ async fn resolve_operation(
         let raw = raw.clone();
         let viewer = &viewer;
         async move {
-            operation_response(&state, viewer, &raw, None, Some((status, message)), Some(asked))
-                .await
+            operation_response(
+                &state,
+                viewer,
+                &raw,
+                None,
+                Some((status, message)),
+                Some(asked),
+            )
+            .await
         }
     };
     let ledger = &state.sources.ledger;
@@ -1041,9 +1068,11 @@ async fn logout(request: Request) -> Response {
 /// The answer to a console request that was not authenticated: back to the
 /// login page (saying why), the stale cookie cleared.
 pub fn login_redirect(reason: &str, headers: &HeaderMap) -> Response {
-    let mut response =
-        Redirect::to(&format!("/console/login?failed={}", pages::path_segment(reason)))
-            .into_response();
+    let mut response = Redirect::to(&format!(
+        "/console/login?failed={}",
+        pages::path_segment(reason)
+    ))
+    .into_response();
     if cookie_bearer(headers).is_some() {
         response
             .headers_mut()
@@ -1068,7 +1097,10 @@ mod tests {
     #[test]
     fn the_cookie_is_secure_unless_the_host_is_loopback() {
         for host in ["127.0.0.1:8641", "localhost", "[::1]:80", "localhost:1"] {
-            assert!(!cookie("t", host, None).to_str().unwrap().contains("Secure"), "{host}");
+            assert!(
+                !cookie("t", host, None).to_str().unwrap().contains("Secure"),
+                "{host}"
+            );
         }
         for host in ["gw.example.com", "10.0.0.1:8641", "example.com:443"] {
             let value = cookie("t", host, None);
@@ -1081,7 +1113,10 @@ mod tests {
     #[test]
     fn only_the_console_cookie_is_taken_as_a_token() {
         let mut headers = HeaderMap::new();
-        headers.insert(header::COOKIE, HeaderValue::from_static("a=b; lg_console=lgt_x_y; c=d"));
+        headers.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=b; lg_console=lgt_x_y; c=d"),
+        );
         assert_eq!(cookie_bearer(&headers).as_deref(), Some("Bearer lgt_x_y"));
         headers.insert(header::COOKIE, HeaderValue::from_static("lg_console="));
         assert_eq!(cookie_bearer(&headers), None);
