@@ -10,6 +10,11 @@
 //!   resolution whose page is stale (the operation's revision moved on) is
 //!   refused with a clear message and writes nothing; a resolution made in
 //!   the browser is in the ledger with its note and its actor (the token);
+//! * without authentication (the loopback default) there is no login, the
+//!   actor is the local operator: a retry and a cancel made in the browser
+//!   are in the ledger with that actor and their notes, a stale cancel is
+//!   refused, and a form posted from a foreign origin is refused (403) with
+//!   nothing written;
 //! * an operator of another tenant sees nothing of this tenant (pages are
 //!   "no such …", lists and counts are empty) and cannot resolve it; an
 //!   agent token is refused the console; no cookie → the login page.
@@ -204,6 +209,14 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
             .unwrap()
             .starts_with("/console/login")
     );
+
+    // A token that is not one: back to the login page, saying so.
+    browser.goto(&format!("{control}/console")).await;
+    browser
+        .type_into("#token", "lgt_0000000000000000_nope")
+        .await;
+    browser.click("#login").await;
+    assert!(browser.text("#login-failed").await.contains("not accepted"));
 
     // The operator logs in; the overview counts this tenant's operations.
     log_in(&browser, &control, &operator).await;
@@ -408,6 +421,161 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         fingerprint(&db).await,
         before,
         "another tenant writes nothing"
+    );
+
+    browser.quit().await;
+    let mut child = served.child;
+    child.start_kill().unwrap();
+    common::within("leasegate serve to exit", child.wait())
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn without_authentication_the_local_operator_retries_and_cancels_and_stale_or_foreign_forms_are_refused(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "background = false\n");
+    let (lease, _) = db.running_run("worker-1", 600_000).await;
+    let charge = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &json!({"amount": 500, "currency": "EUR"}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &charge, "proxy-1", 30_000).await;
+    db.ledger
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({"error": "timed out"}),
+        })
+        .await
+        .unwrap();
+    let id = charge.operation_id.as_str().to_owned();
+    let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
+    let control = served.control.clone();
+    let browser = Browser::start().await;
+
+    // No login: the console opens as the local operator.
+    browser.goto(&format!("{control}/console")).await;
+    assert_eq!(browser.text("#viewer").await, "local operator");
+    assert_eq!(browser.text("#unknown-count .value").await, "1");
+
+    // The charge can be retried with its key: the reconciler's plan says so.
+    browser
+        .goto(&format!("{control}/console/operations/{id}"))
+        .await;
+    assert_eq!(browser.text("#plan-step").await, "retry_same_key");
+    browser
+        .type_into("#retry-note", "the payment provider is back")
+        .await;
+    browser.click("#retry-submit").await;
+    assert!(browser.text("#done").await.contains("Retry budget reset"));
+    let (actor, note): (String, String) = sqlx::query_as(
+        "SELECT actor, detail->>'note' FROM ledger_events
+          WHERE operation_id = $1 AND detail ? 'retry_budget_reset'",
+    )
+    .bind(&id)
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        (actor.as_str(), note.as_str()),
+        ("local-operator", "the payment provider is back")
+    );
+
+    // A form posted from another origin (a rebinding or hostile page): 403
+    // before any handler, nothing written.
+    let form_token = {
+        browser
+            .goto(&format!("{control}/console/runs/{}", lease.run_id))
+            .await;
+        let page = browser.source().await;
+        page.split("name=\"form_token\" value=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("the cancel form's token")
+            .to_owned()
+    };
+    let revision: i64 = browser.text("#run-revision").await.parse().unwrap();
+    let before = fingerprint(&db).await;
+    let answer = reqwest::Client::new()
+        .post(format!("{control}/console/runs/{}/cancel", lease.run_id))
+        .header("origin", "https://evil.example")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "revision={revision}&note=gotcha&form_token={form_token}"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 403);
+    assert_eq!(
+        fingerprint(&db).await,
+        before,
+        "a foreign form writes nothing"
+    );
+
+    // Stale: the worker checkpoints while the cancel form is open.
+    browser
+        .type_into("#cancel-note", "the customer withdrew the order")
+        .await;
+    let saved = db
+        .ledger
+        .checkpoint_save(&lease, revision, &json!({"step": 2}))
+        .await
+        .unwrap();
+    assert!(saved.is_applied(), "{saved:?}");
+    let before = fingerprint(&db).await;
+    browser.click("#cancel-submit").await;
+    browser.accept_dialog().await;
+    let refused = browser.text("#refused").await;
+    assert!(
+        refused.contains("moved on") && refused.contains(&format!("revision {revision}")),
+        "{refused}"
+    );
+    assert_eq!(
+        fingerprint(&db).await,
+        before,
+        "a stale cancel writes nothing"
+    );
+
+    // Look again, cancel: in the ledger with the local operator and the note.
+    browser
+        .goto(&format!("{control}/console/runs/{}", lease.run_id))
+        .await;
+    browser
+        .type_into("#cancel-note", "the customer withdrew the order")
+        .await;
+    browser.click("#cancel-submit").await;
+    browser.accept_dialog().await;
+    assert!(browser.text("#done").await.contains("cancelled"));
+    let (status, actor, detail): (String, String, Value) = sqlx::query_as(
+        "SELECT r.status, e.actor, e.detail FROM agent_runs r
+           JOIN ledger_events e ON e.run_id = r.run_id
+          WHERE r.run_id = $1 AND e.subject = 'run' AND e.to_status = 'cancelled'",
+    )
+    .bind(lease.run_id.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), actor.as_str()),
+        ("cancelled", "local-operator")
+    );
+    assert!(
+        detail
+            .to_string()
+            .contains("the customer withdrew the order"),
+        "{detail}"
     );
 
     browser.quit().await;

@@ -198,6 +198,17 @@ impl Browser {
             .await;
     }
 
+    /// Accepts the open `confirm()` dialog (the console asks before
+    /// destructive actions), waiting for it up to the deadline.
+    pub async fn accept_dialog(&self) {
+        super::wait_until("a confirmation dialog", || async {
+            self.try_command("POST", "/alert/accept", json!({}))
+                .await
+                .ok()
+        })
+        .await;
+    }
+
     /// The page's HTML as the browser has it.
     pub async fn source(&self) -> String {
         self.command("GET", "/source", Value::Null)
