@@ -31,6 +31,37 @@ use crate::reconcile::{Background, Signals};
 
 /// The process-wide Prometheus recorder (installed once; `metrics` is a
 /// global facade), with its upkeep task.
+/// What the web console reads besides the ledger: this process's tenant,
+/// upstream health, metrics, and the reconciler's plan for an unknown
+/// operation (`reconcile::plan`, read-only: described, never executed).
+fn console_sources(proxy: &Proxy) -> crate::control::console::Sources {
+    let upstreams = proxy.upstreams.clone();
+    let directory = proxy.directory.clone();
+    crate::control::console::Sources {
+        ledger: proxy.ledger.clone(),
+        tenant: Some(proxy.config.tenant.clone()),
+        auth_required: proxy.config.auth_required(),
+        upstreams: Some(Arc::new(move || serde_json::json!(upstreams.health()))),
+        metrics: Some(Arc::new(|| metrics_handle().render())),
+        planner: Some(Arc::new(move |operation, evidence, body| {
+            let tool = directory.resolve(
+                &operation.tool_name,
+                operation
+                    .route
+                    .as_ref()
+                    .map(|route| (route.upstream.as_str(), route.tool.as_str())),
+            );
+            crate::reconcile::plan::plan(
+                operation,
+                tool.as_ref().map(|t| &t.adapter),
+                evidence,
+                body,
+            )
+            .describe()
+        })),
+    }
+}
+
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -266,6 +297,7 @@ pub async fn run(
                 ),
                 proxy.gate.clone(),
             );
+            let api = crate::control::console::with_console(api, console_sources(&proxy));
             let api = match control_gate {
                 Some(gate) => crate::control::auth::authenticated(api, gate),
                 None => api,

@@ -20,7 +20,8 @@
 //!   the archive tables, as the operator role; `operation_get` reads the
 //!   archive), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly, and sealed bodies opened in the same
-//!   walk), `secrets` (key rotation: `operation_reseal`). Every body
+//!   walk), `secrets` (key rotation: `operation_reseal`), `console` (the web
+//!   console's searches and counts: tenant-scoped, read-only). Every body
 //!   written (request, result, evidence) passes the policy's data rules
 //!   (`LedgerOptions::bodies`) and every body read is opened. Retries of 40001/40P01, "outcome
 //!   unknown" on a connection lost mid-call; a ledger that cannot be opened
@@ -111,7 +112,9 @@
 //!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
 //!   tokens on both listeners, route scopes, the caller's tenant), the
 //!   handlers (`runs`, `leases` — `POST /v1/leases/renew`, many leases in
-//!   one call —, `operations`), and `cli`, the operator CLI (`runs`,
+//!   one call —, `operations`), `console` (the web console under
+//!   `/console`: server-rendered HTML with maud, cookie login, audited
+//!   actions checked against the revision shown), and `cli`, the operator CLI (`runs`,
 //!   `lease`, `ops`: each one REST request to the same router, in-process,
 //!   operator acts as `leasegate_operator` and the rest as `leasegate_app`;
 //!   `tokens` and `ops archive`: straight to the ledger as

@@ -653,6 +653,47 @@ async fn the_openapi_document_matches_the_served_routes(
         documented, declared,
         "openapi.json and control::ROUTES differ"
     );
+    // The web console's pages are HTML, not API: never in the document,
+    // and each is served once the console is mounted (as `leasegate serve`
+    // mounts it).
+    let console = leasegate::control::console::with_console(
+        router(db.ledger.clone(), IntegerPolicy::Reject),
+        leasegate::control::console::Sources {
+            ledger: db.ledger.clone(),
+            tenant: None,
+            auth_required: false,
+            upstreams: None,
+            metrics: None,
+            planner: None,
+        },
+    );
+    for (method, path, _) in leasegate::control::console::CONSOLE_ROUTES {
+        assert!(
+            !documented.iter().any(|(_, p)| p == path),
+            "{path} is a console page, not API"
+        );
+        let concrete = path
+            .replace("{run_id}", &uuid::Uuid::now_v7().to_string())
+            .replace("{operation_id}", "some-operation");
+        let request = Request::builder()
+            .method(*method)
+            .uri(&concrete)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::from("note=x"))
+            .unwrap();
+        let response = console.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+        assert_ne!(code(&answer), "no_route", "{method} {path} is not served");
+        assert!(
+            String::from_utf8_lossy(&bytes).starts_with("<!DOCTYPE html>"),
+            "{method} {path}: {status}"
+        );
+    }
     // Every documented route is really served: never the router's fallback or a 405.
     for (method, path) in &documented {
         let concrete = path

@@ -36,6 +36,8 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
     ("tracing_opentelemetry", &["telemetry.rs"]),
     ("indicatif", &["progress.rs"]),
     ("metrics_exporter_prometheus", &["app.rs", "control/"]),
+    // The web console's HTML templates.
+    ("maud", &["control/console/"]),
 ];
 
 /// Internal modules by layer: a module may use only modules of a lower layer.

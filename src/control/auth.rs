@@ -77,9 +77,11 @@ pub const ROUTE_SCOPES: &[(&str, &str, &[Scope])] = &[
 
 /// The scopes a control route accepts; `None` for no route (any valid token
 /// then learns only that there is no such route).
+/// The web console's routes are in `console::CONSOLE_ROUTES` (not API).
 pub fn route_scopes(method: &Method, path: &str) -> Option<&'static [Scope]> {
     ROUTE_SCOPES
         .iter()
+        .chain(super::console::CONSOLE_ROUTES)
         .find(|(m, p, _)| *m == method.as_str() && *p == path)
         .map(|(_, _, scopes)| *scopes)
 }
@@ -231,20 +233,37 @@ fn host_of(request: &Request) -> String {
 /// The middleware: authenticate, check the scope, hand the [`Principal`]
 /// to the handler in the request's extensions.
 async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
-    if request.uri().path().starts_with(METADATA_PATH) {
+    let path = request.uri().path();
+    if path.starts_with(METADATA_PATH) || super::console::is_public(path) {
         return next.run(request).await;
     }
+    // The web console (control listener only) also takes its login cookie;
+    // a browser without a valid one is sent to the login page.
+    let console = gate.listener == Listener::Control && super::console::is_console(path);
     let host = host_of(&request);
     let authorization = request
         .headers()
         .get(header::AUTHORIZATION)
-        .map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned());
+        .map(|v| v.to_str().unwrap_or("\u{fffd}").to_owned())
+        .or_else(|| {
+            console
+                .then(|| super::console::cookie_bearer(request.headers()))
+                .flatten()
+        });
     let principal = match gate
         .authenticator
         .authenticate(authorization.as_deref())
         .await
     {
         Ok(principal) => principal,
+        Err(refusal) if console && refusal != Refusal::Unavailable => {
+            // Every refused credential of one address shares its bucket.
+            if let Some(limited) = crate::limits::rate::admit(&request, None) {
+                return limited;
+            }
+            gate.refuse(refusal.reason());
+            return super::console::login_redirect(refusal.reason(), request.headers());
+        }
         Err(refusal) => {
             // Every refused credential of one address shares its bucket.
             if let Some(limited) = crate::limits::rate::admit(&request, None) {
@@ -418,6 +437,12 @@ mod tests {
             assert!(route_scopes(&method, path).is_some(), "{method} {path}");
         }
         assert_eq!(ROUTE_SCOPES.len(), super::super::ROUTES.len());
+        // The console's pages are not API routes: none shares a path with
+        // one, and each has its row.
+        for (method, path, _) in super::super::console::CONSOLE_ROUTES {
+            assert!(path.starts_with("/console"), "{method} {path}");
+            assert!(!super::super::ROUTES.iter().any(|(_, p)| p == path));
+        }
     }
 
     #[test]

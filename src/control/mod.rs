@@ -13,6 +13,10 @@
 //! * `auth`: bearer tokens on both listeners (`authenticated`), the scope
 //!   of every route, the tenant a request acts for (`Caller`: another
 //!   tenant's run or operation is 404), the RFC 9728 metadata.
+//! * `console`: the web console under `/console` (server-rendered HTML over
+//!   the ledger, the same guard, authentication and tenant scoping; login
+//!   by cookie for browsers; actions audited and checked against the
+//!   revision the page showed). Not part of `openapi.json`.
 //! * `cli`: the operator CLI (`leasegate runs|lease|ops …`), which drives the
 //!   same router in-process.
 //!
@@ -37,6 +41,7 @@
 
 pub mod auth;
 pub mod cli;
+pub mod console;
 mod durability;
 pub mod error;
 pub mod guard;

@@ -47,6 +47,7 @@
 //!   rolls back that one statement on its own; no half-written state exists.
 
 mod access_token;
+mod console;
 mod durability;
 mod error;
 mod lease;
@@ -71,6 +72,9 @@ use sqlx::{FromRow, PgPool, Postgres};
 
 pub use access_token::{
     NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
+};
+pub use console::{
+    ConsoleCounts, LIST_LIMIT, OperationRowSummary, OperationSearch, RunRowSummary, RunSearch,
 };
 pub use durability::{
     DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn, WalPosition,

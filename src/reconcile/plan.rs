@@ -147,6 +147,37 @@ pub fn plan(
     }
 }
 
+impl Step {
+    /// The step in words, for a reader (the web console): a short name
+    /// (`converge`, `query`, `retry_same_key`, `needs_operator`) and what
+    /// it means for this operation. Read-only: describing runs nothing.
+    pub fn describe(&self) -> (&'static str, String) {
+        match self {
+            Step::Converge(fact) => (
+                "converge",
+                format!(
+                    "evidence on record ({}) proves the outcome: it will be settled {}",
+                    fact.kind.as_str(),
+                    fact.settlement.as_str()
+                ),
+            ),
+            Step::Query { spec, by } => (
+                "query",
+                format!("ask the upstream's query tool {} with {{{}: {by}}}", spec.tool, spec.argument),
+            ),
+            Step::RetrySameKey => (
+                "retry_same_key",
+                "retry with the same idempotency key, if the retry budget and the key's retention window allow"
+                    .to_owned(),
+            ),
+            Step::NeedsOperator(reason) => (
+                "needs_operator",
+                format!("leasegate cannot settle it ({reason}): an operator resolves it"),
+            ),
+        }
+    }
+}
+
 /// What an answer proves.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Judgement {

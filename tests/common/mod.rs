@@ -16,6 +16,7 @@ pub mod http;
 pub mod peers;
 pub mod prometheus;
 pub mod proxy;
+pub mod webdriver;
 
 /// Every wait in a test ends by this deadline, or the test fails.
 pub const DEADLINE: Duration = Duration::from_secs(30);
