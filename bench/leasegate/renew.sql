@@ -10,4 +10,4 @@ SELECT outcome FROM lease_renew(
     'bench-' || :client_id, 1,
     (SELECT token_sha256 FROM worker_leases
       WHERE run_id = ('00000000-0000-7000-8000-' || lpad(:client_id::text, 12, '0'))::uuid),
-    86400000);
+    600000);

@@ -12,7 +12,7 @@
 //! * pgbench at the same caller counts and window with the **minimal
 //!   ceiling** (`bench/ceiling/`: the seed's schema, `register_and_claim` +
 //!   a settle UPDATE) and with **leasegate's own SQL**
-//!   (`examples/bench_operations/register_claim_settle.sql`);
+//!   (`bench/leasegate/register_claim_settle.sql`);
 //! * lease renewal: single renew through the control API next to pgbench
 //!   running leasegate's `lease_renew` and the ceiling's `renew.sql`, the
 //!   ceiling's batch renewal, and a hook for leasegate's batch endpoint
@@ -61,9 +61,10 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Leased runs the gated and replay callers share (caller `c` uses run `c % RUNS`).
 pub const RUNS: usize = 64;
-/// The lease ttl of the benchmark's runs (and of every renewal): long enough
-/// for any run of the harness.
-const LEASE_TTL_MS: i64 = 86_400_000;
+/// The lease ttl of the benchmark's runs and of every renewal (leasegate's
+/// ceiling): [`KeepAlive`] renews the served leases every minute, and the
+/// pgbench ledger's leases are extended before each pgbench run.
+const LEASE_TTL_MS: i64 = 600_000;
 const OWNER_PREFIX: &str = "bench-";
 const ACCEPT: &str = "application/json, text/event-stream";
 const PROTOCOL: &str = "2025-11-25";
@@ -75,8 +76,7 @@ const CEILING_RENEW: &str = include_str!("../../bench/ceiling/renew.sql");
 const CEILING_RENEW_BATCH: &str = include_str!("../../bench/ceiling/renew_batch.sql");
 /// Leases one statement of `renew_batch.sql` renews.
 const CEILING_BATCH_SIZE: f64 = 100.0;
-const LEASEGATE_HOTPATH: &str =
-    include_str!("../bench_operations/register_claim_settle.sql");
+const LEASEGATE_HOTPATH: &str = include_str!("../../bench/leasegate/register_claim_settle.sql");
 const LEASEGATE_RENEW: &str = include_str!("../../bench/leasegate/renew.sql");
 
 /// Which upstream leasegate fronts.
@@ -826,6 +826,56 @@ async fn create_leases(control: &str, task_prefix: &str, count: usize) -> anyhow
     Ok(leases)
 }
 
+/// Renews `leases` through the control API every minute until dropped (a
+/// run of the benchmark outlasts one lease ttl).
+struct KeepAlive(tokio::task::JoinHandle<()>);
+
+impl KeepAlive {
+    fn start(control: &str, leases: &[Lease]) -> anyhow::Result<Self> {
+        let client = client()?;
+        let control = control.to_owned();
+        let leases = leases.to_vec();
+        Ok(Self(tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                for lease in &leases {
+                    let url = format!("{control}/v1/runs/{}/lease/renew", lease.run_id);
+                    let body = json!({"owner": lease.owner, "epoch": lease.epoch,
+                                      "lease_token": lease.token, "ttl_ms": LEASE_TTL_MS});
+                    match post_json(&client, &url, &body).await {
+                        Ok((200, _)) => {}
+                        Ok((status, answer)) => {
+                            eprintln!("bench_gateway: keep-alive renew {}: {status} {answer}", lease.run_id)
+                        }
+                        Err(error) => eprintln!("bench_gateway: keep-alive renew: {error:#}"),
+                    }
+                }
+            }
+        })))
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Extends every lease of the pgbench ledger (as the superuser, straight to
+/// the table: benchmark setup, not a fenced write) before a pgbench run.
+async fn extend_sql_leases(url: &str) -> anyhow::Result<()> {
+    use sqlx::Connection as _;
+    let mut connection = sqlx::PgConnection::connect(url).await?;
+    sqlx::query(
+        "UPDATE worker_leases SET expires_at = clock_timestamp() + $1 * interval '1 millisecond'",
+    )
+    .bind(LEASE_TTL_MS as f64)
+    .execute(&mut connection)
+    .await?;
+    connection.close().await?;
+    Ok(())
+}
+
 /// One kept-alive HTTP/1.1 connection (reqwest keeps one idle connection per host).
 fn client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
@@ -1360,6 +1410,7 @@ async fn sweep(
     tokio::time::sleep(Duration::from_secs(1)).await;
     report.memory.idle_kib = main.rss_kib()?;
     let leases = create_leases(&main.control, "bench", RUNS).await?;
+    let _keep_alive = KeepAlive::start(&main.control, &leases)?;
     let mut nonce = 0u64;
     let target = |nonce: &mut u64| {
         *nonce += 1;
@@ -1396,6 +1447,7 @@ async fn sweep(
                 record(Measure::Leasegate(kind), callers, measured);
             }
             progress(settings, format!("repetition {repetition}: pgbench at {callers} callers"));
+            extend_sql_leases(sql_url).await?;
             let theirs = pgbench(pgbench_path, sql_url, LEASEGATE_HOTPATH, callers, settings.duration, scratch)?;
             record(Measure::PgbenchLeasegate, callers, theirs);
             let ceiling = pgbench(pgbench_path, ceiling_url, CEILING_HOTPATH, callers, settings.duration, scratch)?;
@@ -1406,6 +1458,7 @@ async fn sweep(
         progress(settings, format!("repetition {repetition}: renewals at {callers} callers"));
         let api = renew_cell(&main.control, &leases, callers, settings.warmup, settings.duration).await?;
         record(Measure::RenewControlApi, callers, api);
+        extend_sql_leases(sql_url).await?;
         let theirs = pgbench(pgbench_path, sql_url, LEASEGATE_RENEW, callers, settings.duration, scratch)?;
         record(Measure::PgbenchRenewLeasegate, callers, theirs);
         let ceiling = pgbench(pgbench_path, ceiling_url, CEILING_RENEW, callers, settings.duration, scratch)?;
@@ -1486,37 +1539,22 @@ async fn counted(
     )
     .await?;
     let outcome = async {
+        // No keep-alive here: this phase is far shorter than a lease ttl,
+        // and its renewals would be counted.
         let leases = create_leases(&served.control, "counted", RUNS).await?;
         let fresh = create_leases(&served.control, "first-call", settings.first_calls.max(1)).await?;
         // What the background loops cost with no call at all.
-        let window = settings.duration.max(Duration::from_secs(3));
+        let window = settings.duration.max(Duration::from_secs(5));
         let before = proxy.count();
         tokio::time::sleep(window).await;
         let background_per_s = (proxy.count() - before) as f64 / window.as_secs_f64();
         report.background_per_s = background_per_s;
         let tools = upstream.tools.clone();
-        // One call on each fresh run: the first call of a run.
-        let target = Arc::new(Target {
-            mcp: served.mcp.clone(),
-            tools: tools.clone(),
-            nonce: format!("first-{}", uuid::Uuid::new_v4().simple()),
-        });
-        let began = Instant::now();
-        let before = proxy.count();
-        for (index, lease) in fresh.iter().enumerate() {
-            let caller = Caller {
-                client: client()?,
-                index,
-                lease: Some(lease.clone()),
-            };
-            caller.call(&target, Kind::Gated, 1).await?;
-        }
-        report.round_trips.insert(
-            None,
-            round_trips(proxy.count() - before, fresh.len() as u64, began.elapsed(), background_per_s),
-        );
         let callers = 1;
         report.round_trip_callers = callers;
+        // Enough uncounted calls first that every pooled connection has
+        // prepared its statements (sqlx prepares once per connection).
+        let warmup_calls = 3 * u64::from(settings.db_pool);
         for kind in [Kind::Gated, Kind::PassThrough, Kind::Replay] {
             progress(settings, format!("counting round trips: {}", kind.label()));
             let target = Arc::new(Target {
@@ -1524,41 +1562,61 @@ async fn counted(
                 tools: tools.clone(),
                 nonce: format!("rt-{}", uuid::Uuid::new_v4().simple()),
             });
-            // Counted over the whole cell, warm-up included, so calls = every call made.
+            let caller = Caller {
+                client: client()?,
+                index: 0,
+                lease: leases.first().cloned(),
+            };
+            let warm_until = Instant::now() + settings.warmup;
+            let mut n = 0;
+            while n < warmup_calls || Instant::now() < warm_until {
+                caller.call(&target, kind, n).await?;
+                n += 1;
+            }
             let began = Instant::now();
             let before = proxy.count();
-            let calls = counted_cell(&target, &leases[..1], kind, settings.duration).await?;
+            let mut calls = 0;
+            while began.elapsed() < settings.duration {
+                caller.call(&target, kind, n).await?;
+                n += 1;
+                calls += 1;
+            }
             let raw = proxy.count() - before;
             report
                 .round_trips
                 .insert(Some(kind), round_trips(raw, calls, began.elapsed(), background_per_s));
         }
+        // One call on each fresh run: the first call of a run (the pool is warm by now).
+        let target = Arc::new(Target {
+            mcp: served.mcp.clone(),
+            tools: tools.clone(),
+            nonce: format!("first-{}", uuid::Uuid::new_v4().simple()),
+        });
+        let callers: Vec<Caller> = fresh
+            .iter()
+            .enumerate()
+            .map(|(index, lease)| {
+                Ok(Caller {
+                    client: client()?,
+                    index,
+                    lease: Some(lease.clone()),
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let began = Instant::now();
+        let before = proxy.count();
+        for caller in &callers {
+            caller.call(&target, Kind::Gated, 1).await?;
+        }
+        report.round_trips.insert(
+            None,
+            round_trips(proxy.count() - before, fresh.len() as u64, began.elapsed(), background_per_s),
+        );
         anyhow::Ok(())
     }
     .await;
     served.stop().await?;
     outcome
-}
-
-/// One caller calling `kind` for `duration`, priming included; the number of calls made.
-async fn counted_cell(
-    target: &Arc<Target>,
-    leases: &[Lease],
-    kind: Kind,
-    duration: Duration,
-) -> anyhow::Result<u64> {
-    let caller = Caller {
-        client: client()?,
-        index: 0,
-        lease: leases.first().cloned(),
-    };
-    let end = Instant::now() + duration;
-    let mut n = 0;
-    while Instant::now() < end {
-        caller.call(target, kind, n).await?;
-        n += 1;
-    }
-    Ok(n)
 }
 
 fn round_trips(raw: u64, calls: u64, elapsed: Duration, background_per_s: f64) -> RoundTrips {
@@ -1720,6 +1778,7 @@ impl Report {
             .filter(|(measure, _)| matches!(measure, Measure::Leasegate(_)))
             .map(|(_, callers)| *callers)
             .collect();
+        callers_seen.sort();
         callers_seen.dedup();
         for callers in callers_seen {
             let ceiling = self.medians(Measure::PgbenchCeiling, callers);
