@@ -119,6 +119,8 @@ pub struct Settings {
     pub first_calls: usize,
     /// Callers of the renewal section.
     pub renew_callers: usize,
+    /// How long an idle leasegate's background round trips are counted.
+    pub background_window: Duration,
     /// `pgbench`; `None`: looked up on `PATH`, then `/usr/lib/postgresql/<newest>/bin`.
     pub pgbench: Option<PathBuf>,
     /// Print progress lines on stderr.
@@ -143,6 +145,7 @@ impl Settings {
             growth_cells: 3,
             first_calls: RUNS,
             renew_callers: 32,
+            background_window: Duration::from_secs(10),
             pgbench: None,
             verbose: true,
         }
@@ -158,6 +161,7 @@ impl Settings {
             growth_cells: 2,
             first_calls: 8,
             renew_callers: 8,
+            background_window: Duration::from_secs(2),
             ..Self::full(leasegate, example_tools)
         }
     }
@@ -173,29 +177,66 @@ impl Settings {
 /// type byte) and authentication are skipped. Bytes may arrive split
 /// anywhere; [`FrontendCounter::feed`] keeps the partial header.
 ///
+/// It also attributes work to SQL text: each `Execute` (`E`) to the
+/// statement its `Bind` named (as the `Parse` that prepared it on this
+/// connection said, first [`STATEMENT_PREFIX`] bytes), each simple query to
+/// its text (`executions`).
+///
 /// TLS cannot be read: the proxied URL says `sslmode=disable`.
 #[derive(Debug, Default)]
 pub struct FrontendCounter {
     /// After the StartupMessage: every message has a type byte.
     typed: bool,
     header: Vec<u8>,
-    /// Bytes of the current message's body still to pass.
-    skip: usize,
+    /// The current message's type, when its body is kept (`P`, `B`, `Q`).
+    kept_type: Option<u8>,
+    /// The start of the current message's body, for `P`, `B` and `Q`.
+    body: Vec<u8>,
+    /// Bytes of the current message's body still to come.
+    remaining: usize,
+    /// Prepared statement name → its SQL text (this connection's).
+    statements: std::collections::HashMap<String, String>,
+    /// The SQL text of the statement last bound.
+    bound: Option<String>,
+    /// Since the last `Sync`: a `Parse` seen, an `Execute` seen.
+    parsed: bool,
+    executed: bool,
     pub round_trips: u64,
     pub messages: u64,
+    /// SQL text → executions (extended protocol) or simple queries.
+    pub executions: BTreeMap<String, u64>,
 }
+
+/// [`FrontendCounter::executions`]' name for a `Sync` that ends a `Parse`
+/// without an `Execute`: a statement prepared (sqlx: once per connection).
+pub const PREPARE: &str = "(Parse + Sync: a statement prepared)";
+/// … and for a `Sync` with nothing before it: a connection check (sqlx's
+/// pool pings every connection it hands out, `test_before_acquire`).
+pub const SYNC_ALONE: &str = "(Sync alone: a connection check, e.g. sqlx's test_before_acquire ping)";
+
+/// How much of a statement's text names it in [`FrontendCounter::executions`].
+pub const STATEMENT_PREFIX: usize = 120;
 
 impl FrontendCounter {
     const SSL_REQUEST: u32 = 80_877_103;
     const GSS_REQUEST: u32 = 80_877_104;
+    /// Body bytes kept of a `P`, `B` or `Q` message (names and the SQL's start).
+    const KEEP: usize = 1024;
 
     /// Reads `bytes`, the next piece of the client's stream.
     pub fn feed(&mut self, mut bytes: &[u8]) {
         while !bytes.is_empty() {
-            if self.skip > 0 {
-                let n = self.skip.min(bytes.len());
-                self.skip -= n;
+            if self.remaining > 0 {
+                let n = self.remaining.min(bytes.len());
+                if self.kept_type.is_some() {
+                    let room = Self::KEEP.saturating_sub(self.body.len()).min(n);
+                    self.body.extend_from_slice(&bytes[..room]);
+                }
+                self.remaining -= n;
                 bytes = &bytes[n..];
+                if self.remaining == 0 {
+                    self.end_of_message();
+                }
                 continue;
             }
             // Untyped: length (4) + code (4); typed: type (1) + length (4).
@@ -208,22 +249,81 @@ impl FrontendCounter {
             }
             self.messages += 1;
             if self.typed {
+                let kind = self.header[0];
                 let length = u32::from_be_bytes(self.header[1..5].try_into().unwrap()) as usize;
-                if matches!(self.header[0], b'S' | b'Q' | b'F') {
+                if matches!(kind, b'S' | b'Q' | b'F') {
                     self.round_trips += 1;
                 }
-                self.skip = length.saturating_sub(4);
+                match kind {
+                    b'P' => self.parsed = true,
+                    b'E' => {
+                        self.executed = true;
+                        if let Some(sql) = &self.bound {
+                            *self.executions.entry(sql.clone()).or_default() += 1;
+                        }
+                    }
+                    b'S' => {
+                        // A Sync that ends no execution is a round trip of its own.
+                        if !self.executed {
+                            let what = if self.parsed { PREPARE } else { SYNC_ALONE };
+                            *self.executions.entry(what.to_owned()).or_default() += 1;
+                        }
+                        (self.parsed, self.executed) = (false, false);
+                    }
+                    _ => {}
+                }
+                self.kept_type = matches!(kind, b'P' | b'B' | b'Q').then_some(kind);
+                self.remaining = length.saturating_sub(4);
             } else {
                 let length = u32::from_be_bytes(self.header[0..4].try_into().unwrap()) as usize;
                 let code = u32::from_be_bytes(self.header[4..8].try_into().unwrap());
                 // A StartupMessage (a protocol version) ends the untyped part;
                 // an SSL or GSS request is followed by another untyped message.
                 self.typed = code != Self::SSL_REQUEST && code != Self::GSS_REQUEST;
-                self.skip = length.saturating_sub(8);
+                self.kept_type = None;
+                self.remaining = length.saturating_sub(8);
             }
             self.header.clear();
+            if self.remaining == 0 {
+                self.end_of_message();
+            }
         }
     }
+
+    fn end_of_message(&mut self) {
+        let body = std::mem::take(&mut self.body);
+        let mut fields = body.split(|&b| b == 0);
+        let text = |bytes: Option<&[u8]>| {
+            String::from_utf8_lossy(bytes.unwrap_or_default()).into_owned()
+        };
+        match self.kept_type.take() {
+            Some(b'P') => {
+                let name = text(fields.next());
+                let sql = statement_key(&text(fields.next()));
+                self.statements.insert(name, sql);
+            }
+            Some(b'B') => {
+                let _portal = fields.next();
+                let name = text(fields.next());
+                self.bound = self.statements.get(&name).cloned();
+            }
+            Some(b'Q') => {
+                let sql = statement_key(&text(fields.next()));
+                *self.executions.entry(sql).or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// SQL text with its whitespace folded, cut to [`STATEMENT_PREFIX`] bytes.
+fn statement_key(sql: &str) -> String {
+    let folded = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut end = folded.len().min(STATEMENT_PREFIX);
+    while !folded.is_char_boundary(end) {
+        end -= 1;
+    }
+    folded[..end].to_owned()
 }
 
 /// A TCP proxy to PostgreSQL that counts, over all its connections, the
@@ -232,6 +332,8 @@ impl FrontendCounter {
 pub struct CountingProxy {
     pub port: u16,
     round_trips: Arc<AtomicU64>,
+    /// SQL text → executions, over all connections.
+    executions: Arc<Mutex<BTreeMap<String, u64>>>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -240,11 +342,14 @@ impl CountingProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let round_trips = Arc::new(AtomicU64::new(0));
+        let executions = Arc::new(Mutex::new(BTreeMap::new()));
         let counted = round_trips.clone();
+        let executed = executions.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let target = target.clone();
                 let counted = counted.clone();
+                let executed = executed.clone();
                 tokio::spawn(async move {
                     let Ok(server) = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
                     else {
@@ -264,6 +369,12 @@ impl CountingProxy {
                             };
                             let before = counter.round_trips;
                             counter.feed(&buffer[..n]);
+                            if !counter.executions.is_empty() {
+                                let mut executed = executed.lock().unwrap();
+                                for (sql, count) in std::mem::take(&mut counter.executions) {
+                                    *executed.entry(sql).or_default() += count;
+                                }
+                            }
                             counted.fetch_add(counter.round_trips - before, Ordering::Relaxed);
                             if server_write.write_all(&buffer[..n]).await.is_err() {
                                 break;
@@ -282,6 +393,7 @@ impl CountingProxy {
         Ok(Self {
             port,
             round_trips,
+            executions,
             accept,
         })
     }
@@ -289,6 +401,11 @@ impl CountingProxy {
     /// Round trips counted so far.
     pub fn count(&self) -> u64 {
         self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// Executions per SQL text so far.
+    pub fn executions(&self) -> BTreeMap<String, u64> {
+        self.executions.lock().unwrap().clone()
     }
 }
 
@@ -1243,6 +1360,8 @@ pub struct RoundTrips {
     /// Per call, with the background loops' share (their idle rate over the window) taken out.
     pub per_call: f64,
     pub raw_per_call: f64,
+    /// Executions per call by SQL text during the window (background work included), most first.
+    pub statements: Vec<(String, f64)>,
 }
 
 /// Resident memory of leasegate, KiB.
@@ -1544,7 +1663,7 @@ async fn counted(
         let leases = create_leases(&served.control, "counted", RUNS).await?;
         let fresh = create_leases(&served.control, "first-call", settings.first_calls.max(1)).await?;
         // What the background loops cost with no call at all.
-        let window = settings.duration.max(Duration::from_secs(5));
+        let window = settings.background_window;
         let before = proxy.count();
         tokio::time::sleep(window).await;
         let background_per_s = (proxy.count() - before) as f64 / window.as_secs_f64();
@@ -1575,6 +1694,7 @@ async fn counted(
             }
             let began = Instant::now();
             let before = proxy.count();
+            let executed_before = proxy.executions();
             let mut calls = 0;
             while began.elapsed() < settings.duration {
                 caller.call(&target, kind, n).await?;
@@ -1582,9 +1702,9 @@ async fn counted(
                 calls += 1;
             }
             let raw = proxy.count() - before;
-            report
-                .round_trips
-                .insert(Some(kind), round_trips(raw, calls, began.elapsed(), background_per_s));
+            let mut counted = round_trips(raw, calls, began.elapsed(), background_per_s);
+            counted.statements = per_call(&executed_before, &proxy.executions(), calls);
+            report.round_trips.insert(Some(kind), counted);
         }
         // One call on each fresh run: the first call of a run (the pool is warm by now).
         let target = Arc::new(Target {
@@ -1605,18 +1725,32 @@ async fn counted(
             .collect::<anyhow::Result<_>>()?;
         let began = Instant::now();
         let before = proxy.count();
+        let executed_before = proxy.executions();
         for caller in &callers {
             caller.call(&target, Kind::Gated, 1).await?;
         }
-        report.round_trips.insert(
-            None,
-            round_trips(proxy.count() - before, fresh.len() as u64, began.elapsed(), background_per_s),
-        );
+        let calls = fresh.len() as u64;
+        let mut counted = round_trips(proxy.count() - before, calls, began.elapsed(), background_per_s);
+        counted.statements = per_call(&executed_before, &proxy.executions(), calls);
+        report.round_trips.insert(None, counted);
         anyhow::Ok(())
     }
     .await;
     served.stop().await?;
     outcome
+}
+
+/// Executions per call of each SQL text between two snapshots, most first.
+fn per_call(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, calls: u64) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = after
+        .iter()
+        .filter_map(|(sql, &count)| {
+            let delta = count - before.get(sql).copied().unwrap_or(0);
+            (delta > 0).then(|| (sql.clone(), delta as f64 / calls.max(1) as f64))
+        })
+        .collect();
+    out.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    out
 }
 
 fn round_trips(raw: u64, calls: u64, elapsed: Duration, background_per_s: f64) -> RoundTrips {
@@ -1627,6 +1761,7 @@ fn round_trips(raw: u64, calls: u64, elapsed: Duration, background_per_s: f64) -
         raw,
         raw_per_call: raw as f64 / calls_f,
         per_call: ((raw as f64 - background) / calls_f).max(0.0),
+        statements: Vec::new(),
     }
 }
 
@@ -1895,6 +2030,19 @@ impl Report {
             );
         }
         row(&mut out, "leasegate RSS idle, after every cell", "—".into(), None, String::new(), String::new(), mib(m.idle_after_kib));
+        let _ = writeln!(out);
+        for (kind, label) in [
+            (Some(Kind::Gated), "a gated call"),
+            (None, "the first call of a fresh run"),
+            (Some(Kind::Replay), "a replay"),
+            (Some(Kind::PassThrough), "a pass-through call"),
+        ] {
+            let Some(trips) = self.round_trips.get(&kind) else { continue };
+            let _ = writeln!(out, "Statements per call of {label} (counting proxy, background included):");
+            for (sql, per) in trips.statements.iter().filter(|(_, per)| *per >= 0.05) {
+                let _ = writeln!(out, "  {per:6.2}  {sql}");
+            }
+        }
         out
     }
 }
@@ -1919,10 +2067,10 @@ mod tests {
         out
     }
 
-    /// What sqlx sends for a connection and two prepared statements and a
-    /// simple query: SSLRequest, StartupMessage (with parameters that hold
-    /// bytes looking like 'S' and 'Q'), a password, Parse/Bind/Describe/
-    /// Execute/Sync twice, Query, Terminate.
+    /// What sqlx sends for a connection, two prepared statements, a ping
+    /// and a simple query: SSLRequest, StartupMessage (with parameters that
+    /// hold bytes looking like 'S' and 'Q'), a password, Parse/Bind/Describe/
+    /// Execute/Sync twice, Sync, Query, Terminate.
     fn conversation() -> Vec<u8> {
         let mut bytes = untyped(FrontendCounter::SSL_REQUEST, b"");
         bytes.extend(untyped(196_608, b"user\0postgres\0options\0-c S=Q\0\0"));
@@ -1934,6 +2082,7 @@ mod tests {
             bytes.extend(message(b'E', b"\0\0\0\0\0"));
             bytes.extend(message(b'S', b""));
         }
+        bytes.extend(message(b'S', b""));
         bytes.extend(message(b'Q', b"SELECT 1\0"));
         bytes.extend(message(b'X', b""));
         bytes
@@ -1944,8 +2093,8 @@ mod tests {
         let bytes = conversation();
         let mut whole = FrontendCounter::default();
         whole.feed(&bytes);
-        assert_eq!(whole.round_trips, 3, "two Syncs and one Query");
-        assert_eq!(whole.messages, 2 + 1 + 10 + 2, "every message seen once");
+        assert_eq!(whole.round_trips, 4, "three Syncs and one Query");
+        assert_eq!(whole.messages, 2 + 1 + 10 + 3, "every message seen once");
         for chunk in [1, 2, 3, 5, 7, 13] {
             let mut split = FrontendCounter::default();
             for piece in bytes.chunks(chunk) {
@@ -1953,7 +2102,17 @@ mod tests {
             }
             assert_eq!(split.round_trips, 3, "split into {chunk}-byte pieces");
             assert_eq!(split.messages, whole.messages, "split into {chunk}-byte pieces");
+            assert_eq!(split.executions, whole.executions, "split into {chunk}-byte pieces");
         }
+        let executions: Vec<(&str, u64)> = whole
+            .executions
+            .iter()
+            .map(|(sql, n)| (sql.as_str(), *n))
+            .collect();
+        assert_eq!(
+            executions,
+            [(SYNC_ALONE, 1), ("SELECT 'S', 'Q'", 2), ("SELECT 1", 1)]
+        );
     }
 
     #[test]
@@ -1991,12 +2150,16 @@ mod tests {
         }
         sqlx::raw_sql("SELECT 1").execute(&mut connection).await.unwrap();
         let counted = proxy.count() - after_connect;
-        // Five prepared statements (the first one's Prepare adds its own
-        // round trip in sqlx) and one simple query.
-        assert!(
-            (6..=8).contains(&counted),
-            "counted {counted} round trips for 5 prepared statements and a simple query"
+        // Five executions of one prepared statement (its preparation is a
+        // round trip of its own in sqlx) and one simple query.
+        assert_eq!(
+            counted, 7,
+            "round trips for 5 prepared executions and a simple query"
         );
+        let executions = proxy.executions();
+        assert_eq!(executions.get("SELECT $1::bigint"), Some(&5), "{executions:?}");
+        assert_eq!(executions.get(PREPARE), Some(&1), "{executions:?}");
+        assert_eq!(executions.get("SELECT 1"), Some(&1), "{executions:?}");
         connection.close().await.unwrap();
     }
 
