@@ -28,10 +28,15 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
         PathBuf::from(env!("CARGO_BIN_EXE_leasegate-example-tools")),
     );
     settings.admin_url = admin_url();
-    settings.db_prefix = format!("bench_gateway_t{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    settings.db_prefix = format!(
+        "bench_gateway_t{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
     settings.upstream = harness::UpstreamChoice::ExampleTools;
     settings.verbose = false;
-    let report = harness::run(&settings).await.expect("the quick run completes");
+    let report = harness::run(&settings)
+        .await
+        .expect("the quick run completes");
     let table = report.to_markdown();
     println!("{table}");
 
@@ -45,8 +50,14 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
         ] {
             let cells = &report.cells[&(measure.clone(), callers)];
             assert_eq!(cells.len(), 1, "{measure:?} at {callers}: one repetition");
-            assert!(cells[0].calls > 0, "{measure:?} at {callers} measured no call");
-            assert!(cells[0].p99_ms >= cells[0].p50_ms, "{measure:?} at {callers}: p99 below p50");
+            assert!(
+                cells[0].calls > 0,
+                "{measure:?} at {callers} measured no call"
+            );
+            assert!(
+                cells[0].p99_ms >= cells[0].p50_ms,
+                "{measure:?} at {callers}: p99 below p50"
+            );
         }
     }
     for measure in [
@@ -72,12 +83,21 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
     );
     let first = &report.round_trips[&None];
     assert_eq!(first.calls, settings.first_calls as u64);
-    assert!(first.raw_per_call >= 1.0, "a run's first call reached the ledger");
+    assert!(
+        first.raw_per_call >= 1.0,
+        "a run's first call reached the ledger"
+    );
     let pass = &report.round_trips[&Some(Kind::PassThrough)];
     let replay = &report.round_trips[&Some(Kind::Replay)];
     assert!(pass.calls > 0 && replay.calls > 0);
-    assert!(pass.per_call < gated.per_call, "pass-through {pass:?} vs gated {gated:?}");
-    assert!(replay.per_call <= gated.per_call, "replay {replay:?} vs gated {gated:?}");
+    assert!(
+        pass.per_call < gated.per_call,
+        "pass-through {pass:?} vs gated {gated:?}"
+    );
+    assert!(
+        replay.per_call <= gated.per_call,
+        "replay {replay:?} vs gated {gated:?}"
+    );
 
     let memory = &report.memory;
     assert!(memory.idle_kib > 0 && memory.idle_after_kib > 0);
@@ -85,7 +105,13 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
     assert_eq!(memory.growth_kib.len(), settings.growth_cells);
     assert!(memory.load.is_some(), "memory under load was read");
 
-    for row in ["gated (new intent per call)", "minimal ceiling", "lease_renew", "not built yet (hook)", "per session"] {
+    for row in [
+        "gated (new intent per call)",
+        "minimal ceiling",
+        "lease_renew",
+        "not built yet (hook)",
+        "per session",
+    ] {
         assert!(table.contains(row), "the table has {row:?}:\n{table}");
     }
 }

@@ -212,7 +212,8 @@ pub struct FrontendCounter {
 pub const PREPARE: &str = "(Parse + Sync: a statement prepared)";
 /// … and for a `Sync` with nothing before it: a connection check (sqlx's
 /// pool pings every connection it hands out, `test_before_acquire`).
-pub const SYNC_ALONE: &str = "(Sync alone: a connection check, e.g. sqlx's test_before_acquire ping)";
+pub const SYNC_ALONE: &str =
+    "(Sync alone: a connection check, e.g. sqlx's test_before_acquire ping)";
 
 /// How much of a statement's text names it in [`FrontendCounter::executions`].
 pub const STATEMENT_PREFIX: usize = 120;
@@ -293,9 +294,8 @@ impl FrontendCounter {
     fn end_of_message(&mut self) {
         let body = std::mem::take(&mut self.body);
         let mut fields = body.split(|&b| b == 0);
-        let text = |bytes: Option<&[u8]>| {
-            String::from_utf8_lossy(bytes.unwrap_or_default()).into_owned()
-        };
+        let text =
+            |bytes: Option<&[u8]>| String::from_utf8_lossy(bytes.unwrap_or_default()).into_owned();
         match self.kept_type.take() {
             Some(b'P') => {
                 let name = text(fields.next());
@@ -351,7 +351,8 @@ impl CountingProxy {
                 let counted = counted.clone();
                 let executed = executed.clone();
                 tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
+                    let Ok(server) =
+                        tokio::net::TcpStream::connect((target.0.as_str(), target.1)).await
                     else {
                         return;
                     };
@@ -527,6 +528,20 @@ pub struct Environment {
     pub upstream: String,
     pub leasegate: String,
     pub pgbench: String,
+    /// `/proc/loadavg`'s 1/5/15-minute load at the start and at the end (a shared machine is noisy).
+    pub load_start: String,
+    pub load_end: String,
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|_| "unknown".to_owned())
 }
 
 async fn environment(admin_url: &str) -> anyhow::Result<Environment> {
@@ -565,6 +580,7 @@ async fn environment(admin_url: &str) -> anyhow::Result<Environment> {
         ram,
         server_version,
         settings,
+        load_start: load_average(),
         ..Environment::default()
     })
 }
@@ -639,9 +655,7 @@ fn upstream_config(settings: &Settings, state: &Path) -> anyhow::Result<Upstream
         UpstreamChoice::Everything(path) => Some(
             path.clone()
                 .or_else(default_server_everything)
-                .ok_or_else(|| {
-                    anyhow!("server-everything not found (see README, Benchmarks)")
-                })?,
+                .ok_or_else(|| anyhow!("server-everything not found (see README, Benchmarks)"))?,
         ),
         UpstreamChoice::Auto => default_server_everything().filter(|_| node_available()),
     };
@@ -674,8 +688,9 @@ fn upstream_config(settings: &Settings, state: &Path) -> anyhow::Result<Upstream
             );
             UpstreamConfig {
                 tools: Tools {
-                    description: "leasegate-example-tools `get_job` over stdio (no server-everything)"
-                        .to_owned(),
+                    description:
+                        "leasegate-example-tools `get_job` over stdio (no server-everything)"
+                            .to_owned(),
                     gated: "fx__get_job",
                     pass_through: "ro__get_job",
                     everything: false,
@@ -905,7 +920,11 @@ async fn post_json(
 
 /// [`RUNS`] runs created through the control API, each leased by `bench-<n>`
 /// and started.
-async fn create_leases(control: &str, task_prefix: &str, count: usize) -> anyhow::Result<Vec<Lease>> {
+async fn create_leases(
+    control: &str,
+    task_prefix: &str,
+    count: usize,
+) -> anyhow::Result<Vec<Lease>> {
     let client = client()?;
     let mut leases = Vec::with_capacity(count);
     for n in 0..count {
@@ -962,7 +981,10 @@ impl KeepAlive {
                     match post_json(&client, &url, &body).await {
                         Ok((200, _)) => {}
                         Ok((status, answer)) => {
-                            eprintln!("bench_gateway: keep-alive renew {}: {status} {answer}", lease.run_id)
+                            eprintln!(
+                                "bench_gateway: keep-alive renew {}: {status} {answer}",
+                                lease.run_id
+                            )
                         }
                         Err(error) => eprintln!("bench_gateway: keep-alive renew: {error:#}"),
                     }
@@ -1419,8 +1441,10 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
     };
     let served_url = with_database(&settings.admin_url, &settings.db_prefix);
     let sql_url = with_database(&settings.admin_url, &format!("{}_sql", settings.db_prefix));
-    let ceiling_url =
-        with_database(&settings.admin_url, &format!("{}_ceiling", settings.db_prefix));
+    let ceiling_url = with_database(
+        &settings.admin_url,
+        &format!("{}_ceiling", settings.db_prefix),
+    );
     let scratch = std::env::temp_dir().join(format!(
         "leasegate-bench-gateway-{}",
         uuid::Uuid::new_v4().simple()
@@ -1440,6 +1464,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
         }
     }
     let _ = std::fs::remove_dir_all(&scratch);
+    report.environment.load_end = load_average();
     result.map(|()| report)
 }
 
@@ -1486,7 +1511,16 @@ async fn measure(
         },
     )
     .await?;
-    let outcome = sweep(settings, pgbench_path, report, &main, &upstream, [sql_url, ceiling_url], scratch).await;
+    let outcome = sweep(
+        settings,
+        pgbench_path,
+        report,
+        &main,
+        &upstream,
+        [sql_url, ceiling_url],
+        scratch,
+    )
+    .await;
     main.stop().await?;
     outcome?;
 
@@ -1494,7 +1528,10 @@ async fn measure(
     counted(settings, report, &upstream, served_url).await?;
 
     // Memory per idle MCP session.
-    progress(settings, format!("opening {} idle MCP sessions", settings.sessions));
+    progress(
+        settings,
+        format!("opening {} idle MCP sessions", settings.sessions),
+    );
     let sessions = Served::start(
         settings,
         &upstream,
@@ -1551,7 +1588,10 @@ async fn sweep(
             for kind in [Kind::Gated, Kind::PassThrough, Kind::Replay] {
                 progress(
                     settings,
-                    format!("repetition {repetition}: {} at {callers} callers", kind.label()),
+                    format!(
+                        "repetition {repetition}: {} at {callers} callers",
+                        kind.label()
+                    ),
                 );
                 let measured = cell(
                     &target(&mut nonce),
@@ -1565,29 +1605,82 @@ async fn sweep(
                 .await?;
                 record(Measure::Leasegate(kind), callers, measured);
             }
-            progress(settings, format!("repetition {repetition}: pgbench at {callers} callers"));
+            progress(
+                settings,
+                format!("repetition {repetition}: pgbench at {callers} callers"),
+            );
             extend_sql_leases(sql_url).await?;
-            let theirs = pgbench(pgbench_path, sql_url, LEASEGATE_HOTPATH, callers, settings.duration, scratch)?;
+            let theirs = pgbench(
+                pgbench_path,
+                sql_url,
+                LEASEGATE_HOTPATH,
+                callers,
+                settings.duration,
+                scratch,
+            )?;
             record(Measure::PgbenchLeasegate, callers, theirs);
-            let ceiling = pgbench(pgbench_path, ceiling_url, CEILING_HOTPATH, callers, settings.duration, scratch)?;
+            let ceiling = pgbench(
+                pgbench_path,
+                ceiling_url,
+                CEILING_HOTPATH,
+                callers,
+                settings.duration,
+                scratch,
+            )?;
             record(Measure::PgbenchCeiling, callers, ceiling);
         }
         // Renewal (issue 14, P4).
         let callers = settings.renew_callers;
-        progress(settings, format!("repetition {repetition}: renewals at {callers} callers"));
-        let api = renew_cell(&main.control, &leases, callers, settings.warmup, settings.duration).await?;
+        progress(
+            settings,
+            format!("repetition {repetition}: renewals at {callers} callers"),
+        );
+        let api = renew_cell(
+            &main.control,
+            &leases,
+            callers,
+            settings.warmup,
+            settings.duration,
+        )
+        .await?;
         record(Measure::RenewControlApi, callers, api);
         extend_sql_leases(sql_url).await?;
-        let theirs = pgbench(pgbench_path, sql_url, LEASEGATE_RENEW, callers, settings.duration, scratch)?;
+        let theirs = pgbench(
+            pgbench_path,
+            sql_url,
+            LEASEGATE_RENEW,
+            callers,
+            settings.duration,
+            scratch,
+        )?;
         record(Measure::PgbenchRenewLeasegate, callers, theirs);
-        let ceiling = pgbench(pgbench_path, ceiling_url, CEILING_RENEW, callers, settings.duration, scratch)?;
+        let ceiling = pgbench(
+            pgbench_path,
+            ceiling_url,
+            CEILING_RENEW,
+            callers,
+            settings.duration,
+            scratch,
+        )?;
         record(Measure::PgbenchRenewCeiling, callers, ceiling);
-        let mut batch = pgbench(pgbench_path, ceiling_url, CEILING_RENEW_BATCH, callers, settings.duration, scratch)?;
+        let mut batch = pgbench(
+            pgbench_path,
+            ceiling_url,
+            CEILING_RENEW_BATCH,
+            callers,
+            settings.duration,
+            scratch,
+        )?;
         batch.rate *= CEILING_BATCH_SIZE;
         record(Measure::PgbenchRenewBatchCeiling, callers, batch);
-        if let Some(ours) =
-            batch_renewal_through_leasegate(&main.control, &leases, callers, settings.warmup, settings.duration)
-                .await?
+        if let Some(ours) = batch_renewal_through_leasegate(
+            &main.control,
+            &leases,
+            callers,
+            settings.warmup,
+            settings.duration,
+        )
+        .await?
         {
             record(Measure::BatchRenewLeasegate, callers, ours);
         }
@@ -1605,7 +1698,10 @@ async fn sweep(
     }
     // Steady state: the same gated cell again and again; memory after each.
     for round in 1..=settings.growth_cells {
-        progress(settings, format!("growth cell {round}: gated at {largest} callers"));
+        progress(
+            settings,
+            format!("growth cell {round}: gated at {largest} callers"),
+        );
         cell(
             &target(&mut nonce),
             &leases,
@@ -1645,7 +1741,10 @@ async fn counted(
         "postgres://{user}@127.0.0.1:{}/{database}?sslmode=disable",
         proxy.port
     );
-    progress(settings, "starting leasegate serve behind the counting proxy");
+    progress(
+        settings,
+        "starting leasegate serve behind the counting proxy",
+    );
     let served = Served::start(
         settings,
         upstream,
@@ -1661,7 +1760,8 @@ async fn counted(
         // No keep-alive here: this phase is far shorter than a lease ttl,
         // and its renewals would be counted.
         let leases = create_leases(&served.control, "counted", RUNS).await?;
-        let fresh = create_leases(&served.control, "first-call", settings.first_calls.max(1)).await?;
+        let fresh =
+            create_leases(&served.control, "first-call", settings.first_calls.max(1)).await?;
         // What the background loops cost with no call at all.
         let window = settings.background_window;
         let before = proxy.count();
@@ -1730,7 +1830,12 @@ async fn counted(
             caller.call(&target, Kind::Gated, 1).await?;
         }
         let calls = fresh.len() as u64;
-        let mut counted = round_trips(proxy.count() - before, calls, began.elapsed(), background_per_s);
+        let mut counted = round_trips(
+            proxy.count() - before,
+            calls,
+            began.elapsed(),
+            background_per_s,
+        );
         counted.statements = per_call(&executed_before, &proxy.executions(), calls);
         report.round_trips.insert(None, counted);
         anyhow::Ok(())
@@ -1741,7 +1846,11 @@ async fn counted(
 }
 
 /// Executions per call of each SQL text between two snapshots, most first.
-fn per_call(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>, calls: u64) -> Vec<(String, f64)> {
+fn per_call(
+    before: &BTreeMap<String, u64>,
+    after: &BTreeMap<String, u64>,
+    calls: u64,
+) -> Vec<(String, f64)> {
     let mut out: Vec<(String, f64)> = after
         .iter()
         .filter_map(|(sql, &count)| {
@@ -1791,7 +1900,8 @@ async fn idle_sessions(settings: &Settings, served: &Served) -> anyhow::Result<(
             .map(str::to_owned);
         let status = response.status();
         let text = response.text().await?;
-        let session = session.ok_or_else(|| anyhow!("initialize gave no session: {status} {text}"))?;
+        let session =
+            session.ok_or_else(|| anyhow!("initialize gave no session: {status} {text}"))?;
         let response = client
             .post(&served.mcp)
             .header("content-type", "application/json")
@@ -1873,7 +1983,19 @@ impl Report {
         let _ = writeln!(out, "PostgreSQL {}: {settings}", e.server_version);
         let _ = writeln!(out, "upstream: {}", e.upstream);
         let _ = writeln!(out, "leasegate: {}; pgbench: {}", e.leasegate, e.pgbench);
+        let _ = writeln!(
+            out,
+            "load average (1/5/15 min): {} at the start, {} at the end",
+            e.load_start, e.load_end
+        );
         let _ = writeln!(out, "method: {}", self.settings_line);
+        let _ = writeln!(
+            out,
+            "round trips: a second leasegate (same config) with its ledger behind a counting TCP proxy, \
+             {} caller, counted after 3 × database_max_connections warm-up calls; per call net of the idle \
+             background rate (raw: everything counted); pgbench rows: statements in the script",
+            self.round_trip_callers
+        );
         let _ = writeln!(out);
         let _ = writeln!(
             out,
@@ -1904,7 +2026,12 @@ impl Report {
         let trips_of = |kind: Option<Kind>| {
             self.round_trips
                 .get(&kind)
-                .map(|t| format!("{:.2} (raw {:.2}, {} calls)", t.per_call, t.raw_per_call, t.calls))
+                .map(|t| {
+                    format!(
+                        "{:.2} (raw {:.2}, {} calls)",
+                        t.per_call, t.raw_per_call, t.calls
+                    )
+                })
                 .unwrap_or_else(|| "—".into())
         };
         let mut callers_seen: Vec<usize> = self
@@ -1934,11 +2061,35 @@ impl Report {
                     String::new()
                 };
                 let rss = m.and_then(|m| m.rss_kib).map(mib).unwrap_or_default();
-                row(&mut out, &format!("leasegate, {}", kind.label()), callers.to_string(), m, ratio, trips, rss);
+                row(
+                    &mut out,
+                    &format!("leasegate, {}", kind.label()),
+                    callers.to_string(),
+                    m,
+                    ratio,
+                    trips,
+                    rss,
+                );
             }
             let m = self.medians(Measure::PgbenchLeasegate, callers);
-            row(&mut out, "pgbench, leasegate's own SQL (register-claim + settle)", callers.to_string(), m, ratio_to_ceiling(m), "2 (script)".into(), String::new());
-            row(&mut out, "pgbench, minimal ceiling (register_and_claim + settle UPDATE)", callers.to_string(), ceiling, String::new(), "2 (script)".into(), String::new());
+            row(
+                &mut out,
+                "pgbench, leasegate's own SQL (register-claim + settle)",
+                callers.to_string(),
+                m,
+                ratio_to_ceiling(m),
+                "2 (script)".into(),
+                String::new(),
+            );
+            row(
+                &mut out,
+                "pgbench, minimal ceiling (register_and_claim + settle UPDATE)",
+                callers.to_string(),
+                ceiling,
+                String::new(),
+                "2 (script)".into(),
+                String::new(),
+            );
         }
         row(
             &mut out,
@@ -1967,37 +2118,103 @@ impl Report {
             let same_sql = self.medians(Measure::PgbenchRenewLeasegate, callers);
             let api = self.medians(Measure::RenewControlApi, callers);
             let ratio = match (api, same_sql) {
-                (Some(a), Some(s)) if s.rate > 0.0 => format!("{:.2} × pgbench lease_renew", a.rate / s.rate),
+                (Some(a), Some(s)) if s.rate > 0.0 => {
+                    format!("{:.2} × pgbench lease_renew", a.rate / s.rate)
+                }
                 _ => "—".into(),
             };
-            row(&mut out, "renew one lease: control API `POST /v1/runs/{id}/lease/renew`", callers.to_string(), api, ratio, String::new(), String::new());
+            row(
+                &mut out,
+                "renew one lease: control API `POST /v1/runs/{id}/lease/renew`",
+                callers.to_string(),
+                api,
+                ratio,
+                String::new(),
+                String::new(),
+            );
             let ceiling = self.medians(Measure::PgbenchRenewCeiling, callers);
             let ratio = match (same_sql, ceiling) {
-                (Some(a), Some(c)) if c.rate > 0.0 => format!("{:.2} × ceiling renew", a.rate / c.rate),
+                (Some(a), Some(c)) if c.rate > 0.0 => {
+                    format!("{:.2} × ceiling renew", a.rate / c.rate)
+                }
                 _ => "—".into(),
             };
-            row(&mut out, "renew one lease: pgbench, leasegate's `lease_renew`", callers.to_string(), same_sql, ratio, "1 (script)".into(), String::new());
-            row(&mut out, "renew one lease: pgbench, ceiling `renew.sql`", callers.to_string(), ceiling, String::new(), "1 (script)".into(), String::new());
+            row(
+                &mut out,
+                "renew one lease: pgbench, leasegate's `lease_renew`",
+                callers.to_string(),
+                same_sql,
+                ratio,
+                "1 (script)".into(),
+                String::new(),
+            );
+            row(
+                &mut out,
+                "renew one lease: pgbench, ceiling `renew.sql`",
+                callers.to_string(),
+                ceiling,
+                String::new(),
+                "1 (script)".into(),
+                String::new(),
+            );
             let batch_ceiling = self.medians(Measure::PgbenchRenewBatchCeiling, callers);
-            row(&mut out, "batch renewal (leases/s): pgbench, ceiling `renew_batch.sql` (100 per statement)", callers.to_string(), batch_ceiling, String::new(), "1 per 100 leases (script)".into(), String::new());
+            row(
+                &mut out,
+                "batch renewal (leases/s): pgbench, ceiling `renew_batch.sql` (100 per statement)",
+                callers.to_string(),
+                batch_ceiling,
+                String::new(),
+                "1 per 100 leases (script)".into(),
+                String::new(),
+            );
             match self.medians(Measure::BatchRenewLeasegate, callers) {
                 Some(ours) => {
                     let ratio = match batch_ceiling {
-                        Some(c) if c.rate > 0.0 => format!("{:.2} × ceiling batch", ours.rate / c.rate),
+                        Some(c) if c.rate > 0.0 => {
+                            format!("{:.2} × ceiling batch", ours.rate / c.rate)
+                        }
                         _ => "—".into(),
                     };
-                    row(&mut out, "batch renewal (leases/s): leasegate `POST /v1/leases/renew`", callers.to_string(), Some(ours), ratio, String::new(), String::new());
+                    row(
+                        &mut out,
+                        "batch renewal (leases/s): leasegate `POST /v1/leases/renew`",
+                        callers.to_string(),
+                        Some(ours),
+                        ratio,
+                        String::new(),
+                        String::new(),
+                    );
                 }
-                None => row(&mut out, "batch renewal (leases/s): leasegate `POST /v1/leases/renew`", "—".into(), None, "not built yet (hook)".into(), String::new(), String::new()),
+                None => row(
+                    &mut out,
+                    "batch renewal (leases/s): leasegate `POST /v1/leases/renew`",
+                    "—".into(),
+                    None,
+                    "not built yet (hook)".into(),
+                    String::new(),
+                    String::new(),
+                ),
             }
         }
         let m = &self.memory;
-        row(&mut out, "leasegate RSS idle, after start (no call yet)", "—".into(), None, String::new(), String::new(), mib(m.idle_kib));
+        row(
+            &mut out,
+            "leasegate RSS idle, after start (no call yet)",
+            "—".into(),
+            None,
+            String::new(),
+            String::new(),
+            mib(m.idle_kib),
+        );
         if m.sessions > 0 {
             let per = (m.sessions_open_kib as f64 - m.sessions_idle_kib as f64) / m.sessions as f64;
             row(
                 &mut out,
-                &format!("leasegate RSS with {} idle MCP sessions (http_sessions = true; idle before: {})", m.sessions, mib(m.sessions_idle_kib)),
+                &format!(
+                    "leasegate RSS with {} idle MCP sessions (http_sessions = true; idle before: {})",
+                    m.sessions,
+                    mib(m.sessions_idle_kib)
+                ),
                 "—".into(),
                 None,
                 format!("{per:.1} KiB per session"),
@@ -2006,10 +2223,13 @@ impl Report {
             );
         }
         if let Some((low_callers, low, high_callers, high)) = m.load {
-            let per = (high as f64 - low as f64) / (high_callers as f64 - low_callers as f64).max(1.0);
+            let per =
+                (high as f64 - low as f64) / (high_callers as f64 - low_callers as f64).max(1.0);
             row(
                 &mut out,
-                &format!("leasegate RSS under gated load, {low_callers} → {high_callers} callers in flight"),
+                &format!(
+                    "leasegate RSS under gated load, {low_callers} → {high_callers} callers in flight"
+                ),
                 format!("{low_callers} → {high_callers}"),
                 None,
                 format!("{per:.1} KiB per in-flight call"),
@@ -2018,18 +2238,37 @@ impl Report {
             );
         }
         if let (Some(first), Some(last)) = (m.growth_kib.first(), m.growth_kib.last()) {
-            let steps = m.growth_kib.iter().map(|&k| mib(k)).collect::<Vec<_>>().join(" → ");
+            let steps = m
+                .growth_kib
+                .iter()
+                .map(|&k| mib(k))
+                .collect::<Vec<_>>()
+                .join(" → ");
             row(
                 &mut out,
-                &format!("leasegate RSS after each of {} more gated cells (steady state)", m.growth_kib.len()),
+                &format!(
+                    "leasegate RSS after each of {} more gated cells (steady state)",
+                    m.growth_kib.len()
+                ),
                 "—".into(),
                 None,
-                format!("{:+.1} MiB first → last", (*last as f64 - *first as f64) / 1024.0),
+                format!(
+                    "{:+.1} MiB first → last",
+                    (*last as f64 - *first as f64) / 1024.0
+                ),
                 String::new(),
                 steps,
             );
         }
-        row(&mut out, "leasegate RSS idle, after every cell", "—".into(), None, String::new(), String::new(), mib(m.idle_after_kib));
+        row(
+            &mut out,
+            "leasegate RSS idle, after every cell",
+            "—".into(),
+            None,
+            String::new(),
+            String::new(),
+            mib(m.idle_after_kib),
+        );
         let _ = writeln!(out);
         for (kind, label) in [
             (Some(Kind::Gated), "a gated call"),
@@ -2037,8 +2276,13 @@ impl Report {
             (Some(Kind::Replay), "a replay"),
             (Some(Kind::PassThrough), "a pass-through call"),
         ] {
-            let Some(trips) = self.round_trips.get(&kind) else { continue };
-            let _ = writeln!(out, "Statements per call of {label} (counting proxy, background included):");
+            let Some(trips) = self.round_trips.get(&kind) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "Statements per call of {label} (counting proxy, background included):"
+            );
             for (sql, per) in trips.statements.iter().filter(|(_, per)| *per >= 0.05) {
                 let _ = writeln!(out, "  {per:6.2}  {sql}");
             }
@@ -2101,8 +2345,14 @@ mod tests {
                 split.feed(piece);
             }
             assert_eq!(split.round_trips, 4, "split into {chunk}-byte pieces");
-            assert_eq!(split.messages, whole.messages, "split into {chunk}-byte pieces");
-            assert_eq!(split.executions, whole.executions, "split into {chunk}-byte pieces");
+            assert_eq!(
+                split.messages, whole.messages,
+                "split into {chunk}-byte pieces"
+            );
+            assert_eq!(
+                split.executions, whole.executions,
+                "split into {chunk}-byte pieces"
+            );
         }
         let executions: Vec<(&str, u64)> = whole
             .executions
@@ -2129,11 +2379,19 @@ mod tests {
         use sqlx::Connection as _;
         let url = std::env::var("DATABASE_URL")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let proxy = CountingProxy::start(host_port(&url).unwrap()).await.unwrap();
+        let proxy = CountingProxy::start(host_port(&url).unwrap())
+            .await
+            .unwrap();
         let (_, rest) = url.split_once("://").unwrap();
         let user = rest.split_once('@').map_or("postgres", |(user, _)| user);
         let database = with_database(&url, "postgres");
-        let database = database.rsplit_once('/').unwrap().1.split('?').next().unwrap();
+        let database = database
+            .rsplit_once('/')
+            .unwrap()
+            .1
+            .split('?')
+            .next()
+            .unwrap();
         let proxied = format!(
             "postgres://{user}@127.0.0.1:{}/{database}?sslmode=disable",
             proxy.port
@@ -2148,7 +2406,10 @@ mod tests {
                 .unwrap();
             assert_eq!(echoed, n);
         }
-        sqlx::raw_sql("SELECT 1").execute(&mut connection).await.unwrap();
+        sqlx::raw_sql("SELECT 1")
+            .execute(&mut connection)
+            .await
+            .unwrap();
         let counted = proxy.count() - after_connect;
         // Five executions of one prepared statement (its preparation is a
         // round trip of its own in sqlx) and one simple query.
@@ -2157,7 +2418,11 @@ mod tests {
             "round trips for 5 prepared executions and a simple query"
         );
         let executions = proxy.executions();
-        assert_eq!(executions.get("SELECT $1::bigint"), Some(&5), "{executions:?}");
+        assert_eq!(
+            executions.get("SELECT $1::bigint"),
+            Some(&5),
+            "{executions:?}"
+        );
         assert_eq!(executions.get(PREPARE), Some(&1), "{executions:?}");
         assert_eq!(executions.get("SELECT 1"), Some(&1), "{executions:?}");
         connection.close().await.unwrap();
@@ -2166,7 +2431,10 @@ mod tests {
     #[test]
     fn urls_hosts_and_pgbench_output_are_read() {
         assert_eq!(
-            with_database("postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "x"),
+            with_database(
+                "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+                "x"
+            ),
             "postgres://postgres@127.0.0.1:5432/x?sslmode=disable"
         );
         assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
@@ -2174,8 +2442,12 @@ mod tests {
             host_port("postgres://u:p@db.example:6543/d").unwrap(),
             ("db.example".to_owned(), 6543)
         );
-        assert_eq!(host_port("postgres://u@h/d").unwrap(), ("h".to_owned(), 5432));
-        let stdout = "latency average = 1.2 ms\ntps = 1234.567890 (without initial connection time)\n";
+        assert_eq!(
+            host_port("postgres://u@h/d").unwrap(),
+            ("h".to_owned(), 5432)
+        );
+        let stdout =
+            "latency average = 1.2 ms\ntps = 1234.567890 (without initial connection time)\n";
         assert_eq!(parse_pgbench_tps(stdout), Some(1234.56789));
         assert_eq!(
             parse_pgbench_log("0 1 812 0 1700000000 1\n1 1 1500 0 1700000000 2\n"),
