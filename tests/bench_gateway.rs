@@ -1,0 +1,117 @@
+//! The gateway benchmark's harness (`examples/bench_gateway/harness.rs`,
+//! issue 14 item 1) end to end in quick mode against the debug build: the
+//! example tool server as upstream, 1 and 8 callers, 1 s cells. Timings are
+//! reported, never asserted; what is asserted is that every cell measured
+//! calls, that the counting proxy saw the gated calls' round trips and
+//! that memory was read. Its own databases (`bench_gateway_t<random>*`) are
+//! dropped at the end. The harness's unit tests (the PostgreSQL frontend
+//! counter, the counting proxy against the real server, output parsing)
+//! run in this binary too.
+
+#[path = "../examples/bench_gateway/harness.rs"]
+mod harness;
+
+use std::path::PathBuf;
+
+use harness::{Kind, Measure};
+
+/// `DATABASE_URL` (the suite's server), or the local default.
+fn admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
+    let mut settings = harness::Settings::quick(
+        PathBuf::from(env!("CARGO_BIN_EXE_leasegate")),
+        PathBuf::from(env!("CARGO_BIN_EXE_leasegate-example-tools")),
+    );
+    settings.admin_url = admin_url();
+    settings.db_prefix = format!(
+        "bench_gateway_t{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    settings.upstream = harness::UpstreamChoice::ExampleTools;
+    settings.verbose = false;
+    let report = harness::run(&settings)
+        .await
+        .expect("the quick run completes");
+    let table = report.to_markdown();
+    println!("{table}");
+
+    for &callers in &settings.callers {
+        for measure in [
+            Measure::Leasegate(Kind::Gated),
+            Measure::Leasegate(Kind::PassThrough),
+            Measure::Leasegate(Kind::Replay),
+            Measure::PgbenchLeasegate,
+            Measure::PgbenchCeiling,
+        ] {
+            let cells = &report.cells[&(measure.clone(), callers)];
+            assert_eq!(cells.len(), 1, "{measure:?} at {callers}: one repetition");
+            assert!(
+                cells[0].calls > 0,
+                "{measure:?} at {callers} measured no call"
+            );
+            assert!(
+                cells[0].p99_ms >= cells[0].p50_ms,
+                "{measure:?} at {callers}: p99 below p50"
+            );
+        }
+    }
+    for measure in [
+        Measure::RenewControlApi,
+        Measure::PgbenchRenewLeasegate,
+        Measure::PgbenchRenewCeiling,
+        Measure::PgbenchRenewBatchCeiling,
+    ] {
+        let cells = &report.cells[&(measure.clone(), settings.renew_callers)];
+        assert!(cells[0].calls > 0, "{measure:?} measured no call");
+    }
+
+    // Every gated call registers, claims and settles in the ledger: the
+    // proxy must have seen at least one round trip per call. A pass-through
+    // call and a replay never reach the ledger more often than a gated one.
+    let gated = &report.round_trips[&Some(Kind::Gated)];
+    assert!(gated.calls > 0);
+    assert!(
+        gated.raw_per_call >= 1.0,
+        "gated calls: {} round trips for {} calls",
+        gated.raw,
+        gated.calls
+    );
+    let first = &report.round_trips[&None];
+    assert_eq!(first.calls, settings.first_calls as u64);
+    assert!(
+        first.raw_per_call >= 1.0,
+        "a run's first call reached the ledger"
+    );
+    let pass = &report.round_trips[&Some(Kind::PassThrough)];
+    let replay = &report.round_trips[&Some(Kind::Replay)];
+    assert!(pass.calls > 0 && replay.calls > 0);
+    assert!(
+        pass.per_call < gated.per_call,
+        "pass-through {pass:?} vs gated {gated:?}"
+    );
+    assert!(
+        replay.per_call <= gated.per_call,
+        "replay {replay:?} vs gated {gated:?}"
+    );
+
+    let memory = &report.memory;
+    assert!(memory.idle_kib > 0 && memory.idle_after_kib > 0);
+    assert!(memory.sessions_idle_kib > 0 && memory.sessions_open_kib > 0);
+    assert_eq!(memory.growth_kib.len(), settings.growth_cells);
+    assert!(memory.load.is_some(), "memory under load was read");
+
+    for row in [
+        "gated (new intent per call)",
+        "minimal ceiling",
+        "lease_renew",
+        "not built yet (hook)",
+        "per session",
+    ] {
+        assert!(table.contains(row), "the table has {row:?}:\n{table}");
+    }
+}
