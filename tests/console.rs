@@ -197,6 +197,13 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await
         .unwrap();
     assert_eq!(answer.status(), 403);
+    assert!(
+        answer
+            .text()
+            .await
+            .unwrap()
+            .contains("needs an operator or admin token")
+    );
     let answer = client
         .get(format!("{control}/console/operations"))
         .send()

@@ -286,6 +286,10 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
     if let Some(needed) = needed
         && !principal.scope.satisfies(needed)
     {
+        if console {
+            gate.refuse("insufficient_scope");
+            return super::console::insufficient_scope(principal.scope);
+        }
         return gate.insufficient(&host, &principal, needed);
     }
     if let Some(served) = &gate.served_tenant

@@ -1,5 +1,5 @@
 // leasegate console: the little that is not plain HTML. The pages work
-// without it; it only asks before destructive actions and shows ages live.
+// without it; it only asks before destructive actions (cancel a run).
 "use strict";
 document.addEventListener("submit", (event) => {
   const button = event.submitter;

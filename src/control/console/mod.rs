@@ -294,8 +294,14 @@ impl Problem {
 
 impl From<LedgerError> for Problem {
     fn from(error: LedgerError) -> Self {
-        // The API's mapping: unreachable → 503, bad input → 4xx; the page
-        // shows its message (never SQL).
+        if let LedgerError::InvalidInput(invalid) = &error {
+            return Problem::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("refused: {invalid}; nothing was written"),
+            );
+        }
+        // The API's mapping: unreachable → 503, an outcome lost → 503, …;
+        // the page says what it means (never SQL).
         let api = super::ApiError::from(error);
         let response = api.into_response();
         Problem::new(
@@ -1063,6 +1069,19 @@ async fn logout(request: Request) -> Response {
         cookie("", &host(request.headers()), Some(0)),
     );
     response
+}
+
+/// The answer to a console request whose token's scope is not `operator`
+/// or `admin` (403; the refusal is counted by `control::auth`).
+pub fn insufficient_scope(found: Scope) -> Response {
+    Problem::new(
+        StatusCode::FORBIDDEN,
+        format!(
+            "insufficient scope: the console needs an operator or admin token, found {found}; \
+             log out and log in with another"
+        ),
+    )
+    .into_response()
 }
 
 /// The answer to a console request that was not authenticated: back to the
