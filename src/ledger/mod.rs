@@ -72,9 +72,9 @@ use sqlx::{FromRow, PgPool, Postgres};
 pub use access_token::{
     NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
 };
-pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
 pub use durability::{DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn};
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
+pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
