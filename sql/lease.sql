@@ -202,10 +202,13 @@ BEGIN
 
   -- 1. Locks, in one order.
   t0 := clock_timestamp();
+  -- (Another tenant's leases are not even locked.)
   PERFORM 1 FROM worker_leases l
    WHERE l.run_id = ANY (p_run_ids)
+     AND (p_tenant IS NULL
+          OR EXISTS (SELECT 1 FROM agent_runs a WHERE a.run_id = l.run_id AND a.tenant_id = p_tenant))
    ORDER BY l.run_id
-     FOR UPDATE;
+     FOR UPDATE OF l;
   now_ts := clock_timestamp();
 
   -- 2. Verdicts and renewals under those locks.

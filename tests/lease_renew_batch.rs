@@ -30,11 +30,13 @@ type Row = (
 
 /// (owner, epoch, expires_at, updated_at) of a run's lease row.
 async fn lease_row(db: &TestDb, run: RunId) -> Row {
-    sqlx::query_as("SELECT owner, epoch, expires_at, updated_at FROM worker_leases WHERE run_id = $1")
-        .bind(run.as_uuid())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
+    sqlx::query_as(
+        "SELECT owner, epoch, expires_at, updated_at FROM worker_leases WHERE run_id = $1",
+    )
+    .bind(run.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap()
 }
 
 async fn all_events(db: &TestDb) -> i64 {
@@ -52,13 +54,20 @@ async fn post(ledger: &Ledger, path: &str, body: String) -> (StatusCode, Value) 
         .header("content-type", "application/json")
         .body(Body::from(body))
         .unwrap();
-    let router = router_for_tenant(ledger.clone(), IntegerPolicy::Reject, Some("tenant-a".into()));
+    let router = router_for_tenant(
+        ledger.clone(),
+        IntegerPolicy::Reject,
+        Some("tenant-a".into()),
+    );
     let response = router.oneshot(request).await.unwrap();
     let status = response.status();
     let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
         .unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 fn entry(claim: &LeaseClaim) -> Value {
@@ -112,7 +121,10 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
         .lease_takeover(current.run_id, "w-c2", 30_000)
         .await
         .unwrap();
-    assert!(matches!(taken, leasegate::ledger::AcquireOutcome::Acquired(_)));
+    assert!(matches!(
+        taken,
+        leasegate::ledger::AcquireOutcome::Acquired(_)
+    ));
     let stale = current.clone();
     // The current owner and epoch with a wrong token, and with none.
     let (genuine, _) = db.running_run("w-d", 30_000).await;
@@ -127,11 +139,19 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     };
     // A run an operator cancelled.
     let (cancelled, _) = db.running_run("w-f", 30_000).await;
-    applied(db.ledger.run_cancel(cancelled.run_id, "ops", Some("stop")).await.unwrap());
+    applied(
+        db.ledger
+            .run_cancel(cancelled.run_id, "ops", Some("stop"))
+            .await
+            .unwrap(),
+    );
     // Another tenant's run, with its genuine lease.
     let other_run = RunId::generate();
     assert!(matches!(
-        db.ledger.run_create(other_run, "tenant-b", "other", None).await.unwrap(),
+        db.ledger
+            .run_create(other_run, "tenant-b", "other", None)
+            .await
+            .unwrap(),
         RunCreateOutcome::Created(_)
     ));
     let other = db.acquire(other_run, "w-g", 30_000).await.claim;
@@ -143,7 +163,13 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
         token: Some(LeaseToken::generate()),
     };
 
-    let untouched = [stale.run_id, forged.run_id, tokenless.run_id, cancelled.run_id, other.run_id];
+    let untouched = [
+        stale.run_id,
+        forged.run_id,
+        tokenless.run_id,
+        cancelled.run_id,
+        other.run_id,
+    ];
     let mut before = Vec::new();
     for run in untouched {
         before.push(lease_row(&db, run).await);
@@ -151,8 +177,11 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     let held_before = lease_row(&db, held_a.run_id).await;
     let events_before = all_events(&db).await;
 
-    let claims = [&held_a, &stale, &forged, &tokenless, &cancelled, &other, &ghost, &held_b];
-    let body = json!({"ttl_ms": 120_000, "leases": claims.iter().map(|c| entry(c)).collect::<Vec<_>>()});
+    let claims = [
+        &held_a, &stale, &forged, &tokenless, &cancelled, &other, &ghost, &held_b,
+    ];
+    let body =
+        json!({"ttl_ms": 120_000, "leases": claims.iter().map(|c| entry(c)).collect::<Vec<_>>()});
     let (status, answer) = post(&db.ledger, "/v1/leases/renew", body.to_string()).await;
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["renewed"], 2, "{answer}");
@@ -180,7 +209,10 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
         (held_b.run_id, "renewed", ""),
     ];
     for ((run, outcome, code), (got_run, got_outcome, got_code)) in want.iter().zip(&got) {
-        assert_eq!((run.to_string().as_str(), *outcome, *code), (got_run.as_str(), *got_outcome, *got_code));
+        assert_eq!(
+            (run.to_string().as_str(), *outcome, *code),
+            (got_run.as_str(), *got_outcome, *got_code)
+        );
     }
     assert_eq!(leases[1]["detail"]["found"]["epoch"], 2, "{}", leases[1]);
     assert_eq!(leases[2]["detail"]["fault"], "wrong");
@@ -217,15 +249,29 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
         .lease_renew_batch(&[other.clone(), held_b.clone()], 200, None)
         .await
         .unwrap();
-    assert!(answers.iter().all(|a| matches!(a.outcome, Fenced::Applied(_))), "{answers:?}");
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a.outcome, Fenced::Applied(_))),
+        "{answers:?}"
+    );
     db.wait_lease_expired(held_b.run_id).await;
     let answers = db
         .ledger
         .lease_renew_batch(&[held_b.clone(), held_a.clone()], 30_000, None)
         .await
         .unwrap();
-    assert!(matches!(answers[0].outcome, Fenced::Rejected(Rejection::LeaseLost { .. })), "{answers:?}");
-    assert!(matches!(answers[1].outcome, Fenced::Applied(_)), "{answers:?}");
+    assert!(
+        matches!(
+            answers[0].outcome,
+            Fenced::Rejected(Rejection::LeaseLost { .. })
+        ),
+        "{answers:?}"
+    );
+    assert!(
+        matches!(answers[1].outcome, Fenced::Applied(_)),
+        "{answers:?}"
+    );
     assert!(lease_row(&db, held_b.run_id).await.2 <= chrono::Utc::now());
 }
 
@@ -243,16 +289,25 @@ async fn ten_thousand_leases_renew_in_one_call_and_bad_batches_write_nothing(
             .unwrap();
     let body = json!({"ttl_ms": 300_000, "leases": claims.iter().map(entry).collect::<Vec<_>>()});
     let text = body.to_string();
-    assert!(text.len() > leasegate::control::MAX_BODY_BYTES, "the batch route takes larger bodies");
+    assert!(
+        text.len() > leasegate::control::MAX_BODY_BYTES,
+        "the batch route takes larger bodies"
+    );
     let (status, answer) = post(&db.ledger, "/v1/leases/renew", text).await;
-    assert_eq!(status, StatusCode::OK, "{}", &answer.to_string()[..500.min(answer.to_string().len())]);
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "{}",
+        &answer.to_string()[..500.min(answer.to_string().len())]
+    );
     assert_eq!(answer["renewed"], 10_000);
     assert_eq!(answer["lost"], 0);
-    let renewed: i64 = sqlx::query_scalar("SELECT count(*) FROM worker_leases WHERE expires_at > $1")
-        .bind(max_before)
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let renewed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM worker_leases WHERE expires_at > $1")
+            .bind(max_before)
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
     assert_eq!(renewed, 10_000);
 
     let snapshot = || async {
@@ -268,9 +323,15 @@ async fn ten_thousand_leases_renew_in_one_call_and_bad_batches_write_nothing(
 
     // One lease over the cap: 413, nothing written.
     let mut over: Vec<Value> = claims.iter().map(entry).collect();
-    over.push(json!({"run_id": RunId::generate(), "owner": "x", "epoch": 1, "lease_token": "lgl_x"}));
-    let (status, error) =
-        post(&db.ledger, "/v1/leases/renew", json!({"ttl_ms": 300_000, "leases": over}).to_string()).await;
+    over.push(
+        json!({"run_id": RunId::generate(), "owner": "x", "epoch": 1, "lease_token": "lgl_x"}),
+    );
+    let (status, error) = post(
+        &db.ledger,
+        "/v1/leases/renew",
+        json!({"ttl_ms": 300_000, "leases": over}).to_string(),
+    )
+    .await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{error}");
     assert_eq!(error["code"], "body_too_large");
     assert_eq!(error["detail"]["max_leases"], 10_000);
@@ -283,21 +344,36 @@ async fn ten_thousand_leases_renew_in_one_call_and_bad_batches_write_nothing(
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
     assert_eq!(error["code"], "invalid_input");
     assert_eq!(error["detail"]["index"], 2);
-    assert!(error["message"].as_str().unwrap().contains("leases[2]"), "{error}");
+    assert!(
+        error["message"].as_str().unwrap().contains("leases[2]"),
+        "{error}"
+    );
 
     let bad_id = json!({"ttl_ms": 300_000, "leases": [entry(&claims[0]),
         {"run_id": "not-a-uuid", "owner": "o", "epoch": 1, "lease_token": "lgl_x"}]});
     let (status, error) = post(&db.ledger, "/v1/leases/renew", bad_id.to_string()).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
     assert_eq!(error["code"], "invalid_run_id");
-    assert!(error["message"].as_str().unwrap().starts_with("leases[1].run_id"), "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("leases[1].run_id"),
+        "{error}"
+    );
 
     let bad_owner = json!({"ttl_ms": 300_000, "leases": [entry(&claims[0]),
         {"run_id": RunId::generate(), "owner": "two words", "epoch": 1, "lease_token": "lgl_x"}]});
     let (status, error) = post(&db.ledger, "/v1/leases/renew", bad_owner.to_string()).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
     assert_eq!(error["code"], "invalid_input");
-    assert!(error["message"].as_str().unwrap().starts_with("leases[1].owner"), "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("leases[1].owner"),
+        "{error}"
+    );
 
     let bad_ttl = json!({"ttl_ms": 0, "leases": [entry(&claims[0])]});
     let (status, error) = post(&db.ledger, "/v1/leases/renew", bad_ttl.to_string()).await;
@@ -360,22 +436,41 @@ async fn the_batch_heartbeat_renews_every_lease_and_stops_only_the_holders_that_
 
     // Lease 0 taken over by another host, run 1 cancelled by an operator,
     // lease 3's holder stops on its own.
-    let _ = db.ledger.lease_takeover(held[0].0.run_id, "host-2", 30_000).await.unwrap();
-    applied(db.ledger.run_cancel(held[1].0.run_id, "ops", None).await.unwrap());
+    let _ = db
+        .ledger
+        .lease_takeover(held[0].0.run_id, "host-2", 30_000)
+        .await
+        .unwrap();
+    applied(
+        db.ledger
+            .run_cancel(held[1].0.run_id, "ops", None)
+            .await
+            .unwrap(),
+    );
     held[3].1.cancel_with(StopCause::Stopped("done".into()));
 
-    wait_until("the taken-over and the cancelled holders stopped", || async {
-        (held[0].1.is_cancelled() && held[1].1.is_cancelled()).then_some(())
-    })
+    wait_until(
+        "the taken-over and the cancelled holders stopped",
+        || async { (held[0].1.is_cancelled() && held[1].1.is_cancelled()).then_some(()) },
+    )
     .await;
     assert!(
-        matches!(held[0].1.cause(), Some(StopCause::LeaseLost(Rejection::LeaseLost { .. }))),
+        matches!(
+            held[0].1.cause(),
+            Some(StopCause::LeaseLost(Rejection::LeaseLost { .. }))
+        ),
         "{:?}",
         held[0].1.cause()
     );
-    assert_eq!(held[1].1.cause(), Some(&StopCause::RunTerminal(RunStatus::Cancelled)));
+    assert_eq!(
+        held[1].1.cause(),
+        Some(&StopCause::RunTerminal(RunStatus::Cancelled))
+    );
     assert!(matches!(held[3].1.cause(), Some(StopCause::Stopped(_))));
-    wait_until("only lease 2 left in the set", || async { (heartbeat.len() == 1).then_some(()) }).await;
+    wait_until("only lease 2 left in the set", || async {
+        (heartbeat.len() == 1).then_some(())
+    })
+    .await;
 
     // Lease 2 keeps being renewed, its holder running.
     let seen = lease_row(&db, held[2].0.run_id).await.2;

@@ -36,26 +36,47 @@ fn intent(run_id: RunId, step: &str) -> Intent {
 /// A running run with two settled operations (one of them with late
 /// evidence); `finish`: the run completed. Returns the lease and the
 /// operations.
-async fn run_with_settled_operations(db: &TestDb, owner: &str, finish: bool) -> (LeaseClaim, Vec<OperationId>) {
+async fn run_with_settled_operations(
+    db: &TestDb,
+    owner: &str,
+    finish: bool,
+) -> (LeaseClaim, Vec<OperationId>) {
     let (lease, revision) = db.running_run(owner, 30_000).await;
     let mut ops = Vec::new();
     for step in ["charge", "email"] {
-        let claim = db.claim(&lease, &intent(lease.run_id, step), "proxy-1", 60_000).await;
+        let claim = db
+            .claim(&lease, &intent(lease.run_id, step), "proxy-1", 60_000)
+            .await;
         db.ledger
-            .operation_settle(&claim, Settlement::Succeeded, Some("remote-1"), &json!({"ok": step}))
+            .operation_settle(
+                &claim,
+                Settlement::Succeeded,
+                Some("remote-1"),
+                &json!({"ok": step}),
+            )
             .await
             .unwrap();
         if step == "charge" {
             // A late answer under the same claim: kept as evidence.
             db.ledger
-                .operation_settle(&claim, Settlement::Succeeded, Some("remote-1"), &json!({"late": true}))
+                .operation_settle(
+                    &claim,
+                    Settlement::Succeeded,
+                    Some("remote-1"),
+                    &json!({"late": true}),
+                )
                 .await
                 .unwrap();
         }
         ops.push(claim.operation_id);
     }
     if finish {
-        applied(db.ledger.run_complete(&lease, revision, None).await.unwrap());
+        applied(
+            db.ledger
+                .run_complete(&lease, revision, None)
+                .await
+                .unwrap(),
+        );
     }
     (lease, ops)
 }
@@ -63,12 +84,14 @@ async fn run_with_settled_operations(db: &TestDb, owner: &str, finish: bool) -> 
 /// Moves a run and its operations `days` into the past (as the superuser:
 /// the window is on the database clock).
 async fn age(db: &TestDb, run: RunId, days: i32) {
-    sqlx::query("UPDATE agent_runs SET updated_at = now() - make_interval(days => $2) WHERE run_id = $1")
-        .bind(run.as_uuid())
-        .bind(days)
-        .execute(&db.admin)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE agent_runs SET updated_at = now() - make_interval(days => $2) WHERE run_id = $1",
+    )
+    .bind(run.as_uuid())
+    .bind(days)
+    .execute(&db.admin)
+    .await
+    .unwrap();
     sqlx::query("UPDATE tool_operations SET updated_at = now() - make_interval(days => $2) WHERE run_id = $1")
         .bind(run.as_uuid())
         .bind(days)
@@ -116,10 +139,18 @@ async fn get(ledger: &Ledger, path: &str) -> (StatusCode, Value) {
         .uri(path)
         .body(Body::empty())
         .unwrap();
-    let response = router(ledger.clone(), IntegerPolicy::Reject).oneshot(request).await.unwrap();
+    let response = router(ledger.clone(), IntegerPolicy::Reject)
+        .oneshot(request)
+        .await
+        .unwrap();
     let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -135,7 +166,9 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     age(&db, old.run_id, 40).await;
     // Old and done but with an unknown operation: stays whole.
     let (stuck, _) = run_with_settled_operations(&db, "w-stuck", false).await;
-    let claim = db.claim(&stuck, &intent(stuck.run_id, "lost"), "proxy-1", 60_000).await;
+    let claim = db
+        .claim(&stuck, &intent(stuck.run_id, "lost"), "proxy-1", 60_000)
+        .await;
     db.ledger
         .operation_mark_unknown(MarkUnknown {
             claim: &claim,
@@ -146,7 +179,12 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
         })
         .await
         .unwrap();
-    applied(db.ledger.run_cancel(stuck.run_id, "ops", None).await.unwrap());
+    applied(
+        db.ledger
+            .run_cancel(stuck.run_id, "ops", None)
+            .await
+            .unwrap(),
+    );
     age(&db, stuck.run_id, 40).await;
     // Old but still running: stays.
     let (running, _) = run_with_settled_operations(&db, "w-running", false).await;
@@ -165,12 +203,24 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     }
 
     // The application role may not archive, nor delete events itself.
-    let refused = db.ledger.operations_archive(30 * DAY_MS, 100, false, None).await;
+    let refused = db
+        .ledger
+        .operations_archive(30 * DAY_MS, 100, false, None)
+        .await;
     assert!(refused.is_err(), "the proxy's role archived: {refused:?}");
     let mut app = db.admin.acquire().await.unwrap();
-    sqlx::query("SET ROLE leasegate_app").execute(&mut *app).await.unwrap();
-    sqlx::query("SET leasegate.archiving = 'on'").execute(&mut *app).await.unwrap();
-    let denied = sqlx::query("DELETE FROM ledger_events").execute(&mut *app).await.unwrap_err();
+    sqlx::query("SET ROLE leasegate_app")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    sqlx::query("SET leasegate.archiving = 'on'")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let denied = sqlx::query("DELETE FROM ledger_events")
+        .execute(&mut *app)
+        .await
+        .unwrap_err();
     assert!(denied.to_string().contains("permission denied"), "{denied}");
     // Not back into the admin pool as the application role.
     app.detach();
@@ -184,14 +234,26 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
 
     // One batch of one run at a time: bounded.
     let ops_role = operator(&db).await;
-    let batch = ops_role.operations_archive(30 * DAY_MS, 1, false, None).await.unwrap();
+    let batch = ops_role
+        .operations_archive(30 * DAY_MS, 1, false, None)
+        .await
+        .unwrap();
     assert_eq!(
         (batch.runs, batch.operations, batch.evidence, batch.events),
         (1, 2, 1, before_old[1])
     );
-    assert_eq!(counts(&db, old.run_id).await, [0, 0, 0, 2, before_old[1], 1]);
-    let again = ops_role.operations_archive(30 * DAY_MS, 100, false, None).await.unwrap();
-    assert_eq!(again.runs, 0, "nothing else is old, done and settled: {again:?}");
+    assert_eq!(
+        counts(&db, old.run_id).await,
+        [0, 0, 0, 2, before_old[1], 1]
+    );
+    let again = ops_role
+        .operations_archive(30 * DAY_MS, 100, false, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again.runs, 0,
+        "nothing else is old, done and settled: {again:?}"
+    );
     for (run, counted) in untouched.iter().zip(before) {
         assert_eq!(counts(&db, *run).await, counted, "run {run} was touched");
     }
@@ -217,23 +279,42 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     assert_eq!(shown["operation"]["status"], "succeeded", "{shown}");
     // The run itself is still there.
     let (status, run) = get(&db.ledger, &format!("/v1/runs/{}", old.run_id)).await;
-    assert_eq!((status, run["status"].as_str()), (StatusCode::OK, Some("succeeded")), "{run}");
+    assert_eq!(
+        (status, run["status"].as_str()),
+        (StatusCode::OK, Some("succeeded")),
+        "{run}"
+    );
 
     // --delete through the CLI, as the operator would run it: the recent
     // run once it is old, gone for good.
     age(&db, recent.run_id, 40).await;
     let recent_op = OperationId::from_string(
-        sqlx::query_scalar::<_, String>("SELECT operation_id FROM tool_operations WHERE run_id = $1 LIMIT 1")
-            .bind(recent.run_id.as_uuid())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap(),
+        sqlx::query_scalar::<_, String>(
+            "SELECT operation_id FROM tool_operations WHERE run_id = $1 LIMIT 1",
+        )
+        .bind(recent.run_id.as_uuid())
+        .fetch_one(&db.admin)
+        .await
+        .unwrap(),
     );
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
-        .args(["ops", "archive", "--older-than", "30d", "--delete", "--json", "--database-url", &db.url])
+        .args([
+            "ops",
+            "archive",
+            "--older-than",
+            "30d",
+            "--delete",
+            "--json",
+            "--database-url",
+            &db.url,
+        ])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let totals: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(totals["runs"], 1, "{totals}");
     assert_eq!(totals["operations"], 2, "{totals}");
@@ -248,9 +329,21 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
 
     // Bad windows are refused before anything is done (exit 2).
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
-        .args(["ops", "archive", "--older-than", "soon", "--database-url", &db.url])
+        .args([
+            "ops",
+            "archive",
+            "--older-than",
+            "soon",
+            "--database-url",
+            &db.url,
+        ])
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(2), "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        output.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(String::from_utf8_lossy(&output.stderr).contains("--older-than"));
 }

@@ -327,7 +327,10 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
         }
         rates.push((rows, median(tps), median(latency)));
     }
-    println!("\n{:>12} {:>14} {:>12} {:>10}", "operations", "calls/s (med)", "ms/call", "ratio");
+    println!(
+        "\n{:>12} {:>14} {:>12} {:>10}",
+        "operations", "calls/s (med)", "ms/call", "ratio"
+    );
     let base = rates.first().map(|r| r.2).unwrap_or(1.0);
     for (rows, rate, ms) in &rates {
         println!("{rows:>12} {rate:>14.0} {ms:>12.2} {:>10.2}", ms / base);
@@ -369,7 +372,12 @@ fn pgbench(url: &str, clients: usize, seconds: u64) -> anyhow::Result<(f64, f64)
     );
     let output = Command::new("pgbench")
         .args(["-n", "-M", "prepared", "-f", script])
-        .args(["-c", &clients.to_string(), "-j", &clients.min(2).to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+        ])
         .args(["-T", &seconds.to_string()])
         .arg(url)
         .output()?;
@@ -513,9 +521,21 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
         claims.len(),
         a.rounds
     );
-    println!("  bare UPDATE, owner + epoch only:      {:>10.0}", median(bare_rates));
-    println!("  SQL function lease_renew_batch alone: {:>10.0}", median(sql_rates));
-    println!("  Ledger::lease_renew_batch:            {:>10.0}", median(ledger_rates));
-    println!("  POST /v1/leases/renew (in-process):   {:>10.0}", median(http_rates));
+    println!(
+        "  bare UPDATE, owner + epoch only:      {:>10.0}",
+        median(bare_rates)
+    );
+    println!(
+        "  SQL function lease_renew_batch alone: {:>10.0}",
+        median(sql_rates)
+    );
+    println!(
+        "  Ledger::lease_renew_batch:            {:>10.0}",
+        median(ledger_rates)
+    );
+    println!(
+        "  POST /v1/leases/renew (in-process):   {:>10.0}",
+        median(http_rates)
+    );
     Ok(())
 }

@@ -658,7 +658,9 @@ impl OperatorCommand {
                     json!({"by": by, "reason": reason}),
                 ),
                 // No route: `run` sends it to the ledger directly.
-                OpsCommand::Archive { .. } => ApiRequest::get("/v1/ops-archive-has-no-route".to_owned()),
+                OpsCommand::Archive { .. } => {
+                    ApiRequest::get("/v1/ops-archive-has-no-route".to_owned())
+                }
             },
         }
     }
@@ -764,7 +766,9 @@ async fn archive(
     max_batches: Option<u64>,
 ) -> u8 {
     let window_ms = match humantime::parse_duration(older_than) {
-        Ok(duration) if !duration.is_zero() => i64::try_from(duration.as_millis()).unwrap_or(i64::MAX),
+        Ok(duration) if !duration.is_zero() => {
+            i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+        }
         _ => {
             return report(
                 common.json,

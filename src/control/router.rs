@@ -160,8 +160,7 @@ pub fn router_with_tools(
         .route("/v1/runs/{run_id}/cancel", post(runs::cancel))
         .route(
             "/v1/leases/renew",
-            post(leases::renew_batch)
-                .layer(DefaultBodyLimit::max(leases::MAX_BATCH_BODY_BYTES)),
+            post(leases::renew_batch).layer(DefaultBodyLimit::max(leases::MAX_BATCH_BODY_BYTES)),
         )
         .route(
             "/v1/runs/{run_id}/operations",

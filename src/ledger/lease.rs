@@ -13,8 +13,8 @@
 use super::token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing};
 use super::{
-    AcquireOutcome, InvalidInput, Applied, Fenced, LeaseClaim, LeaseGrant, LeaseToken, Ledger, LedgerError,
-    MAX_OWNER_LEN, Rejection, RunId, check_text,
+    AcquireOutcome, Applied, Fenced, InvalidInput, LeaseClaim, LeaseGrant, LeaseToken, Ledger,
+    LedgerError, MAX_OWNER_LEN, Rejection, RunId, check_text,
 };
 
 impl Ledger {

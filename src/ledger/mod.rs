@@ -79,8 +79,8 @@ pub use console::{
 pub use durability::{
     DurabilityFacts, FailoverRecord, FailoverResolveOutcome, FailoverSeen, Lsn, WalPosition,
 };
-pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
+pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,

@@ -95,7 +95,9 @@ impl BatchHeartbeat {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, (LeaseClaim, WorkerCancellation)>> {
-        self.holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.holders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -116,7 +118,9 @@ async fn run(ledger: Ledger, config: HeartbeatConfig, holders: Holders, stop: Ca
         }
         // Invariant 1: holders that stopped are dropped first.
         let batch: Vec<(LeaseClaim, WorkerCancellation)> = {
-            let mut held = holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut held = holders
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
             held.retain(|_, (_, cancel)| !cancel.is_cancelled());
             held.values().cloned().collect()
         };
@@ -154,9 +158,14 @@ async fn run(ledger: Ledger, config: HeartbeatConfig, holders: Holders, stop: Ca
                 tracing::warn!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner),
                     epoch = claim.epoch, cause = %cause, "batch heartbeat stopping the lease's holder");
                 cancel.cancel_with(cause);
-                let mut held = holders.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut held = holders
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
                 // Only this claim: a newer claim on the same run stays.
-                if held.get(&claim.run_id).is_some_and(|(c, _)| c.epoch == claim.epoch) {
+                if held
+                    .get(&claim.run_id)
+                    .is_some_and(|(c, _)| c.epoch == claim.epoch)
+                {
                     held.remove(&claim.run_id);
                 }
             }
