@@ -1,16 +1,11 @@
 -- Flat cost at scale and retention (issue 14, P5).
 --
--- 1. The background scans read only live rows. The claim-expiry scan
---    (status 'dispatching', by dispatch_until) and the reconciler's claim and
---    the unknown listing (status 'unknown', by updated_at) get partial
---    indexes over those statuses alone, so their cost follows the number of
---    live operations, not the size of the table. The full index
---    tool_operations_reconcile_idx (status, dispatch_until, updated_at) they
---    used held one entry per operation ever recorded and moved it on every
---    status change (every settle); it is dropped. The outbox already has its
---    partial index (tool_operations_prepared_idx, migration 0002).
---    Nothing else filters tool_operations by status without a run id
---    (tool_operations_run_status_idx serves those).
+-- 1. The background scans read only live rows: migration 0008 replaced the
+--    full index tool_operations_reconcile_idx with partial indexes over
+--    'dispatching' (claim expiry) and 'unknown' (the reconciler and the
+--    unknown listing); the outbox has its partial index on 'prepared'
+--    (0002). Their cost follows the number of live operations, not the
+--    size of the table.
 -- 2. Retention: settled history of terminal runs older than a window moves
 --    to archive tables (or is deleted) in bounded batches
 --    (sql/retention.sql, operations_archive; `leasegate ops archive`). Each
@@ -34,12 +29,6 @@
 -- page they are HOT updates (no index entry written). Applies to pages
 -- written from now on.
 ALTER TABLE worker_leases SET (fillfactor = 70);
-
-DROP INDEX IF EXISTS tool_operations_reconcile_idx;
-CREATE INDEX tool_operations_dispatching_idx ON tool_operations (dispatch_until)
-  WHERE status = 'dispatching';
-CREATE INDEX tool_operations_unknown_idx ON tool_operations (updated_at)
-  WHERE status = 'unknown';
 
 ALTER TABLE agent_runs ADD COLUMN archived_at timestamptz;
 -- The archive's candidates: terminal runs not archived yet, oldest first.
@@ -98,5 +87,30 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION ledger_events_refuse_change() FROM PUBLIC;
 
+-- operation_evidence's row trigger is operation_evidence_refuse_change since
+-- 0007 (the body may be re-sealed in place by evidence_reseal): it lets the
+-- archive's DELETE through too, on the same setting, and nothing else.
+CREATE OR REPLACE FUNCTION operation_evidence_refuse_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP = 'DELETE' AND TG_LEVEL = 'ROW'
+     AND current_setting('leasegate.archiving', true) = 'on' THEN
+    RETURN OLD;
+  END IF;
+  IF TG_OP = 'UPDATE'
+     AND current_setting('leasegate.resealing', true) = 'on'
+     AND (NEW.evidence_id, NEW.operation_id, NEW.at, NEW.kind, NEW.source, NEW.claim_owner,
+          NEW.claim_revision, NEW.outcome, NEW.remote_id)
+         IS NOT DISTINCT FROM
+         (OLD.evidence_id, OLD.operation_id, OLD.at, OLD.kind, OLD.source, OLD.claim_owner,
+          OLD.claim_revision, OLD.outcome, OLD.remote_id) THEN
+    RETURN NEW;
+  END IF;
+  RAISE EXCEPTION '% is append-only: % refused', TG_TABLE_NAME, TG_OP
+    USING ERRCODE = 'insufficient_privilege';
+END
+$$;
+REVOKE EXECUTE ON FUNCTION operation_evidence_refuse_change() FROM PUBLIC;
+
 GRANT SELECT ON tool_operations_archive, operation_evidence_archive, ledger_events_archive
-  TO leasegate_app;
+  TO leasegate_app, leasegate_operator;
