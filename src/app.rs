@@ -39,6 +39,7 @@ fn console_sources(proxy: &Proxy) -> crate::control::console::Sources {
     let directory = proxy.directory.clone();
     crate::control::console::Sources {
         ledger: proxy.ledger.clone(),
+        operator: proxy.operator.clone(),
         tenant: Some(proxy.config.tenant.clone()),
         auth_required: proxy.config.auth_required(),
         upstreams: Some(Arc::new(move || serde_json::json!(upstreams.health()))),

@@ -660,6 +660,7 @@ async fn the_openapi_document_matches_the_served_routes(
         router(db.ledger.clone(), IntegerPolicy::Reject),
         leasegate::control::console::Sources {
             ledger: db.ledger.clone(),
+            operator: leasegate::control::OperatorLedger::Unavailable("not needed here".into()),
             tenant: None,
             auth_required: false,
             upstreams: None,

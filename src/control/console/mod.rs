@@ -136,6 +136,11 @@ pub type Planner =
 #[derive(Clone)]
 pub struct Sources {
     pub ledger: Ledger,
+    /// The operator acts' ledger — cancel, resolve, retry run as the
+    /// database role `leasegate_operator` (migrations/0007), like the
+    /// control API's operator routes; unavailable: the actions are refused
+    /// (503) with nothing written.
+    pub operator: super::OperatorLedger,
     /// The serving process's tenant (`None`: any).
     pub tenant: Option<String>,
     /// Whether tokens are required (`[auth]`): with them, the login page.
@@ -626,11 +631,13 @@ async fn cancel_run(
         )
         .await;
     }
+    let operator = match operator_ledger(&state) {
+        Ok(operator) => operator,
+        Err(message) => return refuse(StatusCode::SERVICE_UNAVAILABLE, message).await,
+    };
     // If we crash here nothing was written; after the call the run is
     // cancelled with its event.
-    let outcome = state
-        .sources
-        .ledger
+    let outcome = operator
         .run_cancel(run, &viewer.actor(), Some(&note))
         .await?;
     match outcome.into_result() {
@@ -853,11 +860,15 @@ async fn resolve_operation(
     };
     let remote_id = blank(&form.remote_id);
     let actor = viewer.actor();
+    let operator = match operator_ledger(&state) {
+        Ok(operator) => operator,
+        Err(message) => return refuse(StatusCode::SERVICE_UNAVAILABLE, message).await,
+    };
     // One ledger call: the revision the page was rendered at is the
     // compare-and-swap's expected value (invariant 2). If we crash before
     // it nothing was written; after it, the operation is settled with the
     // operator's evidence and event.
-    let outcome = ledger
+    let outcome = operator
         .operation_converge(Converge {
             operation_id: &id,
             expected_revision: expected,
@@ -966,9 +977,13 @@ async fn retry_operation(
         )
         .await;
     }
+    let operator = match operator_ledger(&state) {
+        Ok(operator) => operator,
+        Err(message) => return refuse(StatusCode::SERVICE_UNAVAILABLE, message).await,
+    };
     // If we crash here nothing was written; after the call the budget is
     // reset with its event.
-    match ledger
+    match operator
         .operation_reconcile_reset(&id, &viewer.actor(), &note)
         .await?
     {
@@ -988,6 +1003,18 @@ async fn retry_operation(
             .await
         }
         RetryResetOutcome::NotFound => Err(Problem::not_found("operation")),
+    }
+}
+
+/// The ledger the operator acts run on, or why this process has none.
+fn operator_ledger(state: &ConsoleState) -> Result<&Ledger, String> {
+    match &state.sources.operator {
+        super::OperatorLedger::Ready(ledger) => Ok(ledger),
+        super::OperatorLedger::Unavailable(why) => Err(format!(
+            "refused: this leasegate cannot act as the database role leasegate_operator ({why}); \
+             nothing was written. Use `leasegate ops …` with a login that is a member of \
+             leasegate_operator, or give this process one (database_operator_url)"
+        )),
     }
 }
 
