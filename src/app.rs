@@ -437,6 +437,7 @@ impl Proxy {
         ledger
             .process_heartbeat(&owner, millis(LIVENESS_TTL))
             .await?;
+        metrics::gauge!("leasegate_ledger_up").set(1.0);
         {
             // The durability check rides along with every renewal, and runs
             // at once when a call saw the ledger fail (`Gate::suspect`).
@@ -451,11 +452,15 @@ impl Proxy {
                         _ = tick.tick() => true,
                         () = gate.woken() => false,
                     };
-                    if renew
-                        && let Err(error) =
-                            ledger.process_heartbeat(&owner, millis(LIVENESS_TTL)).await
-                    {
-                        tracing::warn!(%error, "liveness renewal failed");
+                    if renew {
+                        // `leasegate_ledger_up`: did this process reach the
+                        // ledger on its last renewal (alert: ledger unavailable).
+                        let renewed = ledger.process_heartbeat(&owner, millis(LIVENESS_TTL)).await;
+                        metrics::gauge!("leasegate_ledger_up")
+                            .set(f64::from(u8::from(renewed.is_ok())));
+                        if let Err(error) = renewed {
+                            tracing::warn!(%error, "liveness renewal failed");
+                        }
                     }
                     if let Err(error) = gate.check(&ledger).await {
                         tracing::warn!(%error, "durability check failed: dispatch held");

@@ -104,6 +104,11 @@
 //!   (`upstream_trace_context`). A bottom-layer module like `ids`, so that
 //!   the front and dispatch use it; the only one besides `main` that imports
 //!   `tracing_subscriber`, and the only one that imports `opentelemetry*`.
+//! * `progress`: progress bars and spinners on stderr for commands that
+//!   wait (`migrate`, `secrets rotate`, the benchmarks, the chaos soak),
+//!   drawn only when stderr is a terminal (`LEASEGATE_NO_PROGRESS` turns
+//!   them off); elsewhere not a byte. Bottom layer; the only module that
+//!   imports indicatif.
 //! * `logfield`: request-controlled text in log lines cut to
 //!   `limits.log_field_max_bytes` (`clip`, `clip_display`); every log site
 //!   that prints such text goes through it.
@@ -162,7 +167,7 @@
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
 //! `reconcile` → `dispatch`, `limits` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
-//! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`. `tests/layering.rs` checks it per module,
+//! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`, `progress`. `tests/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
 //! (`control::cli`, `main`), opentelemetry and tracing-opentelemetry

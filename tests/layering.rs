@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! main → app → mcp, control, reconcile → dispatch → config, auth, worker,
-//!      durability, embedded → adapter, ledger → policy → intent → ids
+//!      durability, embedded → adapter, ledger → policy → intent → ids,
+//!      logfield, telemetry, progress
 //! ```
 //!
 //! The scan covers `src/` (the library and the `leasegate` binary). The
