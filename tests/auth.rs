@@ -835,7 +835,7 @@ async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_
         .collect();
     let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
     assert!(
-        output.status.success() && failed.is_empty() && checks.len() == 3,
+        output.status.success() && failed.is_empty() && checks.len() == 4,
         "{} of {} checks failed:\n{}\nstderr:\n{}",
         failed.len(),
         checks.len(),

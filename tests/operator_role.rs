@@ -141,7 +141,6 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     let app_login = login_member_of(&db, "leasegate_app").await;
     let ops_login = login_member_of(&db, "leasegate_operator").await;
     let (run, operation) = unknown_operation(&db).await;
-    let failover = lossy_failover(&db).await;
 
     // `leasegate serve` as the app-only login.
     let scenario = Scenario::new(&url_as(&db, &app_login), POLICY);
@@ -167,6 +166,9 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     assert_ne!(charged.is_error, Some(true), "{charged:?}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     drop(agent);
+    // A lossy failover to resolve (recorded after the call: it holds
+    // dispatch until an operator resolves it).
+    let failover = lossy_failover(&db).await;
 
     // Every operator route: 503 role_not_granted, nothing written.
     let before = state(&db, &run, &operation).await;

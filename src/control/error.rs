@@ -574,6 +574,7 @@ mod tests {
             (KeyUnavailable, 500, 1),
             (Unauthorized, 401, 1),
             (InsufficientScope, 403, 1),
+            (RoleNotGranted, 503, 15),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, exit) in table {

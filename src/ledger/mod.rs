@@ -552,8 +552,9 @@ async fn preflight(connect: &PgConnectOptions, options: &LedgerOptions) -> Resul
                 EXISTS (SELECT 1 FROM pg_proc WHERE proname = 'run_create' \
                         AND pronamespace = (SELECT oid FROM pg_namespace WHERE nspname = current_schema())), \
                 $1::text IS NULL OR EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1), \
-                $1::text IS NULL OR NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1) \
-                  OR pg_has_role($1, 'MEMBER'), \
+                CASE WHEN $1::text IS NULL \
+                       OR NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1) THEN true \
+                     ELSE pg_has_role($1, 'MEMBER') END, \
                 session_user::text",
     )
     .bind(options.session_role.as_deref())

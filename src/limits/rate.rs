@@ -99,7 +99,7 @@ pub fn admit(request: &Request, token_id: Option<&str>) -> Option<Response> {
         Some(id) => Principal::token(id),
         None => Principal::address(request)?,
     };
-    limiter.take(&principal).err()
+    limiter.take(&principal)
 }
 
 struct Limiter {
@@ -176,11 +176,13 @@ impl Limiter {
         next.run(request).await
     }
 
-    /// Takes one request from `principal`'s bucket.
-    fn take(&self, principal: &Principal) -> Result<(), Response> {
+    /// Takes one request from `principal`'s bucket; the 429 when it is
+    /// empty.
+    fn take(&self, principal: &Principal) -> Option<Response> {
         self.buckets
             .check_key(principal)
-            .map_err(|not_until| self.refuse(not_until))
+            .err()
+            .map(|not_until| self.refuse(not_until))
     }
 
     fn refuse(&self, not_until: governor::NotUntil<<DefaultClock as Clock>::Instant>) -> Response {

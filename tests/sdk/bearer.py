@@ -6,7 +6,8 @@ Run by tests/auth.rs; prints one JSON line per check
 passed. With an `Authorization: Bearer` header on the SDK's own HTTP client
 (`streamable_http_client(url, http_client=httpx2.AsyncClient(headers=...))`)
 it lists the tools and makes a gated call under the lease given in the
-environment; the default client without the header is refused with 401.
+environment; the default client without the header is refused, every
+request answered 401 with a `WWW-Authenticate` challenge.
 
 usage: bearer.py URL   (LEASEGATE_BEARER, LEASEGATE_RUN_ID, LEASEGATE_OWNER,
                         LEASEGATE_EPOCH, LEASEGATE_LEASE_TOKEN in the environment)
@@ -64,13 +65,33 @@ async def main():
     except BaseException as error:  # noqa: BLE001 - reported, not raised
         report("connects with the bearer token", False, described(error))
 
+    # The SDK turns a non-2xx answer without a JSON-RPC body into a
+    # stand-in error, so the status is watched on its HTTP client too.
     try:
         async with Client(URL) as client:
             await client.list_tools()
         report("the default client without a token is refused", False, "it connected")
     except BaseException as error:  # noqa: BLE001 - the refusal is the expected outcome
         text = described(error)
-        report("the default client without a token is refused", "401" in text, text)
+        report("the default client without a token is refused", "MCPError" in text, text)
+    answers = []
+
+    async def record(response):
+        answers.append((response.status_code, response.headers.get("www-authenticate")))
+
+    try:
+        transport = streamable_http_client(
+            URL, http_client=httpx2.AsyncClient(event_hooks={"response": [record]})
+        )
+        async with Client(transport) as client:
+            await client.list_tools()
+        report("without a token every request is answered 401", False, answers)
+    except BaseException:  # noqa: BLE001 - the refusal is the expected outcome
+        ok = bool(answers) and all(
+            status == 401 and challenge and "resource_metadata=" in challenge
+            for status, challenge in answers
+        )
+        report("without a token every request is answered 401", ok, answers)
 
 
 anyio.run(main)
