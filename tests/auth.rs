@@ -462,6 +462,30 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     assert_eq!(charges(), 1, "no tool ran for the other tenant");
     assert_eq!(fingerprint(&db).await, before, "nothing was written");
 
+    // An operator act is audited under the token, whatever name the body
+    // gives: the operator cancels tenant-a's run "as alice".
+    let cancelled = request(
+        "POST",
+        &api(&format!("/v1/runs/{run}/cancel")),
+        Some(&operator),
+        Some(json!({"actor": "alice", "reason": "audit check"})),
+    )
+    .await;
+    assert_eq!(cancelled.status, 200, "{}", cancelled.body);
+    let actors: Vec<String> = sqlx::query_scalar(
+        "SELECT actor FROM ledger_events WHERE run_id = $1 AND subject = 'run' \
+         AND to_status = 'cancelled'",
+    )
+    .bind(run.as_uuid())
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        actors,
+        [format!("token:{}/alice", token_id(&operator))],
+        "the cancel names the token that made it"
+    );
+
     // Revoked, then expired: 401 from the next request on.
     let revoked = tokio::process::Command::new(LEASEGATE)
         .args([

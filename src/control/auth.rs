@@ -355,6 +355,26 @@ impl FromRequestParts<Arc<ControlState>> for Caller {
 }
 
 impl Caller {
+    /// The actor an operator act (resolve, retry, cancel, failover resolve)
+    /// is audited under. Without authentication: the name the body gives.
+    /// With a token: the token's id, `token:<id>`, followed by the name the
+    /// body gives when it is another one (`token:<id>/alice`), so that a
+    /// token can never act in someone else's name alone.
+    pub(super) fn audited_actor(&self, named: &str) -> String {
+        match &self.principal {
+            None => named.to_owned(),
+            Some(principal) => {
+                let token = format!("token:{}", principal.token_id);
+                let named = named.trim();
+                if named.is_empty() || named == token {
+                    token
+                } else {
+                    format!("{token}/{named}")
+                }
+            }
+        }
+    }
+
     /// The tenant whose resources this request may see (`None`: any).
     pub(super) fn tenant(&self) -> Option<&str> {
         match &self.principal {

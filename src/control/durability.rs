@@ -42,6 +42,7 @@ pub(super) struct ResolveFailoverBody {
 /// durability check.
 pub(super) async fn resolve_failover(
     State(state): Shared,
+    caller: super::auth::Caller,
     Path(raw): Path<String>,
     Body(body): Body<ResolveFailoverBody>,
 ) -> Result<Json<Value>, ApiError> {
@@ -61,7 +62,7 @@ pub(super) async fn resolve_failover(
     match state
         .operator
         .get()?
-        .failover_resolve(id, &body.by, &body.reason)
+        .failover_resolve(id, &caller.audited_actor(&body.by), &body.reason)
         .await?
     {
         FailoverResolveOutcome::Resolved => {}

@@ -128,7 +128,7 @@ pub(super) async fn resolve_operation(
             remote_id: body.remote_id.as_deref(),
             result: body.result.as_ref(),
             kind: ConvergeEvidence::Operator,
-            actor: &body.actor,
+            actor: &caller.audited_actor(&body.actor),
             note: Some(&body.note),
             evidence: &json!({}),
         })
@@ -182,7 +182,7 @@ pub(super) async fn retry_operation(
     match state
         .operator
         .get()?
-        .operation_reconcile_reset(&id, &body.actor, &body.note)
+        .operation_reconcile_reset(&id, &caller.audited_actor(&body.actor), &body.note)
         .await?
     {
         crate::ledger::RetryResetOutcome::Reset(operation) => Ok(Json(

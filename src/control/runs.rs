@@ -517,7 +517,11 @@ pub(super) async fn cancel(
     let outcome = state
         .operator
         .get()?
-        .run_cancel(run, &body.actor, body.reason.as_deref())
+        .run_cancel(
+            run,
+            &caller.audited_actor(&body.actor),
+            body.reason.as_deref(),
+        )
         .await?;
     Ok(applied_json(run, &applied(outcome)?))
 }
