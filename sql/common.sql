@@ -1,9 +1,12 @@
 -- Private helpers shared by sql/lease.sql, sql/run.sql and
 -- sql/operation.sql: results, argument checks, the lease lock and fence.
--- Not granted to the application role.
+-- Not granted to the application role. They carry no `SET search_path`:
+-- only SECURITY DEFINER functions that set it call them, and a SET clause
+-- costs a GUC save and restore on every call (and keeps a LANGUAGE sql
+-- helper from being inlined).
 
 CREATE OR REPLACE FUNCTION _ledger_result(p_outcome text, p_run_id uuid) RETURNS ledger_write_result
-LANGUAGE sql VOLATILE SET search_path = public, pg_temp AS $$
+LANGUAGE sql VOLATILE AS $$
   SELECT p_outcome, r.status, r.revision, l.owner, l.epoch, l.expires_at, clock_timestamp(),
          NULLIF(current_setting('leasegate.lock_wait_ms', true), '')::double precision,
          NULLIF(current_setting('leasegate.takeover_after_ms', true), '')::double precision
@@ -26,7 +29,7 @@ $$;
 -- leasegate.lock_wait_ms, which _ledger_result and _op_result report.
 -- Returns the row, or a row of NULLs when the run has no lease.
 CREATE OR REPLACE FUNCTION _lease_lock(p_run_id uuid, p_shared boolean) RETURNS worker_leases
-LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   l  worker_leases;
   t0 timestamptz := clock_timestamp();
@@ -66,7 +69,7 @@ DROP FUNCTION IF EXISTS _lease_fence(uuid, text, bigint, boolean);
 CREATE OR REPLACE FUNCTION _lease_fence(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
                                         p_shared boolean)
 RETURNS text
-LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   l worker_leases := _lease_lock(p_run_id, p_shared);
   s text;
@@ -99,7 +102,7 @@ $$;
 
 CREATE OR REPLACE FUNCTION _op_result(p_outcome text, p_run_id uuid, p_operation_id text, p_evidence_id bigint)
 RETURNS operation_result
-LANGUAGE sql VOLATILE SET search_path = public, pg_temp AS $$
+LANGUAGE sql VOLATILE AS $$
   SELECT p_outcome, r.status, r.revision, l.owner, l.epoch, l.expires_at, clock_timestamp(),
          o.operation_id, COALESCE(o.run_id, p_run_id), o.step_id, o.effect_version, o.tool_name,
          o.request_digest, o.status, o.revision, o.dispatch_owner, o.dispatch_until,

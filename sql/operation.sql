@@ -12,7 +12,7 @@
 -- the row to report).
 CREATE OR REPLACE FUNCTION _op_upsert(p_run_id uuid, p_intent operation_intent, p_owner text, p_epoch bigint,
                                       OUT outcome text, OUT found_id text)
-LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   v_id      text    := p_intent.operation_id;
   v_step    text    := p_intent.step_id;
@@ -75,7 +75,7 @@ $$;
 -- Returns the claimed row, or a row of NULLs if it was not prepared.
 CREATE OR REPLACE FUNCTION _op_claim(p_operation_id text, p_dispatch_owner text, p_claim_ttl_ms bigint,
                                      p_epoch bigint, p_detail jsonb) RETURNS tool_operations
-LANGUAGE plpgsql VOLATILE SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   o tool_operations;
 BEGIN

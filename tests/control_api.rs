@@ -766,7 +766,8 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     let text = String::from_utf8_lossy(&shown.stdout);
     for needle in [
         "status           unknown",
-        "prepared",
+        // An inline call's history starts at its claim: one event.
+        "- -> dispatching",
         "dispatching -> unknown",
         "timeout",
         "history:",

@@ -218,13 +218,14 @@ pub struct Authenticator {
 /// Most entries of the verification cache; full, it starts over.
 const CACHE_ENTRIES: usize = 10_000;
 
-/// Token id → (secret hash, who, valid until): positive verifications only.
+/// One positive verification: the secret's hash, who, valid until.
+type Verified = ([u8; 32], Principal, std::time::Instant);
+
+/// Token id → its positive verification (refusals are never cached).
 #[derive(Debug)]
 struct VerifiedCache {
     ttl: std::time::Duration,
-    entries: std::sync::Mutex<
-        std::collections::HashMap<String, ([u8; 32], Principal, std::time::Instant)>,
-    >,
+    entries: std::sync::Mutex<std::collections::HashMap<String, Verified>>,
 }
 
 impl VerifiedCache {
