@@ -657,7 +657,7 @@ async fn the_openapi_document_matches_the_served_routes(
     // and each is served once the console is mounted (as `leasegate serve`
     // mounts it).
     let console = leasegate::control::console::with_console(
-        router(db.ledger.clone(), IntegerPolicy::Reject),
+        leasegate::control::router(db.ledger.clone(), IntegerPolicy::Reject),
         leasegate::control::console::Sources {
             ledger: db.ledger.clone(),
             operator: leasegate::control::OperatorLedger::Unavailable("not needed here".into()),
