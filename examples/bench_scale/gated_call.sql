@@ -17,6 +17,6 @@ SELECT operation_id AS op, revision AS rev, request_digest AS dg
                          'tool_name', 'payments__charge',
                          'request_digest', 'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
                          'request_body', jsonb_build_object('n', :n::bigint))),
-    'pgbench-' || :client_id, 60000) \gset
-SELECT outcome FROM operation_settle(:op, 'pgbench-' || :client_id, :rev, :dg, 'succeeded',
-                                     'remote-' || :n, '{"ok": true}');
+    'pgbench-' || :client_id, 60000, 'bench') \gset
+CALL operation_settle_acknowledged(:op, 'pgbench-' || :client_id, :rev, :dg, 'succeeded',
+                                   'remote-' || :n, '{"ok": true}');
