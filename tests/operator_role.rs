@@ -250,6 +250,10 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     // The operator's own login (leasegate_operator only) does each act; the
     // history names the CLI's actor.
     let ops_url = url_as(&db, &ops_login);
+    // It reads too (as leasegate_operator, which reads every ledger table).
+    let (code, stdout, stderr) = cli(&ops_url, &["ops", "show", &operation]);
+    assert_eq!(code, 0, "{stdout}{stderr}");
+    assert!(stdout.contains(&operation), "{stdout}");
     let (code, stdout, stderr) = cli(
         &ops_url,
         &[
