@@ -304,6 +304,24 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     let before = fingerprint(&db).await;
     let claim = json!({"owner": "worker-a", "epoch": lease.epoch});
     let transition = json!({"owner": "worker-a", "epoch": lease.epoch, "expected_revision": 1});
+    let batch = json!({"ttl_ms": 60_000, "leases": [{
+        "run_id": run.to_string(), "owner": "worker-a", "epoch": lease.epoch,
+        "lease_token": leased.body["lease_token"],
+    }]});
+    let renewed = request(
+        "POST",
+        &api("/v1/leases/renew"),
+        Some(&intruder),
+        Some(batch.clone()),
+    )
+    .await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    assert!(
+        renewed.body.to_string().contains("not_found")
+            && !renewed.body.to_string().contains("applied"),
+        "another tenant's lease is not found: {}",
+        renewed.body
+    );
     let walk: Vec<(&str, String, Option<Value>, u16)> = vec![
         (
             "POST",
@@ -393,6 +411,9 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         ("GET", "/v1/upstreams".into(), None, 200),
         ("GET", "/v1/durability".into(), None, 200),
         ("GET", "/metrics".into(), None, 200),
+        // A batch renewal naming tenant-a's lease, with its real token:
+        // answered per lease as not found (checked below), nothing renewed.
+        ("POST", "/v1/leases/renew".into(), Some(batch.clone()), 200),
     ];
     // Every route of the router is walked.
     for (method, route) in leasegate::control::ROUTES {
