@@ -313,7 +313,7 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await;
     browser.scroll_to("#resolve").await;
     screenshot(&browser, "resolve").await;
-    db.ledger
+    db.operator
         .operation_reconcile_reset(&email.operation_id, "someone-else", "retry it")
         .await
         .unwrap();

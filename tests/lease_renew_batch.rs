@@ -140,7 +140,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     // A run an operator cancelled.
     let (cancelled, _) = db.running_run("w-f", 30_000).await;
     applied(
-        db.ledger
+        db.operator
             .run_cancel(cancelled.run_id, "ops", Some("stop"))
             .await
             .unwrap(),
@@ -442,7 +442,7 @@ async fn the_batch_heartbeat_renews_every_lease_and_stops_only_the_holders_that_
         .await
         .unwrap();
     applied(
-        db.ledger
+        db.operator
             .run_cancel(held[1].0.run_id, "ops", None)
             .await
             .unwrap(),

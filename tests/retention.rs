@@ -180,7 +180,7 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
         .await
         .unwrap();
     applied(
-        db.ledger
+        db.operator
             .run_cancel(stuck.run_id, "ops", None)
             .await
             .unwrap(),
