@@ -1,7 +1,7 @@
 //! Benchmark of the proxy's ledger hot path: register-and-claim, then settle
 //! (two round trips per tool call), at 1, 8, 32 and 64 concurrent callers,
 //! next to pgbench running the same SQL (`register_claim_settle.sql` beside
-//! this file) and pgbench running the minimal ceiling (`ceiling_*.sql`: the
+//! this file) and pgbench running the minimal ceiling (`bench/ceiling/*.sql`: the
 //! seed's schema, one function that checks the lease FOR UPDATE and inserts
 //! a `dispatching` operation, then one settle UPDATE).
 //!
@@ -98,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let ceiling_script = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/bench_operations/ceiling_hotpath.sql"
+        "/bench/ceiling/hotpath_fn.sql"
     );
     for callers in LEVELS {
         // A spinner on a terminal while this level runs; nothing elsewhere.
@@ -132,16 +132,16 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The minimal ceiling's database (`ceiling_schema.sql`, `ceiling_fn.sql`),
+/// The minimal ceiling's database (`bench/ceiling/schema.sql`, `fn.sql`),
 /// or `None` without psql.
 async fn setup_ceiling(url: &str) -> anyhow::Result<Option<String>> {
     if sqlx::Postgres::database_exists(url).await? {
         sqlx::Postgres::force_drop_database(url).await?;
     }
     sqlx::Postgres::create_database(url).await?;
-    for file in ["ceiling_schema.sql", "ceiling_fn.sql"] {
+    for file in ["schema.sql", "fn.sql"] {
         let path = format!(
-            "{}/examples/bench_operations/{file}",
+            "{}/bench/ceiling/{file}",
             env!("CARGO_MANIFEST_DIR")
         );
         let output = match Command::new("psql")
