@@ -65,6 +65,7 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
         Measure::PgbenchRenewLeasegate,
         Measure::PgbenchRenewCeiling,
         Measure::PgbenchRenewBatchCeiling,
+        Measure::BatchRenewLeasegate,
     ] {
         let cells = &report.cells[&(measure.clone(), settings.renew_callers)];
         assert!(cells[0].calls > 0, "{measure:?} measured no call");
@@ -109,7 +110,7 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
         "gated (new intent per call)",
         "minimal ceiling",
         "lease_renew",
-        "not built yet (hook)",
+        "batch renewal (leases/s): leasegate",
         "per session",
     ] {
         assert!(table.contains(row), "the table has {row:?}:\n{table}");

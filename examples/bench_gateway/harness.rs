@@ -15,7 +15,7 @@
 //!   (`bench/leasegate/register_claim_settle.sql`);
 //! * lease renewal: single renew through the control API next to pgbench
 //!   running leasegate's `lease_renew` and the ceiling's `renew.sql`, the
-//!   ceiling's batch renewal, and a hook for leasegate's batch endpoint
+//!   ceiling's batch renewal, and leasegate's batch endpoint
 //!   ([`batch_renewal_through_leasegate`]);
 //! * database round trips per call: a second `leasegate serve` whose ledger
 //!   URL points at a counting TCP proxy in this process ([`CountingProxy`]:
@@ -1257,22 +1257,75 @@ async fn renew_cell(
     })
 }
 
-/// HOOK (issue 14 item 3, batch lease renewal): renew every lease of one
-/// worker host in one call of leasegate's batch endpoint (`POST
-/// /v1/leases/renew`, each lease reported renewed or lost) and answer the
-/// leases renewed per second, `callers` hosts at once, each holding
-/// `leases.len() / callers` leases. Until that endpoint exists this answers
-/// `None` and the table says "not built"; when it lands, implement the loop
-/// here (like [`renew_cell`], counting leases, not requests) and compare
-/// with the ceiling's `renew_batch.sql` row.
+/// Batch lease renewal through leasegate (`POST /v1/leases/renew`, each
+/// lease answered renewed or lost): `callers` worker hosts at once, each
+/// renewing its share of the leases (`leases.len() / callers`, at least
+/// one) in one call per round. The rate counts leases renewed per second
+/// (compare with the ceiling's `renew_batch.sql` row); p50/p99 are per call.
+/// A lease answered lost ends the run with the answer.
 async fn batch_renewal_through_leasegate(
-    _control: &str,
-    _leases: &[Lease],
-    _callers: usize,
-    _warmup: Duration,
-    _duration: Duration,
+    control: &str,
+    leases: &[Lease],
+    callers: usize,
+    warmup: Duration,
+    duration: Duration,
 ) -> anyhow::Result<Option<Cell>> {
-    Ok(None)
+    let share = (leases.len() / callers.max(1)).max(1);
+    let (window_tx, window_rx) = tokio::sync::watch::channel(None::<(Instant, Instant)>);
+    let mut tasks = Vec::new();
+    for index in 0..callers {
+        let held: Vec<Value> = (0..share)
+            .map(|k| &leases[(index * share + k) % leases.len()])
+            .map(|lease| {
+                json!({"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch,
+                       "lease_token": lease.token})
+            })
+            .collect();
+        let body = json!({"ttl_ms": LEASE_TTL_MS, "leases": held});
+        let client = client()?;
+        let url = format!("{control}/v1/leases/renew");
+        let mut window_rx = window_rx.clone();
+        tasks.push(tokio::spawn(async move {
+            let (start, end) = window_rx.wait_for(Option::is_some).await?.expect("set");
+            let mut samples = Vec::new();
+            let mut renewed_in_window = 0u64;
+            loop {
+                let began = Instant::now();
+                if began >= end {
+                    break;
+                }
+                let (status, answer) = post_json(&client, &url, &body).await?;
+                ensure!(status == 200, "batch renew: {status} {answer}");
+                ensure!(
+                    answer["lost"] == json!(0),
+                    "batch renew lost leases: {answer}"
+                );
+                let ended = Instant::now();
+                if began >= start && ended <= end {
+                    samples.push(ended - began);
+                    renewed_in_window += answer["renewed"].as_u64().unwrap_or(0);
+                }
+            }
+            anyhow::Ok((samples, renewed_in_window))
+        }));
+    }
+    let start = Instant::now() + warmup;
+    window_tx.send(Some((start, start + duration)))?;
+    let mut samples = Vec::new();
+    let mut renewed = 0u64;
+    for task in tasks {
+        let (mut own, count) = task.await??;
+        samples.append(&mut own);
+        renewed += count;
+    }
+    samples.sort();
+    Ok(Some(Cell {
+        calls: renewed,
+        rate: renewed as f64 / duration.as_secs_f64(),
+        p50_ms: percentile_ms(&samples, 0.5),
+        p99_ms: percentile_ms(&samples, 0.99),
+        rss_kib: None,
+    }))
 }
 
 // ---------------------------------------------------------------------------
@@ -2190,7 +2243,7 @@ impl Report {
                     "batch renewal (leases/s): leasegate `POST /v1/leases/renew`",
                     "—".into(),
                     None,
-                    "not built yet (hook)".into(),
+                    "not measured".into(),
                     String::new(),
                     String::new(),
                 ),

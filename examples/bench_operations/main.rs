@@ -96,10 +96,7 @@ async fn main() -> anyhow::Result<()> {
         env!("CARGO_MANIFEST_DIR"),
         "/examples/bench_operations/register_claim_settle.sql"
     );
-    let ceiling_script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/bench/ceiling/hotpath_fn.sql"
-    );
+    let ceiling_script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/ceiling/hotpath_fn.sql");
     for callers in LEVELS {
         // A spinner on a terminal while this level runs; nothing elsewhere.
         let progress = leasegate::progress::Progress::spinner(&format!(
@@ -140,10 +137,7 @@ async fn setup_ceiling(url: &str) -> anyhow::Result<Option<String>> {
     }
     sqlx::Postgres::create_database(url).await?;
     for file in ["schema.sql", "fn.sql"] {
-        let path = format!(
-            "{}/bench/ceiling/{file}",
-            env!("CARGO_MANIFEST_DIR")
-        );
+        let path = format!("{}/bench/ceiling/{file}", env!("CARGO_MANIFEST_DIR"));
         let output = match Command::new("psql")
             .args(["-q", "-v", "ON_ERROR_STOP=1", "-f", &path, url])
             .output()
