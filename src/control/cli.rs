@@ -718,27 +718,28 @@ impl OperatorCommand {
         };
         let ApiRequest { method, path, body } = self.request();
         let read_only = method == Method::GET;
-        let ledger = match Ledger::connect(&database.url, options.clone()).await {
+        let mut connected = Ledger::connect(&database.url, options.clone()).await;
+        // A read by a login that is a member of leasegate_operator only (the
+        // least-privilege operator's): that role reads every ledger table
+        // too, so the read runs as it.
+        if read_only
+            && !operator_act
+            && matches!(
+                &connected,
+                Err(LedgerError::Connect(ConnectError {
+                    failure: ConnectFailure::RoleNotGranted,
+                    ..
+                }))
+            )
+        {
+            let as_operator = LedgerOptions {
+                session_role: Some(crate::ledger::OPERATOR_ROLE.to_owned()),
+                ..options
+            };
+            connected = Ledger::connect(&database.url, as_operator).await;
+        }
+        let ledger = match connected {
             Ok(ledger) => ledger,
-            // A read by a login that is a member of leasegate_operator only
-            // (the least-privilege operator's): that role reads every
-            // ledger table too, so the read runs as it.
-            Err(LedgerError::Connect(ConnectError {
-                failure: ConnectFailure::RoleNotGranted,
-                ..
-            })) if read_only && !operator_act => {
-                let options = LedgerOptions {
-                    session_role: Some(crate::ledger::OPERATOR_ROLE.to_owned()),
-                    ..options
-                };
-                match Ledger::connect(&database.url, options).await {
-                    Ok(ledger) => ledger,
-                    Err(error) => {
-                        let (code, message) = ledger_refusal(&error, &database);
-                        return report(common.json, code, &message);
-                    }
-                }
-            }
             Err(error) => {
                 let (code, message) = ledger_refusal(&error, &database);
                 return report(common.json, code, &message);

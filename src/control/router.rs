@@ -57,20 +57,24 @@ pub enum OperatorLedger {
 }
 
 impl OperatorLedger {
-    /// The operator ledger, or the 503 that says why there is none.
-    pub(super) fn get(&self) -> Result<&Ledger, ApiError> {
+    /// The operator ledger, or why there is none and what to do about it
+    /// (the control API's 503 and the console's refusal both say this).
+    pub(super) fn ready(&self) -> Result<&Ledger, String> {
         match self {
             OperatorLedger::Ready(ledger) => Ok(ledger),
-            OperatorLedger::Unavailable(why) => Err(ApiError::new(
-                ErrorCode::RoleNotGranted,
-                format!(
-                    "this leasegate cannot act as the database role leasegate_operator, which \
-                     operator acts need: {why}. Nothing was written. Use `leasegate ops …` with a \
-                     login that is a member of leasegate_operator, or give this process one \
-                     (database_operator_url)"
-                ),
+            OperatorLedger::Unavailable(why) => Err(format!(
+                "this leasegate cannot act as the database role leasegate_operator, which \
+                 operator acts need: {why}. Nothing was written. Use `leasegate ops …` with a \
+                 login that is a member of leasegate_operator, or give this process one \
+                 (database_operator_url)"
             )),
         }
+    }
+
+    /// The operator ledger, or the 503 that says why there is none.
+    pub(super) fn get(&self) -> Result<&Ledger, ApiError> {
+        self.ready()
+            .map_err(|message| ApiError::new(ErrorCode::RoleNotGranted, message))
     }
 }
 

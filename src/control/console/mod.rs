@@ -1008,14 +1008,11 @@ async fn retry_operation(
 
 /// The ledger the operator acts run on, or why this process has none.
 fn operator_ledger(state: &ConsoleState) -> Result<&Ledger, String> {
-    match &state.sources.operator {
-        super::OperatorLedger::Ready(ledger) => Ok(ledger),
-        super::OperatorLedger::Unavailable(why) => Err(format!(
-            "refused: this leasegate cannot act as the database role leasegate_operator ({why}); \
-             nothing was written. Use `leasegate ops …` with a login that is a member of \
-             leasegate_operator, or give this process one (database_operator_url)"
-        )),
-    }
+    state
+        .sources
+        .operator
+        .ready()
+        .map_err(|why| format!("refused: {why}"))
 }
 
 // Login.
