@@ -567,6 +567,18 @@ fn check_form_token(
     }
 }
 
+/// What every action form is checked for first: its per-form token (403),
+/// then the revision it was rendered at (422); the revision, or the refusal.
+fn form_revision(
+    state: &ConsoleState,
+    viewer: &Viewer,
+    token: Option<&str>,
+    revision: Option<&str>,
+) -> Result<i64, (StatusCode, String)> {
+    check_form_token(state, viewer, token).map_err(|message| (StatusCode::FORBIDDEN, message))?;
+    expected_revision(revision).map_err(|message| (StatusCode::UNPROCESSABLE_ENTITY, message))
+}
+
 fn expected_revision(raw: Option<&str>) -> Result<i64, String> {
     raw.map(str::trim)
         .filter(|v| !v.is_empty())
@@ -610,12 +622,14 @@ async fn cancel_run(
         .await?
         .filter(|view| viewer.tenant().is_none_or(|own| view.tenant_id == own))
         .ok_or_else(|| Problem::not_found("run"))?;
-    if let Err(message) = check_form_token(&state, &viewer, form.form_token.as_deref()) {
-        return refuse(StatusCode::FORBIDDEN, message).await;
-    }
-    let expected = match expected_revision(form.revision.as_deref()) {
+    let expected = match form_revision(
+        &state,
+        &viewer,
+        form.form_token.as_deref(),
+        form.revision.as_deref(),
+    ) {
         Ok(expected) => expected,
-        Err(message) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, message).await,
+        Err((status, message)) => return refuse(status, message).await,
     };
     let note = match required_note(form.note.as_deref(), "cancel") {
         Ok(note) => note,
@@ -833,12 +847,14 @@ async fn resolve_operation(
     {
         return Err(Problem::not_found("operation"));
     }
-    if let Err(message) = check_form_token(&state, &viewer, form.form_token.as_deref()) {
-        return refuse(StatusCode::FORBIDDEN, message).await;
-    }
-    let expected = match expected_revision(form.revision.as_deref()) {
+    let expected = match form_revision(
+        &state,
+        &viewer,
+        form.form_token.as_deref(),
+        form.revision.as_deref(),
+    ) {
         Ok(expected) => expected,
-        Err(message) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, message).await,
+        Err((status, message)) => return refuse(status, message).await,
     };
     let settlement = match form.outcome.as_deref() {
         Some("succeeded") => Settlement::Succeeded,
@@ -952,12 +968,14 @@ async fn retry_operation(
     {
         return Err(Problem::not_found("operation"));
     }
-    if let Err(message) = check_form_token(&state, &viewer, form.form_token.as_deref()) {
-        return refuse(StatusCode::FORBIDDEN, message).await;
-    }
-    let expected = match expected_revision(form.revision.as_deref()) {
+    let expected = match form_revision(
+        &state,
+        &viewer,
+        form.form_token.as_deref(),
+        form.revision.as_deref(),
+    ) {
         Ok(expected) => expected,
-        Err(message) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, message).await,
+        Err((status, message)) => return refuse(status, message).await,
     };
     let note = match required_note(form.note.as_deref(), "retry") {
         Ok(note) => note,
