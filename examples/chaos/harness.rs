@@ -837,18 +837,26 @@ impl AgentCtx {
                             .map(|e| (e, token.to_owned()));
                         break;
                     }
-                    let cancel = json!({"actor": "chaos-harness", "reason": "lease token lost"});
-                    let _ = self
-                        .client
-                        .post(format!("{control}/v1/runs/{run_id}/cancel"))
-                        .header("content-type", "application/json")
-                        .body(cancel.to_string())
-                        .send()
-                        .await;
+                    self.cancel_run(&run_id).await;
                     run_id = uuid::Uuid::new_v4().to_string();
                     record.run_id = run_id.clone();
                     create["run_id"] = json!(run_id);
                     continue;
+                }
+                // A live run of this task that is not the one asked for:
+                // an earlier run of ours whose cancel above was lost to a
+                // fault (the task ids are this intent's own). Cancel it and
+                // create again.
+                if status == 409
+                    && body["code"] == "active_run_live"
+                    && body["detail"]["lease"]["owner"] == owner.as_str()
+                {
+                    if let Some(live) = body["detail"]["run_id"].as_str() {
+                        if live != run_id {
+                            self.cancel_run(live).await;
+                            continue;
+                        }
+                    }
                 }
                 if status < 500 {
                     record.gave_up = Some(format!("create run: {status} {body}"));
@@ -908,6 +916,28 @@ impl AgentCtx {
                     ));
                 }
                 return record;
+            }
+            tokio::time::sleep(backoff(attempt)).await;
+        }
+    }
+
+    /// Cancels `run_id` through the control API (an operator route, no
+    /// lease needed), retrying through faults until some control listener
+    /// answers below 500 (200, or a refusal because the run is already
+    /// terminal or was never created) or the attempts run out.
+    async fn cancel_run(&self, run_id: &str) {
+        let cancel = json!({"actor": "chaos-harness", "reason": "lease token lost"});
+        for attempt in 0..30u32 {
+            let control = &self.control[self.draw(self.control.len() as u64) as usize];
+            let sent = self
+                .client
+                .post(format!("{control}/v1/runs/{run_id}/cancel"))
+                .header("content-type", "application/json")
+                .body(cancel.to_string())
+                .send()
+                .await;
+            if matches!(&sent, Ok(answer) if answer.status().as_u16() < 500) {
+                return;
             }
             tokio::time::sleep(backoff(attempt)).await;
         }
