@@ -8,17 +8,133 @@
 //! counter, the counting proxy against the real server, output parsing)
 //! run in this binary too.
 
+mod common;
 #[path = "../examples/bench_gateway/harness.rs"]
 mod harness;
 
 use std::path::PathBuf;
 
 use harness::{Kind, Measure};
+use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::ledger::{InlineClaim, Ledger, LedgerOptions, SettleOutcome, Settlement};
+use serde_json::json;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// `DATABASE_URL` (the suite's server), or the local default.
 fn admin_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// Goal P2 of issue 14 on the wire: a gated call (register-and-claim, then
+/// settle) is exactly two client round trips and a replay one, counted by
+/// the benchmark's PostgreSQL frontend counter between the ledger and the
+/// server. Nothing else may ride along: no liveness ping when a connection
+/// is taken from or given back to the pool (sqlx's pool pinged on every
+/// release, which made it four), no separate tenant or WAL read.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = common::TestDb::new(pool, connect.clone()).await;
+    let (lease, _) = db.running_run("agent-1", 120_000).await;
+    let proxy = harness::CountingProxy::start((connect.get_host().to_owned(), connect.get_port()))
+        .await
+        .expect("start the counting proxy");
+    // Two sessions, so that a call could take either: a per-checkout or
+    // per-release check would show on both.
+    let ledger = Ledger::connect_with(
+        connect.clone().host("127.0.0.1").port(proxy.port),
+        LedgerOptions {
+            max_connections: 2,
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .expect("connect the ledger through the counting proxy");
+    let intent = |step: usize| {
+        Intent::new(
+            "tenant-a",
+            lease.run_id,
+            Some(StepRef {
+                step_id: format!("step-{step}"),
+                effect_version: 1,
+            }),
+            "payments__charge",
+            &json!({"amount": step, "currency": "eur"}),
+            IntegerPolicy::Reject,
+        )
+        .expect("a valid intent")
+    };
+    let gated = async |step: usize| {
+        let claimed = ledger
+            .operation_register_claim_in(
+                Some("tenant-a"),
+                &lease,
+                &intent(step),
+                None,
+                "proxy-1",
+                60_000,
+            )
+            .await
+            .expect("register and claim");
+        let claim = match common::applied(claimed.0) {
+            InlineClaim::Claimed { claim, .. } => claim,
+            other => panic!("expected a fresh claim, got {other:?}"),
+        };
+        let (settled, _) = ledger
+            .operation_settle_acknowledged(
+                &claim,
+                Settlement::Succeeded,
+                None,
+                &json!({"content": []}),
+            )
+            .await
+            .expect("settle");
+        assert!(matches!(settled, SettleOutcome::Settled(_)), "{settled:?}");
+    };
+    // Warm-up: each session prepares each statement once (Parse + Sync).
+    for step in 0..8 {
+        gated(step).await;
+    }
+    const CALLS: usize = 40;
+    let before = proxy.count();
+    for step in 8..8 + CALLS {
+        gated(step).await;
+    }
+    let counted = proxy.count() - before;
+    assert_eq!(
+        counted,
+        2 * CALLS as u64,
+        "{counted} round trips for {CALLS} gated calls; executions: {:#?}",
+        proxy.executions()
+    );
+
+    let before = proxy.count();
+    for step in 8..8 + CALLS {
+        let (replayed, _) = ledger
+            .operation_register_claim_in(
+                Some("tenant-a"),
+                &lease,
+                &intent(step),
+                None,
+                "proxy-1",
+                60_000,
+            )
+            .await
+            .expect("replay");
+        assert!(
+            matches!(common::applied(replayed), InlineClaim::Existing(_)),
+            "a replay finds the settled operation"
+        );
+    }
+    let counted = proxy.count() - before;
+    assert_eq!(
+        counted, CALLS as u64,
+        "{counted} round trips for {CALLS} replays"
+    );
+    ledger.close().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

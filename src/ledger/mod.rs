@@ -53,6 +53,7 @@ mod error;
 mod lease;
 mod operation;
 mod operation_types;
+mod pool;
 mod read;
 mod retention;
 mod run;
@@ -68,7 +69,7 @@ use std::time::Duration;
 
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::query::QueryAs;
-use sqlx::{FromRow, PgPool, Postgres};
+use sqlx::{FromRow, Postgres};
 
 pub use access_token::{
     NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
@@ -165,7 +166,7 @@ impl Default for LedgerOptions {
 /// Handle to the ledger. Cheap to clone (the pool is shared).
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    pool: PgPool,
+    pool: pool::SessionPool,
     options: LedgerOptions,
 }
 
@@ -191,50 +192,22 @@ impl Ledger {
     ) -> Result<Self, LedgerError> {
         preflight(&connect, &options).await?;
         let connect = connect.application_name(&options.application_name);
-        let role = options.session_role.clone();
-        let statement_timeout_ms = options.statement_timeout.as_millis().to_string();
-        let strict_commit = options.synchronous_commit_at_least_on;
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            // A liveness ping before each call would double the round trips;
-            // a dead idle connection instead surfaces as an error on use.
-            .test_before_acquire(false)
-            .idle_timeout(Some(Duration::from_secs(60)))
-            .after_connect(move |conn, _meta| {
-                let role = role.clone();
-                let statement_timeout_ms = statement_timeout_ms.clone();
-                Box::pin(async move {
-                    sqlx::query("SELECT set_config('statement_timeout', $1, false)")
-                        .bind(statement_timeout_ms)
-                        .execute(&mut *conn)
-                        .await?;
-                    if strict_commit {
-                        // At least `on`: a commit returns once the synchronous
-                        // standbys flushed it (`remote_apply`: applied it).
-                        sqlx::query(
-                            "SELECT set_config('synchronous_commit', \
-                             CASE WHEN current_setting('synchronous_commit') = 'remote_apply' \
-                                  THEN 'remote_apply' ELSE 'on' END, false)",
-                        )
-                        .execute(&mut *conn)
-                        .await?;
-                    }
-                    if let Some(role) = role {
-                        sqlx::query("SELECT set_config('role', $1, false)")
-                            .bind(role)
-                            .execute(&mut *conn)
-                            .await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect_with(connect)
-            .await
-            .map_err(|source| LedgerError::Unavailable {
-                call: "connect",
-                source,
-            })?;
+        // Opens sessions as calls need them (preflight just proved the
+        // server, login, database and role).
+        let pool = pool::SessionPool::new(
+            connect,
+            pool::Setup {
+                statement_timeout: options.statement_timeout,
+                synchronous_commit_at_least_on: options.synchronous_commit_at_least_on,
+                role: options.session_role.clone(),
+            },
+            options.max_connections,
+            options.acquire_timeout,
+        )
+        .map_err(|source| LedgerError::Unavailable {
+            call: "connect",
+            source,
+        })?;
         Ok(Self { pool, options })
     }
 
@@ -341,7 +314,8 @@ impl Ledger {
         &self.options
     }
 
-    /// Closes the pool, waiting for calls in flight.
+    /// Refuses new calls and closes the idle sessions; a call in flight
+    /// finishes, and its session is closed when it comes back.
     pub async fn close(&self) {
         self.pool.close().await;
     }
@@ -405,11 +379,14 @@ impl Ledger {
         loop {
             let mut conn = self
                 .pool
-                .acquire()
+                .checkout()
                 .await
                 .map_err(|source| LedgerError::Unavailable { call, source })?;
-            let error = match build().fetch_all(&mut *conn).await {
-                Ok(rows) => return Ok(rows),
+            let error = match build().fetch_all(conn.connection()).await {
+                Ok(rows) => {
+                    conn.finished();
+                    return Ok(rows);
+                }
                 Err(error) => error,
             };
             match classify(&error) {
@@ -422,11 +399,12 @@ impl Ledger {
                         });
                     }
                     tracing::debug!(call, attempt, sqlstate, "transaction aborted; retrying");
-                    drop(conn);
+                    conn.finished();
                     tokio::time::sleep(retry_backoff(attempt)).await;
                     attempt += 1;
                 }
                 ErrorClass::Refused => {
+                    conn.finished();
                     return Err(LedgerError::Database {
                         call,
                         source: error,
@@ -434,7 +412,7 @@ impl Ledger {
                 }
                 ErrorClass::InFlight => {
                     // The session may be broken; never hand it out again.
-                    conn.close_on_drop();
+                    conn.discard();
                     return Err(if writes {
                         LedgerError::OutcomeUnknown {
                             call,
@@ -448,6 +426,8 @@ impl Ledger {
                     });
                 }
                 ErrorClass::Undecodable => {
+                    // Rows may be left unread: do not reuse the session.
+                    conn.discard();
                     return Err(LedgerError::Protocol {
                         call,
                         detail: error.to_string(),
