@@ -21,7 +21,9 @@
 //!   archive), `stored_json` (JSON that `jsonb` cannot hold, such as U+0000,
 //!   stored and read back exactly, and sealed bodies opened in the same
 //!   walk), `secrets` (key rotation: `operation_reseal`), `console` (the web
-//!   console's searches and counts: tenant-scoped, read-only). Every body
+//!   console's searches and counts: tenant-scoped, read-only), `pool` (the
+//!   sessions: deadpool over sqlx's `PgConnection`, returned without sqlx's
+//!   ping, so a statement is one round trip on the wire). Every body
 //!   written (request, result, evidence) passes the policy's data rules
 //!   (`LedgerOptions::bodies`) and every body read is opened. Retries of 40001/40P01, "outcome
 //!   unknown" on a connection lost mid-call; a ledger that cannot be opened

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 /// External crates and the places (path prefixes under `src/`) that may use them.
 const CRATE_RULES: &[(&str, &[&str])] = &[
     ("sqlx", &["ledger/"]),
+    ("deadpool", &["ledger/pool.rs"]),
     ("rmcp", &["mcp/"]),
     // HTTP framework types stay in the control API and the MCP front.
     // limits/: the one server both listeners are served by.
