@@ -1273,6 +1273,7 @@ fn group_commit_settings(
         }
         settings.max_batch = max_batch;
     }
-    let on = crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));
+    let on =
+        crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));
     Ok(on.then_some(settings))
 }

@@ -46,6 +46,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -124,6 +125,24 @@ type Reply<A> = oneshot::Sender<Result<ItemAnswer<A>, LedgerError>>;
 /// The queue of one kind; the drainer ends when every sender is gone.
 pub(super) struct Batcher<F: Flush> {
     queue: mpsc::UnboundedSender<(F::Item, Reply<F::Answer>)>,
+    counts: Arc<Counts>,
+}
+
+/// Batches sent and items they carried, for tests and benchmarks.
+#[derive(Debug, Default)]
+struct Counts {
+    batches: AtomicU64,
+    items: AtomicU64,
+}
+
+/// What a ledger's group committer has sent so far: statements (batches)
+/// and the calls they carried, per kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCommitCounts {
+    pub register_batches: u64,
+    pub register_items: u64,
+    pub settle_batches: u64,
+    pub settle_items: u64,
 }
 
 impl<F: Flush> std::fmt::Debug for Batcher<F> {
@@ -137,8 +156,9 @@ impl<F: Flush> Batcher<F> {
     /// hold a group (it would keep the queue open forever).
     pub(super) fn start(ledger: Ledger, settings: GroupCommitSettings) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(drain::<F>(ledger, receiver, settings));
-        Self { queue }
+        let counts = Arc::new(Counts::default());
+        tokio::spawn(drain::<F>(ledger, receiver, settings, counts.clone()));
+        Self { queue, counts }
     }
 
     /// Enqueues `item` and waits for its batch's answer.
@@ -163,6 +183,15 @@ pub(super) struct Group {
 }
 
 impl Group {
+    pub(super) fn counts(&self) -> GroupCommitCounts {
+        GroupCommitCounts {
+            register_batches: self.registers.counts.batches.load(Ordering::Relaxed),
+            register_items: self.registers.counts.items.load(Ordering::Relaxed),
+            settle_batches: self.settles.counts.batches.load(Ordering::Relaxed),
+            settle_items: self.settles.counts.items.load(Ordering::Relaxed),
+        }
+    }
+
     pub(super) fn start(plain: &Ledger, settings: GroupCommitSettings) -> Arc<Self> {
         Arc::new(Self {
             registers: Batcher::start(plain.clone(), settings),
@@ -175,6 +204,7 @@ async fn drain<F: Flush>(
     ledger: Ledger,
     mut receiver: mpsc::UnboundedReceiver<(F::Item, Reply<F::Answer>)>,
     settings: GroupCommitSettings,
+    counts: Arc<Counts>,
 ) {
     let max_batch = settings.max_batch.clamp(1, MAX_BATCH_LIMIT);
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
@@ -199,11 +229,16 @@ async fn drain<F: Flush>(
             }
         }
         let ledger = ledger.clone();
+        let counts = counts.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
                 .record(items.len() as f64);
+            counts.batches.fetch_add(1, Ordering::Relaxed);
+            counts
+                .items
+                .fetch_add(items.len() as u64, Ordering::Relaxed);
             match F::flush(&ledger, &items).await {
                 Ok(answers) if answers.len() == replies.len() => {
                     for (reply, answer) in replies.into_iter().zip(answers) {
@@ -240,7 +275,9 @@ fn fan_out<T>(error: &LedgerError) -> Result<ItemAnswer<T>, LedgerError> {
             call,
             detail: detail.clone(),
         }),
-        LedgerError::Sealed { after_call: true, .. } => Err(LedgerError::Protocol {
+        LedgerError::Sealed {
+            after_call: true, ..
+        } => Err(LedgerError::Protocol {
             call: "group commit",
             detail: error.to_string(),
         }),

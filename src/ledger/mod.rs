@@ -104,8 +104,9 @@ pub use types::{
 
 use error::{ErrorClass, classify};
 pub use group::{
-    BATCHES_IN_FLIGHT, GROUP_COMMIT_ENV, GroupCommitSettings, MAX_BATCH_LIMIT as GROUP_COMMIT_MAX_BATCH,
-    MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW, env_override as group_commit_env_override,
+    BATCHES_IN_FLIGHT, GROUP_COMMIT_ENV, GroupCommitCounts, GroupCommitSettings,
+    MAX_BATCH_LIMIT as GROUP_COMMIT_MAX_BATCH, MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW,
+    env_override as group_commit_env_override,
 };
 
 /// The database role the application runs as (created by the migrations).
@@ -362,6 +363,11 @@ impl Ledger {
 
     pub fn options(&self) -> &LedgerOptions {
         &self.options
+    }
+
+    /// What the group committer sent so far (`None`: group commit is off).
+    pub fn group_commit_counts(&self) -> Option<GroupCommitCounts> {
+        self.group.as_ref().map(|group| group.counts())
     }
 
     /// Closes the pool, waiting for calls in flight.

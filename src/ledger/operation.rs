@@ -639,7 +639,10 @@ impl Ledger {
         };
         let ClaimRow { row, wal } = match batched {
             Some(row) => row,
-            None => self.register_claim_alone(tenant, claim, &params, dispatch_owner, claim_ttl_ms).await?,
+            None => {
+                self.register_claim_alone(tenant, claim, &params, dispatch_owner, claim_ttl_ms)
+                    .await?
+            }
         };
         let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(intent), self.bodies())? {
@@ -674,11 +677,8 @@ impl Ledger {
         claim_ttl_ms: i64,
     ) -> Result<ClaimRow, LedgerError> {
         const CALL: &str = "operation_register_claim";
-        self
-            .invoke(CALL, true, || {
-                sqlx::query_as(
-                    "SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)",
-                )
+        self.invoke(CALL, true, || {
+            sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)")
                 .bind(claim.run_id.as_uuid())
                 .bind(claim.owner.as_str())
                 .bind(claim.epoch)
@@ -687,8 +687,8 @@ impl Ledger {
                 .bind(dispatch_owner)
                 .bind(claim_ttl_ms)
                 .bind(tenant)
-            })
-            .await
+        })
+        .await
     }
 
     /// The dispatcher's claim: up to `limit` prepared operations of live
@@ -780,7 +780,10 @@ impl Ledger {
         };
         let answer: SettleRow = match batched {
             Some(row) => row,
-            None => self.settle_alone(claim, settlement, remote_id, &result).await?,
+            None => {
+                self.settle_alone(claim, settlement, remote_id, &result)
+                    .await?
+            }
         };
         let position = answer.wal.position(CALL)?;
         let row = answer.into_op_row();
@@ -821,18 +824,17 @@ impl Ledger {
         result: &Value,
     ) -> Result<SettleRow, LedgerError> {
         const CALL: &str = "operation_settle";
-        self
-            .invoke(CALL, true, || {
-                sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
-                    .bind(claim.operation_id.as_str())
-                    .bind(claim.dispatch_owner.as_str())
-                    .bind(claim.revision)
-                    .bind(claim.request_digest.as_str())
-                    .bind(settlement.as_str())
-                    .bind(remote_id)
-                    .bind(Json(result))
-            })
-            .await
+        self.invoke(CALL, true, || {
+            sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
+                .bind(claim.operation_id.as_str())
+                .bind(claim.dispatch_owner.as_str())
+                .bind(claim.revision)
+                .bind(claim.request_digest.as_str())
+                .bind(settlement.as_str())
+                .bind(remote_id)
+                .bind(Json(result))
+        })
+        .await
     }
 
     /// `dispatching` → `unknown`, guarded by the claim's owner and revision;
@@ -1383,16 +1385,20 @@ impl Flush for RegisterBatch {
                 .bind(&tenants[..])
             })
             .await?;
-        in_item_order(Self::CALL, items.len(), rows.into_iter().map(|row| {
-            let answer = match row.error_sqlstate {
-                Some(sqlstate) => {
-                    tracing::debug!(sqlstate, "group commit item raised; sent alone");
-                    ItemAnswer::Alone
-                }
-                None => ItemAnswer::Verdict(row.claim),
-            };
-            (row.item, answer)
-        }))
+        in_item_order(
+            Self::CALL,
+            items.len(),
+            rows.into_iter().map(|row| {
+                let answer = match row.error_sqlstate {
+                    Some(sqlstate) => {
+                        tracing::debug!(sqlstate, "group commit item raised; sent alone");
+                        ItemAnswer::Alone
+                    }
+                    None => ItemAnswer::Verdict(row.claim),
+                };
+                (row.item, answer)
+            }),
+        )
     }
 }
 
@@ -1416,7 +1422,9 @@ fn in_item_order<T>(
     slots
         .into_iter()
         .enumerate()
-        .map(|(i, slot)| slot.ok_or_else(|| protocol(call, format!("no answer for item {}", i + 1))))
+        .map(|(i, slot)| {
+            slot.ok_or_else(|| protocol(call, format!("no answer for item {}", i + 1)))
+        })
         .collect()
 }
 
@@ -1498,35 +1506,39 @@ impl Flush for SettleBatch {
             })
             .await?;
         let wal = answer.wal;
-        in_item_order(Self::CALL, items.len(), answer.verdicts.0.into_iter().map(|v| {
-            let item = v.item;
-            let answer = match (v.error_sqlstate, v.outcome) {
-                (None, Some(outcome)) => ItemAnswer::Verdict(SettleRow {
-                    outcome,
-                    db_now: v.db_now,
-                    operation_id: v.operation_id,
-                    run_id: v.run_id,
-                    step_id: v.step_id,
-                    effect_version: v.effect_version,
-                    tool_name: v.tool_name,
-                    request_digest: v.request_digest,
-                    status: v.status,
-                    revision: v.revision,
-                    dispatch_owner: v.dispatch_owner,
-                    dispatch_until: v.dispatch_until,
-                    dispatch_count: v.dispatch_count,
-                    remote_id: v.remote_id,
-                    evidence_id: v.evidence_id,
-                    upstream: v.upstream,
-                    upstream_tool: v.upstream_tool,
-                    wal: wal.clone(),
-                }),
-                (sqlstate, _) => {
-                    tracing::debug!(?sqlstate, "group commit settle item raised; sent alone");
-                    ItemAnswer::Alone
-                }
-            };
-            (item, answer)
-        }))
+        in_item_order(
+            Self::CALL,
+            items.len(),
+            answer.verdicts.0.into_iter().map(|v| {
+                let item = v.item;
+                let answer = match (v.error_sqlstate, v.outcome) {
+                    (None, Some(outcome)) => ItemAnswer::Verdict(SettleRow {
+                        outcome,
+                        db_now: v.db_now,
+                        operation_id: v.operation_id,
+                        run_id: v.run_id,
+                        step_id: v.step_id,
+                        effect_version: v.effect_version,
+                        tool_name: v.tool_name,
+                        request_digest: v.request_digest,
+                        status: v.status,
+                        revision: v.revision,
+                        dispatch_owner: v.dispatch_owner,
+                        dispatch_until: v.dispatch_until,
+                        dispatch_count: v.dispatch_count,
+                        remote_id: v.remote_id,
+                        evidence_id: v.evidence_id,
+                        upstream: v.upstream,
+                        upstream_tool: v.upstream_tool,
+                        wal: wal.clone(),
+                    }),
+                    (sqlstate, _) => {
+                        tracing::debug!(?sqlstate, "group commit settle item raised; sent alone");
+                        ItemAnswer::Alone
+                    }
+                };
+                (item, answer)
+            }),
+        )
     }
 }
