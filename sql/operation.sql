@@ -395,9 +395,8 @@ BEGIN
     RAISE EXCEPTION 'register-claim batch arrays differ in length' USING ERRCODE = '22023';
   END IF;
   FOR i IN
-    SELECT u.ord::integer
-      FROM unnest(p_run_ids, p_intents) WITH ORDINALITY AS u(r, it, ord)
-     ORDER BY u.r, (u.it).step_id, u.ord
+    SELECT g.k FROM generate_subscripts(p_run_ids, 1) AS g(k)
+     ORDER BY p_run_ids[g.k], (p_intents[g.k]).step_id, g.k
   LOOP
     BEGIN
       RETURN QUERY
@@ -595,7 +594,7 @@ BEGIN
   END IF;
   answers := array_fill(NULL::jsonb, ARRAY[n]);
   FOR i IN
-    SELECT u.ord::integer FROM unnest(p_operation_ids) WITH ORDINALITY AS u(op, ord) ORDER BY u.op, u.ord
+    SELECT g.k FROM generate_subscripts(p_operation_ids, 1) AS g(k) ORDER BY p_operation_ids[g.k], g.k
   LOOP
     BEGIN
       s := public.operation_settle(p_operation_ids[i], p_dispatch_owners[i], p_expected_revisions[i],

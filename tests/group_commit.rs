@@ -135,8 +135,10 @@ async fn concurrent_calls_of_different_runs_share_statements_and_write_what_the_
     let after = db.ledger.group_commit_counts().unwrap();
     let registers = after.register_batches - before.register_batches;
     let settles = after.settle_batches - before.settle_batches;
+    // Every call was answered by a batch statement, none sent again alone.
     assert_eq!(after.register_items - before.register_items, RUNS as u64);
     assert_eq!(after.settle_items - before.settle_items, RUNS as u64);
+    assert_eq!((after.register_alone, after.settle_alone), (0, 0));
     assert!(
         registers < RUNS as u64 && settles < RUNS as u64,
         "{RUNS} concurrent calls were sent in {registers} register and {settles} settle statements"
@@ -233,7 +235,9 @@ async fn a_refused_item_is_refused_alone_and_the_others_in_its_batch_are_claimed
     let batched = within("the batch", answers(db.ledger.clone())).await;
     let after = db.ledger.group_commit_counts().unwrap();
     assert!(
-        after.register_batches - before.register_batches < calls.len() as u64,
+        after.register_batches - before.register_batches < calls.len() as u64
+            && after.register_items - before.register_items == calls.len() as u64
+            && after.register_alone == 0,
         "the calls were not batched: {before:?} -> {after:?}"
     );
     let kind = |outcome: &Fenced<InlineClaim>| match outcome {
@@ -337,6 +341,8 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
         }
     }
     assert_eq!((settled, evidence), (1, 1));
+    let counts = db.ledger.group_commit_counts().unwrap();
+    assert_eq!((counts.settle_items, counts.settle_alone), (2, 0));
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -439,4 +445,66 @@ async fn a_batch_racing_a_takeover_never_claims_for_the_stale_holder(
         claimed.len(),
         "every row is a claim its caller was told of"
     );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_others(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (a, _) = db.running_run("agent-1", 30_000).await;
+    let (b, _) = db.running_run("agent-1", 30_000).await;
+    let hash = |lease: &LeaseClaim| lease.token.as_ref().map(|t| t.sha256());
+    // Item 2's claim ttl of 0 raises 22023 in operation_register_claim.
+    let call_a = intent(a.run_id, "s", json!({}));
+    let call_b = intent(b.run_id, "s", json!({}));
+    let rows: Vec<(i32, Option<String>, String)> = sqlx::query_as(
+        "SELECT item, error_sqlstate, outcome FROM operation_register_claim_batch(
+           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
+           ARRAY[ROW($4, 's', 1, 't', $5, '{}'::jsonb, NULL, NULL)::operation_intent,
+                 ROW($6, 's', 1, 't', $7, '{}'::jsonb, NULL, NULL)::operation_intent],
+           ARRAY['proxy-1', 'proxy-1'], ARRAY[30000, 0]::bigint[], ARRAY[NULL, NULL]::text[])
+         ORDER BY item",
+    )
+    .bind(vec![a.run_id.as_uuid(), b.run_id.as_uuid()])
+    .bind(vec![a.epoch, b.epoch])
+    .bind(vec![hash(&a), hash(&b)])
+    .bind(call_a.operation_id.as_str())
+    .bind(call_a.request_digest.as_str())
+    .bind(call_b.operation_id.as_str())
+    .bind(call_b.request_digest.as_str())
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            (1, None, "claimed".to_owned()),
+            (2, Some("22023".to_owned()), "item_error".to_owned())
+        ]
+    );
+    let ops: Vec<String> = sqlx::query_scalar("SELECT operation_id FROM tool_operations")
+        .fetch_all(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(ops, [call_a.operation_id.as_str()]);
+    // The settle batch: a bad status raises for its item only.
+    let (verdicts,): (Value,) = sqlx::query_as(
+        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+           ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['bogus', 'succeeded'], ARRAY[NULL, 'r']::text[],
+           ARRAY['{}', '{}']::jsonb[])",
+    )
+    .bind(call_a.operation_id.as_str())
+    .bind(call_a.request_digest.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(verdicts[0]["error_sqlstate"], "22023");
+    assert_eq!(verdicts[1]["outcome"], "settled");
+    let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(status, "succeeded");
 }

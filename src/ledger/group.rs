@@ -128,21 +128,26 @@ pub(super) struct Batcher<F: Flush> {
     counts: Arc<Counts>,
 }
 
-/// Batches sent and items they carried, for tests and benchmarks.
+/// Batches answered by the database and the items they answered with a
+/// verdict (not those sent again alone), for tests and benchmarks.
 #[derive(Debug, Default)]
 struct Counts {
     batches: AtomicU64,
     items: AtomicU64,
+    alone: AtomicU64,
 }
 
-/// What a ledger's group committer has sent so far: statements (batches)
-/// and the calls they carried, per kind.
+/// What a ledger's group committer has done so far, per kind: batch
+/// statements the database answered, calls answered by them, and calls
+/// sent again alone (an item that raised, or a batch that failed).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct GroupCommitCounts {
     pub register_batches: u64,
     pub register_items: u64,
+    pub register_alone: u64,
     pub settle_batches: u64,
     pub settle_items: u64,
+    pub settle_alone: u64,
 }
 
 impl<F: Flush> std::fmt::Debug for Batcher<F> {
@@ -187,8 +192,10 @@ impl Group {
         GroupCommitCounts {
             register_batches: self.registers.counts.batches.load(Ordering::Relaxed),
             register_items: self.registers.counts.items.load(Ordering::Relaxed),
+            register_alone: self.registers.counts.alone.load(Ordering::Relaxed),
             settle_batches: self.settles.counts.batches.load(Ordering::Relaxed),
             settle_items: self.settles.counts.items.load(Ordering::Relaxed),
+            settle_alone: self.settles.counts.alone.load(Ordering::Relaxed),
         }
     }
 
@@ -235,13 +242,15 @@ async fn drain<F: Flush>(
             let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
             metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
                 .record(items.len() as f64);
-            counts.batches.fetch_add(1, Ordering::Relaxed);
-            counts
-                .items
-                .fetch_add(items.len() as u64, Ordering::Relaxed);
             match F::flush(&ledger, &items).await {
                 Ok(answers) if answers.len() == replies.len() => {
+                    counts.batches.fetch_add(1, Ordering::Relaxed);
                     for (reply, answer) in replies.into_iter().zip(answers) {
+                        let counter = match answer {
+                            ItemAnswer::Verdict(_) => &counts.items,
+                            ItemAnswer::Alone => &counts.alone,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
                         let _ = reply.send(Ok(answer));
                     }
                 }
@@ -255,6 +264,10 @@ async fn drain<F: Flush>(
                     }
                 }
                 Err(error) => {
+                    tracing::warn!(call = F::CALL, %error, "group commit batch failed");
+                    counts
+                        .alone
+                        .fetch_add(replies.len() as u64, Ordering::Relaxed);
                     for reply in replies {
                         let _ = reply.send(fan_out(&error));
                     }
