@@ -88,24 +88,22 @@ async fn gated_call(ledger: &Ledger, lease: LeaseClaim) -> RunId {
 
 /// The rows and events of a run, without ids and times.
 async fn footprint(db: &TestDb, run_id: RunId) -> Value {
-    let ops: Vec<(String, i64, i32, Option<String>, Option<String>)> = sqlx::query_as(
-        "SELECT status, revision, dispatch_count, remote_id, dispatch_owner FROM tool_operations WHERE run_id = $1",
+    sqlx::query_scalar(
+        "SELECT jsonb_build_object(
+           'ops', (SELECT jsonb_agg(jsonb_build_array(status, revision, dispatch_count, remote_id,
+                                                     dispatch_owner))
+                     FROM tool_operations WHERE run_id = $1),
+           'events', (SELECT jsonb_agg(jsonb_build_array(subject, from_status, to_status, actor_kind,
+                                                        actor, revision,
+                                                        (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]')
+                                                           FROM jsonb_object_keys(detail) k))
+                                       ORDER BY event_id)
+                        FROM ledger_events WHERE run_id = $1 AND subject = 'operation'))",
     )
     .bind(run_id.as_uuid())
-    .fetch_all(&db.admin)
+    .fetch_one(&db.admin)
     .await
-    .unwrap();
-    let events: Vec<(String, Option<String>, String, String, Option<String>, i64, Value)> =
-        sqlx::query_as(
-            "SELECT subject, from_status, to_status, actor_kind, actor, revision,
-                    (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]') FROM jsonb_object_keys(detail) k)
-               FROM ledger_events WHERE run_id = $1 AND subject = 'operation' ORDER BY event_id",
-        )
-        .bind(run_id.as_uuid())
-        .fetch_all(&db.admin)
-        .await
-        .unwrap();
-    json!({"ops": format!("{ops:?}"), "events": format!("{events:?}")})
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

@@ -850,13 +850,11 @@ impl AgentCtx {
                 if status == 409
                     && body["code"] == "active_run_live"
                     && body["detail"]["lease"]["owner"] == owner.as_str()
+                    && let Some(live) = body["detail"]["run_id"].as_str()
+                    && live != run_id
                 {
-                    if let Some(live) = body["detail"]["run_id"].as_str() {
-                        if live != run_id {
-                            self.cancel_run(live).await;
-                            continue;
-                        }
-                    }
+                    self.cancel_run(live).await;
+                    continue;
                 }
                 if status < 500 {
                     record.gave_up = Some(format!("create run: {status} {body}"));

@@ -1188,6 +1188,40 @@ pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
     check_commands(&Config::load(path)?, path)
 }
 
+/// `group_commit`, `group_commit_window` and `group_commit_max_batch`,
+/// checked (also when group commit is off, so that turning it on later
+/// cannot surface a typo), then `LEASEGATE_GROUP_COMMIT` over
+/// `group_commit`.
+fn group_commit_settings(
+    raw: &RawConfig,
+) -> Result<Option<crate::ledger::GroupCommitSettings>, String> {
+    use crate::ledger::{GROUP_COMMIT_MAX_BATCH, GROUP_COMMIT_MAX_WINDOW, GroupCommitSettings};
+    let mut settings = GroupCommitSettings::default();
+    if let Some(text) = &raw.group_commit_window {
+        let window = crate::policy::parse_duration("group_commit_window", text)
+            .map_err(|e| e.to_string())?;
+        if window > GROUP_COMMIT_MAX_WINDOW {
+            return Err(format!(
+                "group_commit_window: must be at most 50ms (it delays every batched call), got {text:?}"
+            ));
+        }
+        settings.window = window;
+    }
+    if let Some(max_batch) = raw.group_commit_max_batch {
+        let max_batch = usize::try_from(max_batch).unwrap_or(usize::MAX);
+        if !(1..=GROUP_COMMIT_MAX_BATCH).contains(&max_batch) {
+            return Err(format!(
+                "group_commit_max_batch: must be 1 to {GROUP_COMMIT_MAX_BATCH} (one subtransaction per call; \
+                 PostgreSQL caches 64 per transaction), got {max_batch}"
+            ));
+        }
+        settings.max_batch = max_batch;
+    }
+    let on =
+        crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));
+    Ok(on.then_some(settings))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1242,38 +1276,4 @@ mod tests {
             "database_url in /etc/leasegate.toml"
         );
     }
-}
-
-/// `group_commit`, `group_commit_window` and `group_commit_max_batch`,
-/// checked (also when group commit is off, so that turning it on later
-/// cannot surface a typo), then `LEASEGATE_GROUP_COMMIT` over
-/// `group_commit`.
-fn group_commit_settings(
-    raw: &RawConfig,
-) -> Result<Option<crate::ledger::GroupCommitSettings>, String> {
-    use crate::ledger::{GROUP_COMMIT_MAX_BATCH, GROUP_COMMIT_MAX_WINDOW, GroupCommitSettings};
-    let mut settings = GroupCommitSettings::default();
-    if let Some(text) = &raw.group_commit_window {
-        let window = crate::policy::parse_duration("group_commit_window", text)
-            .map_err(|e| e.to_string())?;
-        if window > GROUP_COMMIT_MAX_WINDOW {
-            return Err(format!(
-                "group_commit_window: must be at most 50ms (it delays every batched call), got {text:?}"
-            ));
-        }
-        settings.window = window;
-    }
-    if let Some(max_batch) = raw.group_commit_max_batch {
-        let max_batch = usize::try_from(max_batch).unwrap_or(usize::MAX);
-        if !(1..=GROUP_COMMIT_MAX_BATCH).contains(&max_batch) {
-            return Err(format!(
-                "group_commit_max_batch: must be 1 to {GROUP_COMMIT_MAX_BATCH} (one subtransaction per call; \
-                 PostgreSQL caches 64 per transaction), got {max_batch}"
-            ));
-        }
-        settings.max_batch = max_batch;
-    }
-    let on =
-        crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));
-    Ok(on.then_some(settings))
 }

@@ -4,8 +4,9 @@
 //! flush. Off by default ([`LedgerOptions::group_commit`] `None`).
 //!
 //! A caller enqueues its item and awaits a oneshot. One drainer task per
-//! kind takes the first queued item, then everything queued within
-//! [`GroupCommitSettings::window`] up to [`GroupCommitSettings::max_batch`],
+//! kind takes the first queued item, then everything already queued and,
+//! while another batch of its kind is in flight, what arrives within
+//! [`GroupCommitSettings::window`], up to [`GroupCommitSettings::max_batch`],
 //! and sends the batch as ONE statement (`operation_register_claim_batch`,
 //! `CALL operation_settle_acknowledged_batch`, `sql/operation.sql`) on a
 //! task of its own (at most [`BATCHES_IN_FLIGHT`] at once, so one slow
@@ -216,11 +217,21 @@ async fn drain<F: Flush>(
     let max_batch = settings.max_batch.clamp(1, MAX_BATCH_LIMIT);
     let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
     while let Some(first) = receiver.recv().await {
+        // Idle (no batch of this kind in flight): send what is queued now,
+        // without waiting for the window: a lone caller pays no window.
+        // Busy: wait up to the window for more (tokio's timer rounds it
+        // up to its 1 ms tick).
+        let idle = in_flight.available_permits() == BATCHES_IN_FLIGHT;
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
         let mut batch = vec![first];
-        let deadline = Instant::now() + settings.window;
+        let deadline = Instant::now()
+            + if idle {
+                Duration::ZERO
+            } else {
+                settings.window
+            };
         while batch.len() < max_batch {
             match receiver.try_recv() {
                 Ok(next) => {

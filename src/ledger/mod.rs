@@ -180,7 +180,8 @@ impl Default for LedgerOptions {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     pool: PgPool,
-    options: LedgerOptions,
+    /// Shared by the clones (keeps a `Ledger` small to move and clone).
+    options: std::sync::Arc<LedgerOptions>,
     /// The group committer's queues, when `options.group_commit` is set.
     group: Option<std::sync::Arc<group::Group>>,
 }
@@ -253,7 +254,7 @@ impl Ledger {
             })?;
         let mut ledger = Self {
             pool,
-            options,
+            options: std::sync::Arc::new(options),
             group: None,
         };
         if let Some(settings) = ledger.options.group_commit {
