@@ -5,7 +5,12 @@
 //! also checks the run's tenant, and on a replay samples the WAL position)
 //! and `CALL operation_settle_acknowledged` after it (the settle committed,
 //! then the WAL position read: the durability gate's sample, in the same
-//! round trip). A replay served from the ledger costs one.
+//! round trip). A replay served from the ledger costs one. With group
+//! commit on ([`super::LedgerOptions::group_commit`], `group.rs`) both go
+//! through the group committer, which sends many callers' calls as one
+//! `operation_register_claim_batch` / `CALL
+//! operation_settle_acknowledged_batch` and decodes each caller's verdict
+//! here exactly as the single answer is decoded.
 //!
 //! # Failure handling (at each durability boundary)
 //!
