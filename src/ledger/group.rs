@@ -1,7 +1,7 @@
 //! Group commit of the proxy's hot path (issue 14 P6): concurrent
 //! `operation_register_claim` calls (and, separately, concurrent settles)
 //! of different runs share one statement, one transaction and one WAL
-//! flush. Off by default ([`LedgerOptions::group_commit`] `None`).
+//! flush. Off by default ([`super::LedgerOptions::group_commit`] `None`).
 //!
 //! A caller enqueues its item and awaits a oneshot. One drainer task per
 //! kind takes the first queued item, then everything already queued and,
@@ -57,7 +57,7 @@ use super::{Ledger, LedgerError};
 
 /// The environment variable that turns group commit on (`1`, `true`,
 /// `on`) or off (`0`, `false`, `off`) over the configuration, for the
-/// config file's `serve`/`stdio` and for every [`LedgerOptions::default`]
+/// config file's `serve`/`stdio` and for every [`super::LedgerOptions::default`]
 /// (so `LEASEGATE_GROUP_COMMIT=1 cargo test` runs the suite batched).
 pub const GROUP_COMMIT_ENV: &str = "LEASEGATE_GROUP_COMMIT";
 
