@@ -343,6 +343,83 @@ BEGIN
 END
 $$;
 
+-- Group commit (issue 14 P6): N register-claims of (usually) different
+-- runs in ONE statement and transaction. Each item is exactly one call of
+-- operation_register_claim above (the one definition of its fence, tenant,
+-- lease-token, conflict and event rules), so an item's verdict is the one
+-- the single call would give under the same snapshot.
+-- Items run in the order (run_id, step_id, item): every lock an item takes
+-- (its lease row FOR SHARE, its operation row FOR UPDATE or the unique
+-- index entry it inserts) is keyed by its own (run, step), so two batches
+-- take their locks in one global order and cannot deadlock on them; a
+-- takeover of a run's lease waits for the batch's commit (invariant 1), and
+-- no caller is answered before that commit. Two items of the same step in
+-- one batch: the first inserts (claimed), the second finds that row of its
+-- own transaction (FOR UPDATE of an own row does not wait) and answers
+-- 'exists' with status dispatching: what the second of two concurrent
+-- single calls answers once the first has committed.
+-- Each item runs in its own subtransaction (BEGIN ... EXCEPTION): an item
+-- that raises (bad arguments 22023, 40001 after colliding inserts, a
+-- deadlock with a foreign lock order) is rolled back alone and comes back
+-- as (item, error_sqlstate, error_message, outcome 'item_error'); the
+-- others stand. Cost: one subtransaction (and, since it writes, one
+-- subtransaction XID) per item; more than 64 in one transaction overflow
+-- the per-backend subxid cache, hence the batch cap of 64.
+-- The caller (src/ledger/group.rs) sends an erroring item again alone
+-- through the single function, which then answers or raises as it would
+-- have; nothing of it was written by the batch.
+CREATE OR REPLACE FUNCTION operation_register_claim_batch(
+  p_run_ids uuid[], p_owners text[], p_epochs bigint[], p_token_sha256s bytea[],
+  p_intents operation_intent[], p_dispatch_owners text[], p_claim_ttl_ms bigint[], p_tenants text[])
+RETURNS TABLE (item integer, error_sqlstate text, error_message text,
+  outcome text, run_status text, run_revision bigint, lease_owner text,
+  lease_epoch bigint, lease_expires_at timestamptz, db_now timestamptz,
+  operation_id text, run_id uuid, step_id text, effect_version integer,
+  tool_name text, request_digest text, status text, revision bigint,
+  dispatch_owner text, dispatch_until timestamptz, dispatch_count integer,
+  remote_id text, result jsonb, evidence_id bigint, upstream text,
+  upstream_tool text, system_identifier text, timeline bigint, wal_lsn bigint)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  n     integer := cardinality(p_run_ids);
+  i     integer;
+  state text;
+  msg   text;
+BEGIN
+  IF n IS NULL OR n = 0 OR n > 64 THEN
+    RAISE EXCEPTION 'a register-claim batch holds 1..64 items, got %', n USING ERRCODE = '22023';
+  END IF;
+  IF cardinality(p_owners) <> n OR cardinality(p_epochs) <> n OR cardinality(p_token_sha256s) <> n
+     OR cardinality(p_intents) <> n OR cardinality(p_dispatch_owners) <> n
+     OR cardinality(p_claim_ttl_ms) <> n OR cardinality(p_tenants) <> n THEN
+    RAISE EXCEPTION 'register-claim batch arrays differ in length' USING ERRCODE = '22023';
+  END IF;
+  FOR i IN
+    SELECT g.k FROM generate_subscripts(p_run_ids, 1) AS g(k)
+     ORDER BY p_run_ids[g.k], (p_intents[g.k]).step_id, g.k
+  LOOP
+    BEGIN
+      RETURN QUERY
+        SELECT i, NULL::text, NULL::text, c.*
+          FROM operation_register_claim(p_run_ids[i], p_owners[i], p_epochs[i], p_token_sha256s[i],
+                                        p_intents[i], p_dispatch_owners[i], p_claim_ttl_ms[i],
+                                        p_tenants[i]) c;
+    EXCEPTION WHEN OTHERS THEN
+      GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+      item := i; error_sqlstate := state; error_message := msg;
+      outcome := 'item_error'; run_status := NULL; run_revision := NULL; lease_owner := NULL;
+      lease_epoch := NULL; lease_expires_at := NULL; db_now := clock_timestamp();
+      operation_id := NULL; run_id := NULL; step_id := NULL; effect_version := NULL;
+      tool_name := NULL; request_digest := NULL; status := NULL; revision := NULL;
+      dispatch_owner := NULL; dispatch_until := NULL; dispatch_count := NULL; remote_id := NULL;
+      result := NULL; evidence_id := NULL; upstream := NULL; upstream_tool := NULL;
+      system_identifier := NULL; timeline := NULL; wal_lsn := NULL;
+      RETURN NEXT;
+    END;
+  END LOOP;
+END
+$$;
+
 -- The dispatcher's claim (seed 9.2): up to p_limit prepared operations of
 -- live runs of p_tenants (NULL: every tenant), oldest first, skipping rows
 -- another claimer holds. Each
@@ -475,6 +552,60 @@ BEGIN
   dispatch_owner := s.dispatch_owner; dispatch_until := s.dispatch_until;
   dispatch_count := s.dispatch_count; remote_id := s.remote_id; evidence_id := s.evidence_id;
   upstream := s.upstream; upstream_tool := s.upstream_tool;
+  COMMIT;
+  SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
+    FROM public.ledger_wal_position() w;
+END
+$$;
+
+-- Group commit of settles (issue 14 P6): N operation_settle calls (the one
+-- definition of the claim guard, digest comparison, evidence and event)
+-- in one transaction, committed once, then where the WAL stands: read
+-- after the COMMIT, as operation_settle_acknowledged does, so it bounds
+-- every settle of the batch. Items run in operation_id order (each locks
+-- only its own operation row): concurrent batches cannot deadlock. Each
+-- item in its own subtransaction: one that raises comes back with its
+-- error_sqlstate/error_message and nothing written, the others commit
+-- (at most 64 items, the subxid cache). The verdicts come back as one
+-- jsonb array, element k answering item k+1: {"item", "error_sqlstate",
+-- "error_message"} or the operation_result fields. A connection lost
+-- after the COMMIT is "outcome unknown" for every item, as for one.
+CREATE OR REPLACE PROCEDURE operation_settle_acknowledged_batch(
+  p_operation_ids text[], p_dispatch_owners text[], p_expected_revisions bigint[],
+  p_request_digests text[], p_statuses text[], p_remote_ids text[], p_results jsonb[],
+  INOUT verdicts jsonb DEFAULT NULL, INOUT system_identifier text DEFAULT NULL,
+  INOUT timeline bigint DEFAULT NULL, INOUT wal_lsn bigint DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE
+  n     integer := cardinality(p_operation_ids);
+  i     integer;
+  s     public.operation_result;
+  state text;
+  msg   text;
+  answers jsonb[];
+BEGIN
+  IF n IS NULL OR n = 0 OR n > 64 THEN
+    RAISE EXCEPTION 'a settle batch holds 1..64 items, got %', n USING ERRCODE = '22023';
+  END IF;
+  IF cardinality(p_dispatch_owners) <> n OR cardinality(p_expected_revisions) <> n
+     OR cardinality(p_request_digests) <> n OR cardinality(p_statuses) <> n
+     OR cardinality(p_remote_ids) <> n OR cardinality(p_results) <> n THEN
+    RAISE EXCEPTION 'settle batch arrays differ in length' USING ERRCODE = '22023';
+  END IF;
+  answers := array_fill(NULL::jsonb, ARRAY[n]);
+  FOR i IN
+    SELECT g.k FROM generate_subscripts(p_operation_ids, 1) AS g(k) ORDER BY p_operation_ids[g.k], g.k
+  LOOP
+    BEGIN
+      s := public.operation_settle(p_operation_ids[i], p_dispatch_owners[i], p_expected_revisions[i],
+                                   p_request_digests[i], p_statuses[i], p_remote_ids[i], p_results[i]);
+      answers[i] := to_jsonb(s) || jsonb_build_object('item', i);
+    EXCEPTION WHEN OTHERS THEN
+      GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
+      answers[i] := jsonb_build_object('item', i, 'error_sqlstate', state, 'error_message', msg);
+    END;
+  END LOOP;
+  verdicts := to_jsonb(answers);
   COMMIT;
   SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
     FROM public.ledger_wal_position() w;
@@ -930,6 +1061,7 @@ REVOKE EXECUTE ON FUNCTION
   _op_claim(text, text, bigint, bigint, jsonb),
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
+  operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
@@ -947,9 +1079,12 @@ REVOKE EXECUTE ON FUNCTION
 FROM PUBLIC;
 REVOKE EXECUTE ON PROCEDURE operation_settle_acknowledged FROM PUBLIC;
 GRANT EXECUTE ON PROCEDURE operation_settle_acknowledged TO leasegate_app;
+REVOKE EXECUTE ON PROCEDURE operation_settle_acknowledged_batch FROM PUBLIC;
+GRANT EXECUTE ON PROCEDURE operation_settle_acknowledged_batch TO leasegate_app;
 GRANT EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
+  operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),

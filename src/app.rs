@@ -359,6 +359,7 @@ impl Proxy {
             statement_timeout: config.database_statement_timeout,
             synchronous_commit_at_least_on: config.policy.durability == Durability::SyncReplica,
             bodies: config.policy.bodies(),
+            group_commit: config.group_commit,
             ..LedgerOptions::default()
         };
         let ledger = open_ledger(&config, options.clone()).await?;
@@ -612,6 +613,8 @@ async fn open_operator(
         session_role: Some(OPERATOR_ROLE.to_owned()),
         max_connections: 2,
         application_name: "leasegate-operator".to_owned(),
+        // The operator routes are not the hot path.
+        group_commit: None,
         ..options
     };
     let (url, explicit) = match &config.database_operator_url {

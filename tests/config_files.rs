@@ -477,3 +477,55 @@ fn check_config_refuses_missing_commands_bad_database_urls_and_claims_shorter_th
     assert!(stderr.contains("of 3 files invalid"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn check_config_refuses_group_commit_windows_and_batches_out_of_range() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = "adapters = \"adapters\"\n\
+                [upstreams.pay]\ntransport = \"stdio\"\ncommand = \"./bin/tools\"\n";
+    let with = |settings: &str| format!("{settings}{base}");
+    let dir = scratch(&[
+        ("bin/tools", "#!/bin/sh\n"),
+        (
+            "adapters/pay.toml",
+            "upstream = \"pay\"\n[tools.charge]\ncapability = \"none\"\n",
+        ),
+        (
+            "ok.toml",
+            &with(
+                "group_commit = true\ngroup_commit_window = \"1ms\"\ngroup_commit_max_batch = 32\n",
+            ),
+        ),
+        ("long.toml", &with("group_commit_window = \"1s\"\n")),
+        (
+            "big.toml",
+            &with("group_commit = true\ngroup_commit_max_batch = 65\n"),
+        ),
+        ("zero.toml", &with("group_commit_max_batch = 0\n")),
+        ("garbage.toml", &with("group_commit_window = \"soon\"\n")),
+    ]);
+    std::fs::set_permissions(
+        dir.join("bin/tools"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let (code, stdout, _) = check_config(&[dir.join("ok.toml")]);
+    assert_eq!(code, Some(0), "{stdout}");
+    for (file, message) in [
+        ("long.toml", "group_commit_window: must be at most 50ms"),
+        ("big.toml", "group_commit_max_batch: must be 1 to 64"),
+        ("zero.toml", "group_commit_max_batch: must be 1 to 64"),
+        (
+            "garbage.toml",
+            "group_commit_window: \"soon\" is not a duration",
+        ),
+    ] {
+        let (code, stdout, _) = check_config(&[dir.join(file)]);
+        assert_ne!(code, Some(0), "{file}: {stdout}");
+        assert!(
+            stdout.contains(message),
+            "{file}: expected {message:?} in {stdout}"
+        );
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

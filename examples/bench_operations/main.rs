@@ -19,6 +19,12 @@
 //! trips per call as the wire saw them (a round trip = one Sync of the
 //! extended protocol or one simple Query, client to server). Numbers are
 //! reported, never asserted.
+//!
+//! Each level also runs the Rust path with group commit on (issue 14 P6:
+//! `group_commit_window` 200us, `group_commit_max_batch` 64; README, "Group
+//! commit") and prints both paths' p50/p99 per call (register-claim plus
+//! settle) and the mean calls per batch statement. `LEASEGATE_BENCH_SKIP_PGBENCH=1`
+//! leaves pgbench out (the Rust rows only).
 
 use std::process::Command;
 use std::sync::Arc;
@@ -27,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{
-    Fenced, InitialLease, InlineClaim, LeaseClaim, Ledger, LedgerOptions, RunCreateOutcome, RunId,
-    SettleOutcome,
+    Fenced, GroupCommitSettings, InitialLease, InlineClaim, LeaseClaim, Ledger, LedgerOptions,
+    RunCreateOutcome, RunId, SettleOutcome,
 };
 use serde_json::json;
 use sqlx::migrate::MigrateDatabase;
@@ -103,13 +109,37 @@ async fn main() -> anyhow::Result<()> {
             "{callers} callers: leasegate, then pgbench ({seconds} s each)"
         ));
         let trips_before = relay.round_trips();
-        let (ours, calls, breakdown) =
-            leasegate_rate(&relay.url, callers, Duration::from_secs(seconds), &tokens).await?;
+        let (ours, calls, breakdown) = leasegate_rate(
+            &relay.url,
+            callers,
+            Duration::from_secs(seconds),
+            &tokens,
+            None,
+        )
+        .await?;
         let trips = (relay.round_trips() - trips_before) as f64 / calls.max(1) as f64;
-        let theirs = pgbench_rate(&url, script, callers, seconds)?;
+        let trips_before = relay.round_trips();
+        let (grouped, grouped_calls, grouped_breakdown) = leasegate_rate(
+            &relay.url,
+            callers,
+            Duration::from_secs(seconds),
+            &tokens,
+            Some(GroupCommitSettings::default()),
+        )
+        .await?;
+        let grouped_trips =
+            (relay.round_trips() - trips_before) as f64 / grouped_calls.max(1) as f64;
+        let skip_pgbench = std::env::var_os("LEASEGATE_BENCH_SKIP_PGBENCH").is_some();
+        let theirs = if skip_pgbench {
+            None
+        } else {
+            pgbench_rate(&url, script, callers, seconds)?
+        };
         let ceiling = match &ceiling_url {
-            Some(ceiling_url) => pgbench_rate(ceiling_url, ceiling_script, callers, seconds)?,
-            None => None,
+            Some(ceiling_url) if !skip_pgbench => {
+                pgbench_rate(ceiling_url, ceiling_script, callers, seconds)?
+            }
+            _ => None,
         };
         progress.finish();
         let show = |rate: Option<f64>| rate.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
@@ -125,6 +155,13 @@ async fn main() -> anyhow::Result<()> {
             ratio(theirs, ceiling),
         );
         println!("{:>8} leasegate: {breakdown}", "");
+        println!(
+            "{:>8} group commit: {grouped:.0}/s ({:.2}x the single path, {}x ceiling), \
+             {grouped_trips:.2} trips/call; {grouped_breakdown}",
+            "",
+            grouped / ours.max(f64::MIN_POSITIVE),
+            ratio(Some(grouped), ceiling),
+        );
     }
     Ok(())
 }
@@ -283,9 +320,11 @@ async fn leasegate_rate(
     callers: usize,
     duration: Duration,
     tokens: &Arc<Vec<Option<leasegate::ledger::LeaseToken>>>,
+    group_commit: Option<GroupCommitSettings>,
 ) -> anyhow::Result<(f64, u64, String)> {
     let options = LedgerOptions {
         max_connections: callers as u32,
+        group_commit,
         ..LedgerOptions::default()
     };
     let ledger = Ledger::connect(url, options).await?;
@@ -307,8 +346,10 @@ async fn leasegate_rate(
                 };
                 let dispatch_owner = format!("leasegate-{client}");
                 let mut n = 0u64;
+                let mut latencies = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     n += 1;
+                    let call_began = Instant::now();
                     let began = Instant::now();
                     let step = StepRef {
                         step_id: format!("rust-{}-{n}", uuid::Uuid::new_v4()),
@@ -357,26 +398,43 @@ async fn leasegate_rate(
                         other => anyhow::bail!("not settled: {other:?}"),
                     }
                     add(&phases.settle, began);
+                    latencies.push(call_began.elapsed());
                     done.fetch_add(1, Ordering::Relaxed);
                 }
-                anyhow::Ok(())
+                anyhow::Ok(latencies)
             })
         })
         .collect();
     tokio::time::sleep(duration).await;
     stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
     for task in tasks {
-        task.await??;
+        latencies.extend(task.await??);
     }
     let elapsed = started.elapsed();
+    let counts = ledger.group_commit_counts();
     ledger.close().await;
+    latencies.sort();
+    let at = |q: f64| {
+        latencies
+            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+    };
     let calls = done.load(Ordering::Relaxed).max(1) as f64;
     let mean_ms = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as f64 / calls / 1e6;
     let breakdown = format!(
-        "intent {:.3} ms, register_claim {:.3} ms, settle {:.3} ms (mean per call)",
+        "intent {:.3} ms, register_claim {:.3} ms, settle {:.3} ms (mean per call); \
+         p50 {:.2} ms, p99 {:.2} ms{}",
         mean_ms(&phases.intent),
         mean_ms(&phases.register_claim),
-        mean_ms(&phases.settle)
+        mean_ms(&phases.settle),
+        at(0.5),
+        at(0.99),
+        counts.map_or_else(String::new, |c| format!(
+            "; calls per statement: register {:.1}, settle {:.1}",
+            c.register_items as f64 / c.register_batches.max(1) as f64,
+            c.settle_items as f64 / c.settle_batches.max(1) as f64
+        )),
     );
     Ok((
         done.load(Ordering::Relaxed) as f64 / elapsed.as_secs_f64(),

@@ -113,6 +113,15 @@ pub struct RawConfig {
     /// (default "15s"): a server that never answers is reported and the
     /// process exits 6 instead of hanging.
     pub database_connect_timeout: Option<String>,
+    /// Group commit of gated calls (default false; `LEASEGATE_GROUP_COMMIT`
+    /// overrides): concurrent register-claims, and settles, of different
+    /// runs share one statement and commit (README, "Group commit").
+    pub group_commit: Option<bool>,
+    /// How long a batch waits for more calls once its first arrived
+    /// (default "200us", at most "50ms").
+    pub group_commit_window: Option<String>,
+    /// Most calls in one batch (default 64, 1 to 64).
+    pub group_commit_max_batch: Option<u32>,
     /// The login the operator routes of the control API (resolve, retry,
     /// cancel, failover resolve) use, as the database role
     /// `leasegate_operator`. Default: `database_url`'s login, which must
@@ -291,6 +300,9 @@ pub struct Config {
     pub database_statement_timeout: std::time::Duration,
     /// How long start-up waits for the database to answer.
     pub database_connect_timeout: std::time::Duration,
+    /// `group_commit` (after `LEASEGATE_GROUP_COMMIT`) with its window and
+    /// batch size; `None`: each gated call is its own statements.
+    pub group_commit: Option<crate::ledger::GroupCommitSettings>,
     /// `database_operator_url`: the operator routes' login (`None`: the
     /// ledger's URL, `SET ROLE leasegate_operator`).
     pub database_operator_url: Option<String>,
@@ -659,6 +671,7 @@ impl Config {
                 "database_statement_timeout: must be at least 100ms".into()
             ));
         }
+        let group_commit = group_commit_settings(&raw).map_err(err)?;
         let database_connect_timeout = match &raw.database_connect_timeout {
             Some(text) => crate::policy::parse_duration("database_connect_timeout", text)
                 .map_err(|e| err(e.to_string()))?,
@@ -866,6 +879,7 @@ impl Config {
             database_max_connections,
             database_statement_timeout,
             database_connect_timeout,
+            group_commit,
             database_operator_url: raw.database_operator_url.clone(),
             database_url: database_url.url,
             database_url_source: database_url.source,
@@ -1172,6 +1186,40 @@ pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
         return Ok(());
     }
     check_commands(&Config::load(path)?, path)
+}
+
+/// `group_commit`, `group_commit_window` and `group_commit_max_batch`,
+/// checked (also when group commit is off, so that turning it on later
+/// cannot surface a typo), then `LEASEGATE_GROUP_COMMIT` over
+/// `group_commit`.
+fn group_commit_settings(
+    raw: &RawConfig,
+) -> Result<Option<crate::ledger::GroupCommitSettings>, String> {
+    use crate::ledger::{GROUP_COMMIT_MAX_BATCH, GROUP_COMMIT_MAX_WINDOW, GroupCommitSettings};
+    let mut settings = GroupCommitSettings::default();
+    if let Some(text) = &raw.group_commit_window {
+        let window = crate::policy::parse_duration("group_commit_window", text)
+            .map_err(|e| e.to_string())?;
+        if window > GROUP_COMMIT_MAX_WINDOW {
+            return Err(format!(
+                "group_commit_window: must be at most 50ms (it delays every batched call), got {text:?}"
+            ));
+        }
+        settings.window = window;
+    }
+    if let Some(max_batch) = raw.group_commit_max_batch {
+        let max_batch = usize::try_from(max_batch).unwrap_or(usize::MAX);
+        if !(1..=GROUP_COMMIT_MAX_BATCH).contains(&max_batch) {
+            return Err(format!(
+                "group_commit_max_batch: must be 1 to {GROUP_COMMIT_MAX_BATCH} (one subtransaction per call; \
+                 PostgreSQL caches 64 per transaction), got {max_batch}"
+            ));
+        }
+        settings.max_batch = max_batch;
+    }
+    let on =
+        crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));
+    Ok(on.then_some(settings))
 }
 
 #[cfg(test)]

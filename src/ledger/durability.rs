@@ -74,7 +74,7 @@ pub struct WalPosition {
 }
 
 /// The `system_identifier, timeline, wal_lsn` columns of an answer.
-#[derive(Debug, Default, FromRow)]
+#[derive(Debug, Clone, Default, FromRow, serde::Deserialize)]
 pub(super) struct WalColumns {
     system_identifier: Option<String>,
     timeline: Option<i64>,

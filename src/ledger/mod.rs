@@ -50,6 +50,7 @@ mod access_token;
 mod console;
 mod durability;
 mod error;
+mod group;
 mod lease;
 mod operation;
 mod operation_types;
@@ -103,6 +104,11 @@ pub use types::{
 };
 
 use error::{ErrorClass, classify};
+pub use group::{
+    BATCHES_IN_FLIGHT, GROUP_COMMIT_ENV, GroupCommitCounts, GroupCommitSettings,
+    MAX_BATCH_LIMIT as GROUP_COMMIT_MAX_BATCH, MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW,
+    env_override as group_commit_env_override,
+};
 
 /// The database role the application runs as (created by the migrations).
 pub const APP_ROLE: &str = "leasegate_app";
@@ -144,6 +150,11 @@ pub struct LedgerOptions {
     /// opened with: applied on every path that writes a body, and every
     /// read opens (`stored_json::open`).
     pub bodies: crate::policy::Bodies,
+    /// Group commit of register-claims and settles (`group.rs`; issue 14
+    /// P6): `None` sends each call alone. The default is `None` unless
+    /// `LEASEGATE_GROUP_COMMIT` is on ([`group::env_override`]), which
+    /// gives the default window and batch size.
+    pub group_commit: Option<GroupCommitSettings>,
 }
 
 impl Default for LedgerOptions {
@@ -159,6 +170,9 @@ impl Default for LedgerOptions {
             application_name: "leasegate".to_owned(),
             synchronous_commit_at_least_on: false,
             bodies: crate::policy::Bodies::default(),
+            group_commit: group::env_override()
+                .unwrap_or(false)
+                .then(GroupCommitSettings::default),
         }
     }
 }
@@ -167,7 +181,10 @@ impl Default for LedgerOptions {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     pool: pool::SessionPool,
-    options: LedgerOptions,
+    /// Shared by the clones (keeps a `Ledger` small to move and clone).
+    options: std::sync::Arc<LedgerOptions>,
+    /// The group committer's queues, when `options.group_commit` is set.
+    group: Option<std::sync::Arc<group::Group>>,
 }
 
 /// Longest text accepted for owners, tenants, task ids and actors (the
@@ -208,7 +225,15 @@ impl Ledger {
             call: "connect",
             source,
         })?;
-        Ok(Self { pool, options })
+        let mut ledger = Self {
+            pool,
+            options: std::sync::Arc::new(options),
+            group: None,
+        };
+        if let Some(settings) = ledger.options.group_commit {
+            ledger.group = Some(group::Group::start(&ledger, settings));
+        }
+        Ok(ledger)
     }
 
     /// Applies the migrations with the privileges of `url`'s login role
@@ -312,6 +337,11 @@ impl Ledger {
 
     pub fn options(&self) -> &LedgerOptions {
         &self.options
+    }
+
+    /// What the group committer sent so far (`None`: group commit is off).
+    pub fn group_commit_counts(&self) -> Option<GroupCommitCounts> {
+        self.group.as_ref().map(|group| group.counts())
     }
 
     /// Refuses new calls and closes the idle sessions; a call in flight

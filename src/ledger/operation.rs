@@ -5,7 +5,12 @@
 //! also checks the run's tenant, and on a replay samples the WAL position)
 //! and `CALL operation_settle_acknowledged` after it (the settle committed,
 //! then the WAL position read: the durability gate's sample, in the same
-//! round trip). A replay served from the ledger costs one.
+//! round trip). A replay served from the ledger costs one. With group
+//! commit on ([`super::LedgerOptions::group_commit`], `group.rs`) both go
+//! through the group committer, which sends many callers' calls as one
+//! `operation_register_claim_batch` / `CALL
+//! operation_settle_acknowledged_batch` and decodes each caller's verdict
+//! here exactly as the single answer is decoded.
 //!
 //! # Failure handling (at each durability boundary)
 //!
@@ -33,6 +38,7 @@ use sqlx::{FromRow, Postgres};
 use uuid::Uuid;
 
 use super::durability::{WalColumns, WalPosition};
+use super::group::{Flush, ItemAnswer};
 use super::operation_types::route_of;
 use super::stored_json::{self, Raw};
 use super::verdict::{Expected, Found, Outcome, fence_rejection, rejected};
@@ -80,7 +86,7 @@ struct OpRow {
 /// What `operation_register_claim` answers: the `operation_result` columns
 /// and, on a replay, where the WAL stood.
 #[derive(Debug, FromRow)]
-struct ClaimRow {
+pub(super) struct ClaimRow {
     #[sqlx(flatten)]
     row: OpRow,
     #[sqlx(flatten)]
@@ -91,7 +97,7 @@ struct ClaimRow {
 /// columns of `operation_result` (no run, lease or result) and where the
 /// WAL stood after the commit.
 #[derive(Debug, FromRow)]
-struct SettleRow {
+pub(super) struct SettleRow {
     outcome: String,
     db_now: Option<DateTime<Utc>>,
     operation_id: Option<String>,
@@ -616,21 +622,33 @@ impl Ledger {
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
         let params = IntentParams::new(intent, route, self.bodies())?;
-        let ClaimRow { row, wal } = self
-            .invoke(CALL, true, || {
-                sqlx::query_as(
-                    "SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)",
-                )
-                .bind(claim.run_id.as_uuid())
-                .bind(claim.owner.as_str())
-                .bind(claim.epoch)
-                .bind(super::token::bind_hash(claim.token.as_ref()))
-                .bind(&params)
-                .bind(dispatch_owner)
-                .bind(claim_ttl_ms)
-                .bind(tenant)
-            })
-            .await?;
+        let batched = match &self.group {
+            Some(group) => match group
+                .registers
+                .submit(RegisterItem {
+                    run_id: claim.run_id.as_uuid(),
+                    owner: claim.owner.clone(),
+                    epoch: claim.epoch,
+                    token_sha256: super::token::bind_hash(claim.token.as_ref()),
+                    intent: OwnedIntent::of(&params),
+                    dispatch_owner: dispatch_owner.to_owned(),
+                    claim_ttl_ms,
+                    tenant: tenant.map(str::to_owned),
+                })
+                .await?
+            {
+                ItemAnswer::Verdict(row) => Some(row),
+                ItemAnswer::Alone => None,
+            },
+            None => None,
+        };
+        let ClaimRow { row, wal } = match batched {
+            Some(row) => row,
+            None => {
+                self.register_claim_alone(tenant, claim, &params, dispatch_owner, claim_ttl_ms)
+                    .await?
+            }
+        };
         let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(intent), self.bodies())? {
             return Ok((Fenced::Rejected(rejection), None));
@@ -652,6 +670,30 @@ impl Ledger {
             ),
             other => return Err(other.unexpected(CALL)),
         })
+    }
+
+    /// One `operation_register_claim` statement of its own.
+    async fn register_claim_alone(
+        &self,
+        tenant: Option<&str>,
+        claim: &LeaseClaim,
+        params: &IntentParams<'_>,
+        dispatch_owner: &str,
+        claim_ttl_ms: i64,
+    ) -> Result<ClaimRow, LedgerError> {
+        const CALL: &str = "operation_register_claim";
+        self.invoke(CALL, true, || {
+            sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)")
+                .bind(claim.run_id.as_uuid())
+                .bind(claim.owner.as_str())
+                .bind(claim.epoch)
+                .bind(super::token::bind_hash(claim.token.as_ref()))
+                .bind(params)
+                .bind(dispatch_owner)
+                .bind(claim_ttl_ms)
+                .bind(tenant)
+        })
+        .await
     }
 
     /// The dispatcher's claim: up to `limit` prepared operations of live
@@ -722,18 +764,32 @@ impl Ledger {
     ) -> Result<(SettleOutcome, Option<WalPosition>), LedgerError> {
         const CALL: &str = "operation_settle";
         let result = self.stored_result(result, claim.operation_id.as_str())?;
-        let answer: SettleRow = self
-            .invoke(CALL, true, || {
-                sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
-                    .bind(claim.operation_id.as_str())
-                    .bind(claim.dispatch_owner.as_str())
-                    .bind(claim.revision)
-                    .bind(claim.request_digest.as_str())
-                    .bind(settlement.as_str())
-                    .bind(remote_id)
-                    .bind(Json(&result))
-            })
-            .await?;
+        let batched = match &self.group {
+            Some(group) => match group
+                .settles
+                .submit(SettleItem {
+                    operation_id: claim.operation_id.as_str().to_owned(),
+                    dispatch_owner: claim.dispatch_owner.as_str().to_owned(),
+                    expected_revision: claim.revision,
+                    request_digest: claim.request_digest.as_str().to_owned(),
+                    status: settlement.as_str(),
+                    remote_id: remote_id.map(str::to_owned),
+                    result: result.clone(),
+                })
+                .await?
+            {
+                ItemAnswer::Verdict(row) => Some(row),
+                ItemAnswer::Alone => None,
+            },
+            None => None,
+        };
+        let answer: SettleRow = match batched {
+            Some(row) => row,
+            None => {
+                self.settle_alone(claim, settlement, remote_id, &result)
+                    .await?
+            }
+        };
         let position = answer.wal.position(CALL)?;
         let row = answer.into_op_row();
         let outcome = match row.outcome(CALL)? {
@@ -762,6 +818,28 @@ impl Ledger {
             other => return Err(other.unexpected(CALL)),
         };
         Ok((outcome, position))
+    }
+
+    /// One `CALL operation_settle_acknowledged` of its own.
+    async fn settle_alone(
+        &self,
+        claim: &DispatchClaim,
+        settlement: Settlement,
+        remote_id: Option<&str>,
+        result: &Value,
+    ) -> Result<SettleRow, LedgerError> {
+        const CALL: &str = "operation_settle";
+        self.invoke(CALL, true, || {
+            sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
+                .bind(claim.operation_id.as_str())
+                .bind(claim.dispatch_owner.as_str())
+                .bind(claim.revision)
+                .bind(claim.request_digest.as_str())
+                .bind(settlement.as_str())
+                .bind(remote_id)
+                .bind(Json(result))
+        })
+        .await
     }
 
     /// `dispatching` → `unknown`, guarded by the claim's owner and revision;
@@ -1208,5 +1286,264 @@ impl Ledger {
             }
         }
         Ok(claims)
+    }
+}
+
+/// An intent of a queued group-commit item (owned: it outlives the caller's
+/// borrow while it waits in the queue).
+#[derive(Debug)]
+pub(super) struct OwnedIntent {
+    operation_id: String,
+    step_id: String,
+    effect_version: i32,
+    tool_name: String,
+    request_digest: String,
+    request_body: Value,
+    upstream: Option<String>,
+    upstream_tool: Option<String>,
+}
+
+impl OwnedIntent {
+    fn of(params: &IntentParams<'_>) -> Self {
+        Self {
+            operation_id: params.operation_id.to_owned(),
+            step_id: params.step_id.to_owned(),
+            effect_version: params.effect_version,
+            tool_name: params.tool_name.to_owned(),
+            request_digest: params.request_digest.to_owned(),
+            request_body: params.request_body.0.clone().into_owned(),
+            upstream: params.upstream.map(str::to_owned),
+            upstream_tool: params.upstream_tool.map(str::to_owned),
+        }
+    }
+
+    fn params(&self) -> IntentParams<'_> {
+        IntentParams {
+            operation_id: &self.operation_id,
+            step_id: &self.step_id,
+            effect_version: self.effect_version,
+            tool_name: &self.tool_name,
+            request_digest: &self.request_digest,
+            request_body: Json(Cow::Borrowed(&self.request_body)),
+            upstream: self.upstream.as_deref(),
+            upstream_tool: self.upstream_tool.as_deref(),
+        }
+    }
+}
+
+/// One queued `operation_register_claim` (the single call's arguments).
+#[derive(Debug)]
+pub(super) struct RegisterItem {
+    run_id: Uuid,
+    owner: String,
+    epoch: i64,
+    token_sha256: Option<Vec<u8>>,
+    intent: OwnedIntent,
+    dispatch_owner: String,
+    claim_ttl_ms: i64,
+    tenant: Option<String>,
+}
+
+/// A row of `operation_register_claim_batch`: the item it answers, and its
+/// error (the item was rolled back) or the single function's columns.
+#[derive(Debug, FromRow)]
+struct BatchClaimRow {
+    item: i32,
+    error_sqlstate: Option<String>,
+    #[sqlx(flatten)]
+    claim: ClaimRow,
+}
+
+/// `operation_register_claim_batch` (`group.rs`).
+#[derive(Debug)]
+pub(super) struct RegisterBatch;
+
+impl Flush for RegisterBatch {
+    type Item = RegisterItem;
+    type Answer = ClaimRow;
+    const CALL: &'static str = "operation_register_claim_batch";
+
+    async fn flush(
+        ledger: &Ledger,
+        items: &[RegisterItem],
+    ) -> Result<Vec<ItemAnswer<ClaimRow>>, LedgerError> {
+        let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
+        let owners: Vec<&str> = items.iter().map(|i| i.owner.as_str()).collect();
+        let epochs: Vec<i64> = items.iter().map(|i| i.epoch).collect();
+        let tokens: Vec<Option<&[u8]>> = items.iter().map(|i| i.token_sha256.as_deref()).collect();
+        let intents: Vec<IntentParams<'_>> = items.iter().map(|i| i.intent.params()).collect();
+        let dispatch_owners: Vec<&str> = items.iter().map(|i| i.dispatch_owner.as_str()).collect();
+        let ttls: Vec<i64> = items.iter().map(|i| i.claim_ttl_ms).collect();
+        let tenants: Vec<Option<&str>> = items.iter().map(|i| i.tenant.as_deref()).collect();
+        let rows: Vec<BatchClaimRow> = ledger
+            .invoke_all(Self::CALL, true, || {
+                sqlx::query_as(
+                    "SELECT * FROM operation_register_claim_batch($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(&run_ids[..])
+                .bind(&owners[..])
+                .bind(&epochs[..])
+                .bind(&tokens[..])
+                .bind(&intents[..])
+                .bind(&dispatch_owners[..])
+                .bind(&ttls[..])
+                .bind(&tenants[..])
+            })
+            .await?;
+        in_item_order(
+            Self::CALL,
+            items.len(),
+            rows.into_iter().map(|row| {
+                let answer = match row.error_sqlstate {
+                    Some(sqlstate) => {
+                        tracing::debug!(sqlstate, "group commit item raised; sent alone");
+                        ItemAnswer::Alone
+                    }
+                    None => ItemAnswer::Verdict(row.claim),
+                };
+                (row.item, answer)
+            }),
+        )
+    }
+}
+
+/// Puts (1-based item, answer) pairs in item order: exactly one per item.
+fn in_item_order<T>(
+    call: &'static str,
+    len: usize,
+    answers: impl Iterator<Item = (i32, ItemAnswer<T>)>,
+) -> Result<Vec<ItemAnswer<T>>, LedgerError> {
+    let mut slots: Vec<Option<ItemAnswer<T>>> = (0..len).map(|_| None).collect();
+    for (item, answer) in answers {
+        let slot = usize::try_from(item)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| slots.get_mut(i))
+            .ok_or_else(|| protocol(call, format!("answer for item {item} of {len}")))?;
+        if slot.replace(answer).is_some() {
+            return Err(protocol(call, format!("two answers for item {item}")));
+        }
+    }
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            slot.ok_or_else(|| protocol(call, format!("no answer for item {}", i + 1)))
+        })
+        .collect()
+}
+
+/// One queued settle (the single call's arguments, the result as stored).
+#[derive(Debug)]
+pub(super) struct SettleItem {
+    operation_id: String,
+    dispatch_owner: String,
+    expected_revision: i64,
+    request_digest: String,
+    status: &'static str,
+    remote_id: Option<String>,
+    result: Value,
+}
+
+/// One element of `operation_settle_acknowledged_batch`'s verdicts.
+#[derive(Debug, serde::Deserialize)]
+struct SettleVerdict {
+    item: i32,
+    error_sqlstate: Option<String>,
+    outcome: Option<String>,
+    db_now: Option<DateTime<Utc>>,
+    operation_id: Option<String>,
+    run_id: Option<Uuid>,
+    step_id: Option<String>,
+    effect_version: Option<i32>,
+    tool_name: Option<String>,
+    request_digest: Option<String>,
+    status: Option<String>,
+    revision: Option<i64>,
+    dispatch_owner: Option<String>,
+    dispatch_until: Option<DateTime<Utc>>,
+    dispatch_count: Option<i32>,
+    remote_id: Option<String>,
+    evidence_id: Option<i64>,
+    upstream: Option<String>,
+    upstream_tool: Option<String>,
+}
+
+#[derive(Debug, FromRow)]
+struct SettleBatchRow {
+    verdicts: Json<Vec<SettleVerdict>>,
+    #[sqlx(flatten)]
+    wal: WalColumns,
+}
+
+/// `CALL operation_settle_acknowledged_batch` (`group.rs`).
+#[derive(Debug)]
+pub(super) struct SettleBatch;
+
+impl Flush for SettleBatch {
+    type Item = SettleItem;
+    type Answer = SettleRow;
+    const CALL: &'static str = "operation_settle_batch";
+
+    async fn flush(
+        ledger: &Ledger,
+        items: &[SettleItem],
+    ) -> Result<Vec<ItemAnswer<SettleRow>>, LedgerError> {
+        let ids: Vec<&str> = items.iter().map(|i| i.operation_id.as_str()).collect();
+        let owners: Vec<&str> = items.iter().map(|i| i.dispatch_owner.as_str()).collect();
+        let revisions: Vec<i64> = items.iter().map(|i| i.expected_revision).collect();
+        let digests: Vec<&str> = items.iter().map(|i| i.request_digest.as_str()).collect();
+        let statuses: Vec<&str> = items.iter().map(|i| i.status).collect();
+        let remote_ids: Vec<Option<&str>> = items.iter().map(|i| i.remote_id.as_deref()).collect();
+        let results: Vec<Json<&Value>> = items.iter().map(|i| Json(&i.result)).collect();
+        let answer: SettleBatchRow = ledger
+            .invoke(Self::CALL, true, || {
+                sqlx::query_as(
+                    "CALL operation_settle_acknowledged_batch($1, $2, $3, $4, $5, $6, $7)",
+                )
+                .bind(&ids[..])
+                .bind(&owners[..])
+                .bind(&revisions[..])
+                .bind(&digests[..])
+                .bind(&statuses[..])
+                .bind(&remote_ids[..])
+                .bind(&results[..])
+            })
+            .await?;
+        let wal = answer.wal;
+        in_item_order(
+            Self::CALL,
+            items.len(),
+            answer.verdicts.0.into_iter().map(|v| {
+                let item = v.item;
+                let answer = match (v.error_sqlstate, v.outcome) {
+                    (None, Some(outcome)) => ItemAnswer::Verdict(SettleRow {
+                        outcome,
+                        db_now: v.db_now,
+                        operation_id: v.operation_id,
+                        run_id: v.run_id,
+                        step_id: v.step_id,
+                        effect_version: v.effect_version,
+                        tool_name: v.tool_name,
+                        request_digest: v.request_digest,
+                        status: v.status,
+                        revision: v.revision,
+                        dispatch_owner: v.dispatch_owner,
+                        dispatch_until: v.dispatch_until,
+                        dispatch_count: v.dispatch_count,
+                        remote_id: v.remote_id,
+                        evidence_id: v.evidence_id,
+                        upstream: v.upstream,
+                        upstream_tool: v.upstream_tool,
+                        wal: wal.clone(),
+                    }),
+                    (sqlstate, _) => {
+                        tracing::debug!(?sqlstate, "group commit settle item raised; sent alone");
+                        ItemAnswer::Alone
+                    }
+                };
+                (item, answer)
+            }),
+        )
     }
 }

@@ -1,0 +1,311 @@
+//! Group commit of the proxy's hot path (issue 14 P6): concurrent
+//! `operation_register_claim` calls (and, separately, concurrent settles)
+//! of different runs share one statement, one transaction and one WAL
+//! flush. Off by default ([`super::LedgerOptions::group_commit`] `None`).
+//!
+//! A caller enqueues its item and awaits a oneshot. One drainer task per
+//! kind takes the first queued item, then everything already queued and,
+//! while another batch of its kind is in flight, what arrives within
+//! [`GroupCommitSettings::window`], up to [`GroupCommitSettings::max_batch`],
+//! and sends the batch as ONE statement (`operation_register_claim_batch`,
+//! `CALL operation_settle_acknowledged_batch`, `sql/operation.sql`) on a
+//! task of its own (at most [`BATCHES_IN_FLIGHT`] at once, so one slow
+//! commit does not stall the queue); each caller gets its own item's
+//! verdict and decodes it exactly as the single path decodes its answer.
+//!
+//! # Invariants
+//!
+//! - Every item's verdict is that of the one SQL definition of the single
+//!   call (the batch functions call `operation_register_claim` /
+//!   `operation_settle` per item): fencing, lease tokens, tenants, the
+//!   digest comparison and the event rows are the single path's.
+//! - No caller is answered before its batch committed (a claim is never
+//!   acted on while it could still roll back); a takeover of a run's lease
+//!   waits for that commit (the lease row is held FOR SHARE).
+//! - Items are applied in (run, step) order (settles: operation id order),
+//!   so concurrent batches lock in one global order.
+//!
+//! # Failure handling
+//!
+//! - An item that raises in SQL is rolled back alone (its own
+//!   subtransaction) and answered [`ItemAnswer::Alone`]: the caller sends
+//!   it again through the single path, which answers or fails exactly as
+//!   it would have (retrying 40001/40P01 as every call does). Nothing of
+//!   the item was written by the batch.
+//! - The batch statement refused, or no connection had (nothing
+//!   committed: `Database`, `RetryBudgetSpent` after the whole batch was
+//!   retried, `Unavailable`): every caller is answered `Alone` and goes the
+//!   single path, with its single-path error if the cause persists.
+//! - Connection lost with the batch in flight (the commit may have
+//!   happened) or an undecodable answer: every caller gets
+//!   [`LedgerError::OutcomeUnknown`] (resp. `Protocol`), which the proxy
+//!   treats as it treats the single call's: read back, never a success.
+//! - A drainer that died (panic) with a batch in flight: its callers'
+//!   oneshots close and they get `OutcomeUnknown`. A process crash loses
+//!   no more than the single path's: the database commits or rolls back
+//!   the one statement as a whole.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::{Ledger, LedgerError};
+
+/// The environment variable that turns group commit on (`1`, `true`,
+/// `on`) or off (`0`, `false`, `off`) over the configuration, for the
+/// config file's `serve`/`stdio` and for every [`super::LedgerOptions::default`]
+/// (so `LEASEGATE_GROUP_COMMIT=1 cargo test` runs the suite batched).
+pub const GROUP_COMMIT_ENV: &str = "LEASEGATE_GROUP_COMMIT";
+
+/// Largest batch: each item is one writing subtransaction, and a
+/// transaction with more than 64 subtransaction ids overflows
+/// PostgreSQL's per-backend subxid cache (every snapshot then reads
+/// pg_subtrans). The SQL functions refuse more.
+pub const MAX_BATCH_LIMIT: usize = 64;
+
+/// Longest accepted batching window.
+pub const MAX_WINDOW: Duration = Duration::from_millis(50);
+
+/// Batches of one kind sent at once.
+pub const BATCHES_IN_FLIGHT: usize = 4;
+
+/// `group_commit_window` and `group_commit_max_batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupCommitSettings {
+    /// How long the drainer waits for more items once the first arrived.
+    pub window: Duration,
+    /// Most items in one statement (1..=64).
+    pub max_batch: usize,
+}
+
+impl Default for GroupCommitSettings {
+    fn default() -> Self {
+        Self {
+            window: Duration::from_micros(200),
+            max_batch: MAX_BATCH_LIMIT,
+        }
+    }
+}
+
+/// What [`GROUP_COMMIT_ENV`] says: `Some(on)`, or `None` when unset or
+/// not one of the accepted words.
+pub fn env_override() -> Option<bool> {
+    match std::env::var(GROUP_COMMIT_ENV).ok()?.trim() {
+        "1" | "true" | "on" => Some(true),
+        "0" | "false" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// One item's answer from a batch.
+#[derive(Debug)]
+pub(super) enum ItemAnswer<T> {
+    Verdict(T),
+    /// Send this item alone through the single path (see the module docs).
+    Alone,
+}
+
+/// One kind of batch: how N items become one statement.
+pub(super) trait Flush: Send + Sync + 'static {
+    type Item: Send + 'static;
+    type Answer: Send + 'static;
+    const CALL: &'static str;
+    /// The answers in item order, one per item.
+    fn flush(
+        ledger: &Ledger,
+        items: &[Self::Item],
+    ) -> impl Future<Output = Result<Vec<ItemAnswer<Self::Answer>>, LedgerError>> + Send;
+}
+
+type Reply<A> = oneshot::Sender<Result<ItemAnswer<A>, LedgerError>>;
+
+/// The queue of one kind; the drainer ends when every sender is gone.
+pub(super) struct Batcher<F: Flush> {
+    queue: mpsc::UnboundedSender<(F::Item, Reply<F::Answer>)>,
+    counts: Arc<Counts>,
+}
+
+/// Batches answered by the database and the items they answered with a
+/// verdict (not those sent again alone), for tests and benchmarks.
+#[derive(Debug, Default)]
+struct Counts {
+    batches: AtomicU64,
+    items: AtomicU64,
+    alone: AtomicU64,
+}
+
+/// What a ledger's group committer has done so far, per kind: batch
+/// statements the database answered, calls answered by them, and calls
+/// sent again alone (an item that raised, or a batch that failed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GroupCommitCounts {
+    pub register_batches: u64,
+    pub register_items: u64,
+    pub register_alone: u64,
+    pub settle_batches: u64,
+    pub settle_items: u64,
+    pub settle_alone: u64,
+}
+
+impl<F: Flush> std::fmt::Debug for Batcher<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher").field("call", &F::CALL).finish()
+    }
+}
+
+impl<F: Flush> Batcher<F> {
+    /// Starts the drainer on the current runtime. `ledger` must not itself
+    /// hold a group (it would keep the queue open forever).
+    pub(super) fn start(ledger: Ledger, settings: GroupCommitSettings) -> Self {
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let counts = Arc::new(Counts::default());
+        tokio::spawn(drain::<F>(ledger, receiver, settings, counts.clone()));
+        Self { queue, counts }
+    }
+
+    /// Enqueues `item` and waits for its batch's answer.
+    pub(super) async fn submit(&self, item: F::Item) -> Result<ItemAnswer<F::Answer>, LedgerError> {
+        let (reply, answer) = oneshot::channel();
+        if self.queue.send((item, reply)).is_err() {
+            // No drainer (its runtime is gone): nothing was sent.
+            return Ok(ItemAnswer::Alone);
+        }
+        answer.await.unwrap_or(Err(LedgerError::OutcomeUnknown {
+            call: F::CALL,
+            source: sqlx::Error::WorkerCrashed,
+        }))
+    }
+}
+
+/// Both batchers of a ledger.
+#[derive(Debug)]
+pub(super) struct Group {
+    pub(super) registers: Batcher<super::operation::RegisterBatch>,
+    pub(super) settles: Batcher<super::operation::SettleBatch>,
+}
+
+impl Group {
+    pub(super) fn counts(&self) -> GroupCommitCounts {
+        GroupCommitCounts {
+            register_batches: self.registers.counts.batches.load(Ordering::Relaxed),
+            register_items: self.registers.counts.items.load(Ordering::Relaxed),
+            register_alone: self.registers.counts.alone.load(Ordering::Relaxed),
+            settle_batches: self.settles.counts.batches.load(Ordering::Relaxed),
+            settle_items: self.settles.counts.items.load(Ordering::Relaxed),
+            settle_alone: self.settles.counts.alone.load(Ordering::Relaxed),
+        }
+    }
+
+    pub(super) fn start(plain: &Ledger, settings: GroupCommitSettings) -> Arc<Self> {
+        Arc::new(Self {
+            registers: Batcher::start(plain.clone(), settings),
+            settles: Batcher::start(plain.clone(), settings),
+        })
+    }
+}
+
+async fn drain<F: Flush>(
+    ledger: Ledger,
+    mut receiver: mpsc::UnboundedReceiver<(F::Item, Reply<F::Answer>)>,
+    settings: GroupCommitSettings,
+    counts: Arc<Counts>,
+) {
+    let max_batch = settings.max_batch.clamp(1, MAX_BATCH_LIMIT);
+    let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    while let Some(first) = receiver.recv().await {
+        // Idle (no batch of this kind in flight): send what is queued now,
+        // without waiting for the window: a lone caller pays no window.
+        // Busy: wait up to the window for more (tokio's timer rounds it
+        // up to its 1 ms tick).
+        let idle = in_flight.available_permits() == BATCHES_IN_FLIGHT;
+        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        let deadline = Instant::now()
+            + if idle {
+                Duration::ZERO
+            } else {
+                settings.window
+            };
+        while batch.len() < max_batch {
+            match receiver.try_recv() {
+                Ok(next) => {
+                    batch.push(next);
+                    continue;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => break,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+            match tokio::time::timeout_at(deadline, receiver.recv()).await {
+                Ok(Some(next)) => batch.push(next),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let ledger = ledger.clone();
+        let counts = counts.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+            metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
+                .record(items.len() as f64);
+            match F::flush(&ledger, &items).await {
+                Ok(answers) if answers.len() == replies.len() => {
+                    counts.batches.fetch_add(1, Ordering::Relaxed);
+                    for (reply, answer) in replies.into_iter().zip(answers) {
+                        let counter = match answer {
+                            ItemAnswer::Verdict(_) => &counts.items,
+                            ItemAnswer::Alone => &counts.alone,
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        let _ = reply.send(Ok(answer));
+                    }
+                }
+                Ok(answers) => {
+                    let detail = format!("{} answers for {} items", answers.len(), replies.len());
+                    for reply in replies {
+                        let _ = reply.send(Err(LedgerError::Protocol {
+                            call: F::CALL,
+                            detail: detail.clone(),
+                        }));
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(call = F::CALL, %error, "group commit batch failed");
+                    counts
+                        .alone
+                        .fetch_add(replies.len() as u64, Ordering::Relaxed);
+                    for reply in replies {
+                        let _ = reply.send(fan_out(&error));
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// What one caller of a failed batch is answered (module docs).
+fn fan_out<T>(error: &LedgerError) -> Result<ItemAnswer<T>, LedgerError> {
+    match error {
+        LedgerError::OutcomeUnknown { call, source } => Err(LedgerError::OutcomeUnknown {
+            call,
+            source: sqlx::Error::Protocol(format!("group commit batch: {source}")),
+        }),
+        LedgerError::Protocol { call, detail } => Err(LedgerError::Protocol {
+            call,
+            detail: detail.clone(),
+        }),
+        LedgerError::Sealed {
+            after_call: true, ..
+        } => Err(LedgerError::Protocol {
+            call: "group commit",
+            detail: error.to_string(),
+        }),
+        // Nothing was committed: the single path decides.
+        _ => Ok(ItemAnswer::Alone),
+    }
+}
