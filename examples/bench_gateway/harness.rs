@@ -111,6 +111,9 @@ pub struct Settings {
     pub upstream: UpstreamChoice,
     /// leasegate's `database_max_connections`.
     pub db_pool: u32,
+    /// leasegate's `group_commit` (issue 14 P6): register-claims and settles
+    /// of concurrent calls share statements and commits.
+    pub group_commit: bool,
     /// Idle MCP sessions opened for the per-session memory.
     pub sessions: usize,
     /// Gated cells at the largest caller count after the sweep (steady-state memory).
@@ -141,6 +144,7 @@ impl Settings {
             repeat: 1,
             upstream: UpstreamChoice::Auto,
             db_pool: 20,
+            group_commit: false,
             sessions: 1000,
             growth_cells: 3,
             first_calls: RUNS,
@@ -763,6 +767,7 @@ impl Served {
         let config = format!(
             r#"database_url = "{url}"
 database_max_connections = {pool}
+group_commit = {group_commit}
 tenant = "bench"
 listen = "127.0.0.1:0"
 control_listen = "{control}"
@@ -777,6 +782,7 @@ max_sessions = {max_sessions}
 {upstreams}"#,
             url = options.database_url,
             pool = settings.db_pool,
+            group_commit = settings.group_commit,
             control = if options.control {
                 "127.0.0.1:0"
             } else {
@@ -1543,12 +1549,13 @@ async fn measure(
     environment.pgbench = pgbench_path.display().to_string();
     report.settings_line = format!(
         "{} s measured per cell after {} s of warm-up, {} repetition(s) (medians), callers {:?}, \
-         {RUNS} leased runs, leasegate database_max_connections = {}",
+         {RUNS} leased runs, leasegate database_max_connections = {}, group_commit = {}",
         settings.duration.as_secs_f64(),
         settings.warmup.as_secs_f64(),
         settings.repeat,
         settings.callers,
-        settings.db_pool
+        settings.db_pool,
+        settings.group_commit
     );
 
     // The main child: every throughput cell, the renewals, memory under load.

@@ -64,6 +64,9 @@ struct Cli {
     /// leasegate's database_max_connections.
     #[arg(long)]
     db_pool: Option<u32>,
+    /// Serve with `group_commit = true` (issue 14 P6).
+    #[arg(long)]
+    group_commit: bool,
     /// Idle MCP sessions opened for the per-session memory.
     #[arg(long)]
     sessions: Option<usize>,
@@ -132,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(pool) = cli.db_pool {
         settings.db_pool = pool;
     }
+    settings.group_commit = cli.group_commit;
     if let Some(sessions) = cli.sessions {
         settings.sessions = sessions;
     }

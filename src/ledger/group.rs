@@ -226,12 +226,7 @@ async fn drain<F: Flush>(
             return;
         };
         let mut batch = vec![first];
-        let deadline = Instant::now()
-            + if idle {
-                Duration::ZERO
-            } else {
-                settings.window
-            };
+        let deadline = Instant::now() + settings.window;
         while batch.len() < max_batch {
             match receiver.try_recv() {
                 Ok(next) => {
@@ -239,6 +234,9 @@ async fn drain<F: Flush>(
                     continue;
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
+                // Idle: what was queued is the batch. (A timer, even one
+                // already due, would cost up to a tick: tokio's 1 ms.)
+                Err(mpsc::error::TryRecvError::Empty) if idle => break,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
             match tokio::time::timeout_at(deadline, receiver.recv()).await {
