@@ -67,8 +67,8 @@ async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
         )
         .expect("a valid intent")
     };
-    let gated = async |step: usize| {
-        let claimed = ledger
+    let register = async |step: usize| {
+        let (claimed, _) = ledger
             .operation_register_claim_in(
                 Some("tenant-a"),
                 &lease,
@@ -79,7 +79,10 @@ async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
             )
             .await
             .expect("register and claim");
-        let claim = match common::applied(claimed.0) {
+        common::applied(claimed)
+    };
+    let gated = async |step: usize| {
+        let claim = match register(step).await {
             InlineClaim::Claimed { claim, .. } => claim,
             other => panic!("expected a fresh claim, got {other:?}"),
         };
@@ -113,19 +116,8 @@ async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
 
     let before = proxy.count();
     for step in 8..8 + CALLS {
-        let (replayed, _) = ledger
-            .operation_register_claim_in(
-                Some("tenant-a"),
-                &lease,
-                &intent(step),
-                None,
-                "proxy-1",
-                60_000,
-            )
-            .await
-            .expect("replay");
         assert!(
-            matches!(common::applied(replayed), InlineClaim::Existing(_)),
+            matches!(register(step).await, InlineClaim::Existing(_)),
             "a replay finds the settled operation"
         );
     }

@@ -167,8 +167,17 @@ impl<F: Flush> Batcher<F> {
         Self { queue, counts }
     }
 
+    /// Enqueues `item` and waits for its batch: the item's verdict, or
+    /// `None` when the caller is to send it alone (the single path).
+    pub(super) async fn verdict(&self, item: F::Item) -> Result<Option<F::Answer>, LedgerError> {
+        Ok(match self.submit(item).await? {
+            ItemAnswer::Verdict(answer) => Some(answer),
+            ItemAnswer::Alone => None,
+        })
+    }
+
     /// Enqueues `item` and waits for its batch's answer.
-    pub(super) async fn submit(&self, item: F::Item) -> Result<ItemAnswer<F::Answer>, LedgerError> {
+    async fn submit(&self, item: F::Item) -> Result<ItemAnswer<F::Answer>, LedgerError> {
         let (reply, answer) = oneshot::channel();
         if self.queue.send((item, reply)).is_err() {
             // No drainer (its runtime is gone): nothing was sent.

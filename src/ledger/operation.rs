@@ -623,23 +623,21 @@ impl Ledger {
         self.check_claim_ttl(claim_ttl_ms)?;
         let params = IntentParams::new(intent, route, self.bodies())?;
         let batched = match &self.group {
-            Some(group) => match group
-                .registers
-                .submit(RegisterItem {
-                    run_id: claim.run_id.as_uuid(),
-                    owner: claim.owner.clone(),
-                    epoch: claim.epoch,
-                    token_sha256: super::token::bind_hash(claim.token.as_ref()),
-                    intent: OwnedIntent::of(&params),
-                    dispatch_owner: dispatch_owner.to_owned(),
-                    claim_ttl_ms,
-                    tenant: tenant.map(str::to_owned),
-                })
-                .await?
-            {
-                ItemAnswer::Verdict(row) => Some(row),
-                ItemAnswer::Alone => None,
-            },
+            Some(group) => {
+                group
+                    .registers
+                    .verdict(RegisterItem {
+                        run_id: claim.run_id.as_uuid(),
+                        owner: claim.owner.clone(),
+                        epoch: claim.epoch,
+                        token_sha256: super::token::bind_hash(claim.token.as_ref()),
+                        intent: OwnedIntent::of(&params),
+                        dispatch_owner: dispatch_owner.to_owned(),
+                        claim_ttl_ms,
+                        tenant: tenant.map(str::to_owned),
+                    })
+                    .await?
+            }
             None => None,
         };
         let ClaimRow { row, wal } = match batched {
@@ -765,22 +763,20 @@ impl Ledger {
         const CALL: &str = "operation_settle";
         let result = self.stored_result(result, claim.operation_id.as_str())?;
         let batched = match &self.group {
-            Some(group) => match group
-                .settles
-                .submit(SettleItem {
-                    operation_id: claim.operation_id.as_str().to_owned(),
-                    dispatch_owner: claim.dispatch_owner.as_str().to_owned(),
-                    expected_revision: claim.revision,
-                    request_digest: claim.request_digest.as_str().to_owned(),
-                    status: settlement.as_str(),
-                    remote_id: remote_id.map(str::to_owned),
-                    result: result.clone(),
-                })
-                .await?
-            {
-                ItemAnswer::Verdict(row) => Some(row),
-                ItemAnswer::Alone => None,
-            },
+            Some(group) => {
+                group
+                    .settles
+                    .verdict(SettleItem {
+                        operation_id: claim.operation_id.as_str().to_owned(),
+                        dispatch_owner: claim.dispatch_owner.as_str().to_owned(),
+                        expected_revision: claim.revision,
+                        request_digest: claim.request_digest.as_str().to_owned(),
+                        status: settlement.as_str(),
+                        remote_id: remote_id.map(str::to_owned),
+                        result: result.clone(),
+                    })
+                    .await?
+            }
             None => None,
         };
         let answer: SettleRow = match batched {
