@@ -344,27 +344,40 @@ END
 $$;
 
 -- Group commit (issue 14 P6): N register-claims of (usually) different
--- runs in ONE statement and transaction. Each item is exactly one call of
--- operation_register_claim above (the one definition of its fence, tenant,
--- lease-token, conflict and event rules), so an item's verdict is the one
--- the single call would give under the same snapshot.
--- Items run in the order (run_id, step_id, item): every lock an item takes
--- (its lease row FOR SHARE, its operation row FOR UPDATE or the unique
--- index entry it inserts) is keyed by its own (run, step), so two batches
--- take their locks in one global order and cannot deadlock on them; a
--- takeover of a run's lease waits for the batch's commit (invariant 1), and
--- no caller is answered before that commit. Two items of the same step in
--- one batch: the first inserts (claimed), the second finds that row of its
--- own transaction (FOR UPDATE of an own row does not wait) and answers
--- 'exists' with status dispatching: what the second of two concurrent
--- single calls answers once the first has committed.
--- Each item runs in its own subtransaction (BEGIN ... EXCEPTION): an item
--- that raises (bad arguments 22023, 40001 after colliding inserts, a
--- deadlock with a foreign lock order) is rolled back alone and comes back
--- as (item, error_sqlstate, error_message, outcome 'item_error'); the
--- others stand. Cost: one subtransaction (and, since it writes, one
--- subtransaction XID) per item; more than 64 in one transaction overflow
--- the per-backend subxid cache, hence the batch cap of 64.
+-- runs in ONE statement and transaction, with per-item verdicts equal to
+-- what operation_register_claim above (the one definition of the fence,
+-- tenant, lease-token, conflict and event rules) answers for that item.
+--
+-- Two phases:
+-- 1. The fast phase, set-based: the batch's lease rows are locked FOR
+--    SHARE in run_id order (one statement), then ONE statement takes every
+--    item that the single function would certainly answer 'claimed' by
+--    inserting a new row (lease found, same tenant, owner and epoch, not
+--    expired on the database clock, lease token set and equal, run not
+--    terminal, arguments well formed, first item of its operation_id and
+--    of its (run, step, effect_version) in the batch) and inserts their
+--    dispatching rows (INSERT ... ON CONFLICT DO NOTHING, in (run, step)
+--    order) and their NULL -> dispatching events, exactly the rows and
+--    event the single function writes. An item whose insert met an
+--    existing row is not claimed here. The whole phase runs in one
+--    subtransaction: if it raises (a check constraint, a deadlock), it is
+--    rolled back and every item goes to phase 2.
+-- 2. Every other item (refused by the fence, existing, a duplicate within
+--    the batch, malformed) runs through operation_register_claim itself,
+--    in (run_id, step_id, item) order, each in its own subtransaction: an
+--    item that raises (bad arguments 22023, 40001 after colliding
+--    inserts, a deadlock) is rolled back alone and comes back as (item,
+--    error_sqlstate, error_message, outcome 'item_error'); the others
+--    stand. At most 64 items: more subtransaction XIDs in one transaction
+--    overflow the per-backend subxid cache.
+-- Locks: lease rows FOR SHARE (run_id order), the unique index entries
+-- the inserts take ((run, step) order), then phase 2's own (run, step)
+-- order; a takeover of a run's lease waits for the batch's commit
+-- (invariant 1), and no caller is answered before that commit. Two items
+-- of the same step in one batch: the first is claimed, the second (phase
+-- 2) finds that row of its own transaction and answers 'exists' with
+-- status dispatching, what the second of two concurrent single calls
+-- answers once the first has committed.
 -- The caller (src/ledger/group.rs) sends an erroring item again alone
 -- through the single function, which then answers or raises as it would
 -- have; nothing of it was written by the batch.
@@ -380,11 +393,17 @@ RETURNS TABLE (item integer, error_sqlstate text, error_message text,
   remote_id text, result jsonb, evidence_id bigint, upstream text,
   upstream_tool text, system_identifier text, timeline bigint, wal_lsn bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
 DECLARE
-  n     integer := cardinality(p_run_ids);
-  i     integer;
-  state text;
-  msg   text;
+  n           integer := cardinality(p_run_ids);
+  i           integer;
+  state       text;
+  msg         text;
+  v_now       timestamptz;
+  v_claimed   integer[] := '{}';
+  v_statuses  text[];
+  v_revisions bigint[];
+  v_expiries  timestamptz[];
 BEGIN
   IF n IS NULL OR n = 0 OR n > 64 THEN
     RAISE EXCEPTION 'a register-claim batch holds 1..64 items, got %', n USING ERRCODE = '22023';
@@ -394,8 +413,70 @@ BEGIN
      OR cardinality(p_claim_ttl_ms) <> n OR cardinality(p_tenants) <> n THEN
     RAISE EXCEPTION 'register-claim batch arrays differ in length' USING ERRCODE = '22023';
   END IF;
+
+  -- Phase 1.
+  BEGIN
+    PERFORM 1 FROM worker_leases l WHERE l.run_id = ANY (p_run_ids) ORDER BY l.run_id FOR SHARE;
+    v_now := clock_timestamp();
+    WITH items AS (
+      SELECT g.k, p_run_ids[g.k] AS run_id, (p_intents[g.k]).*
+        FROM generate_subscripts(p_run_ids, 1) AS g(k)
+    ), fenced AS (
+      SELECT it.*, r.status AS run_status, r.revision AS run_revision, l.expires_at,
+             row_number() OVER (PARTITION BY it.operation_id ORDER BY it.k) AS nth_of_id,
+             row_number() OVER (PARTITION BY it.run_id, it.step_id, it.effect_version ORDER BY it.k) AS nth_of_step
+        FROM items it
+        JOIN worker_leases l ON l.run_id = it.run_id
+        JOIN agent_runs r ON r.run_id = it.run_id
+       WHERE it.operation_id IS NOT NULL AND it.step_id IS NOT NULL AND it.effect_version IS NOT NULL
+         AND it.tool_name IS NOT NULL AND it.request_digest IS NOT NULL
+         AND p_dispatch_owners[it.k] <> '' AND p_claim_ttl_ms[it.k] > 0
+         AND (p_tenants[it.k] IS NULL OR r.tenant_id = p_tenants[it.k])
+         AND l.owner = p_owners[it.k] AND l.epoch = p_epochs[it.k] AND l.expires_at > v_now
+         AND l.token_sha256 IS NOT NULL AND l.token_sha256 = p_token_sha256s[it.k]
+         AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
+    ), inserted AS (
+      INSERT INTO tool_operations AS t (operation_id, run_id, step_id, effect_version, tool_name,
+                                        request_digest, request_body, status, upstream, upstream_tool,
+                                        dispatch_owner, dispatch_until, dispatch_count, revision,
+                                        first_dispatched_at)
+      SELECT f.operation_id, f.run_id, f.step_id, f.effect_version, f.tool_name, f.request_digest,
+             COALESCE(f.request_body, 'null'::jsonb), 'dispatching', f.upstream, f.upstream_tool,
+             p_dispatch_owners[f.k], v_now + (p_claim_ttl_ms[f.k] * interval '1 millisecond'), 1, 1, v_now
+        FROM fenced f
+       WHERE f.nth_of_id = 1 AND f.nth_of_step = 1
+       ORDER BY f.run_id, f.step_id, f.k
+      ON CONFLICT DO NOTHING
+      RETURNING t.operation_id, t.run_id, t.dispatch_owner, t.dispatch_until
+    ), events AS (
+      INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                                 actor, epoch, revision, detail)
+      SELECT ins.run_id, ins.operation_id, 'operation', NULL, 'dispatching', 'dispatcher',
+             ins.dispatch_owner, p_epochs[f.k], 1,
+             jsonb_build_object('inline', true, 'worker', p_owners[f.k], 'dispatch_until', ins.dispatch_until)
+        FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1
+    )
+    SELECT COALESCE(array_agg(f.k ORDER BY f.k), '{}'), array_agg(f.run_status ORDER BY f.k),
+           array_agg(f.run_revision ORDER BY f.k), array_agg(f.expires_at ORDER BY f.k)
+      INTO v_claimed, v_statuses, v_revisions, v_expiries
+      FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1;
+  EXCEPTION WHEN OTHERS THEN
+    v_claimed := '{}';
+  END;
+  RETURN QUERY
+    SELECT c.k, NULL::text, NULL::text, 'claimed'::text, c.run_status, c.run_revision, p_owners[c.k],
+           p_epochs[c.k], c.expires_at, v_now, (p_intents[c.k]).operation_id, p_run_ids[c.k],
+           (p_intents[c.k]).step_id, (p_intents[c.k]).effect_version, (p_intents[c.k]).tool_name,
+           (p_intents[c.k]).request_digest, 'dispatching'::text, 1::bigint, p_dispatch_owners[c.k],
+           v_now + (p_claim_ttl_ms[c.k] * interval '1 millisecond'), 1, NULL::text, NULL::jsonb,
+           NULL::bigint, (p_intents[c.k]).upstream, (p_intents[c.k]).upstream_tool, NULL::text,
+           NULL::bigint, NULL::bigint
+      FROM unnest(v_claimed, v_statuses, v_revisions, v_expiries) AS c(k, run_status, run_revision, expires_at);
+
+  -- Phase 2.
   FOR i IN
     SELECT g.k FROM generate_subscripts(p_run_ids, 1) AS g(k)
+     WHERE g.k <> ALL (v_claimed)
      ORDER BY p_run_ids[g.k], (p_intents[g.k]).step_id, g.k
   LOOP
     BEGIN
@@ -558,31 +639,41 @@ BEGIN
 END
 $$;
 
--- Group commit of settles (issue 14 P6): N operation_settle calls (the one
--- definition of the claim guard, digest comparison, evidence and event)
--- in one transaction, committed once, then where the WAL stands: read
--- after the COMMIT, as operation_settle_acknowledged does, so it bounds
--- every settle of the batch. Items run in operation_id order (each locks
--- only its own operation row): concurrent batches cannot deadlock. Each
--- item in its own subtransaction: one that raises comes back with its
--- error_sqlstate/error_message and nothing written, the others commit
--- (at most 64 items, the subxid cache). The verdicts come back as one
--- jsonb array, element k answering item k+1: {"item", "error_sqlstate",
--- "error_message"} or the operation_result fields. A connection lost
--- after the COMMIT is "outcome unknown" for every item, as for one.
-CREATE OR REPLACE PROCEDURE operation_settle_acknowledged_batch(
+-- Group commit of settles (issue 14 P6), the writes: N operation_settle
+-- calls' worth in one transaction (not committed here: see
+-- operation_settle_acknowledged_batch below). The verdicts come back as
+-- one jsonb array, element k answering item k+1: {"item",
+-- "error_sqlstate", "error_message"} or the operation_result fields.
+-- Two phases, as in operation_register_claim_batch:
+-- 1. Set-based, in one subtransaction: ONE statement settles every item
+--    that is the live claim (status dispatching, same dispatch owner,
+--    revision and request digest; a valid status; the first item of its
+--    operation_id in the batch) with operation_settle's guarded UPDATE
+--    and writes the same dispatching -> status event; its answer is the
+--    one operation_settle gives ('settled'). If the phase raises, it is
+--    rolled back and every item goes to phase 2.
+-- 2. Every other item (a stale claim, a digest mismatch, a second settle
+--    of one claim in the batch, a bad status) runs through
+--    operation_settle itself (the one definition of the late-response
+--    evidence and of every refusal), in operation_id order, each in its
+--    own subtransaction: one that raises comes back with its
+--    error_sqlstate/error_message and nothing written, the others stand
+--    (at most 64 items, the subxid cache).
+-- Each item locks only its own operation row.
+CREATE OR REPLACE FUNCTION operation_settle_batch(
   p_operation_ids text[], p_dispatch_owners text[], p_expected_revisions bigint[],
-  p_request_digests text[], p_statuses text[], p_remote_ids text[], p_results jsonb[],
-  INOUT verdicts jsonb DEFAULT NULL, INOUT system_identifier text DEFAULT NULL,
-  INOUT timeline bigint DEFAULT NULL, INOUT wal_lsn bigint DEFAULT NULL)
-LANGUAGE plpgsql AS $$
+  p_request_digests text[], p_statuses text[], p_remote_ids text[], p_results jsonb[])
+RETURNS jsonb
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-  n     integer := cardinality(p_operation_ids);
-  i     integer;
-  s     public.operation_result;
-  state text;
-  msg   text;
-  answers jsonb[];
+  n         integer := cardinality(p_operation_ids);
+  i         integer;
+  s         operation_result;
+  state     text;
+  msg       text;
+  answers   jsonb[];
+  v_settled jsonb[];
+  v_done    integer[] := '{}';
 BEGIN
   IF n IS NULL OR n = 0 OR n > 64 THEN
     RAISE EXCEPTION 'a settle batch holds 1..64 items, got %', n USING ERRCODE = '22023';
@@ -593,19 +684,84 @@ BEGIN
     RAISE EXCEPTION 'settle batch arrays differ in length' USING ERRCODE = '22023';
   END IF;
   answers := array_fill(NULL::jsonb, ARRAY[n]);
+
+  -- Phase 1.
+  BEGIN
+    WITH items AS (
+      SELECT DISTINCT ON (p_operation_ids[g.k]) g.k, p_operation_ids[g.k] AS op
+        FROM generate_subscripts(p_operation_ids, 1) AS g(k)
+       WHERE p_statuses[g.k] IN ('succeeded', 'failed_final')
+       ORDER BY p_operation_ids[g.k], g.k
+    ), settled AS (
+      UPDATE tool_operations t
+         SET status = p_statuses[it.k], remote_id = p_remote_ids[it.k], result = p_results[it.k],
+             dispatch_until = NULL, revision = t.revision + 1, updated_at = clock_timestamp()
+        FROM items it
+       WHERE t.operation_id = it.op AND t.status = 'dispatching'
+         AND t.dispatch_owner = p_dispatch_owners[it.k] AND t.revision = p_expected_revisions[it.k]
+         AND t.request_digest = p_request_digests[it.k]
+      RETURNING it.k, t.*
+    ), events AS (
+      INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
+                                 actor, revision, detail)
+      SELECT st.run_id, st.operation_id, 'operation', 'dispatching', st.status, 'dispatcher',
+             p_dispatch_owners[st.k], st.revision,
+             CASE WHEN p_remote_ids[st.k] IS NULL THEN '{}'::jsonb
+                  ELSE jsonb_build_object('remote_id', p_remote_ids[st.k]) END
+        FROM settled st
+       ORDER BY st.operation_id
+    )
+    SELECT COALESCE(array_agg(st.k), '{}'),
+           array_agg(to_jsonb(ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(),
+                                  st.operation_id, st.run_id, st.step_id, st.effect_version, st.tool_name,
+                                  st.request_digest, st.status, st.revision, st.dispatch_owner,
+                                  st.dispatch_until, st.dispatch_count, st.remote_id, NULL, NULL,
+                                  st.upstream, st.upstream_tool)::operation_result)
+                     || jsonb_build_object('item', st.k))
+      INTO v_done, v_settled
+      FROM settled st;
+  EXCEPTION WHEN OTHERS THEN
+    v_done := '{}';
+  END;
+  FOR i IN 1 .. cardinality(v_done) LOOP
+    answers[v_done[i]] := v_settled[i];
+  END LOOP;
+
+  -- Phase 2.
   FOR i IN
-    SELECT g.k FROM generate_subscripts(p_operation_ids, 1) AS g(k) ORDER BY p_operation_ids[g.k], g.k
+    SELECT g.k FROM generate_subscripts(p_operation_ids, 1) AS g(k)
+     WHERE g.k <> ALL (v_done)
+     ORDER BY p_operation_ids[g.k], g.k
   LOOP
     BEGIN
-      s := public.operation_settle(p_operation_ids[i], p_dispatch_owners[i], p_expected_revisions[i],
-                                   p_request_digests[i], p_statuses[i], p_remote_ids[i], p_results[i]);
+      s := operation_settle(p_operation_ids[i], p_dispatch_owners[i], p_expected_revisions[i],
+                            p_request_digests[i], p_statuses[i], p_remote_ids[i], p_results[i]);
       answers[i] := to_jsonb(s) || jsonb_build_object('item', i);
     EXCEPTION WHEN OTHERS THEN
       GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, msg = MESSAGE_TEXT;
       answers[i] := jsonb_build_object('item', i, 'error_sqlstate', state, 'error_message', msg);
     END;
   END LOOP;
-  verdicts := to_jsonb(answers);
+  RETURN to_jsonb(answers);
+END
+$$;
+
+-- Group commit of settles: operation_settle_batch, committed once, then
+-- where the WAL stands: read after the COMMIT, as
+-- operation_settle_acknowledged does, so it bounds every settle of the
+-- batch. A procedure (it commits), so not SECURITY DEFINER: the writes are
+-- operation_settle_batch's. On an error before the COMMIT nothing is
+-- written; a connection lost after it is "outcome unknown" for every
+-- item, as for one.
+CREATE OR REPLACE PROCEDURE operation_settle_acknowledged_batch(
+  p_operation_ids text[], p_dispatch_owners text[], p_expected_revisions bigint[],
+  p_request_digests text[], p_statuses text[], p_remote_ids text[], p_results jsonb[],
+  INOUT verdicts jsonb DEFAULT NULL, INOUT system_identifier text DEFAULT NULL,
+  INOUT timeline bigint DEFAULT NULL, INOUT wal_lsn bigint DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+BEGIN
+  verdicts := public.operation_settle_batch(p_operation_ids, p_dispatch_owners, p_expected_revisions,
+                                            p_request_digests, p_statuses, p_remote_ids, p_results);
   COMMIT;
   SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
     FROM public.ledger_wal_position() w;
@@ -1064,6 +1220,7 @@ REVOKE EXECUTE ON FUNCTION
   operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
+  operation_settle_batch(text[], text[], bigint[], text[], text[], text[], jsonb[]),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
   _op_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
@@ -1087,6 +1244,7 @@ GRANT EXECUTE ON FUNCTION
   operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),
   operation_claim(text, bigint, integer, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
+  operation_settle_batch(text[], text[], bigint[], text[], text[], text[], jsonb[]),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),

@@ -505,4 +505,204 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
         .await
         .unwrap();
     assert_eq!(status, "succeeded");
+
+    // An item that passes every fence but breaks a table constraint (a
+    // digest of the wrong shape) makes the set-based phase raise: that
+    // phase is rolled back whole, every item goes through the single
+    // function, and only the bad one fails.
+    let (c, _) = db.running_run("agent-1", 30_000).await;
+    let (d, _) = db.running_run("agent-1", 30_000).await;
+    let call_c = intent(c.run_id, "s", json!({}));
+    let call_d = intent(d.run_id, "s", json!({}));
+    let rows: Vec<(i32, Option<String>, String)> = sqlx::query_as(
+        "SELECT item, error_sqlstate, outcome FROM operation_register_claim_batch(
+           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
+           ARRAY[ROW($4, 's', 1, 't', $5, '{}'::jsonb, NULL, NULL)::operation_intent,
+                 ROW($6, 's', 1, 't', 'not-a-digest', '{}'::jsonb, NULL, NULL)::operation_intent],
+           ARRAY['proxy-1', 'proxy-1'], ARRAY[30000, 30000]::bigint[], ARRAY[NULL, NULL]::text[])
+         ORDER BY item",
+    )
+    .bind(vec![c.run_id.as_uuid(), d.run_id.as_uuid()])
+    .bind(vec![c.epoch, d.epoch])
+    .bind(vec![hash(&c), hash(&d)])
+    .bind(call_c.operation_id.as_str())
+    .bind(call_c.request_digest.as_str())
+    .bind(call_d.operation_id.as_str())
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            (1, None, "claimed".to_owned()),
+            (2, Some("23514".to_owned()), "item_error".to_owned())
+        ]
+    );
+    let written: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT o.operation_id, (SELECT count(*) FROM ledger_events e WHERE e.operation_id = o.operation_id)
+           FROM tool_operations o WHERE o.run_id = ANY ($1) ORDER BY 1",
+    )
+    .bind(vec![c.run_id.as_uuid(), d.run_id.as_uuid()])
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        written,
+        [(call_c.operation_id.as_str().to_owned(), 1)],
+        "the good item's row and one event, once; nothing of the bad one"
+    );
+    // Two settles of one claim in one batch: the first settles (set-based),
+    // the repeat goes through operation_settle and is kept as evidence.
+    let (verdicts,): (Value,) = sqlx::query_as(
+        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+           ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['succeeded', 'succeeded'],
+           ARRAY['r1', 'r2']::text[], ARRAY['{}', '{}']::jsonb[])",
+    )
+    .bind(call_c.operation_id.as_str())
+    .bind(call_c.request_digest.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(verdicts[0]["outcome"], "settled");
+    assert_eq!(verdicts[0]["remote_id"], "r1");
+    assert_eq!(verdicts[1]["outcome"], "stale_claim");
+    let evidence: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT kind, remote_id FROM operation_evidence WHERE operation_id = $1")
+            .bind(call_c.operation_id.as_str())
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        evidence,
+        [("late_response".to_owned(), Some("r2".to_owned()))]
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_common_case_is_answered_set_based_and_writes_the_single_functions_rows(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (a, _) = db.running_run("agent-1", 30_000).await;
+    let (b, _) = db.running_run("agent-1", 30_000).await;
+    let (c, _) = db.running_run("agent-1", 30_000).await;
+    let hash = |lease: &LeaseClaim| lease.token.as_ref().map(|t| t.sha256());
+    let calls: Vec<Intent> = [&a, &b, &c]
+        .iter()
+        .map(|lease| intent(lease.run_id, "s", json!({"n": 1})))
+        .collect();
+    let mut tx = db.admin.begin().await.unwrap();
+    // This transaction's own function-call counts (pg_stat_xact_user_functions).
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let batched: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT item, outcome FROM operation_register_claim_batch(
+           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
+           ARRAY[ROW($4, 's', 1, 't', $5, '{\"n\": 1}'::jsonb, 'up', 'tool')::operation_intent,
+                 ROW($6, 's', 1, 't', $7, '{\"n\": 1}'::jsonb, 'up', 'tool')::operation_intent],
+           ARRAY['proxy-1', 'proxy-1'], ARRAY[30000, 30000]::bigint[], ARRAY[NULL, $8]::text[])
+         ORDER BY item",
+    )
+    .bind(vec![a.run_id.as_uuid(), b.run_id.as_uuid()])
+    .bind(vec![a.epoch, b.epoch])
+    .bind(vec![hash(&a), hash(&b)])
+    .bind(calls[0].operation_id.as_str())
+    .bind(calls[0].request_digest.as_str())
+    .bind(calls[1].operation_id.as_str())
+    .bind(calls[1].request_digest.as_str())
+    .bind(TENANT)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(
+        batched,
+        [(1, "claimed".to_owned()), (2, "claimed".to_owned())]
+    );
+    let verdicts: Value = sqlx::query_scalar(
+        "SELECT operation_settle_batch(ARRAY[$1, $2], ARRAY['proxy-1', 'proxy-1'], ARRAY[1, 1]::bigint[],
+           ARRAY[$3, $4], ARRAY['succeeded', 'failed_final'], ARRAY['r-1', NULL]::text[],
+           ARRAY['{\"ok\": true}', '{\"ok\": false}']::jsonb[])",
+    )
+    .bind(calls[0].operation_id.as_str())
+    .bind(calls[1].operation_id.as_str())
+    .bind(calls[0].request_digest.as_str())
+    .bind(calls[1].request_digest.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(verdicts[0]["outcome"], "settled");
+    assert_eq!(verdicts[0]["revision"], 2);
+    assert_eq!(verdicts[1]["outcome"], "settled");
+    assert_eq!(verdicts[1]["status"], "failed_final");
+    let per_item: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT funcname::text, calls FROM pg_stat_xact_user_functions
+          WHERE funcname IN ('operation_register_claim', 'operation_settle')",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(
+        per_item,
+        [],
+        "new intents of fenced runs and live claims are answered set-based, with no per-item call"
+    );
+    // The reference: the same call through the single functions.
+    let single: String = sqlx::query_scalar(
+        "SELECT outcome FROM operation_register_claim($1, 'agent-1', $2, $3,
+           ROW($4, 's', 1, 't', $5, '{\"n\": 1}'::jsonb, 'up', 'tool')::operation_intent,
+           'proxy-1', 30000, NULL)",
+    )
+    .bind(c.run_id.as_uuid())
+    .bind(c.epoch)
+    .bind(hash(&c))
+    .bind(calls[2].operation_id.as_str())
+    .bind(calls[2].request_digest.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(single, "claimed");
+    let settled: String = sqlx::query_scalar(
+        "SELECT (operation_settle($1, 'proxy-1', 1, $2, 'succeeded', 'r-1', '{\"ok\": true}')).outcome",
+    )
+    .bind(calls[2].operation_id.as_str())
+    .bind(calls[2].request_digest.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(settled, "settled");
+    tx.commit().await.unwrap();
+
+    // Everything but ids, digests and clock readings, row for row.
+    let rows = |run_id: RunId| {
+        let admin = db.admin.clone();
+        async move {
+            sqlx::query_scalar::<_, Value>(
+                "SELECT jsonb_build_object(
+                   'op', (SELECT to_jsonb(o) - 'operation_id' - 'run_id' - 'request_digest' - 'created_at'
+                                 - 'updated_at' - 'first_dispatched_at'
+                            FROM tool_operations o WHERE o.run_id = $1),
+                   'events', (SELECT jsonb_agg(jsonb_set(to_jsonb(e) - 'event_id' - 'at' - 'run_id' - 'operation_id',
+                                                         '{detail}', (e.detail - 'dispatch_until')
+                                                           || jsonb_build_object('has_until', e.detail ? 'dispatch_until'))
+                                               ORDER BY e.event_id)
+                                FROM ledger_events e WHERE e.run_id = $1 AND e.subject = 'operation'))",
+            )
+            .bind(run_id.as_uuid())
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+        }
+    };
+    let reference = rows(c.run_id).await;
+    assert_eq!(rows(a.run_id).await, reference);
+    let mut failed = reference.clone();
+    failed["op"]["status"] = json!("failed_final");
+    failed["op"]["remote_id"] = Value::Null;
+    failed["op"]["result"] = json!({"ok": false});
+    failed["events"][1]["to_status"] = json!("failed_final");
+    failed["events"][1]["detail"] = json!({"has_until": false});
+    assert_eq!(rows(b.run_id).await, failed);
 }

@@ -10,7 +10,9 @@
 //! operations (10 per succeeded run, ids spread like real operation ids)
 //! and `ledger_events` with one event per operation and one per run, in SQL
 //! (`generate_series`, as the owner role, `synchronous_commit = off` for the
-//! fill only), vacuums and analyses, then runs pgbench with leasegate's own
+//! fill only; keys, indexes and foreign keys dropped for the fill and
+//! rebuilt from the catalog's definitions after it, as a restore does),
+//! vacuums and analyses, then runs pgbench with leasegate's own
 //! hot-path SQL (`examples/bench_scale/gated_call.sql`, beside this file:
 //! register-claim + settle, the two statements of a gated call) `--repeat`
 //! times and reports the median rate, and prints the plans (`EXPLAIN
@@ -224,6 +226,63 @@ INSERT INTO ledger_events (at, run_id, subject, from_status, to_status, actor_ki
     FROM generate_series($1::bigint, $2::bigint - 1) r;
 ";
 
+/// The tables the fill writes.
+const FILLED: &str =
+    "'agent_tasks', 'agent_runs', 'worker_leases', 'tool_operations', 'ledger_events'";
+
+/// A bulk load's recipe (what pg_dump's restore does): drops every
+/// foreign key touching the filled tables and every index and key of
+/// `tool_operations` and `ledger_events`, and answers the statements that
+/// put them back, read from the catalog (`pg_get_constraintdef`,
+/// `pg_get_indexdef`) so they are exactly the migrations' definitions:
+/// keys and indexes first, foreign keys last (validated once each).
+/// Random inserts into multi-GB B-trees are what made the fill slow
+/// (~6 min per million operations); a sort per index after it is not.
+async fn drop_for_bulk_load(admin: &sqlx::PgPool) -> anyhow::Result<Vec<String>> {
+    let foreign_keys: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT format('ALTER TABLE %s DROP CONSTRAINT %I', c.conrelid::regclass, c.conname),
+                format('ALTER TABLE %s ADD CONSTRAINT %I %s', c.conrelid::regclass, c.conname,
+                       pg_get_constraintdef(c.oid))
+           FROM pg_constraint c
+          WHERE c.contype = 'f'
+            AND (c.conrelid::regclass::text IN ({FILLED}) OR c.confrelid::regclass::text IN ({FILLED}))
+          ORDER BY c.conname"
+    )))
+    .fetch_all(admin)
+    .await?;
+    let keys: Vec<(String, String)> = sqlx::query_as(
+        "SELECT format('ALTER TABLE %s DROP CONSTRAINT %I', c.conrelid::regclass, c.conname),
+                format('ALTER TABLE %s ADD CONSTRAINT %I %s', c.conrelid::regclass, c.conname,
+                       pg_get_constraintdef(c.oid))
+           FROM pg_constraint c
+          WHERE c.contype IN ('p', 'u')
+            AND c.conrelid::regclass::text IN ('tool_operations', 'ledger_events')
+          ORDER BY c.conname",
+    )
+    .fetch_all(admin)
+    .await?;
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "SELECT format('DROP INDEX %s', i.indexrelid::regclass), pg_get_indexdef(i.indexrelid)
+           FROM pg_index i
+          WHERE i.indrelid::regclass::text IN ('tool_operations', 'ledger_events')
+            AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+          ORDER BY 1",
+    )
+    .fetch_all(admin)
+    .await?;
+    for (drop, _) in foreign_keys.iter().chain(&keys).chain(&indexes) {
+        sqlx::query(sqlx::AssertSqlSafe(drop.clone()))
+            .execute(admin)
+            .await?;
+    }
+    Ok(keys
+        .into_iter()
+        .chain(indexes)
+        .chain(foreign_keys)
+        .map(|(_, create)| create)
+        .collect())
+}
+
 async fn scale(a: &Args) -> anyhow::Result<()> {
     let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_scale"));
     let mut rates: Vec<(i64, f64, f64)> = Vec::new();
@@ -235,6 +294,7 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
             .connect(&url)
             .await?;
         let began = Instant::now();
+        let rebuild = drop_for_bulk_load(&admin).await?;
         let runs = (rows / 10).max(1);
         let chunk = 100_000i64; // runs per chunk: 1M operations
         let mut from = 0i64;
@@ -259,6 +319,20 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
                 began.elapsed().as_secs_f64()
             );
         }
+        let rebuilding = Instant::now();
+        let mut conn = admin.acquire().await?;
+        conn.execute("SET maintenance_work_mem = '1GB'").await?;
+        for statement in &rebuild {
+            sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+                .execute(&mut *conn)
+                .await?;
+        }
+        drop(conn);
+        eprintln!(
+            "  rebuilt {} indexes and constraints ({:.0} s)",
+            rebuild.len(),
+            rebuilding.elapsed().as_secs_f64()
+        );
         admin.execute("VACUUM (ANALYZE) tool_operations").await?;
         admin.execute("VACUUM (ANALYZE) ledger_events").await?;
         admin.execute("VACUUM (ANALYZE) agent_runs").await?;

@@ -15,15 +15,22 @@
 //!
 //! # Invariants
 //!
-//! - Every item's verdict is that of the one SQL definition of the single
-//!   call (the batch functions call `operation_register_claim` /
-//!   `operation_settle` per item): fencing, lease tokens, tenants, the
-//!   digest comparison and the event rows are the single path's.
+//! - Every item's verdict is the single call's (`operation_register_claim`
+//!   / `operation_settle`): fencing, lease tokens, tenants, the digest
+//!   comparison and the event rows are the single path's. The batch
+//!   functions answer the common case set-based (a new intent of a fenced
+//!   run inserted as `dispatching`; a live claim settled) in one statement
+//!   writing exactly the rows the single function writes, and send every
+//!   other item (refused, existing, duplicate, malformed) through the
+//!   single function itself; `tests/group_commit.rs` compares the two.
 //! - No caller is answered before its batch committed (a claim is never
 //!   acted on while it could still roll back); a takeover of a run's lease
 //!   waits for that commit (the lease row is held FOR SHARE).
-//! - Items are applied in (run, step) order (settles: operation id order),
-//!   so concurrent batches lock in one global order.
+//! - Lease rows are locked in run order, new operation rows inserted in
+//!   (run, step) order, the single-function items applied in (run, step)
+//!   order (settles: operation id order). A set-based phase that still
+//!   deadlocks (a foreign lock order, e.g. a replay's row locks) is rolled
+//!   back as a whole and its items go the per-item way.
 //!
 //! # Failure handling
 //!
