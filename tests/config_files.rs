@@ -493,9 +493,12 @@ fn check_config_refuses_group_commit_windows_and_batches_out_of_range() {
         (
             "ok.toml",
             &with(
-                "group_commit = true\ngroup_commit_window = \"1ms\"\ngroup_commit_max_batch = 32\n",
+                "group_commit = true\ngroup_commit_window = \"1ms\"\ngroup_commit_max_batch = 32\n\
+                 group_commit_in_flight = 2\n",
             ),
         ),
+        ("no-window.toml", &with("group_commit_window = \"0\"\n")),
+        ("flights.toml", &with("group_commit_in_flight = 9\n")),
         ("long.toml", &with("group_commit_window = \"1s\"\n")),
         (
             "big.toml",
@@ -509,9 +512,12 @@ fn check_config_refuses_group_commit_windows_and_batches_out_of_range() {
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
-    let (code, stdout, _) = check_config(&[dir.join("ok.toml")]);
-    assert_eq!(code, Some(0), "{stdout}");
+    for file in ["ok.toml", "no-window.toml"] {
+        let (code, stdout, _) = check_config(&[dir.join(file)]);
+        assert_eq!(code, Some(0), "{file}: {stdout}");
+    }
     for (file, message) in [
+        ("flights.toml", "group_commit_in_flight: must be 1 to 8"),
         ("long.toml", "group_commit_window: must be at most 50ms"),
         ("big.toml", "group_commit_max_batch: must be 1 to 64"),
         ("zero.toml", "group_commit_max_batch: must be 1 to 64"),

@@ -41,6 +41,7 @@ fn batched_options() -> LedgerOptions {
         group_commit: Some(GroupCommitSettings {
             window: Duration::from_millis(20),
             max_batch: 64,
+            in_flight: 4,
         }),
         ..LedgerOptions::default()
     }

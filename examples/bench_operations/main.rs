@@ -21,8 +21,8 @@
 //! reported, never asserted.
 //!
 //! Each level also runs the Rust path with group commit on (issue 14 P6:
-//! `group_commit_window` 200us, `group_commit_max_batch` 64; README, "Group
-//! commit") and prints both paths' p50/p99 per call (register-claim plus
+//! the default settings, no window, batches of up to 64, one batch of each
+//! kind in flight; README, "Group commit") and prints both paths' p50/p99 per call (register-claim plus
 //! settle) and the mean calls per batch statement. `LEASEGATE_BENCH_SKIP_PGBENCH=1`
 //! leaves pgbench out (the Rust rows only).
 

@@ -118,10 +118,12 @@ pub struct RawConfig {
     /// runs share one statement and commit (README, "Group commit").
     pub group_commit: Option<bool>,
     /// How long a batch waits for more calls once its first arrived
-    /// (default "200us", at most "50ms").
+    /// while another is in flight (default "0": none; at most "50ms").
     pub group_commit_window: Option<String>,
     /// Most calls in one batch (default 64, 1 to 64).
     pub group_commit_max_batch: Option<u32>,
+    /// Batches of one kind in flight at once (1–8, default 1).
+    pub group_commit_in_flight: Option<u32>,
     /// The login the operator routes of the control API (resolve, retry,
     /// cancel, failover resolve) use, as the database role
     /// `leasegate_operator`. Default: `database_url`'s login, which must
@@ -1188,18 +1190,25 @@ pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
     check_commands(&Config::load(path)?, path)
 }
 
-/// `group_commit`, `group_commit_window` and `group_commit_max_batch`,
-/// checked (also when group commit is off, so that turning it on later
+/// `group_commit`, `group_commit_window`, `group_commit_max_batch` and
+/// `group_commit_in_flight`, checked (also when group commit is off, so that turning it on later
 /// cannot surface a typo), then `LEASEGATE_GROUP_COMMIT` over
 /// `group_commit`.
 fn group_commit_settings(
     raw: &RawConfig,
 ) -> Result<Option<crate::ledger::GroupCommitSettings>, String> {
-    use crate::ledger::{GROUP_COMMIT_MAX_BATCH, GROUP_COMMIT_MAX_WINDOW, GroupCommitSettings};
+    use crate::ledger::{
+        GROUP_COMMIT_MAX_BATCH, GROUP_COMMIT_MAX_IN_FLIGHT, GROUP_COMMIT_MAX_WINDOW,
+        GroupCommitSettings,
+    };
     let mut settings = GroupCommitSettings::default();
     if let Some(text) = &raw.group_commit_window {
-        let window = crate::policy::parse_duration("group_commit_window", text)
-            .map_err(|e| e.to_string())?;
+        // "0" (no window) is the default, so it is accepted here.
+        let window = match humantime::parse_duration(text) {
+            Ok(window) if window.is_zero() => window,
+            _ => crate::policy::parse_duration("group_commit_window", text)
+                .map_err(|e| e.to_string())?,
+        };
         if window > GROUP_COMMIT_MAX_WINDOW {
             return Err(format!(
                 "group_commit_window: must be at most 50ms (it delays every batched call), got {text:?}"
@@ -1216,6 +1225,16 @@ fn group_commit_settings(
             ));
         }
         settings.max_batch = max_batch;
+    }
+    if let Some(in_flight) = raw.group_commit_in_flight {
+        let in_flight = usize::try_from(in_flight).unwrap_or(usize::MAX);
+        if !(1..=GROUP_COMMIT_MAX_IN_FLIGHT).contains(&in_flight) {
+            return Err(format!(
+                "group_commit_in_flight: must be 1 to {GROUP_COMMIT_MAX_IN_FLIGHT} (batches of one kind \
+                 sent at once), got {in_flight}"
+            ));
+        }
+        settings.in_flight = in_flight;
     }
     let on =
         crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));

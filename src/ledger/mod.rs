@@ -105,8 +105,9 @@ pub use types::{
 
 use error::{ErrorClass, classify};
 pub use group::{
-    BATCHES_IN_FLIGHT, GROUP_COMMIT_ENV, GroupCommitCounts, GroupCommitSettings,
-    MAX_BATCH_LIMIT as GROUP_COMMIT_MAX_BATCH, MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW,
+    GROUP_COMMIT_ENV, GroupCommitCounts, GroupCommitSettings,
+    MAX_BATCH_LIMIT as GROUP_COMMIT_MAX_BATCH, MAX_IN_FLIGHT as GROUP_COMMIT_MAX_IN_FLIGHT,
+    MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW,
     env_override as group_commit_env_override,
 };
 

@@ -1363,6 +1363,27 @@ impl Flush for RegisterBatch {
         ledger: &Ledger,
         items: &[RegisterItem],
     ) -> Result<Vec<ItemAnswer<ClaimRow>>, LedgerError> {
+        if let [item] = items {
+            // A batch of one is the single function's statement: the same
+            // verdict, without the batch function's layers.
+            let params = item.intent.params();
+            let row: ClaimRow = ledger
+                .invoke("operation_register_claim", true, || {
+                    sqlx::query_as(
+                        "SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)",
+                    )
+                    .bind(item.run_id)
+                    .bind(item.owner.as_str())
+                    .bind(item.epoch)
+                    .bind(item.token_sha256.as_deref())
+                    .bind(&params)
+                    .bind(item.dispatch_owner.as_str())
+                    .bind(item.claim_ttl_ms)
+                    .bind(item.tenant.as_deref())
+                })
+                .await?;
+            return Ok(vec![ItemAnswer::Verdict(row)]);
+        }
         let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.owner.as_str()).collect();
         let epochs: Vec<i64> = items.iter().map(|i| i.epoch).collect();
@@ -1485,6 +1506,24 @@ impl Flush for SettleBatch {
         ledger: &Ledger,
         items: &[SettleItem],
     ) -> Result<Vec<ItemAnswer<SettleRow>>, LedgerError> {
+        if let [item] = items {
+            // A batch of one: the single procedure's statement.
+            let row: SettleRow = ledger
+                .invoke("operation_settle", true, || {
+                    sqlx::query_as(
+                        "CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(item.operation_id.as_str())
+                    .bind(item.dispatch_owner.as_str())
+                    .bind(item.expected_revision)
+                    .bind(item.request_digest.as_str())
+                    .bind(item.status)
+                    .bind(item.remote_id.as_deref())
+                    .bind(Json(&item.result))
+                })
+                .await?;
+            return Ok(vec![ItemAnswer::Verdict(row)]);
+        }
         let ids: Vec<&str> = items.iter().map(|i| i.operation_id.as_str()).collect();
         let owners: Vec<&str> = items.iter().map(|i| i.dispatch_owner.as_str()).collect();
         let revisions: Vec<i64> = items.iter().map(|i| i.expected_revision).collect();
