@@ -418,9 +418,16 @@ BEGIN
   BEGIN
     PERFORM 1 FROM worker_leases l WHERE l.run_id = ANY (p_run_ids) ORDER BY l.run_id FOR SHARE;
     v_now := clock_timestamp();
+    -- unnest (estimated at 10 rows) keeps the joins on the primary keys.
     WITH items AS (
-      SELECT g.k, p_run_ids[g.k] AS run_id, (p_intents[g.k]).*
-        FROM generate_subscripts(p_run_ids, 1) AS g(k)
+      SELECT x.k::integer AS k, x.run_id, x.owner, x.epoch, x.token_sha256, x.operation_id, x.step_id,
+             x.effect_version, x.tool_name, x.request_digest, x.request_body, x.upstream, x.upstream_tool,
+             x.dispatch_owner, x.claim_ttl_ms, x.tenant
+        FROM unnest(p_run_ids, p_owners, p_epochs, p_token_sha256s, p_intents, p_dispatch_owners,
+                    p_claim_ttl_ms, p_tenants) WITH ORDINALITY
+             AS x(run_id, owner, epoch, token_sha256, operation_id, step_id, effect_version, tool_name,
+                  request_digest, request_body, upstream, upstream_tool, dispatch_owner, claim_ttl_ms,
+                  tenant, k)
     ), fenced AS (
       SELECT it.*, r.status AS run_status, r.revision AS run_revision, l.expires_at,
              row_number() OVER (PARTITION BY it.operation_id ORDER BY it.k) AS nth_of_id,
@@ -430,10 +437,10 @@ BEGIN
         JOIN agent_runs r ON r.run_id = it.run_id
        WHERE it.operation_id IS NOT NULL AND it.step_id IS NOT NULL AND it.effect_version IS NOT NULL
          AND it.tool_name IS NOT NULL AND it.request_digest IS NOT NULL
-         AND p_dispatch_owners[it.k] <> '' AND p_claim_ttl_ms[it.k] > 0
-         AND (p_tenants[it.k] IS NULL OR r.tenant_id = p_tenants[it.k])
-         AND l.owner = p_owners[it.k] AND l.epoch = p_epochs[it.k] AND l.expires_at > v_now
-         AND l.token_sha256 IS NOT NULL AND l.token_sha256 = p_token_sha256s[it.k]
+         AND it.dispatch_owner <> '' AND it.claim_ttl_ms > 0
+         AND (it.tenant IS NULL OR r.tenant_id = it.tenant)
+         AND l.owner = it.owner AND l.epoch = it.epoch AND l.expires_at > v_now
+         AND l.token_sha256 IS NOT NULL AND l.token_sha256 = it.token_sha256
          AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
     ), inserted AS (
       INSERT INTO tool_operations AS t (operation_id, run_id, step_id, effect_version, tool_name,
@@ -442,7 +449,7 @@ BEGIN
                                         first_dispatched_at)
       SELECT f.operation_id, f.run_id, f.step_id, f.effect_version, f.tool_name, f.request_digest,
              COALESCE(f.request_body, 'null'::jsonb), 'dispatching', f.upstream, f.upstream_tool,
-             p_dispatch_owners[f.k], v_now + (p_claim_ttl_ms[f.k] * interval '1 millisecond'), 1, 1, v_now
+             f.dispatch_owner, v_now + (f.claim_ttl_ms * interval '1 millisecond'), 1, 1, v_now
         FROM fenced f
        WHERE f.nth_of_id = 1 AND f.nth_of_step = 1
        ORDER BY f.run_id, f.step_id, f.k
@@ -452,8 +459,8 @@ BEGIN
       INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
                                  actor, epoch, revision, detail)
       SELECT ins.run_id, ins.operation_id, 'operation', NULL, 'dispatching', 'dispatcher',
-             ins.dispatch_owner, p_epochs[f.k], 1,
-             jsonb_build_object('inline', true, 'worker', p_owners[f.k], 'dispatch_until', ins.dispatch_until)
+             ins.dispatch_owner, f.epoch, 1,
+             jsonb_build_object('inline', true, 'worker', f.owner, 'dispatch_until', ins.dispatch_until)
         FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1
     )
     SELECT COALESCE(array_agg(f.k ORDER BY f.k), '{}'), array_agg(f.run_status ORDER BY f.k),
@@ -687,19 +694,24 @@ BEGIN
 
   -- Phase 1.
   BEGIN
+    -- unnest (estimated at 10 rows) keeps the UPDATE on the primary key.
     WITH items AS (
-      SELECT DISTINCT ON (p_operation_ids[g.k]) g.k, p_operation_ids[g.k] AS op
-        FROM generate_subscripts(p_operation_ids, 1) AS g(k)
-       WHERE p_statuses[g.k] IN ('succeeded', 'failed_final')
-       ORDER BY p_operation_ids[g.k], g.k
+      SELECT DISTINCT ON (x.operation_id) x.k::integer AS k, x.operation_id, x.dispatch_owner,
+             x.expected_revision, x.request_digest, x.status, x.remote_id, x.result
+        FROM unnest(p_operation_ids, p_dispatch_owners, p_expected_revisions, p_request_digests,
+                    p_statuses, p_remote_ids, p_results) WITH ORDINALITY
+             AS x(operation_id, dispatch_owner, expected_revision, request_digest, status, remote_id,
+                  result, k)
+       WHERE x.status IN ('succeeded', 'failed_final')
+       ORDER BY x.operation_id, x.k
     ), settled AS (
       UPDATE tool_operations t
-         SET status = p_statuses[it.k], remote_id = p_remote_ids[it.k], result = p_results[it.k],
+         SET status = it.status, remote_id = it.remote_id, result = it.result,
              dispatch_until = NULL, revision = t.revision + 1, updated_at = clock_timestamp()
         FROM items it
-       WHERE t.operation_id = it.op AND t.status = 'dispatching'
-         AND t.dispatch_owner = p_dispatch_owners[it.k] AND t.revision = p_expected_revisions[it.k]
-         AND t.request_digest = p_request_digests[it.k]
+       WHERE t.operation_id = it.operation_id AND t.status = 'dispatching'
+         AND t.dispatch_owner = it.dispatch_owner AND t.revision = it.expected_revision
+         AND t.request_digest = it.request_digest
       RETURNING it.k, t.*
     ), events AS (
       INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,

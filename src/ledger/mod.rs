@@ -107,8 +107,7 @@ use error::{ErrorClass, classify};
 pub use group::{
     GROUP_COMMIT_ENV, GroupCommitCounts, GroupCommitSettings,
     MAX_BATCH_LIMIT as GROUP_COMMIT_MAX_BATCH, MAX_IN_FLIGHT as GROUP_COMMIT_MAX_IN_FLIGHT,
-    MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW,
-    env_override as group_commit_env_override,
+    MAX_WINDOW as GROUP_COMMIT_MAX_WINDOW, env_override as group_commit_env_override,
 };
 
 /// The database role the application runs as (created by the migrations).

@@ -1510,16 +1510,14 @@ impl Flush for SettleBatch {
             // A batch of one: the single procedure's statement.
             let row: SettleRow = ledger
                 .invoke("operation_settle", true, || {
-                    sqlx::query_as(
-                        "CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)",
-                    )
-                    .bind(item.operation_id.as_str())
-                    .bind(item.dispatch_owner.as_str())
-                    .bind(item.expected_revision)
-                    .bind(item.request_digest.as_str())
-                    .bind(item.status)
-                    .bind(item.remote_id.as_deref())
-                    .bind(Json(&item.result))
+                    sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
+                        .bind(item.operation_id.as_str())
+                        .bind(item.dispatch_owner.as_str())
+                        .bind(item.expected_revision)
+                        .bind(item.request_digest.as_str())
+                        .bind(item.status)
+                        .bind(item.remote_id.as_deref())
+                        .bind(Json(&item.result))
                 })
                 .await?;
             return Ok(vec![ItemAnswer::Verdict(row)]);
