@@ -14,8 +14,10 @@
 //! rebuilt from the catalog's definitions after it, as a restore does),
 //! vacuums and analyses, then runs pgbench with leasegate's own
 //! hot-path SQL (`examples/bench_scale/gated_call.sql`, beside this file:
-//! register-claim + settle, the two statements of a gated call) `--repeat`
-//! times and reports the median rate, and prints the plans (`EXPLAIN
+//! register-claim + settle, the two statements of a gated call) and with
+//! group commit's two batch statements (`gated_batch.sql`: 16 calls of 16
+//! runs per transaction; when `--clients` × 16 ≤ 256 runs) `--repeat`
+//! times each and reports the median rates, and prints the plans (`EXPLAIN
 //! ANALYZE, BUFFERS`) of the background scans and the fate query. Last, the
 //! ratio of the first row count's rate to each other's. The scans' SQL is
 //! copied from `sql/operation.sql`, `src/ledger/operation.rs` and
@@ -43,7 +45,10 @@ use sqlx::Executor;
 use sqlx::migrate::MigrateDatabase;
 use tower::ServiceExt;
 
-const BENCH_RUNS: usize = 64;
+const BENCH_RUNS: usize = 256;
+
+/// Calls per transaction of `gated_batch.sql`.
+const BATCH: usize = 16;
 
 struct Args {
     mode: String,
@@ -285,7 +290,7 @@ async fn drop_for_bulk_load(admin: &sqlx::PgPool) -> anyhow::Result<Vec<String>>
 
 async fn scale(a: &Args) -> anyhow::Result<()> {
     let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_scale"));
-    let mut rates: Vec<(i64, f64, f64)> = Vec::new();
+    let mut rates: Vec<(i64, f64, f64, Option<f64>)> = Vec::new();
     for &rows in &a.rows {
         println!("\n=== {rows} settled operations ===");
         fresh(&url).await?;
@@ -390,30 +395,55 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
 
         let mut tps = Vec::new();
         let mut latency = Vec::new();
+        let mut batched = Vec::new();
         for _ in 0..a.repeat.max(1) {
-            let (rate, ms) = pgbench(&url, a.clients, a.seconds)?;
+            let (rate, ms) = pgbench(&url, a.clients, a.seconds, "gated_call.sql")?;
             println!(
                 "pgbench register-claim + settle, {} clients, {} s: {rate:.0} calls/s, {ms:.2} ms per call",
                 a.clients, a.seconds
             );
             tps.push(rate);
             latency.push(ms);
+            if a.clients * BATCH <= BENCH_RUNS {
+                let (rate, ms) = pgbench(&url, a.clients, a.seconds, "gated_batch.sql")?;
+                let calls = rate * BATCH as f64;
+                println!(
+                    "pgbench group commit ({BATCH} calls per batch), {} clients, {} s: {calls:.0} calls/s, \
+                     {ms:.2} ms per batch",
+                    a.clients, a.seconds
+                );
+                batched.push(calls);
+            }
         }
-        rates.push((rows, median(tps), median(latency)));
+        let batched = (!batched.is_empty()).then(|| median(batched));
+        rates.push((rows, median(tps), median(latency), batched));
     }
     println!(
-        "\n{:>12} {:>14} {:>12} {:>10}",
-        "operations", "calls/s (med)", "ms/call", "ratio"
+        "\n{:>12} {:>14} {:>12} {:>10} {:>20} {:>12}",
+        "operations", "calls/s (med)", "ms/call", "ratio", "batched calls/s", "ratio"
     );
     let base = rates.first().map(|r| r.2).unwrap_or(1.0);
-    for (rows, rate, ms) in &rates {
-        println!("{rows:>12} {rate:>14.0} {ms:>12.2} {:>10.2}", ms / base);
+    let batched_base = rates.first().and_then(|r| r.3);
+    for (rows, rate, ms, batched) in &rates {
+        let (batched, batched_ratio) = match (batched, batched_base) {
+            // Cost per call is the inverse of the rate.
+            (Some(b), Some(first)) => (format!("{b:.0}"), format!("{:.2}", first / b)),
+            _ => ("-".to_owned(), "-".to_owned()),
+        };
+        println!(
+            "{rows:>12} {rate:>14.0} {ms:>12.2} {:>10.2} {batched:>20} {batched_ratio:>12}",
+            ms / base
+        );
     }
-    println!("(ratio: cost per gated call relative to the first row count; goal <= 1.2)");
+    println!(
+        "(ratio: cost per gated call relative to the first row count, single path and group commit; \
+         goal <= 1.2)"
+    );
     Ok(())
 }
 
-/// The 64 running runs pgbench's clients use (as in bench_operations).
+/// The running runs pgbench's clients use: client N's are N (`gated_call.sql`)
+/// and 16N..16N+15 (`gated_batch.sql`).
 async fn bench_runs(url: &str) -> anyhow::Result<()> {
     let ledger = Ledger::connect(url, LedgerOptions::default()).await?;
     for client in 0..BENCH_RUNS {
@@ -438,14 +468,15 @@ async fn bench_runs(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// (calls per second, mean ms per call) of pgbench running the hot path.
-fn pgbench(url: &str, clients: usize, seconds: u64) -> anyhow::Result<(f64, f64)> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/examples/bench_scale/gated_call.sql"
+/// (transactions per second, mean ms per transaction) of pgbench running
+/// `script` (beside this file).
+fn pgbench(url: &str, clients: usize, seconds: u64, script: &str) -> anyhow::Result<(f64, f64)> {
+    let script = format!(
+        "{}/examples/bench_scale/{script}",
+        env!("CARGO_MANIFEST_DIR")
     );
     let output = Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-f", script])
+        .args(["-n", "-M", "prepared", "-f", &script])
         .args([
             "-c",
             &clients.to_string(),
