@@ -446,6 +446,35 @@ async fn a_batch_racing_a_takeover_never_claims_for_the_stale_holder(
     );
 }
 
+/// `operation_register_claim_batch` of two items (lease, call, the digest
+/// sent, claim ttl ms) on step "s": (item, error_sqlstate, outcome).
+async fn batch_of_two(
+    db: &TestDb,
+    items: [(&LeaseClaim, &Intent, &str, i64); 2],
+) -> Vec<(i32, Option<String>, String)> {
+    let [(a, call_a, digest_a, ttl_a), (b, call_b, digest_b, ttl_b)] = items;
+    let hash = |lease: &LeaseClaim| lease.token.as_ref().map(|t| t.sha256());
+    sqlx::query_as(
+        "SELECT item, error_sqlstate, outcome FROM operation_register_claim_batch(
+           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
+           ARRAY[ROW($4, 's', 1, 't', $5, '{}'::jsonb, NULL, NULL)::operation_intent,
+                 ROW($6, 's', 1, 't', $7, '{}'::jsonb, NULL, NULL)::operation_intent],
+           ARRAY['proxy-1', 'proxy-1'], $8, ARRAY[NULL, NULL]::text[])
+         ORDER BY item",
+    )
+    .bind(vec![a.run_id.as_uuid(), b.run_id.as_uuid()])
+    .bind(vec![a.epoch, b.epoch])
+    .bind(vec![hash(a), hash(b)])
+    .bind(call_a.operation_id.as_str())
+    .bind(digest_a)
+    .bind(call_b.operation_id.as_str())
+    .bind(digest_b)
+    .bind(vec![ttl_a, ttl_b])
+    .fetch_all(&db.admin)
+    .await
+    .unwrap()
+}
+
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_others(
     pool: PgPoolOptions,
@@ -454,28 +483,17 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
     let db = TestDb::with_options(pool, connect, batched_options()).await;
     let (a, _) = db.running_run("agent-1", 30_000).await;
     let (b, _) = db.running_run("agent-1", 30_000).await;
-    let hash = |lease: &LeaseClaim| lease.token.as_ref().map(|t| t.sha256());
     // Item 2's claim ttl of 0 raises 22023 in operation_register_claim.
     let call_a = intent(a.run_id, "s", json!({}));
     let call_b = intent(b.run_id, "s", json!({}));
-    let rows: Vec<(i32, Option<String>, String)> = sqlx::query_as(
-        "SELECT item, error_sqlstate, outcome FROM operation_register_claim_batch(
-           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
-           ARRAY[ROW($4, 's', 1, 't', $5, '{}'::jsonb, NULL, NULL)::operation_intent,
-                 ROW($6, 's', 1, 't', $7, '{}'::jsonb, NULL, NULL)::operation_intent],
-           ARRAY['proxy-1', 'proxy-1'], ARRAY[30000, 0]::bigint[], ARRAY[NULL, NULL]::text[])
-         ORDER BY item",
+    let rows = batch_of_two(
+        &db,
+        [
+            (&a, &call_a, call_a.request_digest.as_str(), 30_000),
+            (&b, &call_b, call_b.request_digest.as_str(), 0),
+        ],
     )
-    .bind(vec![a.run_id.as_uuid(), b.run_id.as_uuid()])
-    .bind(vec![a.epoch, b.epoch])
-    .bind(vec![hash(&a), hash(&b)])
-    .bind(call_a.operation_id.as_str())
-    .bind(call_a.request_digest.as_str())
-    .bind(call_b.operation_id.as_str())
-    .bind(call_b.request_digest.as_str())
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         rows,
         [
@@ -515,23 +533,14 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
     let (d, _) = db.running_run("agent-1", 30_000).await;
     let call_c = intent(c.run_id, "s", json!({}));
     let call_d = intent(d.run_id, "s", json!({}));
-    let rows: Vec<(i32, Option<String>, String)> = sqlx::query_as(
-        "SELECT item, error_sqlstate, outcome FROM operation_register_claim_batch(
-           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
-           ARRAY[ROW($4, 's', 1, 't', $5, '{}'::jsonb, NULL, NULL)::operation_intent,
-                 ROW($6, 's', 1, 't', 'not-a-digest', '{}'::jsonb, NULL, NULL)::operation_intent],
-           ARRAY['proxy-1', 'proxy-1'], ARRAY[30000, 30000]::bigint[], ARRAY[NULL, NULL]::text[])
-         ORDER BY item",
+    let rows = batch_of_two(
+        &db,
+        [
+            (&c, &call_c, call_c.request_digest.as_str(), 30_000),
+            (&d, &call_d, "not-a-digest", 30_000),
+        ],
     )
-    .bind(vec![c.run_id.as_uuid(), d.run_id.as_uuid()])
-    .bind(vec![c.epoch, d.epoch])
-    .bind(vec![hash(&c), hash(&d)])
-    .bind(call_c.operation_id.as_str())
-    .bind(call_c.request_digest.as_str())
-    .bind(call_d.operation_id.as_str())
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    .await;
     assert_eq!(
         rows,
         [
