@@ -252,7 +252,7 @@ async fn drain<F: Flush>(
         // flight were, up to max_batch); a lone caller waits for nothing.
         // Busy with a window: wait up to it for more (tokio's timer rounds
         // it up to its 1 ms tick).
-        let idle = in_flight.available_permits() == limit || settings.window.is_zero();
+        let no_wait = in_flight.available_permits() == limit || settings.window.is_zero();
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
@@ -265,9 +265,9 @@ async fn drain<F: Flush>(
                     continue;
                 }
                 Err(mpsc::error::TryRecvError::Disconnected) => break,
-                // Idle: what was queued is the batch. (A timer, even one
-                // already due, would cost up to a tick: tokio's 1 ms.)
-                Err(mpsc::error::TryRecvError::Empty) if idle => break,
+                // What was queued is the batch. (A timer, even one already
+                // due, would cost up to a tick: tokio's 1 ms.)
+                Err(mpsc::error::TryRecvError::Empty) if no_wait => break,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
             match tokio::time::timeout_at(deadline, receiver.recv()).await {

@@ -622,30 +622,24 @@ impl Ledger {
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
         let params = IntentParams::new(intent, route, self.bodies())?;
+        let token_sha256 = super::token::bind_hash(claim.token.as_ref());
+        let args = RegisterArgs {
+            run_id: claim.run_id.as_uuid(),
+            owner: &claim.owner,
+            epoch: claim.epoch,
+            token_sha256: token_sha256.as_deref(),
+            intent: &params,
+            dispatch_owner,
+            claim_ttl_ms,
+            tenant,
+        };
         let batched = match &self.group {
-            Some(group) => {
-                group
-                    .registers
-                    .verdict(RegisterItem {
-                        run_id: claim.run_id.as_uuid(),
-                        owner: claim.owner.clone(),
-                        epoch: claim.epoch,
-                        token_sha256: super::token::bind_hash(claim.token.as_ref()),
-                        intent: OwnedIntent::of(&params),
-                        dispatch_owner: dispatch_owner.to_owned(),
-                        claim_ttl_ms,
-                        tenant: tenant.map(str::to_owned),
-                    })
-                    .await?
-            }
+            Some(group) => group.registers.verdict(args.queued()).await?,
             None => None,
         };
         let ClaimRow { row, wal } = match batched {
             Some(row) => row,
-            None => {
-                self.register_claim_alone(tenant, claim, &params, dispatch_owner, claim_ttl_ms)
-                    .await?
-            }
+            None => args.alone(self).await?,
         };
         let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(intent), self.bodies())? {
@@ -668,30 +662,6 @@ impl Ledger {
             ),
             other => return Err(other.unexpected(CALL)),
         })
-    }
-
-    /// One `operation_register_claim` statement of its own.
-    async fn register_claim_alone(
-        &self,
-        tenant: Option<&str>,
-        claim: &LeaseClaim,
-        params: &IntentParams<'_>,
-        dispatch_owner: &str,
-        claim_ttl_ms: i64,
-    ) -> Result<ClaimRow, LedgerError> {
-        const CALL: &str = "operation_register_claim";
-        self.invoke(CALL, true, || {
-            sqlx::query_as("SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)")
-                .bind(claim.run_id.as_uuid())
-                .bind(claim.owner.as_str())
-                .bind(claim.epoch)
-                .bind(super::token::bind_hash(claim.token.as_ref()))
-                .bind(params)
-                .bind(dispatch_owner)
-                .bind(claim_ttl_ms)
-                .bind(tenant)
-        })
-        .await
     }
 
     /// The dispatcher's claim: up to `limit` prepared operations of live
@@ -762,29 +732,22 @@ impl Ledger {
     ) -> Result<(SettleOutcome, Option<WalPosition>), LedgerError> {
         const CALL: &str = "operation_settle";
         let result = self.stored_result(result, claim.operation_id.as_str())?;
+        let args = SettleArgs {
+            operation_id: claim.operation_id.as_str(),
+            dispatch_owner: claim.dispatch_owner.as_str(),
+            expected_revision: claim.revision,
+            request_digest: claim.request_digest.as_str(),
+            status: settlement.as_str(),
+            remote_id,
+            result: &result,
+        };
         let batched = match &self.group {
-            Some(group) => {
-                group
-                    .settles
-                    .verdict(SettleItem {
-                        operation_id: claim.operation_id.as_str().to_owned(),
-                        dispatch_owner: claim.dispatch_owner.as_str().to_owned(),
-                        expected_revision: claim.revision,
-                        request_digest: claim.request_digest.as_str().to_owned(),
-                        status: settlement.as_str(),
-                        remote_id: remote_id.map(str::to_owned),
-                        result: result.clone(),
-                    })
-                    .await?
-            }
+            Some(group) => group.settles.verdict(args.queued()).await?,
             None => None,
         };
         let answer: SettleRow = match batched {
             Some(row) => row,
-            None => {
-                self.settle_alone(claim, settlement, remote_id, &result)
-                    .await?
-            }
+            None => args.alone(self).await?,
         };
         let position = answer.wal.position(CALL)?;
         let row = answer.into_op_row();
@@ -814,28 +777,6 @@ impl Ledger {
             other => return Err(other.unexpected(CALL)),
         };
         Ok((outcome, position))
-    }
-
-    /// One `CALL operation_settle_acknowledged` of its own.
-    async fn settle_alone(
-        &self,
-        claim: &DispatchClaim,
-        settlement: Settlement,
-        remote_id: Option<&str>,
-        result: &Value,
-    ) -> Result<SettleRow, LedgerError> {
-        const CALL: &str = "operation_settle";
-        self.invoke(CALL, true, || {
-            sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
-                .bind(claim.operation_id.as_str())
-                .bind(claim.dispatch_owner.as_str())
-                .bind(claim.revision)
-                .bind(claim.request_digest.as_str())
-                .bind(settlement.as_str())
-                .bind(remote_id)
-                .bind(Json(result))
-        })
-        .await
     }
 
     /// `dispatching` → `unknown`, guarded by the claim's owner and revision;
@@ -1327,6 +1268,54 @@ impl OwnedIntent {
     }
 }
 
+/// The arguments of one `operation_register_claim`, borrowed: sent as a
+/// statement of its own ([`RegisterArgs::alone`]: the single path, a batch
+/// of one) or queued for a batch ([`RegisterArgs::queued`]).
+struct RegisterArgs<'a, 'p> {
+    run_id: Uuid,
+    owner: &'a str,
+    epoch: i64,
+    token_sha256: Option<&'a [u8]>,
+    intent: &'a IntentParams<'p>,
+    dispatch_owner: &'a str,
+    claim_ttl_ms: i64,
+    tenant: Option<&'a str>,
+}
+
+impl RegisterArgs<'_, '_> {
+    /// One `operation_register_claim` statement of its own.
+    async fn alone(&self, ledger: &Ledger) -> Result<ClaimRow, LedgerError> {
+        ledger
+            .invoke("operation_register_claim", true, || {
+                sqlx::query_as(
+                    "SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)",
+                )
+                .bind(self.run_id)
+                .bind(self.owner)
+                .bind(self.epoch)
+                .bind(self.token_sha256)
+                .bind(self.intent)
+                .bind(self.dispatch_owner)
+                .bind(self.claim_ttl_ms)
+                .bind(self.tenant)
+            })
+            .await
+    }
+
+    fn queued(&self) -> RegisterItem {
+        RegisterItem {
+            run_id: self.run_id,
+            owner: self.owner.to_owned(),
+            epoch: self.epoch,
+            token_sha256: self.token_sha256.map(<[u8]>::to_vec),
+            intent: OwnedIntent::of(self.intent),
+            dispatch_owner: self.dispatch_owner.to_owned(),
+            claim_ttl_ms: self.claim_ttl_ms,
+            tenant: self.tenant.map(str::to_owned),
+        }
+    }
+}
+
 /// One queued `operation_register_claim` (the single call's arguments).
 #[derive(Debug)]
 pub(super) struct RegisterItem {
@@ -1338,6 +1327,21 @@ pub(super) struct RegisterItem {
     dispatch_owner: String,
     claim_ttl_ms: i64,
     tenant: Option<String>,
+}
+
+impl RegisterItem {
+    fn args<'a, 'p>(&'a self, intent: &'a IntentParams<'p>) -> RegisterArgs<'a, 'p> {
+        RegisterArgs {
+            run_id: self.run_id,
+            owner: &self.owner,
+            epoch: self.epoch,
+            token_sha256: self.token_sha256.as_deref(),
+            intent,
+            dispatch_owner: &self.dispatch_owner,
+            claim_ttl_ms: self.claim_ttl_ms,
+            tenant: self.tenant.as_deref(),
+        }
+    }
 }
 
 /// A row of `operation_register_claim_batch`: the item it answers, and its
@@ -1367,21 +1371,7 @@ impl Flush for RegisterBatch {
             // A batch of one is the single function's statement: the same
             // verdict, without the batch function's layers.
             let params = item.intent.params();
-            let row: ClaimRow = ledger
-                .invoke("operation_register_claim", true, || {
-                    sqlx::query_as(
-                        "SELECT * FROM operation_register_claim($1, $2, $3, $4, $5, $6, $7, $8)",
-                    )
-                    .bind(item.run_id)
-                    .bind(item.owner.as_str())
-                    .bind(item.epoch)
-                    .bind(item.token_sha256.as_deref())
-                    .bind(&params)
-                    .bind(item.dispatch_owner.as_str())
-                    .bind(item.claim_ttl_ms)
-                    .bind(item.tenant.as_deref())
-                })
-                .await?;
+            let row = item.args(&params).alone(ledger).await?;
             return Ok(vec![ItemAnswer::Verdict(row)]);
         }
         let run_ids: Vec<Uuid> = items.iter().map(|i| i.run_id).collect();
@@ -1462,6 +1452,62 @@ pub(super) struct SettleItem {
     result: Value,
 }
 
+impl SettleItem {
+    fn args(&self) -> SettleArgs<'_> {
+        SettleArgs {
+            operation_id: &self.operation_id,
+            dispatch_owner: &self.dispatch_owner,
+            expected_revision: self.expected_revision,
+            request_digest: &self.request_digest,
+            status: self.status,
+            remote_id: self.remote_id.as_deref(),
+            result: &self.result,
+        }
+    }
+}
+
+/// The arguments of one settle (the result as stored), borrowed: sent as
+/// a statement of its own ([`SettleArgs::alone`]) or queued for a batch.
+struct SettleArgs<'a> {
+    operation_id: &'a str,
+    dispatch_owner: &'a str,
+    expected_revision: i64,
+    request_digest: &'a str,
+    status: &'static str,
+    remote_id: Option<&'a str>,
+    result: &'a Value,
+}
+
+impl SettleArgs<'_> {
+    /// One `CALL operation_settle_acknowledged` of its own.
+    async fn alone(&self, ledger: &Ledger) -> Result<SettleRow, LedgerError> {
+        ledger
+            .invoke("operation_settle", true, || {
+                sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
+                    .bind(self.operation_id)
+                    .bind(self.dispatch_owner)
+                    .bind(self.expected_revision)
+                    .bind(self.request_digest)
+                    .bind(self.status)
+                    .bind(self.remote_id)
+                    .bind(Json(self.result))
+            })
+            .await
+    }
+
+    fn queued(&self) -> SettleItem {
+        SettleItem {
+            operation_id: self.operation_id.to_owned(),
+            dispatch_owner: self.dispatch_owner.to_owned(),
+            expected_revision: self.expected_revision,
+            request_digest: self.request_digest.to_owned(),
+            status: self.status,
+            remote_id: self.remote_id.map(str::to_owned),
+            result: self.result.clone(),
+        }
+    }
+}
+
 /// One element of `operation_settle_acknowledged_batch`'s verdicts.
 #[derive(Debug, serde::Deserialize)]
 struct SettleVerdict {
@@ -1508,18 +1554,7 @@ impl Flush for SettleBatch {
     ) -> Result<Vec<ItemAnswer<SettleRow>>, LedgerError> {
         if let [item] = items {
             // A batch of one: the single procedure's statement.
-            let row: SettleRow = ledger
-                .invoke("operation_settle", true, || {
-                    sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
-                        .bind(item.operation_id.as_str())
-                        .bind(item.dispatch_owner.as_str())
-                        .bind(item.expected_revision)
-                        .bind(item.request_digest.as_str())
-                        .bind(item.status)
-                        .bind(item.remote_id.as_deref())
-                        .bind(Json(&item.result))
-                })
-                .await?;
+            let row = item.args().alone(ledger).await?;
             return Ok(vec![ItemAnswer::Verdict(row)]);
         }
         let ids: Vec<&str> = items.iter().map(|i| i.operation_id.as_str()).collect();
