@@ -454,19 +454,22 @@ BEGIN
        WHERE f.nth_of_id = 1 AND f.nth_of_step = 1
        ORDER BY f.run_id, f.step_id, f.k
       ON CONFLICT DO NOTHING
-      RETURNING t.operation_id, t.run_id, t.dispatch_owner, t.dispatch_until
+      RETURNING t.operation_id, t.dispatch_until
+    ), claimed AS (
+      SELECT f.*, ins.dispatch_until
+        FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1
     ), events AS (
       INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
                                  actor, epoch, revision, detail)
-      SELECT ins.run_id, ins.operation_id, 'operation', NULL, 'dispatching', 'dispatcher',
-             ins.dispatch_owner, f.epoch, 1,
-             jsonb_build_object('inline', true, 'worker', f.owner, 'dispatch_until', ins.dispatch_until)
-        FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1
+      SELECT c.run_id, c.operation_id, 'operation', NULL, 'dispatching', 'dispatcher',
+             c.dispatch_owner, c.epoch, 1,
+             jsonb_build_object('inline', true, 'worker', c.owner, 'dispatch_until', c.dispatch_until)
+        FROM claimed c
     )
-    SELECT COALESCE(array_agg(f.k ORDER BY f.k), '{}'), array_agg(f.run_status ORDER BY f.k),
-           array_agg(f.run_revision ORDER BY f.k), array_agg(f.expires_at ORDER BY f.k)
+    SELECT COALESCE(array_agg(c.k ORDER BY c.k), '{}'), array_agg(c.run_status ORDER BY c.k),
+           array_agg(c.run_revision ORDER BY c.k), array_agg(c.expires_at ORDER BY c.k)
       INTO v_claimed, v_statuses, v_revisions, v_expiries
-      FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1;
+      FROM claimed c;
   EXCEPTION WHEN OTHERS THEN
     v_claimed := '{}';
   END;
