@@ -395,6 +395,97 @@ async fn ten_thousand_leases_renew_in_one_call_and_bad_batches_write_nothing(
     assert_eq!(snapshot().await, before);
 }
 
+/// The outcome of each lease of `claims`, in the order given, from
+/// `lease_renew_batch` called on `conn`.
+async fn renew_outcomes(conn: &mut sqlx::PgConnection, claims: &[LeaseClaim]) -> Vec<String> {
+    sqlx::query_scalar("SELECT outcome FROM lease_renew_batch($1, $2, $3, $4, 60000, NULL)")
+        .bind(
+            claims
+                .iter()
+                .map(|c| c.run_id.as_uuid())
+                .collect::<Vec<_>>(),
+        )
+        .bind(claims.iter().map(|c| c.owner.clone()).collect::<Vec<_>>())
+        .bind(claims.iter().map(|c| c.epoch).collect::<Vec<_>>())
+        .bind(
+            claims
+                .iter()
+                .map(|c| c.token.as_ref().map(LeaseToken::sha256))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(conn)
+        .await
+        .unwrap()
+}
+
+/// A run cancelled while the batch waits for that run's lease row (the
+/// cancel holds it FOR UPDATE, as every status change of a run does) is
+/// answered `terminal` and its lease is not written, exactly as a single
+/// renew queued behind the cancel; the batch's other leases are renewed.
+/// (A batch that judged runs from a view taken before it had its locks
+/// would renew this lease and answer `applied`.)
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_run_cancelled_while_the_batch_waits_for_its_lease_is_answered_terminal_and_not_renewed(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let claims = many_leases(&db, "race", 3).await;
+    let mut conn = db.admin.acquire().await.unwrap().detach();
+    assert_eq!(
+        renew_outcomes(&mut conn, &claims).await,
+        ["applied", "applied", "applied"]
+    );
+
+    let victim = claims[1].run_id;
+    let before = lease_row(&db, victim).await;
+    let mut cancel = db.admin.begin().await.unwrap();
+    let cancelled: String =
+        sqlx::query_scalar("SELECT outcome FROM run_cancel($1, 'operator-1', 'race')")
+            .bind(victim.as_uuid())
+            .fetch_one(&mut *cancel)
+            .await
+            .unwrap();
+    assert_eq!(cancelled, "applied");
+    let batch = {
+        let claims = claims.clone();
+        tokio::spawn(async move { renew_outcomes(&mut conn, &claims).await })
+    };
+    wait_until(
+        "the batch to wait for the cancelled run's lease row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%lease_renew_batch(%'",
+            )
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    cancel.commit().await.unwrap();
+
+    let outcomes = tokio::time::timeout(Duration::from_secs(30), batch)
+        .await
+        .expect("the batch finishes once the cancel commits")
+        .unwrap();
+    assert_eq!(outcomes, ["applied", "terminal", "applied"]);
+    let after = lease_row(&db, victim).await;
+    assert_eq!(
+        (after.2, after.3),
+        (before.2, before.3),
+        "the cancelled run's lease keeps its expiry and was not written"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM agent_runs WHERE run_id = $1")
+        .bind(victim.as_uuid())
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(status, "cancelled");
+}
+
 const FAST: HeartbeatConfig = HeartbeatConfig {
     ttl_ms: 3_000,
     interval: Duration::from_millis(100),
