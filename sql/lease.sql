@@ -88,14 +88,24 @@ $$;
 -- expired lease is never resurrected, even if nobody took it over. A run that
 -- became terminal (e.g. cancelled by an operator) is 'terminal', so the
 -- worker's heartbeat stops it. The lease token's hash is judged by the fence.
+-- p_tenant (NULL: any) scopes the renew (issue 14, P4: the control API's
+-- tenant check in the same round trip): a run of another tenant is
+-- 'not_found' with nothing found shown, nothing locked and nothing written,
+-- exactly as a run that does not exist.
 DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bigint);
+DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bytea, bigint);
 CREATE OR REPLACE FUNCTION lease_renew(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
-                                       p_ttl_ms bigint) RETURNS ledger_write_result
+                                       p_ttl_ms bigint, p_tenant text DEFAULT NULL)
+RETURNS ledger_write_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
   verdict text;
 BEGIN
   PERFORM _ledger_check_ttl(p_ttl_ms);
+  IF p_tenant IS NOT NULL
+     AND NOT EXISTS (SELECT 1 FROM agent_runs a WHERE a.run_id = p_run_id AND a.tenant_id = p_tenant) THEN
+    RETURN ROW('not_found', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), NULL, NULL)::ledger_write_result;
+  END IF;
   verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, false);
   IF verdict <> 'valid' THEN
     RETURN _ledger_result(verdict, p_run_id);
@@ -266,14 +276,14 @@ $$;
 REVOKE EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint, bytea),
   lease_takeover(uuid, text, bigint, bytea),
-  lease_renew(uuid, text, bigint, bytea, bigint),
+  lease_renew(uuid, text, bigint, bytea, bigint, text),
   lease_release(uuid, text, bigint, bytea),
   lease_renew_batch(uuid[], text[], bigint[], bytea[], bigint, text)
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint, bytea),
   lease_takeover(uuid, text, bigint, bytea),
-  lease_renew(uuid, text, bigint, bytea, bigint),
+  lease_renew(uuid, text, bigint, bytea, bigint, text),
   lease_release(uuid, text, bigint, bytea),
   lease_renew_batch(uuid[], text[], bigint[], bytea[], bigint, text)
 TO leasegate_app;

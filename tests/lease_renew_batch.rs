@@ -486,6 +486,38 @@ async fn a_run_cancelled_while_the_batch_waits_for_its_lease_is_answered_termina
     assert_eq!(status, "cancelled");
 }
 
+/// The single renew scoped to a tenant (the control API's renew route: the
+/// tenant check rides in the renew's statement) answers another tenant's
+/// run `NotFound`, as a run that does not exist, and writes nothing; its
+/// own tenant's renew applies.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_single_renew_scoped_to_another_tenant_is_not_found_and_writes_nothing(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let claims = many_leases(&db, "scope", 1).await;
+    let before = lease_row(&db, claims[0].run_id).await;
+    let other = db
+        .ledger
+        .lease_renew_for_tenant(&claims[0], 60_000, Some("tenant-b"))
+        .await
+        .unwrap();
+    assert_eq!(other, Fenced::Rejected(Rejection::NotFound));
+    assert_eq!(lease_row(&db, claims[0].run_id).await, before);
+    let own = db
+        .ledger
+        .lease_renew_for_tenant(&claims[0], 60_000, Some("tenant-a"))
+        .await
+        .unwrap();
+    let renewed = applied(own);
+    assert!(renewed.lease_expires_at > before.2);
+    assert_eq!(
+        lease_row(&db, claims[0].run_id).await.2,
+        renewed.lease_expires_at
+    );
+}
+
 const FAST: HeartbeatConfig = HeartbeatConfig {
     ttl_ms: 3_000,
     interval: Duration::from_millis(100),

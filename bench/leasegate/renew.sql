@@ -4,10 +4,12 @@
 -- (set up by examples/bench_gateway, as examples/bench_operations does).
 -- The lease token's hash is read from the lease row: pgbench cannot know the
 -- token leasegate showed once (the control API hashes the token it is sent).
+-- The tenant is the served process's (`tenant = "bench"`), checked in the
+-- same statement as the control API's renew route checks it.
 -- Run with -M prepared.
 SELECT outcome FROM lease_renew(
     ('00000000-0000-7000-8000-' || lpad(:client_id::text, 12, '0'))::uuid,
     'bench-' || :client_id, 1,
     (SELECT token_sha256 FROM worker_leases
       WHERE run_id = ('00000000-0000-7000-8000-' || lpad(:client_id::text, 12, '0'))::uuid),
-    600000);
+    600000, 'bench');

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--url ADMIN_URL] [--db leasegate_scale]
-//! cargo run --release --example bench_scale -- renew [--leases 10000] [--rounds 20] [--url ADMIN_URL] [--db leasegate_renew_bench]
+//! cargo run --release --example bench_scale -- renew [--leases 10000] [--rounds 20] [--hosts 4] [--url ADMIN_URL] [--db leasegate_renew_bench]
 //! ```
 //!
 //! `scale`: for each row count N it (re)creates the database
@@ -27,7 +27,10 @@
 //! times three ways: the SQL function `lease_renew_batch` alone (one
 //! statement with bound arrays, answers discarded), `Ledger::lease_renew_batch`
 //! (decoded answers), and `POST /v1/leases/renew` through the control
-//! router in-process (JSON in and out, no socket). Reports leases/s, median
+//! router in-process (JSON in and out, no socket); then `--hosts` worker
+//! hosts of `--leases` leases each post their batches at once (one
+//! connection per host), the throughput of the endpoint when PostgreSQL's
+//! work on one batch overlaps the JSON of another. Reports leases/s, median
 //! of the rounds.
 //!
 //! Numbers are reported, never asserted.
@@ -58,6 +61,7 @@ struct Args {
     repeat: usize,
     leases: i64,
     rounds: usize,
+    hosts: usize,
     url: String,
     /// The database (re)created on the admin URL's server.
     db: Option<String>,
@@ -73,6 +77,7 @@ fn args() -> anyhow::Result<Args> {
         repeat: 3,
         leases: 10_000,
         rounds: 20,
+        hosts: 4,
         url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
         db: None,
     };
@@ -92,6 +97,7 @@ fn args() -> anyhow::Result<Args> {
             "--repeat" => a.repeat = value.parse()?,
             "--leases" => a.leases = value.parse()?,
             "--rounds" => a.rounds = value.parse()?,
+            "--hosts" => a.hosts = value.parse::<usize>()?.max(1),
             "--url" => a.url = value,
             "--db" => a.db = Some(value),
             other => anyhow::bail!("unknown flag {other}"),
@@ -512,31 +518,45 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
         .max_connections(1)
         .connect(&url)
         .await?;
-    let rows: Vec<(uuid::Uuid,)> = sqlx::query_as(
-        "WITH g AS (SELECT i, gen_random_uuid() AS run_id FROM generate_series(1, $1::bigint) i),
+    // `--hosts` × `--leases` leased runs; host-1 holds the first `--leases`.
+    let rows: Vec<(uuid::Uuid, String)> = sqlx::query_as(
+        "WITH g AS (SELECT i, gen_random_uuid() AS run_id FROM generate_series(1, $1::bigint * $2) i),
               t AS (INSERT INTO agent_tasks (tenant_id, task_id) SELECT 'bench', 'renew-' || i FROM g),
               r AS (INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status)
                     SELECT run_id, 'bench', 'renew-' || i, 1, 'running' FROM g)
          INSERT INTO worker_leases (run_id, owner, epoch, expires_at, token_sha256)
-         SELECT run_id, 'host-1', 1, clock_timestamp() + interval '1 hour',
+         SELECT run_id, 'host-' || ((i - 1) / $1 + 1), 1, clock_timestamp() + interval '1 hour',
                 sha256(convert_to('lgl_bench_' || run_id::text, 'UTF8'))
-           FROM g RETURNING run_id",
+           FROM g RETURNING run_id, owner",
     )
     .bind(a.leases)
+    .bind(a.hosts as i64)
     .fetch_all(&admin)
     .await?;
     admin.execute("VACUUM (ANALYZE) worker_leases").await?;
     admin.execute("VACUUM (ANALYZE) agent_runs").await?;
-    let claims: Vec<LeaseClaim> = rows
-        .iter()
-        .map(|(run,)| LeaseClaim {
-            run_id: RunId::from_uuid(*run),
-            owner: "host-1".into(),
-            epoch: 1,
-            token: Some(LeaseToken::presented(&format!("lgl_bench_{run}"))),
+    let claim = |(run, owner): &(uuid::Uuid, String)| LeaseClaim {
+        run_id: RunId::from_uuid(*run),
+        owner: owner.clone(),
+        epoch: 1,
+        token: Some(LeaseToken::presented(&format!("lgl_bench_{run}"))),
+    };
+    let batch_body = |claims: &[LeaseClaim]| {
+        json!({"ttl_ms": 600_000,
+            "leases": claims.iter().map(|c| json!({"run_id": c.run_id, "owner": c.owner, "epoch": c.epoch,
+                "lease_token": c.token.as_ref().map(LeaseToken::expose)})).collect::<Vec<_>>()})
+        .to_string()
+    };
+    let host_bodies: Vec<String> = (1..=a.hosts)
+        .map(|host| {
+            let owner = format!("host-{host}");
+            let claims: Vec<LeaseClaim> = rows.iter().filter(|r| r.1 == owner).map(claim).collect();
+            batch_body(&claims)
         })
         .collect();
-    let ids: Vec<uuid::Uuid> = rows.iter().map(|(r,)| *r).collect();
+    let rows: Vec<(uuid::Uuid, String)> = rows.into_iter().filter(|r| r.1 == "host-1").collect();
+    let claims: Vec<LeaseClaim> = rows.iter().map(claim).collect();
+    let ids: Vec<uuid::Uuid> = rows.iter().map(|(r, _)| *r).collect();
     let owners: Vec<&str> = claims.iter().map(|c| c.owner.as_str()).collect();
     let epochs: Vec<i64> = claims.iter().map(|c| c.epoch).collect();
     let hashes: Vec<Vec<u8>> = claims
@@ -564,10 +584,7 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
     let n = claims.len() as f64;
     let (mut sql_rates, mut ledger_rates, mut http_rates) = (Vec::new(), Vec::new(), Vec::new());
     let mut bare_rates = Vec::new();
-    let body = json!({"ttl_ms": 600_000,
-        "leases": claims.iter().map(|c| json!({"run_id": c.run_id, "owner": c.owner, "epoch": c.epoch,
-            "lease_token": c.token.as_ref().map(LeaseToken::expose)})).collect::<Vec<_>>()})
-    .to_string();
+    let body = batch_body(&claims);
     let router = router_for_tenant(ledger.clone(), IntegerPolicy::Reject, Some("bench".into()));
     for _ in 0..a.rounds.max(1) {
         // The minimal shape for reference: one UPDATE of the same rows with
@@ -641,6 +658,54 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
     println!(
         "  POST /v1/leases/renew (in-process):   {:>10.0}",
         median(http_rates)
+    );
+
+    // Several hosts at once, each with its own connection.
+    let shared = Ledger::connect(
+        &url,
+        LedgerOptions {
+            max_connections: a.hosts as u32,
+            ..LedgerOptions::default()
+        },
+    )
+    .await?;
+    let router = router_for_tenant(shared, IntegerPolicy::Reject, Some("bench".into()));
+    let mut hosts_rates = Vec::new();
+    for _ in 0..a.rounds.max(1) {
+        let began = Instant::now();
+        let posts: Vec<_> = host_bodies
+            .iter()
+            .map(|body| {
+                let request = axum::http::Request::builder()
+                    .method("POST")
+                    .uri("/v1/leases/renew")
+                    .header("content-type", "application/json")
+                    .body(axum::body::Body::from(body.clone()));
+                let router = router.clone();
+                tokio::spawn(async move {
+                    let response = router.oneshot(request?).await?;
+                    let status = response.status();
+                    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+                    let answer: serde_json::Value = serde_json::from_slice(&bytes)?;
+                    anyhow::ensure!(status == 200, "http: {status}");
+                    Ok(answer["renewed"].as_u64().unwrap_or(0))
+                })
+            })
+            .collect();
+        let mut renewed = 0u64;
+        for post in posts {
+            renewed += post.await??;
+        }
+        anyhow::ensure!(
+            renewed as usize == claims.len() * a.hosts,
+            "hosts: {renewed} renewed"
+        );
+        hosts_rates.push(renewed as f64 / began.elapsed().as_secs_f64());
+    }
+    println!(
+        "  POST /v1/leases/renew, {} hosts at once: {:>8.0}",
+        a.hosts,
+        median(hosts_rates)
     );
     Ok(())
 }

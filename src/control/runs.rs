@@ -224,12 +224,15 @@ pub(super) async fn renew(
     Body(body): Body<RenewBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    caller.owns_run(&state, run).await?;
+    // The tenant check rides in the renew's own statement (one round trip
+    // per heartbeat): another tenant's run is "run not found", as from
+    // `owns_run`.
     let outcome = state
         .ledger
-        .lease_renew(
+        .lease_renew_for_tenant(
             &claim(run, body.owner, body.epoch, body.lease_token.as_deref())?,
             body.ttl_ms,
+            caller.tenant(),
         )
         .await?;
     let applied = applied(outcome)?;

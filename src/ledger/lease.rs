@@ -135,16 +135,31 @@ impl Ledger {
         claim: &LeaseClaim,
         ttl_ms: i64,
     ) -> Result<Fenced<Applied>, LedgerError> {
+        self.lease_renew_for_tenant(claim, ttl_ms, None).await
+    }
+
+    /// [`Ledger::lease_renew`] scoped to `tenant` (`None`: any) in the same
+    /// statement: a run of another tenant is [`Rejection::NotFound`] with
+    /// nothing locked or written, exactly as one that does not exist (the
+    /// control API's renew route: one round trip, not a tenant lookup and
+    /// then the renew).
+    pub async fn lease_renew_for_tenant(
+        &self,
+        claim: &LeaseClaim,
+        ttl_ms: i64,
+        tenant: Option<&str>,
+    ) -> Result<Fenced<Applied>, LedgerError> {
         const CALL: &str = "lease_renew";
         self.check_ttl(ttl_ms)?;
         let row: WriteRow = self
             .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4, $5)")
+                sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4, $5, $6)")
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
                     .bind(bind_hash(claim.token.as_ref()))
                     .bind(ttl_ms)
+                    .bind(tenant)
             })
             .await
             .inspect_err(|error| {
