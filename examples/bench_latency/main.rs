@@ -4,7 +4,7 @@
 //! the same upstream process. Numbers are reported, never asserted.
 //!
 //! ```text
-//! cargo run --release --example bench_latency -- [calls] [admin-database-url]
+//! cargo run --release --example bench_latency -- [calls] [admin-database-url] [callers,…]
 //! ```
 //!
 //! The upstream is `@modelcontextprotocol/server-everything` over Streamable
@@ -15,6 +15,13 @@
 //! intent). The ledger is the database `leasegate_bench_latency` on the
 //! admin URL's server (default `postgres://postgres@127.0.0.1:5432/postgres`),
 //! recreated each run. One client, one connection, calls in sequence.
+//!
+//! Then throughput (issue 14, P3: pass-through ≥ 0.9 × the upstream's own):
+//! for each caller count (third argument, default `8,32`), that many
+//! clients, each on its own kept-alive connection, call `echo` in a loop
+//! for 5 s after 1 s of warm-up, straight to the upstream and through
+//! leasegate's pass-through, and the calls completed per second are
+//! compared (`0`: none).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -25,6 +32,7 @@ use sqlx::migrate::MigrateDatabase;
 
 const ACCEPT: &str = "application/json, text/event-stream";
 
+#[derive(Clone)]
 struct Endpoint {
     client: reqwest::Client,
     url: String,
@@ -60,6 +68,49 @@ impl Endpoint {
         );
         Ok(())
     }
+}
+
+const THROUGHPUT_WARMUP: Duration = Duration::from_secs(1);
+const THROUGHPUT_WINDOW: Duration = Duration::from_secs(5);
+
+/// Calls per second completed by `callers` clients calling `tool` in a loop
+/// on `endpoint` (each with a connection of its own, from `client`), over
+/// [`THROUGHPUT_WINDOW`] after [`THROUGHPUT_WARMUP`].
+async fn throughput(
+    endpoint: &Endpoint,
+    tool: &str,
+    callers: usize,
+    client: &dyn Fn() -> reqwest::Result<reqwest::Client>,
+) -> anyhow::Result<f64> {
+    let start = Instant::now() + THROUGHPUT_WARMUP;
+    let end = start + THROUGHPUT_WINDOW;
+    let mut tasks = Vec::with_capacity(callers);
+    for caller in 0..callers {
+        let endpoint = Endpoint {
+            client: client()?,
+            ..endpoint.clone()
+        };
+        let tool = tool.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut counted = 0u64;
+            for i in 0u64.. {
+                let began = Instant::now();
+                if began >= end {
+                    break;
+                }
+                endpoint.call(i, &tool, &format!("t{caller}-{i}")).await?;
+                if began >= start && Instant::now() <= end {
+                    counted += 1;
+                }
+            }
+            anyhow::Ok(counted)
+        }));
+    }
+    let mut calls = 0u64;
+    for task in tasks {
+        calls += task.await??;
+    }
+    Ok(calls as f64 / THROUGHPUT_WINDOW.as_secs_f64())
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -127,6 +178,15 @@ async fn main() -> anyhow::Result<()> {
     let admin_url = args
         .next()
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let caller_counts: Vec<usize> = args
+        .next()
+        .unwrap_or_else(|| "8,32".to_owned())
+        .split(',')
+        .map(|c| c.trim().parse())
+        .collect::<Result<Vec<usize>, _>>()?
+        .into_iter()
+        .filter(|&c| c > 0) // "0": no throughput section
+        .collect();
     let base = admin_url
         .rsplit_once('/')
         .map(|(b, _)| b)
@@ -312,6 +372,26 @@ url = "{upstream_url}"
         &gated_samples,
         Some(&direct_samples),
     );
+
+    if !caller_counts.is_empty() {
+        println!(
+            "\nthroughput: each caller on its own kept-alive connection, echo in a loop, {} s measured after {} s of warm-up\n",
+            THROUGHPUT_WINDOW.as_secs(),
+            THROUGHPUT_WARMUP.as_secs()
+        );
+        println!(
+            "| callers | server-everything directly, calls/s | leasegate pass-through, calls/s | pass-through / direct |"
+        );
+        println!("|---|---|---|---|");
+        for &callers in &caller_counts {
+            let direct_rate = throughput(&direct, "echo", callers, &client).await?;
+            let pass_rate = throughput(&pass_through, "ro__echo", callers, &client).await?;
+            println!(
+                "| {callers} | {direct_rate:.0} | {pass_rate:.0} | {:.2} |",
+                pass_rate / direct_rate
+            );
+        }
+    }
 
     let _ = stop.send(());
     server.await??;
