@@ -186,7 +186,8 @@ $$;
 -- arrays' real sizes; from the sixth call on PL/pgSQL would otherwise reuse
 -- a generic plan guessing 10 rows per array, measured 1.3 x slower at
 -- 10,000 leases (issue 14, P4). No JIT: where an estimate crosses
--- jit_above_cost, compiling (~25 ms measured) costs more than the work.
+-- jit_above_cost, compiling costs more than the work (~25 ms measured on a
+-- statement of this shape).
 CREATE OR REPLACE FUNCTION lease_renew_batch(p_run_ids uuid[], p_owners text[], p_epochs bigint[],
                                              p_token_sha256s bytea[], p_ttl_ms bigint, p_tenant text)
 RETURNS TABLE (run_id uuid, outcome text, run_status text, revision bigint, lease_owner text,
