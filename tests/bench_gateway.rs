@@ -173,11 +173,24 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
         Measure::PgbenchRenewLeasegate,
         Measure::PgbenchRenewCeiling,
         Measure::PgbenchRenewBatchCeiling,
-        Measure::BatchRenewLeasegate,
     ] {
         let cells = &report.cells[&(measure.clone(), settings.renew_callers)];
         assert!(cells[0].calls > 0, "{measure:?} measured no call");
     }
+    // The batch row: one caller per worker host, each renewing all its
+    // leases in every call, none of them lost.
+    let batch = &report.cells[&(Measure::BatchRenewLeasegate, settings.batch_hosts)];
+    assert!(batch[0].calls > 0, "the batch renewal renewed no lease");
+    assert_eq!(
+        batch[0].calls % settings.batch_leases as u64,
+        0,
+        "a batch call renews all {} leases of its host",
+        settings.batch_leases
+    );
+    assert_eq!(
+        report.batch_shape,
+        (settings.batch_hosts, settings.batch_leases)
+    );
 
     // Every gated call registers, claims and settles in the ledger: the
     // proxy must have seen at least one round trip per call. A pass-through

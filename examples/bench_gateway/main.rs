@@ -73,6 +73,12 @@ struct Cli {
     /// Callers of the renewal section.
     #[arg(long)]
     renew_callers: Option<usize>,
+    /// Worker hosts of the batch renewal row (posting at once).
+    #[arg(long)]
+    batch_hosts: Option<usize>,
+    /// Leases each worker host renews per batch call.
+    #[arg(long)]
+    batch_leases: Option<usize>,
     /// Extra gated cells at the largest caller count, memory read after each.
     #[arg(long)]
     growth_cells: Option<usize>,
@@ -142,6 +148,16 @@ async fn main() -> anyhow::Result<()> {
     if let Some(callers) = cli.renew_callers {
         anyhow::ensure!(callers > 0, "--renew-callers must be at least 1");
         settings.renew_callers = callers;
+    }
+    if let Some(hosts) = cli.batch_hosts {
+        settings.batch_hosts = hosts;
+    }
+    if let Some(leases) = cli.batch_leases {
+        anyhow::ensure!(
+            (1..=10_000).contains(&leases),
+            "--batch-leases must be 1 to 10000 (the endpoint's limit)"
+        );
+        settings.batch_leases = leases;
     }
     if let Some(cells) = cli.growth_cells {
         settings.growth_cells = cells;
