@@ -32,7 +32,6 @@ use sqlx::migrate::MigrateDatabase;
 
 const ACCEPT: &str = "application/json, text/event-stream";
 
-#[derive(Clone)]
 struct Endpoint {
     client: reqwest::Client,
     url: String,
@@ -88,7 +87,8 @@ async fn throughput(
     for caller in 0..callers {
         let endpoint = Endpoint {
             client: client()?,
-            ..endpoint.clone()
+            url: endpoint.url.clone(),
+            headers: endpoint.headers.clone(),
         };
         let tool = tool.to_owned();
         tasks.push(tokio::spawn(async move {

@@ -511,6 +511,25 @@ fn pgbench(url: &str, clients: usize, seconds: u64, script: &str) -> anyhow::Res
 
 // ---------------------------------------------------------------- renew
 
+/// `POST /v1/leases/renew` with `body` through `router`, in-process: the
+/// answer's status and bytes.
+async fn post_renew(
+    router: axum::Router,
+    body: String,
+) -> anyhow::Result<(axum::http::StatusCode, axum::body::Bytes)> {
+    let request = axum::http::Request::builder()
+        .method("POST")
+        .uri("/v1/leases/renew")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body))?;
+    let response = router.oneshot(request).await?;
+    let status = response.status();
+    Ok((
+        status,
+        axum::body::to_bytes(response.into_body(), usize::MAX).await?,
+    ))
+}
+
 async fn renew(a: &Args) -> anyhow::Result<()> {
     let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_renew_bench"));
     fresh(&url).await?;
@@ -622,14 +641,7 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
         anyhow::ensure!(answers.len() == claims.len());
 
         let began = Instant::now();
-        let request = axum::http::Request::builder()
-            .method("POST")
-            .uri("/v1/leases/renew")
-            .header("content-type", "application/json")
-            .body(axum::body::Body::from(body.clone()))?;
-        let response = router.clone().oneshot(request).await?;
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+        let (status, bytes) = post_renew(router.clone(), body.clone()).await?;
         http_rates.push(n / began.elapsed().as_secs_f64());
         let answer: serde_json::Value = serde_json::from_slice(&bytes)?;
         anyhow::ensure!(
@@ -676,16 +688,9 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
         let posts: Vec<_> = host_bodies
             .iter()
             .map(|body| {
-                let request = axum::http::Request::builder()
-                    .method("POST")
-                    .uri("/v1/leases/renew")
-                    .header("content-type", "application/json")
-                    .body(axum::body::Body::from(body.clone()));
-                let router = router.clone();
+                let (router, body) = (router.clone(), body.clone());
                 tokio::spawn(async move {
-                    let response = router.oneshot(request?).await?;
-                    let status = response.status();
-                    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await?;
+                    let (status, bytes) = post_renew(router, body).await?;
                     let answer: serde_json::Value = serde_json::from_slice(&bytes)?;
                     anyhow::ensure!(status == 200, "http: {status}");
                     Ok(answer["renewed"].as_u64().unwrap_or(0))
