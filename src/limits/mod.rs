@@ -111,7 +111,10 @@ pub fn raise_fd_limit(needed: u64) -> std::io::Result<u64> {
 
 /// Hands freed heap back to the operating system (glibc keeps freed
 /// memory of many small allocations — sessions, connection buffers — in its
-/// arenas otherwise, and the resident size stays at its peak).
+/// arenas otherwise, and the resident size stays at its peak). The
+/// `leasegate` binary allocates with mimalloc (src/main.rs), which purges
+/// freed pages itself; there this trims only what lives in glibc's heap,
+/// and it is the whole job for embedders that keep glibc's malloc.
 pub fn return_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free memory of the allocator.
