@@ -17,7 +17,7 @@ use std::process::ExitCode;
 
 /// mimalloc instead of glibc's malloc: a call allocates and frees many small
 /// buffers (JSON values, headers, futures) across the runtime's threads, and
-/// with glibc's malloc the proxy spent 15-30 % more CPU per call under load
+/// with glibc's malloc the proxy spent 10-20 % more CPU per call under load
 /// (issue 14; README "Allocator"). Only the binary chooses: the library
 /// leaves the allocator to whoever embeds it.
 #[global_allocator]
