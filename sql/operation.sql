@@ -36,7 +36,10 @@ BEGIN
     END IF;
     IF FOUND THEN
       found_id := o.operation_id;
-      IF o.operation_id = v_id AND o.run_id = p_run_id AND o.step_id = v_step
+      -- Not the id itself: an operation registered before the id's current
+      -- shape (leasegate/operation/v1) is found by (run, step, version)
+      -- under its stored id, which stays its id (invariant 3).
+      IF o.run_id = p_run_id AND o.step_id = v_step
          AND o.effect_version = v_version AND o.tool_name = v_tool AND o.request_digest = v_digest THEN
         outcome := 'exists';
       ELSE
@@ -301,7 +304,9 @@ BEGIN
          FOR UPDATE;
     END IF;
     IF FOUND THEN
-      IF o.operation_id <> v_id OR o.run_id <> p_run_id OR o.step_id <> p_intent.step_id
+      -- Not the id itself: an operation stored under an earlier id shape
+      -- (leasegate/operation/v1) keeps that id (see _op_upsert).
+      IF o.run_id <> p_run_id OR o.step_id <> p_intent.step_id
          OR o.effect_version <> p_intent.effect_version OR o.tool_name <> p_intent.tool_name
          OR o.request_digest <> p_intent.request_digest THEN
         outcome := 'intent_conflict';

@@ -165,6 +165,39 @@ fn operation_id_depends_on_tenant_run_step_and_version_only() {
 }
 
 #[test]
+fn a_runs_operation_ids_share_their_first_twelve_hex_digits_and_nothing_else_does() {
+    // Golden values, computed outside Rust (Python: hashlib.sha256 over
+    // json.dumps(..., separators=(",", ":")), the RFC 8785 form of these
+    // inputs; bytes 0..6 from the run's digest, 6..16 from the tuple's,
+    // then the UUID version 8 and variant bits). A change of shape would
+    // give every new call of a live run a new id: it must be deliberate.
+    let run: RunId = "0190a6a0-0000-7000-8000-000000000001".parse().unwrap();
+    let charge = operation_id("acme", run, "charge-card", 1);
+    let refund = operation_id("acme", run, "refund", 1);
+    assert_eq!(charge.as_str(), "9cdeebd1-5e13-8c40-a316-0c79ab4512ca");
+    assert_eq!(refund.as_str(), "9cdeebd1-5e13-8d10-b789-eb879fcc39c5");
+    assert_eq!(
+        uuid::Uuid::parse_str(charge.as_str())
+            .unwrap()
+            .get_version_num(),
+        8
+    );
+
+    // The run's prefix: its own, the same for every step and version.
+    let prefix = |id: &leasegate::intent::OperationId| id.as_str()[..13].to_owned();
+    assert_eq!(prefix(&operation_id("acme", run, "x", 7)), prefix(&charge));
+    let other_run = RunId::generate();
+    assert_ne!(
+        prefix(&operation_id("acme", other_run, "charge-card", 1)),
+        prefix(&charge)
+    );
+    assert_ne!(
+        prefix(&operation_id("other", run, "charge-card", 1)),
+        prefix(&charge)
+    );
+}
+
+#[test]
 fn intents_default_their_step_from_tool_and_digest() {
     let run = RunId::generate();
     let args = json!({"to": "x"});

@@ -227,6 +227,124 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
     }
 }
 
+/// The id an earlier leasegate gave (run, step, version): all 16 bytes from
+/// the tuple (`leasegate/operation/v1`), no run prefix.
+fn v1_operation_id(run_id: RunId, step: &str) -> String {
+    use sha2::Digest;
+    let input = json!([
+        "leasegate/operation/v1",
+        TENANT,
+        run_id.to_string(),
+        step,
+        1
+    ]);
+    let bytes = leasegate::intent::canonical_bytes(&input, IntegerPolicy::Reject).unwrap();
+    let hash = sha2::Sha256::digest(&bytes);
+    uuid::Uuid::new_v8(hash[..16].try_into().unwrap()).to_string()
+}
+
+/// Operations an earlier leasegate stored (before operation ids carried
+/// their run's prefix) are found by (run, step, version) and keep their
+/// stored id: a replay, a claim of a planned one, a plan and a conflict all
+/// answer with it, and nothing is written twice.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn operations_stored_under_the_earlier_id_shape_keep_their_ids(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+    let settled = intent(lease.run_id, "charge", json!({"amount": 1}));
+    let planned = intent(lease.run_id, "refund", json!({"amount": 1}));
+    let (settled_v1, planned_v1) = (
+        v1_operation_id(lease.run_id, "charge"),
+        v1_operation_id(lease.run_id, "refund"),
+    );
+    assert_ne!(settled_v1, settled.operation_id.as_str());
+    for (intent, id, status) in [
+        (&settled, &settled_v1, "succeeded"),
+        (&planned, &planned_v1, "prepared"),
+    ] {
+        sqlx::query(
+            "INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
+                                          request_digest, request_body, status, result, revision)
+             VALUES ($1, $2, $3, 1, 'payments__charge', $4, '{\"amount\": 1}', $5,
+                     CASE WHEN $5 = 'succeeded' THEN '{\"ok\": true}'::jsonb END,
+                     CASE WHEN $5 = 'succeeded' THEN 2 ELSE 0 END)",
+        )
+        .bind(id)
+        .bind(lease.run_id.as_uuid())
+        .bind(&intent.step_id)
+        .bind(intent.request_digest.as_str())
+        .bind(status)
+        .execute(&db.admin)
+        .await
+        .unwrap();
+    }
+    let count = op_count(&db).await;
+
+    // A replay of the settled one: its stored result, under its stored id.
+    match applied(
+        db.ledger
+            .operation_register_claim(&lease, &settled, None, "proxy-1", 30_000)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Existing(record) => {
+            assert_eq!(record.operation_id.as_str(), settled_v1);
+            assert_eq!(record.status, OperationStatus::Succeeded);
+            assert_eq!(record.result, Some(json!({"ok": true})));
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    // Planning both again: found, not registered anew.
+    let again = applied(
+        db.ledger
+            .operation_register(&lease, &[settled.clone(), planned.clone()], None)
+            .await
+            .unwrap(),
+    );
+    let ids: Vec<(&str, bool)> = again
+        .iter()
+        .map(|r| (r.operation.operation_id.as_str(), r.newly_registered))
+        .collect();
+    assert_eq!(
+        ids,
+        [(settled_v1.as_str(), false), (planned_v1.as_str(), false)]
+    );
+    // The planned one is claimed under its stored id (the id the upstream
+    // sees) and settles there.
+    let claim = claim_inline(&db, &lease, &planned, 30_000).await;
+    assert_eq!(claim.operation_id.as_str(), planned_v1);
+    match db
+        .ledger
+        .operation_settle(&claim, Settlement::Succeeded, Some("re_1"), &json!({}))
+        .await
+        .unwrap()
+    {
+        SettleOutcome::Settled(record) => assert_eq!(record.operation_id.as_str(), planned_v1),
+        other => panic!("expected settled, got {other:?}"),
+    }
+    // A changed request for the same step is still a conflict, named by the stored id.
+    let changed = intent(lease.run_id, "charge", json!({"amount": 2}));
+    match db
+        .ledger
+        .operation_register_claim(&lease, &changed, None, "proxy-1", 30_000)
+        .await
+        .unwrap()
+    {
+        Fenced::Rejected(Rejection::IntentConflict { operation_id, .. }) => {
+            assert_eq!(operation_id.as_str(), settled_v1)
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    assert_eq!(
+        op_count(&db).await,
+        count,
+        "no second row for either intent"
+    );
+}
+
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_once(
     pool: PgPoolOptions,

@@ -10,7 +10,7 @@ SELECT array_agg(b.operation_id ORDER BY b.item) AS ops, array_agg(b.request_dig
                array_agg('bench-' || (:client_id * 16 + g) ORDER BY g) AS owners,
                array_agg(1::bigint) AS epochs,
                array_agg(l.token_sha256 ORDER BY g) AS tokens,
-               array_agg(ROW(md5('pgbench-' || :client_id || '-' || :n || '-' || g)::uuid::text,
+               array_agg(ROW(bench_op_id(l.run_id, 'bench', 'pgbench-' || :client_id || '-' || :n || '-' || g),
                              'pgbench-' || :n || '-' || g, 1, 'payments__charge',
                              'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
                              jsonb_build_object('n', :n::bigint), NULL, NULL)::operation_intent

@@ -1,13 +1,16 @@
 //! Flat cost at scale (issue 14, P5) and batch renewal throughput (P4).
 //!
 //! ```text
-//! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--url ADMIN_URL] [--db leasegate_scale]
+//! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--ids run|hashed] [--url ADMIN_URL] [--db leasegate_scale]
 //! cargo run --release --example bench_scale -- renew [--leases 10000] [--rounds 20] [--hosts 4] [--url ADMIN_URL] [--db leasegate_renew_bench]
 //! ```
 //!
 //! `scale`: for each row count N it (re)creates the database
 //! `leasegate_scale`, migrates it, fills `tool_operations` with N settled
-//! operations (10 per succeeded run, ids spread like real operation ids)
+//! operations (10 per succeeded run, ids shaped like real operation ids:
+//! `--ids run`, the default, is today's shape, the run's 12-hex-digit
+//! prefix then hash-spread digits; `--ids hashed` spreads the whole id like
+//! ids before 2026-12-02, for comparison; `bench_op_id` below)
 //! and `ledger_events` with one event per operation and one per run, in SQL
 //! (`generate_series`, as the owner role, `synchronous_commit = off` for the
 //! fill only; keys, indexes and foreign keys dropped for the fill and
@@ -65,6 +68,8 @@ struct Args {
     url: String,
     /// The database (re)created on the admin URL's server.
     db: Option<String>,
+    /// The operation ids' shape: `run` (prefixed by their run) or `hashed`.
+    ids: String,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -80,6 +85,7 @@ fn args() -> anyhow::Result<Args> {
         hosts: 4,
         url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
         db: None,
+        ids: "run".into(),
     };
     while let Some(flag) = it.next() {
         let value = it
@@ -100,6 +106,8 @@ fn args() -> anyhow::Result<Args> {
             "--hosts" => a.hosts = value.parse::<usize>()?.max(1),
             "--url" => a.url = value,
             "--db" => a.db = Some(value),
+            "--ids" if value == "run" || value == "hashed" => a.ids = value,
+            "--ids" => anyhow::bail!("--ids is run or hashed, got {value}"),
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -205,9 +213,28 @@ const SCANS: &[(&str, &str)] = &[
     ),
 ];
 
+/// `bench_op_id(run, salt)`: an operation id of `run` shaped as leasegate
+/// makes them (`leasegate::intent::operation_id`): the first 12 hex digits
+/// are the run's prefix, computed as leasegate computes it for tenant
+/// `scale`/`bench` runs (SHA-256 of the canonical JSON
+/// `["leasegate/operation-run/v2", tenant, run]`), the other 20 spread by
+/// `salt`. `hashed` spreads all 32 digits (ids before the run prefix).
+fn bench_op_id_sql(shape: &str) -> &'static str {
+    if shape == "hashed" {
+        "CREATE FUNCTION bench_op_id(p_run uuid, p_tenant text, p_salt text) RETURNS text
+         LANGUAGE sql IMMUTABLE AS $$ SELECT md5(p_salt)::uuid::text $$"
+    } else {
+        "CREATE FUNCTION bench_op_id(p_run uuid, p_tenant text, p_salt text) RETURNS text
+         LANGUAGE sql IMMUTABLE AS $$
+           SELECT (left(encode(sha256(convert_to(
+                     '[\"leasegate/operation-run/v2\",\"' || p_tenant || '\",\"' || p_run || '\"]', 'UTF8')),
+                     'hex'), 12) || left(md5(p_salt), 20))::uuid::text $$"
+    }
+}
+
 /// N settled operations of N/10 succeeded runs (ten each), 40 days old, one
 /// settle event per operation and one completion event per run. Operation
-/// ids are md5-spread like real (hash-derived) ones. In chunks of 1M
+/// ids are shaped like real ones (`bench_op_id`). In chunks of 1M
 /// operations, each one statement.
 const FILL: &str = "
 SET synchronous_commit = off;
@@ -223,13 +250,15 @@ INSERT INTO worker_leases (run_id, owner, epoch, expires_at)
 INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name, request_digest,
                              request_body, status, remote_id, result, revision, created_at, updated_at,
                              dispatch_count, first_dispatched_at)
-  SELECT md5('op' || i)::uuid::text, md5('run' || (i / 10))::uuid, 'step-' || (i % 10), 1, 'payments__charge',
+  SELECT bench_op_id(md5('run' || (i / 10))::uuid, 'scale', 'op' || i), md5('run' || (i / 10))::uuid,
+         'step-' || (i % 10), 1, 'payments__charge',
          md5('d' || i) || md5('e' || i), jsonb_build_object('amount', i % 1000, 'currency', 'eur'),
          'succeeded', 'ch_' || i, '{\"content\": [{\"type\": \"text\", \"text\": \"ok\"}]}'::jsonb, 2,
          now() - interval '40 days', now() - interval '40 days', 1, now() - interval '40 days'
     FROM generate_series($1::bigint * 10, $2::bigint * 10 - 1) i;
 INSERT INTO ledger_events (at, run_id, operation_id, subject, from_status, to_status, actor_kind, actor, epoch, revision)
-  SELECT now() - interval '40 days', md5('run' || (i / 10))::uuid, md5('op' || i)::uuid::text, 'operation',
+  SELECT now() - interval '40 days', md5('run' || (i / 10))::uuid,
+         bench_op_id(md5('run' || (i / 10))::uuid, 'scale', 'op' || i), 'operation',
          'dispatching', 'succeeded', 'dispatcher', 'fill', 1, 2
     FROM generate_series($1::bigint * 10, $2::bigint * 10 - 1) i;
 INSERT INTO ledger_events (at, run_id, subject, from_status, to_status, actor_kind, actor, epoch, revision)
@@ -297,14 +326,19 @@ async fn drop_for_bulk_load(admin: &sqlx::PgPool) -> anyhow::Result<Vec<String>>
 async fn scale(a: &Args) -> anyhow::Result<()> {
     let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_scale"));
     let mut rates: Vec<(i64, f64, f64, Option<f64>)> = Vec::new();
+    let mut io_rows: Vec<(i64, PerCall, Option<PerCall>)> = Vec::new();
     for &rows in &a.rows {
-        println!("\n=== {rows} settled operations ===");
+        println!(
+            "\n=== {rows} settled operations ({} operation ids) ===",
+            a.ids
+        );
         fresh(&url).await?;
         let admin = sqlx::postgres::PgPoolOptions::new()
             .max_connections(1)
             .connect(&url)
             .await?;
         let began = Instant::now();
+        admin.execute(bench_op_id_sql(&a.ids)).await?;
         let rebuild = drop_for_bulk_load(&admin).await?;
         let runs = (rows / 10).max(1);
         let chunk = 100_000i64; // runs per chunk: 1M operations
@@ -380,7 +414,9 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
         .await?;
         admin.execute("ANALYZE tool_operations").await?;
 
-        let op: String = sqlx::query_scalar("SELECT md5('op' || ($1::bigint / 2))::uuid::text")
+        let op: String = sqlx::query_scalar(
+            "SELECT bench_op_id(md5('run' || ($1::bigint / 2 / 10))::uuid, 'scale', 'op' || ($1::bigint / 2))",
+        )
             .bind(rows)
             .fetch_one(&admin)
             .await?;
@@ -402,27 +438,48 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
         let mut tps = Vec::new();
         let mut latency = Vec::new();
         let mut batched = Vec::new();
+        let (mut io, mut batched_io) = (Vec::new(), Vec::new());
         for _ in 0..a.repeat.max(1) {
-            let (rate, ms) = pgbench(&url, a.clients, a.seconds, "gated_call.sql")?;
+            let before = IoCounters::read(&url).await?;
+            let (rate, ms, calls) = pgbench(&url, a.clients, a.seconds, "gated_call.sql")?;
+            let per_call = IoCounters::read(&url).await?.per_call_since(&before, calls);
             println!(
-                "pgbench register-claim + settle, {} clients, {} s: {rate:.0} calls/s, {ms:.2} ms per call",
+                "pgbench register-claim + settle, {} clients, {} s: {rate:.0} calls/s, {ms:.2} ms per call; \
+                 per call: {per_call}",
                 a.clients, a.seconds
             );
             tps.push(rate);
             latency.push(ms);
+            io.push(per_call);
             if a.clients * BATCH <= BENCH_RUNS {
-                let (rate, ms) = pgbench(&url, a.clients, a.seconds, "gated_batch.sql")?;
+                let before = IoCounters::read(&url).await?;
+                let (rate, ms, batches) = pgbench(&url, a.clients, a.seconds, "gated_batch.sql")?;
                 let calls = rate * BATCH as f64;
+                let per_call = IoCounters::read(&url)
+                    .await?
+                    .per_call_since(&before, batches * BATCH as u64);
                 println!(
                     "pgbench group commit ({BATCH} calls per batch), {} clients, {} s: {calls:.0} calls/s, \
-                     {ms:.2} ms per batch",
+                     {ms:.2} ms per batch; per call: {per_call}",
                     a.clients, a.seconds
                 );
                 batched.push(calls);
+                batched_io.push(per_call);
             }
         }
         let batched = (!batched.is_empty()).then(|| median(batched));
         rates.push((rows, median(tps), median(latency), batched));
+        let single_io = PerCall::median(io).expect("at least one cell");
+        io_rows.push((rows, single_io, PerCall::median(batched_io)));
+    }
+    println!(
+        "\nper gated call, median of the cells (blocks read: from outside PostgreSQL's shared buffers):"
+    );
+    for (rows, single, group) in &io_rows {
+        println!("{rows:>12}  single: {single}");
+        if let Some(group) = group {
+            println!("{:>12}  group:  {group}", "");
+        }
     }
     println!(
         "\n{:>12} {:>14} {:>12} {:>10} {:>20} {:>12}",
@@ -476,7 +533,88 @@ async fn bench_runs(url: &str) -> anyhow::Result<()> {
 
 /// (transactions per second, mean ms per transaction) of pgbench running
 /// `script` (beside this file).
-fn pgbench(url: &str, clients: usize, seconds: u64, script: &str) -> anyhow::Result<(f64, f64)> {
+/// The server's counters that show where a call's cost grows with the
+/// tables: blocks read into shared buffers (`pg_stat_database`, this
+/// database) and WAL written (`pg_stat_wal`). Read on a fresh connection
+/// each time (a session caches its statistics snapshot), after pgbench's
+/// clients exited (a backend flushes its counters on exit).
+struct IoCounters {
+    blocks_read: i64,
+    blocks_hit: i64,
+    wal_fpi: i64,
+    wal_bytes: f64,
+}
+
+impl IoCounters {
+    async fn read(url: &str) -> anyhow::Result<Self> {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        let (blocks_read, blocks_hit, wal_fpi, wal_bytes): (i64, i64, i64, f64) = sqlx::query_as(
+            "SELECT d.blks_read, d.blks_hit, w.wal_fpi, w.wal_bytes::float8
+               FROM pg_stat_database d, pg_stat_wal w WHERE d.datname = current_database()",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        conn.close().await?;
+        Ok(Self {
+            blocks_read,
+            blocks_hit,
+            wal_fpi,
+            wal_bytes,
+        })
+    }
+
+    fn per_call_since(&self, before: &Self, calls: u64) -> PerCall {
+        let calls = calls.max(1) as f64;
+        PerCall {
+            blocks_read: (self.blocks_read - before.blocks_read) as f64 / calls,
+            blocks_hit: (self.blocks_hit - before.blocks_hit) as f64 / calls,
+            wal_fpi: (self.wal_fpi - before.wal_fpi) as f64 / calls,
+            wal_kib: (self.wal_bytes - before.wal_bytes) / 1024.0 / calls,
+        }
+    }
+}
+
+/// [`IoCounters`] per gated call over one pgbench cell.
+#[derive(Clone, Copy)]
+struct PerCall {
+    blocks_read: f64,
+    blocks_hit: f64,
+    wal_fpi: f64,
+    wal_kib: f64,
+}
+
+impl PerCall {
+    /// Field by field.
+    fn median(cells: Vec<PerCall>) -> Option<PerCall> {
+        let field = |f: fn(&PerCall) -> f64| median(cells.iter().map(f).collect());
+        (!cells.is_empty()).then(|| PerCall {
+            blocks_read: field(|c| c.blocks_read),
+            blocks_hit: field(|c| c.blocks_hit),
+            wal_fpi: field(|c| c.wal_fpi),
+            wal_kib: field(|c| c.wal_kib),
+        })
+    }
+}
+
+impl std::fmt::Display for PerCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.2} blocks read, {:.1} buffer hits, {:.2} WAL full-page images, {:.2} KiB WAL",
+            self.blocks_read, self.blocks_hit, self.wal_fpi, self.wal_kib
+        )
+    }
+}
+
+/// pgbench's transactions per second, average latency (ms) and the number
+/// of transactions it completed.
+fn pgbench(
+    url: &str,
+    clients: usize,
+    seconds: u64,
+    script: &str,
+) -> anyhow::Result<(f64, f64, u64)> {
     let script = format!(
         "{}/examples/bench_scale/{script}",
         env!("CARGO_MANIFEST_DIR")
@@ -506,7 +644,12 @@ fn pgbench(url: &str, clients: usize, seconds: u64, script: &str) -> anyhow::Res
     };
     let tps = find("tps").ok_or_else(|| anyhow::anyhow!("no tps in: {text}"))?;
     let ms = find("latency average").unwrap_or(f64::NAN);
-    Ok((tps, ms))
+    let done = text
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|rest| rest.split('/').next()?.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no transaction count in: {text}"))?;
+    Ok((tps, ms, done))
 }
 
 // ---------------------------------------------------------------- renew
