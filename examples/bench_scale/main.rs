@@ -440,9 +440,7 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
         let mut batched = Vec::new();
         let (mut io, mut batched_io) = (Vec::new(), Vec::new());
         for _ in 0..a.repeat.max(1) {
-            let before = IoCounters::read(&url).await?;
-            let (rate, ms, calls) = pgbench(&url, a.clients, a.seconds, "gated_call.sql")?;
-            let per_call = IoCounters::read(&url).await?.per_call_since(&before, calls);
+            let (rate, ms, per_call) = measured(&url, a, "gated_call.sql", 1).await?;
             println!(
                 "pgbench register-claim + settle, {} clients, {} s: {rate:.0} calls/s, {ms:.2} ms per call; \
                  per call: {per_call}",
@@ -452,12 +450,9 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
             latency.push(ms);
             io.push(per_call);
             if a.clients * BATCH <= BENCH_RUNS {
-                let before = IoCounters::read(&url).await?;
-                let (rate, ms, batches) = pgbench(&url, a.clients, a.seconds, "gated_batch.sql")?;
+                let (rate, ms, per_call) =
+                    measured(&url, a, "gated_batch.sql", BATCH as u64).await?;
                 let calls = rate * BATCH as f64;
-                let per_call = IoCounters::read(&url)
-                    .await?
-                    .per_call_since(&before, batches * BATCH as u64);
                 println!(
                     "pgbench group commit ({BATCH} calls per batch), {} clients, {} s: {calls:.0} calls/s, \
                      {ms:.2} ms per batch; per call: {per_call}",
@@ -531,8 +526,23 @@ async fn bench_runs(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// (transactions per second, mean ms per transaction) of pgbench running
-/// `script` (beside this file).
+/// [`pgbench`] with `a`'s clients and seconds, and the server's
+/// [`IoCounters`] around it per call (`calls_per_transaction` calls in each
+/// of the script's transactions).
+async fn measured(
+    url: &str,
+    a: &Args,
+    script: &str,
+    calls_per_transaction: u64,
+) -> anyhow::Result<(f64, f64, PerCall)> {
+    let before = IoCounters::read(url).await?;
+    let (rate, ms, transactions) = pgbench(url, a.clients, a.seconds, script)?;
+    let per_call = IoCounters::read(url)
+        .await?
+        .per_call_since(&before, transactions * calls_per_transaction);
+    Ok((rate, ms, per_call))
+}
+
 /// The server's counters that show where a call's cost grows with the
 /// tables: blocks read into shared buffers (`pg_stat_database`, this
 /// database) and WAL written (`pg_stat_wal`). Read on a fresh connection
@@ -607,8 +617,8 @@ impl std::fmt::Display for PerCall {
     }
 }
 
-/// pgbench's transactions per second, average latency (ms) and the number
-/// of transactions it completed.
+/// pgbench running `script` (beside this file): transactions per second,
+/// mean ms per transaction and the number of transactions it completed.
 fn pgbench(
     url: &str,
     clients: usize,
