@@ -59,7 +59,11 @@ $$;
 -- over. Nothing is written on any of them.
 --
 -- p_shared = false (run-state writes): the lease row FOR UPDATE, and on
--- 'valid' the run row FOR UPDATE too.
+-- 'valid' the run row FOR NO KEY UPDATE too: run-state writes change no
+-- key, and the weaker lock still excludes every other writer of the row
+-- but lets the foreign-key checks of rows that reference the run (FOR KEY
+-- SHARE: an operation's settle event, an evidence row) through. A settle
+-- never waits for a heartbeat of its run, nor a heartbeat for a settle.
 -- p_shared = true (the intent fence): the lease row FOR SHARE. A takeover
 -- (which updates the row) still waits for this transaction, so invariant 1
 -- holds, while parallel tool calls of one run do not queue behind each
@@ -91,7 +95,7 @@ BEGIN
   IF p_shared THEN
     SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
   ELSE
-    SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id FOR UPDATE;
+    SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id FOR NO KEY UPDATE;
   END IF;
   IF s IN ('succeeded', 'failed', 'cancelled') THEN
     RETURN 'terminal';

@@ -205,7 +205,7 @@ BEGIN
   IF l.run_id IS NULL THEN
     RETURN _ledger_result('not_found', p_run_id);
   END IF;
-  SELECT * INTO r FROM agent_runs WHERE run_id = p_run_id FOR UPDATE;
+  SELECT * INTO r FROM agent_runs WHERE run_id = p_run_id FOR NO KEY UPDATE;
   IF r.status NOT IN ('pending', 'running') THEN
     RETURN _ledger_result('terminal', p_run_id);
   END IF;

@@ -148,7 +148,8 @@
 //!   acts — resolve, retry reset, cancel, failover resolve — are
 //!   `leasegate_operator`'s alone, which reads the ledger; evidence bodies
 //!   may be re-sealed in place by `evidence_reseal` only; `0009`: partial
-//!   indexes on the live statuses, the archive tables of retention) and the
+//!   indexes on the live statuses, the archive tables of retention; `0010`:
+//!   room on `tool_operations`' pages, so new rows stay out of old pages) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity

@@ -1595,3 +1595,65 @@ async fn hot_path_judges_the_tenant_and_samples_the_wal_in_its_own_statements(
         ("succeeded".into(), 2, 1, Some("ch_7".into()))
     );
 }
+
+/// A run-state write (here the worker's heartbeat, `lease_renew`) locks its
+/// run's row FOR NO KEY UPDATE, not FOR UPDATE: the settle of one of the
+/// run's calls, whose event's foreign key takes FOR KEY SHARE on that row,
+/// goes through while the renewal's transaction is still open. With FOR
+/// UPDATE the settle would wait for the renewal (and a renewal for a
+/// settle).
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_heartbeat_in_flight_does_not_hold_up_a_settle_of_its_run(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    let charge = intent(lease.run_id, "charge", json!({"amount": 500}));
+    let claim = claim_inline(&db, &lease, &charge, 30_000).await;
+
+    // The renewal, as the ledger sends it, in a transaction left open.
+    let mut renewal = db.admin.begin().await.unwrap();
+    let outcome: String = sqlx::query_scalar("SELECT (lease_renew($1, $2, $3, $4, 60000)).outcome")
+        .bind(lease.run_id.as_uuid())
+        .bind(&lease.owner)
+        .bind(lease.epoch)
+        .bind(
+            lease
+                .token
+                .as_ref()
+                .expect("a taken lease has a token")
+                .sha256(),
+        )
+        .fetch_one(&mut *renewal)
+        .await
+        .unwrap();
+    assert_eq!(outcome, "applied");
+
+    let settled = within(
+        "the settle, with the run's renewal uncommitted",
+        db.ledger.operation_settle(
+            &claim,
+            Settlement::Succeeded,
+            Some("ch_1"),
+            &json!({"ok": true}),
+        ),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(settled, SettleOutcome::Settled(_)),
+        "settled: {settled:?}"
+    );
+    renewal.commit().await.unwrap();
+    let (status, ..) = op_row(&db, &charge).await;
+    assert_eq!(status, "succeeded");
+    let renewed: bool = sqlx::query_scalar(
+        "SELECT expires_at > clock_timestamp() + interval '40 seconds' FROM worker_leases WHERE run_id = $1",
+    )
+    .bind(lease.run_id.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert!(renewed, "the renewal committed too (60 s ttl)");
+}

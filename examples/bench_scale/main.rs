@@ -1,7 +1,7 @@
 //! Flat cost at scale (issue 14, P5) and batch renewal throughput (P4).
 //!
 //! ```text
-//! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--ids run|hashed] [--url ADMIN_URL] [--db leasegate_scale]
+//! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--ids run|hashed] [--fillfactor N] [--url ADMIN_URL] [--db leasegate_scale]
 //! cargo run --release --example bench_scale -- renew [--leases 10000] [--rounds 20] [--hosts 4] [--url ADMIN_URL] [--db leasegate_renew_bench]
 //! ```
 //!
@@ -15,12 +15,17 @@
 //! (`generate_series`, as the owner role, `synchronous_commit = off` for the
 //! fill only; keys, indexes and foreign keys dropped for the fill and
 //! rebuilt from the catalog's definitions after it, as a restore does),
-//! vacuums and analyses, then runs pgbench with leasegate's own
+//! vacuums and analyses (the fill packs `tool_operations`' pages, as
+//! pages written before migration 0010 are and as settles leave them; the
+//! cells write with the table's own fillfactor, or `--fillfactor`), then
+//! runs pgbench with leasegate's own
 //! hot-path SQL (`examples/bench_scale/gated_call.sql`, beside this file:
 //! register-claim + settle, the two statements of a gated call) and with
 //! group commit's two batch statements (`gated_batch.sql`: 16 calls of 16
 //! runs per transaction; when `--clients` × 16 ≤ 256 runs) `--repeat`
-//! times each and reports the median rates, and prints the plans (`EXPLAIN
+//! times each and reports the median rates, the server's I/O counters per
+//! call, and how many of the cells' operations landed in the fill's pages,
+//! and prints the plans (`EXPLAIN
 //! ANALYZE, BUFFERS`) of the background scans and the fate query. Last, the
 //! ratio of the first row count's rate to each other's. The scans' SQL is
 //! copied from `sql/operation.sql`, `src/ledger/operation.rs` and
@@ -70,6 +75,9 @@ struct Args {
     db: Option<String>,
     /// The operation ids' shape: `run` (prefixed by their run) or `hashed`.
     ids: String,
+    /// `tool_operations`' fillfactor for the cells, when not the
+    /// migrations' own (the fill always packs its pages).
+    fillfactor: Option<u32>,
 }
 
 fn args() -> anyhow::Result<Args> {
@@ -86,6 +94,7 @@ fn args() -> anyhow::Result<Args> {
         url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
         db: None,
         ids: "run".into(),
+        fillfactor: None,
     };
     while let Some(flag) = it.next() {
         let value = it
@@ -108,6 +117,10 @@ fn args() -> anyhow::Result<Args> {
             "--db" => a.db = Some(value),
             "--ids" if value == "run" || value == "hashed" => a.ids = value,
             "--ids" => anyhow::bail!("--ids is run or hashed, got {value}"),
+            "--fillfactor" => match value.parse()? {
+                f @ 10..=100 => a.fillfactor = Some(f),
+                f => anyhow::bail!("--fillfactor is 10 to 100, got {f}"),
+            },
             other => anyhow::bail!("unknown flag {other}"),
         }
     }
@@ -339,6 +352,22 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
             .await?;
         let began = Instant::now();
         admin.execute(bench_op_id_sql(&a.ids)).await?;
+        // The fill packs its pages (fillfactor 100), as pages written
+        // before migration 0010 are, and as settles leave them; the cells
+        // then write with the table's own setting, or `--fillfactor`.
+        let fillfactor: String = match a.fillfactor {
+            Some(f) => f.to_string(),
+            None => sqlx::query_scalar(
+                "SELECT coalesce((SELECT split_part(o, '=', 2) FROM pg_class c, unnest(c.reloptions) o
+                                   WHERE c.oid = 'tool_operations'::regclass AND o LIKE 'fillfactor=%'),
+                                 '100')",
+            )
+            .fetch_one(&admin)
+            .await?,
+        };
+        admin
+            .execute("ALTER TABLE tool_operations SET (fillfactor = 100)")
+            .await?;
         let rebuild = drop_for_bulk_load(&admin).await?;
         let runs = (rows / 10).max(1);
         let chunk = 100_000i64; // runs per chunk: 1M operations
@@ -378,10 +407,22 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
             rebuild.len(),
             rebuilding.elapsed().as_secs_f64()
         );
+        // A number: checked to be 10..=100, or read from the catalog.
+        let fillfactor: u32 = fillfactor.parse()?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER TABLE tool_operations SET (fillfactor = {fillfactor})"
+        )))
+        .execute(&admin)
+        .await?;
         admin.execute("VACUUM (ANALYZE) tool_operations").await?;
         admin.execute("VACUUM (ANALYZE) ledger_events").await?;
         admin.execute("VACUUM (ANALYZE) agent_runs").await?;
         admin.execute("CHECKPOINT").await?;
+        let fill_pages: i64 = sqlx::query_scalar(
+            "SELECT pg_relation_size('tool_operations') / current_setting('block_size')::bigint",
+        )
+        .fetch_one(&admin)
+        .await?;
         let sizes: (i64, i64, String, String) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM tool_operations), (SELECT count(*) FROM ledger_events),
                     pg_size_pretty(pg_total_relation_size('tool_operations')),
@@ -390,7 +431,8 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
         .fetch_one(&admin)
         .await?;
         println!(
-            "filled in {:.0} s: tool_operations {} rows ({}), ledger_events {} rows ({})",
+            "filled in {:.0} s: tool_operations {} rows ({}), ledger_events {} rows ({}); \
+             the cells write tool_operations with fillfactor {fillfactor}",
             began.elapsed().as_secs_f64(),
             sizes.0,
             sizes.2,
@@ -462,6 +504,7 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
                 batched_io.push(per_call);
             }
         }
+        placement(&url, fill_pages).await?;
         let batched = (!batched.is_empty()).then(|| median(batched));
         rates.push((rows, median(tps), median(latency), batched));
         let single_io = PerCall::median(io).expect("at least one cell");
@@ -497,6 +540,34 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
         "(ratio: cost per gated call relative to the first row count, single path and group commit; \
          goal <= 1.2)"
     );
+    Ok(())
+}
+
+/// Where the heap put the cells' operations: how many of their rows (the
+/// current version, settled) sit in one of the `fill_pages` pages the fill
+/// wrote, rather than in pages added after it. A row in an old page is a
+/// page PostgreSQL may have to read, and dirties a page that was clean.
+async fn placement(url: &str, fill_pages: i64) -> anyhow::Result<()> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await?;
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT CASE WHEN step_id ~ '^pgbench-[0-9]+$' THEN 'single' ELSE 'group' END,
+                count(*) FILTER (WHERE (ctid::text::point)[0] < $1), count(*)
+           FROM tool_operations
+          WHERE run_id BETWEEN '00000000-0000-7000-8000-000000000000' AND '00000000-0000-7000-8000-999999999999'
+            AND step_id LIKE 'pgbench-%'
+          GROUP BY 1 ORDER BY 1 DESC",
+    )
+    .bind(fill_pages)
+    .fetch_all(&mut conn)
+    .await?;
+    for (path, old, all) in rows {
+        println!(
+            "placement, {path} path: {old} of {all} operations ({:.1} %) in the fill's {fill_pages} heap pages",
+            100.0 * old as f64 / all.max(1) as f64
+        );
+    }
+    conn.close().await?;
     Ok(())
 }
 
