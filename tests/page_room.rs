@@ -88,10 +88,9 @@ async fn pack_pages(db: &TestDb, run: RunId, batch: &str, tail: i64, fillfactor:
         .execute("ALTER TABLE tool_operations SET (fillfactor = 100)")
         .await
         .unwrap();
-    // A row's length with a 1,000-byte remote id, measured on a row that
-    // is rolled back; the padding then makes each row exactly `row`.
-    let row = (PAGE_ROOM - tail) / ROWS_PER_PAGE - 4;
-    let row = row / 8 * 8;
+    // Each old row's length: the page's room less the tail, shared by
+    // ROWS_PER_PAGE rows with their line pointers, aligned down to 8.
+    let row = ((PAGE_ROOM - tail) / ROWS_PER_PAGE - 4) / 8 * 8;
     let insert = |pad: i64, count: i64, step: String| {
         sqlx::query(
             "INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
@@ -108,6 +107,8 @@ async fn pack_pages(db: &TestDb, run: RunId, batch: &str, tail: i64, fillfactor:
         .bind(pad)
         .bind(count)
     };
+    // A row's length with a 1,000-byte remote id, measured on a row that
+    // is rolled back; the padding then makes each row exactly `row`.
     let mut probe = db.admin.begin().await.unwrap();
     let probed: i32 = insert(1_000, 1, format!("{batch}-probe"))
         .fetch_one(&mut *probe)
