@@ -2,11 +2,11 @@
 //! issue 14 item 1) end to end in quick mode against the debug build: the
 //! example tool server as upstream, 1 and 8 callers, 1 s cells. Timings are
 //! reported, never asserted; what is asserted is that every cell measured
-//! calls, that the counting proxy saw the gated calls' round trips and
-//! that memory was read. Its own databases (`bench_gateway_t<random>*`) are
-//! dropped at the end. The harness's unit tests (the PostgreSQL frontend
-//! counter, the counting proxy against the real server, output parsing)
-//! run in this binary too.
+//! calls, that the counting proxy saw the gated calls' round trips, and
+//! that memory and every hot-path cell's CPU (per part) were read. Its own
+//! databases (`bench_gateway_t<random>*`) are dropped at the end. The
+//! harness's unit tests (the PostgreSQL frontend counter, the counting
+//! proxy against the real server, output parsing) run in this binary too.
 
 mod common;
 #[path = "../examples/bench_gateway/harness.rs"]
@@ -166,6 +166,30 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
                 cells[0].p99_ms >= cells[0].p50_ms,
                 "{measure:?} at {callers}: p99 below p50"
             );
+            // Where the CPU went: read for every hot-path cell, the
+            // database's share wherever a call reached it, leasegate's in
+            // every cell it served.
+            let cpu = cells[0]
+                .cpu
+                .unwrap_or_else(|| panic!("{measure:?} at {callers}: no CPU reading"));
+            assert!(
+                cpu.busy > 0.0 && cpu.total_ms() > 0.0,
+                "{measure:?} at {callers}: {cpu:?}"
+            );
+            match measure {
+                Measure::Leasegate(Kind::Gated) => assert!(
+                    cpu.postgres_ms > 0.0 && cpu.leasegate_ms > 0.0,
+                    "a gated call costs the database and the proxy: {cpu:?}"
+                ),
+                Measure::Leasegate(_) => assert!(
+                    cpu.leasegate_ms > 0.0,
+                    "{measure:?} at {callers}: the proxy's CPU was read: {cpu:?}"
+                ),
+                _ => assert!(
+                    cpu.postgres_ms > 0.0 && cpu.leasegate_ms == 0.0,
+                    "pgbench's cells cost the database, not the proxy: {cpu:?}"
+                ),
+            }
         }
     }
     for measure in [
@@ -233,6 +257,8 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
         "lease_renew",
         "batch renewal (leases/s): leasegate",
         "per session",
+        "Where the CPU goes",
+        "| leasegate, gated | 1 |",
     ] {
         assert!(table.contains(row), "the table has {row:?}:\n{table}");
     }

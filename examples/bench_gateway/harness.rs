@@ -22,7 +22,11 @@
 //!   frontend `Sync` and simple `Query` messages, [`FrontendCounter`]);
 //! * leasegate's resident memory (`VmRSS`): idle, per idle MCP session (a
 //!   third child with `http_sessions = true`), per in-flight call, and
-//!   across repeated cells.
+//!   across repeated cells;
+//! * where the machine's CPU goes in every leasegate and pgbench hot-path
+//!   cell, per call: PostgreSQL, leasegate, its upstream, the load
+//!   generator, the rest ([`cpu`]): on a machine where all of them share
+//!   the cores, this is what bounds a ratio to the ceiling.
 //!
 //! Numbers are reported, never asserted. Every answer is checked (a gated
 //! call must be a fresh `succeeded` operation, a replay `replayed: true`, a
@@ -58,6 +62,9 @@ use anyhow::{Context as _, anyhow, bail, ensure};
 use serde_json::{Value, json};
 use sqlx::migrate::MigrateDatabase as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
+
+#[path = "cpu.rs"]
+pub mod cpu;
 
 /// Leased runs the gated and replay callers share (caller `c` uses run `c % RUNS`).
 pub const RUNS: usize = 64;
@@ -114,6 +121,9 @@ pub struct Settings {
     /// leasegate's `group_commit` (issue 14 P6): register-claims and settles
     /// of concurrent calls share statements and commits.
     pub group_commit: bool,
+    /// More top-level lines of the served config (`key = value`, e.g.
+    /// `group_commit_in_flight = 2`), written after the harness's own.
+    pub config_lines: Vec<String>,
     /// Idle MCP sessions opened for the per-session memory.
     pub sessions: usize,
     /// Gated cells at the largest caller count after the sweep (steady-state memory).
@@ -149,6 +159,7 @@ impl Settings {
             upstream: UpstreamChoice::Auto,
             db_pool: 20,
             group_commit: false,
+            config_lines: Vec::new(),
             sessions: 1000,
             growth_cells: 3,
             first_calls: RUNS,
@@ -785,7 +796,7 @@ adapters = "adapters"
 policy = "policies/bench.toml"
 migrate = false
 http_sessions = {sessions}
-
+{extra}
 [limits]
 max_sessions = {max_sessions}
 
@@ -799,6 +810,11 @@ max_sessions = {max_sessions}
                 "off"
             },
             sessions = options.http_sessions,
+            extra = settings
+                .config_lines
+                .iter()
+                .map(|line| format!("{line}\n"))
+                .collect::<String>(),
             max_sessions = settings.sessions.max(1000) + 100,
             upstreams = upstream.toml,
         );
@@ -1134,6 +1150,8 @@ pub struct Cell {
     pub p99_ms: f64,
     /// leasegate's `VmRSS` near the end of the window, callers still in flight.
     pub rss_kib: Option<u64>,
+    /// Where the machine's CPU went during the window, per call.
+    pub cpu: Option<cpu::CpuPerCall>,
 }
 
 fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
@@ -1196,12 +1214,17 @@ async fn cell(
     let start = Instant::now() + warmup;
     let end = start + duration;
     window_tx.send(Some((start, end)))?;
+    let leasegate_pid = served.and_then(|served| served.child.id());
+    tokio::time::sleep_until(start.into()).await;
+    let cpu_start = cpu::CpuSample::take(leasegate_pid);
     // Resident memory with every caller in flight: sampled at 90% of the window.
     let mut rss_kib = None;
     if let Some(served) = served {
         tokio::time::sleep_until((start + duration.mul_f64(0.9)).into()).await;
         rss_kib = served.rss_kib().ok();
     }
+    tokio::time::sleep_until(end.into()).await;
+    let cpu_end = cpu::CpuSample::take(leasegate_pid);
     let mut samples = Vec::new();
     for task in tasks {
         match task.await? {
@@ -1219,6 +1242,7 @@ async fn cell(
         p50_ms: percentile_ms(&samples, 0.5),
         p99_ms: percentile_ms(&samples, 0.99),
         rss_kib,
+        cpu: cpu_start.per_call(&cpu_end, samples.len() as u64, cpu::Load::ThisProcess),
     })
 }
 
@@ -1271,6 +1295,7 @@ async fn renew_cell(
         p50_ms: percentile_ms(&samples, 0.5),
         p99_ms: percentile_ms(&samples, 0.99),
         rss_kib: None,
+        cpu: None,
     })
 }
 
@@ -1366,6 +1391,7 @@ async fn batch_renewal_through_leasegate(
         p50_ms: percentile_ms(&samples, 0.5),
         p99_ms: percentile_ms(&samples, 0.99),
         rss_kib: None,
+        cpu: None,
     }))
 }
 
@@ -1437,6 +1463,8 @@ fn pgbench(
     let script_file = dir.join("script.sql");
     std::fs::write(&script_file, script)?;
     let seconds = duration.as_secs().max(1);
+    let postgres_before = cpu::postgres_processes();
+    let cpu_start = cpu::CpuSample::take(None);
     let output = std::process::Command::new(pgbench)
         .args(["-n", "-M", "prepared", "-l", "--log-prefix"])
         .arg(dir.join("log"))
@@ -1454,6 +1482,9 @@ fn pgbench(
         .current_dir(&dir)
         .output()
         .with_context(|| format!("run {}", pgbench.display()))?;
+    // pgbench's backends are reaped into the postmaster's time before the reading.
+    cpu::settle_postgres(postgres_before, Duration::from_secs(5));
+    let cpu_end = cpu::CpuSample::take(None);
     let stdout = String::from_utf8_lossy(&output.stdout);
     ensure!(
         output.status.success(),
@@ -1480,6 +1511,7 @@ fn pgbench(
         p50_ms: percentile_ms(&samples, 0.5),
         p99_ms: percentile_ms(&samples, 0.99),
         rss_kib: None,
+        cpu: cpu_start.per_call(&cpu_end, samples.len() as u64, cpu::Load::ReapedChildren),
     })
 }
 
@@ -1636,13 +1668,18 @@ async fn measure(
     environment.pgbench = pgbench_path.display().to_string();
     report.settings_line = format!(
         "{} s measured per cell after {} s of warm-up, {} repetition(s) (medians), callers {:?}, \
-         {RUNS} leased runs, leasegate database_max_connections = {}, group_commit = {}",
+         {RUNS} leased runs, leasegate database_max_connections = {}, group_commit = {}{}",
         settings.duration.as_secs_f64(),
         settings.warmup.as_secs_f64(),
         settings.repeat,
         settings.callers,
         settings.db_pool,
-        settings.group_commit
+        settings.group_commit,
+        settings
+            .config_lines
+            .iter()
+            .map(|line| format!(", {line}"))
+            .collect::<String>()
     );
 
     // The main child: every throughput cell, the renewals, memory under load.
@@ -2436,7 +2473,108 @@ impl Report {
                 let _ = writeln!(out, "  {per:6.2}  {sql}");
             }
         }
+        self.cpu_markdown(&mut out);
         out
+    }
+
+    /// Medians over the repetitions of each part's CPU per call.
+    pub fn cpu_medians(&self, measure: Measure, callers: usize) -> Option<cpu::CpuPerCall> {
+        let cells: Vec<cpu::CpuPerCall> = self
+            .cells
+            .get(&(measure, callers))?
+            .iter()
+            .filter_map(|cell| cell.cpu)
+            .collect();
+        if cells.is_empty() {
+            return None;
+        }
+        let pick =
+            |f: fn(&cpu::CpuPerCall) -> f64| median(&mut cells.iter().map(f).collect::<Vec<_>>());
+        Some(cpu::CpuPerCall {
+            postgres_ms: pick(|c| c.postgres_ms),
+            leasegate_ms: pick(|c| c.leasegate_ms),
+            upstream_ms: pick(|c| c.upstream_ms),
+            load_ms: pick(|c| c.load_ms),
+            other_ms: pick(|c| c.other_ms),
+            busy: pick(|c| c.busy),
+        })
+    }
+
+    /// The second table: where the machine's CPU went per call, and the two
+    /// ratios it bounds (see `cpu.rs`).
+    fn cpu_markdown(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let mut callers_seen: Vec<usize> = self
+            .cells
+            .iter()
+            .filter(|((measure, _), cells)| {
+                matches!(
+                    measure,
+                    Measure::Leasegate(_) | Measure::PgbenchLeasegate | Measure::PgbenchCeiling
+                ) && cells.iter().any(|cell| cell.cpu.is_some())
+            })
+            .map(|((_, callers), _)| *callers)
+            .collect();
+        callers_seen.sort();
+        callers_seen.dedup();
+        if callers_seen.is_empty() {
+            return;
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "Where the CPU goes, ms of CPU per call (utime + stime from /proc over the measured window, \
+             medians of the repetitions; load generator: this process's HTTP callers, or pgbench; other: \
+             the machine's busy time not charged to those processes). \
+             \"CPU bound\": the ceiling's total per call over this row's, the ratio to the ceiling this \
+             machine allows when both saturate its cores; \"DB bound\": the ceiling's PostgreSQL per call \
+             over this row's, the ratio were PostgreSQL alone on its cores the limit."
+        );
+        let _ = writeln!(
+            out,
+            "| measure | callers | PostgreSQL | leasegate | upstream | load generator | other | total | machine busy | CPU bound | DB bound |"
+        );
+        let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|---|");
+        for callers in callers_seen {
+            let ceiling = self.cpu_medians(Measure::PgbenchCeiling, callers);
+            let rows = [
+                (Measure::Leasegate(Kind::Gated), "leasegate, gated"),
+                (
+                    Measure::Leasegate(Kind::PassThrough),
+                    "leasegate, pass-through",
+                ),
+                (Measure::Leasegate(Kind::Replay), "leasegate, replay"),
+                (Measure::PgbenchLeasegate, "pgbench, leasegate's own SQL"),
+                (Measure::PgbenchCeiling, "pgbench, minimal ceiling"),
+            ];
+            for (measure, label) in rows {
+                let is_call = matches!(
+                    measure,
+                    Measure::Leasegate(Kind::Gated) | Measure::PgbenchLeasegate
+                );
+                let Some(c) = self.cpu_medians(measure, callers) else {
+                    continue;
+                };
+                let (cpu_bound, db_bound) = match ceiling {
+                    Some(ceiling) if is_call && c.total_ms() > 0.0 && c.postgres_ms > 0.0 => (
+                        format!("{:.2} ×", ceiling.total_ms() / c.total_ms()),
+                        format!("{:.2} ×", ceiling.postgres_ms / c.postgres_ms),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {label} | {callers} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} % | {cpu_bound} | {db_bound} |",
+                    c.postgres_ms,
+                    c.leasegate_ms,
+                    c.upstream_ms,
+                    c.load_ms,
+                    c.other_ms,
+                    c.total_ms(),
+                    c.busy * 100.0
+                );
+            }
+        }
     }
 }
 

@@ -67,6 +67,10 @@ struct Cli {
     /// Serve with `group_commit = true` (issue 14 P6).
     #[arg(long)]
     group_commit: bool,
+    /// A top-level line of the served config, `key = value` (repeatable), e.g.
+    /// `--config 'group_commit_in_flight = 2'`.
+    #[arg(long = "config")]
+    config_lines: Vec<String>,
     /// Idle MCP sessions opened for the per-session memory.
     #[arg(long)]
     sessions: Option<usize>,
@@ -142,6 +146,7 @@ async fn main() -> anyhow::Result<()> {
         settings.db_pool = pool;
     }
     settings.group_commit = cli.group_commit;
+    settings.config_lines = cli.config_lines.clone();
     if let Some(sessions) = cli.sessions {
         settings.sessions = sessions;
     }
