@@ -12,7 +12,9 @@
 //!   end of its run) hands its whole CPU time to the postmaster when reaped.
 //!   A backend that was alive at the start and exits inside the window is
 //!   counted twice for what it used before the start; the cells open no
-//!   such connection (leasegate's pool keeps its sessions).
+//!   such connection (leasegate's pool keeps its sessions). The
+//!   background processes (WAL writer, checkpointer, autovacuum workers)
+//!   are PostgreSQL's too: a window in which autovacuum runs costs more.
 //! - The load generator of a leasegate cell is this process (its HTTP
 //!   callers, and the lease keep-alive, which renews 64 leases every few
 //!   seconds); of a pgbench cell, pgbench (this process's `cutime +
