@@ -65,6 +65,13 @@ async fn a_killed_stdio_upstream_is_restarted_and_its_tools_work_again(
     assert_eq!((before.state, before.restarts), (UpstreamState::Up, 0));
     assert_eq!(before.transport, "stdio");
 
+    // What the mailer answered to `initialize`: the front merges it into
+    // its own answer and keeps that while this very answer stands.
+    let info_before = proxy
+        .upstreams
+        .server_info("mailer")
+        .expect("the mailer answered initialize");
+
     let first = pid_of(&scenario, "mailer");
     kill(Pid::from_raw(first), Signal::SIGKILL).expect("SIGKILL the mailer");
 
@@ -101,6 +108,40 @@ async fn a_killed_stdio_upstream_is_restarted_and_its_tools_work_again(
     // The catalog still (again) lists the restarted upstream's tools.
     let tools = agent.peer().list_all_tools().await.expect("tools/list");
     assert!(tools.iter().any(|t| t.name == "mailer__send_email"));
+
+    // The new child's session answered a new `initialize`: a new answer,
+    // so the front's merged server info is built again (it is cached on
+    // the identity of each upstream's answer), and a new agent's
+    // initialize gets it.
+    let info_after = proxy
+        .upstreams
+        .server_info("mailer")
+        .expect("the restarted mailer answered initialize");
+    assert!(
+        !std::sync::Arc::ptr_eq(&info_before, &info_after),
+        "a new session brings a new initialize answer"
+    );
+    let (late_agent, _) = connect_http(&proxy.url, None).await;
+    let info = late_agent
+        .peer()
+        .peer_info()
+        .expect("leasegate's server info");
+    assert!(
+        info.instructions
+            .as_deref()
+            .is_some_and(|text| text.starts_with("leasegate fronts these MCP servers")),
+        "{info:?}"
+    );
+    assert!(
+        info.capabilities.tools.is_some(),
+        "tools are announced: {info:?}"
+    );
+    let listed = late_agent
+        .peer()
+        .list_all_tools()
+        .await
+        .expect("tools/list");
+    assert!(listed.iter().any(|t| t.name == "mailer__send_email"));
 
     let health = health_of(&proxy, "mailer");
     assert_eq!(health.state, UpstreamState::Up, "{health:?}");

@@ -191,6 +191,11 @@ struct State {
     /// Session-wide notifications (exposed names and URIs), for 2026-07-28
     /// `subscriptions/listen` streams; each filters what it accepted.
     notices: tokio::sync::broadcast::Sender<ServerNotification>,
+    /// `get_info`'s answer and the upstreams' `initialize` answers it was
+    /// merged from. rmcp asks for it on every stateless HTTP request; it
+    /// is merged again only when an upstream's session (and so its answer)
+    /// changed.
+    info: Mutex<Option<(Vec<Arc<rmcp::model::ServerPeerInfo>>, ServerConfig)>>,
 }
 
 /// One agent session's state.
@@ -458,6 +463,7 @@ impl Front {
                 key_leases: crate::worker::session::KeyLeases::new(),
                 notices: tokio::sync::broadcast::channel(256).0,
                 refreshing: tokio::sync::Mutex::new(()),
+                info: Mutex::new(None),
             }),
             session: Arc::default(),
         };
@@ -1197,6 +1203,46 @@ impl Front {
     }
 }
 
+/// The server info leasegate answers `initialize` with: the capabilities
+/// any upstream has (list changes always announced: leasegate sends them
+/// when its merged lists change), and every upstream's instructions under
+/// its name.
+fn merged_info(infos: &[(&str, Arc<rmcp::model::ServerPeerInfo>)]) -> ServerConfig {
+    let any = |has: &dyn Fn(&ServerCapabilities) -> bool| {
+        infos.iter().any(|(_, info)| has(&info.capabilities))
+    };
+    let mut capabilities = json!({"tools": {"listChanged": true}});
+    if any(&|c| c.resources.is_some()) {
+        let subscribe = any(&|c| {
+            c.resources
+                .as_ref()
+                .is_some_and(|r| r.subscribe == Some(true))
+        });
+        capabilities["resources"] = json!({"listChanged": true, "subscribe": subscribe});
+    }
+    if any(&|c| c.prompts.is_some()) {
+        capabilities["prompts"] = json!({"listChanged": true});
+    }
+    if any(&|c| c.completions.is_some()) {
+        capabilities["completions"] = json!({});
+    }
+    if any(&|c| c.logging.is_some()) {
+        capabilities["logging"] = json!({});
+    }
+    let capabilities: ServerCapabilities = serde_json::from_value(capabilities).unwrap_or_default();
+    let mut instructions = String::from(
+        "leasegate fronts these MCP servers; tools and prompts are named <server>__<name>, resources <server>+<uri>. Side-effecting tool calls are recorded once per intent and replayed on retry.",
+    );
+    for (upstream, info) in infos {
+        if let Some(text) = &info.instructions {
+            instructions.push_str(&format!("\n\n[{upstream}]\n{text}"));
+        }
+    }
+    ServerConfig::new(capabilities)
+        .with_server_info(Implementation::new("leasegate", env!("CARGO_PKG_VERSION")))
+        .with_instructions(instructions)
+}
+
 /// `logger` → `<upstream>/<logger>` (or `<upstream>`), so the agent can
 /// tell which upstream logged.
 fn prefix_logger(upstream: &str, params: &mut Value) {
@@ -1494,51 +1540,22 @@ impl Front {
 
 impl ServerHandler for Front {
     fn get_info(&self) -> ServerConfig {
-        let infos: Vec<(String, rmcp::model::ServerPeerInfo)> = self
+        let infos: Vec<(&str, Arc<rmcp::model::ServerPeerInfo>)> = self
             .state
             .upstreams
             .names()
-            .filter_map(|u| {
-                self.state
-                    .upstreams
-                    .server_info(u)
-                    .map(|i| (u.to_owned(), i))
-            })
+            .filter_map(|u| self.state.upstreams.server_info(u).map(|i| (u, i)))
             .collect();
-        let any = |has: &dyn Fn(&ServerCapabilities) -> bool| {
-            infos.iter().any(|(_, info)| has(&info.capabilities))
-        };
-        let mut capabilities = json!({"tools": {"listChanged": true}});
-        if any(&|c| c.resources.is_some()) {
-            let subscribe = any(&|c| {
-                c.resources
-                    .as_ref()
-                    .is_some_and(|r| r.subscribe == Some(true))
-            });
-            capabilities["resources"] = json!({"listChanged": true, "subscribe": subscribe});
+        let mut cached = self.state.info.lock().unwrap();
+        if let Some((from, config)) = cached.as_ref()
+            && from.len() == infos.len()
+            && from.iter().zip(&infos).all(|(a, (_, b))| Arc::ptr_eq(a, b))
+        {
+            return config.clone();
         }
-        if any(&|c| c.prompts.is_some()) {
-            capabilities["prompts"] = json!({"listChanged": true});
-        }
-        if any(&|c| c.completions.is_some()) {
-            capabilities["completions"] = json!({});
-        }
-        if any(&|c| c.logging.is_some()) {
-            capabilities["logging"] = json!({});
-        }
-        let capabilities: ServerCapabilities =
-            serde_json::from_value(capabilities).unwrap_or_default();
-        let mut instructions = String::from(
-            "leasegate fronts these MCP servers; tools and prompts are named <server>__<name>, resources <server>+<uri>. Side-effecting tool calls are recorded once per intent and replayed on retry.",
-        );
-        for (upstream, info) in &infos {
-            if let Some(text) = &info.instructions {
-                instructions.push_str(&format!("\n\n[{upstream}]\n{text}"));
-            }
-        }
-        ServerConfig::new(capabilities)
-            .with_server_info(Implementation::new("leasegate", env!("CARGO_PKG_VERSION")))
-            .with_instructions(instructions)
+        let config = merged_info(&infos);
+        *cached = Some((infos.into_iter().map(|(_, i)| i).collect(), config.clone()));
+        config
     }
 
     /// 2026-07-28 subscriptions: list changes of tools, prompts and

@@ -1055,13 +1055,13 @@ impl Upstreams {
     }
 
     /// What the upstream said about itself at `initialize` (of its current
-    /// session).
-    pub fn server_info(&self, upstream: &str) -> Option<ServerPeerInfo> {
+    /// session): the same `Arc` until a new session answers another
+    /// `initialize`, so callers may key a cache on its address.
+    pub fn server_info(&self, upstream: &str) -> Option<Arc<ServerPeerInfo>> {
         self.connections
             .get(upstream)
             .and_then(|c| c.peer())
             .and_then(|peer| peer.peer_info())
-            .map(|info| (*info).clone())
     }
 
     /// The current session's peer: none while a stdio child restarts (the
