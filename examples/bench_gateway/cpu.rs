@@ -81,7 +81,7 @@ fn field(fields: &[&str], index: usize) -> u64 {
     fields.get(index).and_then(|v| v.parse().ok()).unwrap_or(0)
 }
 
-/// (comm, ppid, utime + stime, cutime + cstime) of every process.
+/// (pid, comm, ppid, utime + stime, cutime + cstime) of every process.
 fn processes() -> Vec<(u32, String, u32, u64, u64)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
