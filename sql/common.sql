@@ -62,8 +62,9 @@ $$;
 -- 'valid' the run row FOR NO KEY UPDATE too: run-state writes change no
 -- key, and the weaker lock still excludes every other writer of the row
 -- but lets the foreign-key checks of rows that reference the run (FOR KEY
--- SHARE: an operation's settle event, an evidence row) through. A settle
--- never waits for a heartbeat of its run, nor a heartbeat for a settle.
+-- SHARE: a new operation's tool_operations.run_id) through. A settle
+-- never waits for a heartbeat of its run, nor a heartbeat for a settle
+-- (its event row references nothing since migrations/0011).
 -- p_shared = true (the intent fence): the lease row FOR SHARE. A takeover
 -- (which updates the row) still waits for this transaction, so invariant 1
 -- holds, while parallel tool calls of one run do not queue behind each

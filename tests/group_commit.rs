@@ -151,6 +151,7 @@ async fn concurrent_calls_of_different_runs_share_statements_and_write_what_the_
     for run_id in alone.iter().chain(&batched) {
         assert_eq!(footprint(&db, *run_id).await, expected, "run {run_id}");
     }
+    assert!(db.assert_events_name_ledger_rows().await > 0);
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -586,6 +587,7 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
         evidence,
         [("late_response".to_owned(), Some("r2".to_owned()))]
     );
+    assert!(db.assert_events_name_ledger_rows().await > 0);
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

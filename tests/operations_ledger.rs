@@ -1372,6 +1372,9 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
             );
         }
     }
+    // Every transition's event names its run and operation (no foreign
+    // keys hold that since migrations/0011; the functions do).
+    assert!(db.assert_events_name_ledger_rows().await > 0);
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

@@ -346,4 +346,7 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(String::from_utf8_lossy(&output.stderr).contains("--older-than"));
+    // The events left behind name live rows: the archive moved each
+    // archived operation's events with it.
+    assert!(db.assert_events_name_ledger_rows().await > 0);
 }

@@ -173,6 +173,32 @@ impl TestDb {
             .expect("count events")
     }
 
+    /// Every event names a run the ledger holds and, if it names an
+    /// operation, a live operation of that run (the archive moves an
+    /// operation's events with it): the invariant `ledger_events` keeps
+    /// without foreign keys since migrations/0011. Returns how many events were checked; callers
+    /// assert they checked some.
+    pub async fn assert_events_name_ledger_rows(&self) -> i64 {
+        let (checked, orphans): (i64, Vec<String>) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM ledger_events),
+                    COALESCE(array_agg(format('event %s: run %s, operation %s', e.event_id, e.run_id,
+                                              e.operation_id)), '{}')
+               FROM ledger_events e
+              WHERE NOT EXISTS (SELECT 1 FROM agent_runs r WHERE r.run_id = e.run_id)
+                 OR (e.operation_id IS NOT NULL
+                     AND NOT EXISTS (SELECT 1 FROM tool_operations o
+                                      WHERE o.operation_id = e.operation_id AND o.run_id = e.run_id))",
+        )
+        .fetch_one(&self.admin)
+        .await
+        .expect("look for events that name no ledger row");
+        assert!(
+            orphans.is_empty(),
+            "events naming no ledger row: {orphans:?}"
+        );
+        checked
+    }
+
     /// Waits until the run's lease has expired on the database clock.
     pub async fn wait_lease_expired(&self, run_id: RunId) {
         wait_until("the lease to expire on the database clock", || async {

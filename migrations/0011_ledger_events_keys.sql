@@ -1,0 +1,31 @@
+-- ledger_events without its two foreign keys (issue 14, P1 and P6).
+--
+-- Every event row is written by a ledger function (sql/*.sql) in the same
+-- transaction, and after the same statement, that created, locked or
+-- changed the run or operation it names; the application role cannot
+-- insert into ledger_events at all (0001: SELECT only). So the keys
+-- checked nothing the functions do not already guarantee, and they cost
+-- on every event: a foreign-key trigger per key, each an SPI query on the
+-- parent (an index lookup) that also takes a KEY SHARE lock on the run's
+-- and the operation's row. A gated call writes two events, so four of the
+-- six foreign-key checks of a call were these. Measured on scratch copies
+-- (pgbench -M prepared, 8 clients, PostgreSQL CPU per call, alternating
+-- with the unchanged database; the machine was loaded by a build, so only
+-- the direction and the rough size hold): 8–12 % less per register+settle
+-- on the single path in five of five rounds, 6–20 % less per call in a
+-- 32-item batch in three of three.
+--
+-- What stays true: events are deleted only by operations_archive
+-- (sql/retention.sql), which moves a run's events, evidence and
+-- operations together, events first; runs are never deleted. An event
+-- that names a run or an operation the ledger does not hold would now be
+-- a bug in a ledger function, not a foreign-key error: the tests that
+-- drive every transition of the state model, the group-commit batches and
+-- the archive check afterwards that every event names a run and a live
+-- operation of it (tests/common, assert_events_name_ledger_rows).
+--
+-- Dropping a foreign key takes an ACCESS EXCLUSIVE lock on both tables
+-- for the moment of the catalog change only (no scan).
+ALTER TABLE ledger_events
+  DROP CONSTRAINT ledger_events_run_id_fkey,
+  DROP CONSTRAINT ledger_events_operation_id_fkey;
