@@ -149,7 +149,9 @@
 //!   `leasegate_operator`'s alone, which reads the ledger; evidence bodies
 //!   may be re-sealed in place by `evidence_reseal` only; `0009`: partial
 //!   indexes on the live statuses, the archive tables of retention; `0010`:
-//!   room on `tool_operations`' pages, so new rows stay out of old pages) and the
+//!   room on `tool_operations`' pages, so new rows stay out of old pages;
+//!   `0011`: `ledger_events` without foreign keys, its rows written only by
+//!   the functions beside the rows they name) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
