@@ -176,8 +176,8 @@ impl TestDb {
     /// Every event names a run the ledger holds and, if it names an
     /// operation, a live operation of that run (the archive moves an
     /// operation's events with it): the invariant `ledger_events` keeps
-    /// without foreign keys since migrations/0011. Returns how many events were checked; callers
-    /// assert they checked some.
+    /// without foreign keys since migrations/0011. Returns how many events
+    /// were checked; callers assert they checked some.
     pub async fn assert_events_name_ledger_rows(&self) -> i64 {
         let (checked, orphans): (i64, Vec<String>) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM ledger_events),
