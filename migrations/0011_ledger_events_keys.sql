@@ -9,11 +9,11 @@
 -- parent (an index lookup) that also takes a KEY SHARE lock on the run's
 -- and the operation's row. A gated call writes two events, so four of the
 -- six foreign-key checks of a call were these. Measured on scratch copies
--- (pgbench -M prepared, 8 clients, PostgreSQL CPU per call, alternating
--- with the unchanged database; the machine was loaded by a build, so only
--- the direction and the rough size hold): 8–12 % less per register+settle
--- on the single path in five of five rounds, 6–20 % less per call in a
--- 32-item batch in three of three.
+-- (pgbench -M prepared, PostgreSQL CPU per call, alternating with the
+-- unchanged database; a noisy machine, so only the direction and the
+-- rough size hold): register+settle at 8 clients lower in 8 of 9 rounds,
+-- 8–9 % less in the mean; a 32-item batch lower in 5 of 6 rounds, 6–12 %
+-- less in the mean (README, "Hot-path SQL").
 --
 -- What stays true: events are deleted only by operations_archive
 -- (sql/retention.sql), which moves a run's events, evidence and
