@@ -439,6 +439,8 @@ impl Proxy {
             .process_heartbeat(&owner, millis(LIVENESS_TTL))
             .await?;
         metrics::gauge!("leasegate_ledger_up").set(1.0);
+        metrics::gauge!("leasegate_runtime_worker_threads")
+            .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
         {
             // The durability check rides along with every renewal, and runs
             // at once when a call saw the ledger fail (`Gate::suspect`).

@@ -170,9 +170,28 @@ struct InitArgs {
 const INIT_UNREACHABLE: u8 = 1;
 const INIT_USAGE: u8 = 2;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `worker_threads` of the config, read before the runtime exists; a
+    // value out of range is reported by the config's full load.
+    let worker_threads = cli.command.config_path().map_or_else(
+        leasegate::config::default_worker_threads,
+        leasegate::config::read_ahead_worker_threads,
+    );
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(async_main(cli)),
+        Err(error) => {
+            eprintln!("leasegate: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn async_main(cli: Cli) -> ExitCode {
     if let Command::Init(args) = cli.command {
         // Its errors say what failed; rmcp's own logs would repeat them.
         init_logging("warn,rmcp=off", None);

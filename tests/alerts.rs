@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::proxy::{RunningProxy, Scenario, call, connect_http};
+use common::proxy::{RunningProxy, Scenario, ServedChild, call, connect_http};
 use common::{TestDb, http, wait_until};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -390,4 +390,34 @@ async fn a_running_proxy_serves_the_registered_metrics(
         1.0
     );
     proxy.stop().await;
+}
+
+/// `leasegate serve` builds its runtime with `worker_threads` workers (half
+/// the cores when the config has none) and says so on `/metrics`.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_served_process_runs_the_configured_worker_threads(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    for (config, expected) in [
+        ("", leasegate::config::default_worker_threads()),
+        ("worker_threads = 3\n", 3),
+    ] {
+        let scenario = Scenario::new(&db.url, "");
+        scenario.prepend_config(config);
+        let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
+        let metrics_url = format!("{}/metrics", served.control);
+        let text = wait_until("the runtime's workers on /metrics", || async {
+            let text = http::get(&metrics_url).await.body;
+            text.contains("leasegate_runtime_worker_threads")
+                .then_some(text)
+        })
+        .await;
+        assert_eq!(
+            common::prometheus::sum(&text, "leasegate_runtime_worker_threads", &[]),
+            expected as f64,
+            "config {config:?}"
+        );
+    }
 }

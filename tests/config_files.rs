@@ -535,3 +535,56 @@ fn check_config_refuses_group_commit_windows_and_batches_out_of_range() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn check_config_refuses_worker_threads_out_of_range() {
+    use std::os::unix::fs::PermissionsExt;
+    let base = "adapters = \"adapters\"\n\
+                [upstreams.pay]\ntransport = \"stdio\"\ncommand = \"./bin/tools\"\n";
+    let with = |settings: &str| format!("{settings}{base}");
+    let dir = scratch(&[
+        ("bin/tools", "#!/bin/sh\n"),
+        (
+            "adapters/pay.toml",
+            "upstream = \"pay\"\n[tools.charge]\ncapability = \"none\"\n",
+        ),
+        ("one.toml", &with("worker_threads = 1\n")),
+        ("most.toml", &with("worker_threads = 1024\n")),
+        ("zero.toml", &with("worker_threads = 0\n")),
+        ("many.toml", &with("worker_threads = 1025\n")),
+    ]);
+    std::fs::set_permissions(
+        dir.join("bin/tools"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    for file in ["one.toml", "most.toml"] {
+        let (code, stdout, _) = check_config(&[dir.join(file)]);
+        assert_eq!(code, Some(0), "{file}: {stdout}");
+    }
+    for (file, message) in [
+        ("zero.toml", "worker_threads: must be 1 to 1024, got 0"),
+        ("many.toml", "worker_threads: must be 1 to 1024, got 1025"),
+    ] {
+        let (code, stdout, _) = check_config(&[dir.join(file)]);
+        assert_eq!(code, Some(1), "{file}: {stdout}");
+        assert!(
+            stdout.contains(message),
+            "{file}: expected {message:?} in {stdout}"
+        );
+    }
+    // What `serve` builds its runtime with, read before the file is loaded
+    // (a value out of range then stops `serve` at the full load, as above).
+    use leasegate::config::{default_worker_threads, read_ahead_worker_threads};
+    assert_eq!(read_ahead_worker_threads(&dir.join("one.toml")), 1);
+    assert_eq!(read_ahead_worker_threads(&dir.join("most.toml")), 1024);
+    assert_eq!(
+        read_ahead_worker_threads(&dir.join("zero.toml")),
+        default_worker_threads()
+    );
+    assert_eq!(
+        read_ahead_worker_threads(&dir.join("no-such.toml")),
+        default_worker_threads()
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

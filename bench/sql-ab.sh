@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# A/B of leasegate's hot-path SQL on scratch databases: the database CPU
+# one gated call costs (register-claim, then settle with its commit and WAL
+# sample: bench/leasegate/register_claim_settle.sql), for two versions of
+# the schema and functions side by side, in alternating rounds.
+#
+#   bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]
+#
+# A_DIR and B_DIR are trees holding migrations/ and sql/ (a checkout, or
+# `git worktree add /tmp/base <rev>`). Each round builds nothing: the two
+# databases (sql_ab_a, sql_ab_b) are made once from the trees' files with
+# psql, in the order src/ledger/schema.rs applies them, with 64 runs leased
+# by bench-<n> at epoch 1 (pgbench client n works on run n). Then, ROUNDS
+# times (default 5), A then B (B then A on odd rounds): pgbench -M prepared
+# with CLIENTS clients (default 32) for SECONDS (default 10), and the CPU
+# every PostgreSQL process spent in that window read from /proc (utime +
+# stime of each backend and auxiliary process, plus the postmaster's
+# cutime + cstime for backends that exited), divided by the transactions
+# pgbench reports. CPU per call is steadier than calls per second on a
+# shared machine; still, compare medians, and run nothing else meanwhile.
+#
+# Needs: psql and pgbench, a local PostgreSQL reachable as PGHOST/PGPORT/
+# PGUSER (default 127.0.0.1:5432, postgres) whose processes this user can
+# read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b.
+# With CEILING=1 each round also measures the minimal ceiling
+# (bench/ceiling: schema.sql, fn.sql, hotpath_fn.sql) in sql_ab_ceiling.
+set -euo pipefail
+
+a_dir=${1:?usage: bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]}
+b_dir=${2:?usage: bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]}
+rounds=${3:-5}
+clients=${4:-32}
+seconds=${5:-10}
+export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
+here=$(cd "$(dirname "$0")" && pwd)
+script="$here/leasegate/register_claim_settle.sql"
+functions=(common process lease run operation durability secrets token retention)
+
+build() { # build <dir> <database>
+  local dir=$1 db=$2 f
+  PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+  {
+    echo "SET client_min_messages = warning;"
+    for f in "$dir"/migrations/*.sql; do cat "$f"; echo; done
+    for f in "${functions[@]}"; do cat "$dir/sql/$f.sql"; echo; done
+    # 64 runs, each leased at epoch 1 by bench-<n>, for ten hours.
+    echo "SELECT run_create('bench', 'task-' || n,
+            ('00000000-0000-7000-8000-' || lpad(n::text, 12, '0'))::uuid,
+            'bench-' || n, 36000000, sha256(convert_to('token-' || n, 'UTF8')))
+          FROM generate_series(0, 63) n;"
+    echo "ANALYZE;"
+  } | psql -qX -v ON_ERROR_STOP=1 -d "$db" >/dev/null
+}
+
+# CPU ticks of every PostgreSQL process, reaped children of the postmaster included.
+pg_ticks() {
+  local total=0 pid f
+  for pid in $(pgrep -P "$postmaster") "$postmaster"; do
+    [ -r "/proc/$pid/stat" ] || continue
+    # Fields after the command's closing parenthesis: utime is 14th, stime 15th,
+    # cutime 16th, cstime 17th of the whole line.
+    f=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) || continue
+    set -- $f
+    total=$((total + ${12} + ${13}))
+    if [ "$pid" = "$postmaster" ]; then total=$((total + ${14} + ${15})); fi
+  done
+  echo "$total"
+}
+
+measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
+  local db=$1 script=${2:-$script} before after out tx hz
+  hz=$(getconf CLK_TCK)
+  before=$(pg_ticks)
+  out=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$script" "$db" 2>&1)
+  after=$(pg_ticks)
+  tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
+  [ -n "$tx" ] && [ "$tx" -gt 0 ] || { echo "pgbench failed on $db:" >&2; echo "$out" >&2; exit 1; }
+  awk -v tx="$tx" -v s="$seconds" -v t=$((after - before)) -v hz="$hz" \
+    'BEGIN { printf "%.0f %.3f\n", tx / s, t * 1000 / hz / tx }'
+}
+
+# The postmaster: the oldest process named postgres.
+postmaster=$(pgrep -o -x postgres) || { echo "no postgres process on this host" >&2; exit 1; }
+build "$a_dir" sql_ab_a
+build "$b_dir" sql_ab_b
+if [ "${CEILING:-0}" = 1 ]; then
+  PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres \
+    -c "DROP DATABASE IF EXISTS sql_ab_ceiling" -c "CREATE DATABASE sql_ab_ceiling" >/dev/null
+  PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 -d sql_ab_ceiling \
+    -f "$here/ceiling/schema.sql" -f "$here/ceiling/fn.sql" >/dev/null
+fi
+echo "A = $a_dir, B = $b_dir; $clients clients, ${seconds} s per cell, $rounds rounds"
+echo "round  A calls/s  A PG CPU ms/call  B calls/s  B PG CPU ms/call  B/A CPU${CEILING:+  ceiling calls/s  ceiling ms/call}"
+for ((r = 1; r <= rounds; r++)); do
+  if ((r % 2)); then a=$(measure sql_ab_a); b=$(measure sql_ab_b)
+  else b=$(measure sql_ab_b); a=$(measure sql_ab_a); fi
+  read -r a_tps a_cpu <<<"$a"; read -r b_tps b_cpu <<<"$b"
+  printf "%5d  %9s  %16s  %9s  %16s  %7.3f" "$r" "$a_tps" "$a_cpu" "$b_tps" "$b_cpu" \
+    "$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN { print b / a }')"
+  if [ "${CEILING:-0}" = 1 ]; then
+    read -r c_tps c_cpu <<<"$(measure sql_ab_ceiling "$here/ceiling/hotpath_fn.sql")"
+    printf "  %15s  %15s" "$c_tps" "$c_cpu"
+  fi
+  echo
+done
