@@ -14,7 +14,12 @@
 //! `fx` (echo side-effecting: register+claim, call, settle; every call a new
 //! intent). The ledger is the database `leasegate_bench_latency` on the
 //! admin URL's server (default `postgres://postgres@127.0.0.1:5432/postgres`),
-//! recreated each run. One client, one connection, calls in sequence.
+//! recreated each run. leasegate runs as users run it: `leasegate serve`
+//! (the binary beside this example's directory: `cargo build --release
+//! --bins` first), its own process with its own runtime;
+//! `LEASEGATE_BENCH_CONFIG` adds top-level lines to its config (for
+//! instance `worker_threads = 2`). One client, one connection, calls in
+//! sequence.
 //!
 //! Then throughput (issue 14, P3: pass-through ≥ 0.9 × the upstream's own):
 //! for each caller count (third argument, default `8,32`), that many
@@ -246,6 +251,8 @@ async fn main() -> anyhow::Result<()> {
         dir.join("adapters/fx.toml"),
         "upstream = \"fx\"\n[tools.echo]\ncapability = \"none\"\n",
     )?;
+    // Extra top-level lines of the served config (`worker_threads = 2`).
+    let extra = std::env::var("LEASEGATE_BENCH_CONFIG").unwrap_or_default();
     std::fs::write(
         dir.join("leasegate.toml"),
         format!(
@@ -256,6 +263,7 @@ control_listen = "off"
 adapters = "adapters"
 policy = "policies/bench.toml"
 migrate = false
+{extra}
 
 [upstreams.ro]
 transport = "streamable_http"
@@ -267,17 +275,42 @@ url = "{upstream_url}"
 "#
         ),
     )?;
-    let config = leasegate::config::Config::load(&dir.join("leasegate.toml"))?;
-    let proxy = leasegate::app::Proxy::start(config).await?;
-    let listeners = leasegate::app::Listeners {
-        mcp: tokio::net::TcpListener::bind("127.0.0.1:0").await?,
-        control: None,
+    // The `leasegate` binary beside this example's directory, served as a
+    // user runs it (its own process and runtime, not this one's).
+    let binary = std::env::current_exe()?
+        .parent()
+        .and_then(|examples| examples.parent())
+        .map(|profile| profile.join("leasegate"))
+        .filter(|binary| binary.exists())
+        .ok_or_else(|| anyhow::anyhow!("no leasegate binary beside this example: cargo build --release --bins"))?;
+    let mut served = tokio::process::Command::new(&binary)
+        .arg("serve")
+        .arg("--config")
+        .arg(dir.join("leasegate.toml"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let front_url = {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut lines = tokio::io::BufReader::new(served.stderr.take().expect("piped")).lines();
+        let mut log = Vec::new();
+        let url = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(url) = line.strip_prefix("leasegate: serving MCP at ") {
+                    return anyhow::Ok(url.to_owned());
+                }
+                log.push(line);
+            }
+            anyhow::bail!("leasegate serve exited:\n{}", log.join("\n"))
+        })
+        .await
+        .map_err(|_| anyhow::anyhow!("leasegate serve did not listen within 60 s"))??;
+        // Keep reading its log so that it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        url
     };
-    let front_url = format!("http://{}/mcp", listeners.mcp.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(leasegate::app::run(proxy, listeners, async {
-        let _ = stopped.await;
-    }));
 
     // A leased run for the gated calls.
     let ledger = Ledger::connect(&url, LedgerOptions::default()).await?;
@@ -393,8 +426,7 @@ url = "{upstream_url}"
         }
     }
 
-    let _ = stop.send(());
-    server.await??;
+    let _ = served.kill().await;
     ledger.close().await;
     let _ = upstream.kill().await;
     let _ = std::fs::remove_dir_all(&dir);
