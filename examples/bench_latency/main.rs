@@ -282,7 +282,9 @@ url = "{upstream_url}"
         .and_then(|examples| examples.parent())
         .map(|profile| profile.join("leasegate"))
         .filter(|binary| binary.exists())
-        .ok_or_else(|| anyhow::anyhow!("no leasegate binary beside this example: cargo build --release --bins"))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!("no leasegate binary beside this example: cargo build --release --bins")
+        })?;
     let mut served = tokio::process::Command::new(&binary)
         .arg("serve")
         .arg("--config")
