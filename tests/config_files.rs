@@ -478,108 +478,111 @@ fn check_config_refuses_missing_commands_bad_database_urls_and_claims_shorter_th
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-#[test]
-fn check_config_refuses_group_commit_windows_and_batches_out_of_range() {
+/// `check-config` on a config whose upstream and adapter are valid, with
+/// the top-level `settings` lines in front: each of `accepted` exits 0,
+/// each of `refused` exits 1 and names its message. Returns the scratch
+/// directory, its files named `accepted-<i>.toml` and `refused-<i>.toml`.
+fn check_top_level_settings(accepted: &[&str], refused: &[(&str, &str)]) -> PathBuf {
     use std::os::unix::fs::PermissionsExt;
     let base = "adapters = \"adapters\"\n\
                 [upstreams.pay]\ntransport = \"stdio\"\ncommand = \"./bin/tools\"\n";
-    let with = |settings: &str| format!("{settings}{base}");
-    let dir = scratch(&[
-        ("bin/tools", "#!/bin/sh\n"),
+    let mut files = vec![
+        ("bin/tools".to_owned(), "#!/bin/sh\n".to_owned()),
         (
-            "adapters/pay.toml",
-            "upstream = \"pay\"\n[tools.charge]\ncapability = \"none\"\n",
+            "adapters/pay.toml".to_owned(),
+            "upstream = \"pay\"\n[tools.charge]\ncapability = \"none\"\n".to_owned(),
         ),
-        (
-            "ok.toml",
-            &with(
-                "group_commit = true\ngroup_commit_window = \"1ms\"\ngroup_commit_max_batch = 32\n\
-                 group_commit_in_flight = 2\n",
-            ),
-        ),
-        ("no-window.toml", &with("group_commit_window = \"0\"\n")),
-        ("flights.toml", &with("group_commit_in_flight = 9\n")),
-        ("long.toml", &with("group_commit_window = \"1s\"\n")),
-        (
-            "big.toml",
-            &with("group_commit = true\ngroup_commit_max_batch = 65\n"),
-        ),
-        ("zero.toml", &with("group_commit_max_batch = 0\n")),
-        ("garbage.toml", &with("group_commit_window = \"soon\"\n")),
-    ]);
+    ];
+    for (i, settings) in accepted.iter().enumerate() {
+        files.push((format!("accepted-{i}.toml"), format!("{settings}{base}")));
+    }
+    for (i, (settings, _)) in refused.iter().enumerate() {
+        files.push((format!("refused-{i}.toml"), format!("{settings}{base}")));
+    }
+    let files: Vec<(&str, &str)> = files
+        .iter()
+        .map(|(name, text)| (name.as_str(), text.as_str()))
+        .collect();
+    let dir = scratch(&files);
     std::fs::set_permissions(
         dir.join("bin/tools"),
         std::fs::Permissions::from_mode(0o755),
     )
     .unwrap();
-    for file in ["ok.toml", "no-window.toml"] {
-        let (code, stdout, _) = check_config(&[dir.join(file)]);
-        assert_eq!(code, Some(0), "{file}: {stdout}");
+    for (i, settings) in accepted.iter().enumerate() {
+        let (code, stdout, _) = check_config(&[dir.join(format!("accepted-{i}.toml"))]);
+        assert_eq!(code, Some(0), "{settings:?}: {stdout}");
     }
-    for (file, message) in [
-        ("flights.toml", "group_commit_in_flight: must be 1 to 8"),
-        ("long.toml", "group_commit_window: must be at most 50ms"),
-        ("big.toml", "group_commit_max_batch: must be 1 to 64"),
-        ("zero.toml", "group_commit_max_batch: must be 1 to 64"),
-        (
-            "garbage.toml",
-            "group_commit_window: \"soon\" is not a duration",
-        ),
-    ] {
-        let (code, stdout, _) = check_config(&[dir.join(file)]);
-        assert_ne!(code, Some(0), "{file}: {stdout}");
+    for (i, (settings, message)) in refused.iter().enumerate() {
+        let (code, stdout, _) = check_config(&[dir.join(format!("refused-{i}.toml"))]);
+        assert_eq!(code, Some(1), "{settings:?}: {stdout}");
         assert!(
             stdout.contains(message),
-            "{file}: expected {message:?} in {stdout}"
+            "{settings:?}: expected {message:?} in {stdout}"
         );
     }
+    dir
+}
+
+#[test]
+fn check_config_refuses_group_commit_windows_and_batches_out_of_range() {
+    let dir = check_top_level_settings(
+        &[
+            "group_commit = true\ngroup_commit_window = \"1ms\"\ngroup_commit_max_batch = 32\n\
+             group_commit_in_flight = 2\n",
+            "group_commit_window = \"0\"\n",
+        ],
+        &[
+            (
+                "group_commit_in_flight = 9\n",
+                "group_commit_in_flight: must be 1 to 8",
+            ),
+            (
+                "group_commit_window = \"1s\"\n",
+                "group_commit_window: must be at most 50ms",
+            ),
+            (
+                "group_commit = true\ngroup_commit_max_batch = 65\n",
+                "group_commit_max_batch: must be 1 to 64",
+            ),
+            (
+                "group_commit_max_batch = 0\n",
+                "group_commit_max_batch: must be 1 to 64",
+            ),
+            (
+                "group_commit_window = \"soon\"\n",
+                "group_commit_window: \"soon\" is not a duration",
+            ),
+        ],
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[test]
 fn check_config_refuses_worker_threads_out_of_range() {
-    use std::os::unix::fs::PermissionsExt;
-    let base = "adapters = \"adapters\"\n\
-                [upstreams.pay]\ntransport = \"stdio\"\ncommand = \"./bin/tools\"\n";
-    let with = |settings: &str| format!("{settings}{base}");
-    let dir = scratch(&[
-        ("bin/tools", "#!/bin/sh\n"),
-        (
-            "adapters/pay.toml",
-            "upstream = \"pay\"\n[tools.charge]\ncapability = \"none\"\n",
-        ),
-        ("one.toml", &with("worker_threads = 1\n")),
-        ("most.toml", &with("worker_threads = 1024\n")),
-        ("zero.toml", &with("worker_threads = 0\n")),
-        ("many.toml", &with("worker_threads = 1025\n")),
-    ]);
-    std::fs::set_permissions(
-        dir.join("bin/tools"),
-        std::fs::Permissions::from_mode(0o755),
-    )
-    .unwrap();
-    for file in ["one.toml", "most.toml"] {
-        let (code, stdout, _) = check_config(&[dir.join(file)]);
-        assert_eq!(code, Some(0), "{file}: {stdout}");
-    }
-    for (file, message) in [
-        ("zero.toml", "worker_threads: must be 1 to 1024, got 0"),
-        ("many.toml", "worker_threads: must be 1 to 1024, got 1025"),
-    ] {
-        let (code, stdout, _) = check_config(&[dir.join(file)]);
-        assert_eq!(code, Some(1), "{file}: {stdout}");
-        assert!(
-            stdout.contains(message),
-            "{file}: expected {message:?} in {stdout}"
-        );
-    }
+    let dir = check_top_level_settings(
+        &["worker_threads = 1\n", "worker_threads = 1024\n"],
+        &[
+            (
+                "worker_threads = 0\n",
+                "worker_threads: must be 1 to 1024, got 0",
+            ),
+            (
+                "worker_threads = 1025\n",
+                "worker_threads: must be 1 to 1024, got 1025",
+            ),
+        ],
+    );
     // What `serve` builds its runtime with, read before the file is loaded
     // (a value out of range then stops `serve` at the full load, as above).
     use leasegate::config::{default_worker_threads, read_ahead_worker_threads};
-    assert_eq!(read_ahead_worker_threads(&dir.join("one.toml")), 1);
-    assert_eq!(read_ahead_worker_threads(&dir.join("most.toml")), 1024);
+    assert_eq!(read_ahead_worker_threads(&dir.join("accepted-0.toml")), 1);
     assert_eq!(
-        read_ahead_worker_threads(&dir.join("zero.toml")),
+        read_ahead_worker_threads(&dir.join("accepted-1.toml")),
+        1024
+    );
+    assert_eq!(
+        read_ahead_worker_threads(&dir.join("refused-0.toml")),
         default_worker_threads()
     );
     assert_eq!(
