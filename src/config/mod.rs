@@ -309,8 +309,6 @@ pub struct Config {
     /// `group_commit` (after `LEASEGATE_GROUP_COMMIT`) with its window and
     /// batch size; `None`: each gated call is its own statements.
     pub group_commit: Option<crate::ledger::GroupCommitSettings>,
-    /// `worker_threads`, or [`default_worker_threads`].
-    pub worker_threads: usize,
     /// `database_operator_url`: the operator routes' login (`None`: the
     /// ledger's URL, `SET ROLE leasegate_operator`).
     pub database_operator_url: Option<String>,
@@ -680,7 +678,8 @@ impl Config {
             ));
         }
         let group_commit = group_commit_settings(&raw).map_err(err)?;
-        let worker_threads = worker_threads(raw.worker_threads).map_err(err)?;
+        // Only checked here: the runtime was built from the read-ahead value.
+        worker_threads(raw.worker_threads).map_err(err)?;
         let database_connect_timeout = match &raw.database_connect_timeout {
             Some(text) => crate::policy::parse_duration("database_connect_timeout", text)
                 .map_err(|e| err(e.to_string()))?,
@@ -889,7 +888,6 @@ impl Config {
             database_statement_timeout,
             database_connect_timeout,
             group_commit,
-            worker_threads,
             database_operator_url: raw.database_operator_url.clone(),
             database_url: database_url.url,
             database_url_source: database_url.source,
