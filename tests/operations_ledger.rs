@@ -1660,3 +1660,138 @@ async fn a_heartbeat_in_flight_does_not_hold_up_a_settle_of_its_run(
     .unwrap();
     assert!(renewed, "the renewal committed too (60 s ttl)");
 }
+
+/// Migration 0012 turned the single-column rules of `tool_operations` and
+/// `ledger_events` into domains. On a ledger that already holds rows it
+/// must change the catalog only: the same rows, in the same files (no
+/// table or index rewritten under its lock), and every rule still refuses
+/// what it refused, with the same SQLSTATE.
+#[sqlx::test(migrations = false)]
+async fn a_ledger_holding_rows_moves_to_the_column_domains_without_a_rewrite(pool: sqlx::PgPool) {
+    use sqlx::migrate::Migrator;
+    let before_domains = Migrator::with_migrations(
+        leasegate::ledger::MIGRATOR
+            .iter()
+            .filter(|m| m.version <= 11)
+            .cloned()
+            .collect(),
+    );
+    before_domains.run(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('t', 'task');
+         INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status)
+           VALUES ('00000000-0000-7000-8000-000000000001', 't', 'task', 1, 'running');
+         INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
+                                      request_digest, request_body, status, dispatch_count)
+           SELECT 'op-' || i, '00000000-0000-7000-8000-000000000001', 'step-' || i, 1 + i % 3, 'tool',
+                  encode(sha256(convert_to(i::text, 'UTF8')), 'hex'), '{}', 'succeeded', 1
+             FROM generate_series(1, 2000) i;
+         INSERT INTO ledger_events (run_id, operation_id, subject, to_status, actor_kind)
+           SELECT run_id, operation_id, 'operation', status, 'dispatcher' FROM tool_operations;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let files = "SELECT c.relname::text, c.relfilenode::bigint FROM pg_class c
+                  WHERE c.relname LIKE 'tool_operations%' OR c.relname LIKE 'ledger_events%'
+                  ORDER BY 1";
+    let rows = "SELECT (SELECT md5(string_agg(o::text, ',' ORDER BY o.operation_id)) FROM tool_operations o),
+                       (SELECT md5(string_agg(e::text, ',' ORDER BY e.event_id)) FROM ledger_events e)";
+    let files_before: Vec<(String, i64)> = sqlx::query_as(files).fetch_all(&pool).await.unwrap();
+    let rows_before: (String, String) = sqlx::query_as(rows).fetch_one(&pool).await.unwrap();
+    assert!(files_before.len() >= 10, "{files_before:?}");
+
+    leasegate::ledger::MIGRATOR.run(&pool).await.unwrap();
+
+    let types: Vec<(String, String)> = sqlx::query_as(
+        "SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
+          WHERE attrelid IN ('tool_operations'::regclass, 'ledger_events'::regclass)
+            AND atttypid IN (SELECT oid FROM pg_type WHERE typtype = 'd')
+          ORDER BY attrelid::regclass::text DESC, attnum",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let types: Vec<(&str, &str)> = types
+        .iter()
+        .map(|(c, t)| (c.as_str(), t.as_str()))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("step_id", "ledger_step_id"),
+            ("effect_version", "ledger_effect_version"),
+            ("request_digest", "ledger_request_digest"),
+            ("dispatch_count", "ledger_count"),
+            ("reconcile_attempts", "ledger_count"),
+            ("subject", "ledger_event_subject"),
+            ("actor_kind", "ledger_actor_kind"),
+        ]
+    );
+    let files_after: Vec<(String, i64)> = sqlx::query_as(files).fetch_all(&pool).await.unwrap();
+    assert_eq!(files_after, files_before, "no table or index was rewritten");
+    let rows_after: (String, String) = sqlx::query_as(rows).fetch_one(&pool).await.unwrap();
+    assert_eq!(rows_after, rows_before);
+    // sqlx reads domain columns as their base types.
+    let (step, version, count): (String, i32, i32) = sqlx::query_as(
+        "SELECT step_id, effect_version, dispatch_count FROM tool_operations WHERE operation_id = 'op-4'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((step.as_str(), version, count), ("step-4", 2, 1));
+
+    // Every rule refuses what it refused before, as a check violation.
+    for (write, rule) in [
+        (
+            "UPDATE tool_operations SET step_id = '' WHERE operation_id = 'op-1'",
+            "ledger_step_id_shape",
+        ),
+        (
+            "UPDATE tool_operations SET step_id = repeat('s', 513) WHERE operation_id = 'op-1'",
+            "ledger_step_id_shape",
+        ),
+        (
+            "UPDATE tool_operations SET effect_version = 0 WHERE operation_id = 'op-1'",
+            "ledger_effect_version_positive",
+        ),
+        (
+            "UPDATE tool_operations SET request_digest = upper(request_digest) WHERE operation_id = 'op-1'",
+            "ledger_request_digest_shape",
+        ),
+        (
+            "UPDATE tool_operations SET dispatch_count = dispatch_count - 2 WHERE operation_id = 'op-1'",
+            "ledger_count_not_negative",
+        ),
+        (
+            "UPDATE tool_operations SET reconcile_attempts = -1 WHERE operation_id = 'op-1'",
+            "ledger_count_not_negative",
+        ),
+        (
+            "UPDATE tool_operations SET status = 'done' WHERE operation_id = 'op-1'",
+            "tool_operations_status_check",
+        ),
+        (
+            "INSERT INTO ledger_events (run_id, subject, to_status, actor_kind)
+               VALUES ('00000000-0000-7000-8000-000000000001', 'task', 'x', 'worker')",
+            "ledger_event_subject_known",
+        ),
+        (
+            "INSERT INTO ledger_events (run_id, subject, to_status, actor_kind)
+               VALUES ('00000000-0000-7000-8000-000000000001', 'run', 'x', 'robot')",
+            "ledger_actor_kind_known",
+        ),
+    ] {
+        let refused = sqlx::query(write).execute(&pool).await.unwrap_err();
+        let refused = refused.as_database_error().expect(write);
+        assert_eq!(refused.code().as_deref(), Some("23514"), "{write}");
+        assert_eq!(refused.constraint(), Some(rule), "{write}");
+    }
+    let (still,): (String,) = sqlx::query_as(
+        "SELECT md5(string_agg(o::text, ',' ORDER BY o.operation_id)) FROM tool_operations o",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(still, rows_before.0, "nothing refused was written");
+}
