@@ -22,6 +22,8 @@
 # Needs: psql and pgbench, a local PostgreSQL reachable as PGHOST/PGPORT/
 # PGUSER (default 127.0.0.1:5432, postgres) whose processes this user can
 # read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b.
+# SCRIPT=<pgbench script> measures another statement than register-claim +
+# settle (e.g. bench/leasegate/renew.sql, the single lease renew).
 # With CEILING=1 each round also measures the minimal ceiling
 # (bench/ceiling: schema.sql, fn.sql, hotpath_fn.sql) in sql_ab_ceiling.
 set -euo pipefail
@@ -33,7 +35,7 @@ clients=${4:-32}
 seconds=${5:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 here=$(cd "$(dirname "$0")" && pwd)
-script="$here/leasegate/register_claim_settle.sql"
+script=${SCRIPT:-"$here/leasegate/register_claim_settle.sql"}
 functions=(common process lease run operation durability secrets token retention)
 
 build() { # build <dir> <database>

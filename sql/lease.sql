@@ -94,27 +94,80 @@ $$;
 -- exactly as a run that does not exist.
 DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bigint);
 DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bytea, bigint);
+--
+-- The common case in two statements (issue 14, P4; it took seven: the
+-- tenant lookup, _lease_fence's lock, lock-time setting and run read, the
+-- UPDATE and _ledger_result's read-back):
+--   1. the lease row FOR UPDATE, joined to its run for the tenant (another
+--      tenant's lease is not even locked), read as locked: owner, epoch,
+--      expiry and token hash are judged on it, on the database clock read
+--      after the lock, in _lease_fence's order;
+--   2. a fresh statement (READ COMMITTED: a new snapshot, taken with the
+--      lock held) renews the lease only if the run is not terminal and
+--      returns the run's status and revision. Every status change of a run
+--      holds its lease row lock (_run_cancel, _run_transition, completion),
+--      so the status this snapshot sees cannot change before commit; the
+--      run row itself is not locked (as lease_renew_batch, which judges the
+--      same way).
+-- Every other answer (no lease, lease lost, token unset or invalid,
+-- terminal) is built by _ledger_result as before, with the lock wait
+-- recorded first, so each answer's columns are what they were.
 CREATE OR REPLACE FUNCTION lease_renew(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
                                        p_ttl_ms bigint, p_tenant text DEFAULT NULL)
 RETURNS ledger_write_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
-  verdict text;
+  t0        timestamptz := clock_timestamp();
+  now_ts    timestamptz;
+  l_owner   text;
+  l_epoch   bigint;
+  l_expires timestamptz;
+  l_token   bytea;
+  r_status  text;
+  r_rev     bigint;
+  verdict   text;
 BEGIN
-  PERFORM _ledger_check_ttl(p_ttl_ms);
-  IF p_tenant IS NOT NULL
-     AND NOT EXISTS (SELECT 1 FROM agent_runs a WHERE a.run_id = p_run_id AND a.tenant_id = p_tenant) THEN
-    RETURN ROW('not_found', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), NULL, NULL)::ledger_write_result;
+  IF p_ttl_ms IS NULL OR p_ttl_ms <= 0 THEN
+    RAISE EXCEPTION 'lease ttl must be > 0 ms, got %', p_ttl_ms USING ERRCODE = '22023';
   END IF;
-  verdict := _lease_fence(p_run_id, p_owner, p_epoch, p_token_sha256, false);
-  IF verdict <> 'valid' THEN
-    RETURN _ledger_result(verdict, p_run_id);
+  -- 1. The lock.
+  SELECT l.owner, l.epoch, l.expires_at, l.token_sha256
+    INTO l_owner, l_epoch, l_expires, l_token
+    FROM worker_leases l JOIN agent_runs a ON a.run_id = l.run_id
+   WHERE l.run_id = p_run_id AND (p_tenant IS NULL OR a.tenant_id = p_tenant)
+     FOR UPDATE OF l;
+  now_ts := clock_timestamp();
+  IF NOT FOUND THEN
+    IF p_tenant IS NOT NULL
+       AND NOT EXISTS (SELECT 1 FROM agent_runs a WHERE a.run_id = p_run_id AND a.tenant_id = p_tenant) THEN
+      RETURN ROW('not_found', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), NULL, NULL)::ledger_write_result;
+    END IF;
+    verdict := 'not_found';
+  ELSIF l_owner IS DISTINCT FROM p_owner OR l_epoch IS DISTINCT FROM p_epoch OR l_expires <= now_ts THEN
+    verdict := 'lease_lost';
+  ELSIF l_token IS NULL THEN
+    verdict := 'lease_token_unset';
+  ELSIF p_token_sha256 IS NULL OR l_token <> p_token_sha256 THEN
+    verdict := 'lease_token_invalid';
+  ELSE
+    -- 2. The renewal, if the run is not terminal.
+    UPDATE worker_leases w
+       SET expires_at = now_ts + (p_ttl_ms * interval '1 millisecond'),
+           updated_at = now_ts
+      FROM agent_runs a
+     WHERE w.run_id = p_run_id AND a.run_id = p_run_id
+       AND a.status NOT IN ('succeeded', 'failed', 'cancelled')
+    RETURNING a.status, a.revision, w.expires_at INTO r_status, r_rev, l_expires;
+    IF FOUND THEN
+      RETURN ROW('applied', r_status, r_rev, l_owner, l_epoch, l_expires, clock_timestamp(),
+                 extract(epoch FROM now_ts - t0)::double precision * 1000,
+                 NULLIF(current_setting('leasegate.takeover_after_ms', true), '')::double precision
+                )::ledger_write_result;
+    END IF;
+    verdict := 'terminal';
   END IF;
-  UPDATE worker_leases
-     SET expires_at = clock_timestamp() + (p_ttl_ms * interval '1 millisecond'),
-         updated_at = clock_timestamp()
-   WHERE run_id = p_run_id;
-  RETURN _ledger_result('applied', p_run_id);
+  PERFORM set_config('leasegate.lock_wait_ms', (extract(epoch FROM now_ts - t0) * 1000)::text, true);
+  RETURN _ledger_result(verdict, p_run_id);
 END
 $$;
 

@@ -486,6 +486,67 @@ async fn a_run_cancelled_while_the_batch_waits_for_its_lease_is_answered_termina
     assert_eq!(status, "cancelled");
 }
 
+/// The same race for the single renew (`lease_renew` judges the run's
+/// status in a statement of its own, after it holds the lease row): a run
+/// cancelled while the renew waits for its lease row is answered
+/// `Terminal` and its lease is not written. (A renew that read the run in
+/// the statement that waited for the lock would see it from before the
+/// cancel and renew it.)
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_run_cancelled_while_a_single_renew_waits_for_its_lease_is_answered_terminal_and_not_renewed(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let claims = many_leases(&db, "race-one", 1).await;
+    let claim = claims[0].clone();
+    applied(db.ledger.lease_renew(&claim, 60_000).await.unwrap());
+    let before = lease_row(&db, claim.run_id).await;
+    let mut cancel = db.admin.begin().await.unwrap();
+    let cancelled: String =
+        sqlx::query_scalar("SELECT outcome FROM run_cancel($1, 'operator-1', 'race')")
+            .bind(claim.run_id.as_uuid())
+            .fetch_one(&mut *cancel)
+            .await
+            .unwrap();
+    assert_eq!(cancelled, "applied");
+    let renew = {
+        let ledger = db.ledger.clone();
+        let claim = claim.clone();
+        tokio::spawn(async move { ledger.lease_renew(&claim, 60_000).await })
+    };
+    wait_until(
+        "the renew to wait for the cancelled run's lease row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%FROM lease_renew($1%'",
+            )
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    cancel.commit().await.unwrap();
+
+    let answer = tokio::time::timeout(Duration::from_secs(30), renew)
+        .await
+        .expect("the renew finishes once the cancel commits")
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(answer, Fenced::Rejected(Rejection::Terminal { .. })),
+        "{answer:?}"
+    );
+    assert_eq!(
+        lease_row(&db, claim.run_id).await,
+        before,
+        "the cancelled run's lease was not written"
+    );
+}
+
 /// The single renew scoped to a tenant (the control API's renew route: the
 /// tenant check rides in the renew's statement) answers another tenant's
 /// run `NotFound`, as a run that does not exist, and writes nothing; its
