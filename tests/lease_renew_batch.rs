@@ -418,6 +418,42 @@ async fn renew_outcomes(conn: &mut sqlx::PgConnection, claims: &[LeaseClaim]) ->
         .unwrap()
 }
 
+/// Cancels `run` in a transaction left open (the cancel holds the run's
+/// lease row), starts `renew`, commits the cancel once a statement LIKE
+/// `waiting_statement` waits on a lock, and returns what `renew` answered.
+async fn renew_racing_a_cancel<T: Send + 'static>(
+    db: &TestDb,
+    run: RunId,
+    waiting_statement: &str,
+    renew: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let mut cancel = db.admin.begin().await.unwrap();
+    let cancelled: String =
+        sqlx::query_scalar("SELECT outcome FROM run_cancel($1, 'operator-1', 'race')")
+            .bind(run.as_uuid())
+            .fetch_one(&mut *cancel)
+            .await
+            .unwrap();
+    assert_eq!(cancelled, "applied");
+    let renew = tokio::spawn(renew);
+    wait_until("the renew to wait for the cancelled run's lease row", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+        )
+        .bind(waiting_statement)
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    cancel.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), renew)
+        .await
+        .expect("the renew finishes once the cancel commits")
+        .unwrap()
+}
+
 /// A run cancelled while the batch waits for that run's lease row (the
 /// cancel holds it FOR UPDATE, as every status change of a run does) is
 /// answered `terminal` and its lease is not written, exactly as a single
@@ -439,38 +475,11 @@ async fn a_run_cancelled_while_the_batch_waits_for_its_lease_is_answered_termina
 
     let victim = claims[1].run_id;
     let before = lease_row(&db, victim).await;
-    let mut cancel = db.admin.begin().await.unwrap();
-    let cancelled: String =
-        sqlx::query_scalar("SELECT outcome FROM run_cancel($1, 'operator-1', 'race')")
-            .bind(victim.as_uuid())
-            .fetch_one(&mut *cancel)
-            .await
-            .unwrap();
-    assert_eq!(cancelled, "applied");
-    let batch = {
-        let claims = claims.clone();
-        tokio::spawn(async move { renew_outcomes(&mut conn, &claims).await })
-    };
-    wait_until(
-        "the batch to wait for the cancelled run's lease row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-              WHERE wait_event_type = 'Lock' AND query LIKE '%lease_renew_batch(%'",
-            )
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        },
-    )
+    let claims_sent = claims.clone();
+    let outcomes = renew_racing_a_cancel(&db, victim, "%lease_renew_batch(%", async move {
+        renew_outcomes(&mut conn, &claims_sent).await
+    })
     .await;
-    cancel.commit().await.unwrap();
-
-    let outcomes = tokio::time::timeout(Duration::from_secs(30), batch)
-        .await
-        .expect("the batch finishes once the cancel commits")
-        .unwrap();
     assert_eq!(outcomes, ["applied", "terminal", "applied"]);
     let after = lease_row(&db, victim).await;
     assert_eq!(
@@ -502,40 +511,12 @@ async fn a_run_cancelled_while_a_single_renew_waits_for_its_lease_is_answered_te
     let claim = claims[0].clone();
     applied(db.ledger.lease_renew(&claim, 60_000).await.unwrap());
     let before = lease_row(&db, claim.run_id).await;
-    let mut cancel = db.admin.begin().await.unwrap();
-    let cancelled: String =
-        sqlx::query_scalar("SELECT outcome FROM run_cancel($1, 'operator-1', 'race')")
-            .bind(claim.run_id.as_uuid())
-            .fetch_one(&mut *cancel)
-            .await
-            .unwrap();
-    assert_eq!(cancelled, "applied");
-    let renew = {
-        let ledger = db.ledger.clone();
-        let claim = claim.clone();
-        tokio::spawn(async move { ledger.lease_renew(&claim, 60_000).await })
-    };
-    wait_until(
-        "the renew to wait for the cancelled run's lease row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-              WHERE wait_event_type = 'Lock' AND query LIKE '%FROM lease_renew($1%'",
-            )
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        },
-    )
+    let ledger = db.ledger.clone();
+    let claim_sent = claim.clone();
+    let answer = renew_racing_a_cancel(&db, claim.run_id, "%FROM lease_renew($1%", async move {
+        ledger.lease_renew(&claim_sent, 60_000).await.unwrap()
+    })
     .await;
-    cancel.commit().await.unwrap();
-
-    let answer = tokio::time::timeout(Duration::from_secs(30), renew)
-        .await
-        .expect("the renew finishes once the cancel commits")
-        .unwrap()
-        .unwrap();
     assert!(
         matches!(answer, Fenced::Rejected(Rejection::Terminal { .. })),
         "{answer:?}"
