@@ -92,12 +92,10 @@ $$;
 -- tenant check in the same round trip): a run of another tenant is
 -- 'not_found' with nothing found shown, nothing locked and nothing written,
 -- exactly as a run that does not exist.
-DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bigint);
-DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bytea, bigint);
 --
--- The common case in two statements (issue 14, P4; it took seven: the
--- tenant lookup, _lease_fence's lock, lock-time setting and run read, the
--- UPDATE and _ledger_result's read-back):
+-- After the ttl check, the common case in two statements (issue 14, P4;
+-- it took six: the tenant lookup, _lease_fence's lock, lock-time setting
+-- and run read, the UPDATE and _ledger_result's read-back):
 --   1. the lease row FOR UPDATE, joined to its run for the tenant (another
 --      tenant's lease is not even locked), read as locked: owner, epoch,
 --      expiry and token hash are judged on it, on the database clock read
@@ -112,6 +110,8 @@ DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bytea, bigint);
 -- Every other answer (no lease, lease lost, token unset or invalid,
 -- terminal) is built by _ledger_result as before, with the lock wait
 -- recorded first, so each answer's columns are what they were.
+DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bigint);
+DROP FUNCTION IF EXISTS lease_renew(uuid, text, bigint, bytea, bigint);
 CREATE OR REPLACE FUNCTION lease_renew(p_run_id uuid, p_owner text, p_epoch bigint, p_token_sha256 bytea,
                                        p_ttl_ms bigint, p_tenant text DEFAULT NULL)
 RETURNS ledger_write_result
@@ -127,9 +127,7 @@ DECLARE
   r_rev     bigint;
   verdict   text;
 BEGIN
-  IF p_ttl_ms IS NULL OR p_ttl_ms <= 0 THEN
-    RAISE EXCEPTION 'lease ttl must be > 0 ms, got %', p_ttl_ms USING ERRCODE = '22023';
-  END IF;
+  PERFORM _ledger_check_ttl(p_ttl_ms);
   -- 1. The lock.
   SELECT l.owner, l.epoch, l.expires_at, l.token_sha256
     INTO l_owner, l_epoch, l_expires, l_token
