@@ -15,6 +15,12 @@ LANGUAGE sql VOLATILE AS $$
   LEFT JOIN worker_leases l ON l.run_id = p_run_id
 $$;
 
+-- A bare 'not_found' answer: nothing about the run is shown.
+CREATE OR REPLACE FUNCTION _not_found() RETURNS ledger_write_result
+LANGUAGE sql VOLATILE AS $$
+  SELECT ROW('not_found', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), NULL, NULL)::ledger_write_result
+$$;
+
 CREATE OR REPLACE FUNCTION _ledger_check_ttl(p_ttl_ms bigint) RETURNS void
 LANGUAGE plpgsql IMMUTABLE AS $$
 BEGIN
@@ -65,6 +71,10 @@ $$;
 -- SHARE: a new operation's tool_operations.run_id) through. A settle
 -- never waits for a heartbeat of its run, nor a heartbeat for a settle
 -- (its event row references nothing since migrations/0011).
+-- A lease held by members (lease modes session and key, sql/members.sql)
+-- is judged by _member_check instead: p_owner names the member, whose row
+-- must be alive with the token; the epoch is the shared lease's.
+--
 -- p_shared = true (the intent fence): the lease row FOR SHARE. A takeover
 -- (which updates the row) still waits for this transaction, so invariant 1
 -- holds, while parallel tool calls of one run do not queue behind each
@@ -81,6 +91,17 @@ DECLARE
 BEGIN
   IF l.run_id IS NULL THEN
     RETURN 'not_found';
+  END IF;
+  IF l.held_by_members THEN
+    -- A shared lease (sql/members.sql): p_owner is a member.
+    s := _member_check(l, p_owner, p_epoch, p_token_sha256);
+    IF s IS NOT NULL THEN
+      RETURN s;
+    END IF;
+    IF NOT p_shared THEN
+      PERFORM 1 FROM agent_runs WHERE run_id = p_run_id FOR NO KEY UPDATE;
+    END IF;
+    RETURN 'valid';
   END IF;
   IF l.owner IS DISTINCT FROM p_owner
      OR l.epoch IS DISTINCT FROM p_epoch
@@ -131,6 +152,7 @@ END
 $$;
 REVOKE EXECUTE ON FUNCTION
   _ledger_result(text, uuid),
+  _not_found(),
   _ledger_check_ttl(bigint),
   _lease_lock(uuid, boolean),
   _lease_fence(uuid, text, bigint, bytea, boolean),

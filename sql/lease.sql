@@ -28,8 +28,9 @@ BEGIN
     RAISE EXCEPTION 'a lease token hash is 32 bytes (SHA-256)' USING ERRCODE = '22023';
   END IF;
   l := _lease_lock(p_run_id, false);
-  IF l.run_id IS NULL THEN
-    RETURN _ledger_result('not_found', p_run_id);
+  IF l.run_id IS NULL OR l.held_by_members THEN
+    -- A shared lease (sql/members.sql) is not the control API's to take.
+    RETURN _not_found();
   END IF;
   SELECT status INTO s FROM agent_runs WHERE run_id = p_run_id;
   IF s IN ('succeeded', 'failed', 'cancelled') THEN
@@ -133,14 +134,13 @@ BEGIN
     INTO l_owner, l_epoch, l_expires, l_token
     FROM worker_leases l JOIN agent_runs a ON a.run_id = l.run_id
    WHERE l.run_id = p_run_id AND (p_tenant IS NULL OR a.tenant_id = p_tenant)
+     AND NOT l.held_by_members
      FOR UPDATE OF l;
   now_ts := clock_timestamp();
   IF NOT FOUND THEN
-    IF p_tenant IS NOT NULL
-       AND NOT EXISTS (SELECT 1 FROM agent_runs a WHERE a.run_id = p_run_id AND a.tenant_id = p_tenant) THEN
-      RETURN ROW('not_found', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), NULL, NULL)::ledger_write_result;
-    END IF;
-    verdict := 'not_found';
+    -- No such run, another tenant's, or a shared lease (sql/members.sql):
+    -- nothing about it is shown.
+    RETURN _not_found();
   ELSIF l_owner IS DISTINCT FROM p_owner OR l_epoch IS DISTINCT FROM p_epoch OR l_expires <= now_ts THEN
     verdict := 'lease_lost';
   ELSIF l_token IS NULL THEN
@@ -184,8 +184,8 @@ DECLARE
   l worker_leases;
 BEGIN
   l := _lease_lock(p_run_id, false);
-  IF l.run_id IS NULL THEN
-    RETURN _ledger_result('not_found', p_run_id);
+  IF l.run_id IS NULL OR l.held_by_members THEN
+    RETURN _not_found();
   END IF;
   IF l.owner IS DISTINCT FROM p_owner OR l.epoch IS DISTINCT FROM p_epoch THEN
     RETURN _ledger_result('lease_lost', p_run_id);
@@ -289,7 +289,7 @@ BEGIN
   judged AS (
     SELECT q.ord, q.run_id, a.status, a.revision, l.owner, l.epoch, l.expires_at, l.ctid AS lease_ctid,
            CASE
-             WHEN l.run_id IS NULL OR a.run_id IS NULL THEN 'not_found'
+             WHEN l.run_id IS NULL OR a.run_id IS NULL OR l.held_by_members THEN 'not_found'
              WHEN l.owner IS DISTINCT FROM q.owner OR l.epoch IS DISTINCT FROM q.epoch
                   OR l.expires_at <= now_ts THEN 'lease_lost'
              WHEN l.token_sha256 IS NULL THEN 'lease_token_unset'

@@ -225,6 +225,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS 
 DECLARE
   v_tenant   text;
   v_token    bytea;
+  v_members  boolean;
+  v_verdict  text;
   o          tool_operations;
   v_id       text := p_intent.operation_id;
   attempt    integer := 0;
@@ -242,8 +244,8 @@ BEGIN
   END IF;
 
   -- 1. The fence (invariant 1, on the database clock: invariant 7).
-  SELECT l.owner, l.epoch, l.expires_at, l.token_sha256, r.status, r.revision, r.tenant_id
-    INTO lease_owner, lease_epoch, lease_expires_at, v_token, run_status, run_revision, v_tenant
+  SELECT l.owner, l.epoch, l.expires_at, l.token_sha256, l.held_by_members, r.status, r.revision, r.tenant_id
+    INTO lease_owner, lease_epoch, lease_expires_at, v_token, v_members, run_status, run_revision, v_tenant
     FROM worker_leases l JOIN agent_runs r ON r.run_id = l.run_id
    WHERE l.run_id = p_run_id
      FOR SHARE OF l;
@@ -255,16 +257,29 @@ BEGIN
     outcome := 'not_found';
     RETURN;
   END IF;
-  IF lease_owner IS DISTINCT FROM p_owner OR lease_epoch IS DISTINCT FROM p_epoch
+  IF v_members THEN
+    -- A shared lease (sql/members.sql): p_owner is a member, judged on its
+    -- row (stable: every change of it holds the lease row FOR UPDATE).
+    SELECT CASE WHEN m.alive_until <= db_now THEN 'lease_lost'
+                WHEN p_token_sha256 IS NULL OR m.token_sha256 <> p_token_sha256 THEN 'lease_token_invalid'
+           END
+      INTO v_verdict
+      FROM lease_members m WHERE m.run_id = p_run_id AND m.member = p_owner;
+    IF NOT FOUND OR lease_epoch IS DISTINCT FROM p_epoch THEN
+      v_verdict := 'lease_lost';
+    END IF;
+    IF v_verdict IS NOT NULL THEN
+      outcome := v_verdict;
+      RETURN;
+    END IF;
+  ELSIF lease_owner IS DISTINCT FROM p_owner OR lease_epoch IS DISTINCT FROM p_epoch
      OR lease_expires_at <= db_now THEN
     outcome := 'lease_lost';
     RETURN;
-  END IF;
-  IF v_token IS NULL THEN
+  ELSIF v_token IS NULL THEN
     outcome := 'lease_token_unset';
     RETURN;
-  END IF;
-  IF p_token_sha256 IS NULL OR v_token <> p_token_sha256 THEN
+  ELSIF p_token_sha256 IS NULL OR v_token <> p_token_sha256 THEN
     outcome := 'lease_token_invalid';
     RETURN;
   END IF;
@@ -444,8 +459,13 @@ BEGIN
          AND it.tool_name IS NOT NULL AND it.request_digest IS NOT NULL
          AND it.dispatch_owner <> '' AND it.claim_ttl_ms > 0
          AND (it.tenant IS NULL OR r.tenant_id = it.tenant)
-         AND l.owner = it.owner AND l.epoch = it.epoch AND l.expires_at > v_now
-         AND l.token_sha256 IS NOT NULL AND l.token_sha256 = it.token_sha256
+         AND l.epoch = it.epoch AND l.expires_at > v_now
+         AND CASE WHEN l.held_by_members
+                  THEN EXISTS (SELECT 1 FROM lease_members m
+                                WHERE m.run_id = it.run_id AND m.member = it.owner
+                                  AND m.token_sha256 = it.token_sha256 AND m.alive_until > v_now)
+                  ELSE l.owner = it.owner AND l.token_sha256 IS NOT NULL AND l.token_sha256 = it.token_sha256
+             END
          AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
     ), inserted AS (
       INSERT INTO tool_operations AS t (operation_id, run_id, step_id, effect_version, tool_name,

@@ -38,7 +38,8 @@ BEGIN
 END
 $$;
 
--- Creates the task if new, a run (pending, revision 0) and its lease row, and
+-- Creates the task if new (in the tenant's shared namespace, kind 'task';
+-- the lease modes' tasks are lease_member_join's), a run (pending, revision 0) and its lease row, and
 -- points the task's active_run_id at the run, in one transaction (seed 4).
 -- p_run_id is chosen by the caller (UUID v7) so that a retry after a lost
 -- COMMIT replays instead of creating a second run ('exists').
@@ -76,7 +77,7 @@ BEGIN
   -- Replay of the same create: report what exists, change nothing.
   SELECT * INTO r FROM agent_runs WHERE run_id = p_run_id;
   IF FOUND THEN
-    res.outcome := CASE WHEN r.tenant_id = p_tenant_id AND r.task_id = p_task_id
+    res.outcome := CASE WHEN r.tenant_id = p_tenant_id AND r.task_id = p_task_id AND r.kind = 'task'
                         THEN 'exists' ELSE 'run_id_taken' END;
     res.run_id := r.run_id;
     res.attempt := r.attempt;
@@ -89,7 +90,8 @@ BEGIN
   -- The task row lock serialises concurrent creates for one task.
   INSERT INTO agent_tasks (tenant_id, task_id) VALUES (p_tenant_id, p_task_id)
   ON CONFLICT DO NOTHING;
-  SELECT * INTO t FROM agent_tasks WHERE tenant_id = p_tenant_id AND task_id = p_task_id FOR UPDATE;
+  SELECT * INTO t FROM agent_tasks
+   WHERE tenant_id = p_tenant_id AND kind = 'task' AND principal = '' AND task_id = p_task_id FOR UPDATE;
 
   IF t.active_run_id IS NOT NULL THEN
     SELECT * INTO r FROM agent_runs WHERE run_id = t.active_run_id;
@@ -106,7 +108,7 @@ BEGIN
   END IF;
 
   SELECT COALESCE(max(attempt), 0) + 1 INTO next_attempt
-    FROM agent_runs WHERE tenant_id = p_tenant_id AND task_id = p_task_id;
+    FROM agent_runs WHERE tenant_id = p_tenant_id AND kind = 'task' AND principal = '' AND task_id = p_task_id;
 
   INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status)
   VALUES (p_run_id, p_tenant_id, p_task_id, next_attempt, 'pending');
@@ -120,7 +122,7 @@ BEGIN
           now_ts);
 
   UPDATE agent_tasks SET active_run_id = p_run_id, updated_at = now_ts
-   WHERE tenant_id = p_tenant_id AND task_id = p_task_id;
+   WHERE tenant_id = p_tenant_id AND kind = 'task' AND principal = '' AND task_id = p_task_id;
 
   INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, revision, detail)
   VALUES (p_run_id, 'run', NULL, 'pending', 'system', p_owner, 0,

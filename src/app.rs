@@ -179,14 +179,6 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    if proxy.config.lease_mode == crate::config::LeaseMode::Session && !proxy.config.http_sessions {
-        proxy.shutdown().await;
-        anyhow::bail!(
-            "lease_mode = \"session\" over HTTP needs http_sessions = true: a session lease lives as \
-             long as one MCP session (a stateless request has none). `leasegate stdio --task <task>` \
-             needs no such setting"
-        );
-    }
     let stop = CancellationToken::new();
     // Bearer tokens on both listeners when `[auth]` requires them:
     // leasegate's own, and JWTs of the `[auth.jwt]` issuer.
@@ -530,15 +522,12 @@ impl Proxy {
                          the LEASEGATE_TASK environment variable, or [session] task in the config"
                     )
                 })?;
-                let lease = crate::worker::session::SessionLease::begin(
-                    self.ledger.clone(),
-                    &self.config.tenant,
-                    task,
-                    &format!("{}:session", self.owner),
-                    crate::worker::session_heartbeat(self.config.session_ttl),
-                )
-                .await?;
-                let lease = Arc::new(lease);
+                // Joined before serving: the task is held from the start.
+                let lease = self
+                    .front
+                    .session_leases()
+                    .get(crate::worker::session::ANONYMOUS, task)
+                    .await?;
                 self.front.set_session_lease(lease.clone());
                 Some(lease)
             }
@@ -576,6 +565,9 @@ impl Proxy {
                 ),
             }
         }
+        // Session-mode memberships end with the process (the last member
+        // out frees the lease for the task's next session).
+        front.session_leases().end_all().await;
         // The front and the loops hold the upstream clients too.
         drop(background);
         drop(front);

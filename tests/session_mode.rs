@@ -1,8 +1,10 @@
 //! Lease mode `session`: an agent that knows nothing of leases spawns
-//! `leasegate stdio --task <key>`; leasegate holds the task run's lease for
-//! the life of the process. A restarted agent (a new `leasegate stdio` for
-//! the same task) takes the lease over at once and fences its predecessor:
-//! the seed's stale-worker story with no agent changes.
+//! `leasegate stdio --task <key>` or sends `Leasegate-Task`; leasegate holds
+//! the task run's lease, shared by every process and connection serving the
+//! agent's task. A restarted agent's predecessor, frozen, is removed once
+//! its liveness lapses and never sends again: the seed's stale-worker story
+//! with no agent changes. An agent's own parallel calls, connections and
+//! processes are never fenced.
 
 mod common;
 
@@ -17,6 +19,16 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const POLICY: &str = "claim_ttl = \"4s\"\nin_flight_wait = \"1s\"\ndispatch_interval = \"100ms\"\n\
                       claim_expiry_interval = \"200ms\"\nreconcile_interval = \"100ms\"\n";
+
+/// A session lease whose members lapse 3 s after their last renewal.
+fn short_sessions(scenario: &Scenario, extra: &str) {
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!("{extra}\n{config}\n[session]\nttl = \"3s\"\n"),
+    )
+    .unwrap();
+}
 
 /// `leasegate stdio --task <task>` as the agent's MCP server; returns the
 /// client and leasegate's pid.
@@ -45,7 +57,7 @@ fn signal(pid: i32, signal: nix::sys::signal::Signal) {
 async fn task_lease(db: &TestDb, task: &str) -> (Option<String>, i64) {
     sqlx::query_as(
         "SELECT l.owner, l.epoch FROM worker_leases l JOIN agent_tasks t ON t.active_run_id = l.run_id \
-         WHERE t.task_id = $1",
+         WHERE t.task_id = $1 AND t.kind = 'session'",
     )
     .bind(task)
     .fetch_one(&db.admin)
@@ -60,13 +72,13 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
+    short_sessions(&scenario, "");
 
     // The first agent's leasegate takes the task's run; the agent sends no
     // lease of its own.
     let (first, first_pid) = spawn_session(&scenario, "nightly-invoices").await;
     let (owner, epoch) = task_lease(&db, "nightly-invoices").await;
-    assert_eq!(epoch, 1);
-    let first_owner = owner.expect("the session holds the lease");
+    assert_eq!((owner.as_deref(), epoch), (Some("leasegate:session"), 1));
     let charge = json!({"amount": 7, "currency": "eur", "hang_ms": 3000});
     let in_flight = tokio::spawn({
         let charge = charge.clone();
@@ -83,22 +95,20 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     // still on the way).
     signal(first_pid, nix::sys::signal::Signal::SIGSTOP);
 
-    // The agent is restarted: a new leasegate for the same task.
+    // The agent is restarted: a new leasegate for the same task joins the
+    // lease beside the frozen one (it cannot tell a restart from a parallel
+    // connection yet).
     let (second, second_pid) = spawn_session(&scenario, "nightly-invoices").await;
-    let (owner, epoch) = task_lease(&db, "nightly-invoices").await;
-    assert_eq!(epoch, 2, "taken over at once, not after the ttl");
-    assert_ne!(owner.as_deref(), Some(first_owner.as_str()));
-    let forced: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM ledger_events WHERE subject = 'lease' AND detail->>'forced' = 'true'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
-    assert_eq!(forced, 1, "the takeover is recorded as forced");
+    let members: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_members")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(members, 2, "both processes are members until one is proven gone");
 
     // The restarted agent makes the same call again: same run (resumed),
-    // same derived step, same operation. It answers once the frozen
-    // process's claim has lapsed and the reconciler has proved the charge.
+    // same derived step, same operation. Its first call waits until the
+    // frozen process is proven gone (its liveness lapsed), then answers
+    // once the frozen claim has lapsed and the reconciler proved the charge.
     let answer = wait_until("the restarted agent's call to succeed", || async {
         match call(&second, "payments__charge", charge.clone(), None).await {
             Ok(answer) if operation_note(&answer)["status"] == "succeeded" => Some(answer),
@@ -111,6 +121,14 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     })
     .await;
     assert_eq!(answer.structured_content.clone().unwrap()["amount"], 7);
+    let removed: Vec<Value> = sqlx::query_scalar(
+        "SELECT detail FROM ledger_events WHERE subject = 'lease' AND detail ? 'member_removed'",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(removed.len(), 1, "the frozen member is removed, once: {removed:?}");
+    assert_eq!(task_lease(&db, "nightly-invoices").await.1, 1, "the lease was held throughout");
 
     // The first leasegate thaws: its late answer settles nothing, and a new
     // side-effecting call of its agent is refused before anything is sent.
@@ -144,8 +162,8 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     assert_eq!(operations.len(), 1, "{operations:?}");
     assert_eq!(operations[0].0, "succeeded");
 
-    // The restarted agent goes away: its session releases the lease (the
-    // run stays running for the next session).
+    // The restarted agent goes away: the last member out frees the lease
+    // (the run stays running for the next session).
     second.cancel().await.unwrap();
     wait_until("the second session to release the lease", || async {
         (task_lease(&db, "nightly-invoices").await.0.is_none()).then_some(())
@@ -249,14 +267,44 @@ async fn session_mode_without_a_task_key_refuses_to_start_and_names_the_ways_to_
     assert_eq!(runs, 0, "nothing written");
 }
 
+/// `count` charges of distinct amounts from `base`, all at once through
+/// `agent`; each must succeed.
+async fn parallel_charges(agent: &AgentClient, base: i64, count: i64) {
+    let calls = (0..count).map(|i| {
+        call(
+            agent,
+            "payments__charge",
+            json!({"amount": base + i, "currency": "eur"}),
+            None,
+        )
+    });
+    for (i, answer) in futures::future::join_all(calls).await.into_iter().enumerate() {
+        let answer = answer.unwrap_or_else(|e| panic!("call {i} refused: {e:?}"));
+        assert_eq!(operation_note(&answer)["status"], "succeeded", "{answer:?}");
+    }
+}
+
+/// No lease of the task was ever taken over, and no member removed.
+async fn assert_never_fenced(db: &TestDb) {
+    let (expired, removed): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE from_status = 'expired'), \
+                count(*) FILTER (WHERE detail ? 'member_removed') \
+           FROM ledger_events WHERE subject = 'lease'",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!((expired, removed), (0, 0), "no takeover, no member removed");
+}
+
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn over_http_sessions_each_mcp_session_holds_its_tasks_lease_and_a_new_one_takes_it_over(
+async fn over_http_an_agents_sessions_and_stateless_requests_share_the_tasks_lease(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
-    scenario.prepend_config("lease_mode = \"session\"\nhttp_sessions = true");
+    short_sessions(&scenario, "lease_mode = \"session\"\nhttp_sessions = true");
     let proxy = RunningProxy::start(&scenario.config_path()).await;
 
     // No task key anywhere: the call needs a lease, and says how to get one.
@@ -280,56 +328,97 @@ async fn over_http_sessions_each_mcp_session_holds_its_tasks_lease_and_a_new_one
     assert_eq!(operation_note(&answer)["status"], "succeeded");
     assert_eq!(task_lease(&db, "monthly-close").await.1, 1);
 
-    // The agent reconnects (a new MCP session for the same task): the lease
-    // is taken over; the old session's calls are refused, the new one's
-    // repeat replays.
+    // The agent opens a second connection (a new MCP session for the same
+    // task): it shares the lease. Its repeat replays; both connections go
+    // on calling, in parallel, and none is refused.
     let second = connect_http_with(&proxy.url, &[("leasegate-task", "monthly-close")]).await;
     let again = call(&second, "payments__charge", charge, None)
         .await
         .unwrap();
     assert_eq!(operation_note(&again)["replayed"], true);
-    assert_eq!(task_lease(&db, "monthly-close").await.1, 2);
-    let stale = call(
-        &first,
-        "payments__charge",
-        json!({"amount": 12, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(stale.0, -32002, "{stale:?}");
-    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    tokio::join!(
+        parallel_charges(&first, 100, 4),
+        parallel_charges(&second, 200, 4)
+    );
+    assert_eq!(task_lease(&db, "monthly-close").await.1, 1);
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 9);
+    assert_never_fenced(&db).await;
 
-    // The session ends: its lease is released.
+    // Sessions end: the process's membership is left once no call uses it,
+    // and the lease is free for the task's next session.
     second.cancel().await.unwrap();
-    wait_until("the ended session to release the lease", || async {
+    first.cancel().await.unwrap();
+    wait_until("the idle membership to be left", || async {
         (task_lease(&db, "monthly-close").await.0.is_none()).then_some(())
     })
     .await;
-    first.cancel().await.unwrap();
     anonymous.cancel().await.unwrap();
     proxy.stop().await;
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn session_mode_over_stateless_http_is_refused_at_start(
+async fn over_stateless_http_an_agents_parallel_calls_share_the_lease_and_none_is_fenced(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
-    scenario.prepend_config("lease_mode = \"session\"");
-    let output = within(
-        "leasegate serve to refuse",
-        tokio::process::Command::new(LEASEGATE)
-            .arg("serve")
-            .arg("--config")
-            .arg(scenario.config_path())
-            .output(),
+    short_sessions(&scenario, "lease_mode = \"session\"");
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+
+    // Each request is its own MCP context (no session): 2026-07-28 clients
+    // and stateless handshake-era ones.
+    let agent = connect_http_with(&proxy.url, &[("leasegate-task", "write-files")]).await;
+    parallel_charges(&agent, 1, 6).await;
+    parallel_charges(&agent, 1, 6).await;
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 6, "the repeat replays");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+    assert_never_fenced(&db).await;
+    let metrics = common::http::get(&format!("{}/metrics", proxy.control_url)).await;
+    assert!(
+        !metrics.body.contains("outcome=\"taken_over\""),
+        "no takeover counted: {}",
+        metrics.body
+    );
+    agent.cancel().await.unwrap();
+    proxy.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn several_stdio_processes_of_one_agent_share_the_lease_and_none_is_fenced(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    short_sessions(&scenario, "");
+
+    // An agent framework that starts a server process per tool call, with
+    // the model asking for parallel calls.
+    let spawned = futures::future::join_all((0..4).map(|_| spawn_session(&scenario, "inbox"))).await;
+    futures::future::join_all(
+        spawned
+            .iter()
+            .enumerate()
+            .map(|(i, (agent, _))| parallel_charges(agent, 10 * (i as i64 + 1), 2)),
     )
-    .await
-    .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "{stderr}");
-    assert!(stderr.contains("needs http_sessions = true"), "{stderr}");
+    .await;
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 8);
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+    assert_never_fenced(&db).await;
+    for (agent, _) in spawned {
+        agent.cancel().await.unwrap();
+    }
+    wait_until("the last member out to free the lease", || async {
+        (task_lease(&db, "inbox").await.0.is_none()).then_some(())
+    })
+    .await;
 }

@@ -102,18 +102,25 @@ impl JwtValidator {
             .filter_map(|s| Scope::parse(s))
             .max()
             .ok_or(Refusal::InvalidJwt)?;
-        let subject = claims.get("sub").and_then(Value::as_str).unwrap_or("-");
-        // A fixed-length, visible-ASCII id: it names the principal in key
-        // mode's task ids (bounded identifiers, no ':' to collide on) and in
-        // logs, whatever the identity provider's subjects look like.
+        let subject = claims
+            .get("sub")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty());
+        // A fixed-length, visible-ASCII id: it names the principal's
+        // namespace of lease-mode tasks (a bounded identifier) and appears
+        // in logs, whatever the identity provider's subjects look like.
         let digest = {
             use sha2::Digest as _;
-            sha2::Sha256::digest(format!("{}\n{subject}", self.settings.issuer).as_bytes())
+            sha2::Sha256::digest(
+                format!("{}\n{}", self.settings.issuer, subject.unwrap_or("-")).as_bytes(),
+            )
         };
         Ok(Principal {
             token_id: format!("jwt-{}", hex::encode(&digest[..8])),
             tenant: tenant.to_owned(),
             scope,
+            // Without a subject, the issuer's tokens would all be one caller.
+            identified: subject.is_some(),
         })
     }
 }

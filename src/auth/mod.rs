@@ -91,10 +91,23 @@ impl fmt::Display for Scope {
 /// listeners' authentication layer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    /// The token's public id (logs and key-mode principals use it).
+    /// The token's public id (logs use it).
     pub token_id: String,
     pub tenant: String,
     pub scope: Scope,
+    /// Whether `token_id` names one caller across requests: always for a
+    /// bearer token; for a JWT only when it carries a subject (`sub`).
+    /// Lease modes `session` and `key` give each such caller a namespace of
+    /// its own, and refuse a caller without one.
+    pub identified: bool,
+}
+
+impl Principal {
+    /// The name of this caller's namespace of lease-mode tasks, when it has
+    /// one (see [`Principal::identified`]).
+    pub fn lease_namespace(&self) -> Option<&str> {
+        self.identified.then_some(self.token_id.as_str())
+    }
 }
 
 /// The prefix of every leasegate token.
@@ -330,6 +343,7 @@ impl Authenticator {
                     token_id: id.to_owned(),
                     tenant,
                     scope: Scope::parse(&scope).ok_or(Refusal::Unknown)?,
+                    identified: true,
                 };
                 if let Some(cache) = &self.cache {
                     cache.put(id, hash, &principal, expires_at);
@@ -377,6 +391,7 @@ mod tests {
             token_id: "0123456789abcdef".into(),
             tenant: "t".into(),
             scope: Scope::Agent,
+            identified: true,
         };
         let hash = secret_hash("right");
         cache.put(&who.token_id, hash, &who, None);

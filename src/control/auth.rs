@@ -422,13 +422,33 @@ impl Caller {
         }
     }
 
-    /// 404 unless `run` exists and belongs to the caller's tenant.
+    /// 404 unless `run` exists, belongs to the caller's tenant and lives
+    /// in the tenant's shared namespace of tasks: the runs of lease modes
+    /// `session` and `key` are leasegate's, and no control route leases,
+    /// plans into or moves them.
     pub(super) async fn owns_run(&self, state: &ControlState, run: RunId) -> Result<(), ApiError> {
-        let Some(own) = self.tenant() else {
-            return Ok(());
-        };
-        match state.ledger.run_tenant(run).await? {
-            Some(tenant) if tenant == own => Ok(()),
+        match state.ledger.run_scope(run).await? {
+            Some((tenant, true)) if self.tenant().is_none_or(|own| own == tenant) => Ok(()),
+            _ => Err(ApiError::not_found("run")),
+        }
+    }
+
+    /// 404 unless `run` exists, belongs to the caller's tenant, and is
+    /// either in the shared namespace or the caller is an operator (a
+    /// token of scope `operator` or `admin`, or no authentication): an
+    /// operator asks for the fate of every call of the tenant; an agent
+    /// token never learns of another principal's lease-mode runs.
+    pub(super) async fn sees_run(&self, state: &ControlState, run: RunId) -> Result<(), ApiError> {
+        let operator = self
+            .principal
+            .as_ref()
+            .is_none_or(|p| p.scope != Scope::Agent);
+        match state.ledger.run_scope(run).await? {
+            Some((tenant, shared))
+                if self.tenant().is_none_or(|own| own == tenant) && (shared || operator) =>
+            {
+                Ok(())
+            }
             _ => Err(ApiError::not_found("run")),
         }
     }

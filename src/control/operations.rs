@@ -37,7 +37,7 @@ pub(super) async fn list_operations(
     if state.ledger.run_get(run).await?.is_none() {
         return Err(ApiError::not_found("run"));
     }
-    caller.owns_run(&state, run).await?;
+    caller.sees_run(&state, run).await?;
     let operations = state.ledger.operations_list(run, status).await?;
     Ok(Json(readable(
         json!({"run_id": run, "operations": operations}),

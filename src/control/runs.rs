@@ -125,7 +125,7 @@ pub(super) async fn show_run(
     Path(raw): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    caller.owns_run(&state, run).await?;
+    caller.sees_run(&state, run).await?;
     let view = state
         .ledger
         .run_get(run)
@@ -515,7 +515,7 @@ pub(super) async fn cancel(
     Body(body): Body<CancelBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    caller.owns_run(&state, run).await?;
+    caller.sees_run(&state, run).await?;
     // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
     let outcome = state
         .operator

@@ -154,6 +154,11 @@ impl SessionPool {
         }
     }
 
+    /// How this pool opens its sessions (for a listener of its own).
+    pub fn connect_options(&self) -> PgConnectOptions {
+        self.inner.manager().connect.clone()
+    }
+
     /// Refuses new checkouts and closes the idle sessions (each with a
     /// `Terminate` message). Sessions in use are closed as they come back.
     pub async fn close(&self) {

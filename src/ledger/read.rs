@@ -18,6 +18,8 @@ use crate::intent::OperationId;
 struct RunRow {
     run_id: Uuid,
     tenant_id: String,
+    kind: String,
+    principal: String,
     task_id: String,
     attempt: i32,
     status: String,
@@ -100,15 +102,16 @@ impl Ledger {
         let row: Option<RunRow> = self
             .invoke_optional(CALL, false, || {
                 sqlx::query_as(
-                    "SELECT r.run_id, r.tenant_id, r.task_id, r.attempt, r.status, r.revision,
-                            r.checkpoint, r.created_at, r.updated_at,
+                    "SELECT r.run_id, r.tenant_id, r.kind, r.principal, r.task_id, r.attempt,
+                            r.status, r.revision, r.checkpoint, r.created_at, r.updated_at,
                             l.owner AS lease_owner, l.epoch AS lease_epoch,
                             l.expires_at AS lease_expires_at,
                             l.expires_at <= clock_timestamp() AS lease_expired,
                             t.active_run_id IS NOT DISTINCT FROM r.run_id AS active
                        FROM agent_runs r
                        JOIN worker_leases l ON l.run_id = r.run_id
-                       JOIN agent_tasks t ON t.tenant_id = r.tenant_id AND t.task_id = r.task_id
+                       JOIN agent_tasks t ON t.tenant_id = r.tenant_id AND t.kind = r.kind
+                                          AND t.principal = r.principal AND t.task_id = r.task_id
                       WHERE r.run_id = $1",
                 )
                 .bind(run_id.as_uuid())
@@ -124,6 +127,8 @@ impl Ledger {
         Ok(Some(RunView {
             run_id: RunId::from_uuid(row.run_id),
             tenant_id: row.tenant_id,
+            kind: row.kind,
+            principal: row.principal,
             task_id: row.task_id,
             attempt: row.attempt,
             status,
@@ -139,6 +144,19 @@ impl Ledger {
             },
             active: row.active,
         }))
+    }
+
+    /// The tenant a run belongs to, and whether it lives in the tenant's
+    /// shared namespace of tasks (`true`) or in a principal's namespace of
+    /// a lease mode (`false`). Neither ever changes.
+    pub async fn run_scope(&self, run_id: RunId) -> Result<Option<(String, bool)>, LedgerError> {
+        let row: Option<(String, bool)> = self
+            .invoke_optional("run_scope", false, || {
+                sqlx::query_as("SELECT tenant_id, kind = 'task' FROM agent_runs WHERE run_id = $1")
+                    .bind(run_id.as_uuid())
+            })
+            .await?;
+        Ok(row)
     }
 
     /// The tenant a run belongs to (runs never change tenant).

@@ -78,11 +78,12 @@ fn install_sql() -> String {
 }
 
 /// The function files, in the order they are applied (helpers first).
-pub const FUNCTION_FILES: [(&str, &str); 9] = [
+pub const FUNCTION_FILES: [(&str, &str); 10] = [
     ("sql/common.sql", include_str!("../../sql/common.sql")),
     ("sql/process.sql", include_str!("../../sql/process.sql")),
     ("sql/lease.sql", include_str!("../../sql/lease.sql")),
     ("sql/run.sql", include_str!("../../sql/run.sql")),
+    ("sql/members.sql", include_str!("../../sql/members.sql")),
     ("sql/operation.sql", include_str!("../../sql/operation.sql")),
     (
         "sql/durability.sql",

@@ -406,6 +406,11 @@ pub enum RunCreateOutcome {
 pub struct RunView {
     pub run_id: RunId,
     pub tenant_id: String,
+    /// `task`: the tenant's shared namespace (the control API's);
+    /// `session` or `key`: the namespace of `principal` in that lease mode.
+    pub kind: String,
+    /// The principal whose namespace holds the task ("" for kind `task`).
+    pub principal: String,
     pub task_id: String,
     pub attempt: i32,
     pub status: RunStatus,

@@ -134,9 +134,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
         ),
         CallError::RunTerminal(rejection) => (codes::RUN_TERMINAL, Some(reason_data(rejection))),
         CallError::RunNotFound => (codes::RUN_NOT_FOUND, None),
-        CallError::IntentConflict(rejection) => {
-            (codes::INTENT_CONFLICT, Some(reason_data(rejection)))
-        }
+        CallError::IntentConflict(rejection) => (codes::INTENT_CONFLICT, Some(conflict_data(rejection))),
         CallError::InProgress { operation_id } => (
             codes::IN_PROGRESS,
             Some(json!({"operation_id": operation_id.as_str(), "status": "dispatching"})),
@@ -189,6 +187,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
             "{error}: send _meta \"{}\" {{step_id, effect_version}}",
             super::front::STEP_META
         ),
+        CallError::IntentConflict(rejection) => conflict_message(rejection),
         other => other.to_string(),
     };
     McpError::new(ErrorCode(code), message, data)
@@ -301,6 +300,31 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
         },
     });
     McpError::new(ErrorCode(codes::LEASE_REQUIRED), message, Some(data))
+}
+
+/// -32003 says what the caller must do, and nothing of the request the
+/// step or key was first used with (its digest would let a caller test
+/// guesses of another request's arguments offline).
+fn conflict_message(rejection: &crate::ledger::Rejection) -> String {
+    let operation = match rejection {
+        crate::ledger::Rejection::IntentConflict { operation_id, .. } => operation_id.as_str(),
+        _ => "",
+    };
+    format!(
+        "intent conflict on operation {operation}: this step (or idempotency key) was already \
+         used with a different request. Nothing was sent. Send the same request again to get its \
+         recorded answer; for a different request use a new idempotency key, or a new step (or \
+         effect_version + 1 when the plan changed)"
+    )
+}
+
+fn conflict_data(rejection: &crate::ledger::Rejection) -> Value {
+    match rejection {
+        crate::ledger::Rejection::IntentConflict { operation_id, .. } => {
+            json!({"reason": rejection.reason(), "operation_id": operation_id.as_str()})
+        }
+        other => json!({"reason": other.reason()}),
+    }
 }
 
 fn reason_data(rejection: &crate::ledger::Rejection) -> Value {

@@ -184,7 +184,11 @@ struct State {
     /// Lease mode `session` (stdio): the lease calls without one of their
     /// own are sent under.
     session_lease: std::sync::OnceLock<Arc<crate::worker::session::SessionLease>>,
-    /// Lease mode `key`: the key runs' leases (and tokens) this process took.
+    /// Lease mode `session` over HTTP: this process's memberships, one per
+    /// principal and task key, shared by its sessions and requests.
+    session_leases: crate::worker::session::SessionLeases,
+    /// Lease mode `key`: the key runs' memberships (and tokens) this
+    /// process holds.
     key_leases: crate::worker::session::KeyLeases,
     /// Serializes catalog refreshes.
     refreshing: tokio::sync::Mutex<()>,
@@ -210,20 +214,10 @@ pub struct Session {
     cancels: Mutex<HashMap<String, (u64, CancellationToken)>>,
     /// Numbers the watches, so a watch only removes its own entry.
     next_watch: std::sync::atomic::AtomicU64,
-    /// Lease mode `session` over HTTP sessions: this MCP session's lease,
-    /// begun by its first side-effecting call without a lease of its own,
-    /// released when the session ends.
+    /// Lease mode `session` over HTTP: the process's membership this MCP
+    /// session (or stateless request) uses, from its first side-effecting
+    /// call without a lease of its own; held while the session lives.
     lease: tokio::sync::OnceCell<Arc<crate::worker::session::SessionLease>>,
-}
-
-impl Drop for Session {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.get().cloned()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            runtime.spawn(async move { lease.end().await });
-        }
-    }
 }
 
 /// The MCP front. Cheap to clone.
@@ -330,6 +324,31 @@ fn principal_of(context: &RequestContext<RoleServer>) -> Option<&crate::auth::Pr
         .get::<http::request::Parts>()?
         .extensions
         .get::<crate::auth::Principal>()
+}
+
+/// The namespace of the caller's lease-mode tasks: its principal's (a
+/// bearer token, a JWT subject), or `anonymous` without authentication. A
+/// JWT without a subject would share one namespace with every token of its
+/// issuer, so lease modes `session` and `key` refuse it.
+fn lease_namespace<'c>(
+    context: &'c RequestContext<RoleServer>,
+    mode: &str,
+) -> Result<&'c str, McpError> {
+    match principal_of(context) {
+        None => Ok(crate::worker::session::ANONYMOUS),
+        Some(principal) => principal.lease_namespace().ok_or_else(|| {
+            McpError::new(
+                ErrorCode(codes::INVALID_PARAMS),
+                format!(
+                    "lease_mode = \"{mode}\" needs a caller identity: this token has no subject \
+                     (a JWT without `sub`), so its calls cannot be told from other callers'. \
+                     Use a token with a subject, or send a lease of your own. Nothing was \
+                     recorded or sent"
+                ),
+                Some(json!({"reason": "no_subject", "lease_mode": mode})),
+            )
+        }),
+    }
 }
 
 fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, CallError> {
@@ -449,6 +468,12 @@ impl Front {
         dispatcher: Dispatcher<Upstreams>,
         in_flight: Arc<InFlightRequests>,
     ) -> Self {
+        let session_leases = crate::worker::session::SessionLeases::new(
+            dispatcher.ledger().clone(),
+            &config.tenant,
+            dispatcher.owner(),
+            crate::worker::session_heartbeat(config.session_ttl),
+        );
         let front = Self {
             state: Arc::new(State {
                 catalog: RwLock::new(Arc::new(Catalog::new(catalog))),
@@ -460,6 +485,7 @@ impl Front {
                 sessions: Mutex::new(Vec::new()),
                 parked: Mutex::new(HashMap::new()),
                 session_lease: std::sync::OnceLock::new(),
+                session_leases,
                 key_leases: crate::worker::session::KeyLeases::new(),
                 notices: tokio::sync::broadcast::channel(256).0,
                 refreshing: tokio::sync::Mutex::new(()),
@@ -476,6 +502,12 @@ impl Front {
     /// sent under `lease` from now on (set once, before serving).
     pub fn set_session_lease(&self, lease: Arc<crate::worker::session::SessionLease>) {
         let _ = self.state.session_lease.set(lease);
+    }
+
+    /// Lease mode `session`: this process's memberships (stdio takes its
+    /// own there, before serving).
+    pub fn session_leases(&self) -> &crate::worker::session::SessionLeases {
+        &self.state.session_leases
     }
 
     /// The requests in flight on the stateless HTTP front.
@@ -2120,63 +2152,68 @@ impl Front {
 impl Front {
     /// The -32001 answer for `name`: how to get a lease over this
     /// transport, and how to mark the tool read-only.
-    /// Lease mode `session` over HTTP sessions: begins this MCP session's
-    /// lease on its first side-effecting call that brings no lease of its
-    /// own (task key: the `Leasegate-Task` header, else `[session] task`).
-    /// Without a task key the call goes on and is refused as needing a
-    /// lease.
+    /// Lease mode `session`: the lease a side-effecting call that brings
+    /// none of its own is sent under, once this process's membership may
+    /// register (`SessionLease::ready`). Over stdio the process's own; over
+    /// HTTP the membership of the caller's principal for the task key (the
+    /// `Leasegate-Task` header, else `[session] task`), kept for this MCP
+    /// session. Without a task key the call goes on and is refused as
+    /// needing a lease.
     async fn begin_session_lease(
         &self,
         context: &RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let config = &self.state.config;
         if config.lease_mode != crate::config::LeaseMode::Session
-            || self.session.lease.initialized()
-            || self.state.session_lease.get().is_some()
             || !matches!(lease_of(context), Err(CallError::LeaseRequired))
         {
             return Ok(());
         }
-        let Some(parts) = context.extensions.get::<http::request::Parts>() else {
-            return Ok(());
+        let lease = match self
+            .state
+            .session_lease
+            .get()
+            .or_else(|| self.session.lease.get())
+        {
+            Some(lease) => lease.clone(),
+            None => {
+                let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+                    return Ok(());
+                };
+                let task = parts
+                    .headers
+                    .get(TASK_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .or_else(|| config.session_task.clone());
+                let Some(task) = task else {
+                    return Ok(());
+                };
+                check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
+                    .map_err(|e| invalid_params(e.to_string()))?;
+                let namespace = lease_namespace(context, "session")?;
+                self.session
+                    .lease
+                    .get_or_try_init(|| self.state.session_leases.get(namespace, &task))
+                    .await
+                    .map_err(|error| {
+                        tracing::warn!(error = %crate::logfield::clip_display(&error), task = %crate::logfield::clip(&task), "the session lease could not begin");
+                        convert::error_from_call(&CallError::SessionLost {
+                            task: task.clone(),
+                            cause: error.to_string(),
+                        })
+                    })?
+                    .clone()
+            }
         };
-        let task = parts
-            .headers
-            .get(TASK_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .or_else(|| config.session_task.clone());
-        let Some(task) = task else {
-            return Ok(());
-        };
-        check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
-            .map_err(|e| invalid_params(e.to_string()))?;
-        let ledger = self.state.dispatcher.ledger().clone();
-        let owner = format!("{}:session", self.state.dispatcher.owner());
-        self.session
-            .lease
-            .get_or_try_init(|| async {
-                crate::worker::session::SessionLease::begin(
-                    ledger,
-                    &config.tenant,
-                    &task,
-                    &owner,
-                    crate::worker::session_heartbeat(config.session_ttl),
-                )
-                .await
-                .map(Arc::new)
+        lease.ready().await.map_err(|cause| {
+            convert::error_from_call(&CallError::SessionLost {
+                task: lease.task().to_owned(),
+                cause,
             })
-            .await
-            .map(|_| ())
-            .map_err(|error| {
-                tracing::warn!(error = %crate::logfield::clip_display(&error), task = %crate::logfield::clip(&task), "the session lease could not begin");
-                convert::error_from_call(&CallError::SessionLost {
-                    task: task.clone(),
-                    cause: error.to_string(),
-                })
-            })
+        })
     }
 
     /// Lease mode `key`: the lease of the run that stands for this call's
@@ -2219,13 +2256,9 @@ impl Front {
             dispatcher.ledger(),
             &self.state.key_leases,
             &config.tenant,
-            // With authentication, each token is a principal of its own;
-            // without, every caller of the tenant is one.
-            principal_of(context).map_or("anonymous", |p| p.token_id.as_str()),
+            lease_namespace(context, "key")?,
             &key,
-            // One owner for every process: calls with the same key share
-            // the key run's lease instead of fencing each other.
-            crate::worker::session::KEY_OWNER,
+            dispatcher.owner(),
             i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
             config.key_retention,
         )

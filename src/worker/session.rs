@@ -1,63 +1,73 @@
-//! Session leases: leasegate holds a run's lease for an agent that knows
-//! nothing of leases (lease mode `session`).
+//! Lease modes `session` and `key`: leasegate holds a task's lease for
+//! agents that know nothing of leases.
 //!
-//! A session is named by a task key. [`SessionLease::begin`] makes the
-//! task's active run this session's: it creates the run (lease held at
-//! epoch 1) when the task has no live run, or takes the live run's lease over at
-//! once (`lease_takeover`: epoch + 1, even while the previous holder's lease
-//! is unexpired) — a new session for the same task key is the agent
-//! restarted, and it fences its predecessor. A pending run is started. The
-//! lease is then renewed by the worker heartbeat until the session ends
-//! ([`SessionLease::end`] releases it; the run stays running, so the next
-//! session resumes it and its calls replay what this one recorded).
+//! A task here lives in its caller's namespace (`ledger::TaskKind`): the
+//! principal a bearer token or a JWT subject stands for, or `anonymous`
+//! without authentication. Another principal naming the same task key
+//! names another task; the control API cannot create, lease or plan into
+//! these namespaces.
+//!
+//! The lease is shared (`sql/members.sql`): every leasegate process serving
+//! a principal's task is a member with its own token, and each process
+//! holds one membership per task for all of its connections, sessions and
+//! stateless requests ([`SessionLeases`]). So an agent's parallel calls and
+//! parallel connections never fence each other, on one process or across
+//! several behind a load balancer.
+//!
+//! # Who fences whom (session mode)
+//!
+//! * A member whose liveness lapsed (frozen, killed, partitioned) is
+//!   removed by the next member to join or check, and its writes are
+//!   refused from then on, whatever it believes.
+//! * A newcomer registers its first side-effecting call only once every
+//!   other member has renewed since it joined (alive: a parallel connection
+//!   of the same agent; a probe on `ledger::MEMBER_PROBE_CHANNEL` makes
+//!   live members renew at once) or has been removed as gone ([`SessionLease::ready`]).
+//!   So a frozen predecessor never sends after its restarted successor's
+//!   first call is registered; the successor's first call waits at most
+//!   the session ttl for that, and sees no refusal.
+//! * Within one process every connection of the principal under the task
+//!   key shares the membership: a reconnecting agent is the same agent.
 //!
 //! # Guarantees
 //!
-//! * Calls through a session carry its lease; the ledger fences them like
-//!   any worker's writes. After a takeover, the old session's writes are
-//!   rejected (-32002), whatever the old process believes.
-//! * The first renewal the heartbeat cannot confirm ends the session: every
-//!   later side-effecting call is refused before anything is registered or
-//!   sent ([`SessionLease::current`] answers the cause). It never
-//!   re-acquires on its own: a lost session stays lost until the agent
-//!   starts a new one.
+//! * The first renewal the heartbeat cannot confirm ends the membership:
+//!   every later call through it is refused before anything is registered
+//!   or sent ([`SessionLease::current`]). The registry then joins afresh
+//!   for the next call.
 //! * Identity is per run and step: calls of a resumed run with the same
 //!   derived step (tool + request digest) are the same intents, so an agent
 //!   that repeats its calls after a restart gets the recorded answers.
 //!
 //! # Crash points
 //!
-//! A process that dies holding a session leaves the lease to expire (its
-//! ttl); the next session for the task takes it over at once anyway.
+//! A process that dies leaves its membership to lapse (the session ttl);
+//! the next member removes it. A membership no call has used for one
+//! heartbeat interval is left, and the last member to leave frees the lease
+//! (the run stays running, for the next session to resume).
 //!
-//! # Lease tokens
+//! # Key mode
 //!
-//! Every lease leasegate takes here comes with its secret token (issue 13);
-//! leasegate keeps it in memory only, in the session's claim or, in key
-//! mode, in the process's [`KeyLeases`], and presents it on every write. A
-//! token is shown once, so a process never learns another process's token:
-//! in key mode a process that holds no token for a key run's live lease
-//! takes the lease over (epoch + 1, a new token) instead of sharing it. A
-//! call of another process with the same key whose registration had not yet
-//! committed is then refused -32002 (`lease_lost`) and nothing of it is
-//! sent; its retry with the same key replays. A call already registered
-//! and claimed is not affected: settling is fenced by the dispatch claim,
-//! not the lease, so the takeover never causes a second send.
+//! One run per (principal, idempotency key). Members of a key run are never
+//! renewed: a process joins (or reuses its membership while half its ttl
+//! is left), registers, and lets it lapse. Nothing is fenced; the lease
+//! only orders registrations, so the same key replays and another request
+//! under it is an intent conflict. Past its retention the key's run is
+//! cancelled and the key starts a new one.
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 
-use super::{HeartbeatConfig, StopCause, WorkerCancellation, spawn_heartbeat};
-use crate::ledger::{
-    AcquireOutcome, Fenced, InitialLease, LeaseClaim, Ledger, LedgerError, Rejection,
-    RunCreateOutcome, RunId, RunStatus,
-};
+use super::{HeartbeatConfig, StopCause, WorkerCancellation};
+use crate::ledger::{Fenced, LeaseClaim, Ledger, LedgerError, TaskKind, TaskRef};
 
-/// Why a session could not begin.
+/// Why a lease-mode call could not get a lease.
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
     #[error("invalid session lease settings: {0}")]
@@ -68,47 +78,71 @@ pub enum SessionError {
     Ledger(#[from] LedgerError),
 }
 
-/// A task's lease held by leasegate for the life of an MCP session or a
-/// stdio process.
+/// The namespace of callers without authentication (loopback, stdio).
+pub const ANONYMOUS: &str = "anonymous";
+
+/// The longest idempotency key accepted (lease mode `key`).
+pub use crate::ids::MAX_IDEMPOTENCY_KEY_LEN;
+
+/// This process's membership of one task's shared lease (lease mode
+/// `session`), renewed by its heartbeat until it ends.
 #[derive(Debug)]
 pub struct SessionLease {
     ledger: Ledger,
     task: String,
     claim: LeaseClaim,
-    took_over: bool,
+    took: Option<String>,
+    config: HeartbeatConfig,
     cancel: WorkerCancellation,
+    /// Renew now (another member joined and waits for proof of life).
+    probe: Arc<Notify>,
     heartbeat: Mutex<Option<JoinHandle<StopCause>>>,
+    ready: tokio::sync::OnceCell<()>,
 }
 
 impl SessionLease {
-    /// Makes the task's active run this session's (see the module docs)
-    /// and starts renewing its lease.
+    /// Joins the task's shared lease (creating its run if it has none
+    /// live) and starts renewing the membership.
     pub async fn begin(
         ledger: Ledger,
-        tenant: &str,
-        task: &str,
-        owner: &str,
+        task: TaskRef<'_>,
+        member: &str,
         config: HeartbeatConfig,
     ) -> Result<Self, SessionError> {
         config.validate().map_err(SessionError::Config)?;
-        let (claim, took_over) =
-            take_task_run(&ledger, tenant, task, owner, config.ttl_ms, None).await?;
-        // The token is not a log field.
+        let join = ledger
+            .lease_member_join(&task, member, config.ttl_ms, None)
+            .await?;
         let cancel = WorkerCancellation::new();
-        let heartbeat = spawn_heartbeat(ledger.clone(), claim.clone(), config, cancel.clone());
-        tracing::info!(task = %crate::logfield::clip(task), run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
-            took_over, "session lease held");
+        let probe = Arc::new(Notify::new());
+        let heartbeat = spawn_member_heartbeat(
+            ledger.clone(),
+            join.claim.clone(),
+            config,
+            cancel.clone(),
+            probe.clone(),
+        );
+        tracing::info!(task = %crate::logfield::clip(task.task), run_id = %join.claim.run_id,
+            epoch = join.claim.epoch, waiting_on = join.waiting_on, removed = join.evicted,
+            took = join.took.as_deref().unwrap_or("joined"), "session lease held");
+        let ready = tokio::sync::OnceCell::new();
+        if join.waiting_on == 0 {
+            let _ = ready.set(());
+        }
         Ok(Self {
             ledger,
-            task: task.to_owned(),
-            claim,
-            took_over,
+            task: task.task.to_owned(),
+            claim: join.claim,
+            took: join.took,
+            config,
             cancel,
+            probe,
             heartbeat: Mutex::new(Some(heartbeat)),
+            ready,
         })
     }
 
-    /// The lease to send calls under while the session holds it; once it
+    /// The lease to send calls under while the membership holds; once it
     /// does not, why (the heartbeat's stop cause).
     pub fn current(&self) -> Result<&LeaseClaim, String> {
         match self.cancel.cause() {
@@ -127,13 +161,57 @@ impl SessionLease {
         &self.task
     }
 
-    /// Whether this session took a live run over from another holder.
-    pub fn took_over(&self) -> bool {
-        self.took_over
+    /// How the lease came to be held by this join (`created`, `acquired`,
+    /// `taken_over`), or `None` when it joined members already holding it.
+    pub fn took(&self) -> Option<&str> {
+        self.took.as_deref()
     }
 
-    /// Stops renewing and releases the lease if this session still holds
-    /// it (the run stays as it is, for the next session to resume).
+    /// Waits until this member may register its first call: every other
+    /// member has renewed since it joined, or has been removed as gone (see
+    /// the module docs). Answers at once after the first success. Bounded:
+    /// a gone member lapses within the ttl.
+    pub async fn ready(&self) -> Result<(), String> {
+        self.ready
+            .get_or_try_init(|| async {
+                let ttl = Duration::from_millis(u64::try_from(self.config.ttl_ms).unwrap_or(0));
+                let deadline = tokio::time::Instant::now() + ttl + ttl / 2;
+                let mut pause = Duration::from_millis(5);
+                loop {
+                    let claim = self.current()?;
+                    match self.ledger.lease_member_ready(claim).await {
+                        Ok(Ok(readiness)) if readiness.waiting_on == 0 => return Ok(()),
+                        Ok(Ok(_)) => {}
+                        Ok(Err(rejection)) => {
+                            let cause = StopCause::LeaseLost(rejection);
+                            let message = cause.to_string();
+                            self.cancel.cancel_with(cause);
+                            return Err(message);
+                        }
+                        Err(error) => return Err(error.to_string()),
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(format!(
+                            "other holders of task {:?} neither renewed nor lapsed within {:?}",
+                            self.task,
+                            ttl + ttl / 2
+                        ));
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Renews now instead of at the next tick (a newcomer waits on us).
+    fn probe(&self) {
+        self.probe.notify_one();
+    }
+
+    /// Stops renewing and leaves the lease if this membership still holds
+    /// (the run stays as it is, for the next session to resume).
     pub async fn end(&self) {
         let held = self.current().is_ok();
         self.cancel
@@ -142,42 +220,294 @@ impl SessionLease {
             let _ = heartbeat.await;
         }
         if held {
-            match self.ledger.lease_release(&self.claim).await {
+            match self.ledger.lease_member_leave(&self.claim).await {
                 Ok(Fenced::Applied(_)) => {
-                    tracing::info!(task = %crate::logfield::clip(&self.task), run_id = %self.claim.run_id, "session lease released")
+                    tracing::info!(task = %crate::logfield::clip(&self.task), run_id = %self.claim.run_id, "session lease left")
                 }
                 Ok(Fenced::Rejected(rejection)) => {
                     tracing::info!(task = %crate::logfield::clip(&self.task), rejection = %crate::logfield::clip_display(&rejection), "session lease was no longer ours")
                 }
                 Err(error) => {
-                    tracing::warn!(task = %crate::logfield::clip(&self.task), error = %crate::logfield::clip_display(&error), "releasing the session lease failed; it expires on its own")
+                    tracing::warn!(task = %crate::logfield::clip(&self.task), error = %crate::logfield::clip_display(&error), "leaving the session lease failed; it lapses on its own")
                 }
             }
         }
     }
 }
 
-/// Lease mode `key`: the owner of every key run's lease, whichever
-/// leasegate process serves the call.
-pub const KEY_OWNER: &str = "leasegate:idempotency-key";
+/// Renews `claim`'s membership every `config.interval`, and at once when
+/// probed, until `cancel` fires or a renewal is unconfirmed (then cancels
+/// `cancel` with the cause).
+fn spawn_member_heartbeat(
+    ledger: Ledger,
+    claim: LeaseClaim,
+    config: HeartbeatConfig,
+    cancel: WorkerCancellation,
+    probe: Arc<Notify>,
+) -> JoinHandle<StopCause> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval_at(
+            tokio::time::Instant::now() + config.interval,
+            config.interval,
+        );
+        // After a freeze, renew once rather than in a burst of missed ticks.
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => {
+                    return cancel.cause().cloned().unwrap_or_else(|| StopCause::Stopped("cancelled".into()));
+                }
+                _ = ticker.tick() => {}
+                _ = probe.notified() => {}
+            }
+            let renewal = tokio::time::timeout(
+                config.renew_timeout,
+                ledger.lease_member_renew(&claim, config.ttl_ms),
+            )
+            .await;
+            let cause = match renewal {
+                Ok(Ok(Fenced::Applied(_))) => continue,
+                Ok(Ok(Fenced::Rejected(rejection))) => StopCause::from_rejection(rejection),
+                Ok(Err(error)) => StopCause::RenewalUnconfirmed(error.to_string()),
+                Err(_elapsed) => StopCause::RenewalUnconfirmed(format!(
+                    "no answer within {:?}",
+                    config.renew_timeout
+                )),
+            };
+            tracing::warn!(run_id = %claim.run_id, epoch = claim.epoch, cause = %cause,
+                "session lease membership ended");
+            cancel.cancel_with(cause.clone());
+            return cause;
+        }
+    })
+}
 
-/// The longest idempotency key accepted (lease mode `key`).
-pub use crate::ids::MAX_IDEMPOTENCY_KEY_LEN;
+type Slot = Arc<Mutex<Option<Arc<SessionLease>>>>;
 
-/// Lease mode `key`: the key runs' leases this process took, with their
-/// secret tokens, by task. One per process (the MCP front's state); calls
-/// with one key in this process take turns on the key's slot while they
-/// take its lease, so they share one lease instead of fencing each other.
+struct Entry {
+    slot: Slot,
+    last_used: Instant,
+}
+
+/// This process's memberships in session mode, one per (principal, task
+/// key), shared by every connection, session and request that names it.
+/// A membership no call has used for one heartbeat interval is left.
+pub struct SessionLeases {
+    inner: Arc<Registry>,
+}
+
+struct Registry {
+    ledger: Ledger,
+    tenant: String,
+    member: String,
+    config: HeartbeatConfig,
+    entries: std::sync::Mutex<HashMap<(String, String), Entry>>,
+    started: std::sync::Once,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for SessionLeases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionLeases")
+            .field("member", &self.inner.member)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionLeases {
+    /// `member` names this process (its dispatch owner).
+    pub fn new(ledger: Ledger, tenant: &str, member: &str, config: HeartbeatConfig) -> Self {
+        Self {
+            inner: Arc::new(Registry {
+                ledger,
+                tenant: tenant.to_owned(),
+                member: member.to_owned(),
+                config,
+                entries: std::sync::Mutex::new(HashMap::new()),
+                started: std::sync::Once::new(),
+                stop: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The principal's membership of `task`: this process's current one,
+    /// or a new one (joined now). Hold the answer while a call or a session
+    /// uses it.
+    pub async fn get(&self, principal: &str, task: &str) -> Result<Arc<SessionLease>, SessionError> {
+        let registry = &self.inner;
+        registry.started.call_once(|| {
+            tokio::spawn(probe_responder(Arc::downgrade(registry)));
+            tokio::spawn(idle_sweeper(Arc::downgrade(registry)));
+        });
+        let slot = {
+            let mut entries = registry.entries.lock().unwrap_or_else(|e| e.into_inner());
+            let entry = entries
+                .entry((principal.to_owned(), task.to_owned()))
+                .or_insert_with(|| Entry {
+                    slot: Slot::default(),
+                    last_used: Instant::now(),
+                });
+            entry.last_used = Instant::now();
+            entry.slot.clone()
+        };
+        let mut held = slot.lock().await;
+        if let Some(lease) = held.as_ref()
+            && lease.current().is_ok()
+        {
+            return Ok(lease.clone());
+        }
+        let lease = Arc::new(
+            SessionLease::begin(
+                registry.ledger.clone(),
+                TaskRef {
+                    tenant: &registry.tenant,
+                    kind: TaskKind::Session,
+                    principal,
+                    task,
+                },
+                &registry.member,
+                registry.config,
+            )
+            .await?,
+        );
+        *held = Some(lease.clone());
+        Ok(lease)
+    }
+
+    /// Leaves every membership (shutdown); the background tasks stop.
+    pub async fn end_all(&self) {
+        self.inner.stop.cancel();
+        let leases: Vec<Arc<SessionLease>> = {
+            let mut entries = self.inner.entries.lock().unwrap_or_else(|e| e.into_inner());
+            entries
+                .drain()
+                .filter_map(|(_, entry)| entry.slot.try_lock().ok().and_then(|held| held.clone()))
+                .collect()
+        };
+        for lease in leases {
+            lease.end().await;
+        }
+    }
+}
+
+impl Drop for SessionLeases {
+    fn drop(&mut self) {
+        self.inner.stop.cancel();
+    }
+}
+
+impl Registry {
+    fn leases(&self) -> Vec<Arc<SessionLease>> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .values()
+            .filter_map(|entry| entry.slot.try_lock().ok().and_then(|held| held.clone()))
+            .collect()
+    }
+}
+
+/// Renews at once the memberships of every run a newcomer waits on.
+async fn probe_responder(registry: Weak<Registry>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let Some(strong) = registry.upgrade() else {
+            return;
+        };
+        let (ledger, stop) = (strong.ledger.clone(), strong.stop.clone());
+        drop(strong);
+        let mut probes = tokio::select! {
+            _ = stop.cancelled() => return,
+            probes = ledger.listen_member_probes() => match probes {
+                Ok(probes) => probes,
+                Err(error) => {
+                    tracing::warn!(error = %crate::logfield::clip_display(&error),
+                        "cannot listen for newcomers to session leases; members renew on their heartbeat");
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            },
+        };
+        backoff = Duration::from_millis(100);
+        loop {
+            let run = tokio::select! {
+                _ = stop.cancelled() => return,
+                run = probes.next() => run,
+            };
+            let Ok(run) = run else { break };
+            let Some(strong) = registry.upgrade() else {
+                return;
+            };
+            for lease in strong.leases() {
+                if lease.claim.run_id == run {
+                    lease.probe();
+                }
+            }
+        }
+    }
+}
+
+/// Leaves memberships no call has used for one heartbeat interval.
+async fn idle_sweeper(registry: Weak<Registry>) {
+    loop {
+        let Some(strong) = registry.upgrade() else {
+            return;
+        };
+        let (interval, stop) = (strong.config.interval, strong.stop.clone());
+        let idle: Vec<Arc<SessionLease>> = {
+            let mut entries = strong.entries.lock().unwrap_or_else(|e| e.into_inner());
+            let mut idle = Vec::new();
+            entries.retain(|_, entry| {
+                if entry.last_used.elapsed() < interval || Arc::strong_count(&entry.slot) > 1 {
+                    return true;
+                }
+                let Ok(mut held) = entry.slot.try_lock() else {
+                    return true;
+                };
+                match held.take() {
+                    // Only the registry holds it: nobody uses it.
+                    Some(lease) if Arc::strong_count(&lease) == 1 => {
+                        idle.push(lease);
+                        false
+                    }
+                    Some(lease) => {
+                        *held = Some(lease);
+                        true
+                    }
+                    None => false,
+                }
+            });
+            idle
+        };
+        drop(strong);
+        for lease in idle {
+            lease.end().await;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Lease mode `key`: this process's memberships of key runs, with their
+/// tokens, by (principal, key). Calls with one key in this process take
+/// turns on the key's slot while they join, so they share one membership.
 #[derive(Debug, Default)]
 pub struct KeyLeases {
-    slots: std::sync::Mutex<HashMap<String, Arc<Mutex<Option<HeldKeyLease>>>>>,
+    slots: std::sync::Mutex<HashMap<(String, String), Arc<Mutex<Option<HeldKeyLease>>>>>,
 }
 
 #[derive(Debug)]
 struct HeldKeyLease {
     claim: LeaseClaim,
-    /// This host's estimate of the lease's end; only for forgetting it.
+    /// This host's estimate of the membership's end.
     until: Instant,
+    /// Past this the key is a new request (its run's retention ends).
+    retire_at: chrono::DateTime<chrono::Utc>,
 }
 
 impl KeyLeases {
@@ -185,152 +515,32 @@ impl KeyLeases {
         Self::default()
     }
 
-    /// The task's slot; forgets slots nobody uses whose lease has ended.
-    fn slot(&self, task: &str) -> Arc<Mutex<Option<HeldKeyLease>>> {
+    /// The key's slot; forgets slots nobody uses whose membership ended.
+    fn slot(&self, principal: &str, key: &str) -> Arc<Mutex<Option<HeldKeyLease>>> {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         slots.retain(|name, slot| {
-            name == task
+            (name.0 == principal && name.1 == key)
                 || Arc::strong_count(slot) > 1
                 || slot
                     .try_lock()
                     .map(|held| held.as_ref().is_some_and(|held| held.until > now))
                     .unwrap_or(true)
         });
-        slots.entry(task.to_owned()).or_default().clone()
+        slots
+            .entry((principal.to_owned(), key.to_owned()))
+            .or_default()
+            .clone()
     }
 }
 
-/// Key mode's part of [`take_task_run`].
-struct KeyMode<'a> {
-    /// A live run created longer ago than this is cancelled and replaced.
-    retention: std::time::Duration,
-    /// The lease this process holds for the task, token included.
-    held: Option<&'a LeaseClaim>,
-}
-
-/// The task's active run, with its lease now held by `owner`: created
-/// (epoch 1) when the task has no live run, else taken over at once
-/// (`lease_takeover`); a pending run is started. With `key` (key mode), a
-/// live run created longer ago than its retention is cancelled first and a
-/// new one created, and a live lease this process already holds (`held`:
-/// same run and epoch, so its token is known) is shared rather than taken
-/// over, so concurrent calls with one key in one process do not fence each
-/// other. Returns the lease (with its token) and whether it was taken from
-/// a holder.
-async fn take_task_run(
-    ledger: &Ledger,
-    tenant: &str,
-    task: &str,
-    owner: &str,
-    ttl_ms: i64,
-    key: Option<KeyMode<'_>>,
-) -> Result<(LeaseClaim, bool), SessionError> {
-    let refused = |detail: String| SessionError::Refused {
-        task: task.to_owned(),
-        detail,
-    };
-    // A run finishing between two steps sends us round again; a third race
-    // in a row is reported.
-    for _ in 0..3 {
-        let lease = InitialLease { owner, ttl_ms };
-        let (claim, status, revision, took_over) = match ledger
-            .run_create(RunId::generate(), tenant, task, Some(lease))
-            .await?
-        {
-            RunCreateOutcome::Created(run) => (
-                LeaseClaim {
-                    run_id: run.run_id,
-                    owner: owner.to_owned(),
-                    epoch: run.lease_epoch,
-                    token: run.lease_token,
-                },
-                run.status,
-                0,
-                false,
-            ),
-            RunCreateOutcome::ActiveRunLive(run) => {
-                let mut shared = None;
-                if let Some(key) = &key {
-                    let created = ledger
-                        .run_get(run.run_id)
-                        .await?
-                        .map(|view| view.created_at);
-                    let age = created.and_then(|at| (chrono::Utc::now() - at).to_std().ok());
-                    if age.is_some_and(|age| age >= key.retention) {
-                        // Past retention: the key is a new request. The run
-                        // is retired by its lease holder — this process,
-                        // after taking the lease over — since cancelling
-                        // without a lease is an operator's act that the
-                        // application role cannot run (migrations/0007).
-                        if let AcquireOutcome::Acquired(grant) =
-                            ledger.lease_takeover(run.run_id, owner, ttl_ms).await?
-                        {
-                            let _ = ledger.run_retire(&grant.claim, "retention passed").await?;
-                        }
-                        continue;
-                    }
-                    // Key mode: a live lease this process holds (its token
-                    // known) with half its ttl left is used as it is (the
-                    // call registers before it lapses); otherwise it is
-                    // taken over afresh.
-                    let half = chrono::Duration::milliseconds(ttl_ms / 2);
-                    if let Some(held) = key.held
-                        && held.run_id == run.run_id
-                        && held.epoch == run.lease_epoch
-                        && run.lease_owner.as_deref() == Some(owner)
-                        && run.lease_expires_at > chrono::Utc::now() + half
-                    {
-                        // A pending run has revision 0 until it starts.
-                        shared = Some((held.clone(), run.status, 0, false));
-                    }
-                }
-                match shared {
-                    Some(shared) => shared,
-                    None => match ledger.lease_takeover(run.run_id, owner, ttl_ms).await? {
-                        AcquireOutcome::Acquired(grant) => (
-                            grant.claim,
-                            grant.run_status,
-                            grant.revision,
-                            grant.took_over,
-                        ),
-                        AcquireOutcome::Terminal { .. } | AcquireOutcome::NotFound => continue,
-                        AcquireOutcome::Busy { .. } => unreachable!("a takeover is never busy"),
-                    },
-                }
-            }
-            RunCreateOutcome::Exists(_) | RunCreateOutcome::RunIdTaken => {
-                return Err(refused("a fresh run id collided".into()));
-            }
-        };
-        if status == RunStatus::Pending {
-            match ledger.run_start(&claim, revision).await? {
-                Fenced::Applied(_) => {}
-                // Another taker started it (and may own it now: the next
-                // fenced write tells).
-                Fenced::Rejected(Rejection::Conflict { .. } | Rejection::WrongStatus { .. }) => {}
-                Fenced::Rejected(Rejection::Terminal { .. } | Rejection::NotFound) => continue,
-                Fenced::Rejected(rejection) => return Err(refused(rejection.to_string())),
-            }
-        }
-        return Ok((claim, took_over));
-    }
-    Err(refused(
-        "its runs kept finishing while leasegate took it; try again".into(),
-    ))
-}
-
-/// Lease mode `key`: the lease of the run that stands for one idempotency
-/// key of `principal` in `tenant` (task `idempotency-key:<principal>:<key>`),
-/// with its token (this process's, kept in `leases`).
-///
-/// The first call with a key creates the run (lease held by `owner`); a
-/// later call with the same key takes its lease over at once (there is no
-/// worker to wait for: the lease only fences this call's registration) and
-/// finds the key's intent — the same request replays, another request is an
-/// intent conflict. Once `retention` has passed since the run was created,
-/// the old run is cancelled and the key starts a new one: the same key is a
-/// new request then, as at providers that prune keys.
+/// Lease mode `key`: a membership of the run that stands for one
+/// idempotency key of `principal` in `tenant`, with its token (kept in
+/// `leases`). A membership of this process with half its ttl left is used
+/// as it is (the call registers before it lapses); otherwise the process
+/// joins again. Past `retention` since the key's run was created, the run
+/// is cancelled and the key starts a new one, as at providers that prune
+/// keys.
 #[allow(clippy::too_many_arguments)]
 pub async fn key_lease(
     ledger: &Ledger,
@@ -338,30 +548,46 @@ pub async fn key_lease(
     tenant: &str,
     principal: &str,
     key: &str,
-    owner: &str,
+    member: &str,
     ttl_ms: i64,
-    retention: std::time::Duration,
+    retention: Duration,
 ) -> Result<LeaseClaim, SessionError> {
-    let task = format!("idempotency-key:{principal}:{key}");
     if let Err(invalid) =
         crate::ids::check_identifier("idempotency key", key, MAX_IDEMPOTENCY_KEY_LEN)
     {
         return Err(SessionError::Refused {
-            task: task.chars().take(80).collect(),
+            task: key.chars().take(80).collect(),
             detail: invalid.to_string(),
         });
     }
-    let slot = leases.slot(&task);
+    let ttl = Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0));
+    let slot = leases.slot(principal, key);
     let mut held = slot.lock().await;
-    let key_mode = KeyMode {
-        retention,
-        held: held.as_ref().map(|held| &held.claim),
-    };
-    let (claim, _) = take_task_run(ledger, tenant, &task, owner, ttl_ms, Some(key_mode)).await?;
-    let ttl = std::time::Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0));
+    if let Some(current) = held.as_ref()
+        && current.until > Instant::now() + ttl / 2
+        && current.retire_at > chrono::Utc::now()
+    {
+        return Ok(current.claim.clone());
+    }
+    let started = Instant::now();
+    let join = ledger
+        .lease_member_join(
+            &TaskRef {
+                tenant,
+                kind: TaskKind::Key,
+                principal,
+                task: key,
+            },
+            member,
+            ttl_ms,
+            Some(retention),
+        )
+        .await?;
     *held = Some(HeldKeyLease {
-        claim: claim.clone(),
-        until: Instant::now() + ttl,
+        claim: join.claim.clone(),
+        until: started + ttl,
+        retire_at: join.run_created_at
+            + chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX),
     });
-    Ok(claim)
+    Ok(join.claim)
 }
