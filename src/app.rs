@@ -141,7 +141,7 @@ const MEMORY_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
 /// ledger pool, three pipes per stdio upstream, connections to HTTP
 /// upstreams, the listeners, logs and the runtime.
 fn reserved_descriptors(config: &Config) -> u64 {
-    u64::from(config.database_max_connections) + 8 * config.upstreams.len() as u64 + 128
+    u64::from(config.database_connections(false)) + 8 * config.upstreams.len() as u64 + 128
 }
 
 /// `limits.max_connections` per listener, lowered to what the open-file
@@ -347,7 +347,7 @@ impl Proxy {
                     .claim_ttl
                     .max(config.policy.reconcile_claim_ttl),
             ),
-            max_connections: config.database_max_connections,
+            max_connections: config.database_connections(false),
             statement_timeout: config.database_statement_timeout,
             synchronous_commit_at_least_on: config.policy.durability == Durability::SyncReplica,
             bodies: config.policy.bodies(),
@@ -526,7 +526,11 @@ impl Proxy {
                 let lease = self
                     .front
                     .session_leases()
-                    .get(crate::worker::session::ANONYMOUS, task)
+                    .get(
+                        crate::worker::session::ANONYMOUS,
+                        task,
+                        std::time::Instant::now(),
+                    )
                     .await?;
                 self.front.set_session_lease(lease.clone());
                 Some(lease)

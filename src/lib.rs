@@ -137,9 +137,11 @@
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal; `worker::batch` (`BatchHeartbeat`: one
 //!   batch renewal per interval for many leases of one host, each loss
-//!   delivered to its own holder); and `worker::session`, the lease leasegate
-//!   holds for an agent without lease plumbing (lease mode `session`). It
-//!   sits below `dispatch` so that the MCP front can use session leases.
+//!   delivered to its own holder); and `worker::session`, the leases
+//!   leasegate holds for agents without lease plumbing (lease modes
+//!   `session` and `key`): tasks in the caller's namespace, one shared
+//!   lease per task with each process a member. It sits below `dispatch`
+//!   so that the MCP front can use them.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
 //!   `0002`: operations, evidence; `0003`: detected failovers; `0004`:
 //!   access tokens and the `leasegate_operator` role, the only one that may
@@ -151,11 +153,14 @@
 //!   indexes on the live statuses, the archive tables of retention; `0010`:
 //!   room on `tool_operations`' pages, so new rows stay out of old pages;
 //!   `0011`: `ledger_events` without foreign keys, its rows written only by
-//!   the functions beside the rows they name) and the
+//!   the functions beside the rows they name; `0012`: single-column rules
+//!   as domains; `0013`: task namespaces — the tenant's shared one and one
+//!   per principal for the lease modes — and `lease_members`, the members
+//!   of a shared lease) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
-//!   (`common`, `process`, `lease`, `run`, `operation`, `durability`,
+//!   (`common`, `process`, `lease`, `run`, `members`, `operation`, `durability`,
 //!   `secrets`, `token`, `retention`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,

@@ -405,6 +405,7 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 config.lease_mode = leasegate::config::LeaseMode::Session;
                 config.session_task = Some(task);
             }
+            config.database_max_connections = Some(config.database_connections(true));
             let private = leasegate::app::provide_database(&mut config).await?;
             *database = Some(config.database());
             let proxy = Proxy::start(config).await?;

@@ -914,3 +914,379 @@ async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_
     );
     assert!(refused >= 1.0, "{text}");
 }
+
+/// `[auth.jwt]` with an HS256 key in `jwks.json`; returns a signer of
+/// claims (issuer, audience and expiry filled in; `org` is the tenant).
+fn jwt_issuer(scenario: &Scenario) -> impl Fn(Value) -> String {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, jwk::Jwk};
+    let secret: &'static [u8] = b"a shared secret of the test identity provider, 32+ bytes";
+    let mut key =
+        Jwk::from_encoding_key(&EncodingKey::from_secret(secret).unwrap(), Algorithm::HS256)
+            .unwrap();
+    key.common.key_id = Some("k1".into());
+    std::fs::write(
+        scenario.dir.join("jwks.json"),
+        json!({ "keys": [key] }).to_string(),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!(
+            "{config}\n[auth.jwt]\nissuer = \"https://idp.test\"\naudience = \"leasegate-test\"\njwks_file = \"jwks.json\"\ntenant_claim = \"org\"\n"
+        ),
+    )
+    .unwrap();
+    move |mut claims: Value| {
+        claims["iss"] = json!("https://idp.test");
+        claims["aud"] = json!("leasegate-test");
+        claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
+        let mut header = Header::new(Algorithm::HS256);
+        header.kid = Some("k1".into());
+        encode(&header, &claims, &EncodingKey::from_secret(secret).unwrap()).unwrap()
+    }
+}
+
+fn scenario_in_lease_mode(db: &TestDb, mode: &str) -> Scenario {
+    let scenario = scenario_with_auth(db);
+    scenario.prepend_config(&format!("lease_mode = \"{mode}\""));
+    scenario
+}
+
+/// The (run id, kind, principal) of the operation of the charge of `amount`.
+async fn charge_run(db: &TestDb, amount: i64) -> Vec<(String, String, String)> {
+    sqlx::query_as(
+        "SELECT r.run_id::text, r.kind, r.principal FROM tool_operations o \
+           JOIN agent_runs r ON r.run_id = o.run_id \
+          WHERE (o.request_body->>'amount')::bigint = $1 ORDER BY o.created_at",
+    )
+    .bind(amount)
+    .fetch_all(&db.admin)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn in_session_mode_another_principal_naming_the_task_key_gets_a_task_of_its_own_and_nothing_of_the_first(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_in_lease_mode(&db, "session");
+    let alice = create_token(&db, "tenant-a", "agent").await;
+    let mallory = create_token(&db, "tenant-a", "agent").await;
+    let operator = create_token(&db, "tenant-a", "operator").await;
+    let served = serve(&scenario).await;
+    let api = |path: &str| format!("{}{path}", served.control);
+    let bearer = |token: &str| format!("Bearer {token}");
+    let charge = |amount: i64| json!({"amount": amount, "currency": "eur"});
+
+    // Alice's agent works on task "payroll" in session mode.
+    let alice_auth = bearer(&alice);
+    let alice_mcp = connect_http_with(
+        &served.mcp,
+        &[
+            ("authorization", &alice_auth),
+            ("leasegate-task", "payroll"),
+        ],
+    )
+    .await;
+    let paid = call(&alice_mcp, "payments__charge", charge(50), None)
+        .await
+        .unwrap();
+    assert_eq!(common::proxy::operation_note(&paid)["replayed"], false);
+    let alice_run = charge_run(&db, 50).await[0].clone();
+    assert_eq!(
+        (alice_run.1.as_str(), alice_run.2.as_str()),
+        ("session", token_id(&alice))
+    );
+
+    // A worker of Alice's with an explicit lease on a control-API task of the
+    // same name: another namespace, so no conflict and no takeover.
+    let created = request(
+        "POST",
+        &api("/v1/runs"),
+        Some(&alice),
+        Some(json!({"task_id": "payroll"})),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{}", created.body);
+    let explicit_run = created.body["run_id"].as_str().unwrap().to_owned();
+    assert_ne!(explicit_run, alice_run.0);
+    let leased = request(
+        "POST",
+        &api(&format!("/v1/runs/{explicit_run}/lease")),
+        Some(&alice),
+        Some(json!({"owner": "worker-1", "ttl_ms": 60_000})),
+    )
+    .await;
+    assert_eq!(leased.status, 200, "{}", leased.body);
+
+    // Mallory, another agent token of the same tenant, names the same task
+    // key and sends the same request: a task of its own, a charge of its own,
+    // nothing replayed from Alice's run.
+    let mallory_auth = bearer(&mallory);
+    let mallory_mcp = connect_http_with(
+        &served.mcp,
+        &[
+            ("authorization", &mallory_auth),
+            ("leasegate-task", "payroll"),
+        ],
+    )
+    .await;
+    let own = call(&mallory_mcp, "payments__charge", charge(50), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        common::proxy::operation_note(&own)["replayed"],
+        false,
+        "{own:?}"
+    );
+    let runs = charge_run(&db, 50).await;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1].2, token_id(&mallory));
+    assert_ne!(runs[1].0, alice_run.0);
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 2);
+
+    // Alice is not fenced, and the explicit worker's lease still renews.
+    let again = call(&alice_mcp, "payments__charge", charge(51), None)
+        .await
+        .unwrap();
+    assert_eq!(common::proxy::operation_note(&again)["status"], "succeeded");
+    let renewed = request(
+        "POST",
+        &api(&format!("/v1/runs/{explicit_run}/lease/renew")),
+        Some(&alice),
+        Some(json!({"owner": "worker-1", "epoch": 1, "ttl_ms": 60_000,
+                    "lease_token": leased.body["lease_token"]})),
+    )
+    .await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+
+    // Through every control route Mallory (and Alice, an agent too) finds
+    // nothing of Alice's session run, and writes nothing.
+    let before = fingerprint(&db).await;
+    let run = &alice_run.0;
+    let claim = json!({"owner": "leasegate:session", "epoch": 1, "lease_token": "lgl_guess"});
+    for token in [&mallory, &alice] {
+        for (method, path, body) in [
+            ("GET", format!("/v1/runs/{run}"), None),
+            (
+                "POST",
+                format!("/v1/runs/{run}/lease"),
+                Some(json!({"ttl_ms": 60_000})),
+            ),
+            (
+                "POST",
+                format!("/v1/runs/{run}/lease/renew"),
+                Some(
+                    json!({"owner": "leasegate:session", "epoch": 1, "lease_token": "lgl_guess", "ttl_ms": 60_000}),
+                ),
+            ),
+            (
+                "POST",
+                format!("/v1/runs/{run}/lease/release"),
+                Some(claim.clone()),
+            ),
+            (
+                "POST",
+                format!("/v1/runs/{run}/checkpoint"),
+                Some(
+                    json!({"owner": "leasegate:session", "epoch": 1, "expected_revision": 1,
+                         "checkpoint": {}, "intents": [{"tool": "payments__charge",
+                         "arguments": {"amount": 1}, "step_id": "s1"}]}),
+                ),
+            ),
+            (
+                "POST",
+                format!("/v1/runs/{run}/start"),
+                Some(json!({"owner": "leasegate:session", "epoch": 1, "expected_revision": 1})),
+            ),
+            (
+                "POST",
+                format!("/v1/runs/{run}/complete"),
+                Some(json!({"owner": "leasegate:session", "epoch": 1, "expected_revision": 1})),
+            ),
+            (
+                "POST",
+                format!("/v1/runs/{run}/fail"),
+                Some(json!({"owner": "leasegate:session", "epoch": 1, "expected_revision": 1})),
+            ),
+        ] {
+            let answer = request(method, &api(&path), Some(token), body).await;
+            assert_eq!(answer.status, 404, "{method} {path}: {}", answer.body);
+            assert!(
+                !answer.body.to_string().contains("leasegate:session"),
+                "{}",
+                answer.body
+            );
+        }
+        let batch = request(
+            "POST",
+            &api("/v1/leases/renew"),
+            Some(token),
+            Some(
+                json!({"ttl_ms": 60_000, "leases": [{"run_id": run, "owner": "leasegate:session",
+                        "epoch": 1, "lease_token": "lgl_guess"}]}),
+            ),
+        )
+        .await;
+        assert_eq!(
+            batch.body["leases"][0]["code"], "not_found",
+            "{}",
+            batch.body
+        );
+    }
+    assert_eq!(fingerprint(&db).await, before, "nothing was written");
+
+    // An operator of the tenant sees the run, and whose namespace it is in.
+    let seen = request(
+        "GET",
+        &api(&format!("/v1/runs/{run}")),
+        Some(&operator),
+        None,
+    )
+    .await;
+    assert_eq!(seen.status, 200, "{}", seen.body);
+    assert_eq!(
+        (seen.body["kind"].as_str(), seen.body["principal"].as_str()),
+        (Some("session"), Some(token_id(&alice)))
+    );
+
+    alice_mcp.cancel().await.unwrap();
+    mallory_mcp.cancel().await.unwrap();
+    drop(served);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_is_refused(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_in_lease_mode(&db, "key");
+    let sign = jwt_issuer(&scenario);
+    let alice = create_token(&db, "tenant-a", "agent").await;
+    let mallory = create_token(&db, "tenant-a", "agent").await;
+    let served = serve(&scenario).await;
+    let charge = |amount: i64| json!({"amount": amount, "currency": "eur"});
+    let keyed = |token: String, key: &'static str| {
+        let url = served.mcp.clone();
+        async move {
+            let auth = format!("Bearer {token}");
+            connect_http_with(&url, &[("authorization", &auth), ("idempotency-key", key)]).await
+        }
+    };
+
+    let alice_mcp = keyed(alice.clone(), "order-1").await;
+    let first = call(&alice_mcp, "payments__charge", charge(70), None)
+        .await
+        .unwrap();
+    let replay = call(&alice_mcp, "payments__charge", charge(70), None)
+        .await
+        .unwrap();
+    assert_eq!(common::proxy::operation_note(&replay)["replayed"], true);
+
+    // Mallory uses Alice's key: with the same request it is a request of its
+    // own (no replay of Alice's result); with another request it is not a
+    // conflict with Alice's, and nothing names her request's digest.
+    let mallory_mcp = keyed(mallory.clone(), "order-1").await;
+    let own = call(&mallory_mcp, "payments__charge", charge(70), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        common::proxy::operation_note(&own)["replayed"],
+        false,
+        "{own:?}"
+    );
+    let mallory_other = keyed(mallory.clone(), "order-2").await;
+    let alice_other = keyed(alice.clone(), "order-2").await;
+    call(&alice_other, "payments__charge", charge(71), None)
+        .await
+        .unwrap();
+    let guess = call(&mallory_other, "payments__charge", charge(72), None).await;
+    assert!(
+        guess.is_ok(),
+        "another principal's key is not a conflict: {guess:?}"
+    );
+    let conflict = call(&alice_other, "payments__charge", charge(73), None)
+        .await
+        .unwrap_err();
+    assert_eq!(conflict.0, -32003, "{conflict:?}");
+    let digests: Vec<String> = sqlx::query_scalar("SELECT request_digest FROM tool_operations")
+        .fetch_all(&db.admin)
+        .await
+        .unwrap();
+    assert!(
+        digests.iter().all(|d| !conflict.1.contains(d.as_str())),
+        "-32003 names no digest: {}",
+        conflict.1
+    );
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 4);
+    let principals: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT kind, principal, task_id FROM agent_tasks ORDER BY principal, task_id",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    let mut expected = vec![
+        (
+            "key".to_owned(),
+            token_id(&alice).to_owned(),
+            "order-1".to_owned(),
+        ),
+        (
+            "key".to_owned(),
+            token_id(&alice).to_owned(),
+            "order-2".to_owned(),
+        ),
+        (
+            "key".to_owned(),
+            token_id(&mallory).to_owned(),
+            "order-1".to_owned(),
+        ),
+        (
+            "key".to_owned(),
+            token_id(&mallory).to_owned(),
+            "order-2".to_owned(),
+        ),
+    ];
+    expected.sort_by(|a, b| (&a.1, &a.2).cmp(&(&b.1, &b.2)));
+    assert_eq!(principals, expected);
+    let _ = first;
+
+    // JWTs: two subjects of one issuer are two principals; a JWT without
+    // `sub` would be every token of its issuer at once, and is refused.
+    let with_subject = |sub: &str| sign(json!({"sub": sub, "org": "tenant-a", "scope": "agent"}));
+    let carol = keyed(with_subject("carol"), "order-1").await;
+    let dave = keyed(with_subject("dave"), "order-1").await;
+    for client in [&carol, &dave] {
+        let answer = call(client, "payments__charge", charge(80), None)
+            .await
+            .unwrap();
+        assert_eq!(common::proxy::operation_note(&answer)["replayed"], false);
+    }
+    let anonymous_jwt = sign(json!({"org": "tenant-a", "scope": "agent"}));
+    let nobody = keyed(anonymous_jwt, "order-1").await;
+    let before = fingerprint(&db).await;
+    let refused = call(&nobody, "payments__charge", charge(80), None)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.0, -32602, "{refused:?}");
+    assert!(refused.1.contains("sub"), "{}", refused.1);
+    assert_eq!(fingerprint(&db).await, before, "nothing was written");
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 6);
+
+    for client in [
+        alice_mcp,
+        mallory_mcp,
+        mallory_other,
+        alice_other,
+        carol,
+        dave,
+        nobody,
+    ] {
+        client.cancel().await.unwrap();
+    }
+    drop(served);
+}

@@ -3,7 +3,8 @@
 //! handshake-era client) against leasegate in front of
 //! `@modelcontextprotocol/server-everything` 2026.8.31 over stdio and over
 //! Streamable HTTP, through `leasegate serve` (stateless and with sessions)
-//! and `leasegate stdio`. The checks themselves are in
+//! and `leasegate stdio`, with the lease passed explicitly and in lease mode
+//! `session` (the agent sends none). The checks themselves are in
 //! `tests/sdk/transparency.py`; this file starts the processes, runs the
 //! client once per combination and asserts what the ledger and the tools
 //! recorded.
@@ -22,6 +23,7 @@ use common::proxy::{EXAMPLE_TOOLS, LEASEGATE, RunningProxy};
 use leasegate::ledger::LeaseClaim;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use uuid::Uuid;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/transparency.py");
 
@@ -97,9 +99,10 @@ impl Setup {
         })
         .await;
         let state = dir.join("state");
-        let write_config = |name: &str, sessions: bool| {
+        let write_config = |name: &str, lease_mode: &str, sessions: bool| {
             let config = format!(
-                r#"database_url = "{database_url}"
+                r#"lease_mode = "{lease_mode}"
+database_url = "{database_url}"
 tenant = "tenant-a"
 listen = "127.0.0.1:0"
 control_listen = "off"
@@ -127,8 +130,9 @@ args = ["--tools", "mailer", "--state-dir", "{state}"]
             );
             std::fs::write(dir.join(name), config).unwrap();
         };
-        write_config("stateless.toml", false);
-        write_config("sessions.toml", true);
+        write_config("stateless.toml", "explicit", false);
+        write_config("sessions.toml", "explicit", true);
+        write_config("session_stateless.toml", "session", false);
         for upstream in ["everything", "web"] {
             std::fs::write(
                 dir.join(format!("adapters/{upstream}.toml")),
@@ -163,7 +167,19 @@ impl Drop for Setup {
     }
 }
 
+/// How the Python client's side-effecting calls get their lease.
+#[derive(Clone, Copy)]
+enum Lease<'a> {
+    /// The run's lease, in each gated call's `_meta`.
+    Explicit(&'a LeaseClaim),
+    /// Lease mode `session`: the client sends no lease, leasegate holds the
+    /// task's. The task key is on leasegate's command line (stdio) or in
+    /// the `Leasegate-Task` header the client sends (HTTP).
+    Session { task: &'a str },
+}
+
 /// One run of the Python client.
+#[derive(Clone, Copy)]
 struct ClientRun<'a> {
     /// The front's MCP URL, or "stdio" (then `stdio_command` is spawned).
     server: &'a str,
@@ -178,7 +194,7 @@ struct ClientRun<'a> {
 }
 
 /// Runs the Python client once; returns the checks it reported.
-async fn run_client(run: ClientRun<'_>, lease: &LeaseClaim) -> Vec<Value> {
+async fn run_client(run: &ClientRun<'_>, lease: Lease<'_>) -> Vec<Value> {
     let ClientRun {
         server,
         stdio_command,
@@ -187,24 +203,27 @@ async fn run_client(run: ClientRun<'_>, lease: &LeaseClaim) -> Vec<Value> {
         interactive,
         mailer_state,
         tag,
-    } = run;
+    } = *run;
     let mut command = tokio::process::Command::new(common::peers::python());
     command
         .arg(SCRIPT)
         .args(["--server", server, "--mode", mode, "--upstream", upstream])
-        .args([
-            "--run-id",
-            &lease.run_id.to_string(),
-            "--owner",
-            &lease.owner,
-        ])
-        .args(["--epoch", &lease.epoch.to_string()])
-        .env(
-            "LEASEGATE_LEASE_TOKEN",
-            lease.token.as_ref().map(|t| t.expose()).unwrap_or_default(),
-        )
         .args(["--interactive", if interactive { "yes" } else { "no" }])
         .args(["--tag", tag]);
+    match lease {
+        Lease::Explicit(lease) => {
+            command
+                .args(["--lease", "explicit", "--run-id", &lease.run_id.to_string()])
+                .args(["--owner", &lease.owner, "--epoch", &lease.epoch.to_string()])
+                .env(
+                    "LEASEGATE_LEASE_TOKEN",
+                    lease.token.as_ref().map(|t| t.expose()).unwrap_or_default(),
+                );
+        }
+        Lease::Session { task } => {
+            command.args(["--lease", "session", "--task", task]);
+        }
+    }
     if let Some(stdio) = stdio_command {
         command.args(["--stdio-command", &serde_json::to_string(stdio).unwrap()]);
     }
@@ -245,12 +264,78 @@ fn has_check(checks: &[Value], name: &str) -> bool {
     checks.iter().any(|c| c["check"] == name && c["ok"] == true)
 }
 
-async fn assert_ledger(db: &TestDb, lease: &LeaseClaim, tag: &str) {
+/// The checks a run must have passed: the protocol era, interactivity and
+/// the mailer (cancellation) decide which of them apply.
+fn expected_checks(run: &ClientRun<'_>) -> Vec<&'static str> {
+    let mut expected = vec![
+        "tools_list",
+        "gated_call_and_replay",
+        "embedded_resources_named_as_exposed",
+        "unicode_and_nul_through_the_ledger",
+        "fifty_concurrent_gated_calls",
+        "progress_all_in_order_before_the_result",
+        "progress_two_sessions_no_cross_talk",
+        "resources",
+        "prompts",
+        "completions",
+    ];
+    if run.interactive {
+        expected.extend(["sampling", "elicitation_form", "roots"]);
+    }
+    if run.mode == "auto" {
+        expected.extend(["subscriptions_listen", "unknown_request_state_refused"]);
+    } else if run.interactive {
+        expected.extend(["logging", "resource_subscription", "list_changed"]);
+    }
+    if run.mailer_state.is_some() {
+        expected.extend([
+            "cancellation_reaches_the_upstream",
+            "one_mib_arguments_through_the_ledger",
+        ]);
+    }
+    expected
+}
+
+/// The run a session-mode task's calls went to.
+async fn session_run(db: &TestDb, task: &str) -> Uuid {
+    let run: Option<Uuid> = sqlx::query_scalar(
+        "SELECT active_run_id FROM agent_tasks WHERE kind = 'session' AND task_id = $1",
+    )
+    .bind(task)
+    .fetch_optional(&db.admin)
+    .await
+    .unwrap()
+    .flatten();
+    run.unwrap_or_else(|| panic!("session task {task} has an active run"))
+}
+
+/// Runs the Python client once and asserts that every check that applies
+/// passed, and what the ledger and the mailer recorded.
+async fn check_run(db: &TestDb, setup: &Setup, run: ClientRun<'_>, lease: Lease<'_>) {
+    let tag = run.tag;
+    let checks = run_client(&run, lease).await;
+    for check in expected_checks(&run) {
+        assert!(
+            has_check(&checks, check),
+            "{tag}: check {check} did not run"
+        );
+    }
+    let run_id = match lease {
+        Lease::Explicit(lease) => lease.run_id.as_uuid(),
+        Lease::Session { task } => session_run(db, task).await,
+    };
+    assert_ledger(db, run_id, tag).await;
+    if run.mailer_state.is_some() {
+        assert_cancelled(db, setup, tag).await;
+    }
+}
+
+async fn assert_ledger(db: &TestDb, run_id: Uuid, tag: &str) {
     // Every gated echo is one succeeded operation, replays included.
     let rows: Vec<(String, String, Value)> = sqlx::query_as(
         "SELECT tool_name, status, request_body FROM tool_operations WHERE run_id = $1",
     )
-    .bind(lease.run_id.as_uuid())
+    .bind(run_id)
     .fetch_all(&db.admin)
     .await
     .unwrap();
@@ -264,6 +349,36 @@ async fn assert_ledger(db: &TestDb, lease: &LeaseClaim, tag: &str) {
         "{tag}: one gated echo + 50 concurrent ones, each recorded once"
     );
     assert!(echoes.iter().all(|(_, status, _)| status == "succeeded"));
+}
+
+/// The cancel reached the tool, and the gated operation is unknown (it may
+/// have sent the e-mail), never failed.
+async fn assert_cancelled(db: &TestDb, setup: &Setup, tag: &str) {
+    let to = format!("cancel-{tag}@example.com");
+    let what = format!("{tag}: the cancel to reach the tool");
+    common::wait_until(&what, || async {
+        setup
+            .mailer_calls()
+            .iter()
+            .any(|c| c["to"] == to.as_str() && c["cancelled"] == true)
+            .then_some(())
+    })
+    .await;
+    let status: String = common::wait_until("the cancelled operation to settle", || async {
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM tool_operations WHERE request_body::text LIKE '%' || $1 || '%'",
+        )
+        .bind(&to)
+        .fetch_optional(&db.admin)
+        .await
+        .unwrap();
+        status.filter(|s| s != "dispatching")
+    })
+    .await;
+    assert_eq!(
+        status, "unknown",
+        "{tag}: a cancelled gated call is unknown"
+    );
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -308,7 +423,9 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
             _ => ("stdio".to_owned(), Some(stdio.as_slice())),
         };
         let state = setup.state();
-        let checks = run_client(
+        check_run(
+            &db,
+            &setup,
             ClientRun {
                 server: &server,
                 stdio_command,
@@ -318,71 +435,9 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
                 mailer_state: cancel.then_some(state.as_path()),
                 tag: &tag,
             },
-            &lease,
+            Lease::Explicit(&lease),
         )
         .await;
-        let mut expected = vec![
-            "tools_list",
-            "gated_call_and_replay",
-            "embedded_resources_named_as_exposed",
-            "unicode_and_nul_through_the_ledger",
-            "fifty_concurrent_gated_calls",
-            "progress_all_in_order_before_the_result",
-            "progress_two_sessions_no_cross_talk",
-            "resources",
-            "prompts",
-            "completions",
-        ];
-        if interactive {
-            expected.extend(["sampling", "elicitation_form", "roots"]);
-        }
-        if mode == "auto" {
-            expected.extend(["subscriptions_listen", "unknown_request_state_refused"]);
-        } else if interactive {
-            expected.extend(["logging", "resource_subscription", "list_changed"]);
-        }
-        if cancel {
-            expected.extend([
-                "cancellation_reaches_the_upstream",
-                "one_mib_arguments_through_the_ledger",
-            ]);
-        }
-        for check in expected {
-            assert!(
-                has_check(&checks, check),
-                "{tag}: check {check} did not run"
-            );
-        }
-        assert_ledger(&db, &lease, &tag).await;
-        if cancel {
-            // The cancel reached the tool, and the gated operation is
-            // unknown (it may have sent the e-mail), never failed.
-            let to = format!("cancel-{tag}@example.com");
-            let what = format!("{tag}: the cancel to reach the tool");
-            common::wait_until(&what, || async {
-                setup
-                    .mailer_calls()
-                    .iter()
-                    .any(|c| c["to"] == to.as_str() && c["cancelled"] == true)
-                    .then_some(())
-            })
-            .await;
-            let status: String = common::wait_until("the cancelled operation to settle", || async {
-                let status: Option<String> = sqlx::query_scalar(
-                    "SELECT status FROM tool_operations WHERE request_body::text LIKE '%' || $1 || '%'",
-                )
-                .bind(&to)
-                .fetch_optional(&db.admin)
-                .await
-                .unwrap();
-                status.filter(|s| s != "dispatching")
-            })
-            .await;
-            assert_eq!(
-                status, "unknown",
-                "{tag}: a cancelled gated call is unknown"
-            );
-        }
     }
 
     // A request body with U+0000 is stored (escaped), and reads back exact.
@@ -399,4 +454,59 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
 
     stateless.stop().await;
     sessions.stop().await;
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_python_sdk_passes_through_session_mode_on_stdio_and_stateless_http(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let setup = Setup::new(&db.url).await;
+
+    // The agent is unmodified and in its SDK's default (auto) mode: it
+    // spawns `leasegate stdio --task <key>`, or sends `Leasegate-Task` on
+    // every request to the stateless front. Its two-session check runs two
+    // clients at once for one task (two stdio processes, or two streams of
+    // stateless requests), which share the task's lease.
+    // One session config for both fronts (`http_sessions` does not apply to
+    // stdio).
+    let config = setup.dir.join("session_stateless.toml");
+    let stateless = RunningProxy::start(&config).await;
+    let stdio_task = "sdk-session-stdio";
+    let http_task = "sdk-session-http";
+    let stdio: Vec<String> = vec![
+        LEASEGATE.to_owned(),
+        "stdio".to_owned(),
+        "--config".to_owned(),
+        config.display().to_string(),
+        "--task".to_owned(),
+        stdio_task.to_owned(),
+    ];
+
+    for (front, task) in [("stdio", stdio_task), ("stateless", http_task)] {
+        let tag = format!("session-{front}-auto-everything");
+        let (server, stdio_command) = match front {
+            "stateless" => (stateless.url.clone(), None),
+            _ => ("stdio".to_owned(), Some(stdio.as_slice())),
+        };
+        let state = setup.state();
+        check_run(
+            &db,
+            &setup,
+            ClientRun {
+                server: &server,
+                stdio_command,
+                mode: "auto",
+                upstream: "everything",
+                interactive: true,
+                mailer_state: Some(state.as_path()),
+                tag: &tag,
+            },
+            Lease::Session { task },
+        )
+        .await;
+    }
+
+    stateless.stop().await;
 }

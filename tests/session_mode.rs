@@ -20,12 +20,14 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 const POLICY: &str = "claim_ttl = \"4s\"\nin_flight_wait = \"1s\"\ndispatch_interval = \"100ms\"\n\
                       claim_expiry_interval = \"200ms\"\nreconcile_interval = \"100ms\"\n";
 
-/// A session lease whose members lapse 3 s after their last renewal.
+/// A session lease whose members lapse 3 s after their last renewal; each
+/// leasegate process opens at most four ledger sessions (several processes
+/// per test, several tests at once, one PostgreSQL).
 fn short_sessions(scenario: &Scenario, extra: &str) {
     let config = std::fs::read_to_string(scenario.config_path()).unwrap();
     std::fs::write(
         scenario.config_path(),
-        format!("{extra}\n{config}\n[session]\nttl = \"3s\"\n"),
+        format!("{extra}\ndatabase_max_connections = 4\n{config}\n[session]\nttl = \"3s\"\n"),
     )
     .unwrap();
 }
@@ -103,7 +105,10 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
         .fetch_one(&db.admin)
         .await
         .unwrap();
-    assert_eq!(members, 2, "both processes are members until one is proven gone");
+    assert_eq!(
+        members, 2,
+        "both processes are members until one is proven gone"
+    );
 
     // The restarted agent makes the same call again: same run (resumed),
     // same derived step, same operation. Its first call waits until the
@@ -127,8 +132,16 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     .fetch_all(&db.admin)
     .await
     .unwrap();
-    assert_eq!(removed.len(), 1, "the frozen member is removed, once: {removed:?}");
-    assert_eq!(task_lease(&db, "nightly-invoices").await.1, 1, "the lease was held throughout");
+    assert_eq!(
+        removed.len(),
+        1,
+        "the frozen member is removed, once: {removed:?}"
+    );
+    assert_eq!(
+        task_lease(&db, "nightly-invoices").await.1,
+        1,
+        "the lease was held throughout"
+    );
 
     // The first leasegate thaws: its late answer settles nothing, and a new
     // side-effecting call of its agent is refused before anything is sent.
@@ -278,7 +291,11 @@ async fn parallel_charges(agent: &AgentClient, base: i64, count: i64) {
             None,
         )
     });
-    for (i, answer) in futures::future::join_all(calls).await.into_iter().enumerate() {
+    for (i, answer) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
         let answer = answer.unwrap_or_else(|e| panic!("call {i} refused: {e:?}"));
         assert_eq!(operation_note(&answer)["status"], "succeeded", "{answer:?}");
     }
@@ -371,13 +388,31 @@ async fn over_stateless_http_an_agents_parallel_calls_share_the_lease_and_none_i
     let agent = connect_http_with(&proxy.url, &[("leasegate-task", "write-files")]).await;
     parallel_charges(&agent, 1, 6).await;
     parallel_charges(&agent, 1, 6).await;
-    assert_eq!(scenario.side_effects("charges.jsonl").len(), 6, "the repeat replays");
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-    assert_eq!(runs, 1);
+    assert_eq!(
+        scenario.side_effects("charges.jsonl").len(),
+        6,
+        "the repeat replays"
+    );
+
+    // A second leasegate behind the same load balancer: the agent's
+    // requests land on both at once; the two processes share the lease.
+    let other = RunningProxy::start(&scenario.config_path()).await;
+    let elsewhere = connect_http_with(&other.url, &[("leasegate-task", "write-files")]).await;
+    tokio::join!(
+        parallel_charges(&agent, 100, 4),
+        parallel_charges(&elsewhere, 200, 4)
+    );
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 14);
+    let (runs, members): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM lease_members)",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!((runs, members), (1, 2), "one run, one member per process");
     assert_never_fenced(&db).await;
+    elsewhere.cancel().await.unwrap();
+    other.stop().await;
     let metrics = common::http::get(&format!("{}/metrics", proxy.control_url)).await;
     assert!(
         !metrics.body.contains("outcome=\"taken_over\""),
@@ -399,7 +434,8 @@ async fn several_stdio_processes_of_one_agent_share_the_lease_and_none_is_fenced
 
     // An agent framework that starts a server process per tool call, with
     // the model asking for parallel calls.
-    let spawned = futures::future::join_all((0..4).map(|_| spawn_session(&scenario, "inbox"))).await;
+    let spawned =
+        futures::future::join_all((0..4).map(|_| spawn_session(&scenario, "inbox"))).await;
     futures::future::join_all(
         spawned
             .iter()
@@ -421,4 +457,144 @@ async fn several_stdio_processes_of_one_agent_share_the_lease_and_none_is_fenced
         (task_lease(&db, "inbox").await.0.is_none()).then_some(())
     })
     .await;
+}
+
+/// Runs `tests/sdk/frameworks.py` (an agent framework's MCP client, no
+/// model) once; returns one JSON object per call.
+async fn run_framework(args: &[String]) -> Vec<Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/frameworks.py");
+    let output = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        tokio::process::Command::new(common::peers::frameworks_python())
+            .arg(script)
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("frameworks.py {args:?} did not finish in 120 s"))
+    .expect("the frameworks' Python runs");
+    let calls: Vec<Value> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect();
+    assert!(
+        output.status.success(),
+        "frameworks.py {args:?}: {}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+            .chars()
+            .rev()
+            .take(3000)
+            .collect::<String>()
+            .chars()
+            .rev()
+            .collect::<String>()
+    );
+    calls
+}
+
+/// The MCP clients of the agent frameworks people run — langchain-mcp-adapters
+/// (a new session per tool call: over stdio a new `leasegate stdio` per call)
+/// and the OpenAI Agents SDK's MCP servers — each make 16 calls at once, in
+/// session mode (one task key) and in key mode (a key per call), over stdio
+/// and HTTP, then repeat them: every call is answered, none is refused, no
+/// lease is taken over, exactly one charge per intent, and the repeat replays.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn agent_frameworks_calling_in_parallel_are_answered_once_each_and_never_fenced(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    for mode in ["session", "key"] {
+        for transport in ["stdio", "http"] {
+            for framework in ["langchain", "openai"] {
+                let tag = format!("{framework}-{transport}-{mode}");
+                let scenario = Scenario::new(&db.url, POLICY);
+                // Up to 17 processes at once (langchain over stdio), each
+                // with its ledger sessions, against one PostgreSQL.
+                short_sessions(&scenario, &format!("lease_mode = \"{mode}\""));
+                let config = std::fs::read_to_string(scenario.config_path())
+                    .unwrap()
+                    .replace(
+                        "database_max_connections = 4",
+                        "database_max_connections = 2",
+                    );
+                std::fs::write(scenario.config_path(), config).unwrap();
+                let mut args: Vec<String> = [
+                    "--framework",
+                    framework,
+                    "--transport",
+                    transport,
+                    "--mode",
+                    mode,
+                    "--calls",
+                    "16",
+                    "--repeat",
+                    "2",
+                    "--tool",
+                    "payments__charge",
+                    "--arguments-json",
+                    r#"{"amount": "{i}", "currency": "eur"}"#,
+                    "--key-prefix",
+                    &tag,
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                let proxy = match transport {
+                    "http" => {
+                        let proxy = RunningProxy::start(&scenario.config_path()).await;
+                        args.extend(["--url".into(), proxy.url.clone()]);
+                        if mode == "session" {
+                            args.extend(["--header".into(), format!("leasegate-task={tag}")]);
+                        }
+                        Some(proxy)
+                    }
+                    _ => {
+                        let mut command = vec![
+                            LEASEGATE.to_owned(),
+                            "stdio".into(),
+                            "--config".into(),
+                            scenario.config_path().display().to_string(),
+                        ];
+                        if mode == "session" {
+                            command.extend(["--task".into(), tag.clone()]);
+                        }
+                        args.extend([
+                            "--stdio-command".into(),
+                            serde_json::to_string(&command).unwrap(),
+                        ]);
+                        None
+                    }
+                };
+                let calls = run_framework(&args).await;
+                assert_eq!(calls.len(), 32, "{tag}: {calls:?}");
+                for answer in &calls {
+                    assert_eq!(answer["ok"], true, "{tag}: {answer}");
+                    if answer["batch"] == 1 && !answer["operation"].is_null() {
+                        assert_eq!(answer["operation"]["replayed"], true, "{tag}: {answer}");
+                    }
+                }
+                let charges = scenario.side_effects("charges.jsonl");
+                assert_eq!(charges.len(), 16, "{tag}: one charge per intent");
+                if let Some(proxy) = proxy {
+                    proxy.stop().await;
+                }
+            }
+        }
+    }
+    assert_never_fenced(&db).await;
+    let (session_runs, key_runs): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE kind = 'session'), count(*) FILTER (WHERE kind = 'key') \
+           FROM agent_runs",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        (session_runs, key_runs),
+        (4, 64),
+        "one run per task key, one per idempotency key"
+    );
 }

@@ -302,7 +302,9 @@ pub struct Config {
     /// the environment.
     pub database_url: String,
     pub database_url_source: DatabaseUrlSource,
-    pub database_max_connections: u32,
+    /// `None`: not set in the file; [`Config::database_connections`] says
+    /// how many then.
+    pub database_max_connections: Option<u32>,
     pub database_statement_timeout: std::time::Duration,
     /// How long start-up waits for the database to answer.
     pub database_connect_timeout: std::time::Duration,
@@ -663,8 +665,8 @@ impl Config {
                 adapters.insert(adapter.upstream.clone(), adapter);
             }
         }
-        let database_max_connections = raw.database_max_connections.unwrap_or(20);
-        if !(2..=500).contains(&database_max_connections) {
+        let database_max_connections = raw.database_max_connections;
+        if database_max_connections.is_some_and(|n| !(2..=500).contains(&n)) {
             return Err(err("database_max_connections: must be 2 to 500".into()));
         }
         let database_statement_timeout = match &raw.database_statement_timeout {
@@ -947,6 +949,15 @@ impl Config {
              required: `leasegate tokens create`), or listen on 127.0.0.1 only",
             exposed.join(", ")
         ))
+    }
+
+    /// Ledger connections of this process: the file's
+    /// `database_max_connections`, else 20 for `serve` and 4 for `stdio`
+    /// (one agent's process, of which an agent framework may start one per
+    /// tool call).
+    pub fn database_connections(&self, stdio: bool) -> u32 {
+        self.database_max_connections
+            .unwrap_or(if stdio { 4 } else { 20 })
     }
 
     /// Applies the `--database-url` flag and [`DATABASE_URL_ENV`] over the

@@ -143,9 +143,10 @@ pub enum CallError {
     LeaseTokenInvalid(Box<Rejection>),
     /// Lease mode `session`: the session's lease is gone.
     #[error(
-        "the session lease of task {task:?} is gone ({cause}): another session took the task over, \
-         or leasegate could not renew the lease. Nothing was sent; start a new session (restart \
-         the agent's leasegate) to take the task back"
+        "the session lease of task {task:?} is gone ({cause}): this leasegate stopped renewing its \
+         share of the task's lease (was it paused?) and the task's other holders moved on, or it \
+         could not renew it. Nothing was sent; start a new session (restart the agent's \
+         leasegate) to take the task back"
     )]
     SessionLost { task: String, cause: String },
     #[error("{0}")]

@@ -84,9 +84,7 @@ pub use durability::{
 };
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
 pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
-pub use members::{
-    MEMBER_PROBE_CHANNEL, MemberJoin, MemberProbes, Readiness, TaskKind, TaskRef,
-};
+pub use members::{MEMBER_PROBE_CHANNEL, MemberJoin, MemberProbes, Readiness, TaskKind, TaskRef};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,

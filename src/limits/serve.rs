@@ -218,6 +218,9 @@ impl Connection {
                 async move {
                     let (mut parts, body) = request.into_parts();
                     parts.extensions.insert(Peer(peer));
+                    parts
+                        .extensions
+                        .insert(crate::worker::session::Arrived(std::time::Instant::now()));
                     let body = Body::new(DeadlineBody::new(body, body_timeout, name));
                     let response = router
                         .oneshot(axum::extract::Request::from_parts(parts, body))

@@ -134,7 +134,9 @@ pub fn error_from_call(error: &CallError) -> McpError {
         ),
         CallError::RunTerminal(rejection) => (codes::RUN_TERMINAL, Some(reason_data(rejection))),
         CallError::RunNotFound => (codes::RUN_NOT_FOUND, None),
-        CallError::IntentConflict(rejection) => (codes::INTENT_CONFLICT, Some(conflict_data(rejection))),
+        CallError::IntentConflict(rejection) => {
+            (codes::INTENT_CONFLICT, Some(conflict_data(rejection)))
+        }
         CallError::InProgress { operation_id } => (
             codes::IN_PROGRESS,
             Some(json!({"operation_id": operation_id.as_str(), "status": "dispatching"})),

@@ -326,6 +326,23 @@ fn principal_of(context: &RequestContext<RoleServer>) -> Option<&crate::auth::Pr
         .get::<crate::auth::Principal>()
 }
 
+/// A session lease that could not be had: the ledger's failure as such
+/// (nothing was sent; try again), anything else as the session lost.
+fn session_refusal(task: &str, error: crate::worker::session::SessionError) -> McpError {
+    use crate::worker::session::SessionError;
+    match error {
+        SessionError::Ledger(inner) => convert::error_from_call(&CallError::Ledger(inner)),
+        SessionError::Refused { detail, .. } => convert::error_from_call(&CallError::SessionLost {
+            task: task.to_owned(),
+            cause: detail,
+        }),
+        other => convert::error_from_call(&CallError::SessionLost {
+            task: task.to_owned(),
+            cause: other.to_string(),
+        }),
+    }
+}
+
 /// The namespace of the caller's lease-mode tasks: its principal's (a
 /// bearer token, a JWT subject), or `anonymous` without authentication. A
 /// JWT without a subject would share one namespace with every token of its
@@ -2194,26 +2211,25 @@ impl Front {
                 check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
                     .map_err(|e| invalid_params(e.to_string()))?;
                 let namespace = lease_namespace(context, "session")?;
+                let arrived = parts
+                    .extensions
+                    .get::<crate::worker::session::Arrived>()
+                    .map_or_else(std::time::Instant::now, |arrived| arrived.0);
                 self.session
                     .lease
-                    .get_or_try_init(|| self.state.session_leases.get(namespace, &task))
+                    .get_or_try_init(|| self.state.session_leases.get(namespace, &task, arrived))
                     .await
                     .map_err(|error| {
                         tracing::warn!(error = %crate::logfield::clip_display(&error), task = %crate::logfield::clip(&task), "the session lease could not begin");
-                        convert::error_from_call(&CallError::SessionLost {
-                            task: task.clone(),
-                            cause: error.to_string(),
-                        })
+                        session_refusal(&task, error)
                     })?
                     .clone()
             }
         };
-        lease.ready().await.map_err(|cause| {
-            convert::error_from_call(&CallError::SessionLost {
-                task: lease.task().to_owned(),
-                cause,
-            })
-        })
+        lease
+            .ready()
+            .await
+            .map_err(|error| session_refusal(lease.task(), error))
     }
 
     /// Lease mode `key`: the lease of the run that stands for this call's

@@ -96,9 +96,41 @@ pub struct SessionLease {
     cancel: WorkerCancellation,
     /// Renew now (another member joined and waits for proof of life).
     probe: Arc<Notify>,
+    liveness: Arc<Liveness>,
     heartbeat: Mutex<Option<JoinHandle<StopCause>>>,
     ready: tokio::sync::OnceCell<()>,
 }
+
+/// What this process knows of its membership's life (this host's
+/// monotonic clock, which runs on while the process is paused).
+#[derive(Debug)]
+struct Liveness {
+    /// The last renewal the database confirmed (or the join).
+    renewed: std::sync::Mutex<Instant>,
+    /// When this process learnt the membership was lost.
+    lost_at: std::sync::OnceLock<Instant>,
+}
+
+impl Liveness {
+    fn renewed_now(&self) {
+        *self.renewed.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn renewed_within(&self, ttl: Duration) -> bool {
+        self.renewed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .elapsed()
+            < ttl
+    }
+}
+
+/// When leasegate received a request (this host's monotonic clock): the
+/// HTTP server puts it into each request's extensions. A request received
+/// before its process learnt that its membership was lost is refused
+/// rather than sent under a new one (it may be a paused process's).
+#[derive(Debug, Clone, Copy)]
+pub struct Arrived(pub Instant);
 
 impl SessionLease {
     /// Joins the task's shared lease (creating its run if it has none
@@ -115,12 +147,17 @@ impl SessionLease {
             .await?;
         let cancel = WorkerCancellation::new();
         let probe = Arc::new(Notify::new());
+        let liveness = Arc::new(Liveness {
+            renewed: std::sync::Mutex::new(Instant::now()),
+            lost_at: std::sync::OnceLock::new(),
+        });
         let heartbeat = spawn_member_heartbeat(
             ledger.clone(),
             join.claim.clone(),
             config,
             cancel.clone(),
             probe.clone(),
+            liveness.clone(),
         );
         tracing::info!(task = %crate::logfield::clip(task.task), run_id = %join.claim.run_id,
             epoch = join.claim.epoch, waiting_on = join.waiting_on, removed = join.evicted,
@@ -137,6 +174,7 @@ impl SessionLease {
             config,
             cancel,
             probe,
+            liveness,
             heartbeat: Mutex::new(Some(heartbeat)),
             ready,
         })
@@ -171,31 +209,35 @@ impl SessionLease {
     /// member has renewed since it joined, or has been removed as gone (see
     /// the module docs). Answers at once after the first success. Bounded:
     /// a gone member lapses within the ttl.
-    pub async fn ready(&self) -> Result<(), String> {
+    pub async fn ready(&self) -> Result<(), SessionError> {
+        let refused = |detail: String| SessionError::Refused {
+            task: self.task.clone(),
+            detail,
+        };
         self.ready
             .get_or_try_init(|| async {
                 let ttl = Duration::from_millis(u64::try_from(self.config.ttl_ms).unwrap_or(0));
                 let deadline = tokio::time::Instant::now() + ttl + ttl / 2;
                 let mut pause = Duration::from_millis(5);
                 loop {
-                    let claim = self.current()?;
+                    let claim = self.current().map_err(refused)?;
                     match self.ledger.lease_member_ready(claim).await {
                         Ok(Ok(readiness)) if readiness.waiting_on == 0 => return Ok(()),
                         Ok(Ok(_)) => {}
                         Ok(Err(rejection)) => {
+                            let _ = self.liveness.lost_at.set(Instant::now());
                             let cause = StopCause::LeaseLost(rejection);
                             let message = cause.to_string();
                             self.cancel.cancel_with(cause);
-                            return Err(message);
+                            return Err(refused(message));
                         }
-                        Err(error) => return Err(error.to_string()),
+                        Err(error) => return Err(SessionError::Ledger(error)),
                     }
                     if tokio::time::Instant::now() >= deadline {
-                        return Err(format!(
-                            "other holders of task {:?} neither renewed nor lapsed within {:?}",
-                            self.task,
+                        return Err(refused(format!(
+                            "other holders of the task neither renewed nor lapsed within {:?}",
                             ttl + ttl / 2
-                        ));
+                        )));
                     }
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(200));
@@ -208,6 +250,44 @@ impl SessionLease {
     /// Renews now instead of at the next tick (a newcomer waits on us).
     fn probe(&self) {
         self.probe.notify_one();
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(u64::try_from(self.config.ttl_ms).unwrap_or(0))
+    }
+
+    /// Whether the membership still holds, asking the database when no
+    /// renewal was confirmed for a whole ttl (this process may have been
+    /// paused: its heartbeat has not run yet). A refusal ends it.
+    async fn confirm(&self) -> bool {
+        if self.current().is_err() {
+            return false;
+        }
+        if self.liveness.renewed_within(self.ttl()) {
+            return true;
+        }
+        match self
+            .ledger
+            .lease_member_renew(&self.claim, self.config.ttl_ms)
+            .await
+        {
+            Ok(Fenced::Applied(_)) => {
+                self.liveness.renewed_now();
+                true
+            }
+            Ok(Fenced::Rejected(rejection)) => {
+                let _ = self.liveness.lost_at.set(Instant::now());
+                self.cancel
+                    .cancel_with(StopCause::from_rejection(rejection));
+                false
+            }
+            Err(error) => {
+                let _ = self.liveness.lost_at.set(Instant::now());
+                self.cancel
+                    .cancel_with(StopCause::RenewalUnconfirmed(error.to_string()));
+                false
+            }
+        }
     }
 
     /// Stops renewing and leaves the lease if this membership still holds
@@ -244,6 +324,7 @@ fn spawn_member_heartbeat(
     config: HeartbeatConfig,
     cancel: WorkerCancellation,
     probe: Arc<Notify>,
+    liveness: Arc<Liveness>,
 ) -> JoinHandle<StopCause> {
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval_at(
@@ -266,7 +347,10 @@ fn spawn_member_heartbeat(
             )
             .await;
             let cause = match renewal {
-                Ok(Ok(Fenced::Applied(_))) => continue,
+                Ok(Ok(Fenced::Applied(_))) => {
+                    liveness.renewed_now();
+                    continue;
+                }
                 Ok(Ok(Fenced::Rejected(rejection))) => StopCause::from_rejection(rejection),
                 Ok(Err(error)) => StopCause::RenewalUnconfirmed(error.to_string()),
                 Err(_elapsed) => StopCause::RenewalUnconfirmed(format!(
@@ -274,6 +358,7 @@ fn spawn_member_heartbeat(
                     config.renew_timeout
                 )),
             };
+            let _ = liveness.lost_at.set(Instant::now());
             tracing::warn!(run_id = %claim.run_id, epoch = claim.epoch, cause = %cause,
                 "session lease membership ended");
             cancel.cancel_with(cause.clone());
@@ -287,6 +372,9 @@ type Slot = Arc<Mutex<Option<Arc<SessionLease>>>>;
 struct Entry {
     slot: Slot,
     last_used: Instant,
+    /// Requests received before this instant are refused: the membership
+    /// they would have used was lost then (see [`Arrived`]).
+    refuse_before: Option<Instant>,
 }
 
 /// This process's memberships in session mode, one per (principal, task
@@ -330,10 +418,18 @@ impl SessionLeases {
         }
     }
 
-    /// The principal's membership of `task`: this process's current one,
-    /// or a new one (joined now). Hold the answer while a call or a session
-    /// uses it.
-    pub async fn get(&self, principal: &str, task: &str) -> Result<Arc<SessionLease>, SessionError> {
+    /// The principal's membership of `task` for a request received at
+    /// `arrived`: this process's current one, or a new one (joined now).
+    /// Hold the answer while a call or a session uses it. After a lost
+    /// membership, a request received before the loss was learnt is
+    /// refused: it may have waited out a pause of this process, and the
+    /// task's other members may have moved on.
+    pub async fn get(
+        &self,
+        principal: &str,
+        task: &str,
+        arrived: Instant,
+    ) -> Result<Arc<SessionLease>, SessionError> {
         let registry = &self.inner;
         registry.started.call_once(|| {
             tokio::spawn(probe_responder(Arc::downgrade(registry)));
@@ -346,15 +442,53 @@ impl SessionLeases {
                 .or_insert_with(|| Entry {
                     slot: Slot::default(),
                     last_used: Instant::now(),
+                    refuse_before: None,
                 });
             entry.last_used = Instant::now();
             entry.slot.clone()
         };
         let mut held = slot.lock().await;
-        if let Some(lease) = held.as_ref()
-            && lease.current().is_ok()
-        {
-            return Ok(lease.clone());
+        let stale = |refuse_before: Option<Instant>| {
+            refuse_before
+                .is_some_and(|at| arrived < at)
+                .then(|| SessionError::Refused {
+                    task: task.to_owned(),
+                    detail:
+                        "this request reached leasegate before it lost the task's lease (was this \
+                         process paused?); nothing was sent; send it again"
+                            .into(),
+                })
+        };
+        let confirmed = match held.as_ref() {
+            Some(lease) => lease.confirm().await,
+            None => false,
+        };
+        let refuse_before = match held.as_ref() {
+            Some(lease) if confirmed => {
+                return match stale(self.refuse_before(principal, task)) {
+                    Some(refused) => Err(refused),
+                    None => Ok(lease.clone()),
+                };
+            }
+            Some(lost) => {
+                let at = lost
+                    .liveness
+                    .lost_at
+                    .get()
+                    .copied()
+                    .unwrap_or_else(Instant::now);
+                let mut entries = registry.entries.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(entry) = entries.get_mut(&(principal.to_owned(), task.to_owned())) {
+                    entry.refuse_before = Some(entry.refuse_before.map_or(at, |t| t.max(at)));
+                    entry.refuse_before
+                } else {
+                    Some(at)
+                }
+            }
+            None => self.refuse_before(principal, task),
+        };
+        if let Some(refused) = stale(refuse_before) {
+            return Err(refused);
         }
         let lease = Arc::new(
             SessionLease::begin(
@@ -372,6 +506,13 @@ impl SessionLeases {
         );
         *held = Some(lease.clone());
         Ok(lease)
+    }
+
+    fn refuse_before(&self, principal: &str, task: &str) -> Option<Instant> {
+        let entries = self.inner.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(&(principal.to_owned(), task.to_owned()))
+            .and_then(|entry| entry.refuse_before)
     }
 
     /// Leaves every membership (shutdown); the background tasks stop.
@@ -468,16 +609,28 @@ async fn idle_sweeper(registry: Weak<Registry>) {
                     return true;
                 };
                 match held.take() {
-                    // Only the registry holds it: nobody uses it.
-                    Some(lease) if Arc::strong_count(&lease) == 1 => {
+                    // Only the registry holds it, and it is known alive:
+                    // nobody uses it, leave it.
+                    Some(lease)
+                        if Arc::strong_count(&lease) == 1
+                            && lease.current().is_ok()
+                            && lease.liveness.renewed_within(lease.ttl()) =>
+                    {
                         idle.push(lease);
-                        false
+                        entry.refuse_before.is_some()
                     }
+                    // Lost, or not confirmed lately (this process may have
+                    // been paused): kept until a request decides, so that
+                    // its fence on earlier requests is not forgotten.
                     Some(lease) => {
                         *held = Some(lease);
                         true
                     }
-                    None => false,
+                    // Forget a fence once every request it guards is long
+                    // answered.
+                    None => entry
+                        .refuse_before
+                        .is_some_and(|at| at.elapsed() < interval * 6),
                 }
             });
             idle
@@ -498,8 +651,10 @@ async fn idle_sweeper(registry: Weak<Registry>) {
 /// turns on the key's slot while they join, so they share one membership.
 #[derive(Debug, Default)]
 pub struct KeyLeases {
-    slots: std::sync::Mutex<HashMap<(String, String), Arc<Mutex<Option<HeldKeyLease>>>>>,
+    slots: std::sync::Mutex<HashMap<(String, String), KeySlot>>,
 }
+
+type KeySlot = Arc<Mutex<Option<HeldKeyLease>>>;
 
 #[derive(Debug)]
 struct HeldKeyLease {
@@ -516,7 +671,7 @@ impl KeyLeases {
     }
 
     /// The key's slot; forgets slots nobody uses whose membership ended.
-    fn slot(&self, principal: &str, key: &str) -> Arc<Mutex<Option<HeldKeyLease>>> {
+    fn slot(&self, principal: &str, key: &str) -> KeySlot {
         let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         slots.retain(|name, slot| {

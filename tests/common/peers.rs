@@ -5,6 +5,8 @@
 //! * `target/sdk-venv`: a Python virtual environment with the official MCP
 //!   Python SDK pinned in `tests/sdk/requirements.txt` (the example agent's
 //!   `examples/python_agent/requirements.txt` pins the same);
+//! * `target/frameworks-venv`: the agent frameworks' MCP clients pinned in
+//!   `tests/sdk/frameworks-requirements.txt`;
 //! * `target/sdk-node`: `@modelcontextprotocol/server-everything` pinned in
 //!   `tests/sdk/package.json` and its lock file (`npm ci`).
 //!
@@ -43,6 +45,38 @@ pub fn python() -> PathBuf {
                     pip.arg("-r").arg(Path::new(ROOT).join(pin));
                 }
                 run(&mut pip, "pip install of the pinned MCP Python SDK");
+            });
+            venv.join("bin/python")
+        })
+        .clone()
+}
+
+/// A Python interpreter with the agent frameworks' MCP clients pinned in
+/// `tests/sdk/frameworks-requirements.txt` (`langchain-mcp-adapters`, the
+/// OpenAI Agents SDK), in a venv of their own: their pins need another
+/// major version of the MCP SDK than the suite's. Override:
+/// `LEASEGATE_TEST_FRAMEWORKS_PYTHON`.
+pub fn frameworks_python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(python) = std::env::var_os("LEASEGATE_TEST_FRAMEWORKS_PYTHON") {
+                return PathBuf::from(python);
+            }
+            let venv = Path::new(ROOT).join("target/frameworks-venv");
+            let pins = ["tests/sdk/frameworks-requirements.txt"];
+            provision(&venv, &pins, |dir| {
+                run(
+                    Command::new("python3").args(["-m", "venv"]).arg(dir),
+                    "python3 -m venv (install python3 and its venv module, e.g. apt-get install python3-venv)",
+                );
+                run(
+                    Command::new(dir.join("bin/python"))
+                        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+                        .arg("-r")
+                        .arg(Path::new(ROOT).join(pins[0])),
+                    "pip install of the pinned agent frameworks",
+                );
             });
             venv.join("bin/python")
         })

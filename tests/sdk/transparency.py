@@ -3,15 +3,21 @@ leasegate in front of @modelcontextprotocol/server-everything.
 
 Run by tests/sdk_transparency.rs; prints one JSON line per check:
 {"check": name, "ok": bool, "detail": ...}, and exits 0 when every check
-passed. The lease for side-effecting calls comes in as arguments (the Rust
-test creates the run); everything else is plain SDK usage.
+passed. With `--lease explicit` (the default) the lease for side-effecting
+calls comes in as arguments (the Rust test creates the run) and goes in each
+gated call's `_meta`; with `--lease session` the client sends no lease at all
+(leasegate's lease mode `session` holds the task's lease): over HTTP it names
+its task in a `Leasegate-Task` header on its HTTP client, over stdio the task
+is on leasegate's command line. Everything else is plain SDK usage.
 
 usage: transparency.py --server URL|stdio --stdio-command JSON --mode auto|legacy
-       --upstream NAME --run-id ID --owner O --epoch N --interactive yes|no
+       --upstream NAME [--lease explicit --run-id ID --owner O --epoch N]
+       [--lease session --task KEY] --interactive yes|no
        --mailer-state DIR --tag TAG
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -20,8 +26,10 @@ import traceback
 import warnings
 
 import anyio
+import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
 
@@ -30,20 +38,29 @@ parser.add_argument("--server", required=True)
 parser.add_argument("--stdio-command", default="[]")
 parser.add_argument("--mode", default="auto")
 parser.add_argument("--upstream", default="everything")
-parser.add_argument("--run-id", required=True)
-parser.add_argument("--owner", required=True)
-parser.add_argument("--epoch", type=int, required=True)
+parser.add_argument("--lease", choices=["explicit", "session"], default="explicit")
+# The task key of lease mode `session`, sent in `Leasegate-Task` over HTTP.
+parser.add_argument("--task")
+parser.add_argument("--run-id")
+parser.add_argument("--owner")
+parser.add_argument("--epoch", type=int)
 # The lease's secret token; from the environment so it is not on the command line.
 parser.add_argument("--lease-token", default=os.environ.get("LEASEGATE_LEASE_TOKEN"))
 parser.add_argument("--interactive", default="yes")
 parser.add_argument("--mailer-state", default="")
 parser.add_argument("--tag", default="t")
 args = parser.parse_args()
+if args.lease == "explicit" and None in (args.run_id, args.owner, args.epoch):
+    parser.error("--lease explicit needs --run-id, --owner and --epoch")
+if args.lease == "session" and args.server != "stdio" and not args.task:
+    parser.error("--lease session over HTTP needs --task")
 
 DEADLINE = 30.0
 UP = args.upstream
-LEASE = {"dev.leasegate/lease": {"run_id": args.run_id, "owner": args.owner, "epoch": args.epoch,
-                                  "token": args.lease_token}}
+# In lease mode `session` the agent is unmodified: no lease in `_meta`.
+LEASE = None if args.lease == "session" else {
+    "dev.leasegate/lease": {"run_id": args.run_id, "owner": args.owner, "epoch": args.epoch,
+                            "token": args.lease_token}}
 failures = 0
 
 
@@ -62,7 +79,21 @@ def server():
     if args.server == "stdio":
         command = json.loads(args.stdio_command)
         return StdioServerParameters(command=command[0], args=command[1:], env={"RUST_LOG": "warn"})
+    if args.lease == "session":
+        return with_task_header(args.server)
     return args.server
+
+
+@contextlib.asynccontextmanager
+async def with_task_header(url):
+    # The SDK's own Streamable HTTP transport on an HTTP client that sends the
+    # header on every request (the SDK's default timeouts: a held-open
+    # response stream may be quiet for minutes).
+    headers = {"Leasegate-Task": args.task}
+    timeout = httpx2.Timeout(30.0, read=300.0)
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+        async with streamable_http_client(url, http_client=http) as streams:
+            yield streams
 
 
 sampled, elicited, rooted, logs, messages = [], [], [], [], []
