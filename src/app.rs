@@ -507,12 +507,14 @@ impl Proxy {
         self.background.as_ref().map(|b| b.signals.clone())
     }
 
-    /// Serves MCP on stdin/stdout until the client closes stdin.
+    /// Serves MCP on stdin/stdout until the client closes stdin or
+    /// `shutdown` completes (SIGTERM: what some clients send to close a
+    /// stdio server).
     ///
     /// With lease mode `session`, the configured task's run is this
     /// process's for as long as it serves (`worker::session`): taken over
     /// from any earlier session first, released when stdin closes.
-    pub async fn serve_stdio(&self) -> anyhow::Result<()> {
+    pub async fn serve_stdio(&self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let session = match self.config.lease_mode {
             crate::config::LeaseMode::Explicit | crate::config::LeaseMode::Key => None,
             crate::config::LeaseMode::Session => {
@@ -536,7 +538,17 @@ impl Proxy {
                 Some(lease)
             }
         };
-        let served = crate::mcp::serve_stdio(self.front.clone()).await;
+        let served = tokio::select! {
+            served = crate::mcp::serve_stdio(self.front.clone()) => served,
+            // Calls in flight go on in their own tasks until the shutdown
+            // that follows; each claim expires if its answer is not recorded.
+            () = shutdown => {
+                tracing::info!("stopping: the stdio session ends");
+                Ok(())
+            }
+        };
+        // Leaving at once: the task's next session need not wait for this
+        // process's share of the lease to lapse.
         if let Some(session) = session {
             session.end().await;
         }

@@ -409,7 +409,7 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             let private = leasegate::app::provide_database(&mut config).await?;
             *database = Some(config.database());
             let proxy = Proxy::start(config).await?;
-            let served = proxy.serve_stdio().await;
+            let served = proxy.serve_stdio(shutdown_signal()).await;
             proxy.shutdown().await;
             leasegate::app::stop_private(private).await;
             served

@@ -203,16 +203,19 @@ async fn a_session_resumes_its_run_and_replays_and_an_agents_own_lease_still_win
     let scenario = Scenario::new(&db.url, POLICY);
     let charge = json!({"amount": 9, "currency": "eur"});
 
-    let (agent, _) = spawn_session(&scenario, "weekly").await;
+    let (agent, pid) = spawn_session(&scenario, "weekly").await;
     let first = call(&agent, "payments__charge", charge.clone(), None)
         .await
         .unwrap();
     assert_eq!(operation_note(&first)["replayed"], false);
-    agent.cancel().await.unwrap();
+    // The client closes its stdio server with SIGTERM (as some do): the
+    // session ends and leaves the lease, so the next one need not wait.
+    signal(pid, nix::sys::signal::Signal::SIGTERM);
     wait_until("the session to release the lease", || async {
         (task_lease(&db, "weekly").await.0.is_none()).then_some(())
     })
     .await;
+    drop(agent);
 
     // The agent comes back later and repeats what it did: the same run,
     // the recorded answer, no second charge.
