@@ -720,34 +720,13 @@ async fn jwts_of_the_configured_issuer_act_for_their_claims_tenant_and_scope(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, jwk::Jwk};
     let db = TestDb::new(pool, connect).await;
     let scenario = scenario_with_auth(&db);
-    let secret = b"a shared secret of the test identity provider, 32+ bytes";
-    let mut key =
-        Jwk::from_encoding_key(&EncodingKey::from_secret(secret).unwrap(), Algorithm::HS256)
-            .unwrap();
-    key.common.key_id = Some("k1".into());
-    std::fs::write(
-        scenario.dir.join("jwks.json"),
-        json!({ "keys": [key] }).to_string(),
-    )
-    .unwrap();
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!(
-            "{config}\n[auth.jwt]\nissuer = \"https://idp.test\"\naudience = \"leasegate-test\"\njwks_file = \"jwks.json\"\ntenant_claim = \"org\"\n"
-        ),
-    )
-    .unwrap();
+    trust_jwt_issuer(&scenario);
+    let secret = JWT_SECRET;
     let proxy = common::proxy::RunningProxy::start(&scenario.config_path()).await;
     let now = chrono::Utc::now().timestamp();
-    let sign = |claims: Value, key: &[u8]| {
-        let mut header = Header::new(Algorithm::HS256);
-        header.kid = Some("k1".into());
-        encode(&header, &claims, &EncodingKey::from_secret(key).unwrap()).unwrap()
-    };
+    let sign = |claims: Value, key: &[u8]| sign_jwt(&claims, key);
     let claims = |org: &str, scope: Value| {
         json!({"iss": "https://idp.test", "aud": "leasegate-test", "sub": "alice",
                "exp": now + 600, "org": org, "scope": scope})
@@ -915,14 +894,18 @@ async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_
     assert!(refused >= 1.0, "{text}");
 }
 
-/// `[auth.jwt]` with an HS256 key in `jwks.json`; returns a signer of
-/// claims (issuer, audience and expiry filled in; `org` is the tenant).
-fn jwt_issuer(scenario: &Scenario) -> impl Fn(Value) -> String {
-    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode, jwk::Jwk};
-    let secret: &'static [u8] = b"a shared secret of the test identity provider, 32+ bytes";
-    let mut key =
-        Jwk::from_encoding_key(&EncodingKey::from_secret(secret).unwrap(), Algorithm::HS256)
-            .unwrap();
+/// The test identity provider's HS256 key.
+const JWT_SECRET: &[u8] = b"a shared secret of the test identity provider, 32+ bytes";
+
+/// `[auth.jwt]` trusting [`JWT_SECRET`] (kid `k1`, in `jwks.json`), issuer
+/// `https://idp.test`, audience `leasegate-test`, tenant claim `org`.
+fn trust_jwt_issuer(scenario: &Scenario) {
+    use jsonwebtoken::{Algorithm, EncodingKey, jwk::Jwk};
+    let mut key = Jwk::from_encoding_key(
+        &EncodingKey::from_secret(JWT_SECRET).unwrap(),
+        Algorithm::HS256,
+    )
+    .unwrap();
     key.common.key_id = Some("k1".into());
     std::fs::write(
         scenario.dir.join("jwks.json"),
@@ -937,14 +920,14 @@ fn jwt_issuer(scenario: &Scenario) -> impl Fn(Value) -> String {
         ),
     )
     .unwrap();
-    move |mut claims: Value| {
-        claims["iss"] = json!("https://idp.test");
-        claims["aud"] = json!("leasegate-test");
-        claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
-        let mut header = Header::new(Algorithm::HS256);
-        header.kid = Some("k1".into());
-        encode(&header, &claims, &EncodingKey::from_secret(secret).unwrap()).unwrap()
-    }
+}
+
+/// `claims` as they are, signed with `key` (HS256, kid `k1`).
+fn sign_jwt(claims: &Value, key: &[u8]) -> String {
+    use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
+    let mut header = Header::new(Algorithm::HS256);
+    header.kid = Some("k1".into());
+    encode(&header, claims, &EncodingKey::from_secret(key).unwrap()).unwrap()
 }
 
 fn scenario_in_lease_mode(db: &TestDb, mode: &str) -> Scenario {
@@ -1165,7 +1148,13 @@ async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = scenario_in_lease_mode(&db, "key");
-    let sign = jwt_issuer(&scenario);
+    trust_jwt_issuer(&scenario);
+    let sign = |mut claims: Value| {
+        claims["iss"] = json!("https://idp.test");
+        claims["aud"] = json!("leasegate-test");
+        claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
+        sign_jwt(&claims, JWT_SECRET)
+    };
     let alice = create_token(&db, "tenant-a", "agent").await;
     let mallory = create_token(&db, "tenant-a", "agent").await;
     let served = serve(&scenario).await;

@@ -237,10 +237,7 @@ async fn run_client(run: &ClientRun<'_>, lease: Lease<'_>) -> Vec<Value> {
     .await
     .unwrap_or_else(|_| panic!("the Python client ({tag}) did not finish in 240 s"))
     .expect("the test Python runs");
-    let checks: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
+    let checks = common::peers::json_lines(&output);
     let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
     assert!(
         output.status.success() && failed.is_empty() && !checks.is_empty(),
@@ -248,14 +245,7 @@ async fn run_client(run: &ClientRun<'_>, lease: Lease<'_>) -> Vec<Value> {
         failed.len(),
         checks.len(),
         serde_json::to_string_pretty(&failed).unwrap(),
-        String::from_utf8_lossy(&output.stderr)
-            .chars()
-            .rev()
-            .take(3000)
-            .collect::<String>()
-            .chars()
-            .rev()
-            .collect::<String>()
+        common::peers::stderr_tail(&output)
     );
     checks
 }

@@ -477,24 +477,13 @@ async fn run_framework(args: &[String]) -> Vec<Value> {
     .await
     .unwrap_or_else(|_| panic!("frameworks.py {args:?} did not finish in 120 s"))
     .expect("the frameworks' Python runs");
-    let calls: Vec<Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|line| serde_json::from_str(line).ok())
-        .collect();
     assert!(
         output.status.success(),
         "frameworks.py {args:?}: {}\n{}",
         String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-            .chars()
-            .rev()
-            .take(3000)
-            .collect::<String>()
-            .chars()
-            .rev()
-            .collect::<String>()
+        common::peers::stderr_tail(&output)
     );
-    calls
+    common::peers::json_lines(&output)
 }
 
 /// The MCP clients of the agent frameworks people run — langchain-mcp-adapters

@@ -163,24 +163,49 @@ pub fn spawn_heartbeat(
     config: HeartbeatConfig,
     cancel: WorkerCancellation,
 ) -> JoinHandle<StopCause> {
+    let renewed = claim.clone();
+    spawn_renewals(claim, config, cancel, None, move || {
+        let (ledger, claim) = (ledger.clone(), renewed.clone());
+        async move { ledger.lease_renew(&claim, config.ttl_ms).await }
+    })
+}
+
+/// The heartbeat's loop, whatever renews: `renew` every `config.interval`
+/// (and at once when `probe` is notified), each under the renewal timeout,
+/// until `cancel` fires or a renewal is unconfirmed; then cancels `cancel`
+/// with the cause and returns it.
+pub(crate) fn spawn_renewals<F, Fut>(
+    claim: LeaseClaim,
+    config: HeartbeatConfig,
+    cancel: WorkerCancellation,
+    probe: Option<Arc<tokio::sync::Notify>>,
+    renew: F,
+) -> JoinHandle<StopCause>
+where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<Fenced<Applied>, LedgerError>> + Send,
+{
     tokio::spawn(async move {
         let mut ticker =
             tokio::time::interval_at(Instant::now() + config.interval, config.interval);
         // After a freeze, renew once rather than in a burst of missed ticks.
         ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        // A notification while renewing is kept as a permit: not lost.
+        async fn probed(probe: &Option<Arc<tokio::sync::Notify>>) {
+            match probe {
+                Some(probe) => probe.notified().await,
+                None => std::future::pending().await,
+            }
+        }
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => {
                     return cancel.cause().cloned().unwrap_or_else(|| StopCause::Stopped("cancelled".into()));
                 }
                 _ = ticker.tick() => {}
+                () = probed(&probe) => {}
             }
-            let renewal = tokio::time::timeout(
-                config.renew_timeout,
-                ledger.lease_renew(&claim, config.ttl_ms),
-            )
-            .await;
-            let cause = match renewal {
+            let cause = match tokio::time::timeout(config.renew_timeout, renew()).await {
                 Ok(Ok(Fenced::Applied(applied))) => {
                     tracing::debug!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
                         expires_at = %applied.lease_expires_at, "lease renewed");

@@ -61,7 +61,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{Mutex, Notify};
 use tokio::task::JoinHandle;
-use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
 use super::{HeartbeatConfig, StopCause, WorkerCancellation};
@@ -317,7 +316,8 @@ impl SessionLease {
 
 /// Renews `claim`'s membership every `config.interval`, and at once when
 /// probed, until `cancel` fires or a renewal is unconfirmed (then cancels
-/// `cancel` with the cause).
+/// `cancel` with the cause); `liveness` records each confirmed renewal and
+/// the loss.
 fn spawn_member_heartbeat(
     ledger: Ledger,
     claim: LeaseClaim,
@@ -326,44 +326,28 @@ fn spawn_member_heartbeat(
     probe: Arc<Notify>,
     liveness: Arc<Liveness>,
 ) -> JoinHandle<StopCause> {
-    tokio::spawn(async move {
-        let mut ticker = tokio::time::interval_at(
-            tokio::time::Instant::now() + config.interval,
-            config.interval,
-        );
-        // After a freeze, renew once rather than in a burst of missed ticks.
-        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = cancel.cancelled() => {
-                    return cancel.cause().cloned().unwrap_or_else(|| StopCause::Stopped("cancelled".into()));
-                }
-                _ = ticker.tick() => {}
-                _ = probe.notified() => {}
-            }
-            let renewal = tokio::time::timeout(
-                config.renew_timeout,
-                ledger.lease_member_renew(&claim, config.ttl_ms),
-            )
-            .await;
-            let cause = match renewal {
-                Ok(Ok(Fenced::Applied(_))) => {
+    let renewed = claim.clone();
+    let heartbeat = super::spawn_renewals(claim, config, cancel, Some(probe), {
+        let liveness = liveness.clone();
+        move || {
+            let (ledger, claim, liveness) = (ledger.clone(), renewed.clone(), liveness.clone());
+            async move {
+                let renewal = ledger.lease_member_renew(&claim, config.ttl_ms).await;
+                if matches!(renewal, Ok(Fenced::Applied(_))) {
                     liveness.renewed_now();
-                    continue;
                 }
-                Ok(Ok(Fenced::Rejected(rejection))) => StopCause::from_rejection(rejection),
-                Ok(Err(error)) => StopCause::RenewalUnconfirmed(error.to_string()),
-                Err(_elapsed) => StopCause::RenewalUnconfirmed(format!(
-                    "no answer within {:?}",
-                    config.renew_timeout
-                )),
-            };
-            let _ = liveness.lost_at.set(Instant::now());
-            tracing::warn!(run_id = %claim.run_id, epoch = claim.epoch, cause = %cause,
-                "session lease membership ended");
-            cancel.cancel_with(cause.clone());
-            return cause;
+                renewal
+            }
         }
+    });
+    tokio::spawn(async move {
+        let cause = heartbeat
+            .await
+            .unwrap_or_else(|e| StopCause::RenewalUnconfirmed(format!("heartbeat failed: {e}")));
+        if !matches!(cause, StopCause::Stopped(_)) {
+            let _ = liveness.lost_at.set(Instant::now());
+        }
+        cause
     })
 }
 

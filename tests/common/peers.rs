@@ -154,3 +154,24 @@ fn run(command: &mut Command, what: &str) {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// The JSON objects a test script printed one per line on stdout (other
+/// lines are skipped).
+pub fn json_lines(output: &std::process::Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// The last 3,000 characters a test script wrote to stderr, for a failure
+/// message.
+pub fn stderr_tail(output: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let start = stderr
+        .char_indices()
+        .rev()
+        .nth(2_999)
+        .map_or(0, |(at, _)| at);
+    stderr[start..].to_owned()
+}
