@@ -4,8 +4,13 @@
 //! parsed with unknown fields refused, and serde's refusal of an unknown
 //! field names all the expected ones. Each `<!-- fields: NAME -->` table of
 //! the reference must list exactly those.
+//!
+//! Every relative link of the repository's own documentation (`README.md`,
+//! `docs/`, `bench/results/`) resolves: to a file or directory that exists
+//! and, for `#anchor` links into Markdown files, to one of its headings.
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 
 use leasegate::adapter::RawAdapter;
 use leasegate::config::RawConfig;
@@ -130,4 +135,168 @@ fn the_configuration_reference_lists_exactly_the_accepted_fields() {
             "docs/configuration.md, table {name}: not documented {missing:?}, not accepted {stale:?}"
         );
     }
+}
+
+/// The Markdown files whose links are checked.
+fn documentation() -> Vec<PathBuf> {
+    fn markdown_under(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                markdown_under(&path, out);
+            } else if path.extension().is_some_and(|ext| ext == "md") {
+                out.push(path);
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    markdown_under(&root.join("docs"), &mut files);
+    markdown_under(&root.join("bench/results"), &mut files);
+    files.sort();
+    files
+}
+
+/// The lines of `text` outside fenced code blocks.
+fn prose_lines(text: &str) -> Vec<&str> {
+    let mut fenced = false;
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            lines.push(line);
+        }
+    }
+    lines
+}
+
+/// The anchors GitHub gives the headings of `text`: the heading's text in
+/// lower case, spaces turned into `-`, every other character that is not
+/// alphanumeric, `-` or `_` dropped; a repeated anchor gets `-1`, `-2`, ….
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for line in prose_lines(text) {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if hashes == 0 || hashes > 6 || !line[hashes..].starts_with(' ') {
+            continue;
+        }
+        let title = line[hashes..].trim().trim_end_matches('#').trim();
+        let slug: String = title
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                '-' | '_' => Some(c),
+                c if c.is_alphanumeric() => Some(c),
+                _ => None,
+            })
+            .collect();
+        let mut anchor = slug.clone();
+        let mut n = 0;
+        while seen.contains(&anchor) {
+            n += 1;
+            anchor = format!("{slug}-{n}");
+        }
+        seen.insert(anchor);
+    }
+    seen
+}
+
+/// The targets of the inline links and images of `text` (`[text](target)`,
+/// `![alt](target)`), outside code blocks and code spans.
+fn link_targets(text: &str) -> Vec<String> {
+    let prose = prose_lines(text).join("\n");
+    // Code spans may wrap lines; outside fences backticks come in pairs.
+    let outside_code: String = prose.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+    let mut targets = Vec::new();
+    let mut rest = outside_code.as_str();
+    while let Some(at) = rest.find("](") {
+        let after = &rest[at + 2..];
+        let end = after.find(')').unwrap_or(after.len());
+        let target = after[..end].trim();
+        // `(path "title")` and `(<path>)`.
+        let target = target.split_whitespace().next().unwrap_or("");
+        targets.push(
+            target
+                .trim_start_matches('<')
+                .trim_end_matches('>')
+                .to_owned(),
+        );
+        rest = &after[end..];
+    }
+    targets
+}
+
+/// Every relative link in the README, `docs/` and `bench/results/` names a
+/// file or directory that exists, and an anchor into a Markdown file names
+/// one of its headings.
+#[test]
+fn every_relative_link_in_the_documentation_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    let mut dangling = Vec::new();
+    for file in documentation() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let shown = file.strip_prefix(root).unwrap().display().to_string();
+        for target in link_targets(&text) {
+            if target.is_empty() {
+                dangling.push(format!("{shown}: an empty link"));
+                continue;
+            }
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = match target.split_once('#') {
+                Some((path, anchor)) => (path, Some(anchor)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            if !resolved.exists() {
+                dangling.push(format!("{shown}: {target}: no such file"));
+                continue;
+            }
+            let Some(anchor) = anchor else { continue };
+            if resolved.extension().is_none_or(|ext| ext != "md") {
+                continue;
+            }
+            let headings = anchors(&std::fs::read_to_string(&resolved).unwrap());
+            if !headings.contains(anchor) {
+                dangling.push(format!("{shown}: {target}: no heading with that anchor"));
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no relative link found: the link reader is broken"
+    );
+    assert!(
+        dangling.is_empty(),
+        "dangling links:\n{}",
+        dangling.join("\n")
+    );
+}
+
+#[test]
+fn the_link_reader_reads_links_anchors_and_skips_code() {
+    let text = "# Top\n\n## A `[b.c]` (d) & e\n\n## Top\n\nsee [x](a.md#top) and ![i](p.png),\n`[not](code.md)` and [`[auth]`](configuration.md#auth)\n\n```sh\n[no](fence.md)\n# not a heading\n```\n";
+    assert_eq!(
+        link_targets(text),
+        ["a.md#top", "p.png", "configuration.md#auth"]
+    );
+    assert_eq!(
+        anchors(text),
+        ["a-bc-d--e", "top", "top-1"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect::<BTreeSet<_>>()
+    );
 }

@@ -517,13 +517,15 @@ fn init_refuses_bad_arguments_with_exit_2() {
 /// a scratch directory), print what the README says they print.
 #[test]
 fn the_readme_walkthrough_prints_what_the_readme_shows() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/adapters-and-policies.md"),
+    )
+    .unwrap();
     let section = readme
-        .split("### Front your own MCP server")
+        .split("\n## Front your own MCP server\n")
         .nth(1)
         .unwrap()
-        .split("\n### ")
+        .split("\n## ")
         .next()
         .unwrap();
     let block = |fence: &str, starts: &str| -> String {

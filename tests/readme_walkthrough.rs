@@ -11,10 +11,11 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// The README's first `sh` block that starts with the control API address.
 fn walkthrough() -> Vec<String> {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/quickstart.md"))
+            .unwrap();
     let start = readme
         .find("```sh\nC=http://127.0.0.1:8641/v1")
-        .expect("the README's curl walkthrough");
+        .expect("docs/quickstart.md's curl walkthrough");
     let block = &readme[start + "```sh\n".len()..];
     let block = &block[..block.find("```").unwrap()];
     block.lines().map(str::to_owned).collect()
