@@ -11,7 +11,7 @@
 # What it is for: on a host where the database shares its cores with
 # leasegate, the upstream and the load generator, a ratio to the pgbench
 # ceiling measures how little CPU those processes use as much as how fast
-# leasegate is (README "Where the CPU goes"). Split like this, the
+# leasegate is (bench/results/2026-12-02-where-the-cpu-goes.md). Split like this, the
 # database and the rest each have their own cores, as when PostgreSQL runs
 # on its own host, and the ceiling (pgbench on CLIENT_CPUS) is measured in
 # the same split. The split is not free: neither side can use the other's

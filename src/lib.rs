@@ -177,7 +177,7 @@
 //!
 //! Dependencies point one way: `main` → `app` → `mcp`, `control`,
 //! `reconcile` → `dispatch`, `limits` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
-//! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`, `progress`. `tests/layering.rs` checks it per module,
+//! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`, `progress`. `tests/checks/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
 //! (`control::cli`, `main`), opentelemetry and tracing-opentelemetry

@@ -1,5 +1,5 @@
 //! The gateway benchmark's harness (issue 14 item 1), shared by
-//! `examples/bench_gateway/main.rs` and `tests/bench_gateway.rs`.
+//! `examples/bench_gateway/main.rs` and `tests/external/bench_gateway.rs`.
 //!
 //! One run measures, side by side on one machine and one PostgreSQL server:
 //!
@@ -48,7 +48,7 @@
 //! children. A harness killed with SIGKILL leaves them to the kernel's
 //! reparenting: they exit when their stdin closes.
 
-// Shared by the example and tests/bench_gateway.rs: each uses part of it.
+// Shared by the example and tests/external/bench_gateway.rs: each uses part of it.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -678,7 +678,7 @@ fn upstream_config(settings: &Settings, state: &Path) -> anyhow::Result<Upstream
         UpstreamChoice::Everything(path) => Some(
             path.clone()
                 .or_else(default_server_everything)
-                .ok_or_else(|| anyhow!("server-everything not found (see README, Benchmarks)"))?,
+                .ok_or_else(|| anyhow!("server-everything not found (see docs/benchmarks.md)"))?,
         ),
         UpstreamChoice::Auto => default_server_everything().filter(|_| node_available()),
     };

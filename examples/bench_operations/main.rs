@@ -22,7 +22,7 @@
 //!
 //! Each level also runs the Rust path with group commit on (issue 14 P6:
 //! the default settings, no window, batches of up to 64, one batch of each
-//! kind in flight; README, "Group commit") and prints both paths' p50/p99 per call (register-claim plus
+//! kind in flight; docs/operating.md) and prints both paths' p50/p99 per call (register-claim plus
 //! settle) and the mean calls per batch statement. `LEASEGATE_BENCH_SKIP_PGBENCH=1`
 //! leaves pgbench out (the Rust rows only).
 

@@ -333,7 +333,7 @@ pub fn render_adapter(upstream: &InitUpstream) -> String {
          # capability = \"none\" (every other tool): the safe default. leasegate records\n\
          # the call under the caller's lease and never sends it again on its own; an\n\
          # unknown outcome waits for an operator. Declare what a tool can promise to\n\
-         # let leasegate retry and reconcile it (README.md, \"Adapters and policies\"):\n\
+         # let leasegate retry and reconcile it (docs/adapters-and-policies.md):\n\
          #   idempotency_key  the server deduplicates on a key leasegate sends\n\
          #   resource_id      the agent names the resource; a read-only tool finds it\n\
          #   operation_query  a read-only tool finds an operation by the id leasegate sent\n\

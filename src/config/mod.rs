@@ -72,7 +72,7 @@ pub enum Problem {
 }
 
 impl Problem {
-    /// `leasegate check-config`'s exit code for it (README, "Exit codes").
+    /// `leasegate check-config`'s exit code for it (docs/operating.md).
     pub fn exit_code(self) -> u8 {
         match self {
             Problem::Invalid => 1,
@@ -115,7 +115,7 @@ pub struct RawConfig {
     pub database_connect_timeout: Option<String>,
     /// Group commit of gated calls (default false; `LEASEGATE_GROUP_COMMIT`
     /// overrides): concurrent register-claims, and settles, of different
-    /// runs share one statement and commit (README, "Group commit").
+    /// runs share one statement and commit (docs/operating.md).
     pub group_commit: Option<bool>,
     /// How long a batch waits for more calls once its first arrived
     /// while another is in flight (default "0": none; at most "50ms").
@@ -131,7 +131,7 @@ pub struct RawConfig {
     /// The login the operator routes of the control API (resolve, retry,
     /// cancel, failover resolve) use, as the database role
     /// `leasegate_operator`. Default: `database_url`'s login, which must
-    /// then be a member of both roles (README, "Database roles").
+    /// then be a member of both roles (docs/operating.md).
     pub database_operator_url: Option<String>,
     pub tenant: Option<String>,
     pub listen: Option<String>,
@@ -1216,12 +1216,10 @@ pub const MAX_WORKER_THREADS: u32 = 1024;
 /// Not one per core, tokio's default: leasegate shares its host with its
 /// stdio upstreams (its own child processes) and often with PostgreSQL,
 /// and on a lightly loaded multi-threaded runtime a call's tasks hop
-/// between idle workers, each hop a thread wake-up. Measured on 2 cores
-/// (README, "Runtime worker threads"): one worker instead of two cost a
-/// gated call 5–22 % less CPU in leasegate and a pass-through call
-/// 20–45 % less at 1–32 callers, cut a lone caller's p50 by 0.1–0.25 ms
-/// and lifted pass-through throughput 1.1–1.6 ×, but ran ~10 % fewer
-/// gated calls per second at 32–64 callers on the single path.
+/// between idle workers, each hop a thread wake-up. Fewer workers cost
+/// less CPU per call and a lone caller less latency, and cost some gated
+/// throughput at many callers
+/// (bench/results/2026-12-02-runtime-worker-threads.md).
 pub fn default_worker_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }

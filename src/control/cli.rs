@@ -941,7 +941,7 @@ pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode
         ConnectFailure::RoleNotGranted => format!(
             "the URL came from {source}. Operator acts (ops resolve, ops retry, ops \
              failover-resolve, runs cancel, tokens, secrets rotate) run as the database role \
-             leasegate_operator, every other command as leasegate_app (README, \"Database roles\")"
+             leasegate_operator, every other command as leasegate_app (docs/operating.md)"
         ),
     };
     (

@@ -4,7 +4,7 @@
 //! control API, of its HTTP status, and of the operator CLI's exit code for
 //! it, so the three cannot drift apart. (The MCP front's JSON-RPC codes are
 //! a separate table, `mcp::convert`, since they answer a different protocol;
-//! README lists both.)
+//! docs/calling.md lists both.)
 //!
 //! Errors are JSON `{"code", "message", "detail"?}`. Messages never carry SQL
 //! or stack traces: ledger failures are logged here and answered with a
@@ -240,7 +240,7 @@ impl ErrorCode {
         }
     }
 
-    /// The operator CLI's exit code (README: 3 not found, 4 conflict, 5
+    /// The operator CLI's exit code (docs/operating.md: 3 not found, 4 conflict, 5
     /// lease lost or lease token invalid, 2 invalid input, 6 database unavailable, 7 login refused,
     /// 8 database missing, 9 schema missing, 1 otherwise). `serve`, `stdio`
     /// and `migrate` exit with 6 to 9 too when the ledger cannot be opened.

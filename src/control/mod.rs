@@ -1,7 +1,7 @@
 //! The control HTTP API: runs, leases, checkpoints (with planned intents),
 //! run transitions, and the fate of a call. A thin layer over the ledger's
 //! functions — no protocol logic of its own. Described by `openapi.json` at
-//! the repository root; `tests/control_api.rs` checks the two agree.
+//! the repository root; `tests/integration/control_api.rs` checks the two agree.
 //!
 //! * `router`: the routes (`ROUTES`), `/metrics`, serving.
 //! * `error`: [`ErrorCode`], the one table of error codes, HTTP statuses and

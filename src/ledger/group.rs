@@ -25,7 +25,7 @@
 //!   run inserted as `dispatching`; a live claim settled) in one statement
 //!   writing exactly the rows the single function writes, and send every
 //!   other item (refused, existing, duplicate, malformed) through the
-//!   single function itself; `tests/group_commit.rs` compares the two.
+//!   single function itself; `tests/integration/group_commit.rs` compares the two.
 //! - No caller is answered before its batch committed (a claim is never
 //!   acted on while it could still roll back); a takeover of a run's lease
 //!   waits for that commit (the lease row is held FOR SHARE).

@@ -103,7 +103,7 @@ impl RunStatus {
     }
 
     /// The seed's transition table as a pure function. The SQL functions
-    /// implement the same table; `tests/run_state_machine.rs` checks that the
+    /// implement the same table; `tests/integration/run_state_machine.rs` checks that the
     /// database agrees with this function for every (status, event) pair.
     pub fn transition(self, event: RunEvent) -> Result<RunStatus, ForbiddenTransition> {
         use RunEvent::*;

@@ -1,7 +1,7 @@
 """The official Python SDK (default client, mcp 2.3.0) through leasegate's
 HTTP front with `[auth] mode = "required"`.
 
-Run by tests/auth.rs; prints one JSON line per check
+Run by tests/integration/auth.rs; prints one JSON line per check
 ({"check": name, "ok": bool, "detail": ...}) and exits 0 when every check
 passed. With an `Authorization: Bearer` header on the SDK's own HTTP client
 (`streamable_http_client(url, http_client=httpx2.AsyncClient(headers=...))`)

@@ -1,7 +1,7 @@
 """An unmodified MCP client (the official Python SDK, default settings) against
 leasegate in front of @modelcontextprotocol/server-everything.
 
-Run by tests/sdk_transparency.rs; prints one JSON line per check:
+Run by tests/external/sdk_transparency.rs; prints one JSON line per check:
 {"check": name, "ok": bool, "detail": ...}, and exits 0 when every check
 passed. With `--lease explicit` (the default) the lease for side-effecting
 calls comes in as arguments (the Rust test creates the run) and goes in each

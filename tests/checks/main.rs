@@ -1,0 +1,10 @@
+//! Repository checks: module layering, the configuration reference and the
+//! docs' links, the alerting rules, the quickstart's walkthrough as written.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod layering;
+mod config_reference;
+mod alerts;
+mod readme_walkthrough;

@@ -1,0 +1,16 @@
+//! The suites that drive programs leasegate does not ship: a headless
+//! browser, a PostgreSQL standby, the MCP conformance suite, the official
+//! SDKs and server-everything, the chaos and gateway harnesses. Each
+//! provisions or finds what it needs (docs/testing.md).
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod console;
+mod failover;
+mod conformance;
+mod sdk_transparency;
+mod python_agent;
+mod chaos;
+mod bench_gateway;
+mod embedded_pg;

@@ -1,0 +1,720 @@
+//! Group commit (issue 14 P6) against a real PostgreSQL: concurrent gated
+//! calls of different runs share statements and commits, and every item
+//! gets the single path's verdict (fencing, lease tokens, tenants, the
+//! digest comparison, events); a refusal is its item's alone.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{TestDb, applied, within};
+use futures::future::join_all;
+use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::ledger::{
+    AcquireOutcome, Fenced, GroupCommitSettings, InlineClaim, LeaseClaim, Ledger, LedgerOptions,
+    OperationStatus, Rejection, RunId, SettleOutcome, Settlement,
+};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const TENANT: &str = "tenant-a";
+
+fn intent(run_id: RunId, step: &str, arguments: Value) -> Intent {
+    Intent::new(
+        TENANT,
+        run_id,
+        Some(StepRef {
+            step_id: step.into(),
+            effect_version: 1,
+        }),
+        "payments__charge",
+        &arguments,
+        IntegerPolicy::Reject,
+    )
+    .unwrap()
+}
+
+/// A ledger whose calls are batched; the window is wide so that calls
+/// issued together land in one batch on a busy machine too.
+fn batched_options() -> LedgerOptions {
+    LedgerOptions {
+        group_commit: Some(GroupCommitSettings {
+            window: Duration::from_millis(20),
+            max_batch: 64,
+            in_flight: 4,
+        }),
+        ..LedgerOptions::default()
+    }
+}
+
+async fn single_path(connect: &PgConnectOptions) -> Ledger {
+    Ledger::connect_with(
+        connect.clone(),
+        LedgerOptions {
+            group_commit: None,
+            ..LedgerOptions::default()
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Claims and settles one call of a fresh run through `ledger`.
+async fn gated_call(ledger: &Ledger, lease: LeaseClaim) -> RunId {
+    let call = intent(lease.run_id, "charge", json!({"amount": 1}));
+    let claim = match applied(
+        ledger
+            .operation_register_claim(&lease, &call, None, "proxy-1", 30_000)
+            .await
+            .unwrap(),
+    ) {
+        InlineClaim::Claimed { claim, .. } => claim,
+        other => panic!("expected a claim, got {other:?}"),
+    };
+    match ledger
+        .operation_settle(
+            &claim,
+            Settlement::Succeeded,
+            Some("ch_1"),
+            &json!({"ok": true}),
+        )
+        .await
+        .unwrap()
+    {
+        SettleOutcome::Settled(record) => assert_eq!(record.status, OperationStatus::Succeeded),
+        other => panic!("expected settled, got {other:?}"),
+    }
+    lease.run_id
+}
+
+/// The rows and events of a run, without ids and times.
+async fn footprint(db: &TestDb, run_id: RunId) -> Value {
+    sqlx::query_scalar(
+        "SELECT jsonb_build_object(
+           'ops', (SELECT jsonb_agg(jsonb_build_array(status, revision, dispatch_count, remote_id,
+                                                     dispatch_owner))
+                     FROM tool_operations WHERE run_id = $1),
+           'events', (SELECT jsonb_agg(jsonb_build_array(subject, from_status, to_status, actor_kind,
+                                                        actor, revision,
+                                                        (SELECT coalesce(jsonb_agg(k ORDER BY k), '[]')
+                                                           FROM jsonb_object_keys(detail) k))
+                                       ORDER BY event_id)
+                        FROM ledger_events WHERE run_id = $1 AND subject = 'operation'))",
+    )
+    .bind(run_id.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn concurrent_calls_of_different_runs_share_statements_and_write_what_the_single_path_writes(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect.clone(), batched_options()).await;
+    let single = single_path(&connect).await;
+    const RUNS: usize = 24;
+    let mut batched_leases = Vec::new();
+    let mut single_leases = Vec::new();
+    for _ in 0..RUNS {
+        batched_leases.push(db.running_run("agent-1", 30_000).await.0);
+        single_leases.push(db.running_run("agent-1", 30_000).await.0);
+    }
+    let before = db.ledger.group_commit_counts().expect("group commit is on");
+    let batched = within(
+        "the batched calls",
+        join_all(
+            batched_leases
+                .into_iter()
+                .map(|l| gated_call(&db.ledger, l)),
+        ),
+    )
+    .await;
+    let after = db.ledger.group_commit_counts().unwrap();
+    let registers = after.register_batches - before.register_batches;
+    let settles = after.settle_batches - before.settle_batches;
+    // Every call was answered by a batch statement, none sent again alone.
+    assert_eq!(after.register_items - before.register_items, RUNS as u64);
+    assert_eq!(after.settle_items - before.settle_items, RUNS as u64);
+    assert_eq!((after.register_alone, after.settle_alone), (0, 0));
+    assert!(
+        registers < RUNS as u64 && settles < RUNS as u64,
+        "{RUNS} concurrent calls were sent in {registers} register and {settles} settle statements"
+    );
+    let alone = within(
+        "the single-path calls",
+        join_all(single_leases.into_iter().map(|l| gated_call(&single, l))),
+    )
+    .await;
+    let expected = footprint(&db, alone[0]).await;
+    for run_id in alone.iter().chain(&batched) {
+        assert_eq!(footprint(&db, *run_id).await, expected, "run {run_id}");
+    }
+    assert!(db.assert_events_name_ledger_rows().await > 0);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_refused_item_is_refused_alone_and_the_others_in_its_batch_are_claimed(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect.clone(), batched_options()).await;
+    let single = single_path(&connect).await;
+    let (ok_a, _) = db.running_run("agent-1", 30_000).await;
+    let (ok_b, _) = db.running_run("agent-1", 30_000).await;
+    let (stale, _) = db.running_run("agent-1", 30_000).await;
+    let (tokenless, _) = db.running_run("agent-1", 30_000).await;
+    let (foreign, _) = db.running_run("agent-1", 30_000).await;
+    let (conflicting, _) = db.running_run("agent-1", 30_000).await;
+    // The conflicting run already holds its step with other arguments.
+    db.claim(
+        &conflicting,
+        &intent(conflicting.run_id, "charge", json!({"amount": 1})),
+        "proxy-1",
+        30_000,
+    )
+    .await;
+    let stale_claim = LeaseClaim {
+        epoch: stale.epoch - 1,
+        ..stale.clone()
+    };
+    let tokenless_claim = LeaseClaim {
+        token: None,
+        ..tokenless.clone()
+    };
+    let calls: Vec<(Option<&str>, LeaseClaim, Intent)> = vec![
+        (
+            None,
+            ok_a.clone(),
+            intent(ok_a.run_id, "charge", json!({"amount": 1})),
+        ),
+        (
+            None,
+            stale_claim,
+            intent(stale.run_id, "charge", json!({"amount": 1})),
+        ),
+        (
+            None,
+            tokenless_claim,
+            intent(tokenless.run_id, "charge", json!({"amount": 1})),
+        ),
+        (
+            Some("tenant-b"),
+            foreign.clone(),
+            intent(foreign.run_id, "charge", json!({"amount": 1})),
+        ),
+        (
+            None,
+            conflicting.clone(),
+            intent(conflicting.run_id, "charge", json!({"amount": 2})),
+        ),
+        (
+            None,
+            ok_b.clone(),
+            intent(ok_b.run_id, "charge", json!({"amount": 1})),
+        ),
+    ];
+    let answers = |ledger: Ledger| {
+        let calls = calls.clone();
+        async move {
+            join_all(calls.iter().map(|(tenant, lease, call)| {
+                let ledger = ledger.clone();
+                async move {
+                    ledger
+                        .operation_register_claim_in(*tenant, lease, call, None, "proxy-1", 30_000)
+                        .await
+                        .unwrap()
+                        .0
+                }
+            }))
+            .await
+        }
+    };
+    let before = db.ledger.group_commit_counts().unwrap();
+    let batched = within("the batch", answers(db.ledger.clone())).await;
+    let after = db.ledger.group_commit_counts().unwrap();
+    assert!(
+        after.register_batches - before.register_batches < calls.len() as u64
+            && after.register_items - before.register_items == calls.len() as u64
+            && after.register_alone == 0,
+        "the calls were not batched: {before:?} -> {after:?}"
+    );
+    let kind = |outcome: &Fenced<InlineClaim>| match outcome {
+        Fenced::Applied(InlineClaim::Claimed { .. }) => "claimed",
+        Fenced::Applied(InlineClaim::Existing(_)) => "existing",
+        Fenced::Rejected(Rejection::LeaseLost { .. }) => "lease_lost",
+        Fenced::Rejected(Rejection::LeaseTokenInvalid { .. }) => "lease_token_invalid",
+        Fenced::Rejected(Rejection::NotFound) => "not_found",
+        Fenced::Rejected(Rejection::IntentConflict { .. }) => "intent_conflict",
+        Fenced::Rejected(other) => panic!("unexpected rejection {other:?}"),
+    };
+    let kinds: Vec<&str> = batched.iter().map(kind).collect();
+    assert_eq!(
+        kinds,
+        [
+            "claimed",
+            "lease_lost",
+            "lease_token_invalid",
+            "not_found",
+            "intent_conflict",
+            "claimed"
+        ]
+    );
+    // The single path refuses the same calls with the same verdicts (the
+    // claimed ones are now replays of in-flight calls).
+    let alone = within("the single calls", answers(single)).await;
+    let mut kinds_alone: Vec<&str> = alone.iter().map(kind).collect();
+    kinds_alone[0] = "claimed";
+    kinds_alone[5] = "claimed";
+    assert_eq!(kinds_alone, kinds);
+    for (batched, alone) in batched.iter().zip(&alone).skip(1).take(4) {
+        assert_eq!(format!("{batched:?}"), format!("{alone:?}"));
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        rows, 3,
+        "the two claimed calls and the earlier conflicting one"
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answer(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    let call = intent(lease.run_id, "charge", json!({"amount": 1}));
+    let before = db.ledger.group_commit_counts().unwrap();
+    let answers = within(
+        "two calls of one step",
+        join_all((0..2).map(|_| {
+            db.ledger
+                .operation_register_claim(&lease, &call, None, "proxy-1", 30_000)
+        })),
+    )
+    .await;
+    let after = db.ledger.group_commit_counts().unwrap();
+    assert_eq!(
+        after.register_batches - before.register_batches,
+        1,
+        "one batch"
+    );
+    let mut claims = Vec::new();
+    let mut existing = Vec::new();
+    for answer in answers {
+        match applied(answer.unwrap()) {
+            InlineClaim::Claimed { claim, .. } => claims.push(claim),
+            InlineClaim::Existing(found) => existing.push(found),
+        }
+    }
+    assert_eq!((claims.len(), existing.len()), (1, 1));
+    // What the second of two concurrent single calls answers: in flight.
+    assert_eq!(existing[0].status, OperationStatus::Dispatching);
+    assert_eq!(existing[0].operation_id, call.operation_id);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+    // Settled twice in one batch: the second is stale evidence.
+    let result = json!({"ok": 1});
+    let settles = within(
+        "two settles of one claim",
+        join_all((0..2).map(|_| {
+            db.ledger
+                .operation_settle(&claims[0], Settlement::Succeeded, None, &result)
+        })),
+    )
+    .await;
+    let mut settled = 0;
+    let mut evidence = 0;
+    for settle in settles {
+        match settle.unwrap() {
+            SettleOutcome::Settled(_) => settled += 1,
+            SettleOutcome::KeptAsEvidence { .. } => evidence += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((settled, evidence), (1, 1));
+    let counts = db.ledger.group_commit_counts().unwrap();
+    assert_eq!((counts.settle_items, counts.settle_alone), (2, 0));
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_batch_racing_a_takeover_never_claims_for_the_stale_holder(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (old, _) = db.running_run("agent-old", 30_000).await;
+    let ledger = db.ledger.clone();
+    let admin = db.admin.clone();
+    let old_for_calls = old.clone();
+    // The stale holder keeps calling new steps, in batches of 8.
+    let calls = tokio::spawn(async move {
+        let mut claimed = Vec::new();
+        for round in 0.. {
+            let answers = join_all((0..8).map(|i| {
+                let ledger = ledger.clone();
+                let lease = old_for_calls.clone();
+                async move {
+                    let call = intent(lease.run_id, &format!("step-{round}-{i}"), json!({}));
+                    ledger
+                        .operation_register_claim(&lease, &call, None, "proxy-old", 30_000)
+                        .await
+                        .unwrap()
+                }
+            }))
+            .await;
+            let mut lost = false;
+            for answer in answers {
+                match answer {
+                    Fenced::Applied(InlineClaim::Claimed { claim, .. }) => claimed.push(claim),
+                    Fenced::Rejected(Rejection::LeaseLost { .. }) => lost = true,
+                    other => panic!("unexpected {other:?}"),
+                }
+            }
+            if lost {
+                return claimed;
+            }
+        }
+        unreachable!()
+    });
+    // Meanwhile the lease expires and another worker takes the run over.
+    common::wait_until("three rounds of the stale holder's calls", || {
+        let admin = admin.clone();
+        async move {
+            let rows: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE run_id = $1")
+                    .bind(old.run_id.as_uuid())
+                    .fetch_one(&admin)
+                    .await
+                    .unwrap();
+            (rows >= 24).then_some(())
+        }
+    })
+    .await;
+    sqlx::query("UPDATE worker_leases SET expires_at = clock_timestamp() - interval '1 ms' WHERE run_id = $1")
+        .bind(old.run_id.as_uuid())
+        .execute(&admin)
+        .await
+        .unwrap();
+    let new = match db
+        .ledger
+        .lease_acquire(old.run_id, "agent-new", 30_000)
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired(grant) => grant,
+        other => panic!("takeover failed: {other:?}"),
+    };
+    assert!(new.claim.epoch > old.epoch);
+    let taken_over_at: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT updated_at FROM worker_leases WHERE run_id = $1")
+            .bind(old.run_id.as_uuid())
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    let claimed = within("the stale holder's calls", calls).await.unwrap();
+    assert!(!claimed.is_empty());
+    // Every claim the stale holder got was granted before the takeover.
+    let late: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM tool_operations WHERE run_id = $1 AND first_dispatched_at >= $2",
+    )
+    .bind(old.run_id.as_uuid())
+    .bind(taken_over_at)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        late, 0,
+        "a claim was granted to the stale holder after the takeover"
+    );
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE run_id = $1")
+        .bind(old.run_id.as_uuid())
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        count as usize,
+        claimed.len(),
+        "every row is a claim its caller was told of"
+    );
+}
+
+/// `operation_register_claim_batch` of two items (lease, call, the digest
+/// sent, claim ttl ms) on step "s": (item, error_sqlstate, outcome).
+async fn batch_of_two(
+    db: &TestDb,
+    items: [(&LeaseClaim, &Intent, &str, i64); 2],
+) -> Vec<(i32, Option<String>, String)> {
+    let [(a, call_a, digest_a, ttl_a), (b, call_b, digest_b, ttl_b)] = items;
+    let hash = |lease: &LeaseClaim| lease.token.as_ref().map(|t| t.sha256());
+    sqlx::query_as(
+        "SELECT item, error_sqlstate, outcome FROM operation_register_claim_batch(
+           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
+           ARRAY[ROW($4, 's', 1, 't', $5, '{}'::jsonb, NULL, NULL)::operation_intent,
+                 ROW($6, 's', 1, 't', $7, '{}'::jsonb, NULL, NULL)::operation_intent],
+           ARRAY['proxy-1', 'proxy-1'], $8, ARRAY[NULL, NULL]::text[])
+         ORDER BY item",
+    )
+    .bind(vec![a.run_id.as_uuid(), b.run_id.as_uuid()])
+    .bind(vec![a.epoch, b.epoch])
+    .bind(vec![hash(a), hash(b)])
+    .bind(call_a.operation_id.as_str())
+    .bind(digest_a)
+    .bind(call_b.operation_id.as_str())
+    .bind(digest_b)
+    .bind(vec![ttl_a, ttl_b])
+    .fetch_all(&db.admin)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_others(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (a, _) = db.running_run("agent-1", 30_000).await;
+    let (b, _) = db.running_run("agent-1", 30_000).await;
+    // Item 2's claim ttl of 0 raises 22023 in operation_register_claim.
+    let call_a = intent(a.run_id, "s", json!({}));
+    let call_b = intent(b.run_id, "s", json!({}));
+    let rows = batch_of_two(
+        &db,
+        [
+            (&a, &call_a, call_a.request_digest.as_str(), 30_000),
+            (&b, &call_b, call_b.request_digest.as_str(), 0),
+        ],
+    )
+    .await;
+    assert_eq!(
+        rows,
+        [
+            (1, None, "claimed".to_owned()),
+            (2, Some("22023".to_owned()), "item_error".to_owned())
+        ]
+    );
+    let ops: Vec<String> = sqlx::query_scalar("SELECT operation_id FROM tool_operations")
+        .fetch_all(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(ops, [call_a.operation_id.as_str()]);
+    // The settle batch: a bad status raises for its item only.
+    let (verdicts,): (Value,) = sqlx::query_as(
+        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+           ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['bogus', 'succeeded'], ARRAY[NULL, 'r']::text[],
+           ARRAY['{}', '{}']::jsonb[])",
+    )
+    .bind(call_a.operation_id.as_str())
+    .bind(call_a.request_digest.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(verdicts[0]["error_sqlstate"], "22023");
+    assert_eq!(verdicts[1]["outcome"], "settled");
+    let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(status, "succeeded");
+
+    // An item that passes every fence but breaks a table constraint (a
+    // digest of the wrong shape) makes the set-based phase raise: that
+    // phase is rolled back whole, every item goes through the single
+    // function, and only the bad one fails.
+    let (c, _) = db.running_run("agent-1", 30_000).await;
+    let (d, _) = db.running_run("agent-1", 30_000).await;
+    let call_c = intent(c.run_id, "s", json!({}));
+    let call_d = intent(d.run_id, "s", json!({}));
+    let rows = batch_of_two(
+        &db,
+        [
+            (&c, &call_c, call_c.request_digest.as_str(), 30_000),
+            (&d, &call_d, "not-a-digest", 30_000),
+        ],
+    )
+    .await;
+    assert_eq!(
+        rows,
+        [
+            (1, None, "claimed".to_owned()),
+            (2, Some("23514".to_owned()), "item_error".to_owned())
+        ]
+    );
+    let written: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT o.operation_id, (SELECT count(*) FROM ledger_events e WHERE e.operation_id = o.operation_id)
+           FROM tool_operations o WHERE o.run_id = ANY ($1) ORDER BY 1",
+    )
+    .bind(vec![c.run_id.as_uuid(), d.run_id.as_uuid()])
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        written,
+        [(call_c.operation_id.as_str().to_owned(), 1)],
+        "the good item's row and one event, once; nothing of the bad one"
+    );
+    // Two settles of one claim in one batch: the first settles (set-based),
+    // the repeat goes through operation_settle and is kept as evidence.
+    let (verdicts,): (Value,) = sqlx::query_as(
+        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+           ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['succeeded', 'succeeded'],
+           ARRAY['r1', 'r2']::text[], ARRAY['{}', '{}']::jsonb[])",
+    )
+    .bind(call_c.operation_id.as_str())
+    .bind(call_c.request_digest.as_str())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(verdicts[0]["outcome"], "settled");
+    assert_eq!(verdicts[0]["remote_id"], "r1");
+    assert_eq!(verdicts[1]["outcome"], "stale_claim");
+    let evidence: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT kind, remote_id FROM operation_evidence WHERE operation_id = $1")
+            .bind(call_c.operation_id.as_str())
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(
+        evidence,
+        [("late_response".to_owned(), Some("r2".to_owned()))]
+    );
+    assert!(db.assert_events_name_ledger_rows().await > 0);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_common_case_is_answered_set_based_and_writes_the_single_functions_rows(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (a, _) = db.running_run("agent-1", 30_000).await;
+    let (b, _) = db.running_run("agent-1", 30_000).await;
+    let (c, _) = db.running_run("agent-1", 30_000).await;
+    let hash = |lease: &LeaseClaim| lease.token.as_ref().map(|t| t.sha256());
+    let calls: Vec<Intent> = [&a, &b, &c]
+        .iter()
+        .map(|lease| intent(lease.run_id, "s", json!({"n": 1})))
+        .collect();
+    let mut tx = db.admin.begin().await.unwrap();
+    // This transaction's own function-call counts (pg_stat_xact_user_functions).
+    sqlx::query("SET LOCAL track_functions = 'pl'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let batched: Vec<(i32, String)> = sqlx::query_as(
+        "SELECT item, outcome FROM operation_register_claim_batch(
+           $1, ARRAY['agent-1', 'agent-1'], $2, $3,
+           ARRAY[ROW($4, 's', 1, 't', $5, '{\"n\": 1}'::jsonb, 'up', 'tool')::operation_intent,
+                 ROW($6, 's', 1, 't', $7, '{\"n\": 1}'::jsonb, 'up', 'tool')::operation_intent],
+           ARRAY['proxy-1', 'proxy-1'], ARRAY[30000, 30000]::bigint[], ARRAY[NULL, $8]::text[])
+         ORDER BY item",
+    )
+    .bind(vec![a.run_id.as_uuid(), b.run_id.as_uuid()])
+    .bind(vec![a.epoch, b.epoch])
+    .bind(vec![hash(&a), hash(&b)])
+    .bind(calls[0].operation_id.as_str())
+    .bind(calls[0].request_digest.as_str())
+    .bind(calls[1].operation_id.as_str())
+    .bind(calls[1].request_digest.as_str())
+    .bind(TENANT)
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(
+        batched,
+        [(1, "claimed".to_owned()), (2, "claimed".to_owned())]
+    );
+    let verdicts: Value = sqlx::query_scalar(
+        "SELECT operation_settle_batch(ARRAY[$1, $2], ARRAY['proxy-1', 'proxy-1'], ARRAY[1, 1]::bigint[],
+           ARRAY[$3, $4], ARRAY['succeeded', 'failed_final'], ARRAY['r-1', NULL]::text[],
+           ARRAY['{\"ok\": true}', '{\"ok\": false}']::jsonb[])",
+    )
+    .bind(calls[0].operation_id.as_str())
+    .bind(calls[1].operation_id.as_str())
+    .bind(calls[0].request_digest.as_str())
+    .bind(calls[1].request_digest.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(verdicts[0]["outcome"], "settled");
+    assert_eq!(verdicts[0]["revision"], 2);
+    assert_eq!(verdicts[1]["outcome"], "settled");
+    assert_eq!(verdicts[1]["status"], "failed_final");
+    let per_item: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT funcname::text, calls FROM pg_stat_xact_user_functions
+          WHERE funcname IN ('operation_register_claim', 'operation_settle')",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(
+        per_item,
+        [],
+        "new intents of fenced runs and live claims are answered set-based, with no per-item call"
+    );
+    // The reference: the same call through the single functions.
+    let single: String = sqlx::query_scalar(
+        "SELECT outcome FROM operation_register_claim($1, 'agent-1', $2, $3,
+           ROW($4, 's', 1, 't', $5, '{\"n\": 1}'::jsonb, 'up', 'tool')::operation_intent,
+           'proxy-1', 30000, NULL)",
+    )
+    .bind(c.run_id.as_uuid())
+    .bind(c.epoch)
+    .bind(hash(&c))
+    .bind(calls[2].operation_id.as_str())
+    .bind(calls[2].request_digest.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(single, "claimed");
+    let settled: String = sqlx::query_scalar(
+        "SELECT (operation_settle($1, 'proxy-1', 1, $2, 'succeeded', 'r-1', '{\"ok\": true}')).outcome",
+    )
+    .bind(calls[2].operation_id.as_str())
+    .bind(calls[2].request_digest.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(settled, "settled");
+    tx.commit().await.unwrap();
+
+    // Everything but ids, digests and clock readings, row for row.
+    let rows = |run_id: RunId| {
+        let admin = db.admin.clone();
+        async move {
+            sqlx::query_scalar::<_, Value>(
+                "SELECT jsonb_build_object(
+                   'op', (SELECT to_jsonb(o) - 'operation_id' - 'run_id' - 'request_digest' - 'created_at'
+                                 - 'updated_at' - 'first_dispatched_at'
+                            FROM tool_operations o WHERE o.run_id = $1),
+                   'events', (SELECT jsonb_agg(jsonb_set(to_jsonb(e) - 'event_id' - 'at' - 'run_id' - 'operation_id',
+                                                         '{detail}', (e.detail - 'dispatch_until')
+                                                           || jsonb_build_object('has_until', e.detail ? 'dispatch_until'))
+                                               ORDER BY e.event_id)
+                                FROM ledger_events e WHERE e.run_id = $1 AND e.subject = 'operation'))",
+            )
+            .bind(run_id.as_uuid())
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+        }
+    };
+    let reference = rows(c.run_id).await;
+    assert_eq!(rows(a.run_id).await, reference);
+    let mut failed = reference.clone();
+    failed["op"]["status"] = json!("failed_final");
+    failed["op"]["remote_id"] = Value::Null;
+    failed["op"]["result"] = json!({"ok": false});
+    failed["events"][1]["to_status"] = json!("failed_final");
+    failed["events"][1]["detail"] = json!({"has_until": false});
+    assert_eq!(rows(b.run_id).await, failed);
+}

@@ -1,0 +1,579 @@
+//! The database is the safety boundary (seed section 12): the application
+//! role can only run the protected functions and read; the event history is
+//! append-only; migrations are repeatable and tolerate the shared role.
+
+use crate::common;
+
+use common::TestDb;
+use leasegate::intent::{IntegerPolicy, Intent};
+use leasegate::ledger::{
+    Converge, ConvergeEvidence, ConvergeOutcome, Fenced, Ledger, MarkUnknown, RetryResetOutcome,
+    Settlement, UnknownBy, UnknownCause,
+};
+use serde_json::json;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+async fn as_app_role(db: &TestDb, statement: &'static str) -> Result<u64, String> {
+    let mut tx = db.admin.begin().await.unwrap();
+    sqlx::query("SET LOCAL ROLE leasegate_app")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let result = sqlx::query(statement).execute(&mut *tx).await;
+    tx.rollback().await.unwrap();
+    result.map(|done| done.rows_affected()).map_err(|error| {
+        let code = error
+            .as_database_error()
+            .and_then(|db| db.code().map(|c| c.into_owned()))
+            .unwrap_or_default();
+        format!("{code}: {error}")
+    })
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn application_role_cannot_write_tables_directly(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (claim, _) = db.running_run("worker", 30_000).await;
+
+    // The ledger itself runs as the application role.
+    assert_eq!(
+        db.ledger.health().await.unwrap().current_user,
+        "leasegate_app"
+    );
+
+    for statement in [
+        "UPDATE agent_runs SET status = 'failed'",
+        "UPDATE worker_leases SET owner = 'intruder', epoch = epoch + 1",
+        "DELETE FROM agent_runs",
+        "INSERT INTO agent_tasks (tenant_id, task_id) VALUES ('x', 'y')",
+        "INSERT INTO ledger_events (run_id, subject, to_status, actor_kind) SELECT run_id, 'run', 'failed', 'worker' FROM agent_runs",
+        "UPDATE tool_operations SET status = 'succeeded'",
+        "SELECT _lease_fence(run_id, 'worker', 1, NULL::bytea, false) FROM agent_runs",
+        "SELECT _run_advance(run_id, 'worker', 1, NULL::bytea, 1, 'running', 'failed', NULL, NULL) FROM agent_runs",
+        "UPDATE worker_leases SET token_sha256 = sha256('mine')",
+    ] {
+        let error = as_app_role(&db, statement).await.expect_err(statement);
+        assert!(
+            error.starts_with("42501"),
+            "{statement}: expected permission denied, got {error}"
+        );
+    }
+    // Reading is allowed.
+    assert_eq!(as_app_role(&db, "SELECT * FROM agent_runs").await, Ok(1));
+    let (status, _, _, owner, epoch) = db.run_row(claim.run_id).await;
+    assert_eq!(
+        (status.as_str(), owner.as_deref(), epoch),
+        ("running", Some("worker"), 1)
+    );
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn event_history_refuses_update_delete_and_truncate_even_for_the_owner(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let run_id = db.pending_run().await;
+    for statement in [
+        "UPDATE ledger_events SET to_status = 'succeeded'",
+        "DELETE FROM ledger_events",
+        "TRUNCATE ledger_events",
+    ] {
+        let error = sqlx::query(statement)
+            .execute(&db.admin)
+            .await
+            .expect_err(statement);
+        assert!(
+            error.to_string().contains("append-only"),
+            "{statement}: {error}"
+        );
+    }
+    assert_eq!(db.event_count(run_id).await, 1);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn migrating_twice_is_a_no_op_and_databases_migrate_concurrently(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect.clone()).await;
+    let run_id = db.pending_run().await;
+    Ledger::migrate(&db.url)
+        .await
+        .expect("second migration is a no-op");
+    assert!(
+        db.ledger.run_get(run_id).await.unwrap().is_some(),
+        "data kept"
+    );
+
+    // Several fresh databases of one cluster migrate at the same time; the
+    // cluster-wide role is shared by all of them.
+    let names: Vec<String> = (0..4)
+        .map(|i| format!("leasegate_migrate_{}_{i}", uuid::Uuid::new_v4().simple()))
+        .collect();
+    let mut admin = sqlx::PgConnection::connect_with(&connect).await.unwrap();
+    for name in &names {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let base = db.url.rsplit_once('/').unwrap().0.to_owned();
+    let migrations = names.iter().map(|name| {
+        let url = format!("{base}/{name}");
+        async move { (Ledger::migrate(&url).await, Ledger::migrate(&url).await) }
+    });
+    let results = common::within("concurrent migrations", futures_join_all(migrations)).await;
+    for name in &names {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    }
+    for (first, second) in results {
+        first.expect("concurrent migration");
+        second.expect("repeated migration");
+    }
+    admin.close().await.unwrap();
+}
+
+/// `join_all` without pulling the futures crate for one call.
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut outputs = Vec::new();
+    for handle in handles {
+        outputs.push(handle.await.unwrap());
+    }
+    outputs
+}
+
+/// The names a file defines with `CREATE [OR REPLACE] FUNCTION name(` or
+/// `CREATE [OR REPLACE] PROCEDURE name(`.
+fn defined_functions(text: &str) -> Vec<String> {
+    ["FUNCTION ", "PROCEDURE "]
+        .into_iter()
+        .flat_map(|kind| {
+            text.match_indices(kind)
+                .filter(|(at, _)| {
+                    let before = &text[..*at];
+                    before.ends_with("CREATE ") || before.ends_with("CREATE OR REPLACE ")
+                })
+                .map(move |(at, _)| {
+                    let rest = &text[at + kind.len()..];
+                    rest[..rest.find('(').expect("a parameter list")].to_owned()
+                })
+        })
+        .collect()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn every_function_has_one_home_and_the_right_grant(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // One definition per function across sql/, none in the migrations but
+    // the trigger function the tables need.
+    let mut homes = std::collections::BTreeMap::<String, Vec<&str>>::new();
+    for (file, text) in leasegate::ledger::FUNCTION_FILES {
+        for name in defined_functions(text) {
+            homes.entry(name).or_default().push(file);
+        }
+    }
+    let copies: Vec<_> = homes.iter().filter(|(_, files)| files.len() > 1).collect();
+    assert!(copies.is_empty(), "functions defined twice: {copies:?}");
+    let migrations_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    let mut in_migrations = Vec::new();
+    for entry in std::fs::read_dir(&migrations_dir).unwrap() {
+        let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        in_migrations.extend(defined_functions(&text));
+    }
+    // (0001 defines ledger_events_refuse_change, 0009 lets operations_archive
+    // delete through it; 0007 defines operation_evidence_refuse_change.)
+    in_migrations.sort();
+    in_migrations.dedup();
+    assert_eq!(
+        in_migrations,
+        [
+            "ledger_events_refuse_change",
+            "operation_evidence_refuse_change"
+        ]
+    );
+
+    // The database runs exactly those, and the application role may execute
+    // the public ones (no leading underscore) but the operator acts, and
+    // none of the helpers; the operator role exactly the operator acts:
+    // token management, re-sealing stored bodies (`secrets rotate`),
+    // resolving and retrying operations, cancelling runs, resolving
+    // failovers (migrations/0007), retention (`ops archive`).
+    let installed: Vec<(String, bool, bool)> = sqlx::query_as(
+        "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
+                has_function_privilege('leasegate_operator', p.oid, 'EXECUTE') \
+           FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+          WHERE n.nspname = 'public' AND p.prorettype <> 'trigger'::regtype ORDER BY 1",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    let names: Vec<&str> = installed.iter().map(|(name, _, _)| name.as_str()).collect();
+    let expected: Vec<&str> = homes.keys().map(String::as_str).collect();
+    assert_eq!(names, expected, "installed functions differ from sql/");
+    let operators = [
+        "access_token_create",
+        "access_token_revoke",
+        "evidence_reseal",
+        "failover_resolve",
+        "operation_reconcile_reset",
+        "operation_reseal",
+        "operation_resolve",
+        "operations_archive",
+        "run_cancel",
+    ];
+    for (name, app, operator) in &installed {
+        let operators_only = operators.contains(&name.as_str());
+        assert_eq!(
+            *app,
+            !name.starts_with('_') && !operators_only,
+            "{name}: EXECUTE for leasegate_app"
+        );
+        assert_eq!(
+            *operator, operators_only,
+            "{name}: EXECUTE for leasegate_operator"
+        );
+    }
+    let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(digest, leasegate::ledger::functions_digest());
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn migrate_reinstalls_functions_that_differ_from_sql_files(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // A database whose functions are an older set: a different digest and a
+    // function body that answers wrongly.
+    sqlx::raw_sql(
+        "UPDATE ledger_functions SET digest = 'older'; \
+         CREATE OR REPLACE FUNCTION _ledger_check_ttl(p_ttl_ms bigint) RETURNS void \
+         LANGUAGE plpgsql IMMUTABLE AS $$ BEGIN END $$;",
+    )
+    .execute(&db.admin)
+    .await
+    .unwrap();
+    Ledger::migrate(&db.url).await.expect("migrate");
+    let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+    assert_eq!(digest, leasegate::ledger::functions_digest());
+    let error = sqlx::query("SELECT _ledger_check_ttl(0)")
+        .execute(&db.admin)
+        .await
+        .expect_err("the current body refuses a zero ttl");
+    assert_eq!(
+        error.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("22023")
+    );
+}
+
+/// Least privilege for tokens: the proxy's role can check a presented token
+/// but cannot read the hashes, mint or revoke; the operator role can.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn only_the_operator_role_mints_and_revokes_tokens(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let mint = "SELECT access_token_create('00112233445566aa', sha256('s'), 'tenant-a', 'admin', NULL, 'x', NULL)";
+    for statement in [
+        "SELECT * FROM access_tokens",
+        mint,
+        "SELECT access_token_revoke('00112233445566aa', 'x')",
+        "INSERT INTO access_tokens (token_id, secret_hash, tenant_id, scope, created_by) VALUES ('00112233445566aa', sha256('s'), 't', 'admin', 'x')",
+    ] {
+        let error = as_app_role(&db, statement).await.expect_err(statement);
+        assert!(error.starts_with("42501"), "{statement}: {error}");
+    }
+    assert_eq!(
+        as_app_role(
+            &db,
+            "SELECT access_token_verify('00112233445566aa', sha256('s'))"
+        )
+        .await,
+        Ok(1)
+    );
+    let mut tx = db.admin.begin().await.unwrap();
+    sqlx::query("SET LOCAL ROLE leasegate_operator")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let (outcome,): (String,) = sqlx::query_as(
+        "SELECT outcome FROM access_token_create('00112233445566aa', sha256('s'), 'tenant-a', \
+         'admin', NULL, 'x', NULL)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(outcome, "created");
+    let error = sqlx::query("UPDATE access_tokens SET scope = 'agent'")
+        .execute(&mut *tx)
+        .await
+        .expect_err("the operator role changes tokens only through the functions");
+    assert_eq!(
+        error.as_database_error().and_then(|e| e.code()).as_deref(),
+        Some("42501")
+    );
+    tx.rollback().await.unwrap();
+}
+
+/// The SQLSTATE of a ledger error (`42501`: permission denied).
+fn sqlstate(error: &leasegate::ledger::LedgerError) -> String {
+    use std::error::Error;
+    error
+        .source()
+        .and_then(|e| e.downcast_ref::<sqlx::Error>())
+        .and_then(|e| e.as_database_error())
+        .and_then(|e| e.code().map(|c| c.into_owned()))
+        .unwrap_or_else(|| format!("not a database error: {error}"))
+}
+
+/// Least privilege for operator acts (issue 13, item 7; migrations/0007):
+/// a compromised proxy — a session as leasegate_app — cannot resolve an
+/// operation, start its retry budget over, cancel a run or resolve a lossy
+/// failover: each is permission denied and nothing changes (rows, events).
+/// The same calls as leasegate_operator are applied, with the caller's
+/// actor in the history.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // An unknown operation (a timed-out charge) on a running run, and an
+    // unresolved lossy failover.
+    let (lease, _) = db.running_run("agent", 60_000).await;
+    let intent = Intent::new(
+        "tenant-a",
+        lease.run_id,
+        None,
+        "payments__charge",
+        &json!({"amount": 3}),
+        IntegerPolicy::Reject,
+    )
+    .unwrap();
+    let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
+    db.ledger
+        .operation_mark_unknown(MarkUnknown {
+            claim: &claim,
+            by: UnknownBy::ClaimHolder,
+            actor: "proxy-1",
+            cause: UnknownCause::TimedOut,
+            evidence: &json!({}),
+        })
+        .await
+        .unwrap();
+    let (failover_id,): (i64,) = sqlx::query_as(
+        "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
+         new_timeline, acknowledged_lsn, lossy) VALUES ('proxy-1', '42', 1, 2, '0/10', true) \
+         RETURNING failover_id",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    let id = intent.operation_id.clone();
+    let snapshot = || async {
+        sqlx::query_as::<_, (String, i64, String, i64, bool, i64)>(
+            "SELECT (SELECT status FROM tool_operations WHERE operation_id = $1), \
+                    (SELECT revision FROM tool_operations WHERE operation_id = $1), \
+                    (SELECT status FROM agent_runs WHERE run_id = $2), \
+                    (SELECT count(*) FROM ledger_events), \
+                    (SELECT resolved_at IS NULL FROM ledger_failovers WHERE failover_id = $3), \
+                    (SELECT count(*) FROM operation_evidence)",
+        )
+        .bind(id.as_str())
+        .bind(lease.run_id.as_uuid())
+        .bind(failover_id)
+        .fetch_one(&db.admin)
+        .await
+        .unwrap()
+    };
+    let before = snapshot().await;
+    assert_eq!(
+        (before.0.as_str(), before.2.as_str(), before.4),
+        ("unknown", "running", true)
+    );
+    let resolve = |ledger: Ledger, revision: i64| {
+        let id = id.clone();
+        async move {
+            ledger
+                .operation_converge(Converge {
+                    operation_id: &id,
+                    expected_revision: revision,
+                    settlement: Settlement::Succeeded,
+                    remote_id: Some("ch_1"),
+                    result: None,
+                    kind: ConvergeEvidence::Operator,
+                    actor: "alice",
+                    note: Some("the bank shows the charge"),
+                    evidence: &json!({}),
+                })
+                .await
+        }
+    };
+
+    // As the proxy's role: every operator act is permission denied.
+    let app = &db.ledger;
+    let refused = [
+        (
+            "operation_resolve",
+            resolve(app.clone(), before.1).await.map(|_| ()),
+        ),
+        (
+            "operation_reconcile_reset",
+            app.operation_reconcile_reset(&id, "alice", "upstream back")
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "run_cancel",
+            app.run_cancel(lease.run_id, "alice", Some("stop"))
+                .await
+                .map(|_| ()),
+        ),
+        (
+            "failover_resolve",
+            app.failover_resolve(failover_id, "alice", "compared by hand")
+                .await
+                .map(|_| ()),
+        ),
+    ];
+    for (call, outcome) in refused {
+        let error = outcome.expect_err(call);
+        assert_eq!(sqlstate(&error), "42501", "{call}: {error}");
+    }
+    // Nor can the app role reach a resolution through the reconciler's
+    // function by naming the operator's kind, or call the SQL directly.
+    let sneaky = as_app_role(
+        &db,
+        "SELECT * FROM operation_converge((SELECT operation_id FROM tool_operations), \
+         (SELECT revision FROM tool_operations), 'succeeded', NULL, NULL, 'operator', 'mallory', \
+         'trust me', '{}')",
+    )
+    .await
+    .expect_err("operator kind through operation_converge");
+    assert!(sneaky.starts_with("42501"), "{sneaky}");
+    assert_eq!(snapshot().await, before, "nothing written by the app role");
+
+    // As the operator role: each is applied, with the caller as the actor.
+    let operator = &db.operator;
+    match operator
+        .operation_reconcile_reset(&id, "alice", "upstream back")
+        .await
+        .unwrap()
+    {
+        RetryResetOutcome::Reset(_) => {}
+        other => panic!("expected a reset, got {other:?}"),
+    }
+    let revision: i64 =
+        sqlx::query_scalar("SELECT revision FROM tool_operations WHERE operation_id = $1")
+            .bind(id.as_str())
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+    match resolve(operator.clone(), revision).await.unwrap() {
+        ConvergeOutcome::Converged { operation, .. } => {
+            assert_eq!(operation.status.as_str(), "succeeded")
+        }
+        other => panic!("expected a resolution, got {other:?}"),
+    }
+    assert!(matches!(
+        operator
+            .failover_resolve(failover_id, "alice", "compared by hand")
+            .await
+            .unwrap(),
+        leasegate::ledger::FailoverResolveOutcome::Resolved
+    ));
+    assert!(matches!(
+        operator
+            .run_cancel(lease.run_id, "alice", Some("stop"))
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
+    let after = snapshot().await;
+    assert_eq!(
+        (after.0.as_str(), after.2.as_str(), after.4),
+        ("succeeded", "cancelled", false)
+    );
+    let actors: Vec<(String, String)> = sqlx::query_as(
+        "SELECT actor_kind, actor FROM ledger_events WHERE event_id > (SELECT max(event_id) - 3 \
+         FROM ledger_events) ORDER BY event_id",
+    )
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        actors,
+        vec![("operator".to_owned(), "alice".to_owned()); 3],
+        "reset, resolution and cancel recorded as the operator who asked"
+    );
+    let (by,): (String,) =
+        sqlx::query_as("SELECT resolved_by FROM ledger_failovers WHERE failover_id = $1")
+            .bind(failover_id)
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(by, "alice");
+}
+
+/// The proxy still retires a run it holds the lease of (lease mode `key`
+/// past retention): `run_retire` is fenced by the lease token, so the app
+/// role needs no operator right for it, and a stale holder cannot.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_lease_holder_retires_its_run_and_a_stale_holder_cannot(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("worker", 60_000).await;
+    let mut forged = lease.clone();
+    forged.epoch += 1;
+    assert!(matches!(
+        db.ledger
+            .run_retire(&forged, "retention passed")
+            .await
+            .unwrap(),
+        Fenced::Rejected(_)
+    ));
+    assert_eq!(db.run_row(lease.run_id).await.0, "running");
+    assert!(matches!(
+        db.ledger
+            .run_retire(&lease, "retention passed")
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
+    assert_eq!(db.run_row(lease.run_id).await.0, "cancelled");
+    let (kind, actor): (String, String) = sqlx::query_as(
+        "SELECT actor_kind, actor FROM ledger_events WHERE run_id = $1 AND to_status = 'cancelled'",
+    )
+    .bind(lease.run_id.as_uuid())
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!((kind.as_str(), actor.as_str()), ("worker", "worker"));
+}

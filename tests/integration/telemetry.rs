@@ -1,0 +1,253 @@
+//! Traces (src/telemetry.rs): one gated call through a real proxy, ledger
+//! and stdio tool server, with leasegate's spans captured by an in-memory
+//! OpenTelemetry exporter installed the way `main` installs the OTLP one
+//! (`Tracing::layer`).
+//!
+//! One test per binary: the tracing subscriber is process-wide.
+
+use crate::common;
+
+use std::sync::OnceLock;
+
+use common::proxy::{
+    RunningProxy, Scenario, call, connect_http, connect_http_with, operation_note,
+};
+use common::{TestDb, wait_until};
+use leasegate::intent::OperationId;
+use leasegate::ledger::OperationStatus;
+use leasegate::telemetry::{Settings, Tracing};
+use opentelemetry_sdk::trace::{InMemorySpanExporter, SpanData};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tracing_subscriber::layer::SubscriberExt as _;
+
+/// The exporter behind the process-wide subscriber.
+fn exporter() -> &'static InMemorySpanExporter {
+    static EXPORTER: OnceLock<InMemorySpanExporter> = OnceLock::new();
+    EXPORTER.get_or_init(|| {
+        let exporter = InMemorySpanExporter::default();
+        let traces = Tracing::with_exporter(exporter.clone(), &Settings::default());
+        let subscriber = tracing_subscriber::registry().with(traces.layer());
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        // The provider lives as long as the process.
+        std::mem::forget(traces);
+        exporter
+    })
+}
+
+fn attribute(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.as_str().into_owned())
+}
+
+fn spans_of_trace(trace_id: &str) -> Vec<SpanData> {
+    exporter()
+        .get_finished_spans()
+        .unwrap()
+        .into_iter()
+        .filter(|span| span.span_context.trace_id().to_string() == trace_id)
+        .collect()
+}
+
+/// The one span named `name` whose parent is `parent` (a span id in hex).
+fn child<'a>(spans: &'a [SpanData], name: &str, parent: &str) -> &'a SpanData {
+    let found: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name == name && s.parent_span_id.to_string() == parent)
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one {name} under {parent}; spans: {:#?}",
+        spans
+            .iter()
+            .map(|s| (
+                s.name.to_string(),
+                s.span_context.span_id().to_string(),
+                s.parent_span_id.to_string()
+            ))
+            .collect::<Vec<_>>()
+    );
+    found[0]
+}
+
+fn span_id(span: &SpanData) -> String {
+    span.span_context.span_id().to_string()
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: PgConnectOptions) {
+    let exporter = exporter();
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent-1", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+
+    // The agent's trace context in `_meta`.
+    let agent_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let agent_span = "00f067aa0ba902b7";
+    let mut meta = serde_json::Map::new();
+    meta.insert(
+        "traceparent".into(),
+        json!(format!("00-{agent_trace}-{agent_span}-01")),
+    );
+    meta.insert("tracestate".into(), json!("vendor=abc"));
+    let answer = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 700, "currency": "eur"}),
+        Some(meta),
+    )
+    .await
+    .unwrap();
+    let operation_id = operation_note(&answer)["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let view = db
+        .ledger
+        .operation_get(&OperationId::from_string(operation_id.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(view.operation.status, OperationStatus::Succeeded);
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+
+    // The call's spans: all five end around the answer; wait for them.
+    let spans = wait_until("the call's spans are exported", || async {
+        let spans = spans_of_trace(agent_trace);
+        let names: Vec<_> = spans.iter().map(|s| s.name.to_string()).collect();
+        [
+            "tools/call",
+            "ledger.operation_register_claim",
+            "dispatch",
+            "upstream.attempt",
+            "ledger.operation_settle",
+        ]
+        .iter()
+        .all(|name| names.iter().any(|n| n == name))
+        .then_some(spans)
+    })
+    .await;
+    let front = child(&spans, "tools/call", agent_span);
+    assert!(
+        front.parent_span_is_remote,
+        "the agent's span is the parent"
+    );
+    assert_eq!(
+        attribute(front, "run_id").as_deref(),
+        Some(lease.run_id.to_string().as_str())
+    );
+    assert_eq!(attribute(front, "epoch").as_deref(), Some("1"));
+    assert_eq!(
+        attribute(front, "tool").as_deref(),
+        Some("payments__charge")
+    );
+    assert_eq!(
+        attribute(front, "operation_id").as_deref(),
+        Some(operation_id.as_str())
+    );
+    assert_eq!(attribute(front, "outcome").as_deref(), Some("succeeded"));
+    child(&spans, "ledger.operation_register_claim", &span_id(front));
+    let dispatch = child(&spans, "dispatch", &span_id(front));
+    assert_eq!(
+        attribute(dispatch, "operation_id").as_deref(),
+        Some(operation_id.as_str())
+    );
+    assert_eq!(attribute(dispatch, "tool").as_deref(), Some("charge"));
+    assert_eq!(attribute(dispatch, "outcome").as_deref(), Some("succeeded"));
+    let attempt = child(&spans, "upstream.attempt", &span_id(dispatch));
+    assert_eq!(attribute(attempt, "attempt").as_deref(), Some("1"));
+    assert_eq!(attribute(attempt, "outcome").as_deref(), Some("answered"));
+    let settle = child(&spans, "ledger.operation_settle", &span_id(dispatch));
+    assert_eq!(
+        attribute(settle, "settlement").as_deref(),
+        Some("succeeded")
+    );
+    // Only leasegate's own spans leave the process (no rmcp, sqlx, hyper).
+    for span in &spans {
+        assert_eq!(
+            span.instrumentation_scope.name(),
+            "leasegate",
+            "{}",
+            span.name
+        );
+        let target = attribute(span, "target").unwrap_or_default();
+        assert!(
+            target.is_empty() || target.starts_with("leasegate"),
+            "{}: target {target}",
+            span.name
+        );
+    }
+
+    // The tool saw the upstream attempt as its parent, in the agent's trace.
+    let calls = scenario.side_effects("calls.jsonl");
+    let sent = calls
+        .iter()
+        .find(|c| c["tool"] == "charge")
+        .expect("the tool recorded the call");
+    assert_eq!(
+        sent["traceparent"],
+        Value::String(format!("00-{agent_trace}-{}-01", span_id(attempt))),
+        "the upstream's parent is the upstream attempt"
+    );
+
+    // A trace context in the HTTP headers (no `_meta`) is the parent as well.
+    let header_trace = "0af7651916cd43dd8448eb211c80319c";
+    let header_span = "b7ad6b7169203331";
+    let token = lease.token.as_ref().unwrap().expose().to_owned();
+    let run = lease.run_id.to_string();
+    let traceparent = format!("00-{header_trace}-{header_span}-01");
+    let by_headers = connect_http_with(
+        &proxy.url,
+        &[
+            ("leasegate-run-id", run.as_str()),
+            ("leasegate-owner", "agent-1"),
+            ("leasegate-epoch", "1"),
+            ("leasegate-lease-token", token.as_str()),
+            ("traceparent", traceparent.as_str()),
+        ],
+    )
+    .await;
+    call(
+        &by_headers,
+        "payments__charge",
+        json!({"amount": 900, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap();
+    let spans = wait_until("the second call's spans are exported", || async {
+        let spans = spans_of_trace(header_trace);
+        spans
+            .iter()
+            .any(|s| s.name == "upstream.attempt")
+            .then_some(spans)
+    })
+    .await;
+    let front = child(&spans, "tools/call", header_span);
+    let dispatch = child(&spans, "dispatch", &span_id(front));
+    let attempt = child(&spans, "upstream.attempt", &span_id(dispatch));
+    let calls = scenario.side_effects("calls.jsonl");
+    assert!(
+        calls.iter().any(|c| c["tool"] == "charge"
+            && c["traceparent"] == format!("00-{header_trace}-{}-01", span_id(attempt))),
+        "the tool joined the header's trace: {calls:?}"
+    );
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 2);
+
+    // The background loops' activations are spans of their own.
+    wait_until("a background pass is exported", || async {
+        exporter
+            .get_finished_spans()
+            .unwrap()
+            .iter()
+            .any(|s| s.name == "background.pass" && attribute(s, "loop").is_some())
+            .then_some(())
+    })
+    .await;
+    proxy.stop().await;
+}
