@@ -89,14 +89,14 @@ $$;
 -- expired lease is never resurrected, even if nobody took it over. A run that
 -- became terminal (e.g. cancelled by an operator) is 'terminal', so the
 -- worker's heartbeat stops it. The lease token's hash is judged by the fence.
--- p_tenant (NULL: any) scopes the renew (issue 14, P4: the control API's
--- tenant check in the same round trip): a run of another tenant is
+-- p_tenant (NULL: any) scopes the renew (the control API's tenant check in
+-- the same round trip): a run of another tenant is
 -- 'not_found' with nothing found shown, nothing locked and nothing written,
 -- exactly as a run that does not exist.
 --
--- After the ttl check, the common case in two statements (issue 14, P4;
--- it took six: the tenant lookup, _lease_fence's lock, lock-time setting
--- and run read, the UPDATE and _ledger_result's read-back):
+-- After the ttl check, the common case in two statements (not six: the
+-- tenant lookup, _lease_fence's lock, lock-time setting and run read, the
+-- UPDATE and _ledger_result's read-back):
 --   1. the lease row FOR UPDATE, joined to its run for the tenant (another
 --      tenant's lease is not even locked), read as locked: owner, epoch,
 --      expiry and token hash are judged on it, on the database clock read
@@ -205,7 +205,7 @@ BEGIN
 END
 $$;
 
--- Batch renewal (issue 14, P4): one worker host renews many leases in one
+-- Batch renewal: one worker host renews many leases in one
 -- call. Each lease is judged exactly as lease_renew judges it (the fence of
 -- _lease_fence: owner, epoch, unexpired, lease token hash, non-terminal run)
 -- and answered on its own row, in the order given:
@@ -235,10 +235,9 @@ $$;
 -- repeated run id, more than 100,000 leases) raises 22023 and writes nothing.
 -- Planned afresh on every call (plan_cache_mode): a custom plan sees the
 -- arrays' real sizes; from the sixth call on PL/pgSQL would otherwise reuse
--- a generic plan guessing 10 rows per array, measured 1.3 x slower at
--- 10,000 leases (issue 14, P4). No JIT: where an estimate crosses
--- jit_above_cost, compiling costs more than the work (~25 ms measured on a
--- statement of this shape).
+-- a generic plan guessing 10 rows per array, slower on large batches
+-- (bench/results/2026-12-01-batch-lease-renewal.md). No JIT: where an
+-- estimate crosses jit_above_cost, compiling costs more than the work.
 CREATE OR REPLACE FUNCTION lease_renew_batch(p_run_ids uuid[], p_owners text[], p_epochs bigint[],
                                              p_token_sha256s bytea[], p_ttl_ms bigint, p_tenant text)
 RETURNS TABLE (run_id uuid, outcome text, run_status text, revision bigint, lease_owner text,

@@ -363,7 +363,7 @@ BEGIN
 END
 $$;
 
--- Group commit (issue 14 P6): N register-claims of (usually) different
+-- Group commit: N register-claims of (usually) different
 -- runs in ONE statement and transaction, with per-item verdicts equal to
 -- what operation_register_claim above (the one definition of the fence,
 -- tenant, lease-token, conflict and event rules) answers for that item.
@@ -674,7 +674,7 @@ BEGIN
 END
 $$;
 
--- Group commit of settles (issue 14 P6), the writes: N operation_settle
+-- Group commit of settles, the writes: N operation_settle
 -- calls' worth in one transaction (not committed here: see
 -- operation_settle_acknowledged_batch below). The verdicts come back as
 -- one jsonb array, element k answering item k+1: {"item",

@@ -1,4 +1,4 @@
--- Retention (issue 14, P5): the settled history of terminal runs older than
+-- Retention: the settled history of terminal runs older than
 -- a window leaves the live tables in bounded batches. Tables and triggers:
 -- migrations/0009_scale.sql.
 

@@ -1,4 +1,4 @@
-//! Identities shared by every layer (DESIGN.md, "Identities").
+//! Identities shared by every layer (docs/concepts.md).
 
 use std::fmt;
 use std::str::FromStr;

@@ -183,7 +183,7 @@
 //! (`control::cli`, `main`), opentelemetry and tracing-opentelemetry
 //! (`telemetry`), indicatif (`progress`).
 //!
-//! # Invariant index (DESIGN.md numbering)
+//! # Invariant index (docs/architecture.md numbering)
 //!
 //! 1. Only the current run's current epoch writes workflow state —
 //!    `_lease_fence` in `sql/common.sql`; `ledger` module docs.

@@ -1,4 +1,4 @@
-//! The gateway benchmark's harness (issue 14 item 1), shared by
+//! The gateway benchmark's harness, shared by
 //! `examples/bench_gateway/main.rs` and `tests/external/bench_gateway.rs`.
 //!
 //! One run measures, side by side on one machine and one PostgreSQL server:
@@ -118,7 +118,7 @@ pub struct Settings {
     pub upstream: UpstreamChoice,
     /// leasegate's `database_max_connections`.
     pub db_pool: u32,
-    /// leasegate's `group_commit` (issue 14 P6): register-claims and settles
+    /// leasegate's `group_commit`: register-claims and settles
     /// of concurrent calls share statements and commits.
     pub group_commit: bool,
     /// More top-level lines of the served config (`key = value`, e.g.
@@ -1820,7 +1820,7 @@ async fn sweep(
             )?;
             record(Measure::PgbenchCeiling, callers, ceiling);
         }
-        // Renewal (issue 14, P4).
+        // Renewal.
         let callers = settings.renew_callers;
         progress(
             settings,
@@ -2367,7 +2367,7 @@ impl Report {
                     &label,
                     hosts.to_string(),
                     Some(ours),
-                    format!("{:.2} × 100,000/s (P4)", ours.rate / 100_000.0),
+                    format!("{:.2} × 100,000/s", ours.rate / 100_000.0),
                     String::new(),
                     String::new(),
                 ),

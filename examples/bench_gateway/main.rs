@@ -1,4 +1,4 @@
-//! The reproducible gateway benchmark (issue 14 item 1): gated,
+//! The reproducible gateway benchmark: gated,
 //! pass-through and replayed MCP `tools/call` through a `leasegate serve`
 //! child at 1/8/32/64 callers next to pgbench on the minimal ceiling and on
 //! leasegate's own SQL, lease renewal, database round trips per call and
@@ -64,7 +64,7 @@ struct Cli {
     /// leasegate's database_max_connections.
     #[arg(long)]
     db_pool: Option<u32>,
-    /// Serve with `group_commit = true` (issue 14 P6).
+    /// Serve with `group_commit = true`.
     #[arg(long)]
     group_commit: bool,
     /// A top-level line of the served config, `key = value` (repeatable), e.g.

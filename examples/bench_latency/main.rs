@@ -21,7 +21,7 @@
 //! instance `worker_threads = 2`). One client, one connection, calls in
 //! sequence.
 //!
-//! Then throughput (issue 14, P3: pass-through ≥ 0.9 × the upstream's own):
+//! Then throughput:
 //! for each caller count (third argument, default `8,32`), that many
 //! clients, each on its own kept-alive connection, call `echo` in a loop
 //! for 5 s after 1 s of warm-up, straight to the upstream and through

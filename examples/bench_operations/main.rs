@@ -20,8 +20,8 @@
 //! extended protocol or one simple Query, client to server). Numbers are
 //! reported, never asserted.
 //!
-//! Each level also runs the Rust path with group commit on (issue 14 P6:
-//! the default settings, no window, batches of up to 64, one batch of each
+//! Each level also runs the Rust path with group commit on (the default
+//! settings, no window, batches of up to 64, one batch of each
 //! kind in flight; docs/operating.md) and prints both paths' p50/p99 per call (register-claim plus
 //! settle) and the mean calls per batch statement. `LEASEGATE_BENCH_SKIP_PGBENCH=1`
 //! leaves pgbench out (the Rust rows only).

@@ -1,5 +1,5 @@
 -- pgbench script for bench_scale: 16 gated calls of 16 runs as leasegate's
--- group commit sends them (issue 14 P6) — one operation_register_claim_batch
+-- group commit sends them — one operation_register_claim_batch
 -- statement, then one CALL operation_settle_acknowledged_batch — with the
 -- current signatures (sql/operation.sql). Client N works on runs
 -- 00000000-0000-7000-8000-<16N .. 16N+15 as 12 digits>, run R leased by

@@ -1,4 +1,4 @@
-//! Flat cost at scale (issue 14, P5) and batch renewal throughput (P4).
+//! Flat cost at scale and batch renewal throughput.
 //!
 //! ```text
 //! cargo run --release --example bench_scale -- scale [--rows 10000,10000000] [--clients 8] [--seconds 15] [--repeat 3] [--ids run|hashed] [--fillfactor N] [--url ADMIN_URL] [--db leasegate_scale]

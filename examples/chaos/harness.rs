@@ -1,4 +1,4 @@
-//! The chaos soak (issue 11 item 7): several `leasegate serve` processes on
+//! The chaos soak: several `leasegate serve` processes on
 //! one fresh ledger database, in front of example tool servers of all four
 //! capabilities with fault injection, N intents driven by concurrent agents
 //! that re-call after errors, while the harness SIGKILLs and SIGSTOPs

@@ -1,4 +1,4 @@
-//! The chaos soak (issue 11 item 7), as a cargo example:
+//! The chaos soak, as a cargo example:
 //!
 //! ```text
 //! cargo build --release --bins --example chaos

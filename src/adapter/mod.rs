@@ -48,7 +48,7 @@ use serde_json::{Map, Value};
 
 use crate::policy::{FieldError, parse_duration};
 
-/// What a tool can promise when an outcome is unknown (DESIGN.md, Adapters).
+/// What a tool can promise when an outcome is unknown (docs/concepts.md, docs/adapters-and-policies.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Capability {

@@ -928,7 +928,7 @@ impl Config {
     }
 
     /// Refuses a listener that is not loopback with authentication off
-    /// (issue 13: `0.0.0.0` without authentication). `leasegate serve`
+    /// (`0.0.0.0` without authentication is open to anyone). `leasegate serve`
     /// checks again after `--listen`.
     pub fn check_exposure(&self) -> Result<(), String> {
         if self.auth_mode != AuthMode::Off || self.loopback_only() {

@@ -1,5 +1,5 @@
-//! `POST /v1/leases/renew`: one worker host renews many leases in one call
-//! (issue 14, P4), each lease answered on its own as renewed (its new
+//! `POST /v1/leases/renew`: one worker host renews many leases in one call,
+//! each lease answered on its own as renewed (its new
 //! expiry) or lost (the reason the single renew route would have answered:
 //! `lease_lost`, `lease_token_invalid`, `terminal_run`, `not_found`).
 //!

@@ -7,7 +7,7 @@
 //! # Invariants
 //!
 //! - Nothing reaches the upstream without a claim committed under the
-//!   caller's valid lease (ledger invariant 1; DESIGN.md invariant 5: no
+//!   caller's valid lease (ledger invariant 1; invariant 5 of docs/architecture.md: no
 //!   transaction is open during the call).
 //! - The upstream call runs in a task owned by leasegate, not by the agent's
 //!   request: if the agent disconnects, the answer is still recorded.

@@ -8,8 +8,8 @@
 //!   operation id leasegate injects live outside `arguments`, and the digest
 //!   is taken before anything is injected.
 //! - `operation_id` = a deterministic function of (tenant, run_id, step_id,
-//!   effect_version) only — never owner, epoch, attempt or time (DESIGN.md
-//!   invariant 3). It is a UUID (version 8, from SHA-256), 36 characters of
+//!   effect_version) only — never owner, epoch, attempt or time (invariant 3,
+//!   docs/architecture.md). It is a UUID (version 8, from SHA-256), 36 characters of
 //!   `[0-9a-f-]`, so every third-party idempotency key field accepts it
 //!   (Stripe: up to 255 characters; many APIs: a UUID). Its first 12 hex
 //!   digits come from (tenant, run_id) alone, so a run's operations are
@@ -146,7 +146,7 @@ pub fn request_digest_of_params(
 ///   of a run shares its first 12 hex digits, so the run's rows sit together
 ///   in every B-tree keyed by the id (`tool_operations`' primary key,
 ///   `ledger_events_operation_idx`): a live run's inserts touch a few hot
-///   pages, not a random page of an index of millions (issue 14, P5).
+///   pages, not a random page of an index of millions.
 /// - bytes 6..16 (less the version and variant bits: 74 bits): the whole
 ///   tuple.
 ///

@@ -1,4 +1,4 @@
-//! Group commit of the proxy's hot path (issue 14 P6): concurrent
+//! Group commit of the proxy's hot path: concurrent
 //! `operation_register_claim` calls (and, separately, concurrent settles)
 //! of different runs share one statement, one transaction and one WAL
 //! flush. Off by default ([`super::LedgerOptions::group_commit`] `None`).

@@ -6,7 +6,7 @@
 //! functions lock, validate and write; this module only binds arguments,
 //! retries aborted transactions and turns the answer into types.
 //!
-//! # Invariants (numbering follows DESIGN.md)
+//! # Invariants (numbering follows docs/architecture.md)
 //!
 //! 1. Only the current run's current epoch writes workflow state: every
 //!    fenced function locks the lease row `FOR UPDATE`, checks owner, epoch,
@@ -152,8 +152,8 @@ pub struct LedgerOptions {
     /// opened with: applied on every path that writes a body, and every
     /// read opens (`stored_json::open`).
     pub bodies: crate::policy::Bodies,
-    /// Group commit of register-claims and settles (`group.rs`; issue 14
-    /// P6): `None` sends each call alone. The default is `None` unless
+    /// Group commit of register-claims and settles (`group.rs`): `None`
+    /// sends each call alone. The default is `None` unless
     /// `LEASEGATE_GROUP_COMMIT` is on ([`group::env_override`]), which
     /// gives the default window and batch size.
     pub group_commit: Option<GroupCommitSettings>,

@@ -1,4 +1,4 @@
-//! Retention (issue 14, P5): the settled history of terminal runs older
+//! Retention: the settled history of terminal runs older
 //! than a window leaves the live tables in bounded batches
 //! (`sql/retention.sql`, `operations_archive`; tables in migration 0009), so
 //! the cost of a gated call and of the background scans does not grow with

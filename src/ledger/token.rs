@@ -1,4 +1,4 @@
-//! Lease tokens: the secret that makes a lease unforgeable (issue 13).
+//! Lease tokens: the secret that makes a lease unforgeable.
 //!
 //! A lease's run id, owner and epoch are its public identity: anyone who can
 //! read `GET /v1/runs/{id}` or the event history knows them. Taking a lease

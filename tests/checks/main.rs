@@ -4,7 +4,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod layering;
-mod config_reference;
 mod alerts;
+mod config_reference;
+mod layering;
 mod readme_walkthrough;

@@ -1,5 +1,5 @@
-//! The gateway benchmark's harness (`examples/bench_gateway/harness.rs`,
-//! issue 14 item 1) end to end in quick mode against the debug build: the
+//! The gateway benchmark's harness (`examples/bench_gateway/harness.rs`)
+//! end to end in quick mode against the debug build: the
 //! example tool server as upstream, 1 and 8 callers, 1 s cells. Timings are
 //! reported, never asserted; what is asserted is that every cell measured
 //! calls, that the counting proxy saw the gated calls' round trips, and
@@ -26,7 +26,7 @@ fn admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
-/// Goal P2 of issue 14 on the wire: a gated call (register-and-claim, then
+/// The round-trip goal on the wire: a gated call (register-and-claim, then
 /// settle) is exactly two client round trips and a replay one, counted by
 /// the benchmark's PostgreSQL frontend counter between the ledger and the
 /// server. Nothing else may ride along: no liveness ping when a connection

@@ -1,4 +1,4 @@
-//! The chaos soak in reduced form (issue 11 item 7): 500 intents over two
+//! The chaos soak in reduced form: 500 intents over two
 //! `leasegate serve` processes, tool servers of all four capabilities with
 //! fault injection (crash and hang after the effect, transient errors, slow
 //! answers), proxies SIGKILLed and SIGSTOPped, database backends

@@ -1,4 +1,4 @@
-//! The web console (issue 15, item 1) in a real headless Chromium, driven
+//! The web console in a real headless Chromium, driven
 //! through WebDriver, against a real `leasegate serve` process with tokens
 //! required and a real ledger holding runs and operations (one unknown):
 //!

@@ -1,4 +1,4 @@
-//! The embedded default (issue 12, item 4): `leasegate serve` with no
+//! The embedded default: `leasegate serve` with no
 //! database configured and nothing answering at the default URL starts a
 //! private PostgreSQL cluster in its state directory (socket only), migrates
 //! it, serves, stops it on SIGTERM, reuses its data at the next start, finds

@@ -6,11 +6,11 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-mod console;
-mod failover;
-mod conformance;
-mod sdk_transparency;
-mod python_agent;
-mod chaos;
 mod bench_gateway;
+mod chaos;
+mod conformance;
+mod console;
 mod embedded_pg;
+mod failover;
+mod python_agent;
+mod sdk_transparency;

@@ -1,4 +1,4 @@
-//! Authentication and tenant isolation (issue 13, items 1 and 3), against a
+//! Authentication and tenant isolation, against a
 //! real `leasegate serve` process with `[auth] mode = "required"`, tokens
 //! made by the real `leasegate tokens` CLI, and real HTTP and MCP clients:
 //!

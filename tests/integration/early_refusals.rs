@@ -1,4 +1,4 @@
-//! Early refusals (issue 13, item 6): input that could only fail later, or
+//! Early refusals: input that could only fail later, or
 //! be misread, is refused at the edge with a precise answer, and nothing is
 //! written — rows and events counted before and after, side effects of the
 //! example tool server counted too.

@@ -1,4 +1,4 @@
-//! Group commit (issue 14 P6) against a real PostgreSQL: concurrent gated
+//! Group commit against a real PostgreSQL: concurrent gated
 //! calls of different runs share statements and commits, and every item
 //! gets the single path's verdict (fencing, lease tokens, tenants, the
 //! digest comparison, events); a refusal is its item's alone.

@@ -1,4 +1,4 @@
-//! Batch lease renewal (issue 14, P4): `Ledger::lease_renew_batch`, the
+//! Batch lease renewal: `Ledger::lease_renew_batch`, the
 //! control route `POST /v1/leases/renew` and the worker's `BatchHeartbeat`,
 //! against a real PostgreSQL. Each lease of a batch is fenced like a single
 //! renew and answered on its own; the lost ones have nothing written.

@@ -1,4 +1,4 @@
-//! Unforgeable leases end to end (issue 13, item 2). A forger reads the run
+//! Unforgeable leases end to end. A forger reads the run
 //! id, owner and epoch from `GET /v1/runs/{id}` — they are public — and
 //! sends them without the lease token, or with a wrong one: the MCP front
 //! (headers and `_meta`) and every lease-fenced control-API route refuse

@@ -1,4 +1,4 @@
-//! The SQL fence's lease token (issue 13, unforgeable leases): every fenced
+//! The SQL fence's lease token: every fenced
 //! function refuses the current owner and epoch without the lease's token
 //! (`lease_token_invalid`, nothing written), keeps `lease_lost` for stale
 //! owners and epochs whatever token they send, stores only the token's

@@ -351,7 +351,7 @@ fn sqlstate(error: &leasegate::ledger::LedgerError) -> String {
         .unwrap_or_else(|| format!("not a database error: {error}"))
 }
 
-/// Least privilege for operator acts (issue 13, item 7; migrations/0007):
+/// Least privilege for operator acts (migrations/0007):
 /// a compromised proxy — a session as leasegate_app — cannot resolve an
 /// operation, start its retry budget over, cancel a run or resolve a lossy
 /// failover: each is permission denied and nothing changes (rows, events).

@@ -1,4 +1,4 @@
-//! Bounded resources (issue 13, item 4), against `leasegate serve` as a
+//! Bounded resources, against `leasegate serve` as a
 //! real child process on real sockets: half-sent requests and idle
 //! connections are closed while a long call is not cut; connections beyond
 //! `max_connections` are refused while the first ones are answered; MCP
@@ -649,8 +649,8 @@ fn resident_kib(pid: u32) -> u64 {
 }
 
 /// Not a check: prints the child's resident memory before, during and after
-/// a burst of half-open connections and of MCP sessions (issue 13 reported
-/// 38 MB → 494 MB and 300 MB kept). Run it with
+/// a burst of half-open connections and of MCP sessions (unbounded, such a
+/// burst once grew the process by hundreds of MB and kept most). Run it with
 /// `cargo test --test integration limits -- --ignored --nocapture memory`.
 #[ignore = "a measurement, run by hand"]
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

@@ -1,4 +1,4 @@
-//! Least privilege in the database, end to end (issue 13, item 7): the
+//! Least privilege in the database, end to end: the
 //! deployment where the proxy's login is a member of `leasegate_app` only
 //! and operators act with a login of their own that is a member of
 //! `leasegate_operator` only.

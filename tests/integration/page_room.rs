@@ -1,4 +1,4 @@
-//! Room on `tool_operations`' pages (issue 14, P5; migration 0010): a gated
+//! Room on `tool_operations`' pages (migration 0010): a gated
 //! call's rows go to pages with room, not into the leftover tail of old,
 //! packed pages of settled history. Each old page holds some bytes no
 //! settled row fits in; with fillfactor 100 the free space map hands those

@@ -1,4 +1,4 @@
-//! Retention (issue 14, P5): `leasegate ops archive` and the ledger's
+//! Retention: `leasegate ops archive` and the ledger's
 //! `operations_archive` move the settled history of terminal runs older
 //! than the window out of the live tables, in bounded batches; nothing
 //! live moves, and the fate query still answers for archived operations.

@@ -384,11 +384,14 @@ async fn over_stateless_http_an_agents_parallel_calls_share_the_lease_and_none_i
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, POLICY);
     short_sessions(&scenario, "lease_mode = \"session\"");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    // A process of its own: its /metrics counts only its own calls.
+    let served =
+        common::proxy::ServedChild::spawn(common::proxy::ServedChild::command(&scenario, &[]))
+            .await;
 
     // Each request is its own MCP context (no session): 2026-07-28 clients
     // and stateless handshake-era ones.
-    let agent = connect_http_with(&proxy.url, &[("leasegate-task", "write-files")]).await;
+    let agent = connect_http_with(&served.mcp, &[("leasegate-task", "write-files")]).await;
     parallel_charges(&agent, 1, 6).await;
     parallel_charges(&agent, 1, 6).await;
     assert_eq!(
@@ -416,14 +419,14 @@ async fn over_stateless_http_an_agents_parallel_calls_share_the_lease_and_none_i
     assert_never_fenced(&db).await;
     elsewhere.cancel().await.unwrap();
     other.stop().await;
-    let metrics = common::http::get(&format!("{}/metrics", proxy.control_url)).await;
+    let metrics = common::http::get(&format!("{}/metrics", served.control)).await;
     assert!(
         !metrics.body.contains("outcome=\"taken_over\""),
         "no takeover counted: {}",
         metrics.body
     );
     agent.cancel().await.unwrap();
-    proxy.stop().await;
+    drop(served);
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
