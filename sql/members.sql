@@ -160,6 +160,15 @@ BEGIN
            SET expires_at = greatest(w.expires_at, now_ts + p_ttl_ms * interval '1 millisecond'), updated_at = now_ts
          WHERE w.run_id = v_run
         RETURNING w.epoch INTO epoch;
+        IF r.status = 'pending' THEN
+          -- A run created before its task moved to a namespace: started by
+          -- its first member, as a created one is.
+          UPDATE agent_runs a SET status = 'running', revision = a.revision + 1, updated_at = now_ts
+           WHERE a.run_id = v_run
+          RETURNING a.* INTO r;
+          INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch, revision, detail)
+          VALUES (v_run, 'run', 'pending', 'running', 'worker', p_member, epoch, r.revision, '{}'::jsonb);
+        END IF;
         SELECT count(*) INTO waiting_on FROM lease_members m WHERE m.run_id = v_run AND m.member <> p_member;
         IF waiting_on > 0 AND p_kind = 'session' THEN
           PERFORM pg_notify('leasegate_lease_members', v_run::text);

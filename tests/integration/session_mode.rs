@@ -593,3 +593,128 @@ async fn agent_frameworks_calling_in_parallel_are_answered_once_each_and_never_f
         "one run per task key, one per idempotency key"
     );
 }
+
+/// Migration 0013 moves the lease modes' existing tasks to their
+/// namespaces: a key-mode task (`idempotency-key:<principal>:<key>`, leased
+/// by leasegate's key owner) to its principal's, a session-mode task (leased
+/// by a `…:session` owner) to `anonymous`; control-API tasks, even one named
+/// like a key, stay where they are. The next member resumes a moved run (its
+/// recorded calls replay) and starts it if it was pending.
+#[sqlx::test(migrations = false)]
+async fn a_ledger_from_before_namespaces_moves_lease_mode_tasks_and_resumes_their_runs(
+    pool: sqlx::PgPool,
+) {
+    use sqlx::migrate::Migrator;
+    Migrator::with_migrations(
+        leasegate::ledger::MIGRATOR
+            .iter()
+            .filter(|m| m.version <= 12)
+            .cloned()
+            .collect(),
+    )
+    .run(&pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO agent_tasks (tenant_id, task_id) VALUES
+           ('t', 'idempotency-key:abc123:order-1'), ('t', 'nightly'),
+           ('t', 'idempotency-key:looks:like'), ('t', 'plain');
+         INSERT INTO agent_runs (run_id, tenant_id, task_id, attempt, status) VALUES
+           ('00000000-0000-7000-8000-000000000001', 't', 'idempotency-key:abc123:order-1', 1, 'running'),
+           ('00000000-0000-7000-8000-000000000002', 't', 'nightly', 1, 'pending'),
+           ('00000000-0000-7000-8000-000000000003', 't', 'idempotency-key:looks:like', 1, 'running'),
+           ('00000000-0000-7000-8000-000000000004', 't', 'plain', 1, 'running');
+         UPDATE agent_tasks SET active_run_id = ('00000000-0000-7000-8000-00000000000' ||
+           CASE task_id WHEN 'nightly' THEN '2' WHEN 'plain' THEN '4'
+                        WHEN 'idempotency-key:looks:like' THEN '3' ELSE '1' END)::uuid;
+         INSERT INTO worker_leases (run_id, owner, epoch, expires_at)
+           SELECT run_id, CASE run_id::text WHEN '00000000-0000-7000-8000-000000000001' THEN 'leasegate:idempotency-key'
+                                            WHEN '00000000-0000-7000-8000-000000000002' THEN 'leasegate-7-ab12cd34:session'
+                                            ELSE 'worker-1' END, 1, clock_timestamp() + interval '1 hour'
+             FROM agent_runs;
+         INSERT INTO ledger_events (run_id, subject, from_status, to_status, actor_kind, actor, epoch)
+           SELECT run_id, 'lease', 'free', 'held', 'worker', owner, 1 FROM worker_leases;
+         INSERT INTO tool_operations (operation_id, run_id, step_id, effect_version, tool_name,
+                                      request_digest, request_body, status, dispatch_count, result)
+           VALUES ('op-1', '00000000-0000-7000-8000-000000000001', 'idempotency-key', 1, 'payments__charge',
+                   encode(sha256('x'), 'hex'), '{}', 'succeeded', 1, '{\"charged\": true}');",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    leasegate::ledger::MIGRATOR.run(&pool).await.unwrap();
+
+    let tasks: Vec<(String, String, String, bool)> = sqlx::query_as(
+        "SELECT t.kind, t.principal, t.task_id, l.held_by_members FROM agent_tasks t
+           JOIN worker_leases l ON l.run_id = t.active_run_id ORDER BY t.kind, t.task_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let tasks: Vec<(&str, &str, &str, bool)> = tasks
+        .iter()
+        .map(|(k, p, t, m)| (k.as_str(), p.as_str(), t.as_str(), *m))
+        .collect();
+    assert_eq!(
+        tasks,
+        [
+            ("key", "abc123", "order-1", true),
+            ("session", "anonymous", "nightly", true),
+            ("task", "", "idempotency-key:looks:like", false),
+            ("task", "", "plain", false),
+        ]
+    );
+
+    // The next members resume the moved runs: the key's recorded call is
+    // found under its run; the pending session run is started.
+    let ledger = leasegate::ledger::Ledger::connect_with(
+        pool.connect_options().as_ref().clone(),
+        leasegate::ledger::LedgerOptions::default(),
+    )
+    .await
+    .unwrap();
+    let key = leasegate::ledger::TaskRef {
+        tenant: "t",
+        kind: leasegate::ledger::TaskKind::Key,
+        principal: "abc123",
+        task: "order-1",
+    };
+    let joined = ledger
+        .lease_member_join(
+            &key,
+            "process-1",
+            30_000,
+            Some(std::time::Duration::from_secs(86_400)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        joined.claim.run_id.to_string(),
+        "00000000-0000-7000-8000-000000000001"
+    );
+    let session = leasegate::ledger::TaskRef {
+        tenant: "t",
+        kind: leasegate::ledger::TaskKind::Session,
+        principal: "anonymous",
+        task: "nightly",
+    };
+    let joined = ledger
+        .lease_member_join(&session, "process-1", 30_000, None)
+        .await
+        .unwrap();
+    assert_eq!(
+        joined.claim.run_id.to_string(),
+        "00000000-0000-7000-8000-000000000002"
+    );
+    assert_eq!(joined.run_status, leasegate::ledger::RunStatus::Running);
+    // The control API's lease calls find neither.
+    let taken = ledger
+        .lease_acquire(joined.claim.run_id, "intruder", 30_000)
+        .await
+        .unwrap();
+    assert!(
+        matches!(taken, leasegate::ledger::AcquireOutcome::NotFound),
+        "{taken:?}"
+    );
+}
