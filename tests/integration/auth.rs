@@ -961,19 +961,21 @@ async fn in_session_mode_another_principal_naming_the_task_key_gets_a_task_of_it
     let operator = create_token(&db, "tenant-a", "operator").await;
     let served = serve(&scenario).await;
     let api = |path: &str| format!("{}{path}", served.control);
-    let bearer = |token: &str| format!("Bearer {token}");
     let charge = |amount: i64| json!({"amount": amount, "currency": "eur"});
+    let on_payroll = |token: String| {
+        let url = served.mcp.clone();
+        async move {
+            let auth = format!("Bearer {token}");
+            connect_http_with(
+                &url,
+                &[("authorization", &auth), ("leasegate-task", "payroll")],
+            )
+            .await
+        }
+    };
 
     // Alice's agent works on task "payroll" in session mode.
-    let alice_auth = bearer(&alice);
-    let alice_mcp = connect_http_with(
-        &served.mcp,
-        &[
-            ("authorization", &alice_auth),
-            ("leasegate-task", "payroll"),
-        ],
-    )
-    .await;
+    let alice_mcp = on_payroll(alice.clone()).await;
     let paid = call(&alice_mcp, "payments__charge", charge(50), None)
         .await
         .unwrap();
@@ -1008,15 +1010,7 @@ async fn in_session_mode_another_principal_naming_the_task_key_gets_a_task_of_it
     // Mallory, another agent token of the same tenant, names the same task
     // key and sends the same request: a task of its own, a charge of its own,
     // nothing replayed from Alice's run.
-    let mallory_auth = bearer(&mallory);
-    let mallory_mcp = connect_http_with(
-        &served.mcp,
-        &[
-            ("authorization", &mallory_auth),
-            ("leasegate-task", "payroll"),
-        ],
-    )
-    .await;
+    let mallory_mcp = on_payroll(mallory.clone()).await;
     let own = call(&mallory_mcp, "payments__charge", charge(50), None)
         .await
         .unwrap();
