@@ -183,11 +183,11 @@ pub fn error_from_call(error: &CallError) -> McpError {
         CallError::LeaseRequired => format!(
             "{error}: send _meta \"{}\" {{run_id, owner, epoch}} or the Leasegate-Run-Id, \
              Leasegate-Owner and Leasegate-Epoch headers",
-            super::front::LEASE_META
+            super::wire::LEASE_META
         ),
         CallError::StepRequired => format!(
             "{error}: send _meta \"{}\" {{step_id, effect_version}}",
-            super::front::STEP_META
+            super::wire::STEP_META
         ),
         CallError::IntentConflict(rejection) => conflict_message(rejection),
         other => other.to_string(),
@@ -225,7 +225,7 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
         read_only_hint,
         trust_annotations,
     } = call;
-    let meta = super::front::LEASE_META;
+    let meta = super::wire::LEASE_META;
     let send = if *over_http {
         format!(
             "send its run_id, owner, epoch and secret lease token (shown once when the lease is \

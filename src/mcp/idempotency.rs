@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use super::front::IDEMPOTENCY_KEY_META;
+use super::wire::IDEMPOTENCY_KEY_META;
 
 const FIELD: &[u8] = b"\"idempotencyKey\"";
 

@@ -9,6 +9,7 @@ pub mod inflight;
 pub mod malformed;
 pub mod sessions;
 pub mod upstream;
+pub mod wire;
 
 pub use front::Front;
 pub use upstream::{
