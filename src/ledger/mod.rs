@@ -56,6 +56,7 @@ mod members;
 mod operation;
 mod operation_types;
 mod pool;
+mod process;
 mod read;
 mod retention;
 mod run;

@@ -279,3 +279,11 @@ pub fn replace_exactly(text: &str, from: &str, to: &str) -> String {
     );
     text.replace(from, to)
 }
+
+/// One at a time: the suites that start clusters, browsers, SDK clients or
+/// many processes time out when they contend for the cores, and they share
+/// one test binary. Hold the guard for the whole test.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}

@@ -37,6 +37,7 @@ async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let db = common::TestDb::new(pool, connect.clone()).await;
     let (lease, _) = db.running_run("agent-1", 120_000).await;
     let proxy = harness::CountingProxy::start((connect.get_host().to_owned(), connect.get_port()))
@@ -131,6 +132,7 @@ async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
+    let _exclusive = common::exclusive().await;
     let mut settings = harness::Settings::quick(
         PathBuf::from(env!("CARGO_BIN_EXE_leasegate")),
         PathBuf::from(env!("CARGO_BIN_EXE_leasegate-example-tools")),

@@ -32,6 +32,7 @@ fn admin_url() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_soak_of_500_intents_under_faults_keeps_every_invariant() {
+    let _exclusive = crate::common::exclusive().await;
     let mut settings = harness::Settings::new(
         PathBuf::from(env!("CARGO_BIN_EXE_leasegate")),
         PathBuf::from(env!("CARGO_BIN_EXE_leasegate-example-tools")),

@@ -56,6 +56,7 @@ async fn the_conformance_suite_matches_its_expected_results(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let everything = common::peers::server_everything();
     let db = TestDb::new(pool, connect).await;
     let dir =

@@ -110,6 +110,7 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let config = std::fs::read_to_string(scenario.config_path()).unwrap();
@@ -443,6 +444,7 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let (lease, _) = db.running_run("worker-1", 600_000).await;

@@ -308,6 +308,7 @@ fn scenario_without_database() -> Scenario {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_database_configured_starts_a_private_cluster_and_stops_it() {
+    let _exclusive = common::exclusive().await;
     let scenario = scenario_without_database();
     let state = scenario.dir.join("lg-state");
     let pg_dir = state.join("pg");
@@ -431,6 +432,7 @@ async fn no_database_configured_starts_a_private_cluster_and_stops_it() {
 
 #[tokio::test]
 async fn no_postgresql_binaries_is_refused_with_exit_10() {
+    let _exclusive = common::exclusive().await;
     let scenario = scenario_without_database();
     let state = scenario.dir.join("lg-state");
     let nowhere = scenario.dir.join("no-postgres-here");
@@ -462,6 +464,7 @@ async fn no_postgresql_binaries_is_refused_with_exit_10() {
 
 #[tokio::test]
 async fn a_default_where_something_answers_is_used_as_before() {
+    let _exclusive = common::exclusive().await;
     // Something accepts connections at the default (and hangs up): no
     // private cluster, the normal connect failure instead.
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -493,6 +496,7 @@ async fn a_default_where_something_answers_is_used_as_before() {
 
 #[tokio::test]
 async fn stdio_starts_the_private_cluster_and_stops_it_at_eof() {
+    let _exclusive = common::exclusive().await;
     let scenario = scenario_without_database();
     let state = scenario.dir.join("lg-state");
     let guard = ClusterGuard {
@@ -594,6 +598,7 @@ async fn stdio_starts_the_private_cluster_and_stops_it_at_eof() {
 
 #[tokio::test]
 async fn a_second_leasegate_shares_the_server_and_the_first_one_stops_it() {
+    let _exclusive = common::exclusive().await;
     let scenario = scenario_without_database();
     let state = scenario.dir.join("lg-state");
     let guard = ClusterGuard {

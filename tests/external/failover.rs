@@ -428,6 +428,7 @@ async fn promote_at(cluster: &Cluster, standby: &Node, port: u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades() {
+    let _exclusive = common::exclusive().await;
     let _serial = SERIAL.lock().await;
     let cluster = Cluster::new();
     let (primary_port, standby_port) = (free_port(), free_port());
@@ -595,6 +596,7 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolved() {
+    let _exclusive = common::exclusive().await;
     let _serial = SERIAL.lock().await;
     let cluster = Cluster::new();
     let (primary_port, standby_port) = (free_port(), free_port());

@@ -46,6 +46,7 @@ async fn python_agent_resumes_the_same_plan_after_a_takeover(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
     let proxy = RunningProxy::start(&scenario.config_path()).await;

@@ -376,6 +376,7 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let db = TestDb::new(pool, connect).await;
     let setup = Setup::new(&db.url).await;
     let (lease, _) = db.running_run("sdk-agent", 600_000).await;
@@ -451,6 +452,7 @@ async fn the_python_sdk_passes_through_session_mode_on_stdio_and_stateless_http(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
+    let _exclusive = common::exclusive().await;
     let db = TestDb::new(pool, connect).await;
     let setup = Setup::new(&db.url).await;
 
