@@ -3,7 +3,7 @@
 -- register-and-claim (with the tenant check), then the settle with its
 -- commit and WAL sample (CALL operation_settle_acknowledged). Client N works on run
 -- 00000000-0000-7000-8000-<N as 12 digits>, leased by bench-N at epoch 1
--- (set up by examples/bench_gateway). Run with -M prepared. Every call is a
+-- (set up by bench/gateway). Run with -M prepared. Every call is a
 -- new intent (a random step). The lease token's hash is read from the lease
 -- row: pgbench cannot know the token leasegate showed once (leasegate sends
 -- the hash it holds). Keep it in step with the functions' signatures.

@@ -1,7 +1,7 @@
 -- pgbench script: leasegate's own single-lease renew, the SQL function the
 -- control API's POST /v1/runs/{run_id}/lease/renew calls. Client N renews
 -- run 00000000-0000-7000-8000-<N as 12 digits>, leased by bench-N at epoch 1
--- (set up by examples/bench_gateway, as examples/bench_operations does).
+-- (set up by bench/gateway, as bench/operations does).
 -- The lease token's hash is read from the lease row: pgbench cannot know the
 -- token leasegate showed once (the control API hashes the token it is sent).
 -- The tenant is the served process's (`tenant = "bench"`), checked in the

@@ -28,7 +28,7 @@
 //! leasegate process): effects are serialised by a lock on
 //! `<state-dir>/effects.lock`.
 //!
-//! # Fault injection (the chaos soak, `examples/chaos/`; all off by default)
+//! # Fault injection (the chaos soak, `bench/chaos/`; all off by default)
 //!
 //! `--fault-transient P`: a side-effecting call (or a query) answers
 //! `isError` "nothing was done" before doing anything. `--fault-crash P`:

@@ -1,4 +1,4 @@
-//! The gateway benchmark's harness (`examples/bench_gateway/harness.rs`)
+//! The gateway benchmark's harness (`bench/gateway/harness.rs`)
 //! end to end in quick mode against the debug build: the
 //! example tool server as upstream, 1 and 8 callers, 1 s cells. Timings are
 //! reported, never asserted; what is asserted is that every cell measured
@@ -9,7 +9,7 @@
 //! proxy against the real server, output parsing) run in this binary too.
 
 use crate::common;
-#[path = "../../examples/bench_gateway/harness.rs"]
+#[path = "../../bench/gateway/harness.rs"]
 mod harness;
 
 use std::path::PathBuf;

@@ -3,10 +3,10 @@
 //! fault injection (crash and hang after the effect, transient errors, slow
 //! answers), proxies SIGKILLed and SIGSTOPped, database backends
 //! terminated; no PostgreSQL restart. The harness is the example's own
-//! (`examples/chaos/harness.rs`); it creates and drops its own database
+//! (`bench/chaos/harness.rs`); it creates and drops its own database
 //! through the maintenance database of `DATABASE_URL`'s server.
 
-#[path = "../../examples/chaos/harness.rs"]
+#[path = "../../bench/chaos/harness.rs"]
 mod harness;
 
 use std::path::PathBuf;

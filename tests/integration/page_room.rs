@@ -3,7 +3,7 @@
 //! packed pages of settled history. Each old page holds some bytes no
 //! settled row fits in; with fillfactor 100 the free space map hands those
 //! tails to new, smaller rows one row per page, so at millions of rows
-//! every call read and dirtied old pages (`examples/bench_scale`). With the
+//! every call read and dirtied old pages (`bench/scale`). With the
 //! migration's fillfactor an insert, or a settle's version moved off its
 //! page, asks for its length plus a tenth of a page, which no packed page
 //! has.

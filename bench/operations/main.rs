@@ -100,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/examples/bench_operations/register_claim_settle.sql"
+        "/bench/leasegate/register_claim_settle.sql"
     );
     let ceiling_script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/ceiling/hotpath_fn.sql");
     for callers in LEVELS {

@@ -1,5 +1,5 @@
 //! The gateway benchmark's harness, shared by
-//! `examples/bench_gateway/main.rs` and `tests/external/bench_gateway.rs`.
+//! `bench/gateway/main.rs` and `tests/external/bench_gateway.rs`.
 //!
 //! One run measures, side by side on one machine and one PostgreSQL server:
 //!
@@ -76,15 +76,15 @@ const OWNER_PREFIX: &str = "bench-";
 const ACCEPT: &str = "application/json, text/event-stream";
 const PROTOCOL: &str = "2025-11-25";
 
-const CEILING_SCHEMA: &str = include_str!("../../bench/ceiling/schema.sql");
-const CEILING_FN: &str = include_str!("../../bench/ceiling/fn.sql");
-const CEILING_HOTPATH: &str = include_str!("../../bench/ceiling/hotpath_fn.sql");
-const CEILING_RENEW: &str = include_str!("../../bench/ceiling/renew.sql");
-const CEILING_RENEW_BATCH: &str = include_str!("../../bench/ceiling/renew_batch.sql");
+const CEILING_SCHEMA: &str = include_str!("../ceiling/schema.sql");
+const CEILING_FN: &str = include_str!("../ceiling/fn.sql");
+const CEILING_HOTPATH: &str = include_str!("../ceiling/hotpath_fn.sql");
+const CEILING_RENEW: &str = include_str!("../ceiling/renew.sql");
+const CEILING_RENEW_BATCH: &str = include_str!("../ceiling/renew_batch.sql");
 /// Leases one statement of `renew_batch.sql` renews.
 const CEILING_BATCH_SIZE: f64 = 100.0;
-const LEASEGATE_HOTPATH: &str = include_str!("../../bench/leasegate/register_claim_settle.sql");
-const LEASEGATE_RENEW: &str = include_str!("../../bench/leasegate/renew.sql");
+const LEASEGATE_HOTPATH: &str = include_str!("../leasegate/register_claim_settle.sql");
+const LEASEGATE_RENEW: &str = include_str!("../leasegate/renew.sql");
 
 /// Which upstream leasegate fronts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -511,7 +511,7 @@ async fn setup_ceiling(url: &str) -> anyhow::Result<()> {
 }
 
 /// leasegate's ledger with [`RUNS`] runs `00000000-0000-7000-8000-<n>` leased
-/// by `bench-<n>` at epoch 1 (as `examples/bench_operations` does).
+/// by `bench-<n>` at epoch 1 (as `bench/operations` does).
 async fn setup_leasegate_sql(url: &str) -> anyhow::Result<()> {
     use leasegate::ledger::{InitialLease, Ledger, LedgerOptions, RunCreateOutcome};
     Ledger::migrate(url).await?;

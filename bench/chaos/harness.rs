@@ -6,7 +6,7 @@
 //! restarts PostgreSQL). At the end it lets the reconcilers settle, reads
 //! the ledger and the tools' effect logs, and reports.
 //!
-//! Shared by `examples/chaos/main.rs` (the CLI) and `tests/external/chaos.rs` (the
+//! Shared by `bench/chaos/main.rs` (the CLI) and `tests/external/chaos.rs` (the
 //! reduced CI run), which includes this file with `#[path]`.
 //!
 //! # Invariants checked (any breach is a violation; the run fails)

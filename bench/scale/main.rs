@@ -19,7 +19,7 @@
 //! pages written before migration 0010 are and as settles leave them; the
 //! cells write with the table's own fillfactor, or `--fillfactor`), then
 //! runs pgbench with leasegate's own
-//! hot-path SQL (`examples/bench_scale/gated_call.sql`, beside this file:
+//! hot-path SQL (`bench/scale/gated_call.sql`, beside this file:
 //! register-claim + settle, the two statements of a gated call) and with
 //! group commit's two batch statements (`gated_batch.sql`: 16 calls of 16
 //! runs per transaction; when `--clients` × 16 ≤ 256 runs) `--repeat`
@@ -696,10 +696,7 @@ fn pgbench(
     seconds: u64,
     script: &str,
 ) -> anyhow::Result<(f64, f64, u64)> {
-    let script = format!(
-        "{}/examples/bench_scale/{script}",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let script = format!("{}/bench/scale/{script}", env!("CARGO_MANIFEST_DIR"));
     let output = Command::new("pgbench")
         .args(["-n", "-M", "prepared", "-f", &script])
         .args([
