@@ -183,17 +183,32 @@ impl Ledger {
     /// Gives the lease up; the epoch is kept so the next acquire is epoch + 1.
     /// Needs the lease's token, like every fenced write.
     pub async fn lease_release(&self, claim: &LeaseClaim) -> Result<Fenced<Applied>, LedgerError> {
-        const CALL: &str = "lease_release";
+        self.claim_write(
+            "lease_release",
+            "SELECT * FROM lease_release($1, $2, $3, $4)",
+            claim,
+        )
+        .await
+    }
+
+    /// A fenced write whose only arguments are the claim (run, owner,
+    /// epoch, token hash): `statement` takes them as `$1`–`$4`.
+    pub(super) async fn claim_write(
+        &self,
+        call: &'static str,
+        statement: &'static str,
+        claim: &LeaseClaim,
+    ) -> Result<Fenced<Applied>, LedgerError> {
         let row: WriteRow = self
-            .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_release($1, $2, $3, $4)")
+            .invoke(call, true, || {
+                sqlx::query_as(statement)
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
                     .bind(bind_hash(claim.token.as_ref()))
             })
             .await?;
-        row.into_fenced(CALL, Expected::claim(claim))
+        row.into_fenced(call, Expected::claim(claim))
     }
 
     /// Renews every lease of `claims` by `ttl_ms` from now (database clock)

@@ -255,17 +255,12 @@ impl Ledger {
         &self,
         claim: &LeaseClaim,
     ) -> Result<Fenced<Applied>, LedgerError> {
-        const CALL: &str = "lease_member_leave";
-        let row: WriteRow = self
-            .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_member_leave($1, $2, $3, $4)")
-                    .bind(claim.run_id.as_uuid())
-                    .bind(claim.owner.as_str())
-                    .bind(claim.epoch)
-                    .bind(bind_hash(claim.token.as_ref()))
-            })
-            .await?;
-        row.into_fenced(CALL, Expected::claim(claim))
+        self.claim_write(
+            "lease_member_leave",
+            "SELECT * FROM lease_member_leave($1, $2, $3, $4)",
+            claim,
+        )
+        .await
     }
 
     /// Listens for joins that wait on this process's members
