@@ -75,7 +75,7 @@
 //!   unknown.
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
 //!   `/mcp` and stdio: the upstreams' whole server surface, namespaced, with
-//!   sampling/elicitation/roots relayed within the call and 2026-07-28
+//!   sampling/elicitation/roots relayed within the call and stateless-MCP
 //!   `input_required` calls parked until the agent's retry), the upstream
 //!   clients (`Upstreams`, implementing `adapter::Upstream`; one shared
 //!   session per upstream, per-request routing of what upstreams send), the

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 /// mimalloc instead of glibc's malloc: a call allocates and frees many small
 /// buffers (JSON values, headers, futures) across the runtime's threads, and
 /// with glibc's malloc the proxy spent more CPU per call under load
-/// (bench/results/2026-12-02-allocator.md). Only the binary chooses: the library
+/// (docs/performance.md). Only the binary chooses: the library
 /// leaves the allocator to whoever embeds it.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

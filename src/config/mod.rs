@@ -1219,7 +1219,7 @@ pub const MAX_WORKER_THREADS: u32 = 1024;
 /// between idle workers, each hop a thread wake-up. Fewer workers cost
 /// less CPU per call and a lone caller less latency, and cost some gated
 /// throughput at many callers
-/// (bench/results/2026-12-02-runtime-worker-threads.md).
+/// (docs/performance.md).
 pub fn default_worker_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |cores| (cores.get() / 2).max(1))
 }

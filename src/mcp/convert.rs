@@ -33,7 +33,7 @@ pub mod codes {
     /// The upstream could not be reached and provably nothing was sent; the
     /// operation is pending under the same id: call again.
     pub const NOT_SENT: i32 = -32011;
-    /// MCP 2026-07-28: the request was cancelled by the client.
+    /// stateless MCP: the request was cancelled by the client.
     pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
     /// oversized or unsafe arguments, missing step).
@@ -56,7 +56,7 @@ pub fn answer_from_result(result: &CallToolResult) -> ToolAnswer {
 
 /// A tool result for the agent from the JSON of an upstream's answer (as
 /// passed through or as recorded). `resultType` is set to `complete`; rmcp
-/// removes it again for agents on protocol versions before 2026-07-28.
+/// removes it again for agents on protocol versions before stateless MCP (`V_2026_07_28`).
 pub fn tool_result(result: Value) -> Result<CallToolResult, McpError> {
     let mut result: CallToolResult = serde_json::from_value(result)
         .map_err(|e| McpError::internal_error(format!("upstream answer unreadable: {e}"), None))?;

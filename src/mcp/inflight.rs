@@ -16,7 +16,7 @@
 //! cancelled (a warning is logged, `mcp_cancel_ambiguous_total` counts it),
 //! because cancelling the wrong agent's call is worse than letting one run
 //! to its end. Agents that share a `User-Agent` and send no identifying
-//! header remain indistinguishable beyond that. Agents on 2026-07-28 cancel by closing the response
+//! header remain indistinguishable beyond that. Agents on stateless-MCP cancel by closing the response
 //! stream and need none of this.
 
 use std::collections::HashMap;

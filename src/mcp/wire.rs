@@ -20,5 +20,5 @@ pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 pub const KEY_STEP: &str = "idempotency-key";
 /// Resource URIs are exposed as `<upstream>+<uri>`.
 pub const URI_SEPARATOR: &str = "+";
-/// The 2026-07-28 per-request log level (`_meta`).
+/// The stateless-MCP per-request log level (`_meta`).
 pub const LOG_LEVEL_META: &str = "io.modelcontextprotocol/logLevel";

@@ -90,7 +90,6 @@ pub struct SessionLease {
     ledger: Ledger,
     task: String,
     claim: LeaseClaim,
-    took: Option<String>,
     config: HeartbeatConfig,
     cancel: WorkerCancellation,
     /// Renew now (another member joined and waits for proof of life).
@@ -169,7 +168,6 @@ impl SessionLease {
             ledger,
             task: task.task.to_owned(),
             claim: join.claim,
-            took: join.took,
             config,
             cancel,
             probe,
@@ -189,19 +187,8 @@ impl SessionLease {
         }
     }
 
-    /// The lease as granted, whatever happened since.
-    pub fn claim(&self) -> &LeaseClaim {
-        &self.claim
-    }
-
     pub fn task(&self) -> &str {
         &self.task
-    }
-
-    /// How the lease came to be held by this join (`created`, `acquired`,
-    /// `taken_over`), or `None` when it joined members already holding it.
-    pub fn took(&self) -> Option<&str> {
-        self.took.as_deref()
     }
 
     /// Waits until this member may register its first call: every other
@@ -443,35 +430,29 @@ impl SessionLeases {
                             .into(),
                 })
         };
-        let confirmed = match held.as_ref() {
-            Some(lease) => lease.confirm().await,
-            None => false,
-        };
-        let refuse_before = match held.as_ref() {
-            Some(lease) if confirmed => {
-                return match stale(self.refuse_before(principal, task)) {
+        // Read under the slot's lock: only a holder of it moves the fence.
+        let mut fence = self.refuse_before(principal, task);
+        if let Some(lease) = held.as_ref() {
+            if lease.confirm().await {
+                return match stale(fence) {
                     Some(refused) => Err(refused),
                     None => Ok(lease.clone()),
                 };
             }
-            Some(lost) => {
-                let at = lost
-                    .liveness
-                    .lost_at
-                    .get()
-                    .copied()
-                    .unwrap_or_else(Instant::now);
-                let mut entries = registry.entries.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(entry) = entries.get_mut(&(principal.to_owned(), task.to_owned())) {
-                    entry.refuse_before = Some(entry.refuse_before.map_or(at, |t| t.max(at)));
-                    entry.refuse_before
-                } else {
-                    Some(at)
-                }
+            // Lost: requests received before the loss was learnt are refused.
+            let at = lease
+                .liveness
+                .lost_at
+                .get()
+                .copied()
+                .unwrap_or_else(Instant::now);
+            fence = Some(fence.map_or(at, |t| t.max(at)));
+            let mut entries = registry.entries.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(entry) = entries.get_mut(&(principal.to_owned(), task.to_owned())) {
+                entry.refuse_before = fence;
             }
-            None => self.refuse_before(principal, task),
-        };
-        if let Some(refused) = stale(refuse_before) {
+        }
+        if let Some(refused) = stale(fence) {
             return Err(refused);
         }
         let lease = Arc::new(

@@ -38,7 +38,7 @@
 //! over HTTP). Everything queued before the upstream's answer is sent before
 //! the answer.
 //!
-//! An agent on MCP 2026-07-28 cannot be sent requests: its `tools/call` runs
+//! An agent on stateless MCP (protocol `V_2026_07_28` and later) cannot be sent requests: its `tools/call` runs
 //! in a task of its own ([`PendingCall`]); when the upstream asks the agent
 //! something, the request ends with an `input_required` result whose
 //! `requestState` names the parked call, and the agent's retry (with
@@ -50,7 +50,7 @@
 //!
 //! An agent's cancel fires the call's token (`Front::watch_request`): from
 //! `notifications/cancelled` (per-session registry), from the stateless
-//! front's registry (`super::inflight`), or, under 2026-07-28 and for
+//! front's registry (`super::inflight`), or, under stateless-MCP and for
 //! read-only calls, from the request's own token (the agent went away). The
 //! agent is answered `-32800` at once and never with a late result; the
 //! upstream is told; a gated call's dispatch runs on in its own task and
@@ -58,7 +58,7 @@
 //!
 //! # Crash points
 //!
-//! Nothing in this module is durable: a crash loses parked 2026-07-28 calls
+//! Nothing in this module is durable: a crash loses parked stateless-MCP calls
 //! (their gated operations are in the ledger, and converge like any other),
 //! subscriptions and session state; agents reconnect and call again.
 //!
@@ -68,7 +68,7 @@
 //! request (stateless HTTP) through [`Front::for_session`]; per-session state
 //! (log level, resource subscriptions, the peer) lives in [`Session`].
 //! Session-wide notifications (`list_changed`, `resources/updated`, logs no
-//! call owns) go only to live sessions that want them, and to 2026-07-28
+//! call owns) go only to live sessions that want them, and to stateless-MCP
 //! `subscriptions/listen` streams that accepted them.
 
 // Logging (`logging/setLevel`, `notifications/message`) is deprecated by
@@ -86,7 +86,7 @@ use rmcp::model::{
     ClientRequest, CompleteRequestParams, CompleteResult, CustomRequest, CustomResult, ErrorCode,
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, LoggingLevel,
-    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
+    PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, ResourceUpdatedNotificationParam, ServerCapabilities,
     ServerConfig, ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams,
     SubscribeRequestParams, Tool, UnsubscribeRequestParams,
@@ -164,7 +164,7 @@ struct State {
     /// Live agent sessions (HTTP sessions, stdio), for session-wide
     /// notifications.
     sessions: Mutex<Vec<Weak<Session>>>,
-    /// MCP 2026-07-28 calls waiting for the agent's input, by handle.
+    /// Stateless-MCP calls waiting for the agent's input, by handle.
     parked: Mutex<HashMap<String, PendingCall>>,
     /// Lease mode `session` (stdio): the lease calls without one of their
     /// own are sent under.
@@ -177,7 +177,7 @@ struct State {
     key_leases: crate::worker::session::KeyLeases,
     /// Serializes catalog refreshes.
     refreshing: tokio::sync::Mutex<()>,
-    /// Session-wide notifications (exposed names and URIs), for 2026-07-28
+    /// Session-wide notifications (exposed names and URIs), for stateless-MCP
     /// `subscriptions/listen` streams; each filters what it accepted.
     notices: tokio::sync::broadcast::Sender<ServerNotification>,
     /// `get_info`'s answer and the upstreams' `initialize` answers it was
@@ -528,7 +528,7 @@ impl Front {
                 mut params,
             } => {
                 if method == "notifications/message" {
-                    // 2026-07-28: the request's logLevel, and no logs without
+                    // stateless-MCP: the request's logLevel, and no logs without
                     // one; before: the session's level, if it set one.
                     let wanted: Option<LoggingLevel> = if is_modern(context) {
                         match context
@@ -606,14 +606,15 @@ impl Front {
     ) -> Result<(), PeerError> {
         if is_modern(context) {
             return Err(refusal(format!(
-                "the agent speaks MCP 2026-07-28, where {method} is only answered within tools/call (input_required); leasegate relays it there only"
+                "the agent speaks MCP {}, where {method} is only answered within tools/call (input_required); leasegate relays it there only",
+                ProtocolVersion::V_2026_07_28.as_str()
             )));
         }
         if let Some(parts) = context.extensions.get::<http::request::Parts>()
             && !parts.headers.contains_key("mcp-session-id")
         {
             return Err(refusal(format!(
-                "leasegate's HTTP front runs without sessions (http_sessions = false): the agent cannot answer {method}; enable http_sessions, use leasegate stdio, or an MCP 2026-07-28 client"
+                "leasegate's HTTP front runs without sessions (http_sessions = false): the agent cannot answer {method}; enable http_sessions, use leasegate stdio, or a stateless-MCP client"
             )));
         }
         let capabilities = context
@@ -626,7 +627,7 @@ impl Front {
 
     /// A token fired when the agent cancels the request. `explicit_only`:
     /// ignore the agent merely going away (side-effecting calls continue,
-    /// owned by leasegate) — except under 2026-07-28, where closing the
+    /// owned by leasegate) — except under stateless-MCP, where closing the
     /// response stream is how an agent cancels.
     fn cancel_token(
         &self,
@@ -645,7 +646,7 @@ impl Front {
 
     /// Fires `token` when the agent cancels this request (see
     /// [`Front::cancel_token`]), until the call ends (`token` fires) or
-    /// `detach` fires: a 2026-07-28 call that waits for the agent's input
+    /// `detach` fires: a stateless-MCP call that waits for the agent's input
     /// outlives the request that started it and is watched through the
     /// request that resumes it.
     fn watch_request(
@@ -712,7 +713,7 @@ impl Front {
     }
 
     /// The upstream call of a read-only tool, as a future that owns
-    /// everything it needs (an MCP 2026-07-28 call may outlive the request
+    /// everything it needs (an stateless MCP call may outlive the request
     /// that started it; see [`Front::drive_modern`]).
     fn read_only(
         &self,
@@ -810,7 +811,7 @@ fn check_capability(
     }
 }
 
-/// How long a 2026-07-28 call waits for the agent to answer an
+/// How long a stateless-MCP call waits for the agent to answer an
 /// `input_required` result before it is given up (the upstream's request
 /// then gets an error; a gated call's outcome is recorded all the same).
 const PARK_TTL: std::time::Duration = std::time::Duration::from_secs(600);
@@ -818,7 +819,7 @@ const PARK_TTL: std::time::Duration = std::time::Duration::from_secs(600);
 /// At most this many calls wait for agents' input at once (per process).
 const PARK_MAX: usize = 10_000;
 
-/// A tool call of an MCP 2026-07-28 agent, running in its own task so that
+/// A tool call of a stateless-MCP agent, running in its own task so that
 /// it can outlive the request that started it: when the upstream asks the
 /// agent something, the request ends with `input_required` and the call
 /// waits, parked under the `requestState` handle, for the agent's retry.
@@ -884,14 +885,15 @@ impl Front {
             }
             Err(error) => {
                 let _ = request.reply.send(Err(refusal(format!(
-                    "{} cannot be asked of an MCP 2026-07-28 agent: {error}",
-                    request.method
+                    "{} cannot be asked of an MCP {} agent: {error}",
+                    request.method,
+                    ProtocolVersion::V_2026_07_28.as_str()
                 ))));
             }
         }
     }
 
-    /// Runs a 2026-07-28 call until it ends or needs the agent's input.
+    /// Runs a stateless-MCP call until it ends or needs the agent's input.
     async fn drive_modern(
         &self,
         context: &RequestContext<RoleServer>,
@@ -1217,7 +1219,7 @@ impl Front {
         }
     }
 
-    /// Offers a session-wide notification to 2026-07-28 listeners.
+    /// Offers a session-wide notification to stateless-MCP listeners.
     fn notice(&self, notification: ServerNotification) {
         // No listener is not an error.
         let _ = self.state.notices.send(notification);
@@ -1380,7 +1382,7 @@ impl ServerHandler for Front {
         config
     }
 
-    /// 2026-07-28 subscriptions: list changes of tools, prompts and
+    /// stateless-MCP subscriptions: list changes of tools, prompts and
     /// resources, and updates of resources leasegate can route.
     fn accepted_subscription_filter(
         &self,
@@ -1763,7 +1765,7 @@ impl ServerHandler for Front {
         let resolved = resolved
             .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
         if let Some(handle) = request.request_state.clone() {
-            // MCP 2026-07-28: the agent answers what the upstream asked.
+            // stateless MCP: the agent answers what the upstream asked.
             return self
                 .resume_modern(
                     &name,
