@@ -426,9 +426,14 @@ impl Caller {
     /// in the tenant's shared namespace of tasks: the runs of lease modes
     /// `session` and `key` are leasegate's, and no control route leases,
     /// plans into or moves them.
-    pub(super) async fn owns_run(&self, state: &ControlState, run: RunId) -> Result<(), ApiError> {
+    /// Answers the run's tenant.
+    pub(super) async fn owns_run(
+        &self,
+        state: &ControlState,
+        run: RunId,
+    ) -> Result<String, ApiError> {
         match state.ledger.run_scope(run).await? {
-            Some((tenant, true)) if self.tenant().is_none_or(|own| own == tenant) => Ok(()),
+            Some((tenant, true)) if self.tenant().is_none_or(|own| own == tenant) => Ok(tenant),
             _ => Err(ApiError::not_found("run")),
         }
     }

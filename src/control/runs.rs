@@ -367,7 +367,7 @@ pub(super) async fn checkpoint(
     Body(body): Body<CheckpointBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    caller.owns_run(&state, run).await?;
+    let tenant = caller.owns_run(&state, run).await?;
     let lease = claim(run, body.owner, body.epoch, body.lease_token.as_deref())?;
     check_planned(&state, &body.intents)?;
     if body.intents.is_empty() {
@@ -381,11 +381,6 @@ pub(super) async fn checkpoint(
             json!({"run_id": run, "revision": applied.revision, "intents": []}),
         ));
     }
-    let tenant = state
-        .ledger
-        .run_tenant(run)
-        .await?
-        .ok_or_else(|| ApiError::not_found("run"))?;
     let intents = body
         .intents
         .iter()

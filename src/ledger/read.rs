@@ -159,17 +159,6 @@ impl Ledger {
         Ok(row)
     }
 
-    /// The tenant a run belongs to (runs never change tenant).
-    pub async fn run_tenant(&self, run_id: RunId) -> Result<Option<String>, LedgerError> {
-        let row: Option<(String,)> = self
-            .invoke_optional("run_tenant", false, || {
-                sqlx::query_as("SELECT tenant_id FROM agent_runs WHERE run_id = $1")
-                    .bind(run_id.as_uuid())
-            })
-            .await?;
-        Ok(row.map(|(tenant,)| tenant))
-    }
-
     /// The tenant of the run an operation belongs to.
     pub async fn operation_tenant(
         &self,
