@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::FromRow;
 
-use super::operation::protocol;
+use super::error::protocol;
 use super::{InvalidInput, Ledger, LedgerError, MAX_OWNER_LEN, MAX_TENANT_LEN, check_text};
 
 /// What the ledger says about a presented (token id, secret hash).

@@ -17,7 +17,7 @@ use serde::Serialize;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::operation::TableRow;
+use super::operation_rows::TableRow;
 use super::{Ledger, LedgerError, OperationRecord, RunId};
 
 /// At most this many rows per list (the literal in the statements).

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use serde::{Serialize, Serializer};
 use sqlx::FromRow;
 
-use super::operation::protocol;
+use super::error::protocol;
 use super::{Ledger, LedgerError, MAX_OWNER_LEN, check_length, check_text};
 
 /// A WAL position (`pg_lsn`), shown as PostgreSQL does: `16/B374D848`.

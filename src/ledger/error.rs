@@ -301,3 +301,11 @@ pub(crate) fn classify(error: &sqlx::Error) -> ErrorClass {
         _ => ErrorClass::Refused,
     }
 }
+
+/// The database answered something this build cannot read.
+pub(super) fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
+    LedgerError::Protocol {
+        call,
+        detail: detail.into(),
+    }
+}

@@ -54,10 +54,12 @@ mod group;
 mod lease;
 mod members;
 mod operation;
+mod operation_rows;
 mod operation_types;
 mod pool;
 mod process;
 mod read;
+mod reconcile;
 mod retention;
 mod run;
 mod schema;
@@ -153,7 +155,7 @@ pub struct LedgerOptions {
     /// opened with: applied on every path that writes a body, and every
     /// read opens (`stored_json::open`).
     pub bodies: crate::policy::Bodies,
-    /// Group commit of register-claims and settles (`group.rs`): `None`
+    /// Group commit of register-claims and settles (`group/`): `None`
     /// sends each call alone. The default is `None` unless
     /// `LEASEGATE_GROUP_COMMIT` is on ([`group::env_override`]), which
     /// gives the default window and batch size.

@@ -7,7 +7,8 @@ use serde::Serialize;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::operation::{EvidenceRow, TableRow, protocol};
+use super::error::protocol;
+use super::operation_rows::{EvidenceRow, TableRow};
 use super::{
     Evidence, EvidenceKind, LeaseState, Ledger, LedgerError, LedgerEvent, OperationRecord,
     OperationStatus, OperationView, RunId, RunView, UnknownSummary,
@@ -349,7 +350,7 @@ impl Ledger {
                     claim_owner: e.claim_owner,
                     claim_revision: e.claim_revision,
                     outcome: e.outcome,
-                    body: super::operation::opened(
+                    body: super::operation_rows::opened(
                         &self.options.bodies,
                         &e.body,
                         operation_id.as_str(),

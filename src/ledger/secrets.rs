@@ -27,7 +27,7 @@ use serde_json::Value;
 use sqlx::FromRow;
 use sqlx::types::Json;
 
-use super::operation::opened;
+use super::operation_rows::opened;
 use super::stored_json::Raw;
 use super::{InvalidInput, Ledger, LedgerError};
 use crate::policy::secrets::{SEALED_KEY, sealed_inner, sealed_key_ids};

@@ -63,7 +63,13 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
+mod register;
+mod settle;
+
+use super::error::protocol;
 use super::{Ledger, LedgerError};
+pub(super) use register::RegisterArgs;
+pub(super) use settle::SettleArgs;
 
 /// The environment variable that turns group commit on (`1`, `true`,
 /// `on`) or off (`0`, `false`, `off`) over the configuration, for the
@@ -213,8 +219,8 @@ impl<F: Flush> Batcher<F> {
 /// Both batchers of a ledger.
 #[derive(Debug)]
 pub(super) struct Group {
-    pub(super) registers: Batcher<super::operation::RegisterBatch>,
-    pub(super) settles: Batcher<super::operation::SettleBatch>,
+    pub(super) registers: Batcher<register::RegisterBatch>,
+    pub(super) settles: Batcher<settle::SettleBatch>,
 }
 
 impl Group {
@@ -337,4 +343,29 @@ fn fan_out<T>(error: &LedgerError) -> Result<ItemAnswer<T>, LedgerError> {
         // Nothing was committed: the single path decides.
         _ => Ok(ItemAnswer::Alone),
     }
+}
+/// Puts (1-based item, answer) pairs in item order: exactly one per item.
+fn in_item_order<T>(
+    call: &'static str,
+    len: usize,
+    answers: impl Iterator<Item = (i32, ItemAnswer<T>)>,
+) -> Result<Vec<ItemAnswer<T>>, LedgerError> {
+    let mut slots: Vec<Option<ItemAnswer<T>>> = (0..len).map(|_| None).collect();
+    for (item, answer) in answers {
+        let slot = usize::try_from(item)
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .and_then(|i| slots.get_mut(i))
+            .ok_or_else(|| protocol(call, format!("answer for item {item} of {len}")))?;
+        if slot.replace(answer).is_some() {
+            return Err(protocol(call, format!("two answers for item {item}")));
+        }
+    }
+    slots
+        .into_iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            slot.ok_or_else(|| protocol(call, format!("no answer for item {}", i + 1)))
+        })
+        .collect()
 }
