@@ -30,10 +30,12 @@
 //! 4. A refusal logs at most one short line (`debug`), its text clipped
 //!    (`logfield`).
 
+mod listener;
 pub mod rate;
 pub mod serve;
 
-pub use serve::{Listener, Peer, serve};
+pub use listener::{Listener, Peer};
+pub use serve::serve;
 
 use std::time::Duration;
 

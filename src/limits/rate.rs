@@ -40,7 +40,7 @@ use governor::{DefaultKeyedRateLimiter, Quota};
 use http::StatusCode;
 use sha2::Digest;
 
-use super::serve::{Listener, Peer};
+use super::listener::{Listener, Peer};
 use super::{Refusal, refused};
 use crate::config::RateLimit;
 

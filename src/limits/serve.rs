@@ -34,29 +34,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use super::listener::{Listener, Peer};
 use super::{ACCEPT_ERROR_LOG_INTERVAL, Refusal, refused};
 use crate::config::Limits;
-
-/// Which listener: the `listener` label of the metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    Mcp,
-    Control,
-}
-
-impl Listener {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Listener::Mcp => "mcp",
-            Listener::Control => "control",
-        }
-    }
-}
-
-/// The peer's address, in every request's extensions (the rate limit's
-/// principal when there is no `Authorization`).
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub SocketAddr);
 
 /// Connections and sessions that ended, process-wide: the memory upkeep
 /// hands freed heap back when this moved (`super::spawn_memory_upkeep`).
