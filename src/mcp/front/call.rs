@@ -1,0 +1,416 @@
+//! One `tools/call`: a read-only tool straight to its upstream, a
+//! side-effecting one through the ledger under the caller's lease — given
+//! per call, or the process's session lease, or the lease of an
+//! `Idempotency-Key` — and the refusals that come before anything is
+//! registered or sent (no lease, a capability the agent did not declare).
+
+use super::cancel::{CallWatch, cancelled_by_the_agent};
+use super::request::{
+    invalid_params, lease_namespace, lease_of, passthrough_meta, session_refusal, step_of,
+    trace_context,
+};
+use super::{Front, ToolCall, upstream_failure};
+use crate::adapter::{PeerError, Upstream, UpstreamCall};
+use crate::dispatch::{CallContext, CallError, CallReply, CallRequest};
+use crate::ids::{MAX_IDEMPOTENCY_KEY_LEN, MAX_TASK_LEN, check_identifier};
+use crate::intent::StepRef;
+use crate::ledger::LeaseClaim;
+use crate::mcp::convert::{self};
+use crate::mcp::wire::*;
+use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer};
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+impl Front {
+    /// The upstream call of a read-only tool, as a future that owns
+    /// everything it needs (an stateless MCP call may outlive the request
+    /// that started it; see [`Front::drive_modern`]).
+    pub(super) fn read_only(
+        &self,
+        resolved: crate::adapter::ResolvedTool,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        agent: crate::adapter::AgentSink,
+        watch: &CallWatch,
+    ) -> ToolCall {
+        let upstream = resolved.upstream;
+        let cancel = watch.cancel.clone();
+        self.watch_request(context, cancel.clone(), false, watch.detach.clone());
+        let call = UpstreamCall {
+            upstream: upstream.clone(),
+            tool: resolved.tool,
+            arguments: request.arguments.unwrap_or_default(),
+            meta: passthrough_meta(context),
+            timeout: resolved.adapter.timeout,
+            agent: Some(agent),
+            cancel: cancel.clone(),
+        };
+        let front = self.clone();
+        Box::pin(async move {
+            // The agent's cancel answers at once (the upstream is told, and
+            // its late answer is dropped): no late result.
+            let answer = tokio::select! {
+                biased;
+                answer = front.state.upstreams.call(call) => answer,
+                _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
+            };
+            cancel.cancel();
+            match answer {
+                Ok(mut answer) => {
+                    front.expose_uris(&upstream, &mut answer.result);
+                    convert::tool_result(answer.result)
+                }
+                Err(error) => Err(upstream_failure(&upstream, error)),
+            }
+        })
+    }
+}
+
+pub(super) fn refusal(message: String) -> PeerError {
+    PeerError {
+        code: ErrorCode::INVALID_REQUEST.0,
+        message,
+        data: None,
+    }
+}
+
+/// Refuses a request the agent did not declare it can answer.
+pub(super) fn check_capability(
+    method: &str,
+    params: &Value,
+    capabilities: &rmcp::model::ClientCapabilities,
+) -> Result<(), PeerError> {
+    let missing = match method {
+        "sampling/createMessage" => capabilities.sampling.is_none().then_some("sampling"),
+        "roots/list" => capabilities.roots.is_none().then_some("roots"),
+        "elicitation/create" => {
+            let url_mode = params.get("mode").and_then(Value::as_str) == Some("url");
+            match &capabilities.elicitation {
+                None => Some("elicitation"),
+                Some(e) if url_mode && e.url.is_none() => Some("elicitation.url"),
+                _ => None,
+            }
+        }
+        _ => None,
+    };
+    match missing {
+        Some(capability) => Err(refusal(format!(
+            "the agent did not declare the {capability} capability"
+        ))),
+        None => Ok(()),
+    }
+}
+
+impl Front {
+    /// A side-effecting call through the ledger, as a future that owns
+    /// everything it needs.
+    pub(super) fn gated(
+        &self,
+        resolved: crate::adapter::ResolvedTool,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        agent: crate::adapter::AgentSink,
+        watch: &CallWatch,
+        keyed: Option<LeaseClaim>,
+    ) -> Result<ToolCall, McpError> {
+        let name = request.name.to_string();
+        let upstream = resolved.upstream.clone();
+        let session_lease = self
+            .session
+            .lease
+            .get()
+            .or_else(|| self.state.session_lease.get());
+        let lease =
+            match (lease_of(context), session_lease) {
+                // A lease the agent sent wins; without one, its idempotency
+                // key's (lease mode key), or the session's.
+                (Err(CallError::LeaseRequired), _) if keyed.is_some() => {
+                    Ok(keyed.clone().expect("checked"))
+                }
+                (Err(CallError::LeaseRequired), Some(session)) => session
+                    .current()
+                    .cloned()
+                    .map_err(|cause| CallError::SessionLost {
+                        task: session.task().to_owned(),
+                        cause,
+                    }),
+                (lease, _) => lease,
+            }
+            .map_err(|error| {
+                // Refused before the ledger saw it: counted beside the
+                // ledger's own fence refusals.
+                let reason = match &error {
+                    CallError::LeaseRequired => "lease_missing",
+                    CallError::SessionLost { .. } => "session_lost",
+                    _ => "lease_malformed",
+                };
+                metrics::counter!("protected_write_rejected_total", "reason" => reason, "call" => "mcp_tools_call")
+                    .increment(1);
+                match error {
+                    CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
+                    other => convert::error_from_call(&other),
+                }
+            })?;
+        let mut step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
+        if keyed.is_some() && step.is_none() {
+            // The key stands for one request: one step per key's run.
+            step = Some(StepRef {
+                step_id: KEY_STEP.to_owned(),
+                effect_version: 1,
+            });
+        }
+        let cancel = watch.cancel.clone();
+        self.watch_request(context, cancel.clone(), true, watch.detach.clone());
+        let call = CallRequest {
+            lease,
+            step,
+            exposed_name: name,
+            tool: resolved,
+            arguments: request.arguments.unwrap_or_default(),
+            context: CallContext {
+                meta: passthrough_meta(context),
+                agent: Some(agent),
+                cancel: cancel.clone(),
+            },
+        };
+        // W3C trace context: the trace id goes into every log line of this call.
+        let trace_id = context
+            .meta
+            .get("traceparent")
+            .and_then(Value::as_str)
+            .and_then(|tp| tp.split('-').nth(1))
+            .unwrap_or("")
+            .to_owned();
+        let span = tracing::info_span!("tools/call", tool = %crate::logfield::clip(&call.exposed_name), run_id = %call.lease.run_id,
+            owner = %crate::logfield::clip(&call.lease.owner), epoch = call.lease.epoch, trace_id = %crate::logfield::clip(&trace_id),
+            operation_id = tracing::field::Empty, outcome = tracing::field::Empty);
+        // The agent's trace is this span's parent (`telemetry`).
+        let (traceparent, tracestate) = trace_context(context);
+        crate::telemetry::set_parent(&span, traceparent.as_deref(), tracestate.as_deref());
+        let front = self.clone();
+        Ok(Box::pin(async move {
+            // The agent's cancel answers at once; the dispatch runs on in
+            // leasegate's own task and records the outcome (unknown, as the
+            // upstream may have acted).
+            // Spawned, so that a cancel never interrupts a ledger write.
+            let state = front.state.clone();
+            let dispatch = tokio::spawn(
+                async move { state.dispatcher.call(call).await }.instrument(span.clone()),
+            );
+            let outcome = tokio::select! {
+                biased;
+                outcome = dispatch => outcome.map_err(|e| {
+                    McpError::internal_error(format!("the dispatch task failed: {e}"), None)
+                })?,
+                _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
+            };
+            // The call is over: release the cancel watcher.
+            cancel.cancel();
+            span.record("outcome", crate::dispatch::trace_outcome(outcome.as_ref()));
+            match &outcome {
+                Ok(CallReply::Answer { operation, .. }) => {
+                    span.record("operation_id", operation.operation_id.as_str());
+                }
+                Ok(CallReply::Unknown { operation_id, .. }) => {
+                    span.record("operation_id", operation_id.as_str());
+                }
+                Err(_) => {}
+            }
+            // No guard held in this future: the span is entered for the
+            // synchronous rest only.
+            span.in_scope(|| match outcome {
+                Ok(mut reply) => {
+                    // Resource links in the (recorded) result name the
+                    // upstream's URIs; the agent reads them under their
+                    // exposed names.
+                    if let CallReply::Answer { result, .. } = &mut reply {
+                        front.expose_uris(&upstream, result);
+                    }
+                    Ok(convert::result_from_reply(reply))
+                }
+                Err(error) => {
+                    // The agent hears the value; the log names only where
+                    // it is (argument values never reach the log).
+                    match &error {
+                        crate::dispatch::CallError::Intent(
+                            crate::intent::IntentError::UnsafeInteger { path, .. },
+                        ) => tracing::info!(%path, "call refused: integer beyond ±2^53"),
+                        _ => tracing::info!(error = %crate::logfield::clip_display(&error), "call refused"),
+                    }
+                    Err(convert::error_from_call(&error))
+                }
+            })
+        }))
+    }
+}
+
+impl Front {
+    /// The -32001 answer for `name`: how to get a lease over this
+    /// transport, and how to mark the tool read-only.
+    /// Lease mode `session`: the lease a side-effecting call that brings
+    /// none of its own is sent under, once this process's membership may
+    /// register (`SessionLease::ready`). Over stdio the process's own; over
+    /// HTTP the membership of the caller's principal for the task key (the
+    /// `Leasegate-Task` header, else `[session] task`), kept for this MCP
+    /// session. Without a task key the call goes on and is refused as
+    /// needing a lease.
+    pub(super) async fn begin_session_lease(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let config = &self.state.config;
+        if config.lease_mode != crate::config::LeaseMode::Session
+            || !matches!(lease_of(context), Err(CallError::LeaseRequired))
+        {
+            return Ok(());
+        }
+        let lease = match self
+            .state
+            .session_lease
+            .get()
+            .or_else(|| self.session.lease.get())
+        {
+            Some(lease) => lease.clone(),
+            None => {
+                let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+                    return Ok(());
+                };
+                let task = parts
+                    .headers
+                    .get(TASK_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_owned)
+                    .or_else(|| config.session_task.clone());
+                let Some(task) = task else {
+                    return Ok(());
+                };
+                check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
+                    .map_err(|e| invalid_params(e.to_string()))?;
+                let namespace = lease_namespace(context, "session")?;
+                let arrived = parts
+                    .extensions
+                    .get::<crate::worker::session::Arrived>()
+                    .map_or_else(std::time::Instant::now, |arrived| arrived.0);
+                self.session
+                    .lease
+                    .get_or_try_init(|| self.state.session_leases.get(namespace, &task, arrived))
+                    .await
+                    .map_err(|error| {
+                        tracing::warn!(error = %crate::logfield::clip_display(&error), task = %crate::logfield::clip(&task), "the session lease could not begin");
+                        session_refusal(&task, error)
+                    })?
+                    .clone()
+            }
+        };
+        lease
+            .ready()
+            .await
+            .map_err(|error| session_refusal(lease.task(), error))
+    }
+
+    /// Lease mode `key`: the lease of the run that stands for this call's
+    /// idempotency key (`_meta`, else the `Idempotency-Key` header), when
+    /// the call brings no lease of its own. `None`: no key, or not key mode.
+    pub(super) async fn key_lease(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Option<LeaseClaim>, McpError> {
+        let config = &self.state.config;
+        if config.lease_mode != crate::config::LeaseMode::Key
+            || !matches!(lease_of(context), Err(CallError::LeaseRequired))
+        {
+            return Ok(None);
+        }
+        let from_meta = match context.meta.get(IDEMPOTENCY_KEY_META) {
+            None => None,
+            Some(Value::String(key)) => Some(key.clone()),
+            Some(_) => {
+                return Err(invalid_params(format!(
+                    "_meta \"{IDEMPOTENCY_KEY_META}\" must be a string"
+                )));
+            }
+        };
+        let key = from_meta.or_else(|| {
+            context
+                .extensions
+                .get::<http::request::Parts>()
+                .and_then(|parts| parts.headers.get(IDEMPOTENCY_KEY_HEADER))
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim().to_owned())
+        });
+        let Some(key) = key else {
+            return Ok(None);
+        };
+        check_identifier("idempotency key", &key, MAX_IDEMPOTENCY_KEY_LEN)
+            .map_err(|e| invalid_params(e.to_string()))?;
+        let dispatcher = &self.state.dispatcher;
+        crate::worker::session::key_lease(
+            dispatcher.ledger(),
+            &self.state.key_leases,
+            &config.tenant,
+            lease_namespace(context, "key")?,
+            &key,
+            dispatcher.owner(),
+            i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
+            config.key_retention,
+        )
+        .await
+        .map(Some)
+        .map_err(|error| match error {
+            crate::worker::session::SessionError::Ledger(inner) => {
+                convert::error_from_call(&CallError::Ledger(inner))
+            }
+            other => invalid_params(other.to_string()),
+        })
+    }
+
+    pub(super) fn lease_required(
+        &self,
+        name: &str,
+        resolved: &crate::adapter::ResolvedTool,
+        context: &RequestContext<RoleServer>,
+    ) -> McpError {
+        let read_only_hint = self
+            .catalog()
+            .entries
+            .get(name)
+            .and_then(|entry| entry.tool.annotations.as_ref())
+            .and_then(|annotations| annotations.read_only_hint);
+        convert::lease_required(&convert::LeaseRequired {
+            tool: name,
+            upstream: &resolved.upstream,
+            upstream_tool: &resolved.tool,
+            over_http: context.extensions.get::<http::request::Parts>().is_some(),
+            read_only_hint,
+            trust_annotations: self
+                .state
+                .config
+                .adapter(&resolved.upstream)
+                .trust_annotations,
+        })
+    }
+}
+
+/// `{"operation_id", "status", "replayed"}` from a result's `_meta`, for clients.
+pub fn operation_of(result: &CallToolResult) -> Option<Value> {
+    result
+        .meta
+        .as_ref()
+        .and_then(|meta| meta.get("dev.leasegate/operation").cloned())
+}
+
+/// The JSON of the lease `_meta` entry, for clients.
+/// Carries the lease's token when the claim has one: hand it only to the
+/// lease's holder.
+pub fn lease_meta(lease: &LeaseClaim) -> Value {
+    let mut meta =
+        json!({ "run_id": lease.run_id.to_string(), "owner": lease.owner, "epoch": lease.epoch });
+    if let Some(token) = &lease.token {
+        meta["token"] = json!(token.expose());
+    }
+    meta
+}

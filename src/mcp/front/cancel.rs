@@ -1,0 +1,120 @@
+//! An agent's cancel: each request's token, fired by
+//! `notifications/cancelled` (per-session registry), by the stateless
+//! front's registry, or under stateless MCP by the agent going away. The
+//! agent is answered `-32800` at once and never with a late result; a
+//! gated call's dispatch runs on in its own task and records what
+//! happened.
+
+use super::Front;
+use super::request::{is_modern, request_key};
+use crate::mcp::convert::codes;
+use rmcp::model::ErrorCode;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer};
+use tokio_util::sync::CancellationToken;
+
+impl Front {
+    /// A token fired when the agent cancels the request. `explicit_only`:
+    /// ignore the agent merely going away (side-effecting calls continue,
+    /// owned by leasegate) — except under stateless-MCP, where closing the
+    /// response stream is how an agent cancels.
+    pub(super) fn cancel_token(
+        &self,
+        context: &RequestContext<RoleServer>,
+        explicit_only: bool,
+    ) -> CancellationToken {
+        let token = CancellationToken::new();
+        self.watch_request(
+            context,
+            token.clone(),
+            explicit_only,
+            CancellationToken::new(),
+        );
+        token
+    }
+
+    /// Fires `token` when the agent cancels this request (see
+    /// [`Front::cancel_token`]), until the call ends (`token` fires) or
+    /// `detach` fires: a stateless-MCP call that waits for the agent's input
+    /// outlives the request that started it and is watched through the
+    /// request that resumes it.
+    pub(super) fn watch_request(
+        &self,
+        context: &RequestContext<RoleServer>,
+        token: CancellationToken,
+        explicit_only: bool,
+        detach: CancellationToken,
+    ) {
+        let explicit_only = explicit_only && !is_modern(context);
+        let key = request_key(&context.id);
+        // The agent's notifications/cancelled finds the token here (sessions,
+        // stdio) ...
+        let watch = self
+            .session
+            .next_watch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Ok(mut cancels) = self.session.cancels.lock() {
+            cancels.insert(key.clone(), (watch, token.clone()));
+        }
+        // ... or, from a stateless HTTP agent, arrives as its own POST: the
+        // in-flight registry finds this request by client and id.
+        let registration = context
+            .extensions
+            .get::<http::request::Parts>()
+            .filter(|parts| !parts.headers.contains_key("mcp-session-id"))
+            .map(|parts| {
+                self.state
+                    .in_flight
+                    .register(&parts.headers, &context.id, token.clone())
+            });
+        let (watched, fire, done, session) = (
+            context.ct.clone(),
+            token.clone(),
+            token.clone(),
+            self.session.clone(),
+        );
+        tokio::spawn(async move {
+            tokio::select! {
+                // A detached watch never fires (the request that ended with
+                // input_required closes its stream right after).
+                biased;
+                _ = detach.cancelled() => {}
+                _ = done.cancelled() => {}
+                // The request's own token also fires when the agent merely
+                // goes away (session closed, connection dropped).
+                _ = watched.cancelled() => {
+                    if !explicit_only {
+                        fire.cancel();
+                    }
+                    tokio::select! {
+                        _ = done.cancelled() => {}
+                        _ = detach.cancelled() => {}
+                    }
+                }
+            }
+            if let Ok(mut cancels) = session.cancels.lock()
+                && cancels.get(&key).is_some_and(|(w, _)| *w == watch)
+            {
+                cancels.remove(&key);
+            }
+            drop(registration);
+        });
+    }
+}
+
+/// The answer to a request the agent cancelled.
+pub(super) fn cancelled_by_the_agent() -> McpError {
+    McpError::new(
+        ErrorCode(codes::REQUEST_CANCELLED),
+        "cancelled by the agent",
+        None,
+    )
+}
+
+/// How a tool call is cancelled: `cancel` reaches the upstream; `detach`
+/// ends the watch of the request currently carrying the call.
+#[derive(Clone, Default)]
+pub(super) struct CallWatch {
+    pub(super) cancel: CancellationToken,
+    pub(super) detach: CancellationToken,
+}
