@@ -1,0 +1,319 @@
+//! One upstream connection: its transport (a stdio child or Streamable
+//! HTTP), its handshake, its state and health as the control API reports
+//! them, and ending a child within a grace period. A dead connection makes
+//! every call on it fail as `Unavailable` (never sent) or as a transport
+//! error after sending (outcome unknown).
+
+use super::UpstreamEvent;
+use super::client::UpstreamClient;
+use super::routes::{CallRoutes, Routed};
+use crate::adapter::UpstreamError;
+use crate::config::UpstreamTransport;
+use rmcp::service::{Peer, RunningService};
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, Transport};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::broadcast;
+
+/// One session of an upstream: the MCP client over one stdio child or one
+/// Streamable HTTP connection.
+pub(super) type Session = RunningService<RoleClient, UpstreamClient>;
+
+/// Upper bound of the MCP `initialize` handshake of a (re)started session.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a stdio child gets to exit on its own (its stdin closed) before
+/// it is killed, at shutdown and after its session ended.
+pub(super) const EXIT_GRACE: Duration = Duration::from_secs(1);
+
+/// A child that stayed up this long starts the next restart from the first
+/// delay again.
+pub(super) const STABLE_AFTER: Duration = Duration::from_secs(30);
+
+/// Whether an upstream can be called now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpstreamState {
+    /// A session is open (stdio), or the last request reached the server
+    /// (Streamable HTTP).
+    Up,
+    /// The stdio child is gone and its supervisor is starting another; calls
+    /// fail at once as not sent.
+    Restarting,
+    /// Not being restarted: stopped with leasegate, or a Streamable HTTP
+    /// server the last request (or reconnect) could not reach.
+    Down,
+}
+
+/// One upstream's health, as the control API shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct UpstreamHealth {
+    pub name: String,
+    /// `stdio` or `streamable_http`, as in the config.
+    pub transport: &'static str,
+    pub state: UpstreamState,
+    /// When `state` last changed.
+    pub since: chrono::DateTime<chrono::Utc>,
+    /// Sessions opened after the first one (a restarted child, a
+    /// reconnected HTTP session).
+    pub restarts: u64,
+    /// Why the upstream last went away or could not be reached; kept after
+    /// it is up again, so an operator sees why it restarted.
+    pub last_error: Option<String>,
+}
+
+pub(super) struct Health {
+    pub(super) state: UpstreamState,
+    pub(super) since: chrono::DateTime<chrono::Utc>,
+    pub(super) restarts: u64,
+    pub(super) last_error: Option<String>,
+}
+
+/// One upstream: its current session's peer (swapped on restart), the
+/// routes of its calls (shared by its sessions), and its health.
+pub(super) struct Connection {
+    pub(super) name: String,
+    pub(super) transport: UpstreamTransport,
+    /// The client every session of this upstream serves with.
+    pub(super) handler: UpstreamClient,
+    /// The live session's peer. `None` while a stdio child is restarting and
+    /// after shutdown, so that a call fails at once, as not sent.
+    pub(super) peer: std::sync::RwLock<Option<Peer<RoleClient>>>,
+    pub(super) health: Mutex<Health>,
+    /// A Streamable HTTP upstream's session (a stdio session is owned by its
+    /// supervisor); the lock also makes a reconnect happen once.
+    pub(super) http: tokio::sync::Mutex<Option<Session>>,
+}
+
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere mid-update of plain
+    // values; they stay usable.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Connection {
+    pub(super) fn new(
+        name: &str,
+        transport: UpstreamTransport,
+        events: broadcast::Sender<UpstreamEvent>,
+    ) -> Self {
+        metrics::counter!("upstream_restarts_total", "upstream" => name.to_owned()).increment(0);
+        Self {
+            name: name.to_owned(),
+            transport,
+            handler: UpstreamClient {
+                name: name.to_owned(),
+                routes: CallRoutes::default(),
+                events,
+            },
+            peer: std::sync::RwLock::new(None),
+            health: Mutex::new(Health {
+                state: UpstreamState::Down,
+                since: chrono::Utc::now(),
+                restarts: 0,
+                last_error: None,
+            }),
+            http: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub(super) fn routes(&self) -> &CallRoutes {
+        &self.handler.routes
+    }
+
+    pub(super) fn transport_name(&self) -> &'static str {
+        match self.transport {
+            UpstreamTransport::Stdio { .. } => "stdio",
+            UpstreamTransport::StreamableHttp { .. } => "streamable_http",
+        }
+    }
+
+    pub(super) fn peer(&self) -> Option<Peer<RoleClient>> {
+        self.peer
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    pub(super) fn set_peer(&self, peer: Option<Peer<RoleClient>>) {
+        *self
+            .peer
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = peer;
+    }
+
+    /// Sets the state (and `since` when it changes); an error, when given,
+    /// becomes `last_error`.
+    pub(super) fn set_state(&self, state: UpstreamState, error: Option<String>) {
+        let mut health = lock(&self.health);
+        if health.state != state {
+            health.state = state;
+            health.since = chrono::Utc::now();
+        }
+        if error.is_some() {
+            health.last_error = error;
+        }
+        let up = if state == UpstreamState::Up { 1.0 } else { 0.0 };
+        metrics::gauge!("upstream_up", "upstream" => self.name.clone()).set(up);
+    }
+
+    /// A new session replaced a lost one: later calls use `peer`, and the
+    /// catalog is refreshed as on `notifications/tools/list_changed` (the new
+    /// session may serve other tools).
+    pub(super) fn replaced(&self, peer: Peer<RoleClient>) {
+        // Calls given up on belong to the lost session: nothing about them
+        // can arrive any more, and their request ids are reused by the new one.
+        self.routes().forget_abandoned();
+        self.set_peer(Some(peer));
+        lock(&self.health).restarts += 1;
+        metrics::counter!("upstream_restarts_total", "upstream" => self.name.clone()).increment(1);
+        self.set_state(UpstreamState::Up, None);
+        let _ = self.handler.events.send(UpstreamEvent {
+            upstream: self.name.clone(),
+            method: "notifications/tools/list_changed".into(),
+            params: json!({}),
+        });
+    }
+
+    /// The error of a call made while there is no session: nothing was sent.
+    pub(super) fn unavailable(&self) -> UpstreamError {
+        let health = lock(&self.health);
+        let why = health
+            .last_error
+            .as_deref()
+            .map(|e| format!(" (last error: {e})"))
+            .unwrap_or_default();
+        let state = match health.state {
+            UpstreamState::Restarting => "is restarting",
+            UpstreamState::Down => "is down",
+            // Up, but its session just ended: the supervisor is about to
+            // notice.
+            UpstreamState::Up => "lost its session and is restarting",
+        };
+        UpstreamError::NotSent(format!("upstream {} {state}{why}", self.name))
+    }
+
+    /// What a Streamable HTTP request proved about the server: it answered
+    /// (up) or could not be reached (down). Stdio health is the
+    /// supervisor's.
+    pub(super) fn observe_http(&self, reached: Result<(), String>) {
+        if matches!(self.transport, UpstreamTransport::StreamableHttp { .. }) {
+            match reached {
+                Ok(()) => self.set_state(UpstreamState::Up, None),
+                Err(error) => self.set_state(UpstreamState::Down, Some(error)),
+            }
+        }
+    }
+
+    pub(super) fn health(&self) -> UpstreamHealth {
+        let health = lock(&self.health);
+        UpstreamHealth {
+            name: self.name.clone(),
+            transport: self.transport_name(),
+            state: health.state,
+            since: health.since,
+            restarts: health.restarts,
+            last_error: health.last_error.clone(),
+        }
+    }
+}
+
+/// A response cache would let a proxy answer from a stale page.
+pub(super) async fn no_cache(session: &Session) {
+    session
+        .peer()
+        .set_response_cache_config(rmcp::ClientCacheConfig::disabled())
+        .await;
+}
+
+/// A stdio upstream's child: stdin and stdout piped for MCP, `stderr` as
+/// asked, killed when its handle is dropped.
+pub(super) fn spawn_stdio(
+    command: &std::path::Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+    stderr: std::process::Stdio,
+) -> Result<tokio::process::Child, String> {
+    tokio::process::Command::new(command)
+        .args(args)
+        .envs(env)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("{}: {e}", command.display()))
+}
+
+/// Spawns a stdio upstream's command and does the MCP handshake over its
+/// stdin/stdout. The child is killed when its handle is dropped (a failed
+/// handshake, a supervisor ended by the runtime).
+pub(super) async fn open_stdio(
+    handler: &UpstreamClient,
+    command: &std::path::Path,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<(Session, tokio::process::Child), String> {
+    let mut child = spawn_stdio(command, args, env, std::process::Stdio::inherit())?;
+    let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        return Err("the child's stdin or stdout is not piped".into());
+    };
+    let session = handshake(handler, AsyncRwTransport::new_client(stdout, stdin)).await?;
+    Ok((session, child))
+}
+
+/// The MCP `initialize` handshake over `inner`, with per-request routing of
+/// what the upstream sends, within [`HANDSHAKE_TIMEOUT`].
+pub(super) async fn handshake<X>(handler: &UpstreamClient, inner: X) -> Result<Session, String>
+where
+    Routed<X>: Transport<RoleClient> + Send + 'static,
+{
+    let transport = Routed {
+        inner,
+        routes: handler.routes.clone(),
+    };
+    let session =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handler.clone().serve(transport)).await {
+            Ok(Ok(session)) => session,
+            Ok(Err(error)) => return Err(error.to_string()),
+            Err(_) => {
+                return Err(format!(
+                    "no answer to initialize within {HANDSHAKE_TIMEOUT:?}"
+                ));
+            }
+        };
+    no_cache(&session).await;
+    Ok(session)
+}
+
+/// Opens a Streamable HTTP session (the `initialize` request).
+pub(super) async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, String> {
+    handshake(
+        handler,
+        StreamableHttpClientTransport::with_client(
+            crate::mcp::http_headers::PerCallHeaders::default(),
+            StreamableHttpClientTransportConfig::with_uri(url),
+        ),
+    )
+    .await
+}
+
+/// Waits up to `grace` for the child to exit, then kills it; reaps it
+/// either way. Says how it ended.
+pub(super) async fn end_child(child: &mut tokio::process::Child, grace: Duration) -> String {
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(error)) => format!("cannot wait for it: {error}"),
+        Err(_) => match child.kill().await {
+            Ok(()) => format!("killed by leasegate after {grace:?}"),
+            Err(error) => format!("cannot kill it: {error}"),
+        },
+    }
+}

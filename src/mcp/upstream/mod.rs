@@ -1,0 +1,527 @@
+//! MCP clients of the upstream tool servers (stdio children and Streamable
+//! HTTP servers), and the tool catalog leasegate exposes.
+//!
+//! # Sessions
+//!
+//! Each upstream has **one** client session, shared by every agent and by
+//! the background loops (a stdio upstream is one child process). What an
+//! upstream sends is routed per request, never broadcast to other agents:
+//!
+//! - progress, by the upstream request's progress token, to the call that
+//!   asked — in order, and before that call's result (see `Routed`);
+//! - requests to the client (`sampling/createMessage`, `elicitation/create`,
+//!   `roots/list`), to the call they belong to: the one whose HTTP response
+//!   stream carried them (Streamable HTTP upstreams), otherwise the only call
+//!   in flight to that upstream. When that cannot be told (several calls in
+//!   flight to a stdio upstream), the upstream gets an error rather than
+//!   another agent's answer;
+//! - `notifications/message` carried on a call's response stream, to that
+//!   call; logs and list/resource notifications nobody owns go out as
+//!   [`UpstreamEvent`]s, which the front sends only to agent sessions that
+//!   asked for them (set a log level, subscribed to the resource) or, for
+//!   `list_changed`, to every session after refreshing the catalog.
+//!
+//! leasegate declares sampling, elicitation (form and URL) and roots to every
+//! upstream, because the session is shared; a request for a capability the
+//! calling agent did not declare is answered with an error naming it.
+//!
+//! # Supervision
+//!
+//! A session can end (a stdio child dies or closes its stdout, an HTTP
+//! server drops the session). The routes above belong to the upstream and
+//! outlive its sessions; the session's peer is swapped in place.
+//!
+//! ```text
+//!            session ends                       restart attempt fails
+//!   ┌────┐  (child killed, reaped)  ┌────────────┐ ──────────────┐
+//!   │ up │ ───────────────────────▶ │ restarting │ ◀─────────────┘
+//!   └────┘ ◀─────────────────────── └────────────┘   (backoff 100 ms ×2 … 10 s, ±20%)
+//!     │      spawn + initialize ok:       │
+//!     │      peer swapped, restarts+1,    │
+//!     │      catalog refreshed            │
+//!     └──────────── shutdown ─────────────┴──────▶ down
+//! ```
+//!
+//! One supervisor task per stdio upstream owns the child and its session.
+//! What happens to a call at each point:
+//!
+//! - **up**: the call goes to the current session.
+//! - **the session ends**: requests already handed to it end with "transport
+//!   closed", [`UpstreamError::MaybeSent`] (the child may have acted); a
+//!   request not yet handed over is [`UpstreamError::NotSent`], as is any
+//!   call made before the supervisor noticed (its peer is closed).
+//! - **restarting**: there is no peer; a call fails at once with
+//!   `NotSent("upstream <name> is restarting (last error: …)")` rather than
+//!   waiting (dispatch retries a not-sent call briefly, then records it
+//!   unknown with that evidence).
+//! - **restarted**: later calls use the new session; calls given up on in the
+//!   old one are forgotten (their request ids are reused); the catalog is
+//!   refreshed through the `notifications/tools/list_changed` path
+//!   ([`UpstreamEvent`]). A child that stayed up [`STABLE_AFTER`] restarts
+//!   from the first delay again.
+//! - **shutdown**: the peer is cleared (calls fail as not sent), the
+//!   session is closed (the child's stdin with it), the child gets
+//!   [`EXIT_GRACE`] to exit and is then killed and reaped. Children are
+//!   spawned `kill_on_drop`, so a supervisor ended any other way kills its
+//!   child too.
+//!
+//! A Streamable HTTP upstream has no supervisor: its state is what the last
+//! request showed (reached: `up`; not reached: `down`), and a session whose
+//! client ended is opened again by the next call (within that call's
+//! timeout). [`Upstreams::health`] reports every upstream's state, and the
+//! metrics `upstream_up{upstream}` and `upstream_restarts_total{upstream}`
+//! follow it.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use rmcp::RoleClient;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
+    RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
+};
+use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
+
+use super::convert;
+use crate::adapter::{AgentSink, ToolAnswer, Upstream, UpstreamCall, UpstreamError};
+use crate::config::{Config, UpstreamTransport};
+
+mod client;
+mod connection;
+mod inspect;
+mod routes;
+mod supervision;
+
+use connection::{Connection, EXIT_GRACE, lock, open_http, open_stdio};
+pub use connection::{UpstreamHealth, UpstreamState};
+pub use inspect::{Inspected, inspect_upstream};
+use routes::CallGuard;
+use supervision::supervise;
+
+/// Something an upstream sent that no call owns.
+#[derive(Debug, Clone)]
+pub struct UpstreamEvent {
+    pub upstream: String,
+    /// The JSON-RPC method, e.g. `notifications/tools/list_changed`.
+    pub method: String,
+    pub params: Value,
+}
+
+/// How long, and how many, early progress notifications are kept for a
+/// call that has not subscribed yet (the subscription can only follow the
+/// send, and a fast upstream may report progress first).
+const EARLY_KEEP: Duration = Duration::from_secs(10);
+const EARLY_MAX: usize = 1024;
+
+/// Upper bound of a non-tool request (lists, reads, prompts, completions).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// One tool as the agent sees it.
+#[derive(Debug, Clone)]
+pub struct CatalogEntry {
+    pub upstream: String,
+    /// The tool's name at the upstream.
+    pub upstream_tool: String,
+    /// The tool as exposed (name namespaced, everything else unchanged).
+    pub tool: Tool,
+}
+
+/// What dispatch and the reconciler need to know of each exposed tool.
+pub fn directory(
+    catalog: &BTreeMap<String, CatalogEntry>,
+    config: &Config,
+) -> crate::adapter::ToolDirectory {
+    catalog
+        .iter()
+        .map(|(name, entry)| {
+            let hint = entry
+                .tool
+                .annotations
+                .as_ref()
+                .and_then(|a| a.read_only_hint);
+            let adapter = config
+                .adapter(&entry.upstream)
+                .tool(&entry.upstream_tool, hint);
+            (
+                name.clone(),
+                crate::adapter::ResolvedTool {
+                    upstream: entry.upstream.clone(),
+                    tool: entry.upstream_tool.clone(),
+                    adapter,
+                },
+            )
+        })
+        .collect()
+}
+
+/// All upstream connections, by name.
+pub struct Upstreams {
+    connections: BTreeMap<String, Arc<Connection>>,
+    events: broadcast::Sender<UpstreamEvent>,
+    /// Stops the supervisors (and with them the children); cancelled by
+    /// [`Upstreams::shutdown`], or when `Upstreams` is dropped.
+    stop: CancellationToken,
+    supervisors: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("upstream {upstream}: cannot start: {message}")]
+    Connect { upstream: String, message: String },
+    #[error("upstream {upstream}: tools/list failed: {message}")]
+    List { upstream: String, message: String },
+    #[error(
+        "tool name collision: {name:?} is exposed by both {first} and {second}; change namespace_separator or rename an upstream"
+    )]
+    Collision {
+        name: String,
+        first: String,
+        second: String,
+    },
+}
+
+impl Upstreams {
+    /// Connects every configured upstream, and starts a supervisor per
+    /// stdio upstream.
+    pub async fn connect(config: &Config) -> Result<Self, StartError> {
+        let (events, _) = broadcast::channel(1024);
+        let mut connections = BTreeMap::new();
+        // Children started so far are killed when this is dropped (a later
+        // upstream failed to start).
+        let mut stdio = Vec::new();
+        for (name, transport) in &config.upstreams {
+            let connect_error = |message: String| StartError::Connect {
+                upstream: name.clone(),
+                message,
+            };
+            let connection = Arc::new(Connection::new(name, transport.clone(), events.clone()));
+            match transport {
+                UpstreamTransport::Stdio { command, args, env } => {
+                    let (session, child) = open_stdio(&connection.handler, command, args, env)
+                        .await
+                        .map_err(connect_error)?;
+                    connection.set_peer(Some(session.peer().clone()));
+                    stdio.push((connection.clone(), session, child));
+                }
+                UpstreamTransport::StreamableHttp { url } => {
+                    let session = open_http(&connection.handler, url)
+                        .await
+                        .map_err(connect_error)?;
+                    connection.set_peer(Some(session.peer().clone()));
+                    *connection.http.lock().await = Some(session);
+                }
+            }
+            connection.set_state(UpstreamState::Up, None);
+            connections.insert(name.clone(), connection);
+        }
+        let stop = CancellationToken::new();
+        let supervisors = stdio
+            .into_iter()
+            .map(|(connection, session, child)| {
+                tokio::spawn(supervise(connection, session, child, stop.clone()))
+            })
+            .collect();
+        Ok(Self {
+            connections,
+            events,
+            stop,
+            supervisors: Mutex::new(supervisors),
+        })
+    }
+
+    /// What upstreams send that no call owns.
+    pub fn events(&self) -> broadcast::Receiver<UpstreamEvent> {
+        self.events.subscribe()
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.connections.keys().map(String::as_str)
+    }
+
+    /// Every upstream's health, by name.
+    pub fn health(&self) -> Vec<UpstreamHealth> {
+        self.connections.values().map(|c| c.health()).collect()
+    }
+
+    /// What the upstream said about itself at `initialize` (of its current
+    /// session): the same `Arc` until a new session answers another
+    /// `initialize`, so callers may key a cache on its address.
+    pub fn server_info(&self, upstream: &str) -> Option<Arc<ServerPeerInfo>> {
+        self.connections
+            .get(upstream)
+            .and_then(|c| c.peer())
+            .and_then(|peer| peer.peer_info())
+    }
+
+    /// The current session's peer: none while a stdio child restarts (the
+    /// call fails as not sent); a lost Streamable HTTP session is opened
+    /// again here, within `timeout`.
+    async fn session(
+        &self,
+        connection: &Connection,
+        timeout: Duration,
+    ) -> Result<Peer<RoleClient>, UpstreamError> {
+        if let Some(peer) = connection.peer()
+            && !peer.is_transport_closed()
+        {
+            return Ok(peer);
+        }
+        let UpstreamTransport::StreamableHttp { url } = &connection.transport else {
+            return Err(connection.unavailable());
+        };
+        let mut session = connection.http.lock().await;
+        // Another call may have reconnected meanwhile.
+        if let Some(peer) = connection.peer()
+            && !peer.is_transport_closed()
+        {
+            return Ok(peer);
+        }
+        if self.stop.is_cancelled() {
+            return Err(connection.unavailable());
+        }
+        let opened = tokio::time::timeout(timeout, open_http(&connection.handler, url))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer to initialize within {timeout:?}")));
+        match opened {
+            Ok(opened) => {
+                let peer = opened.peer().clone();
+                // The old session's loop is over; dropping it frees it.
+                *session = Some(opened);
+                tracing::info!(upstream = %connection.name, "Streamable HTTP session reopened");
+                connection.replaced(peer.clone());
+                Ok(peer)
+            }
+            Err(error) => {
+                let error = format!("reconnecting failed: {error}");
+                connection.set_state(UpstreamState::Down, Some(error.clone()));
+                Err(UpstreamError::NotSent(format!(
+                    "upstream {} is down: {error}",
+                    connection.name
+                )))
+            }
+        }
+    }
+
+    /// The upstream's tools, every page.
+    pub async fn list_tools(&self, upstream: &str) -> Result<Vec<Tool>, String> {
+        let connection = self
+            .connections
+            .get(upstream)
+            .ok_or_else(|| format!("no upstream named {upstream:?}"))?;
+        let peer = self
+            .session(connection, REQUEST_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let listed = peer.list_all_tools().await;
+        connection.observe_http(match &listed {
+            Ok(_) | Err(ServiceError::McpError(_)) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        });
+        listed.map_err(|e| e.to_string())
+    }
+
+    /// Every upstream tool under its exposed name (`<upstream><sep><tool>`),
+    /// everything else unchanged. A collision is an error.
+    pub async fn catalog(
+        &self,
+        separator: &str,
+        unprefixed: &[String],
+    ) -> Result<BTreeMap<String, CatalogEntry>, StartError> {
+        let mut catalog: BTreeMap<String, CatalogEntry> = BTreeMap::new();
+        for name in self.connections.keys() {
+            let tools = self
+                .list_tools(name)
+                .await
+                .map_err(|message| StartError::List {
+                    upstream: name.clone(),
+                    message,
+                })?;
+            for tool in tools {
+                let exposed = if unprefixed.contains(name) {
+                    tool.name.to_string()
+                } else {
+                    format!("{name}{separator}{}", tool.name)
+                };
+                if let Some(existing) = catalog.get(&exposed) {
+                    return Err(StartError::Collision {
+                        name: exposed,
+                        first: format!("{}/{}", existing.upstream, existing.upstream_tool),
+                        second: format!("{name}/{}", tool.name),
+                    });
+                }
+                let mut exposed_tool = tool.clone();
+                exposed_tool.name = exposed.clone().into();
+                catalog.insert(
+                    exposed,
+                    CatalogEntry {
+                        upstream: name.clone(),
+                        upstream_tool: tool.name.to_string(),
+                        tool: exposed_tool,
+                    },
+                );
+            }
+        }
+        Ok(catalog)
+    }
+
+    /// Sends `request` to `upstream` and waits for its answer, routing what
+    /// the upstream sends meanwhile to `agent`; `cancel` sends
+    /// `notifications/cancelled` upstream.
+    pub async fn request(
+        &self,
+        upstream: &str,
+        request: ClientRequest,
+        meta: Map<String, Value>,
+        timeout: Duration,
+        agent: Option<AgentSink>,
+        cancel: CancellationToken,
+    ) -> Result<ServerResult, UpstreamError> {
+        let connection = self
+            .connections
+            .get(upstream)
+            .ok_or_else(|| UpstreamError::NotSent(format!("no upstream named {upstream:?}")))?;
+        let mut request_meta = RequestMetaObject::new();
+        for (key, value) in meta {
+            request_meta.insert(key, value);
+        }
+        // No session (a stdio child restarting): fails at once, not sent.
+        let peer = self.session(connection, timeout).await?;
+        let mut guard = CallGuard {
+            routes: connection.routes(),
+            call: connection.routes().begin(agent),
+            token: None,
+            answered: true,
+        };
+        let handle = match peer
+            .send_request_with_option(
+                request,
+                PeerRequestOptions::with_timeout(timeout).with_meta(request_meta),
+            )
+            .await
+        {
+            Ok(handle) => handle,
+            // The request never reached the client's transport task (its
+            // session ended since `session` looked).
+            Err(error) => {
+                let error = UpstreamError::NotSent(format!("upstream {upstream}: {error}"));
+                connection.observe_http(Err(error.to_string()));
+                return Err(error);
+            }
+        };
+        // rmcp gives the upstream request its own progress token: re-key.
+        let token = handle.progress_token.clone();
+        connection
+            .routes()
+            .sent(guard.call, handle.id.clone(), token.clone());
+        // From here on, a caller that stops waiting abandons the call.
+        guard.token = Some(token);
+        guard.answered = false;
+        let (request_id, peer) = (handle.id.clone(), handle.peer.clone());
+        let cancel_watch = tokio::spawn(async move {
+            cancel.cancelled().await;
+            let _ = peer
+                .notify_cancelled(CancelledNotificationParam::new(
+                    Some(request_id),
+                    Some("cancelled by the agent".into()),
+                ))
+                .await;
+        });
+        let response = handle.await_response().await;
+        cancel_watch.abort();
+        guard.answered = !matches!(response, Err(ServiceError::Timeout { .. }));
+        drop(guard);
+        connection.observe_http(match &response {
+            Ok(_) | Err(ServiceError::McpError(_) | ServiceError::Timeout { .. }) => Ok(()),
+            Err(error) => Err(error.to_string()),
+        });
+        match response {
+            Ok(result) => Ok(result),
+            Err(ServiceError::McpError(error)) => {
+                let (code, message) = convert::refused(&error);
+                Err(UpstreamError::Refused {
+                    code,
+                    message,
+                    data: error.data,
+                })
+            }
+            Err(ServiceError::Timeout { timeout }) => Err(UpstreamError::TimedOut(timeout)),
+            Err(other) => Err(UpstreamError::MaybeSent(other.to_string())),
+        }
+    }
+
+    /// Stops the supervisors and the clients, and ends the stdio children:
+    /// each gets [`EXIT_GRACE`] to exit on its closed stdin, then is killed
+    /// and reaped. Later calls fail as not sent.
+    pub async fn shutdown(&self) {
+        self.stop.cancel();
+        let supervisors = std::mem::take(&mut *lock(&self.supervisors));
+        // Every child gets its grace at the same time.
+        for ended in futures::future::join_all(supervisors).await {
+            if let Err(error) = ended {
+                tracing::error!(%error, "an upstream supervisor ended abnormally");
+            }
+        }
+        for connection in self.connections.values() {
+            connection.set_peer(None);
+            if let Some(mut session) = connection.http.lock().await.take() {
+                let _ = session.close_with_timeout(EXIT_GRACE).await;
+            }
+            connection.set_state(UpstreamState::Down, None);
+        }
+    }
+}
+
+impl Drop for Upstreams {
+    /// Never leave a supervisor restarting children nobody can call.
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Upstream for Upstreams {
+    async fn call(&self, call: UpstreamCall) -> Result<ToolAnswer, UpstreamError> {
+        let params = CallToolRequestParams::new(call.tool.clone()).with_arguments(call.arguments);
+        let started = Instant::now();
+        let response = self
+            .request(
+                &call.upstream,
+                ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+                call.meta,
+                call.timeout,
+                call.agent,
+                call.cancel,
+            )
+            .await;
+        let outcome = match &response {
+            Ok(_) => "answered",
+            Err(UpstreamError::TimedOut(_)) => "timeout",
+            Err(UpstreamError::Refused { .. }) => "refused",
+            Err(_) => "transport_error",
+        };
+        metrics::histogram!("upstream_call_duration_seconds", "upstream" => call.upstream.clone(),
+            "tool" => call.tool.clone(), "outcome" => outcome)
+        .record(started.elapsed().as_secs_f64());
+        match response? {
+            ServerResult::CallToolResult(result) => Ok(convert::answer_from_result(&result)),
+            other => Err(UpstreamError::MaybeSent(format!(
+                "unsupported answer to tools/call (input-required and task results are not proxied yet): {}",
+                serde_json::to_string(&other)
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            ))),
+        }
+    }
+
+    fn accepting_calls(&self, upstream: &str) -> bool {
+        self.connections
+            .get(upstream)
+            .is_none_or(|c| c.health().state != UpstreamState::Restarting)
+    }
+}

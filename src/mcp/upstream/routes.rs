@@ -1,0 +1,287 @@
+//! Which agent a message from an upstream belongs to: every call in flight
+//! on a connection with its request id and progress token, so progress,
+//! call-scoped notifications and requests to the client reach the call's
+//! handler; a message no call owns goes to the front as an
+//! [`super::UpstreamEvent`]. The transport wrapper [`Routed`] stamps each
+//! inbound message with its origin. In memory only: a reconnect starts
+//! with no calls in flight.
+
+use super::{EARLY_KEEP, EARLY_MAX};
+use crate::adapter::{AgentSink, Progress, ToAgent};
+use rmcp::RoleClient;
+use rmcp::model::{
+    JsonRpcMessage, ProgressNotificationParam, ProgressToken, RequestId, ServerNotification,
+};
+use rmcp::service::{InboundStreamOrigin, RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The calls in flight on one upstream connection, and where what the
+/// upstream sends about them goes.
+#[derive(Clone, Default)]
+pub(super) struct CallRoutes {
+    pub(super) state: Arc<Mutex<RoutesState>>,
+}
+
+#[derive(Default)]
+pub(super) struct RoutesState {
+    pub(super) progress: HashMap<ProgressToken, AgentSink>,
+    pub(super) early: VecDeque<(Instant, ProgressNotificationParam)>,
+    pub(super) in_flight: HashMap<u64, InFlight>,
+    pub(super) next_call: u64,
+}
+
+pub(super) struct InFlight {
+    /// The upstream request id, once the request is handed to the transport.
+    pub(super) request_id: Option<RequestId>,
+    pub(super) agent: Option<AgentSink>,
+    /// Set when the caller gave up before the upstream answered (cancel,
+    /// timeout): the entry is kept for [`ABANDONED_KEEP`] so that a late
+    /// request of the upstream about it is refused, never given to another
+    /// call.
+    pub(super) abandoned: Option<Instant>,
+}
+
+/// How long a call the caller gave up on still counts as in flight.
+pub(super) const ABANDONED_KEEP: Duration = Duration::from_secs(60);
+
+/// Where something the upstream sent came from.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Origin {
+    /// The transport does not say (stdio).
+    Unknown,
+    /// A Streamable HTTP stream not tied to a request (the GET stream).
+    Unassociated,
+    /// The response stream of this upstream request.
+    Request(RequestId),
+}
+
+/// Why something from the upstream has no call to go to.
+#[derive(Debug, PartialEq)]
+pub(super) enum NoOwner {
+    /// The request id is not (yet) known: it may be registered in a moment.
+    NotYet,
+    Refused(String),
+}
+
+/// Ends a call's routes when the request future ends or is dropped.
+pub(super) struct CallGuard<'a> {
+    pub(super) routes: &'a CallRoutes,
+    pub(super) call: u64,
+    pub(super) token: Option<ProgressToken>,
+    pub(super) answered: bool,
+}
+
+impl Drop for CallGuard<'_> {
+    fn drop(&mut self) {
+        self.routes
+            .end(self.call, self.token.as_ref(), self.answered);
+    }
+}
+
+pub(super) fn progress_of(params: ProgressNotificationParam) -> ToAgent {
+    ToAgent::Progress(Progress {
+        progress: params.progress,
+        total: params.total,
+        message: params.message,
+    })
+}
+
+impl CallRoutes {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, RoutesState> {
+        // A poisoned lock only means a panic elsewhere mid-update of plain
+        // maps; the maps stay usable.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(super) fn deliver_progress(&self, params: ProgressNotificationParam) {
+        let mut state = self.lock();
+        if let Some(route) = state.progress.get(&params.progress_token) {
+            let _ = route.send(progress_of(params));
+            return;
+        }
+        let now = Instant::now();
+        state
+            .early
+            .retain(|(at, _)| now.duration_since(*at) < EARLY_KEEP);
+        if state.early.len() >= EARLY_MAX {
+            state.early.pop_front();
+        }
+        state.early.push_back((now, params));
+    }
+
+    pub(super) fn subscribe_progress(&self, token: ProgressToken, sink: AgentSink) {
+        let mut state = self.lock();
+        let (mine, others): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut state.early)
+            .into_iter()
+            .partition(|(_, p)| p.progress_token == token);
+        state.early = others;
+        for (_, params) in mine {
+            let _ = sink.send(progress_of(params));
+        }
+        state.progress.insert(token, sink);
+    }
+
+    pub(super) fn begin(&self, agent: Option<AgentSink>) -> u64 {
+        let mut state = self.lock();
+        state
+            .in_flight
+            .retain(|_, f| f.abandoned.is_none_or(|at| at.elapsed() < ABANDONED_KEEP));
+        state.next_call += 1;
+        let call = state.next_call;
+        state.in_flight.insert(
+            call,
+            InFlight {
+                request_id: None,
+                agent,
+                abandoned: None,
+            },
+        );
+        call
+    }
+
+    pub(super) fn sent(&self, call: u64, request_id: RequestId, token: ProgressToken) {
+        let mut state = self.lock();
+        let agent = state.in_flight.get_mut(&call).and_then(|in_flight| {
+            in_flight.request_id = Some(request_id);
+            in_flight.agent.clone()
+        });
+        drop(state);
+        if let Some(agent) = agent {
+            self.subscribe_progress(token, agent);
+        }
+    }
+
+    pub(super) fn end(&self, call: u64, token: Option<&ProgressToken>, answered: bool) {
+        let mut state = self.lock();
+        if answered {
+            state.in_flight.remove(&call);
+        } else if let Some(in_flight) = state.in_flight.get_mut(&call) {
+            in_flight.agent = None;
+            in_flight.abandoned = Some(Instant::now());
+        }
+        if let Some(token) = token {
+            state.progress.remove(token);
+        }
+    }
+
+    /// Forgets the calls given up on: they belonged to a session that is
+    /// gone, so nothing about them can arrive any more (and the next
+    /// session reuses their request ids).
+    pub(super) fn forget_abandoned(&self) {
+        self.lock().in_flight.retain(|_, f| f.abandoned.is_none());
+    }
+
+    /// The agent of the call a request or notification from the upstream
+    /// belongs to: the call whose response stream carried it (Streamable
+    /// HTTP); when the transport cannot say (stdio, or an HTTP server's GET
+    /// stream), the only call in flight (`single_fallback`), calls given up
+    /// on within [`ABANDONED_KEEP`] included, so that nothing about an
+    /// abandoned call reaches another.
+    pub(super) fn owner(
+        &self,
+        origin: &Origin,
+        single_fallback: bool,
+    ) -> Result<AgentSink, NoOwner> {
+        let state = self.lock();
+        let refused = |why: &str| Err(NoOwner::Refused(why.to_owned()));
+        let agent_of = |in_flight: &InFlight| match (&in_flight.agent, in_flight.abandoned) {
+            (_, Some(_)) => refused("the call it belongs to is over (cancelled or timed out)"),
+            (None, None) => {
+                refused("the call it belongs to has no agent attached (background work)")
+            }
+            (Some(agent), None) => Ok(agent.clone()),
+        };
+        match origin {
+            Origin::Request(id) => match state
+                .in_flight
+                .values()
+                .find(|f| f.request_id.as_ref() == Some(id))
+            {
+                Some(in_flight) => agent_of(in_flight),
+                None => Err(NoOwner::NotYet),
+            },
+            // The GET stream (servers send requests there when they do not
+            // tie them to a request), or stdio: the transport does not say.
+            Origin::Unassociated | Origin::Unknown if !single_fallback => {
+                refused("the transport does not say which call it belongs to")
+            }
+            Origin::Unassociated | Origin::Unknown => match state.in_flight.len() {
+                0 => refused("no call is in flight on this upstream"),
+                1 => agent_of(state.in_flight.values().next().expect("one entry")),
+                n => Err(NoOwner::Refused(format!(
+                    "{n} calls are in flight on this upstream and its transport does not say which one this belongs to"
+                ))),
+            },
+        }
+    }
+
+    /// [`CallRoutes::owner`], waiting briefly for a request id that is not
+    /// registered yet (the upstream may answer on a stream before the
+    /// sender has recorded the request it sent).
+    pub(super) async fn owner_soon(
+        &self,
+        origin: &Origin,
+        single_fallback: bool,
+    ) -> Result<AgentSink, String> {
+        for _ in 0..50 {
+            match self.owner(origin, single_fallback) {
+                Ok(agent) => return Ok(agent),
+                Err(NoOwner::Refused(why)) => return Err(why),
+                Err(NoOwner::NotYet) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+        Err("carried on the stream of a request that is not (or no longer) in flight".to_owned())
+    }
+}
+
+/// The client's transport, with progress routed as it is read: a progress
+/// notification reaches its call's channel before the transport yields the
+/// next message, so every notification the upstream sent before its result
+/// is queued for the agent before the result is (rmcp would otherwise hand
+/// notifications to concurrently running handler tasks).
+pub(super) struct Routed<T> {
+    pub(super) inner: T,
+    pub(super) routes: CallRoutes,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Routed<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleClient>> {
+        loop {
+            let message = self.inner.receive().await?;
+            if let JsonRpcMessage::Notification(notification) = &message
+                && let ServerNotification::ProgressNotification(progress) =
+                    &notification.notification
+            {
+                self.routes.deliver_progress(progress.params.clone());
+                continue;
+            }
+            return Some(message);
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+pub(super) fn origin_of(extensions: &rmcp::model::Extensions) -> Origin {
+    match extensions.get::<InboundStreamOrigin>() {
+        Some(InboundStreamOrigin::OutboundRequest(id)) => Origin::Request(id.clone()),
+        Some(InboundStreamOrigin::Unassociated) => Origin::Unassociated,
+        None => Origin::Unknown,
+    }
+}
