@@ -149,7 +149,8 @@
 //!   `ledger::LeaseToken`; `0006`: identifier checks; `0007`: operator
 //!   acts — resolve, retry reset, cancel, failover resolve — are
 //!   `leasegate_operator`'s alone, which reads the ledger; evidence bodies
-//!   may be re-sealed in place by `evidence_reseal` only; `0009`: partial
+//!   may be re-sealed in place by `evidence_reseal` only; `0008`: fewer
+//!   indexes on the hot path's status changes; `0009`: partial
 //!   indexes on the live statuses, the archive tables of retention; `0010`:
 //!   room on `tool_operations`' pages, so new rows stay out of old pages;
 //!   `0011`: `ledger_events` without foreign keys, its rows written only by

@@ -246,7 +246,28 @@ impl<U: Upstream> Dispatcher<U> {
     /// before the agent hears it — from the settle's (or the replay's) own
     /// statement when it carries the position, so a gated call costs two
     /// round trips and a replay one; a ledger error makes the gate re-check.
-    pub async fn call(&self, request: CallRequest) -> Result<CallReply, CallError> {
+    ///
+    /// The call runs in a task of its own, the one task a call spawns: from
+    /// the first ledger write on it belongs to leasegate, so dropping this
+    /// future (the agent cancelled or went away) interrupts neither a
+    /// ledger write nor a dispatch under a claim, and the task records the
+    /// outcome.
+    pub async fn call(self: &Arc<Self>, request: CallRequest) -> Result<CallReply, CallError>
+    where
+        U: 'static,
+    {
+        let dispatcher = self.clone();
+        tokio::spawn(async move { dispatcher.call_in_place(request).await }.in_current_span())
+            .await
+            .map_err(|e| {
+                CallError::Ledger(LedgerError::Protocol {
+                    call: "dispatch",
+                    detail: format!("dispatch task failed: {e}"),
+                })
+            })?
+    }
+
+    async fn call_in_place(&self, request: CallRequest) -> Result<CallReply, CallError> {
         if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
             return Err(CallError::StepRequired);
         }
@@ -294,8 +315,9 @@ impl<U: Upstream> Dispatcher<U> {
             self.policy.integers,
         )?;
         // As sent: the ledger stores what the policy keeps of it (masked,
-        // digest only, sealed; `LedgerOptions::bodies`).
-        intent.request_body = arguments.clone();
+        // digest only, sealed; `LedgerOptions::bodies`). Moved, not copied:
+        // it comes back out for the upstream once the claim is written.
+        intent.request_body = arguments;
         let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
         let route = ToolRoute {
             upstream: request.tool.upstream.clone(),
@@ -331,30 +353,21 @@ impl<U: Upstream> Dispatcher<U> {
                 Ok((reply, sampled.filter(|_| as_read)))
             }
             Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
-                let Value::Object(arguments) = arguments else {
+                let Value::Object(arguments) = std::mem::take(&mut intent.request_body) else {
                     unreachable!("built from an object above")
                 };
-                // From here on the call belongs to leasegate, not to the agent.
-                let task = tokio::spawn(
-                    execute_claim_acknowledged(
-                        self.ledger.clone(),
-                        self.upstream.clone(),
-                        self.dispatch_owner.clone(),
-                        claim,
-                        Claimed {
-                            tool: request.tool,
-                            arguments,
-                            context: request.context,
-                        },
-                    )
-                    .in_current_span(),
-                );
-                task.await.map_err(|e| {
-                    CallError::Ledger(LedgerError::Protocol {
-                        call: "dispatch",
-                        detail: format!("dispatch task failed: {e}"),
-                    })
-                })?
+                execute_claim_acknowledged(
+                    self.ledger.clone(),
+                    self.upstream.clone(),
+                    self.dispatch_owner.clone(),
+                    claim,
+                    Claimed {
+                        tool: request.tool,
+                        arguments,
+                        context: request.context,
+                    },
+                )
+                .await
             }
         }
     }

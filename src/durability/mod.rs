@@ -1,5 +1,5 @@
-//! The durability contract (seed section 10, "WAL ≠ token never rolls
-//! back"): what an acknowledged ledger write survives, checked at startup and
+//! The durability contract ("a lease token never rolls back with the
+//! WAL"): what an acknowledged ledger write survives, checked at startup and
 //! every few seconds, and the failovers that broke it.
 //!
 //! # Contract

@@ -58,7 +58,7 @@ pub enum Delivery {
     /// The database answered with an error: the transaction rolled back.
     NotApplied,
     /// The connection broke after the statement was sent, possibly during
-    /// COMMIT. Read the ledger back before the next step (seed section 7).
+    /// COMMIT. Read the ledger back before the next step.
     Unknown,
 }
 

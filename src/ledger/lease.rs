@@ -1,4 +1,4 @@
-//! Lease calls (seed 5): acquire or take over, renew, release. One SQL
+//! Lease calls: acquire or take over, renew, release. One SQL
 //! function call each (`sql/lease.sql`); one statement, one short
 //! transaction, one round trip once prepared on the pooled connection (the
 //! first use on a new connection adds one Parse/Describe round trip).

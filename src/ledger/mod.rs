@@ -124,8 +124,8 @@ pub const APP_ROLE: &str = "leasegate_app";
 /// failovers (migrations/0007). The application role can do none of these.
 pub const OPERATOR_ROLE: &str = "leasegate_operator";
 
-/// Settings of a [`Ledger`]. The defaults suit the seed's starting points
-/// (30 s TTL, 5 s heartbeat); the ceiling keeps a typo from parking a run for
+/// Settings of a [`Ledger`]. The defaults suit a 30 s lease TTL and a 5 s
+/// heartbeat; the ceiling keeps a typo from parking a run for
 /// days.
 #[derive(Debug, Clone)]
 pub struct LedgerOptions {

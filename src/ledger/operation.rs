@@ -106,8 +106,8 @@ pub struct PlannedCheckpoint<'a> {
 }
 
 impl Ledger {
-    /// Registers intents as `prepared` under the caller's lease — the seed's
-    /// "step planned" (9.1) — optionally with a checkpoint CAS in the same
+    /// Registers intents as `prepared` under the caller's lease — the
+    /// "step planned" write — optionally with a checkpoint CAS in the same
     /// transaction. All or nothing: one conflicting intent (same identity,
     /// different request) rejects the call with
     /// [`Rejection::IntentConflict`] and nothing is written. Intents that

@@ -1,7 +1,7 @@
 //! Types of the operations ledger: the operation state machine and the
 //! typed outcomes of its transitions.
 //!
-//! # State model (seed section 9.3)
+//! # State model
 //!
 //! ```text
 //!  register ─▶ prepared ──claim──▶ dispatching ──settle──▶ succeeded | failed_final
@@ -116,7 +116,7 @@ pub(super) fn route_of(upstream: Option<&String>, tool: Option<&String>) -> Opti
 }
 
 /// What the holder of a claim needs to settle or give it up: the guard of
-/// every later write (seed 9.3).
+/// every later write.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DispatchClaim {
     pub operation_id: OperationId,

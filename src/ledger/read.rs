@@ -91,7 +91,7 @@ pub struct DbHealth {
     /// The role calls run as (the application role when `SET ROLE` applied).
     pub current_user: String,
     pub server_version: String,
-    /// True on a standby: leases must never be judged there (seed section 10).
+    /// True on a standby: leases must never be judged there.
     pub in_recovery: bool,
     pub db_now: DateTime<Utc>,
 }

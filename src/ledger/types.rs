@@ -1,7 +1,7 @@
 //! The ledger's vocabulary: identities, the run state machine, and the typed
 //! outcomes of fenced writes.
 //!
-//! # State model (seed section 7)
+//! # State model
 //!
 //! ```text
 //!              start (lease + CAS)          complete (lease + CAS)
@@ -24,7 +24,7 @@ use crate::intent::{OperationId, RequestDigest};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// Status of a run. The strings are the seed's and the database's CHECK.
+/// Status of a run. The strings are the database's CHECK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunStatus {
@@ -102,7 +102,7 @@ impl RunStatus {
         )
     }
 
-    /// The seed's transition table as a pure function. The SQL functions
+    /// The run transition table as a pure function. The SQL functions
     /// implement the same table; `tests/integration/run_state_machine.rs` checks that the
     /// database agrees with this function for every (status, event) pair.
     pub fn transition(self, event: RunEvent) -> Result<RunStatus, ForbiddenTransition> {
@@ -209,7 +209,7 @@ pub struct Applied {
 }
 
 /// Why a fenced write did not apply. These are expected outcomes, not
-/// errors of the ledger: callers must handle each one (seed section 7).
+/// errors of the ledger: callers must handle each one.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
     /// The caller has no write authority any more: another owner or epoch
@@ -342,8 +342,8 @@ impl<T> Fenced<T> {
     }
 }
 
-/// The outcome of `lease_acquire`. The seed's zero-row UPDATE is split into
-/// its three causes.
+/// The outcome of `lease_acquire`. A fenced UPDATE that changes no row has
+/// three causes, told apart here.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AcquireOutcome {
     Acquired(LeaseGrant),
@@ -445,7 +445,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn transition_table_matches_the_seed() {
+    fn transition_table_matches_the_documented_one() {
         use RunEvent::*;
         use RunStatus::*;
         // (from, event) -> Some(to) when allowed, None when forbidden.

@@ -69,7 +69,7 @@ pub struct RawPolicy {
 
 /// What an acknowledged ledger write survives: the contract leasegate
 /// claims, checks at startup and every few seconds, and never silently
-/// weakens (seed section 10).
+/// weakens (`docs/operating.md`, durability).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
     /// The primary's own commit (`synchronous_commit` as the server says).

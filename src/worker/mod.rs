@@ -1,6 +1,6 @@
 //! What a Rust worker links: a lease handle and its heartbeat.
 //!
-//! The heartbeat is the Rust form of the seed's `Heartbeat` (section 7): it
+//! The heartbeat renews the lease: it
 //! renews on a fixed interval, each renewal under its own timeout, and the
 //! first renewal it cannot confirm — rejected, failed, or timed out —
 //! cancels the worker's [`WorkerCancellation`] with the cause and ends the
@@ -13,7 +13,7 @@
 //!    believes (ledger invariant 1).
 //! 2. An unconfirmed renewal is treated as lost. The database may have
 //!    renewed while the answer was lost; the conservative default is to stop
-//!    and let the lease expire (seed section 5.2).
+//!    and let the lease expire.
 //!
 //! # Failure handling
 //!
@@ -107,7 +107,7 @@ impl WorkerCancellation {
 }
 
 /// Heartbeat timing. Interval and per-renewal timeout are separate settings;
-/// the seed's starting points are TTL 30 s, interval 5 s, timeout 2 s.
+/// the defaults are TTL 30 s, interval 5 s, timeout 2 s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeartbeatConfig {
     pub ttl_ms: i64,

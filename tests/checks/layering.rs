@@ -234,3 +234,349 @@ fn the_checks_see_paths_and_skip_longer_names() {
     );
     assert!(paths_after("my_sqlx::query", "sqlx::").is_empty());
 }
+
+/// No two files of a folder import each other, directly or around a
+/// longer circle: each folder's files form a layered graph of their own.
+/// A folder's `mod.rs` is its face (it declares the files, re-exports them
+/// and holds the vocabulary they share), so edges to and from it are not
+/// counted; an import of something `mod.rs` re-exports counts as an
+/// import of the file that defines it. A subfolder is one node of its
+/// parent folder.
+#[test]
+fn no_import_circle_between_files_of_a_folder() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    let files: Vec<SourceFile> = paths
+        .iter()
+        .map(|path| SourceFile::read(&src, path))
+        .collect();
+    let by_module: std::collections::HashMap<&[String], &SourceFile> =
+        files.iter().map(|f| (f.module.as_slice(), f)).collect();
+    let mut circles = Vec::new();
+    let mut folders: Vec<&str> = files.iter().map(|f| f.folder()).collect();
+    folders.sort_unstable();
+    folders.dedup();
+    for folder in folders {
+        let mut edges: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
+            Default::default();
+        for file in &files {
+            let Some(from) = file.node_in(folder) else {
+                continue;
+            };
+            for target in file.references() {
+                let Some(to) = resolve(&by_module, &target).and_then(|t| t.node_in(folder)) else {
+                    continue;
+                };
+                if from != to && from != "mod.rs" && to != "mod.rs" {
+                    edges.entry(from.clone()).or_default().insert(to);
+                }
+            }
+        }
+        if let Some(circle) = find_circle(&edges) {
+            circles.push(format!("src/{folder}/: {}", circle.join(" → ")));
+        }
+    }
+    assert!(
+        circles.is_empty(),
+        "files that import each other (move what they share into a file both import):\n{}",
+        circles.join("\n")
+    );
+}
+
+struct SourceFile {
+    /// Path under `src/`, with `/`.
+    relative: String,
+    /// `ledger/group/mod.rs` → [ledger, group]; `lib.rs`, `main.rs` → [].
+    module: Vec<String>,
+    /// The code without comments.
+    code: String,
+}
+
+impl SourceFile {
+    fn read(src: &Path, path: &Path) -> Self {
+        let relative = path
+            .strip_prefix(src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        let mut module: Vec<String> = relative
+            .trim_end_matches(".rs")
+            .split('/')
+            .map(str::to_owned)
+            .collect();
+        if matches!(
+            module.last().map(String::as_str),
+            Some("mod" | "lib" | "main")
+        ) {
+            module.pop();
+        }
+        let code = fs::read_to_string(path)
+            .unwrap()
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Self {
+            relative,
+            module,
+            code,
+        }
+    }
+
+    fn is_root(&self) -> bool {
+        ["mod.rs", "lib.rs", "main.rs"]
+            .iter()
+            .any(|root| self.relative == *root || self.relative.ends_with(&format!("/{root}")))
+    }
+
+    /// The folder the file lies in ("" for `src/`).
+    fn folder(&self) -> &str {
+        self.relative.rsplit_once('/').map_or("", |(dir, _)| dir)
+    }
+
+    /// The file (or the subfolder it lies in) as a node of `folder`.
+    fn node_in(&self, folder: &str) -> Option<String> {
+        let rest = if folder.is_empty() {
+            self.relative.as_str()
+        } else {
+            self.relative.strip_prefix(folder)?.strip_prefix('/')?
+        };
+        Some(rest.split('/').next().unwrap().to_owned())
+    }
+
+    /// Every module path the file names through `crate::`, `super::` or
+    /// `self::` (in `use` trees and inline), made absolute; a root file's
+    /// bare `child::` paths too.
+    fn references(&self) -> Vec<Vec<String>> {
+        let own = self.module.as_slice();
+        let children: Vec<&str> = if self.is_root() {
+            self.code
+                .lines()
+                .filter_map(|l| {
+                    let l = l.trim_start();
+                    let l = l.strip_prefix("pub ").unwrap_or(l);
+                    let l = l.strip_prefix("pub(crate) ").unwrap_or(l);
+                    l.strip_prefix("mod ")?.strip_suffix(';')
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut paths = Vec::new();
+        for path in use_paths(&self.code)
+            .into_iter()
+            .chain(inline_paths(&self.code))
+        {
+            let (head, tail) = path.split_first().unwrap();
+            let mut absolute: Vec<String> = match head.as_str() {
+                "crate" => Vec::new(),
+                "self" => own.to_vec(),
+                "super" => own[..own.len().saturating_sub(1)].to_vec(),
+                child if children.contains(&child) => [own, &path[..1]].concat(),
+                _ => continue,
+            };
+            for part in tail {
+                if part == "super" {
+                    absolute.pop();
+                } else {
+                    absolute.push(part.clone());
+                }
+            }
+            paths.push(absolute);
+        }
+        paths
+    }
+}
+
+/// The file a module path lands in: the longest prefix that is a file,
+/// then through `pub use child::…` of that file when it re-exports the
+/// next name.
+fn resolve<'a>(
+    by_module: &std::collections::HashMap<&[String], &'a SourceFile>,
+    path: &[String],
+) -> Option<&'a SourceFile> {
+    for len in (1..=path.len()).rev() {
+        let Some(file) = by_module.get(&path[..len]) else {
+            continue;
+        };
+        if let Some(name) = path.get(len) {
+            for export in use_paths(&file.code)
+                .into_iter()
+                .filter(|p| p.len() >= 2)
+                .filter(|p| p.last() == Some(name) || p.last().is_some_and(|l| l == "*"))
+            {
+                let child = if export[0] == "self" {
+                    &export[1]
+                } else {
+                    &export[0]
+                };
+                let mut module = path[..len].to_vec();
+                module.push(child.clone());
+                let reexported = ["pub use", "pub(crate) use", "pub(super) use"]
+                    .iter()
+                    .any(|export| file.code.contains(&format!("{export} {child}::")));
+                if let Some(found) = by_module.get(module.as_slice())
+                    && reexported
+                {
+                    return Some(found);
+                }
+            }
+        }
+        return Some(file);
+    }
+    None
+}
+
+/// The paths of every `use` tree (`use a::{b, c::d}` → `a::b`, `a::c::d`).
+fn use_paths(code: &str) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("use ") {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + 4..];
+        rest = after;
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let Some(end) = after.find(';') else { break };
+        // `a as b` → `a`, then the tree without spaces.
+        let mut tree = String::new();
+        let mut tokens = after[..end].split_whitespace();
+        while let Some(token) = tokens.next() {
+            if token == "as" {
+                let renamed = tokens.next().unwrap_or("");
+                tree.push_str(
+                    renamed.trim_start_matches(|c: char| c.is_alphanumeric() || c == '_'),
+                );
+            } else {
+                tree.push_str(token);
+            }
+        }
+        expand_tree(&tree, &mut Vec::new(), &mut paths);
+    }
+    paths
+}
+
+fn expand_tree(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    let (head, group) = match tree.find('{') {
+        Some(open) if tree.ends_with('}') => (&tree[..open], Some(&tree[open + 1..tree.len() - 1])),
+        Some(_) => return,
+        None => (tree, None),
+    };
+    let depth = prefix.len();
+    for part in head.split("::").filter(|p| !p.is_empty()) {
+        prefix.push(part.to_owned());
+    }
+    match group {
+        None => out.push(prefix.clone()),
+        Some(group) => {
+            let mut level = 0;
+            let mut start = 0;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => level += 1,
+                    '}' => level -= 1,
+                    ',' if level == 0 => {
+                        expand_tree(&group[start..i], prefix, out);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            if start < group.len() {
+                expand_tree(&group[start..], prefix, out);
+            }
+        }
+    }
+    prefix.truncate(depth);
+}
+
+/// `crate::a::b`, `super::x`, `self::y` paths written inline.
+fn inline_paths(code: &str) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    for head in ["crate::", "super::", "self::"] {
+        for (at, _) in code.match_indices(head) {
+            if code[..at]
+                .chars()
+                .next_back()
+                .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':')
+            {
+                continue;
+            }
+            let text = &code[at..];
+            let end = text
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .unwrap_or(text.len());
+            let path: Vec<String> = text[..end]
+                .split("::")
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned)
+                .collect();
+            paths.push(path);
+        }
+    }
+    paths
+}
+
+/// One circle of `edges`, if there is any.
+fn find_circle(
+    edges: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        edges: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut std::collections::BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut circle = path[at..].to_vec();
+            circle.push(node.to_owned());
+            return Some(circle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in edges.get(node).into_iter().flatten() {
+            if let Some(circle) = visit(next, edges, path, done) {
+                return Some(circle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = std::collections::BTreeSet::new();
+    edges
+        .keys()
+        .find_map(|node| visit(node, edges, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn the_circle_check_reads_use_trees_and_finds_circles() {
+    let mut paths = Vec::new();
+    let tree: String = "super::{a::{self,B},c::D}".to_owned();
+    expand_tree(&tree, &mut Vec::new(), &mut paths);
+    assert_eq!(use_paths("use x::Y as Z;"), vec![vec!["x", "Y"]]);
+    assert_eq!(
+        paths,
+        vec![
+            vec!["super", "a", "self"],
+            vec!["super", "a", "B"],
+            vec!["super", "c", "D"]
+        ]
+    );
+    let edges = [("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]
+        .iter()
+        .fold(std::collections::BTreeMap::new(), |mut map, (from, to)| {
+            map.entry(from.to_string())
+                .or_insert_with(std::collections::BTreeSet::new)
+                .insert(to.to_string());
+            map
+        });
+    assert_eq!(find_circle(&edges).unwrap(), vec!["a", "b", "c", "a"]);
+    let mut acyclic = edges.clone();
+    acyclic.remove("c");
+    assert_eq!(find_circle(&acyclic), None);
+}

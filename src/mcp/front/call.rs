@@ -192,18 +192,11 @@ impl Front {
         let front = self.clone();
         Ok(Box::pin(async move {
             // The agent's cancel answers at once; the dispatch runs on in
-            // leasegate's own task and records the outcome (unknown, as the
-            // upstream may have acted).
-            // Spawned, so that a cancel never interrupts a ledger write.
-            let state = front.state.clone();
-            let dispatch = tokio::spawn(
-                async move { state.dispatcher.call(call).await }.instrument(span.clone()),
-            );
+            // its own task (`Dispatcher::call`) and records the outcome
+            // (unknown, as the upstream may have acted).
             let outcome = tokio::select! {
                 biased;
-                outcome = dispatch => outcome.map_err(|e| {
-                    McpError::internal_error(format!("the dispatch task failed: {e}"), None)
-                })?,
+                outcome = front.state.dispatcher.call(call).instrument(span.clone()) => outcome,
                 _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
             };
             // The call is over: release the cancel watcher.

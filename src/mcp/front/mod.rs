@@ -150,7 +150,7 @@ struct State {
     directory: Arc<SharedDirectory>,
     config: Arc<Config>,
     upstreams: Arc<Upstreams>,
-    dispatcher: Dispatcher<Upstreams>,
+    dispatcher: Arc<Dispatcher<Upstreams>>,
     /// Requests of stateless HTTP agents, so that their
     /// `notifications/cancelled` can find them.
     in_flight: Arc<InFlightRequests>,
@@ -263,7 +263,7 @@ impl Front {
                 directory,
                 config,
                 upstreams,
-                dispatcher,
+                dispatcher: Arc::new(dispatcher),
                 in_flight,
                 sessions: Mutex::new(Vec::new()),
                 parked: Mutex::new(HashMap::new()),
