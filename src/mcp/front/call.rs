@@ -5,10 +5,7 @@
 //! registered or sent (no lease, a capability the agent did not declare).
 
 use super::cancel::{CallWatch, cancelled_by_the_agent};
-use super::request::{
-    invalid_params, lease_namespace, lease_of, passthrough_meta, session_refusal, step_of,
-    trace_context,
-};
+use super::request::{CallCredentials, invalid_params, session_refusal};
 use super::{Front, ToolCall, upstream_failure};
 use crate::adapter::{PeerError, Upstream, UpstreamCall};
 use crate::dispatch::{CallContext, CallError, CallReply, CallRequest};
@@ -32,6 +29,7 @@ impl Front {
         resolved: crate::adapter::ResolvedTool,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
+        credentials: CallCredentials<'_>,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
     ) -> ToolCall {
@@ -42,7 +40,7 @@ impl Front {
             upstream: upstream.clone(),
             tool: resolved.tool,
             arguments: request.arguments.unwrap_or_default(),
-            meta: passthrough_meta(context),
+            meta: credentials.meta,
             timeout: resolved.adapter.timeout,
             agent: Some(agent),
             cancel: cancel.clone(),
@@ -111,19 +109,30 @@ impl Front {
         resolved: crate::adapter::ResolvedTool,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
+        credentials: CallCredentials<'_>,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
         keyed: Option<LeaseClaim>,
     ) -> Result<ToolCall, McpError> {
         let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
+        let trace_id = credentials.trace_id().to_owned();
+        let over_http = credentials.over_http;
+        let CallCredentials {
+            lease: own_lease,
+            step,
+            meta,
+            traceparent,
+            tracestate,
+            ..
+        } = credentials;
         let session_lease = self
             .session
             .lease
             .get()
             .or_else(|| self.state.session_lease.get());
         let lease =
-            match (lease_of(context), session_lease) {
+            match (own_lease, session_lease) {
                 // A lease the agent sent wins; without one, its idempotency
                 // key's (lease mode key), or the session's.
                 (Err(CallError::LeaseRequired), _) if keyed.is_some() => {
@@ -149,11 +158,13 @@ impl Front {
                 metrics::counter!("protected_write_rejected_total", "reason" => reason, "call" => "mcp_tools_call")
                     .increment(1);
                 match error {
-                    CallError::LeaseRequired => self.lease_required(&name, &resolved, context),
+                    CallError::LeaseRequired => {
+                        self.lease_required(&name, &resolved, over_http)
+                    }
                     other => convert::error_from_call(&other),
                 }
             })?;
-        let mut step = step_of(context).map_err(|e| convert::error_from_call(&e))?;
+        let mut step = step.map_err(|e| convert::error_from_call(&e))?;
         if keyed.is_some() && step.is_none() {
             // The key stands for one request: one step per key's run.
             step = Some(StepRef {
@@ -170,24 +181,15 @@ impl Front {
             tool: resolved,
             arguments: request.arguments.unwrap_or_default(),
             context: CallContext {
-                meta: passthrough_meta(context),
+                meta,
                 agent: Some(agent),
                 cancel: cancel.clone(),
             },
         };
-        // W3C trace context: the trace id goes into every log line of this call.
-        let trace_id = context
-            .meta
-            .get("traceparent")
-            .and_then(Value::as_str)
-            .and_then(|tp| tp.split('-').nth(1))
-            .unwrap_or("")
-            .to_owned();
         let span = tracing::info_span!("tools/call", tool = %crate::logfield::clip(&call.exposed_name), run_id = %call.lease.run_id,
             owner = %crate::logfield::clip(&call.lease.owner), epoch = call.lease.epoch, trace_id = %crate::logfield::clip(&trace_id),
             operation_id = tracing::field::Empty, outcome = tracing::field::Empty);
         // The agent's trace is this span's parent (`telemetry`).
-        let (traceparent, tracestate) = trace_context(context);
         crate::telemetry::set_parent(&span, traceparent.as_deref(), tracestate.as_deref());
         let front = self.clone();
         Ok(Box::pin(async move {
@@ -251,11 +253,10 @@ impl Front {
     /// needing a lease.
     pub(super) async fn begin_session_lease(
         &self,
-        context: &RequestContext<RoleServer>,
+        credentials: &CallCredentials<'_>,
     ) -> Result<(), McpError> {
         let config = &self.state.config;
-        if config.lease_mode != crate::config::LeaseMode::Session
-            || !matches!(lease_of(context), Err(CallError::LeaseRequired))
+        if config.lease_mode != crate::config::LeaseMode::Session || !credentials.brings_no_lease()
         {
             return Ok(());
         }
@@ -267,27 +268,20 @@ impl Front {
         {
             Some(lease) => lease.clone(),
             None => {
-                let Some(parts) = context.extensions.get::<http::request::Parts>() else {
+                if !credentials.over_http {
                     return Ok(());
-                };
-                let task = parts
-                    .headers
-                    .get(TASK_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::trim)
-                    .filter(|t| !t.is_empty())
-                    .map(str::to_owned)
+                }
+                let task = credentials
+                    .task
+                    .clone()
                     .or_else(|| config.session_task.clone());
                 let Some(task) = task else {
                     return Ok(());
                 };
                 check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
                     .map_err(|e| invalid_params(e.to_string()))?;
-                let namespace = lease_namespace(context, "session")?;
-                let arrived = parts
-                    .extensions
-                    .get::<crate::worker::session::Arrived>()
-                    .map_or_else(std::time::Instant::now, |arrived| arrived.0);
+                let namespace = credentials.lease_namespace("session")?;
+                let arrived = credentials.arrived.unwrap_or_else(std::time::Instant::now);
                 self.session
                     .lease
                     .get_or_try_init(|| self.state.session_leases.get(namespace, &task, arrived))
@@ -310,32 +304,13 @@ impl Front {
     /// the call brings no lease of its own. `None`: no key, or not key mode.
     pub(super) async fn key_lease(
         &self,
-        context: &RequestContext<RoleServer>,
+        credentials: &CallCredentials<'_>,
     ) -> Result<Option<LeaseClaim>, McpError> {
         let config = &self.state.config;
-        if config.lease_mode != crate::config::LeaseMode::Key
-            || !matches!(lease_of(context), Err(CallError::LeaseRequired))
-        {
+        if config.lease_mode != crate::config::LeaseMode::Key || !credentials.brings_no_lease() {
             return Ok(None);
         }
-        let from_meta = match context.meta.get(IDEMPOTENCY_KEY_META) {
-            None => None,
-            Some(Value::String(key)) => Some(key.clone()),
-            Some(_) => {
-                return Err(invalid_params(format!(
-                    "_meta \"{IDEMPOTENCY_KEY_META}\" must be a string"
-                )));
-            }
-        };
-        let key = from_meta.or_else(|| {
-            context
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|parts| parts.headers.get(IDEMPOTENCY_KEY_HEADER))
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.trim().to_owned())
-        });
-        let Some(key) = key else {
+        let Some(key) = credentials.idempotency_key.clone()? else {
             return Ok(None);
         };
         check_identifier("idempotency key", &key, MAX_IDEMPOTENCY_KEY_LEN)
@@ -345,7 +320,7 @@ impl Front {
             dispatcher.ledger(),
             &self.state.key_leases,
             &config.tenant,
-            lease_namespace(context, "key")?,
+            credentials.lease_namespace("key")?,
             &key,
             dispatcher.owner(),
             i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
@@ -365,7 +340,7 @@ impl Front {
         &self,
         name: &str,
         resolved: &crate::adapter::ResolvedTool,
-        context: &RequestContext<RoleServer>,
+        over_http: bool,
     ) -> McpError {
         let read_only_hint = self
             .catalog()
@@ -377,7 +352,7 @@ impl Front {
             tool: name,
             upstream: &resolved.upstream,
             upstream_tool: &resolved.tool,
-            over_http: context.extensions.get::<http::request::Parts>().is_some(),
+            over_http,
             read_only_hint,
             trust_annotations: self
                 .state

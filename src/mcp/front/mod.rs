@@ -124,7 +124,7 @@ use parked::PendingCall;
 use relay::{level_rank, relay_events};
 
 pub use super::wire::*;
-use request::{duplicated_header, invalid_params, is_modern, request_key};
+use request::{CallCredentials, duplicated_header, invalid_params, is_modern, request_key};
 
 impl Default for Catalog {
     fn default() -> Self {
@@ -744,17 +744,26 @@ impl ServerHandler for Front {
                 .await;
         }
 
+        let credentials = CallCredentials::read(&context);
         let mut keyed = None;
         if !resolved.adapter.read_only {
-            self.begin_session_lease(&context).await?;
-            keyed = self.key_lease(&context).await?;
+            self.begin_session_lease(&credentials).await?;
+            keyed = self.key_lease(&credentials).await?;
         }
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = CallWatch::default();
         let call = if resolved.adapter.read_only {
-            self.read_only(resolved, request, &context, agent, &watch)
+            self.read_only(resolved, request, &context, credentials, agent, &watch)
         } else {
-            self.gated(resolved, request, &context, agent, &watch, keyed)?
+            self.gated(
+                resolved,
+                request,
+                &context,
+                credentials,
+                agent,
+                &watch,
+                keyed,
+            )?
         };
         let result = if is_modern(&context) {
             let pending = PendingCall::start(name, call, from_upstream, watch);

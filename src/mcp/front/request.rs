@@ -4,6 +4,8 @@
 //! request context (`_meta`, and the HTTP request's parts when there is
 //! one); nothing here is stored.
 
+use std::time::Instant;
+
 use rmcp::model::{ErrorCode, ProtocolVersion, RequestId};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer};
@@ -30,8 +32,108 @@ pub(super) fn is_modern(context: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|v| v.as_str() >= ProtocolVersion::V_2026_07_28.as_str())
 }
 
+/// What a `tools/call` brings besides its name and arguments, read once at
+/// the top of the call from rmcp's request context (`_meta` first, then the
+/// HTTP request's headers). A malformed part is kept as its error and
+/// answered where the call first needs it, so which refusal an agent hears
+/// does not depend on the order things are read in.
+pub(super) struct CallCredentials<'c> {
+    /// The caller's own lease; `Err(CallError::LeaseRequired)`: it sent none.
+    pub lease: Result<LeaseClaim, CallError>,
+    pub step: Result<Option<StepRef>, CallError>,
+    /// Lease mode `key`: `_meta`'s idempotency key, else the header's
+    /// (trimmed), not yet checked against the identifier rule.
+    pub idempotency_key: Result<Option<String>, McpError>,
+    /// Lease mode `session` over HTTP: the `Leasegate-Task` header, trimmed,
+    /// when not empty.
+    pub task: Option<String>,
+    /// The authenticated caller (`None` without authentication, over stdio).
+    principal: Option<&'c crate::auth::Principal>,
+    /// Whether the call came over HTTP (what a refusal tells the agent to send).
+    pub over_http: bool,
+    /// When the HTTP request arrived (`lease_holder::session::Arrived`).
+    pub arrived: Option<Instant>,
+    /// `_meta` worth passing upstream: W3C trace context.
+    pub meta: Map<String, Value>,
+    /// The agent's W3C trace context: `_meta`, else the HTTP headers.
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+}
+
+impl<'c> CallCredentials<'c> {
+    pub(super) fn read(context: &'c RequestContext<RoleServer>) -> Self {
+        let parts = context.extensions.get::<http::request::Parts>();
+        let header = |name: &str| {
+            parts
+                .and_then(|parts| parts.headers.get(name))
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+        };
+        let idempotency_key = match context.meta.get(IDEMPOTENCY_KEY_META) {
+            None => Ok(header(IDEMPOTENCY_KEY_HEADER).map(str::to_owned)),
+            Some(Value::String(key)) => Ok(Some(key.clone())),
+            Some(_) => Err(invalid_params(format!(
+                "_meta \"{IDEMPOTENCY_KEY_META}\" must be a string"
+            ))),
+        };
+        let (traceparent, tracestate) = trace_context(context);
+        Self {
+            lease: lease_of(context),
+            step: step_of(context),
+            idempotency_key,
+            task: header(TASK_HEADER)
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned),
+            principal: principal_of(context),
+            over_http: parts.is_some(),
+            arrived: parts
+                .and_then(|parts| parts.extensions.get::<crate::worker::session::Arrived>())
+                .map(|arrived| arrived.0),
+            meta: passthrough_meta(context),
+            traceparent,
+            tracestate,
+        }
+    }
+
+    /// The caller sent no lease of its own (lease modes may lend one).
+    pub(super) fn brings_no_lease(&self) -> bool {
+        matches!(self.lease, Err(CallError::LeaseRequired))
+    }
+
+    /// The namespace of the caller's lease-mode tasks: its principal's (a
+    /// bearer token, a JWT subject), or `anonymous` without authentication.
+    /// A JWT without a subject would share one namespace with every token of
+    /// its issuer, so lease modes `session` and `key` refuse it.
+    pub(super) fn lease_namespace(&self, mode: &str) -> Result<&'c str, McpError> {
+        match self.principal {
+            None => Ok(crate::worker::session::ANONYMOUS),
+            Some(principal) => principal.lease_namespace().ok_or_else(|| {
+                McpError::new(
+                    ErrorCode(codes::INVALID_PARAMS),
+                    format!(
+                        "lease_mode = \"{mode}\" needs a caller identity: this token has no \
+                         subject (a JWT without `sub`), so its calls cannot be told from other \
+                         callers'. Use a token with a subject, or send a lease of your own. \
+                         Nothing was recorded or sent"
+                    ),
+                    Some(json!({"reason": "no_subject", "lease_mode": mode})),
+                )
+            }),
+        }
+    }
+
+    /// The trace id of the agent's `_meta` trace context, for log lines.
+    pub(super) fn trace_id(&self) -> &str {
+        self.meta
+            .get("traceparent")
+            .and_then(Value::as_str)
+            .and_then(|tp| tp.split('-').nth(1))
+            .unwrap_or("")
+    }
+}
+
 /// The caller's lease: `_meta` first, then the HTTP headers.
-pub(super) fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallError> {
+fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallError> {
     if let Some(value) = context.meta.get(LEASE_META) {
         let bad = |what: &str| CallError::BadRequestMeta(format!("_meta \"{LEASE_META}\": {what}"));
         let run_id = value
@@ -132,32 +234,7 @@ pub(super) fn session_refusal(task: &str, error: crate::worker::session::Session
     }
 }
 
-/// The namespace of the caller's lease-mode tasks: its principal's (a
-/// bearer token, a JWT subject), or `anonymous` without authentication. A
-/// JWT without a subject would share one namespace with every token of its
-/// issuer, so lease modes `session` and `key` refuse it.
-pub(super) fn lease_namespace<'c>(
-    context: &'c RequestContext<RoleServer>,
-    mode: &str,
-) -> Result<&'c str, McpError> {
-    match principal_of(context) {
-        None => Ok(crate::worker::session::ANONYMOUS),
-        Some(principal) => principal.lease_namespace().ok_or_else(|| {
-            McpError::new(
-                ErrorCode(codes::INVALID_PARAMS),
-                format!(
-                    "lease_mode = \"{mode}\" needs a caller identity: this token has no subject \
-                     (a JWT without `sub`), so its calls cannot be told from other callers'. \
-                     Use a token with a subject, or send a lease of your own. Nothing was \
-                     recorded or sent"
-                ),
-                Some(json!({"reason": "no_subject", "lease_mode": mode})),
-            )
-        }),
-    }
-}
-
-pub(super) fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, CallError> {
+fn step_of(context: &RequestContext<RoleServer>) -> Result<Option<StepRef>, CallError> {
     let Some(value) = context.meta.get(STEP_META) else {
         return Ok(None);
     };
@@ -206,9 +283,7 @@ pub(super) fn passthrough_meta(context: &RequestContext<RoleServer>) -> Map<Stri
 
 /// The agent's W3C trace context: `traceparent`/`tracestate` in `_meta`,
 /// else the HTTP request's headers of the same names.
-pub(super) fn trace_context(
-    context: &RequestContext<RoleServer>,
-) -> (Option<String>, Option<String>) {
+fn trace_context(context: &RequestContext<RoleServer>) -> (Option<String>, Option<String>) {
     let from_meta = |key: &str| {
         context
             .meta
