@@ -112,7 +112,6 @@ impl Front {
         credentials: CallCredentials<'_>,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
-        keyed: Option<LeaseClaim>,
     ) -> Result<ToolCall, McpError> {
         let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
@@ -120,6 +119,7 @@ impl Front {
         let over_http = credentials.over_http;
         let CallCredentials {
             lease: own_lease,
+            keyed,
             step,
             meta,
             traceparent,

@@ -744,26 +744,17 @@ impl ServerHandler for Front {
                 .await;
         }
 
-        let credentials = CallCredentials::read(&context);
-        let mut keyed = None;
+        let mut credentials = CallCredentials::read(&context);
         if !resolved.adapter.read_only {
             self.begin_session_lease(&credentials).await?;
-            keyed = self.key_lease(&credentials).await?;
+            credentials.keyed = self.key_lease(&credentials).await?;
         }
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = CallWatch::default();
         let call = if resolved.adapter.read_only {
             self.read_only(resolved, request, &context, credentials, agent, &watch)
         } else {
-            self.gated(
-                resolved,
-                request,
-                &context,
-                credentials,
-                agent,
-                &watch,
-                keyed,
-            )?
+            self.gated(resolved, request, &context, credentials, agent, &watch)?
         };
         let result = if is_modern(&context) {
             let pending = PendingCall::start(name, call, from_upstream, watch);

@@ -40,6 +40,9 @@ pub(super) fn is_modern(context: &RequestContext<RoleServer>) -> bool {
 pub(super) struct CallCredentials<'c> {
     /// The caller's own lease; `Err(CallError::LeaseRequired)`: it sent none.
     pub lease: Result<LeaseClaim, CallError>,
+    /// Lease mode `key`: the lease of the run the call's idempotency key
+    /// stands for, when the call brings none of its own (`Front::key_lease`).
+    pub keyed: Option<LeaseClaim>,
     pub step: Result<Option<StepRef>, CallError>,
     /// Lease mode `key`: `_meta`'s idempotency key, else the header's
     /// (trimmed), not yet checked against the identifier rule.
@@ -79,6 +82,7 @@ impl<'c> CallCredentials<'c> {
         let (traceparent, tracestate) = trace_context(context);
         Self {
             lease: lease_of(context),
+            keyed: None,
             step: step_of(context),
             idempotency_key,
             task: header(TASK_HEADER)
