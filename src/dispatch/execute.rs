@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
-use super::{CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome};
+use super::call::{
+    CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome,
+};
 use crate::adapter::{
     OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
     UpstreamDelivery, UpstreamError,
