@@ -262,7 +262,7 @@ impl Front {
             dispatcher.ledger().clone(),
             &config.tenant,
             dispatcher.owner(),
-            crate::worker::session_heartbeat(config.session_ttl),
+            crate::worker::session_heartbeat(config.session.ttl),
         );
         let front = Self {
             state: Arc::new(State {
@@ -322,11 +322,16 @@ impl Front {
     }
 
     fn separator(&self) -> &str {
-        &self.state.config.namespace_separator
+        &self.state.config.naming.separator
     }
 
     fn unprefixed(&self, upstream: &str) -> bool {
-        self.state.config.unprefixed.iter().any(|u| u == upstream)
+        self.state
+            .config
+            .naming
+            .unprefixed
+            .iter()
+            .any(|u| u == upstream)
     }
 
     /// `<upstream><separator><own>`, or `own` for unprefixed upstreams.
@@ -1301,7 +1306,7 @@ impl Front {
                 .filter(|n| *n <= items.len())
                 .ok_or_else(|| invalid_params(format!("invalid cursor {cursor:?}")))?,
         };
-        let end = (start + self.state.config.tools_page_size).min(items.len());
+        let end = (start + self.state.config.naming.tools_page_size).min(items.len());
         let next = (end < items.len()).then(|| end.to_string());
         Ok((items[start..end].to_vec(), next))
     }
@@ -1956,7 +1961,7 @@ impl Front {
         context: &RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let config = &self.state.config;
-        if config.lease_mode != crate::config::LeaseMode::Session
+        if config.lease.mode != crate::config::LeaseMode::Session
             || !matches!(lease_of(context), Err(CallError::LeaseRequired))
         {
             return Ok(());
@@ -1979,7 +1984,7 @@ impl Front {
                     .map(str::trim)
                     .filter(|t| !t.is_empty())
                     .map(str::to_owned)
-                    .or_else(|| config.session_task.clone());
+                    .or_else(|| config.session.task.clone());
                 let Some(task) = task else {
                     return Ok(());
                 };
@@ -2015,7 +2020,7 @@ impl Front {
         context: &RequestContext<RoleServer>,
     ) -> Result<Option<LeaseClaim>, McpError> {
         let config = &self.state.config;
-        if config.lease_mode != crate::config::LeaseMode::Key
+        if config.lease.mode != crate::config::LeaseMode::Key
             || !matches!(lease_of(context), Err(CallError::LeaseRequired))
         {
             return Ok(None);
@@ -2051,7 +2056,7 @@ impl Front {
             &key,
             dispatcher.owner(),
             i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
-            config.key_retention,
+            config.lease.key_retention,
         )
         .await
         .map(Some)
