@@ -46,6 +46,9 @@
 //!   executable, then `PATH`), and the ledger's URL for every command
 //!   (`DatabaseUrl::resolve`: `--database-url`, `LEASEGATE_DATABASE_URL`,
 //!   the config's `database_url`, the default; never `DATABASE_URL`).
+//!   `config::Config` is a composition of typed sections (`database`,
+//!   `http`, `naming`, `lease`, `session`, `auth`, `limits`, `telemetry`),
+//!   each validating its own keys in a file of its own.
 //!   `config::init`: what `leasegate init` writes (`leasegate.toml`, the
 //!   default policy, an adapter skeleton per upstream) from listed tools,
 //!   as pure functions.
