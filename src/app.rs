@@ -124,8 +124,8 @@ pub struct Listeners {
 impl Listeners {
     /// Binds the configured addresses (`listen`, `control_listen`).
     pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
-        let mcp = tokio::net::TcpListener::bind(config.listen).await?;
-        let control = match config.control_listen {
+        let mcp = tokio::net::TcpListener::bind(config.http.listen).await?;
+        let control = match config.http.control_listen {
             Some(address) => Some(tokio::net::TcpListener::bind(address).await?),
             None => None,
         };
@@ -141,7 +141,7 @@ const MEMORY_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
 /// ledger pool, three pipes per stdio upstream, connections to HTTP
 /// upstreams, the listeners, logs and the runtime.
 fn reserved_descriptors(config: &Config) -> u64 {
-    u64::from(config.database_connections(false)) + 8 * config.upstreams.len() as u64 + 128
+    u64::from(config.database.connections(false)) + 8 * config.upstreams.len() as u64 + 128
 }
 
 /// `limits.max_connections` per listener, lowered to what the open-file
@@ -183,8 +183,8 @@ pub async fn run(
     // Bearer tokens on both listeners when `[auth]` requires them:
     // leasegate's own, and JWTs of the `[auth.jwt]` issuer.
     let mut authenticator = crate::auth::Authenticator::new(proxy.ledger.clone())
-        .with_cache(proxy.config.auth_token_cache_ttl);
-    if let Some(jwt) = &proxy.config.auth_jwt {
+        .with_cache(proxy.config.auth.token_cache_ttl);
+    if let Some(jwt) = &proxy.config.auth.jwt {
         let validator = crate::auth::jwt::JwtValidator::new(crate::auth::jwt::JwtSettings {
             issuer: jwt.issuer.clone(),
             audience: jwt.audience.clone(),
@@ -207,10 +207,11 @@ pub async fn run(
             .then(|| crate::control::auth::Gate {
                 authenticator: authenticator.clone(),
                 listener,
-                resource_url: proxy.config.auth_resource_url.clone(),
+                resource_url: proxy.config.auth.resource_url.clone(),
                 issuers: proxy
                     .config
-                    .auth_jwt
+                    .auth
+                    .jwt
                     .iter()
                     .map(|j| j.issuer.clone())
                     .collect(),
@@ -229,8 +230,8 @@ pub async fn run(
     let max_connections = connection_room(&proxy.config, listeners.control.is_some());
     crate::limits::spawn_memory_upkeep(MEMORY_UPKEEP, stop.clone());
     let mcp_allowed = Arc::new(crate::control::guard::Allowed {
-        hosts: proxy.config.allowed_hosts.clone(),
-        origins: proxy.config.allowed_origins.clone(),
+        hosts: proxy.config.http.allowed_hosts.clone(),
+        origins: proxy.config.http.allowed_origins.clone(),
         mcp: true,
     });
     let mcp = {
@@ -239,11 +240,11 @@ pub async fn run(
             proxy.front.clone(),
             listeners.mcp,
             crate::mcp::HttpServing {
-                sessions: proxy.config.http_sessions,
+                sessions: proxy.config.http.sessions,
                 // The arguments' limit plus room for the envelope.
                 body_limit: proxy.config.policy.max_arguments_bytes + 64 * 1024,
-                allowed_hosts: proxy.config.allowed_hosts.clone(),
-                allowed_origins: proxy.config.allowed_origins.clone(),
+                allowed_hosts: proxy.config.http.allowed_hosts.clone(),
+                allowed_origins: proxy.config.http.allowed_origins.clone(),
                 limits: limits.clone(),
                 max_connections,
             },
@@ -272,8 +273,8 @@ pub async fn run(
         let api = listeners.control.map(|listener| {
             let upstreams = proxy.upstreams.clone();
             let allowed = Arc::new(crate::control::guard::Allowed {
-                hosts: proxy.config.allowed_hosts.clone(),
-                origins: proxy.config.allowed_origins.clone(),
+                hosts: proxy.config.http.allowed_hosts.clone(),
+                origins: proxy.config.http.allowed_origins.clone(),
                 mcp: false,
             });
             let api = crate::control::with_durability(
@@ -347,15 +348,15 @@ impl Proxy {
                     .claim_ttl
                     .max(config.policy.reconcile_claim_ttl),
             ),
-            max_connections: config.database_connections(false),
-            statement_timeout: config.database_statement_timeout,
+            max_connections: config.database.connections(false),
+            statement_timeout: config.database.statement_timeout,
             synchronous_commit_at_least_on: config.policy.durability == Durability::SyncReplica,
             bodies: config.policy.bodies(),
-            group_commit: config.group_commit,
+            group_commit: config.database.group_commit,
             ..LedgerOptions::default()
         };
         let ledger = open_ledger(&config, options.clone()).await?;
-        let operator = match config.control_listen {
+        let operator = match config.http.control_listen {
             Some(_) => match open_operator(&config, options).await {
                 Ok(operator) => operator,
                 Err(error) => {
@@ -387,7 +388,7 @@ impl Proxy {
         }
         let upstreams = Arc::new(Upstreams::connect(&config).await?);
         let catalog = upstreams
-            .catalog(&config.namespace_separator, &config.unprefixed)
+            .catalog(&config.naming.separator, &config.naming.unprefixed)
             .await?;
         tracing::info!(
             tools = catalog.len(),
@@ -515,10 +516,10 @@ impl Proxy {
     /// process's for as long as it serves (`worker::session`): taken over
     /// from any earlier session first, released when stdin closes.
     pub async fn serve_stdio(&self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let session = match self.config.lease_mode {
+        let session = match self.config.lease.mode {
             crate::config::LeaseMode::Explicit | crate::config::LeaseMode::Key => None,
             crate::config::LeaseMode::Session => {
-                let task = self.config.session_task.as_deref().ok_or_else(|| {
+                let task = self.config.session.task.as_deref().ok_or_else(|| {
                     anyhow::anyhow!(
                         "lease_mode = \"session\" needs a task key: `leasegate stdio --task KEY`, \
                          the LEASEGATE_TASK environment variable, or [session] task in the config"
@@ -627,12 +628,12 @@ async fn open_operator(
         group_commit: None,
         ..options
     };
-    let (url, explicit) = match &config.database_operator_url {
+    let (url, explicit) = match &config.database.operator_url {
         Some(url) => (url.as_str(), true),
-        None => (config.database_url.as_str(), false),
+        None => (config.database.url.as_str(), false),
     };
     let opened = tokio::time::timeout(
-        config.database_connect_timeout,
+        config.database.connect_timeout,
         Ledger::connect(url, options),
     )
     .await;
@@ -659,7 +660,7 @@ async fn open_operator(
         Err(_) => Err(anyhow::anyhow!(
             "opening the operator ledger ({OPERATOR_ROLE}) at {}: no answer within {:?}              (database_connect_timeout)",
             redacted_url(url),
-            config.database_connect_timeout
+            config.database.connect_timeout
         )),
     }
 }
@@ -671,7 +672,7 @@ async fn open_operator(
 /// answer — instead of a silent hang (`main` exits 6).
 async fn open_ledger(config: &Config, options: LedgerOptions) -> anyhow::Result<Ledger> {
     use crate::ledger::{ConnectError, ConnectFailure, LedgerError, redacted_url, url_problem};
-    let url = &config.database_url;
+    let url = &config.database.url;
     let target = redacted_url(url);
     if let Some(why) = url_problem(url) {
         return Err(LedgerError::Connect(ConnectError {
@@ -681,10 +682,10 @@ async fn open_ledger(config: &Config, options: LedgerOptions) -> anyhow::Result<
         })
         .into());
     }
-    let limit = config.database_connect_timeout;
+    let limit = config.database.connect_timeout;
     tracing::info!(database = %target, timeout = ?limit, "opening the ledger");
     let open = async {
-        if config.migrate {
+        if config.database.migrate {
             Ledger::create_database_if_missing(url).await?;
             Ledger::migrate(url).await?;
         }
@@ -724,14 +725,14 @@ const DEFAULT_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 /// ([`stop_private`]; dropping it stops it too). `None`: the configured or
 /// default server is used as before.
 pub async fn provide_database(config: &mut Config) -> anyhow::Result<Option<Cluster>> {
-    if config.database_url_source != DatabaseUrlSource::Default
-        || Ledger::server_answers(&config.database_url, DEFAULT_PROBE).await
+    if config.database.url_source != DatabaseUrlSource::Default
+        || Ledger::server_answers(&config.database.url, DEFAULT_PROBE).await
     {
         return Ok(None);
     }
     let (dir, chosen) = crate::embedded::state_dir()?;
     tracing::info!(
-        default = %config.database_url,
+        default = %config.database.url,
         dir = %dir.display(),
         chosen_by = chosen,
         "no database configured and nothing answers at the default: starting a private PostgreSQL"
@@ -746,10 +747,10 @@ pub async fn provide_database(config: &mut Config) -> anyhow::Result<Option<Clus
     if cluster.was_running {
         tracing::info!(dir = %dir.display(), "reusing the private PostgreSQL server already running");
     }
-    config.database_url = cluster.url(crate::embedded::DATABASE);
-    config.database_url_source = DatabaseUrlSource::Private(dir.clone());
+    config.database.url = cluster.url(crate::embedded::DATABASE);
+    config.database.url_source = DatabaseUrlSource::Private(dir.clone());
     // The cluster is leasegate's own: its database and ledger are made here.
-    config.migrate = true;
+    config.database.migrate = true;
     if cluster.owned() {
         eprintln!(
             "leasegate: private PostgreSQL at {} (socket), stopped on exit",
@@ -764,7 +765,7 @@ pub async fn provide_database(config: &mut Config) -> anyhow::Result<Option<Clus
     }
     eprintln!(
         "leasegate: ledger URL {} (for --database-url)",
-        config.database_url
+        config.database.url
     );
     Ok(Some(cluster))
 }

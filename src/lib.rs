@@ -46,6 +46,9 @@
 //!   executable, then `PATH`), and the ledger's URL for every command
 //!   (`DatabaseUrl::resolve`: `--database-url`, `LEASEGATE_DATABASE_URL`,
 //!   the config's `database_url`, the default; never `DATABASE_URL`).
+//!   `config::Config` is a composition of typed sections (`database`,
+//!   `http`, `naming`, `lease`, `session`, `auth`, `limits`, `telemetry`),
+//!   each validating its own keys in a file of its own.
 //!   `config::init`: what `leasegate init` writes (`leasegate.toml`, the
 //!   default policy, an adapter skeleton per upstream) from listed tools,
 //!   as pure functions.
@@ -70,9 +73,9 @@
 //!   default and nothing answers there, `main` stops it on exit. Spawns
 //!   processes, never imports sqlx.
 //! * `dispatch`: the dispatch protocol, shared by the inline path and the
-//!   outbox — register+claim, upstream call in a leasegate-owned task
-//!   (what a failure proves: `UpstreamError::delivery`), settle or mark
-//!   unknown.
+//!   outbox (`dispatch::Outbox`: planned intents claimed and sent) —
+//!   register+claim, upstream call in a leasegate-owned task (what a
+//!   failure proves: `UpstreamError::delivery`), settle or mark unknown.
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
 //!   `/mcp` and stdio: the upstreams' whole server surface, namespaced, with
 //!   sampling/elicitation/roots relayed within the call and stateless-MCP
@@ -85,7 +88,8 @@
 //!   cannot read (`malformed`: 400 with -32700 or -32600); `inspect_upstream`, the one-off connection
 //!   and tool listing of `leasegate init`.
 //! * `reconcile`: the background services of every `serve` process —
-//!   `Outbox` (planned intents), `ClaimExpiry`, `Reconciler` (unknown
+//!   the outbox's passes (`dispatch::Outbox`, planned intents),
+//!   `ClaimExpiry`, `Reconciler` (unknown
 //!   outcomes per adapter capability), each on its own interval with an
 //!   awaitable `Signal`; work claimed in the database, no leader.
 //!   `reconcile::plan`: the reconciler's decisions as pure functions (the

@@ -219,7 +219,7 @@ async fn async_main(cli: Cli) -> ExitCode {
     let traces = cli
         .command
         .config_path()
-        .and_then(leasegate::config::telemetry::read_ahead)
+        .and_then(leasegate::config::read_ahead_telemetry)
         .and_then(|settings| match Tracing::from_settings(&settings) {
             Ok(traces) => traces,
             Err(error) => {
@@ -363,7 +363,7 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             config.resolve_database_url(database_url.as_deref());
             *database = Some(config.database());
             if let Some(listen) = listen {
-                config.listen = listen;
+                config.http.listen = listen;
                 config
                     .check_exposure()
                     .map_err(|message| anyhow::anyhow!("--listen {listen}: {message}"))?;
@@ -402,10 +402,10 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
             config.resolve_database_url(database_url.as_deref());
             *database = Some(config.database());
             if let Some(task) = task {
-                config.lease_mode = leasegate::config::LeaseMode::Session;
-                config.session_task = Some(task);
+                config.lease.mode = leasegate::config::LeaseMode::Session;
+                config.session.task = Some(task);
             }
-            config.database_max_connections = Some(config.database_connections(true));
+            config.database.max_connections = Some(config.database.connections(true));
             let private = leasegate::app::provide_database(&mut config).await?;
             *database = Some(config.database());
             let proxy = Proxy::start(config).await?;
@@ -429,7 +429,7 @@ async fn run(command: Command, database: &mut Option<DatabaseUrl>) -> anyhow::Re
                 session_role: Some(leasegate::ledger::OPERATOR_ROLE.to_owned()),
                 ..Default::default()
             };
-            let ledger = leasegate::ledger::Ledger::connect(&config.database_url, options).await?;
+            let ledger = leasegate::ledger::Ledger::connect(&config.database.url, options).await?;
             let progress = leasegate::progress::Progress::spinner("re-sealing stored bodies");
             let report = ledger.secrets_rotate(100).await;
             progress.finish();

@@ -1,5 +1,6 @@
 //! `[telemetry]`: OpenTelemetry traces over OTLP, off unless
-//! `otlp_endpoint` is set. Parsed here into `crate::telemetry::Settings`;
+//! `otlp_endpoint` is set. Parsed here into `crate::telemetry::Settings`
+//! (read ahead of the rest of the file: `config::read_ahead_telemetry`);
 //! installed by `main` (the tracing subscriber).
 
 use serde::Deserialize;
@@ -92,16 +93,6 @@ impl RawTelemetry {
             export_timeout,
         })
     }
-}
-
-/// `[telemetry]` of the config file at `path`, read ahead of
-/// `Config::load` (the tracing subscriber is set up before the rest is
-/// loaded). `None` when the file does not read or parse, or its
-/// `[telemetry]` is invalid: `Config::load` then reports why.
-pub fn read_ahead(path: &std::path::Path) -> Option<Settings> {
-    let text = std::fs::read_to_string(path).ok()?;
-    let raw: super::RawConfig = toml::from_str(&text).ok()?;
-    raw.telemetry.unwrap_or_default().validate().ok()
 }
 
 #[cfg(test)]

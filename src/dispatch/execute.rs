@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
-use super::{CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome};
+use super::call::{
+    CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome,
+};
 use crate::adapter::{
     OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
     UpstreamDelivery, UpstreamError,
@@ -209,6 +211,19 @@ async fn send_and_settle<U: Upstream>(
             },
         }
     };
+    record_failure(&ledger, &dispatch_owner, claim, failure, attempt).await
+}
+
+/// A request that got no answer: released back to `prepared` when nothing
+/// provably left (`attempts` tries), else marked unknown under the claim.
+/// The agent hears "not sent" only after the release committed.
+async fn record_failure(
+    ledger: &Ledger,
+    dispatch_owner: &str,
+    claim: DispatchClaim,
+    failure: UpstreamError,
+    attempt: u32,
+) -> Result<(CallReply, Option<WalPosition>), CallError> {
     if failure.delivery() == UpstreamDelivery::NotSent {
         // Proof that no byte left: the operation goes back to prepared (the
         // same operation id may be sent again) instead of unknown.
@@ -253,7 +268,7 @@ async fn send_and_settle<U: Upstream>(
         .operation_mark_unknown(MarkUnknown {
             claim: &claim,
             by: UnknownBy::ClaimHolder,
-            actor: &dispatch_owner,
+            actor: dispatch_owner,
             cause,
             evidence: &evidence,
         })

@@ -1,5 +1,6 @@
 //! Background work of every `leasegate serve` process, as three services:
-//! the outbox dispatcher of planned intents ([`Outbox`]), the expiry of
+//! the outbox dispatcher of planned intents (`dispatch::Outbox`, whose
+//! passes are scheduled here), the expiry of
 //! lapsed claims ([`ClaimExpiry`]), and the reconciler of unknown outcomes
 //! ([`Reconciler`]). Each runs on its own interval (policy
 //! `dispatch_interval`, `claim_expiry_interval`, `reconcile_interval`) and
@@ -20,8 +21,9 @@
 //! `unknown`; the claim lapses and another process takes it. A retry that
 //! went out but was not converged is counted (`reconcile_attempts`) and its
 //! answer is found again by the next same-key retry or query. The outbox
-//! and the expiry hold no state of their own: a crash between claim and
-//! send leaves a `dispatching` row whose claim expires into `unknown`.
+//! (`dispatch::outbox`) and the expiry hold no state of their own: a crash
+//! between claim and send leaves a `dispatching` row whose claim expires
+//! into `unknown`.
 
 pub mod plan;
 
@@ -34,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, UpstreamDelivery};
-use crate::dispatch::{CallContext, CallReply, Claimed, execute_claim, inject_operation_id};
+use crate::dispatch::{Outbox, inject_operation_id, is_original, recorded_tool};
 use crate::durability::Gate;
 use crate::ledger::{
     Converge, ConvergeOutcome, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, ReconcileItem,
@@ -107,21 +109,11 @@ impl<U> Shared<U> {
         Some(&self.tenants)
     }
 
-    /// The tool a recorded operation goes to (see `SharedDirectory::resolve`).
+    /// The tool a recorded operation goes to (`dispatch::recorded_tool`).
     fn resolve(&self, operation: &crate::ledger::OperationRecord) -> Option<ResolvedTool> {
-        self.directory.resolve(
-            &operation.tool_name,
-            operation
-                .route
-                .as_ref()
-                .map(|route| (route.upstream.as_str(), route.tool.as_str())),
-        )
+        recorded_tool(&self.directory, operation)
     }
 }
-
-/// Claims planned (`prepared`) intents of live runs and sends them, each
-/// exactly like the inline path (`dispatch::execute_claim`).
-pub struct Outbox<U>(Arc<Shared<U>>);
 
 /// Turns `dispatching` operations whose claim lapsed into `unknown`.
 pub struct ClaimExpiry<U>(Arc<Shared<U>>);
@@ -171,6 +163,14 @@ impl<U: Upstream> Background<U> {
         owner: String,
         gate: Arc<Gate>,
     ) -> Self {
+        let outbox = Outbox::new(
+            ledger.clone(),
+            upstream.clone(),
+            directory.clone(),
+            policy.claim_ttl,
+            tenant,
+            owner.clone(),
+        );
         let shared = Arc::new(Shared {
             ledger,
             upstream,
@@ -181,7 +181,7 @@ impl<U: Upstream> Background<U> {
             gate,
         });
         Self {
-            outbox: Outbox(shared.clone()),
+            outbox,
             expiry: ClaimExpiry(shared.clone()),
             reconciler: Reconciler(shared),
             signals: Arc::default(),
@@ -191,7 +191,7 @@ impl<U: Upstream> Background<U> {
     /// Runs every service on its own interval until `stop` fires.
     pub fn spawn(self: Arc<Self>, stop: CancellationToken) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
-            let policy = &self.outbox.0.policy;
+            let policy = &self.reconciler.0.policy;
             let services = [
                 (policy.dispatch_interval, Service::Outbox),
                 (policy.claim_expiry_interval, Service::Expiry),
@@ -222,7 +222,12 @@ impl<U: Upstream> Background<U> {
 
     async fn run_once(&self, service: Service) {
         if matches!(service, Service::Outbox | Service::Reconciler)
-            && let Some(reason) = self.outbox.0.gate.admit(&self.outbox.0.ledger).await
+            && let Some(reason) = self
+                .reconciler
+                .0
+                .gate
+                .admit(&self.reconciler.0.ledger)
+                .await
         {
             tracing::debug!(%reason, ?service, "durability hold: not claiming");
             match service {
@@ -265,74 +270,6 @@ enum Service {
     Outbox,
     Expiry,
     Reconciler,
-}
-
-impl<U: Upstream> Outbox<U> {
-    /// One pass. Returns how many intents were claimed.
-    pub async fn once(&self) -> Result<usize, LedgerError> {
-        let shared = &self.0;
-        let claimed = shared
-            .ledger
-            .operation_claim(
-                &shared.owner,
-                millis(shared.policy.claim_ttl),
-                16,
-                shared.tenants(),
-            )
-            .await?;
-        let count = claimed.len();
-        let mut sends = Vec::with_capacity(count);
-        for item in claimed {
-            let operation_id = item.operation.operation_id.clone();
-            let Some(tool) = shared.resolve(&item.operation) else {
-                // Claimed but not sendable: the claim lapses into unknown and
-                // an operator sees why.
-                tracing::error!(operation_id = %operation_id, tool = %crate::logfield::clip(&item.operation.tool_name),
-                    "planned intent names a tool no upstream offers; it will turn unknown");
-                metrics::counter!("dispatch_total", "outcome" => "unknown_tool").increment(1);
-                continue;
-            };
-            // Only the request itself is sent (invariant: never a masked
-            // placeholder); planned intents under a policy that keeps less
-            // are refused when registered.
-            let Value::Object(arguments) = item.request_body.clone() else {
-                tracing::error!(operation_id = %operation_id,
-                    "planned intent has no stored arguments (data policy); it will turn unknown");
-                metrics::counter!("dispatch_total", "outcome" => "no_arguments").increment(1);
-                continue;
-            };
-            if !plan::is_original(&item.operation, &item.request_body) {
-                tracing::error!(operation_id = %operation_id,
-                    "planned intent's stored arguments are not the request (masked); nothing sent, it will turn unknown");
-                metrics::counter!("dispatch_total", "outcome" => "arguments_masked").increment(1);
-                continue;
-            }
-            let span = tracing::info_span!("outbox.send", run_id = %item.operation.run_id);
-            sends.push(tokio::spawn(
-                execute_claim(
-                    shared.ledger.clone(),
-                    shared.upstream.clone(),
-                    shared.owner.clone(),
-                    item.claim,
-                    Claimed {
-                        tool,
-                        arguments,
-                        context: CallContext::default(),
-                    },
-                )
-                .instrument(span),
-            ));
-        }
-        for send in sends {
-            let outcome = match send.await {
-                Ok(Ok(CallReply::Answer { .. })) => "settled",
-                Ok(Ok(CallReply::Unknown { .. })) => "unknown",
-                Ok(Err(_)) | Err(_) => "error",
-            };
-            metrics::counter!("dispatch_total", "outcome" => outcome).increment(1);
-        }
-        Ok(count)
-    }
 }
 
 impl<U: Upstream> ClaimExpiry<U> {
@@ -543,7 +480,7 @@ impl<U: Upstream> Reconciler<U> {
                     "nothing proven yet: the operation stays unknown");
                 Ok(ReconcileOutcome::StaysUnknown(reason))
             }
-            Judgement::Resend { .. } if !plan::is_original(&item.operation, &item.request_body) => {
+            Judgement::Resend { .. } if !is_original(&item.operation, &item.request_body) => {
                 // The outbox would send what is stored: a masked copy.
                 tracing::warn!(operation_id = %item.operation.operation_id,
                     "the tool does not know it, but the stored arguments are masked: an operator must resolve it (leasegate ops resolve)");
@@ -634,7 +571,7 @@ impl<U: Upstream> Reconciler<U> {
             tracing::error!(operation_id = %item.operation.operation_id, "no stored arguments to retry with");
             return Ok(ReconcileOutcome::NeedsOperator("no_arguments"));
         };
-        if !plan::is_original(&item.operation, &item.request_body) {
+        if !is_original(&item.operation, &item.request_body) {
             // Never a masked placeholder to the provider (plan checks this
             // first; this is the last line before the send).
             tracing::error!(operation_id = %item.operation.operation_id,

@@ -25,13 +25,13 @@
 //! never sent and never taken for the request: a same-key retry, a query by
 //! a masked resource id, a `match_fields` check of a masked field and a
 //! resend all become "needs operator" (`arguments_masked`); a query by
-//! operation id still runs. [`is_original`] is the check every sender makes.
+//! operation id still runs. `dispatch::is_original` is the check every sender
+//! makes.
 
 use serde_json::{Value, json};
 
 use crate::adapter::{Capability, QuerySpec, ToolAdapter, ToolAnswer};
-use crate::dispatch::remote_id_of;
-use crate::intent::{IntegerPolicy, request_digest};
+use crate::dispatch::{is_original, remote_id_of};
 use crate::ledger::{ConvergeEvidence, Evidence, EvidenceKind, OperationRecord, Settlement};
 use crate::policy::secrets::MASK;
 
@@ -57,14 +57,6 @@ pub enum Step {
     RetrySameKey,
     /// Nothing leasegate can do: an operator resolves it.
     NeedsOperator(&'static str),
-}
-
-/// Whether `body` is the request the operation was registered with: its
-/// digest is the intent's. Only such a body is ever sent again.
-pub fn is_original(operation: &OperationRecord, body: &Value) -> bool {
-    body.is_object()
-        && request_digest(&operation.tool_name, body, IntegerPolicy::AsDouble)
-            .is_ok_and(|digest| digest == operation.request_digest)
 }
 
 /// Whether a stored body is a masked copy of the request.
@@ -288,6 +280,7 @@ mod tests {
 
     use super::*;
     use crate::adapter::OperationIdPlacement;
+    use crate::intent::{IntegerPolicy, request_digest};
     use crate::intent::{OperationId, RequestDigest};
     use crate::ledger::{OperationStatus, RunId};
 

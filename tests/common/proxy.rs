@@ -160,7 +160,7 @@ impl RunningProxy {
         let signals = proxy.background_signals();
         let upstreams = proxy.upstreams();
         // Ephemeral ports, and a control listener only where the config has one.
-        let control = match proxy.config.control_listen {
+        let control = match proxy.config.http.control_listen {
             Some(_) => Some(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap()),
             None => None,
         };

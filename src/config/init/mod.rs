@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{DEFAULT_CONTROL_LISTEN, DEFAULT_DATABASE_URL, DEFAULT_LISTEN, RawUpstream};
+use super::database::DEFAULT_DATABASE_URL;
+use super::http::{DEFAULT_CONTROL_LISTEN, DEFAULT_LISTEN};
+use super::upstreams::RawUpstream;
 
 /// The default policy, copied to `policies/default.toml`.
 pub const DEFAULT_POLICY: &str = include_str!("../../../policies/default.toml");

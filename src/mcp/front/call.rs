@@ -256,7 +256,7 @@ impl Front {
         credentials: &CallCredentials<'_>,
     ) -> Result<(), McpError> {
         let config = &self.state.config;
-        if config.lease_mode != crate::config::LeaseMode::Session || !credentials.brings_no_lease()
+        if config.lease.mode != crate::config::LeaseMode::Session || !credentials.brings_no_lease()
         {
             return Ok(());
         }
@@ -274,7 +274,7 @@ impl Front {
                 let task = credentials
                     .task
                     .clone()
-                    .or_else(|| config.session_task.clone());
+                    .or_else(|| config.session.task.clone());
                 let Some(task) = task else {
                     return Ok(());
                 };
@@ -307,7 +307,7 @@ impl Front {
         credentials: &CallCredentials<'_>,
     ) -> Result<Option<LeaseClaim>, McpError> {
         let config = &self.state.config;
-        if config.lease_mode != crate::config::LeaseMode::Key || !credentials.brings_no_lease() {
+        if config.lease.mode != crate::config::LeaseMode::Key || !credentials.brings_no_lease() {
             return Ok(None);
         }
         let Some(key) = credentials.idempotency_key.clone()? else {
@@ -324,7 +324,7 @@ impl Front {
             &key,
             dispatcher.owner(),
             i64::try_from(config.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX),
-            config.key_retention,
+            config.lease.key_retention,
         )
         .await
         .map(Some)

@@ -43,11 +43,16 @@ impl Front {
     }
 
     pub(super) fn separator(&self) -> &str {
-        &self.state.config.namespace_separator
+        &self.state.config.naming.separator
     }
 
     pub(super) fn unprefixed(&self, upstream: &str) -> bool {
-        self.state.config.unprefixed.iter().any(|u| u == upstream)
+        self.state
+            .config
+            .naming
+            .unprefixed
+            .iter()
+            .any(|u| u == upstream)
     }
 
     /// `<upstream><separator><own>`, or `own` for unprefixed upstreams.
@@ -268,7 +273,7 @@ impl Front {
                 .filter(|n| *n <= items.len())
                 .ok_or_else(|| invalid_params(format!("invalid cursor {cursor:?}")))?,
         };
-        let end = (start + self.state.config.tools_page_size).min(items.len());
+        let end = (start + self.state.config.naming.tools_page_size).min(items.len());
         let next = (end < items.len()).then(|| end.to_string());
         Ok((items[start..end].to_vec(), next))
     }

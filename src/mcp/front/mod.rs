@@ -255,7 +255,7 @@ impl Front {
             dispatcher.ledger().clone(),
             &config.tenant,
             dispatcher.owner(),
-            crate::worker::session_heartbeat(config.session_ttl),
+            crate::worker::session_heartbeat(config.session.ttl),
         );
         let front = Self {
             state: Arc::new(State {

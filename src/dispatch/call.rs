@@ -1,0 +1,168 @@
+//! The vocabulary of one side-effecting call, shared by the inline path
+//! (`Dispatcher`), a claim's execution (`execute`) and the outbox: the
+//! request as the front received it, what travels with it, what the agent
+//! gets back, why a call is refused, and the identity a process's claims
+//! carry. Types only; nothing here touches the ledger or an upstream.
+
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::adapter::{AgentSink, ResolvedTool};
+use crate::intent::{IntentError, OperationId, StepRef};
+use crate::ledger::{LeaseClaim, LedgerError, OperationStatus, Rejection};
+
+/// The `_meta` key under which the upstream always receives the operation id.
+pub const OPERATION_ID_META: &str = "dev.leasegate/operation_id";
+
+/// One side-effecting call as the front received it.
+#[derive(Debug)]
+pub struct CallRequest {
+    pub lease: LeaseClaim,
+    pub step: Option<StepRef>,
+    /// The name the agent called (namespaced); part of the digest.
+    pub exposed_name: String,
+    /// Where it goes and what the tool promises.
+    pub tool: ResolvedTool,
+    pub arguments: Map<String, Value>,
+    pub context: CallContext,
+}
+
+/// What travels with a call besides its arguments: `_meta` to pass on
+/// (trace context), where the upstream's messages for the agent go, and the
+/// agent's cancellation.
+#[derive(Debug, Default)]
+pub struct CallContext {
+    pub meta: Map<String, Value>,
+    /// `None`: nobody listens (background work).
+    pub agent: Option<AgentSink>,
+    /// Fired when the agent explicitly cancels; forwarded upstream.
+    pub cancel: CancellationToken,
+}
+
+/// A fresh identity for one leasegate process: every claim it takes carries
+/// it, and its liveness is renewed under it (`Ledger::process_heartbeat`).
+pub fn process_owner() -> String {
+    format!(
+        "leasegate-{}-{}",
+        std::process::id(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+/// The operation a reply is about, as the agent sees it in `_meta`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationNote {
+    pub operation_id: OperationId,
+    pub status: OperationStatus,
+    pub replayed: bool,
+}
+
+impl OperationNote {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "operation_id": self.operation_id.as_str(),
+            "status": self.status.as_str(),
+            "replayed": self.replayed,
+        })
+    }
+}
+
+/// What the agent gets back.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallReply {
+    /// The upstream's answer (fresh or recorded).
+    Answer {
+        result: Value,
+        is_error: bool,
+        operation: OperationNote,
+    },
+    /// The outcome is unknown: reported as a tool result with isError and
+    /// the operation named, never as a failure.
+    Unknown {
+        operation_id: OperationId,
+        reason: String,
+    },
+}
+
+/// Why a call was refused; nothing reached the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The front names how to send one (its transport's words).
+    #[error("this tool has side effects and needs a lease")]
+    LeaseRequired,
+    /// A malformed lease or step in `_meta` or the headers.
+    #[error("{0}")]
+    BadRequestMeta(String),
+    #[error(
+        "{0}; stop this worker: another worker owns the run now, or the lease expired (re-acquire to continue)"
+    )]
+    LeaseLost(Box<Rejection>),
+    /// The current owner and epoch without that lease's secret token.
+    #[error(
+        "{0}; send the lease token you were given when the lease was taken (header \
+         Leasegate-Lease-Token, or token in _meta \"dev.leasegate/lease\")"
+    )]
+    LeaseTokenInvalid(Box<Rejection>),
+    /// Lease mode `session`: the session's lease is gone.
+    #[error(
+        "the session lease of task {task:?} is gone ({cause}): this leasegate stopped renewing its \
+         share of the task's lease (was it paused?) and the task's other holders moved on, or it \
+         could not renew it. Nothing was sent; start a new session (restart the agent's \
+         leasegate) to take the task back"
+    )]
+    SessionLost { task: String, cause: String },
+    #[error("{0}")]
+    RunTerminal(Box<Rejection>),
+    #[error("run not found: create the run and acquire its lease first")]
+    RunNotFound,
+    #[error("{0}")]
+    IntentConflict(Box<Rejection>),
+    #[error("operation {operation_id} is in progress under another claim; ask again later")]
+    InProgress { operation_id: OperationId },
+    #[error("operation {operation_id} was cancelled (its run was cancelled or its plan changed)")]
+    Cancelled { operation_id: OperationId },
+    /// Provably nothing reached the tool; the operation is `prepared` again
+    /// under the same id.
+    #[error(
+        "operation {operation_id} was not sent: {reason}. Nothing reached the tool; call again \
+         with the same step to send it (leasegate's outbox also sends it once the upstream is back)"
+    )]
+    NotSent {
+        operation_id: OperationId,
+        reason: String,
+    },
+    /// The front names how to send one (its transport's words).
+    #[error("policy requires an explicit step")]
+    StepRequired,
+    #[error(
+        "arguments are {size} bytes, above the policy limit of {limit} (policy max_arguments_bytes; the request was not recorded or sent)"
+    )]
+    ArgumentsTooLarge { size: usize, limit: usize },
+    #[error(transparent)]
+    Intent(#[from] IntentError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The durability contract is not met, or a lossy failover is
+    /// unresolved (`crate::durability`): nothing was registered or sent.
+    #[error("durability hold: {reason}. Nothing was registered or sent; call again later")]
+    Held { reason: String },
+}
+
+/// A call's outcome as a trace records it (span attribute `outcome`).
+pub fn trace_outcome(result: Result<&CallReply, &CallError>) -> &'static str {
+    match result {
+        Ok(CallReply::Answer {
+            operation,
+            is_error,
+            ..
+        }) => match operation.status {
+            OperationStatus::Succeeded | OperationStatus::FailedFinal => operation.status.as_str(),
+            // Provider said nothing was done: prepared again.
+            _ if *is_error => "not_sent",
+            other => other.as_str(),
+        },
+        Ok(CallReply::Unknown { .. }) => "unknown",
+        Err(CallError::NotSent { .. }) => "not_sent",
+        Err(_) => "refused",
+    }
+}

@@ -1,0 +1,316 @@
+//! [`Dispatcher`]: the inline path of one side-effecting call — refused
+//! before anything is registered when the policy or the durability gate
+//! says so, registered and claimed in one statement, executed in a task
+//! leasegate owns (`execute`), or answered from the operation already on
+//! record (replayed, waited for, or turned unknown once its claim lapsed).
+//!
+//! Crash points are those of the module above.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+use tracing::Instrument;
+
+use super::call::{CallError, CallReply, CallRequest, OperationNote};
+use super::execute::{Claimed, execute_claim_acknowledged};
+use crate::adapter::Upstream;
+use crate::durability::Gate;
+use crate::intent::Intent;
+use crate::ledger::{
+    Fenced, InlineClaim, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, OperationRecord,
+    OperationStatus, Rejection, ToolRoute, UnknownBy, UnknownCause, WalPosition,
+};
+use crate::policy::{Policy, StepIdentity};
+
+/// Runs side-effecting calls through the ledger.
+pub struct Dispatcher<U> {
+    ledger: Ledger,
+    upstream: Arc<U>,
+    policy: Policy,
+    /// The tenant this proxy serves; runs of other tenants are not found.
+    tenant: String,
+    /// Unique per process: the claims this process takes.
+    dispatch_owner: String,
+    /// Asked before anything is registered; told what was acknowledged.
+    gate: Arc<Gate>,
+}
+
+impl<U> Dispatcher<U> {
+    /// The ledger this dispatcher writes to.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// This process's identity on the claims it takes.
+    pub fn owner(&self) -> &str {
+        &self.dispatch_owner
+    }
+}
+
+impl<U: Upstream> Dispatcher<U> {
+    /// A dispatcher whose claims carry `dispatch_owner` (the process's
+    /// identity, see [`process_owner`]).
+    pub fn new(
+        ledger: Ledger,
+        upstream: Arc<U>,
+        policy: Policy,
+        tenant: String,
+        dispatch_owner: String,
+    ) -> Self {
+        Self {
+            ledger,
+            upstream,
+            policy,
+            tenant,
+            dispatch_owner,
+            gate: Arc::new(Gate::unchecked()),
+        }
+    }
+
+    /// Dispatch under `gate` (the process's durability gate).
+    pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
+        self.gate = gate;
+        self
+    }
+
+    /// Registers, claims, calls and settles one side-effecting call.
+    ///
+    /// Refused before anything is registered while the durability gate
+    /// holds. An answer is sampled into the gate's acknowledged high-water
+    /// before the agent hears it — from the settle's (or the replay's) own
+    /// statement when it carries the position, so a gated call costs two
+    /// round trips and a replay one; a ledger error makes the gate re-check.
+    ///
+    /// The call runs in a task of its own, the one task a call spawns: from
+    /// the first ledger write on it belongs to leasegate, so dropping this
+    /// future (the agent cancelled or went away) interrupts neither a
+    /// ledger write nor a dispatch under a claim, and the task records the
+    /// outcome.
+    pub async fn call(self: &Arc<Self>, request: CallRequest) -> Result<CallReply, CallError>
+    where
+        U: 'static,
+    {
+        let dispatcher = self.clone();
+        tokio::spawn(async move { dispatcher.call_in_place(request).await }.in_current_span())
+            .await
+            .map_err(|e| {
+                CallError::Ledger(LedgerError::Protocol {
+                    call: "dispatch",
+                    detail: format!("dispatch task failed: {e}"),
+                })
+            })?
+    }
+
+    async fn call_in_place(&self, request: CallRequest) -> Result<CallReply, CallError> {
+        if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
+            return Err(CallError::StepRequired);
+        }
+        let size = serialized_len(&request.arguments);
+        if size > self.policy.max_arguments_bytes {
+            return Err(CallError::ArgumentsTooLarge {
+                size,
+                limit: self.policy.max_arguments_bytes,
+            });
+        }
+        if let Some(reason) = self.gate.admit(&self.ledger).await {
+            return Err(CallError::Held { reason });
+        }
+        // The high-water before this call's reading began (Gate::acknowledged_at).
+        let baseline = self.gate.baseline();
+        let reply = self.call_unchecked(request).await;
+        match &reply {
+            Ok((_, sampled)) => {
+                self.gate
+                    .acknowledged_at(&self.ledger, baseline, sampled.clone())
+                    .await
+            }
+            // The connection broke: the next one may reach another server.
+            Err(CallError::Ledger(
+                error @ (LedgerError::Unavailable { .. } | LedgerError::OutcomeUnknown { .. }),
+            )) => self.gate.suspect(&error.to_string()),
+            Err(_) => {}
+        }
+        reply.map(|(reply, _)| reply)
+    }
+
+    /// The reply, and where the WAL stood after the write it reports, when
+    /// the call's own statement read it.
+    async fn call_unchecked(
+        &self,
+        request: CallRequest,
+    ) -> Result<(CallReply, Option<WalPosition>), CallError> {
+        let arguments = Value::Object(request.arguments);
+        let mut intent = Intent::identify(
+            &self.tenant,
+            request.lease.run_id,
+            request.step,
+            &request.exposed_name,
+            &arguments,
+            self.policy.integers,
+        )?;
+        // As sent: the ledger stores what the policy keeps of it (masked,
+        // digest only, sealed; `LedgerOptions::bodies`).
+        // Moved, not copied: it comes back out for the upstream once the
+        // claim is written.
+        intent.request_body = arguments;
+        let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
+        let route = ToolRoute {
+            upstream: request.tool.upstream.clone(),
+            tool: request.tool.tool.clone(),
+        };
+        // Runs of other tenants are not found (their existence is not this
+        // tenant's business; operation ids derive from the run's tenant):
+        // judged by the same statement.
+        let (outcome, sampled) = self
+            .ledger
+            .operation_register_claim_in(
+                Some(&self.tenant),
+                &request.lease,
+                &intent,
+                Some(&route),
+                &self.dispatch_owner,
+                claim_ttl_ms,
+            )
+            .instrument(tracing::info_span!("ledger.operation_register_claim"))
+            .await?;
+        match outcome {
+            Fenced::Rejected(rejection) => Err(refusal(rejection)),
+            Fenced::Applied(InlineClaim::Existing(record)) => {
+                // The position covers the row as this statement read it: only
+                // an answer from that row (not one polled later) may use it.
+                let as_read = matches!(
+                    record.status,
+                    OperationStatus::Succeeded
+                        | OperationStatus::FailedFinal
+                        | OperationStatus::Unknown
+                );
+                let reply = self.existing(record).await?;
+                Ok((reply, sampled.filter(|_| as_read)))
+            }
+            Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
+                let Value::Object(arguments) = std::mem::take(&mut intent.request_body) else {
+                    unreachable!("built from an object above")
+                };
+                execute_claim_acknowledged(
+                    self.ledger.clone(),
+                    self.upstream.clone(),
+                    self.dispatch_owner.clone(),
+                    claim,
+                    Claimed {
+                        tool: request.tool,
+                        arguments,
+                        context: request.context,
+                    },
+                )
+                .await
+            }
+        }
+    }
+
+    /// The intent exists: replay, wait for it, or report it.
+    async fn existing(&self, mut record: OperationRecord) -> Result<CallReply, CallError> {
+        let deadline = tokio::time::Instant::now() + self.policy.in_flight_wait;
+        let mut pause = Duration::from_millis(25);
+        loop {
+            match record.status {
+                OperationStatus::Succeeded | OperationStatus::FailedFinal => {
+                    return Ok(CallReply::Answer {
+                        is_error: record.status == OperationStatus::FailedFinal,
+                        result: record.result.clone().unwrap_or(Value::Null),
+                        operation: OperationNote {
+                            operation_id: record.operation_id.clone(),
+                            status: record.status,
+                            replayed: true,
+                        },
+                    });
+                }
+                OperationStatus::Unknown => {
+                    return Ok(CallReply::Unknown {
+                        operation_id: record.operation_id,
+                        reason:
+                            "the outcome of an earlier attempt is unknown; it is being reconciled"
+                                .into(),
+                    });
+                }
+                OperationStatus::Cancelled => {
+                    return Err(CallError::Cancelled {
+                        operation_id: record.operation_id,
+                    });
+                }
+                OperationStatus::Prepared | OperationStatus::Dispatching => {}
+            }
+            // A claim whose deadline passed, or whose holder is provably
+            // gone, will never be settled by its holder: turn it unknown
+            // (the database judges both).
+            let claim = record.claim();
+            let lapsed = match &claim {
+                Some(claim) if claim.until <= chrono::Utc::now() => true,
+                Some(claim) => self.ledger.process_gone(&claim.dispatch_owner).await?,
+                None => false,
+            };
+            if let Some(claim) = claim
+                && lapsed
+                && let MarkUnknownOutcome::MarkedUnknown { operation, .. } = self
+                    .ledger
+                    .operation_mark_unknown(MarkUnknown {
+                        claim: &claim,
+                        by: UnknownBy::Reconciler,
+                        actor: &self.dispatch_owner,
+                        cause: UnknownCause::TimedOut,
+                        evidence: &json!({"reason": "claim expired or its holder is gone; found by a later call"}),
+                    })
+                    .await?
+            {
+                record = operation;
+                continue;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(CallError::InProgress {
+                    operation_id: record.operation_id,
+                });
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+            record = match self.ledger.operation_record(&record.operation_id).await? {
+                Some(found) => found,
+                None => {
+                    return Err(CallError::InProgress {
+                        operation_id: record.operation_id,
+                    });
+                }
+            };
+        }
+    }
+}
+
+/// The length of `value` as compact JSON, without building the text.
+fn serialized_len(value: &Map<String, Value>) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+fn refusal(rejection: Rejection) -> CallError {
+    match rejection {
+        Rejection::LeaseLost { .. } => CallError::LeaseLost(Box::new(rejection)),
+        Rejection::LeaseTokenInvalid { .. } => CallError::LeaseTokenInvalid(Box::new(rejection)),
+        Rejection::Terminal { .. } | Rejection::WrongStatus { .. } | Rejection::Conflict { .. } => {
+            CallError::RunTerminal(Box::new(rejection))
+        }
+        Rejection::NotFound => CallError::RunNotFound,
+        Rejection::IntentConflict { .. } => CallError::IntentConflict(Box::new(rejection)),
+    }
+}
