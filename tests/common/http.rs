@@ -8,6 +8,19 @@ pub struct Answer {
     pub body: String,
 }
 
+impl Answer {
+    /// The JSON-RPC message an MCP endpoint answered: the first SSE `data:`
+    /// line of a stream, or the body as it is.
+    pub fn json_rpc(&self) -> serde_json::Value {
+        let body = self
+            .body
+            .lines()
+            .find_map(|line| line.strip_prefix("data:"))
+            .unwrap_or(&self.body);
+        serde_json::from_str(body.trim()).expect("a JSON-RPC answer")
+    }
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(super::DEADLINE)

@@ -13,9 +13,13 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 pub mod http;
+pub mod intents;
 pub mod peers;
 pub mod prometheus;
 pub mod proxy;
+pub mod router;
+mod rows;
+pub mod tokens;
 pub mod webdriver;
 
 /// Every wait in a test ends by this deadline, or the test fails.
@@ -43,15 +47,7 @@ impl TestDb {
         connect: PgConnectOptions,
         options: LedgerOptions,
     ) -> Self {
-        let url = format!(
-            "postgres://{}@{}:{}/{}",
-            connect.get_username(),
-            connect.get_host(),
-            connect.get_port(),
-            connect
-                .get_database()
-                .expect("sqlx::test names the database"),
-        );
+        let url = database_url(&connect);
         let admin = pool
             .max_connections(8)
             .connect_with(connect.clone())
@@ -165,6 +161,79 @@ impl TestDb {
         .expect("read the run row")
     }
 
+    /// Marks `claim`'s operation unknown as its holder does when a send
+    /// fails or times out (`cause`, with `evidence`); returns the outcome.
+    pub async fn holder_marks_unknown(
+        &self,
+        claim: &leasegate::ledger::DispatchClaim,
+        cause: leasegate::ledger::UnknownCause,
+        evidence: &serde_json::Value,
+    ) -> leasegate::ledger::MarkUnknownOutcome {
+        self.ledger
+            .operation_mark_unknown(leasegate::ledger::MarkUnknown {
+                claim,
+                by: leasegate::ledger::UnknownBy::ClaimHolder,
+                actor: &claim.dispatch_owner,
+                cause,
+                evidence,
+            })
+            .await
+            .expect("operation_mark_unknown")
+    }
+
+    /// Opens a superuser transaction holding the run's lease row `FOR
+    /// UPDATE`: every fenced write of the run waits until it ends.
+    pub async fn hold_lease_row(
+        &self,
+        run_id: RunId,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut gate = self.admin.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
+            .bind(run_id.as_uuid())
+            .execute(&mut *gate)
+            .await
+            .unwrap();
+        gate
+    }
+
+    /// `tables`' contents as one digest, a table at a time: equal before
+    /// and after means nothing in them was written.
+    pub async fn tables_digest(&self, tables: &[&str]) -> String {
+        let mut parts = Vec::new();
+        for table in tables {
+            let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {table} t"
+            )))
+            .fetch_one(&self.admin)
+            .await
+            .unwrap();
+            parts.push(format!("{table}={}", digest.unwrap_or_default()));
+        }
+        parts.join(" ")
+    }
+
+    /// The `status` CHECK constraint of `table`: its definition, and the
+    /// values it allows (the quoted literals in it), sorted.
+    pub async fn status_constraint(&self, table: &str) -> (String, Vec<String>) {
+        let definition: String = sqlx::query_scalar(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+              WHERE c.conrelid = $1::regclass AND c.contype = 'c'
+                AND pg_get_constraintdef(c.oid) LIKE '%status%'",
+        )
+        .bind(table)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        let mut values: Vec<String> = definition
+            .split('\'')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        values.sort();
+        (definition, values)
+    }
+
     pub async fn event_count(&self, run_id: RunId) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM ledger_events WHERE run_id = $1")
             .bind(run_id.as_uuid())
@@ -235,6 +304,20 @@ impl TestDb {
         )
         .await
     }
+}
+
+/// The URL of the database `connect` names, for child processes and
+/// configs.
+pub fn database_url(connect: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        connect
+            .get_database()
+            .expect("sqlx::test names the database"),
+    )
 }
 
 /// Polls `probe` until it yields `Some`, failing the test after [`DEADLINE`].

@@ -310,6 +310,34 @@ pub async fn call(
     }
 }
 
+/// Calls the example `payments__charge` for `amount` euros with extra
+/// `_meta` (the lease, or none where the headers carry it).
+pub async fn charge_eur(
+    client: &AgentClient,
+    amount: i64,
+    meta: Option<Map<String, Value>>,
+) -> Result<CallToolResult, (i32, String)> {
+    call(
+        client,
+        "payments__charge",
+        json!({"amount": amount, "currency": "eur"}),
+        meta,
+    )
+    .await
+}
+
+/// The names of the tools `client` lists (every page followed), in order.
+pub async fn tool_names<H: ClientHandler>(client: &RunningService<RoleClient, H>) -> Vec<String> {
+    client
+        .peer()
+        .list_all_tools()
+        .await
+        .expect("tools/list")
+        .into_iter()
+        .map(|tool| tool.name.to_string())
+        .collect()
+}
+
 /// `_meta` carrying the lease.
 pub fn lease_meta(lease: &LeaseClaim) -> Map<String, Value> {
     let mut meta = Map::new();

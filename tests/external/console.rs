@@ -23,67 +23,27 @@
 //! README's screenshots there (`docs/console/`).
 
 use crate::common;
+use crate::common::intents;
+use crate::common::tokens::{create_token, token_id};
 
 use common::TestDb;
-use common::proxy::{LEASEGATE, Scenario, ServedChild};
+use common::proxy::{Scenario, ServedChild};
 use common::webdriver::Browser;
-use leasegate::intent::{IntegerPolicy, Intent};
-use leasegate::ledger::{MarkUnknown, RunId, Settlement, UnknownBy, UnknownCause};
+use leasegate::ledger::{RunId, Settlement, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
-    let output = tokio::process::Command::new(LEASEGATE)
-        .args(["tokens", "create", "--json", "--database-url", &db.url])
-        .args([
-            "--tenant",
-            tenant,
-            "--scope",
-            scope,
-            "--name",
-            "console-test",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "tokens create: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
-    answer["token"].as_str().unwrap().to_owned()
-}
-
-fn token_id(token: &str) -> &str {
-    token
-        .strip_prefix("lgt_")
-        .unwrap()
-        .split('_')
-        .next()
-        .unwrap()
-}
 
 /// Everything tenant data is made of, as one digest: equal before and
 /// after means nothing was written.
 async fn fingerprint(db: &TestDb) -> String {
-    let mut parts = Vec::new();
-    for table in [
+    db.tables_digest(&[
         "agent_runs",
         "worker_leases",
         "tool_operations",
         "ledger_events",
         "operation_evidence",
-    ] {
-        let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {table} t"
-        )))
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        parts.push(format!("{table}={}", digest.unwrap_or_default()));
-    }
-    parts.join(" ")
+    ])
+    .await
 }
 
 async fn screenshot(browser: &Browser, name: &str) {
@@ -124,37 +84,25 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     // mailer cannot be asked: the reconciler needs an operator), a run whose
     // charge succeeded, and a run of another tenant.
     let (lease, _) = db.running_run("worker-7", 600_000).await;
-    let email = Intent::new(
-        "tenant-a",
+    let email = intents::unplanned(
         lease.run_id,
-        None,
         "mailer__send_email",
         &json!({"to": "ada@example.com", "subject": "invoice 42"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     let claim = db.claim(&lease, &email, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timed out after 700ms"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(
+        &claim,
+        UnknownCause::TimedOut,
+        &json!({"error": "timed out after 700ms"}),
+    )
+    .await;
     let unknown_id = email.operation_id.as_str().to_owned();
     let (paid, _) = db.running_run("worker-8", 600_000).await;
-    let charge = Intent::new(
-        "tenant-a",
+    let charge = intents::unplanned(
         paid.run_id,
-        None,
         "payments__charge",
         &json!({"amount": 1200, "currency": "EUR"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     let charged = db.claim(&paid, &charge, "proxy-1", 30_000).await;
     db.ledger
         .operation_settle(
@@ -178,9 +126,9 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     .await
     .unwrap();
 
-    let operator = create_token(&db, "tenant-a", "operator").await;
-    let intruder = create_token(&db, "tenant-b", "operator").await;
-    let agent = create_token(&db, "tenant-a", "agent").await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("console-test")).await;
+    let intruder = create_token(&db, "tenant-b", "operator", Some("console-test")).await;
+    let agent = create_token(&db, "tenant-a", "agent", Some("console-test")).await;
     let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
     let control = served.control.clone();
     let browser = Browser::start().await;
@@ -448,26 +396,18 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
     let db = TestDb::new(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let (lease, _) = db.running_run("worker-1", 600_000).await;
-    let charge = Intent::new(
-        "tenant-a",
+    let charge = intents::unplanned(
         lease.run_id,
-        None,
         "payments__charge",
         &json!({"amount": 500, "currency": "EUR"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     let claim = db.claim(&lease, &charge, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timed out"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(
+        &claim,
+        UnknownCause::TimedOut,
+        &json!({"error": "timed out"}),
+    )
+    .await;
     let id = charge.operation_id.as_str().to_owned();
     let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
     let control = served.control.clone();

@@ -500,17 +500,11 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
     )
     .await;
     println!("held: {}", report["reasons"]);
-    let operations_before: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let operations_before = db.row_count("tool_operations").await;
     let (code, message) = charge(&agent, &lease, 999).await.unwrap_err();
     assert_eq!(code, -32010, "{message}");
     assert!(message.contains("durability hold"), "{message}");
-    let operations_after: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let operations_after = db.row_count("tool_operations").await;
     assert_eq!(operations_after, operations_before, "nothing registered");
     assert_eq!(
         scenario.side_effects("charges.jsonl").len(),

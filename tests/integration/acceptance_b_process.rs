@@ -65,12 +65,7 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
             .unwrap(),
     );
     let before = db.run_row(run_id).await;
-    let lease_expiry_before: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT expires_at FROM worker_leases WHERE run_id = $1")
-            .bind(run_id.as_uuid())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let lease_expiry_before = db.lease_expiry(run_id).await;
     let takeover_event: i64 = sqlx::query_scalar(
         "SELECT max(event_id) FROM ledger_events WHERE run_id = $1 AND actor = 'worker-2'",
     )
@@ -137,12 +132,7 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
             2
         )
     );
-    let lease_expiry_after: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT expires_at FROM worker_leases WHERE run_id = $1")
-            .bind(run_id.as_uuid())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let lease_expiry_after = db.lease_expiry(run_id).await;
     assert_eq!(
         lease_expiry_after, lease_expiry_before,
         "worker 1 extended nothing"

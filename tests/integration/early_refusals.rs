@@ -539,15 +539,11 @@ async fn a_plan_for_a_down_upstreams_tools_is_accepted_and_sent_once_it_is_back(
 
     // Back: the outbox sends it, once.
     std::fs::remove_dir(&pid_file).unwrap();
-    common::wait_until("the outbox to send the planned email", || async {
-        let status: String = sqlx::query_scalar(
-            "SELECT status FROM tool_operations WHERE tool_name = 'mailer__send_email'",
-        )
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        (status == "succeeded").then_some(())
-    })
+    db.wait_tool_status(
+        "the outbox to send the planned email",
+        "mailer__send_email",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;

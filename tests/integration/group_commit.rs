@@ -4,12 +4,13 @@
 //! digest comparison, events); a refusal is its item's alone.
 
 use crate::common;
+use crate::common::intents;
 
 use std::time::Duration;
 
 use common::{TestDb, applied, within};
 use futures::future::join_all;
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::Intent;
 use leasegate::ledger::{
     AcquireOutcome, Fenced, GroupCommitSettings, InlineClaim, LeaseClaim, Ledger, LedgerOptions,
     OperationStatus, Rejection, RunId, SettleOutcome, Settlement,
@@ -20,18 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 const TENANT: &str = "tenant-a";
 
 fn intent(run_id: RunId, step: &str, arguments: Value) -> Intent {
-    Intent::new(
-        TENANT,
-        run_id,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap()
+    intents::planned(run_id, step, "payments__charge", &arguments)
 }
 
 /// A ledger whose calls are batched; the window is wide so that calls
@@ -271,10 +261,7 @@ async fn a_refused_item_is_refused_alone_and_the_others_in_its_batch_are_claimed
     for (batched, alone) in batched.iter().zip(&alone).skip(1).take(4) {
         assert_eq!(format!("{batched:?}"), format!("{alone:?}"));
     }
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let rows = db.row_count("tool_operations").await;
     assert_eq!(
         rows, 3,
         "the two claimed calls and the earlier conflicting one"
@@ -316,10 +303,7 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
     // What the second of two concurrent single calls answers: in flight.
     assert_eq!(existing[0].status, OperationStatus::Dispatching);
     assert_eq!(existing[0].operation_id, call.operation_id);
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let rows = db.row_count("tool_operations").await;
     assert_eq!(rows, 1);
     // Settled twice in one batch: the second is stale evidence.
     let result = json!({"ok": 1});

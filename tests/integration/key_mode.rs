@@ -85,10 +85,7 @@ async fn a_key_replays_its_request_refuses_another_and_is_free_again_after_reten
     )
     .await;
     assert_eq!(other["error"]["code"], -32003, "{other}");
-    let operations: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let operations = db.row_count("tool_operations").await;
     assert_eq!(operations, 1);
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
 
@@ -247,10 +244,7 @@ async fn concurrent_calls_with_one_new_key_share_it_and_charge_once(
     }
     assert_eq!(replayed, 7, "one call sent, seven replayed");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 1);
     proxy.stop().await;
 }

@@ -19,7 +19,6 @@ use leasegate::ledger::{
 use leasegate::worker::{BatchHeartbeat, HeartbeatConfig, StopCause, WorkerCancellation};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tower::ServiceExt;
 
 type Row = (
     Option<String>,
@@ -39,13 +38,6 @@ async fn lease_row(db: &TestDb, run: RunId) -> Row {
     .unwrap()
 }
 
-async fn all_events(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM ledger_events")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-}
-
 /// The control API of a process serving `tenant-a`, driven without a socket.
 async fn post(ledger: &Ledger, path: &str, body: String) -> (StatusCode, Value) {
     let request = Request::builder()
@@ -59,15 +51,7 @@ async fn post(ledger: &Ledger, path: &str, body: String) -> (StatusCode, Value) 
         IntegerPolicy::Reject,
         Some("tenant-a".into()),
     );
-    let response = router.oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    common::router::answer(router, request).await
 }
 
 fn entry(claim: &LeaseClaim) -> Value {
@@ -175,7 +159,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
         before.push(lease_row(&db, run).await);
     }
     let held_before = lease_row(&db, held_a.run_id).await;
-    let events_before = all_events(&db).await;
+    let events_before = db.row_count("ledger_events").await;
 
     let claims = [
         &held_a, &stale, &forged, &tokenless, &cancelled, &other, &ghost, &held_b,
@@ -240,7 +224,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     for (run, row) in untouched.iter().zip(before) {
         assert_eq!(lease_row(&db, *run).await, row, "lease of {run} changed");
     }
-    assert_eq!(all_events(&db).await, events_before);
+    assert_eq!(db.row_count("ledger_events").await, events_before);
 
     // The ledger call with no tenant (a worker's own) reaches any tenant's
     // lease; an expired lease is lost, never resurrected.

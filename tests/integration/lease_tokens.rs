@@ -60,12 +60,7 @@ async fn raw_call(url: &str, headers: &[(&str, &str)], meta: Value) -> Value {
         .to_string(),
     )
     .await;
-    let body = response
-        .body
-        .lines()
-        .find_map(|line| line.strip_prefix("data:"))
-        .unwrap_or(&response.body);
-    serde_json::from_str(body.trim()).expect("a JSON-RPC answer")
+    response.json_rpc()
 }
 
 fn rejected_total(metrics: &str) -> f64 {

@@ -51,12 +51,7 @@ async fn acceptance_c_concurrent_saves_with_the_same_expected_revision_apply_exa
 
     // Hold the lease row so that every save is in flight at the same time,
     // then let them race for it.
-    let mut gate = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(claim.run_id.as_uuid())
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    let gate = db.hold_lease_row(claim.run_id).await;
     let saves: Vec<_> = (0..WRITERS)
         .map(|writer| {
             let ledger = db.ledger.clone();

@@ -71,10 +71,7 @@ async fn invalid_ttls_are_refused_before_anything_is_written(
         ),
         before
     );
-    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_tasks")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let tasks = db.row_count("agent_tasks").await;
     assert_eq!(tasks, 1, "the refused create wrote no task");
 
     // The database refuses a non-positive TTL on its own as well.
@@ -182,12 +179,7 @@ async fn connection_lost_with_a_write_in_flight_is_outcome_unknown_and_read_back
     let (claim, revision) = db.running_run("worker", 30_000).await;
 
     // Keep the save in flight (blocked on the lease row), then cut its connection.
-    let mut gate = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(claim.run_id.as_uuid())
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    let gate = db.hold_lease_row(claim.run_id).await;
     let save = {
         let ledger = db.ledger.clone();
         let claim = claim.clone();

@@ -6,9 +6,10 @@
 //! they are taken again.
 
 use crate::common;
+use crate::common::intents;
 
 use common::{TestDb, applied};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::Intent;
 use leasegate::ledger::{
     Fenced, LeaseClaim, LeaseToken, PlannedCheckpoint, Rejection, RunId, TokenFault,
 };
@@ -17,18 +18,13 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn intent(run: RunId, step: &str, version: i32, amount: i64) -> Intent {
-    Intent::new(
-        "tenant-a",
+    intents::planned_version(
         run,
-        Some(StepRef {
-            step_id: step.to_owned(),
-            effect_version: version,
-        }),
+        step,
+        version,
         "payments__charge",
         &json!({"amount": amount}),
-        IntegerPolicy::Reject,
     )
-    .unwrap()
 }
 
 /// Everything a fenced write could change, as the superuser reads it.

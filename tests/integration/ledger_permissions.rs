@@ -3,12 +3,12 @@
 //! append-only; migrations are repeatable and tolerate the shared role.
 
 use crate::common;
+use crate::common::intents;
 
 use common::TestDb;
-use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{
-    Converge, ConvergeEvidence, ConvergeOutcome, Fenced, Ledger, MarkUnknown, RetryResetOutcome,
-    Settlement, UnknownBy, UnknownCause,
+    Converge, ConvergeEvidence, ConvergeOutcome, Fenced, Ledger, RetryResetOutcome, Settlement,
+    UnknownCause,
 };
 use serde_json::json;
 use sqlx::Connection;
@@ -366,26 +366,10 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
     // An unknown operation (a timed-out charge) on a running run, and an
     // unresolved lossy failover.
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 3}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "payments__charge", &json!({"amount": 3}));
     let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     let (failover_id,): (i64,) = sqlx::query_as(
         "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
          new_timeline, acknowledged_lsn, lossy) VALUES ('proxy-1', '42', 1, 2, '0/10', true) \

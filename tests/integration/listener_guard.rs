@@ -53,10 +53,7 @@ async fn foreign_hosts_and_origins_are_refused_on_both_listeners_and_write_nothi
     let (status, body) = post(&runs, &[("origin", "http://attacker.example")], create).await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("forbidden_origin"), "{body}");
-    let runs_written: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs_written = db.row_count("agent_runs").await;
     assert_eq!(runs_written, 0, "refused before any handler ran");
     let (status, body) = post(&runs, &[("origin", "http://localhost:5173")], create).await;
     assert_eq!(status, 201, "a loopback page may: {body}");

@@ -4,11 +4,12 @@
 //! ledger level).
 
 use crate::common;
+use crate::common::intents;
 
 use std::collections::HashMap;
 
 use common::{TestDb, applied, wait_until, within};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{
     Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced, InlineClaim, LeaseClaim,
     LedgerOptions, MarkUnknown, MarkUnknownOutcome, OperationStatus, PlannedCheckpoint, Rejection,
@@ -21,18 +22,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 const TENANT: &str = "tenant-a";
 
 fn intent(run_id: RunId, step: &str, arguments: Value) -> Intent {
-    Intent::new(
-        TENANT,
-        run_id,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap()
+    intents::planned(run_id, step, "payments__charge", &arguments)
 }
 
 async fn claim_inline(
@@ -47,13 +37,6 @@ async fn claim_inline(
 async fn op_row(db: &TestDb, intent: &Intent) -> (String, i64, i32, Option<String>) {
     sqlx::query_as("SELECT status, revision, dispatch_count, remote_id FROM tool_operations WHERE operation_id = $1")
         .bind(intent.operation_id.as_str())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-}
-
-async fn op_count(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM tool_operations")
         .fetch_one(&db.admin)
         .await
         .unwrap()
@@ -174,7 +157,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         );
         let before = (
             op_row(&db, original).await,
-            op_count(&db).await,
+            db.row_count("tool_operations").await,
             db.event_count(lease.run_id).await,
         );
         let expected = Rejection::IntentConflict {
@@ -211,7 +194,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         assert_eq!(
             (
                 op_row(&db, original).await,
-                op_count(&db).await,
+                db.row_count("tool_operations").await,
                 db.event_count(lease.run_id).await
             ),
             before,
@@ -281,7 +264,7 @@ async fn operations_stored_under_the_earlier_id_shape_keep_their_ids(
         .await
         .unwrap();
     }
-    let count = op_count(&db).await;
+    let count = db.row_count("tool_operations").await;
 
     // A replay of the settled one: its stored result, under its stored id.
     match applied(
@@ -339,7 +322,7 @@ async fn operations_stored_under_the_earlier_id_shape_keep_their_ids(
         other => panic!("expected a conflict, got {other:?}"),
     }
     assert_eq!(
-        op_count(&db).await,
+        db.row_count("tool_operations").await,
         count,
         "no second row for either intent"
     );
@@ -509,16 +492,8 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     );
     // Nor may the expired claim give up what it no longer holds.
     assert!(matches!(
-        db.ledger
-            .operation_mark_unknown(MarkUnknown {
-                claim: &claim,
-                by: UnknownBy::ClaimHolder,
-                actor: "proxy-1",
-                cause: UnknownCause::TimedOut,
-                evidence: &json!({})
-            })
-            .await
-            .unwrap(),
+        db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+            .await,
         MarkUnknownOutcome::StaleClaim(_)
     ));
 
@@ -597,16 +572,8 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
     );
     claim_inline(&db, &lease, &dispatching, 30_000).await;
     let claim = claim_inline(&db, &lease, &unknown, 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::SendError,
-            evidence: &json!({"error": "reset"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
+        .await;
 
     applied(
         db.operator
@@ -789,7 +756,7 @@ async fn stale_owner_cannot_register_intents_after_takeover(
             other => panic!("expected lease lost, got {other:?}"),
         }
     }
-    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
 }
 
 trait RejectionOf {
@@ -833,7 +800,7 @@ async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
             found: revision
         })
     );
-    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
 
     let registered = applied(
         db.ledger
@@ -860,7 +827,7 @@ async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
             .unwrap(),
     );
     assert!(replay.iter().all(|r| !r.newly_registered));
-    assert_eq!(op_count(&db).await, 2);
+    assert_eq!(db.row_count("tool_operations").await, 2);
 
     // The dispatcher can now claim them.
     let claimed = db
@@ -1007,16 +974,8 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
     let wire = intent(lease.run_id, "wire", json!({"amount": 10}));
     let claim = claim_inline(&db, &lease, &wire, 30_000).await;
     let unknown = match db
-        .ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
+        .holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
         .await
-        .unwrap()
     {
         MarkUnknownOutcome::MarkedUnknown { operation, .. } => operation,
         other => panic!("{other:?}"),
@@ -1103,16 +1062,7 @@ async fn database_operation_status_values_equal_the_rust_enum(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let definition: String = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
-          WHERE c.conrelid = 'tool_operations'::regclass AND c.contype = 'c'
-            AND pg_get_constraintdef(c.oid) LIKE '%status%'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
-    let mut in_database: Vec<&str> = definition.split('\'').skip(1).step_by(2).collect();
-    in_database.sort();
+    let (definition, in_database) = db.status_constraint("tool_operations").await;
     let mut in_rust: Vec<&str> = OperationStatus::ALL.iter().map(|s| s.as_str()).collect();
     in_rust.sort();
     assert_eq!(in_database, in_rust, "from {definition}");
@@ -1172,16 +1122,8 @@ async fn operation_in(
             match status {
                 OperationStatus::Dispatching => {}
                 OperationStatus::Unknown => {
-                    db.ledger
-                        .operation_mark_unknown(MarkUnknown {
-                            claim: &held,
-                            by: UnknownBy::ClaimHolder,
-                            actor: "proxy-1",
-                            cause: UnknownCause::TimedOut,
-                            evidence: &json!({}),
-                        })
-                        .await
-                        .unwrap();
+                    db.holder_marks_unknown(&held, UnknownCause::TimedOut, &json!({}))
+                        .await;
                 }
                 OperationStatus::Succeeded => {
                     db.ledger
@@ -1280,16 +1222,8 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                         .unwrap();
                 }
                 Event::MarkUnknown => {
-                    db.ledger
-                        .operation_mark_unknown(MarkUnknown {
-                            claim: &claim,
-                            by: UnknownBy::ClaimHolder,
-                            actor: "proxy-1",
-                            cause: UnknownCause::SendError,
-                            evidence: &json!({}),
-                        })
-                        .await
-                        .unwrap();
+                    db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({}))
+                        .await;
                 }
                 Event::ReleaseUnsent => {
                     db.ledger
@@ -1519,7 +1453,7 @@ async fn hot_path_judges_the_tenant_and_samples_the_wal_in_its_own_statements(
         "{outcome:?}"
     );
     assert_eq!(sampled, None);
-    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
     assert_eq!(db.event_count(lease.run_id).await, events_before);
 
     // Its own tenant: claimed (no position: nothing acknowledged yet).

@@ -13,11 +13,12 @@
 //!   routes then work through the control API.
 
 use crate::common;
+use crate::common::intents;
+use crate::common::proxy::charge_eur;
 
-use common::proxy::{LEASEGATE, RunningProxy, Scenario, call, connect_http};
+use common::proxy::{LEASEGATE, RunningProxy, Scenario, connect_http};
 use common::{TestDb, http};
-use leasegate::intent::{IntegerPolicy, Intent};
-use leasegate::ledger::{MarkUnknown, UnknownBy, UnknownCause};
+use leasegate::ledger::UnknownCause;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -60,26 +61,14 @@ fn url_as(db: &TestDb, login: &str) -> String {
 /// An unknown charge on a running run of tenant-a: (run id, operation id).
 async fn unknown_operation(db: &TestDb) -> (String, String) {
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
+    let intent = intents::unplanned(
         lease.run_id,
-        None,
         "payments__charge",
         &json!({"amount": 7, "currency": "eur"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     let claim = db.claim(&lease, &intent, "proxy-0", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-0",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     (
         lease.run_id.to_string(),
         intent.operation_id.as_str().to_owned(),
@@ -155,14 +144,9 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     assert_eq!(created.status, 201, "{}", created.body);
     let (lease, _) = db.running_run("agent-2", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let charged = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 500, "currency": "eur"}),
-        None,
-    )
-    .await
-    .expect("a gated call through a proxy whose login has leasegate_app only");
+    let charged = charge_eur(&agent, 500, None)
+        .await
+        .expect("a gated call through a proxy whose login has leasegate_app only");
     assert_ne!(charged.is_error, Some(true), "{charged:?}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     drop(agent);

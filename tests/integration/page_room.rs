@@ -15,9 +15,10 @@
 //! none may land in a packed page.
 
 use crate::common;
+use crate::common::intents;
 
 use common::TestDb;
-use leasegate::intent::{IntegerPolicy, Intent};
+use leasegate::intent::Intent;
 use leasegate::ledger::{LeaseClaim, RunId, Settlement};
 use serde_json::json;
 use sqlx::Executor;
@@ -34,18 +35,12 @@ const CALLS: usize = 20;
 const PAGE_ROOM: i64 = 8192 - 24 - 4;
 
 fn intent(run_id: RunId, step: &str) -> Intent {
-    Intent::new(
-        "tenant-a",
+    intents::planned(
         run_id,
-        Some(leasegate::intent::StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
+        step,
         "payments__charge",
         &json!({"amount": 500, "currency": "eur", "step": step}),
-        IntegerPolicy::Reject,
     )
-    .unwrap()
 }
 
 fn maxalign(len: i64) -> i64 {

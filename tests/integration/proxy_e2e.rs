@@ -3,6 +3,7 @@
 //! Side effects are counted in the tool server's own state files.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta, operation_note};
 use common::{TestDb, applied, http, replace_exactly};
@@ -12,13 +13,6 @@ use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const POLICY: &str = "in_flight_wait = \"3s\"\nclaim_ttl = \"60s\"\n";
-
-async fn op_rows(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-}
 
 fn operation_id(result: &rmcp::model::CallToolResult) -> OperationId {
     OperationId::from_string(
@@ -41,14 +35,7 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
 
     // Lease on the connection (headers).
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let first = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 500, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap();
+    let first = charge_eur(&agent, 500, None).await.unwrap();
     let again = call(
         &agent,
         "payments__charge",
@@ -172,7 +159,11 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         scenario.side_effects("emails.jsonl").is_empty(),
         "nothing reached the tool"
     );
-    assert_eq!(op_rows(&db).await, 0, "nothing registered");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "nothing registered"
+    );
 
     // No lease at all: its own error, also before the upstream, saying how
     // to get a lease over HTTP and how to mark the tool read-only.
@@ -206,12 +197,7 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         .to_string(),
     )
     .await;
-    let body = response
-        .body
-        .lines()
-        .find_map(|line| line.strip_prefix("data:"))
-        .unwrap_or(&response.body);
-    let answer: Value = serde_json::from_str(body.trim()).expect("a JSON-RPC answer");
+    let answer = response.json_rpc();
     assert_eq!(answer["error"]["code"], -32001, "{answer}");
     let data = &answer["error"]["data"];
     assert_eq!(
@@ -237,7 +223,11 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         data["how"]["read_only"]["set"],
         "[tools.send_email] read_only = true"
     );
-    assert_eq!(op_rows(&db).await, 0, "nothing registered");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "nothing registered"
+    );
     // The new owner's call goes through.
     call(
         &agent,
@@ -335,7 +325,7 @@ async fn read_only_tools_pass_through_with_progress_and_leave_no_ledger_row(
         .await
         .unwrap();
     assert_eq!(stats.structured_content, Some(json!({"emails_sent": 0})));
-    assert_eq!(op_rows(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
     assert!(operation_note(&stats).is_null());
     common::wait_until("progress from the upstream to reach the agent", || async {
         (recorder.progress.lock().unwrap().len() >= 2).then_some(())
@@ -501,7 +491,11 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
 
     assert!(scenario.side_effects("emails.jsonl").is_empty());
     assert!(scenario.side_effects("charges.jsonl").is_empty());
-    assert_eq!(op_rows(&db).await, 0, "no refused call left a row");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "no refused call left a row"
+    );
 
     // A business failure (isError) is final, recorded and replayed.
     let failed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
@@ -532,42 +526,27 @@ async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, revision) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
-    call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
+    charge_eur(&agent, 1, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
     applied(
         db.ledger
             .run_complete(&lease, revision, None)
             .await
             .unwrap(),
     );
-    let (code, message) = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 2, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap_err();
+    let (code, message) = charge_eur(&agent, 2, Some(lease_meta(&lease)))
+        .await
+        .unwrap_err();
     assert_eq!(code, -32004, "{message}");
     assert!(message.contains("run is succeeded"), "{message}");
     let stale = LeaseClaim {
         epoch: 7,
         ..lease.clone()
     };
-    let (code, _) = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(lease_meta(&stale)),
-    )
-    .await
-    .unwrap_err();
+    let (code, _) = charge_eur(&agent, 1, Some(lease_meta(&stale)))
+        .await
+        .unwrap_err();
     assert_eq!(code, -32002);
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     let _: Value = json!(null);
@@ -659,7 +638,7 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
         .await;
     });
     common::wait_until("the call to be claimed", || async {
-        (op_rows(&db).await == 1).then_some(())
+        (db.row_count("tool_operations").await == 1).then_some(())
     })
     .await;
     pending.abort();
@@ -794,14 +773,7 @@ async fn an_unprefixed_upstream_is_called_by_its_own_tool_names(
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let names: Vec<String> = agent
-        .peer()
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = common::proxy::tool_names(&agent).await;
     assert_eq!(
         names,
         vec![
@@ -860,14 +832,9 @@ async fn a_sessionless_2026_07_28_client_lists_and_calls_through_leasegate(
         .expect("server/discover succeeds");
     let tools = agent.peer().list_all_tools().await.unwrap();
     assert_eq!(tools.len(), 4);
-    let charged = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 8, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
+    let charged = charge_eur(&agent, 8, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
     assert_eq!(operation_note(&charged)["status"], "succeeded");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;

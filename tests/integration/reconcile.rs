@@ -4,25 +4,18 @@
 //! leader; metrics move.
 
 use crate::common;
+use crate::common::intents;
 
 use common::proxy::{
     LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, ServedChild, call, connect_http,
 };
 use common::{TestDb, http, prometheus, replace_exactly, wait_until, within};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::Intent;
 use leasegate::ledger::{MarkUnknown, OperationStatus, Settlement, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const FAST: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"100ms\"\nin_flight_wait = \"1s\"\n";
-
-async fn status_of(db: &TestDb, tool: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT status FROM tool_operations WHERE tool_name = $1")
-        .bind(tool)
-        .fetch_optional(&db.admin)
-        .await
-        .unwrap()
-}
 
 fn calls_of(scenario: &Scenario, tool: &str) -> Vec<Value> {
     scenario
@@ -95,19 +88,21 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     charge.abort();
     email.abort();
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("dispatching")
     );
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("dispatching")
     );
 
     // A new process: claims expire into unknown, then converge per capability.
     let (mut second, _, control) = serve_child(&scenario).await;
-    wait_until("the idempotent charge to converge", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the idempotent charge to converge",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     wait_until(
         "the reconciler to have judged the mail unrecoverable",
@@ -139,7 +134,7 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
         charges[0]["idempotency_key"]
     );
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown")
     );
     assert_eq!(
@@ -193,9 +188,11 @@ read_only = true
         "unknown"
     );
 
-    wait_until("the query to converge the operation", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the query to converge the operation",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(calls_of(&scenario, "charge").len(), 1, "no second create");
     let id = leasegate::intent::OperationId::from_string(
@@ -260,7 +257,7 @@ async fn a_retry_past_the_key_retention_window_is_refused(
     )
     .await;
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("unknown")
     );
     assert_eq!(
@@ -291,29 +288,15 @@ async fn two_processes_reconcile_each_unknown_operation_once(
     // Six unknown charges that never reached the tool.
     let mut ids = Vec::new();
     for n in 0..6 {
-        let intent = Intent::new(
-            "tenant-a",
+        let intent = intents::planned(
             lease.run_id,
-            Some(StepRef {
-                step_id: format!("charge-{n}"),
-                effect_version: 1,
-            }),
+            &format!("charge-{n}"),
             "payments__charge",
             &json!({"amount": n, "currency": "eur"}),
-            IntegerPolicy::Reject,
-        )
-        .unwrap();
+        );
         let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
-        db.ledger
-            .operation_mark_unknown(MarkUnknown {
-                claim: &claim,
-                by: UnknownBy::ClaimHolder,
-                actor: "crashed-proxy",
-                cause: UnknownCause::SendError,
-                evidence: &json!({"error": "reset"}),
-            })
-            .await
-            .unwrap();
+        db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
+            .await;
         ids.push(intent.operation_id);
     }
     let a = RunningProxy::start(&scenario.config_path()).await;
@@ -347,15 +330,7 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "mailer__send_email",
-        &json!({"to": "a@b.c"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "mailer__send_email", &json!({"to": "a@b.c"}));
     let claim = db.claim(&lease, &intent, "p", 60_000).await;
     let cli = |args: &[&str]| {
         std::process::Command::new(LEASEGATE)
@@ -381,16 +356,8 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
         .code(),
         Some(4)
     );
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "p",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     let resolved = cli(&[
         "ops",
         "resolve",
@@ -580,18 +547,12 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
     let (lease, revision) = db.running_run("planner", 60_000).await;
     let plan: Vec<Intent> = (0..3)
         .map(|n| {
-            Intent::new(
-                "tenant-a",
+            intents::planned(
                 lease.run_id,
-                Some(StepRef {
-                    step_id: format!("pay-{n}"),
-                    effect_version: 1,
-                }),
+                &format!("pay-{n}"),
                 "payments__charge",
                 &json!({"amount": 10 + n, "currency": "eur"}),
-                IntegerPolicy::Reject,
             )
-            .unwrap()
         })
         .collect();
     let checkpoint = json!({"plan": "three payments"});
@@ -676,9 +637,11 @@ read_only = true
         first.structured_content.as_ref().unwrap()["status"],
         "unknown"
     );
-    wait_until("the resource check to converge it", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the resource check to converge it",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(calls_of(&scenario, "charge").len(), 1);
     let remote: Option<String> = sqlx::query_scalar("SELECT remote_id FROM tool_operations")
@@ -711,15 +674,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "mailer__send_email",
-        &json!({"to": "a@b.c"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "mailer__send_email", &json!({"to": "a@b.c"}));
     let claim = db.claim(&lease, &intent, "paused-proxy", 200).await;
     // The claim lapses and becomes unknown; then the paused holder's answer arrives.
     wait_until("the claim to lapse", || async {
@@ -756,7 +711,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         leasegate::ledger::SettleOutcome::KeptAsEvidence { .. }
     ));
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown"),
         "evidence never settles directly"
     );
@@ -813,26 +768,14 @@ read_only = true
 "#;
     let scenario = Scenario::with_adapters(&db.url, FAST, payments, MAILER_ADAPTER);
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
+    let intent = intents::unplanned(
         lease.run_id,
-        None,
         "payments__charge",
         &json!({"amount": 5, "currency": "eur"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "crashed-proxy",
-            cause: UnknownCause::SendError,
-            evidence: &json!({"error": "reset"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
+        .await;
     // Someone else made a resource under the same deterministic id, with another spec.
     std::fs::create_dir_all(scenario.dir.join("state")).unwrap();
     std::fs::write(
@@ -854,7 +797,7 @@ read_only = true
     )
     .await;
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("unknown"),
         "a mismatching resource settles nothing"
     );
@@ -936,20 +879,13 @@ async fn background_work_touches_only_the_tenant_the_process_serves(
     // Tenant "tenant-a" has a planned intent, an unknown operation and a
     // claim that lapsed.
     let (lease, revision) = db.running_run("agent-1", 60_000).await;
-    let step = |id: &str| StepRef {
-        step_id: id.into(),
-        effect_version: 1,
-    };
     let intent = |id: &str, amount: u64| {
-        Intent::new(
-            "tenant-a",
+        intents::planned(
             lease.run_id,
-            Some(step(id)),
+            id,
             "payments__charge",
             &json!({"amount": amount, "currency": "eur"}),
-            IntegerPolicy::Reject,
         )
-        .unwrap()
     };
     let planned = intent("planned", 1);
     common::applied(
@@ -967,16 +903,8 @@ async fn background_work_touches_only_the_tenant_the_process_serves(
     );
     let unknown = intent("unknown", 2);
     let claim = db.claim(&lease, &unknown, "gone-proxy", 60_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "gone-proxy",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     let lapsed = intent("lapsed", 3);
     db.claim(&lease, &lapsed, "gone-proxy", 1).await;
 
@@ -1048,18 +976,12 @@ async fn an_operation_recorded_with_its_route_survives_a_renamed_namespace(
     // Recorded when the payments tools were exposed as "pay.charge"; the
     // claim's holder died, so the claim lapses into unknown.
     let intent = |step: &str| {
-        Intent::new(
-            "tenant-a",
+        intents::planned(
             lease.run_id,
-            Some(StepRef {
-                step_id: step.into(),
-                effect_version: 1,
-            }),
+            step,
             "pay.charge",
             &json!({"amount": 5, "currency": "eur"}),
-            IntegerPolicy::Reject,
         )
-        .unwrap()
     };
     let routed = intent("routed");
     let route = leasegate::ledger::ToolRoute {
@@ -1157,7 +1079,7 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
     first.kill().await.unwrap();
     pending.abort();
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("dispatching")
     );
 
@@ -1184,7 +1106,7 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
         "{answer:?}"
     );
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown")
     );
     let until: bool = sqlx::query_scalar(
@@ -1265,9 +1187,11 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
     let reply = answer.structured_content.clone().unwrap();
     assert_eq!(reply["status"], "unknown", "{answer:?}");
     // The kept key converges it to the one charge that exists.
-    wait_until("the reconciler to converge the charge", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the reconciler to converge the charge",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
@@ -1305,26 +1229,14 @@ async fn a_resource_the_agent_named_is_found_by_that_name_and_one_the_tool_never
     // reached the tool (the bucket exists), the second did not.
     let mut unknown = Vec::new();
     for name in ["invoices-2026", "payroll-2026"] {
-        let intent = Intent::new(
-            "tenant-a",
+        let intent = intents::unplanned(
             lease.run_id,
-            None,
             "provisioner__create_bucket",
             &json!({"name": name, "region": "eu"}),
-            IntegerPolicy::Reject,
-        )
-        .unwrap();
+        );
         let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
-        db.ledger
-            .operation_mark_unknown(MarkUnknown {
-                claim: &claim,
-                by: UnknownBy::ClaimHolder,
-                actor: "crashed-proxy",
-                cause: UnknownCause::TimedOut,
-                evidence: &json!({}),
-            })
-            .await
-            .unwrap();
+        db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+            .await;
         unknown.push(intent);
     }
     std::fs::write(
@@ -1404,15 +1316,7 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let arguments = json!({"amount": 5, "currency": "eur"});
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "payments__charge", &arguments);
     let claim = db.claim(&lease, &intent, "paused-proxy", 200).await;
     // The process "wakes up" after its claim lapsed (no other process has
     // expired it yet: the row still says dispatching under this claim).
@@ -1450,7 +1354,7 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
     .await;
     assert!(matches!(reply, Err(CallError::NotSent { .. })), "{reply:?}");
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("prepared"),
         "nothing left: the same operation id may be sent again"
     );
@@ -1488,9 +1392,11 @@ async fn a_settle_that_hits_the_statement_timeout_on_a_locked_row_is_unknown_nev
         "unknown",
         "{answer:?}"
     );
-    wait_until("the reconciler to converge the charge", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the reconciler to converge the charge",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
@@ -1515,7 +1421,7 @@ async fn a_result_carrying_u0000_settles_and_replays_exactly(
         .await
         .unwrap();
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("succeeded")
     );
     for answer in [&first, &second] {

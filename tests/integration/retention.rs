@@ -4,33 +4,26 @@
 //! live moves, and the fate query still answers for archived operations.
 
 use crate::common;
+use crate::common::intents;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use common::{TestDb, applied};
 use leasegate::control::router;
-use leasegate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
+use leasegate::intent::{IntegerPolicy, Intent, OperationId};
 use leasegate::ledger::{
-    LeaseClaim, Ledger, LedgerOptions, MarkUnknown, OPERATOR_ROLE, RunId, Settlement, UnknownBy,
-    UnknownCause,
+    LeaseClaim, Ledger, LedgerOptions, OPERATOR_ROLE, RunId, Settlement, UnknownCause,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tower::ServiceExt;
 
 fn intent(run_id: RunId, step: &str) -> Intent {
-    Intent::new(
-        "tenant-a",
+    intents::planned(
         run_id,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
+        step,
         "payments__charge",
         &json!({"amount": 500, "step": step}),
-        IntegerPolicy::Reject,
     )
-    .unwrap()
 }
 
 /// A running run with two settled operations (one of them with late
@@ -139,18 +132,7 @@ async fn get(ledger: &Ledger, path: &str) -> (StatusCode, Value) {
         .uri(path)
         .body(Body::empty())
         .unwrap();
-    let response = router(ledger.clone(), IntegerPolicy::Reject)
-        .oneshot(request)
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    common::router::answer(router(ledger.clone(), IntegerPolicy::Reject), request).await
 }
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -169,16 +151,8 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     let claim = db
         .claim(&stuck, &intent(stuck.run_id, "lost"), "proxy-1", 60_000)
         .await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timeout"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({"error": "timeout"}))
+        .await;
     applied(
         db.operator
             .run_cancel(stuck.run_id, "ops", None)

@@ -202,10 +202,7 @@ async fn replaying_a_create_with_the_same_run_id_changes_nothing(
             .unwrap(),
         RunCreateOutcome::RunIdTaken
     );
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 1);
 }
 

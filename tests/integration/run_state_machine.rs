@@ -325,21 +325,7 @@ async fn database_status_values_equal_the_rust_enum(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let definition: String = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
-          WHERE c.conrelid = 'agent_runs'::regclass AND c.contype = 'c'
-            AND pg_get_constraintdef(c.oid) LIKE '%status%'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
-    let mut in_database: Vec<String> = definition
-        .split('\'')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect();
-    in_database.sort();
+    let (definition, in_database) = db.status_constraint("agent_runs").await;
     let mut in_rust: Vec<String> = RunStatus::ALL
         .iter()
         .map(|s| s.as_str().to_owned())

@@ -6,12 +6,13 @@
 //! wrong key is a clear error, never plaintext.
 
 use crate::common;
+use crate::common::intents;
 
 use std::sync::{Arc, Mutex};
 
 use common::proxy::{LEASEGATE, Scenario, ServedChild, call, connect_http};
 use common::{TestDb, http, wait_until, within};
-use leasegate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
+use leasegate::intent::{Intent, OperationId};
 use leasegate::ledger::{Ledger, LedgerError, LedgerOptions};
 use leasegate::policy::{Bodies, Keyring, RequestBodyPolicy, ResultBodyPolicy};
 use serde_json::{Value, json};
@@ -79,14 +80,6 @@ async fn dump(db: &TestDb) -> String {
     text
 }
 
-async fn status_of(db: &TestDb, tool: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT status FROM tool_operations WHERE tool_name = $1")
-        .bind(tool)
-        .fetch_optional(&db.admin)
-        .await
-        .unwrap()
-}
-
 fn charge_calls(scenario: &Scenario) -> Vec<Value> {
     scenario
         .side_effects("calls.jsonl")
@@ -113,18 +106,7 @@ async fn ledger_with(db: &TestDb, bodies: Bodies) -> Ledger {
 }
 
 fn planned_charge(run: leasegate::ledger::RunId, step: &str, arguments: Value) -> Intent {
-    Intent::new(
-        "tenant-a",
-        run,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap()
+    intents::planned(run, step, "payments__charge", &arguments)
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -329,7 +311,7 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     first.child.kill().await.unwrap();
     charge.abort();
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("dispatching")
     );
 
@@ -422,10 +404,7 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
         !before.is_empty() && before.iter().all(|kid| kid == "k1"),
         "the retry's evidence is sealed under k1: {before:?}"
     );
-    let evidence_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_evidence")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let evidence_rows = db.row_count("operation_evidence").await;
     let rotated = format!(
         "{FAST}{sealed}encryption_key_id = \"k2\"\n\
          encryption_keys = {{ k1 = \"env:LG_TEST_KEY_1\", k2 = \"file:k2.key\" }}\n"
@@ -471,10 +450,7 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
         .unwrap_or_else(|| panic!("no evidence count in: {said}"));
     assert!(resealed > 0, "{said}");
     // Re-sealing changed bodies only: no evidence row added or removed.
-    let rows_after: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_evidence")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let rows_after = db.row_count("operation_evidence").await;
     assert_eq!(rows_after, evidence_rows);
     assert!(!dump(&db).await.contains(SECRET_CARD));
 

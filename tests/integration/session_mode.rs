@@ -7,6 +7,7 @@
 //! processes are never fenced.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use common::proxy::{
     Agent, AgentClient, LEASEGATE, RunningProxy, Scenario, call, connect_http_with, operation_note,
@@ -101,10 +102,7 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     // lease beside the frozen one (it cannot tell a restart from a parallel
     // connection yet).
     let (second, second_pid) = spawn_session(&scenario, "nightly-invoices").await;
-    let members: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_members")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let members = db.row_count("lease_members").await;
     assert_eq!(
         members, 2,
         "both processes are members until one is proven gone"
@@ -154,14 +152,9 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
             "a late answer never turns into a failure: {late:?}"
         );
     }
-    let refused = call(
-        &first,
-        "payments__charge",
-        json!({"amount": 8, "currency": "eur"}),
-        None,
-    )
-    .await
-    .expect_err("the stale session must not send");
+    let refused = charge_eur(&first, 8, None)
+        .await
+        .expect_err("the stale session must not send");
     assert_eq!(refused.0, -32002, "{refused:?}");
 
     let charges = scenario.side_effects("charges.jsonl");
@@ -229,14 +222,9 @@ async fn a_session_resumes_its_run_and_replays_and_an_agents_own_lease_still_win
 
     // An agent that sends its own lease is not overridden by the session.
     let (lease, _) = db.running_run("explicit-agent", 60_000).await;
-    let own = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 10, "currency": "eur"}),
-        Some(common::proxy::lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
+    let own = charge_eur(&agent, 10, Some(common::proxy::lease_meta(&lease)))
+        .await
+        .unwrap();
     assert_eq!(operation_note(&own)["replayed"], false);
     let run: String = sqlx::query_scalar(
         "SELECT run_id::text FROM tool_operations WHERE request_body->>'amount' = '10'",
@@ -276,10 +264,7 @@ async fn session_mode_without_a_task_key_refuses_to_start_and_names_the_ways_to_
             && stderr.contains("LEASEGATE_TASK"),
         "{stderr}"
     );
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 0, "nothing written");
 }
 
@@ -329,14 +314,7 @@ async fn over_http_an_agents_sessions_and_stateless_requests_share_the_tasks_lea
 
     // No task key anywhere: the call needs a lease, and says how to get one.
     let anonymous = connect_http_with(&proxy.url, &[]).await;
-    let (code, message) = call(
-        &anonymous,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap_err();
+    let (code, message) = charge_eur(&anonymous, 1, None).await.unwrap_err();
     assert_eq!(code, -32001);
     assert!(message.contains("lease_mode"), "{message}");
 
@@ -450,10 +428,7 @@ async fn several_stdio_processes_of_one_agent_share_the_lease_and_none_is_fenced
     )
     .await;
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 8);
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 1);
     assert_never_fenced(&db).await;
     for (agent, _) in spawned {

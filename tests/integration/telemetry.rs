@@ -6,12 +6,11 @@
 //! One test per binary: the tracing subscriber is process-wide.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use std::sync::OnceLock;
 
-use common::proxy::{
-    RunningProxy, Scenario, call, connect_http, connect_http_with, operation_note,
-};
+use common::proxy::{RunningProxy, Scenario, connect_http, connect_http_with, operation_note};
 use common::{TestDb, wait_until};
 use leasegate::intent::OperationId;
 use leasegate::ledger::OperationStatus;
@@ -95,14 +94,7 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
         json!(format!("00-{agent_trace}-{agent_span}-01")),
     );
     meta.insert("tracestate".into(), json!("vendor=abc"));
-    let answer = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 700, "currency": "eur"}),
-        Some(meta),
-    )
-    .await
-    .unwrap();
+    let answer = charge_eur(&agent, 700, Some(meta)).await.unwrap();
     let operation_id = operation_note(&answer)["operation_id"]
         .as_str()
         .unwrap()
@@ -212,14 +204,7 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
         ],
     )
     .await;
-    call(
-        &by_headers,
-        "payments__charge",
-        json!({"amount": 900, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap();
+    charge_eur(&by_headers, 900, None).await.unwrap();
     let spans = wait_until("the second call's spans are exported", || async {
         let spans = spans_of_trace(header_trace);
         spans

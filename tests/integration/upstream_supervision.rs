@@ -6,6 +6,7 @@
 //! own state files.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta};
 use common::{TestDb, http, prometheus, wait_until};
@@ -251,29 +252,20 @@ async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent_and_stay
     let pid_file = scenario.dir.join("state/mailer.pid");
 
     // The other upstream is untouched.
-    let charge = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .expect("the call is answered");
+    let charge = charge_eur(&agent, 1, Some(lease_meta(&lease)))
+        .await
+        .expect("the call is answered");
     assert_ne!(charge.is_error, Some(true), "{charge:?}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
 
     // The mailer can start again: the pending email goes out once, by the
     // outbox, under the same operation id.
     std::fs::remove_dir(&pid_file).unwrap();
-    wait_until("the outbox to send the pending email", || async {
-        let status: String = sqlx::query_scalar(
-            "SELECT status FROM tool_operations WHERE tool_name = 'mailer__send_email'",
-        )
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        (status == "succeeded").then_some(())
-    })
+    db.wait_tool_status(
+        "the outbox to send the pending email",
+        "mailer__send_email",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
@@ -329,18 +321,12 @@ async fn the_reconciler_defers_while_an_upstream_restarts_and_spends_no_retry_bu
 
     // An unknown charge (its claim's holder died before answering).
     let (lease, _) = db.running_run("agent-1", 60_000).await;
-    let intent = leasegate::intent::Intent::new(
-        "tenant-a",
+    let intent = crate::common::intents::planned(
         lease.run_id,
-        Some(leasegate::intent::StepRef {
-            step_id: "charge".into(),
-            effect_version: 1,
-        }),
+        "charge",
         "payments__charge",
         &json!({"amount": 7, "currency": "eur"}),
-        leasegate::intent::IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     db.claim(&lease, &intent, "gone-proxy", 1).await;
     let row = || async {
         sqlx::query_as::<_, (String, i32)>(

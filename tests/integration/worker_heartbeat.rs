@@ -17,14 +17,6 @@ const FAST: HeartbeatConfig = HeartbeatConfig {
     renew_timeout: Duration::from_millis(400),
 };
 
-async fn lease_expiry(db: &TestDb, handle: &LeaseHandle) -> chrono::DateTime<chrono::Utc> {
-    sqlx::query_scalar("SELECT expires_at FROM worker_leases WHERE run_id = $1")
-        .bind(handle.claim().run_id.as_uuid())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-}
-
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn heartbeat_extends_the_lease_and_release_stops_it(
     pool: PgPoolOptions,
@@ -38,12 +30,12 @@ async fn heartbeat_extends_the_lease_and_release_stops_it(
     let granted = handle.grant().expires_at;
 
     wait_until("two renewals to move the expiry", || async {
-        (lease_expiry(&db, &handle).await > granted).then_some(())
+        (db.lease_expiry(handle.claim().run_id).await > granted).then_some(())
     })
     .await;
-    let first_renewal = lease_expiry(&db, &handle).await;
+    let first_renewal = db.lease_expiry(handle.claim().run_id).await;
     wait_until("a further renewal", || async {
-        (lease_expiry(&db, &handle).await > first_renewal).then_some(())
+        (db.lease_expiry(handle.claim().run_id).await > first_renewal).then_some(())
     })
     .await;
     assert!(!handle.cancellation().is_cancelled());
@@ -136,12 +128,7 @@ async fn unanswered_renewal_cancels_the_worker_and_the_heartbeat_ends(
         .unwrap();
 
     // Hold the lease row: the next renewal cannot get an answer in time.
-    let mut gate = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(run_id.as_uuid())
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    let gate = db.hold_lease_row(run_id).await;
     within(
         "the heartbeat to give up",
         handle.cancellation().cancelled(),
