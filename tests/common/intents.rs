@@ -15,6 +15,16 @@ pub fn unplanned(run_id: RunId, tool: &str, arguments: &Value) -> Intent {
         .expect("a valid unplanned intent")
 }
 
+/// An unplanned call of the example `payments__charge` for `amount` in
+/// `currency`, in run `run_id`.
+pub fn unplanned_charge(run_id: RunId, amount: i64, currency: &str) -> Intent {
+    unplanned(
+        run_id,
+        "payments__charge",
+        &serde_json::json!({"amount": amount, "currency": currency}),
+    )
+}
+
 /// A call of `tool` with `arguments` planned as step `step` (effect version 1).
 pub fn planned(run_id: RunId, step: &str, tool: &str, arguments: &Value) -> Intent {
     planned_version(run_id, step, 1, tool, arguments)

@@ -12,8 +12,10 @@ use leasegate::ledger::{
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+pub mod files;
 pub mod http;
 pub mod intents;
+pub mod operator;
 pub mod peers;
 pub mod prometheus;
 pub mod proxy;
@@ -40,6 +42,16 @@ pub struct TestDb {
 impl TestDb {
     pub async fn new(pool: PgPoolOptions, connect: PgConnectOptions) -> Self {
         Self::with_options(pool, connect, LedgerOptions::default()).await
+    }
+
+    /// The one-at-a-time lock ([`exclusive`]) first, then the test's
+    /// database: for the suites that must not contend for the cores.
+    pub async fn new_exclusive(
+        pool: PgPoolOptions,
+        connect: PgConnectOptions,
+    ) -> (tokio::sync::MutexGuard<'static, ()>, Self) {
+        let exclusive = exclusive().await;
+        (exclusive, Self::new(pool, connect).await)
     }
 
     pub async fn with_options(
@@ -181,6 +193,80 @@ impl TestDb {
             .expect("operation_mark_unknown")
     }
 
+    /// Saves `checkpoint` under `claim` at `revision`; the save must apply.
+    pub async fn save_checkpoint(
+        &self,
+        claim: &LeaseClaim,
+        revision: i64,
+        checkpoint: &serde_json::Value,
+    ) -> leasegate::ledger::Applied {
+        applied(
+            self.ledger
+                .checkpoint_save(claim, revision, checkpoint)
+                .await
+                .expect("checkpoint_save"),
+        )
+    }
+
+    /// Completes the run `claim` holds at `revision` (with `result`); the
+    /// completion must apply.
+    pub async fn complete_run(
+        &self,
+        claim: &LeaseClaim,
+        revision: i64,
+        result: Option<&serde_json::Value>,
+    ) -> leasegate::ledger::Applied {
+        applied(
+            self.ledger
+                .run_complete(claim, revision, result)
+                .await
+                .expect("run_complete"),
+        )
+    }
+
+    /// The operation `operation_id` and its events, as the ledger reports
+    /// them; the operation must exist.
+    pub async fn operation_view(
+        &self,
+        operation_id: &leasegate::intent::OperationId,
+    ) -> leasegate::ledger::OperationView {
+        self.ledger
+            .operation_get(operation_id)
+            .await
+            .expect("operation_get")
+            .unwrap_or_else(|| panic!("no operation {}", operation_id.as_str()))
+    }
+
+    /// Settles `claim`'s operation as succeeded, with `remote_id` and
+    /// `result`, as its holder does when the tool answers.
+    pub async fn settle_succeeded(
+        &self,
+        claim: &leasegate::ledger::DispatchClaim,
+        remote_id: Option<&str>,
+        result: &serde_json::Value,
+    ) -> leasegate::ledger::SettleOutcome {
+        self.ledger
+            .operation_settle(
+                claim,
+                leasegate::ledger::Settlement::Succeeded,
+                remote_id,
+                result,
+            )
+            .await
+            .expect("operation_settle")
+    }
+
+    /// Cancels the run as operator `actor` (with `reason`); the cancel must
+    /// apply.
+    pub async fn operator_cancels(&self, run_id: RunId, actor: &str, reason: Option<&str>) {
+        applied(
+            self.operator
+                .run_cancel(run_id, actor, reason)
+                .await
+                .expect("run_cancel"),
+        );
+    }
+
     /// Opens a superuser transaction holding the run's lease row `FOR
     /// UPDATE`: every fenced write of the run waits until it ends.
     pub async fn hold_lease_row(
@@ -318,6 +404,17 @@ pub fn database_url(connect: &PgConnectOptions) -> String {
             .get_database()
             .expect("sqlx::test names the database"),
     )
+}
+
+/// Whether process `pid` has exited (a zombie not reaped yet counts).
+pub fn process_exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
 }
 
 /// Polls `probe` until it yields `Some`, failing the test after [`DEADLINE`].

@@ -29,7 +29,7 @@ use crate::common::tokens::{create_token, token_id};
 use common::TestDb;
 use common::proxy::{Scenario, ServedChild};
 use common::webdriver::Browser;
-use leasegate::ledger::{RunId, Settlement, UnknownCause};
+use leasegate::ledger::{RunId, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -70,8 +70,7 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let config = std::fs::read_to_string(scenario.config_path()).unwrap();
     std::fs::write(
@@ -98,33 +97,21 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     .await;
     let unknown_id = email.operation_id.as_str().to_owned();
     let (paid, _) = db.running_run("worker-8", 600_000).await;
-    let charge = intents::unplanned(
-        paid.run_id,
-        "payments__charge",
-        &json!({"amount": 1200, "currency": "EUR"}),
-    );
+    let charge = intents::unplanned_charge(paid.run_id, 1200, "EUR");
     let charged = db.claim(&paid, &charge, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_settle(
-            &charged,
-            Settlement::Succeeded,
-            Some("ch_1"),
-            &json!({"charge_id": "ch_1"}),
-        )
-        .await
-        .unwrap();
+    db.settle_succeeded(&charged, Some("ch_1"), &json!({"charge_id": "ch_1"}))
+        .await;
     let other_run = RunId::generate();
     db.ledger
         .run_create(other_run, "tenant-b", "their-task", None)
         .await
         .unwrap();
-    let lease_secret: String = sqlx::query_scalar(
-        "SELECT encode(token_sha256, 'hex') FROM worker_leases WHERE run_id = $1",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let lease_secret: String = db
+        .scalar(
+            "SELECT encode(token_sha256, 'hex') FROM worker_leases WHERE run_id = $1",
+            lease.run_id.as_uuid(),
+        )
+        .await;
 
     let operator = create_token(&db, "tenant-a", "operator", Some("console-test")).await;
     let intruder = create_token(&db, "tenant-b", "operator", Some("console-test")).await;
@@ -198,11 +185,12 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
 
     // Runs: search by task; the run's page shows the lease and the
     // timeline, never the lease secret.
-    let task: String = sqlx::query_scalar("SELECT task_id FROM agent_runs WHERE run_id = $1")
-        .bind(lease.run_id.as_uuid())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let task: String = db
+        .scalar(
+            "SELECT task_id FROM agent_runs WHERE run_id = $1",
+            lease.run_id.as_uuid(),
+        )
+        .await;
     browser
         .goto(&format!("{control}/console/runs?task={task}"))
         .await;
@@ -278,12 +266,12 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         before,
         "a stale resolution writes nothing"
     );
-    let status: String =
-        sqlx::query_scalar("SELECT status FROM tool_operations WHERE operation_id = $1")
-            .bind(&unknown_id)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let status: String = db
+        .scalar(
+            "SELECT status FROM tool_operations WHERE operation_id = $1",
+            &unknown_id,
+        )
+        .await;
     assert_eq!(status, "unknown");
 
     // Look again, resolve: in the ledger with its note and who did it.
@@ -297,35 +285,33 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await;
     browser.click("#resolve-submit").await;
     browser.find("#done").await;
-    let (status, remote_id): (String, Option<String>) =
-        sqlx::query_as("SELECT status, remote_id FROM tool_operations WHERE operation_id = $1")
-            .bind(&unknown_id)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let (status, remote_id): (String, Option<String>) = db
+        .row(
+            "SELECT status, remote_id FROM tool_operations WHERE operation_id = $1",
+            &unknown_id,
+        )
+        .await;
     assert_eq!(
         (status.as_str(), remote_id.as_deref()),
         ("succeeded", Some("msg_77"))
     );
-    let (actor_kind, actor, note): (String, String, String) = sqlx::query_as(
-        "SELECT actor_kind, actor, detail->>'note' FROM ledger_events
+    let (actor_kind, actor, note): (String, String, String) = db
+        .row(
+            "SELECT actor_kind, actor, detail->>'note' FROM ledger_events
           WHERE operation_id = $1 AND to_status = 'succeeded'",
-    )
-    .bind(&unknown_id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &unknown_id,
+        )
+        .await;
     assert_eq!(actor_kind, "operator");
     assert_eq!(actor, format!("token:{}", token_id(&operator)));
     assert_eq!(note, "checked the mail provider: delivered as msg_77");
-    let operator_evidence: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM operation_evidence WHERE operation_id = $1 AND kind = 'operator'
+    let operator_evidence: i64 = db
+        .scalar(
+            "SELECT count(*) FROM operation_evidence WHERE operation_id = $1 AND kind = 'operator'
             AND body->>'note' = 'checked the mail provider: delivered as msg_77'",
-    )
-    .bind(&unknown_id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &unknown_id,
+        )
+        .await;
     assert_eq!(operator_evidence, 1);
     assert!(
         browser
@@ -392,15 +378,10 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let (lease, _) = db.running_run("worker-1", 600_000).await;
-    let charge = intents::unplanned(
-        lease.run_id,
-        "payments__charge",
-        &json!({"amount": 500, "currency": "EUR"}),
-    );
+    let charge = intents::unplanned_charge(lease.run_id, 500, "EUR");
     let claim = db.claim(&lease, &charge, "proxy-1", 30_000).await;
     db.holder_marks_unknown(
         &claim,
@@ -428,14 +409,13 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
         .await;
     browser.click("#retry-submit").await;
     assert!(browser.text("#done").await.contains("Retry budget reset"));
-    let (actor, note): (String, String) = sqlx::query_as(
-        "SELECT actor, detail->>'note' FROM ledger_events
+    let (actor, note): (String, String) = db
+        .row(
+            "SELECT actor, detail->>'note' FROM ledger_events
           WHERE operation_id = $1 AND detail ? 'retry_budget_reset'",
-    )
-    .bind(&id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     assert_eq!(
         (actor.as_str(), note.as_str()),
         ("local-operator", "the payment provider is back")
@@ -507,15 +487,14 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
     browser.click("#cancel-submit").await;
     browser.accept_dialog().await;
     assert!(browser.text("#done").await.contains("cancelled"));
-    let (status, actor, detail): (String, String, Value) = sqlx::query_as(
-        "SELECT r.status, e.actor, e.detail FROM agent_runs r
+    let (status, actor, detail): (String, String, Value) = db
+        .row(
+            "SELECT r.status, e.actor, e.detail FROM agent_runs r
            JOIN ledger_events e ON e.run_id = r.run_id
           WHERE r.run_id = $1 AND e.subject = 'run' AND e.to_status = 'cancelled'",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            lease.run_id.as_uuid(),
+        )
+        .await;
     assert_eq!(
         (status.as_str(), actor.as_str()),
         ("cancelled", "local-operator")

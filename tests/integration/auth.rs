@@ -450,14 +450,13 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     )
     .await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.body);
-    let actors: Vec<String> = sqlx::query_scalar(
-        "SELECT actor FROM ledger_events WHERE run_id = $1 AND subject = 'run' \
+    let actors: Vec<String> = db
+        .scalars(
+            "SELECT actor FROM ledger_events WHERE run_id = $1 AND subject = 'run' \
          AND to_status = 'cancelled'",
-    )
-    .bind(run.as_uuid())
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+            run.as_uuid(),
+        )
+        .await;
     assert_eq!(
         actors,
         [format!("token:{}/alice", token_id(&operator))],
@@ -548,11 +547,9 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     let Served { mut child, log, .. } = served;
     child.start_kill().unwrap();
     within("leasegate to stop", child.wait()).await.unwrap();
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let tables: Vec<String> = db
+        .query_scalars("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+        .await;
     let log = log.lock().unwrap().join("\n");
     assert!(
         log.contains("DEBUG") || log.contains("debug"),
@@ -825,13 +822,12 @@ async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_
     );
     // One charge, under the lease, recorded as succeeded.
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
-    let (status,): (String,) = sqlx::query_as(
-        "SELECT status FROM tool_operations WHERE run_id = $1 AND tool_name = 'payments__charge'",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let (status,): (String,) = db
+        .row(
+            "SELECT status FROM tool_operations WHERE run_id = $1 AND tool_name = 'payments__charge'",
+            lease.run_id.as_uuid(),
+        )
+        .await;
     assert_eq!(status, "succeeded");
     // The refusal without a token was counted.
     let metrics = request(
@@ -895,15 +891,13 @@ fn scenario_in_lease_mode(db: &TestDb, mode: &str) -> Scenario {
 
 /// The (run id, kind, principal) of the operation of the charge of `amount`.
 async fn charge_run(db: &TestDb, amount: i64) -> Vec<(String, String, String)> {
-    sqlx::query_as(
+    db.rows(
         "SELECT r.run_id::text, r.kind, r.principal FROM tool_operations o \
            JOIN agent_runs r ON r.run_id = o.run_id \
           WHERE (o.request_body->>'amount')::bigint = $1 ORDER BY o.created_at",
+        amount,
     )
-    .bind(amount)
-    .fetch_all(&db.admin)
     .await
-    .unwrap()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -1153,22 +1147,18 @@ async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_
         .await
         .unwrap_err();
     assert_eq!(conflict.0, -32003, "{conflict:?}");
-    let digests: Vec<String> = sqlx::query_scalar("SELECT request_digest FROM tool_operations")
-        .fetch_all(&db.admin)
-        .await
-        .unwrap();
+    let digests: Vec<String> = db
+        .query_scalars("SELECT request_digest FROM tool_operations")
+        .await;
     assert!(
         digests.iter().all(|d| !conflict.1.contains(d.as_str())),
         "-32003 names no digest: {}",
         conflict.1
     );
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 4);
-    let principals: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT kind, principal, task_id FROM agent_tasks ORDER BY principal, task_id",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let principals: Vec<(String, String, String)> = db
+        .query_rows("SELECT kind, principal, task_id FROM agent_tasks ORDER BY principal, task_id")
+        .await;
     let mut expected = vec![
         (
             "key".to_owned(),

@@ -606,12 +606,11 @@ async fn bad_input_gets_a_4xx_with_a_code_and_writes_nothing(
             &body[..body.len().min(60)]
         );
     }
-    let counts: (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM ledger_events)",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let counts: (i64, i64, i64) = db
+        .query_row(
+            "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM ledger_events)",
+        )
+        .await;
     assert_eq!(counts, (0, 0, 0), "nothing written");
 }
 
@@ -934,13 +933,12 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["operation"]["status"], "unknown");
     assert_eq!(attempts().await, (0, None));
-    let event: Value = sqlx::query_scalar(
-        "SELECT detail FROM ledger_events WHERE operation_id = $1 AND actor = 'alice'",
-    )
-    .bind(intent.operation_id.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let event: Value = db
+        .scalar(
+            "SELECT detail FROM ledger_events WHERE operation_id = $1 AND actor = 'alice'",
+            intent.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         event,
         json!({"retry_budget_reset": true, "note": "bank API back up", "previous_attempts": 1})
@@ -949,15 +947,7 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
     // Only unknown operations; unknown ids are not found.
     let settled = intents::unplanned(lease.run_id, "payments__charge", &json!({"amount": 4}));
     let claim = db.claim(&lease, &settled, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_settle(
-            &claim,
-            leasegate::ledger::Settlement::Succeeded,
-            None,
-            &json!({}),
-        )
-        .await
-        .unwrap();
+    db.settle_succeeded(&claim, None, &json!({})).await;
     let (status, answer) = api
         .send(
             Method::POST,
@@ -1010,13 +1000,11 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
         }
     };
     let rows = || async {
-        sqlx::query_scalar::<_, i64>(
+        db.query_scalar::<i64>(
             "SELECT (SELECT count(*) FROM agent_tasks) + (SELECT count(*) FROM agent_runs) \
              + (SELECT count(*) FROM ledger_events)",
         )
-        .fetch_one(&db.admin)
         .await
-        .unwrap()
     };
 
     let (status, answer) = send(json!({"tenant_id": "tenant-b", "task_id": "order-42",
@@ -1045,11 +1033,9 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
     assert_eq!(status, StatusCode::CREATED, "{named}");
     let (status, unnamed) = send(json!({"task_id": "order-43"})).await;
     assert_eq!(status, StatusCode::CREATED, "{unnamed}");
-    let tenants: Vec<String> =
-        sqlx::query_scalar("SELECT tenant_id FROM agent_runs ORDER BY task_id")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let tenants: Vec<String> = db
+        .query_scalars("SELECT tenant_id FROM agent_runs ORDER BY task_id")
+        .await;
     assert_eq!(tenants, ["tenant-a", "tenant-a"]);
 
     // The tenant-free router (the operator CLI without --config) takes any.

@@ -79,8 +79,9 @@ async fn gated_call(ledger: &Ledger, lease: LeaseClaim) -> RunId {
 
 /// The rows and events of a run, without ids and times.
 async fn footprint(db: &TestDb, run_id: RunId) -> Value {
-    sqlx::query_scalar(
-        "SELECT jsonb_build_object(
+    db
+        .scalar(
+            "SELECT jsonb_build_object(
            'ops', (SELECT jsonb_agg(jsonb_build_array(status, revision, dispatch_count, remote_id,
                                                      dispatch_owner))
                      FROM tool_operations WHERE run_id = $1),
@@ -90,11 +91,9 @@ async fn footprint(db: &TestDb, run_id: RunId) -> Value {
                                                            FROM jsonb_object_keys(detail) k))
                                        ORDER BY event_id)
                         FROM ledger_events WHERE run_id = $1 AND subject = 'operation'))",
-    )
-    .bind(run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap()
+            run_id.as_uuid(),
+        )
+        .await
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -486,28 +485,22 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
             (2, Some("22023".to_owned()), "item_error".to_owned())
         ]
     );
-    let ops: Vec<String> = sqlx::query_scalar("SELECT operation_id FROM tool_operations")
-        .fetch_all(&db.admin)
-        .await
-        .unwrap();
+    let ops: Vec<String> = db
+        .query_scalars("SELECT operation_id FROM tool_operations")
+        .await;
     assert_eq!(ops, [call_a.operation_id.as_str()]);
     // The settle batch: a bad status raises for its item only.
-    let (verdicts,): (Value,) = sqlx::query_as(
-        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+    let (verdicts,): (Value,) = db
+        .row_with(
+            "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
            ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['bogus', 'succeeded'], ARRAY[NULL, 'r']::text[],
            ARRAY['{}', '{}']::jsonb[])",
-    )
-    .bind(call_a.operation_id.as_str())
-    .bind(call_a.request_digest.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            (call_a.operation_id.as_str(), call_a.request_digest.as_str()),
+        )
+        .await;
     assert_eq!(verdicts[0]["error_sqlstate"], "22023");
     assert_eq!(verdicts[1]["outcome"], "settled");
-    let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let status: String = db.query_scalar("SELECT status FROM tool_operations").await;
     assert_eq!(status, "succeeded");
 
     // An item that passes every fence but breaks a table constraint (a
@@ -548,25 +541,23 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
     );
     // Two settles of one claim in one batch: the first settles (set-based),
     // the repeat goes through operation_settle and is kept as evidence.
-    let (verdicts,): (Value,) = sqlx::query_as(
-        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+    let (verdicts,): (Value,) = db
+        .row_with(
+            "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
            ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['succeeded', 'succeeded'],
            ARRAY['r1', 'r2']::text[], ARRAY['{}', '{}']::jsonb[])",
-    )
-    .bind(call_c.operation_id.as_str())
-    .bind(call_c.request_digest.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            (call_c.operation_id.as_str(), call_c.request_digest.as_str()),
+        )
+        .await;
     assert_eq!(verdicts[0]["outcome"], "settled");
     assert_eq!(verdicts[0]["remote_id"], "r1");
     assert_eq!(verdicts[1]["outcome"], "stale_claim");
-    let evidence: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT kind, remote_id FROM operation_evidence WHERE operation_id = $1")
-            .bind(call_c.operation_id.as_str())
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let evidence: Vec<(String, Option<String>)> = db
+        .rows(
+            "SELECT kind, remote_id FROM operation_evidence WHERE operation_id = $1",
+            call_c.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         evidence,
         [("late_response".to_owned(), Some("r2".to_owned()))]

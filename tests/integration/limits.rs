@@ -45,7 +45,7 @@ impl Served {
         env: &[(&str, &str)],
         open_files: Option<u64>,
     ) -> Served {
-        let mut command = match open_files {
+        let command = match open_files {
             Some(limit) => {
                 let mut command = tokio::process::Command::new("bash");
                 command.args([
@@ -57,14 +57,7 @@ impl Served {
             }
             None => tokio::process::Command::new(LEASEGATE),
         };
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(scenario.config_path());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let served = ServedChild::spawn(command).await;
+        let served = ServedChild::spawn(ServedChild::serve_with(command, scenario, env)).await;
         Served {
             child: served.child,
             mcp: served.mcp,

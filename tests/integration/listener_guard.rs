@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::TestDb;
-use common::proxy::{RunningProxy, Scenario};
+use common::proxy::RunningProxy;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
@@ -28,8 +28,7 @@ async fn foreign_hosts_and_origins_are_refused_on_both_listeners_and_write_nothi
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, "").await;
     let port = |url: &str| {
         url.rsplit(':')
             .next()

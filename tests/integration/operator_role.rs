@@ -61,11 +61,7 @@ fn url_as(db: &TestDb, login: &str) -> String {
 /// An unknown charge on a running run of tenant-a: (run id, operation id).
 async fn unknown_operation(db: &TestDb) -> (String, String) {
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = intents::unplanned(
-        lease.run_id,
-        "payments__charge",
-        &json!({"amount": 7, "currency": "eur"}),
-    );
+    let intent = intents::unplanned_charge(lease.run_id, 7, "eur");
     let claim = db.claim(&lease, &intent, "proxy-0", 30_000).await;
     db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
         .await;
@@ -77,29 +73,24 @@ async fn unknown_operation(db: &TestDb) -> (String, String) {
 
 /// (operation status, revision, run status, events, unresolved failovers).
 async fn state(db: &TestDb, run: &str, operation: &str) -> (String, i64, String, i64, i64) {
-    sqlx::query_as(
+    db.row_with(
         "SELECT (SELECT status FROM tool_operations WHERE operation_id = $1), \
                 (SELECT revision FROM tool_operations WHERE operation_id = $1), \
                 (SELECT status FROM agent_runs WHERE run_id = $2::uuid), \
                 (SELECT count(*) FROM ledger_events), \
                 (SELECT count(*) FROM ledger_failovers WHERE resolved_at IS NULL)",
+        (operation, run),
     )
-    .bind(operation)
-    .bind(run)
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 async fn lossy_failover(db: &TestDb) -> i64 {
-    sqlx::query_scalar(
+    db.query_scalar(
         "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
          new_timeline, acknowledged_lsn, lossy) VALUES ('proxy-0', '42', 1, 2, '0/10', true) \
          RETURNING failover_id",
     )
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 /// `leasegate <args>` with `--database-url url`: (exit code, stdout, stderr).
@@ -298,18 +289,16 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
         (after.0.as_str(), after.2.as_str(), after.4),
         ("succeeded", "cancelled", 0)
     );
-    let actors: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT actor_kind, actor, to_status FROM ledger_events \
+    let actors: Vec<(String, String, String)> = db
+        .rows_with(
+            "SELECT actor_kind, actor, to_status FROM ledger_events \
           WHERE (operation_id = $1 OR (run_id = $2::uuid AND subject = 'run')) AND event_id > \
                 (SELECT max(event_id) FROM ledger_events WHERE operation_id = $1 \
                    AND to_status = 'unknown' AND actor = 'proxy-0') \
           ORDER BY event_id",
-    )
-    .bind(&operation)
-    .bind(&run)
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+            (&operation, &run),
+        )
+        .await;
     let who: Vec<(&str, &str, &str)> = actors
         .iter()
         .map(|(k, a, s)| (k.as_str(), a.as_str(), s.as_str()))
@@ -362,14 +351,13 @@ async fn database_operator_url_gives_serve_the_operators_login_for_the_operator_
         (after.0.as_str(), after.2.as_str()),
         ("failed_final", "cancelled")
     );
-    let (kind, actor): (String, String) = sqlx::query_as(
-        "SELECT actor_kind, actor FROM ledger_events WHERE operation_id = $1 \
+    let (kind, actor): (String, String) = db
+        .row(
+            "SELECT actor_kind, actor FROM ledger_events WHERE operation_id = $1 \
          AND to_status = 'failed_final'",
-    )
-    .bind(&operation)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &operation,
+        )
+        .await;
     assert_eq!((kind.as_str(), actor.as_str()), ("operator", "bob"));
     proxy.stop().await;
 

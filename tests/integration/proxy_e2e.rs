@@ -4,9 +4,10 @@
 
 use crate::common;
 use crate::common::proxy::charge_eur;
+use crate::common::proxy::send_email;
 
 use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta, operation_note};
-use common::{TestDb, applied, http, replace_exactly};
+use common::{TestDb, http, replace_exactly};
 use leasegate::intent::OperationId;
 use leasegate::ledger::{LeaseClaim, OperationStatus};
 use serde_json::{Value, json};
@@ -29,8 +30,7 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent-1", 60_000).await;
 
     // Lease on the connection (headers).
@@ -98,12 +98,7 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
 
     // The ledger says what the agents were told.
     for result in [&first, &ra] {
-        let view = db
-            .ledger
-            .operation_get(&operation_id(result))
-            .await
-            .unwrap()
-            .unwrap();
+        let view = db.operation_view(&operation_id(result)).await;
         assert_eq!(view.operation.status, OperationStatus::Succeeded);
         assert_eq!(
             view.operation
@@ -114,11 +109,8 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
         );
     }
     assert_eq!(
-        db.ledger
-            .operation_get(&operation_id(&first))
+        db.operation_view(&operation_id(&first))
             .await
-            .unwrap()
-            .unwrap()
             .operation
             .remote_id
             .as_deref(),
@@ -133,20 +125,13 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (old, _) = db.running_run("old-worker", 300).await;
     db.wait_lease_expired(old.run_id).await;
     let new = db.acquire(old.run_id, "new-worker", 60_000).await;
 
     let (agent, _) = connect_http(&proxy.url, None).await;
-    let refused = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(lease_meta(&old)),
-    )
-    .await;
+    let refused = send_email(&agent, "a@b.c", Some(lease_meta(&old))).await;
     let (code, message) = refused.expect_err("a stale lease is refused");
     assert_eq!(code, -32002, "{message}");
     assert!(
@@ -167,9 +152,7 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
 
     // No lease at all: its own error, also before the upstream, saying how
     // to get a lease over HTTP and how to mark the tool read-only.
-    let (code, message) = call(&agent, "mailer__send_email", json!({"to": "a@b.c"}), None)
-        .await
-        .unwrap_err();
+    let (code, message) = send_email(&agent, "a@b.c", None).await.unwrap_err();
     assert_eq!(code, -32001, "{message}");
     for needle in [
         "tool \"mailer__send_email\" has side effects and needs a lease",
@@ -185,13 +168,9 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         );
     }
     // The same as structured hints in error.data (raw JSON-RPC over HTTP).
-    let response = http::post(
+    let response = http::post_mcp(
         &proxy.url,
-        &[
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("mcp-protocol-version", "2025-11-25"),
-        ],
+        &[],
         &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                 "params": {"name": "mailer__send_email", "arguments": {"to": "a@b.c"}}})
         .to_string(),
@@ -229,14 +208,9 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         "nothing registered"
     );
     // The new owner's call goes through.
-    call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(lease_meta(&new.claim)),
-    )
-    .await
-    .unwrap();
+    send_email(&agent, "a@b.c", Some(lease_meta(&new.claim)))
+        .await
+        .unwrap();
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
 }
@@ -247,8 +221,7 @@ async fn an_upstream_that_hangs_past_its_timeout_leaves_the_call_unknown_and_not
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -281,12 +254,7 @@ async fn an_upstream_that_hangs_past_its_timeout_leaves_the_call_unknown_and_not
         "a `none` tool is never re-sent"
     );
 
-    let view = db
-        .ledger
-        .operation_get(&operation_id(&first))
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&operation_id(&first)).await;
     assert_eq!(
         view.operation.status,
         OperationStatus::Unknown,
@@ -308,8 +276,7 @@ async fn read_only_tools_pass_through_with_progress_and_leave_no_ledger_row(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     // No lease needed for reads.
     let (agent, recorder) = connect_http(&proxy.url, None).await;
     let found = call(
@@ -412,8 +379,7 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "max_arguments_bytes = 1048576\n");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, "max_arguments_bytes = 1048576\n").await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -460,25 +426,14 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
         "dev.leasegate/lease".into(),
         json!({"run_id": "nope", "owner": "agent", "epoch": 1}),
     );
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(bad),
-    )
-    .await
-    .unwrap_err();
+    let (code, message) = send_email(&agent, "a@b.c", Some(bad)).await.unwrap_err();
     assert_eq!(code, -32602);
     assert!(message.contains("invalid run id \"nope\""), "{message}");
 
     // Malformed JSON-RPC over the wire.
-    let response = http::post(
+    let response = http::post_mcp(
         &proxy.url,
-        &[
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("mcp-protocol-version", "2025-11-25"),
-        ],
+        &[],
         "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ",
     )
     .await;
@@ -498,14 +453,10 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
     );
 
     // A business failure (isError) is final, recorded and replayed.
-    let failed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
-        .await
-        .unwrap();
+    let failed = send_email(&agent, "nobody", None).await.unwrap();
     assert_eq!(failed.is_error, Some(true));
     assert_eq!(operation_note(&failed)["status"], "failed_final");
-    let replayed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
-        .await
-        .unwrap();
+    let replayed = send_email(&agent, "nobody", None).await.unwrap();
     assert_eq!(
         (
             replayed.is_error,
@@ -522,19 +473,13 @@ async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, revision) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
     charge_eur(&agent, 1, Some(lease_meta(&lease)))
         .await
         .unwrap();
-    applied(
-        db.ledger
-            .run_complete(&lease, revision, None)
-            .await
-            .unwrap(),
-    );
+    db.complete_run(&lease, revision, None).await;
     let (code, message) = charge_eur(&agent, 2, Some(lease_meta(&lease)))
         .await
         .unwrap_err();
@@ -561,8 +506,7 @@ async fn policy_can_require_explicit_steps_and_mask_stored_requests(
     let db = TestDb::new(pool, connect).await;
     let policy =
         "step_identity = \"explicit\"\nrequest_body = \"masked\"\nmasked_fields = [\"to\"]\n";
-    let scenario = Scenario::new(&db.url, policy);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, policy).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -587,12 +531,7 @@ async fn policy_can_require_explicit_steps_and_mask_stored_requests(
     let sent = call(&agent, "mailer__send_email", email, Some(meta))
         .await
         .unwrap();
-    let view = db
-        .ledger
-        .operation_get(&operation_id(&sent))
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&operation_id(&sent)).await;
     assert_eq!(view.operation.step_id, "notify-customer");
     assert_eq!(
         view.request_body,
@@ -622,8 +561,7 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -644,10 +582,7 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
     pending.abort();
     let status: String =
         common::wait_until("the answer to be settled without the agent", || async {
-            let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
-                .fetch_one(&db.admin)
-                .await
-                .unwrap();
+            let status: String = db.query_scalar("SELECT status FROM tool_operations").await;
             (status != "dispatching").then_some(status)
         })
         .await;
@@ -662,8 +597,7 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -699,21 +633,14 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
         );
         meta
     };
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(step("mail-1")),
-    )
-    .await
-    .expect_err("nothing was sent: an error, not a result");
+    let (code, message) = send_email(&agent, "a@b.c", Some(step("mail-1")))
+        .await
+        .expect_err("nothing was sent: an error, not a result");
     assert_eq!(code, -32011, "{message}");
     assert!(message.contains("was not sent"), "{message}");
-    let row: (String, String) =
-        sqlx::query_as("SELECT operation_id, status FROM tool_operations WHERE step_id = 'mail-1'")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let row: (String, String) = db
+        .query_row("SELECT operation_id, status FROM tool_operations WHERE step_id = 'mail-1'")
+        .await;
     let view = db
         .ledger
         .operation_get(&OperationId::from_string(row.0.clone()))
@@ -734,21 +661,11 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
     );
     // The agent's re-call of the same step claims the same operation again
     // (and, the mailer still gone, is refused the same way).
-    let (code, _) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(step("mail-1")),
-    )
-    .await
-    .expect_err("still not sent");
-    assert_eq!(code, -32011);
-    let again = db
-        .ledger
-        .operation_get(&OperationId::from_string(row.0))
+    let (code, _) = send_email(&agent, "a@b.c", Some(step("mail-1")))
         .await
-        .unwrap()
-        .unwrap();
+        .expect_err("still not sent");
+    assert_eq!(code, -32011);
+    let again = db.operation_view(&OperationId::from_string(row.0)).await;
     assert_eq!(
         (again.operation.status, again.operation.dispatch_count),
         (OperationStatus::Prepared, 2)
@@ -815,8 +732,7 @@ async fn a_sessionless_2026_07_28_client_lists_and_calls_through_leasegate(
     use rmcp::{ClientLifecycleMode, ClientServiceExt};
 
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(proxy.url.as_str()),
@@ -877,7 +793,7 @@ async fn an_error_the_provider_documents_as_nothing_done_leaves_the_operation_se
     let note = operation_note(&first);
     assert_eq!(note["status"], "prepared", "{first:?}");
     let id = OperationId::from_string(note["operation_id"].as_str().unwrap().to_owned());
-    let view = db.ledger.operation_get(&id).await.unwrap().unwrap();
+    let view = db.operation_view(&id).await;
     assert_eq!(view.operation.status, OperationStatus::Prepared);
     assert_eq!(view.evidence[0].kind.as_str(), "not_sent");
     assert!(scenario.side_effects("charges.jsonl").is_empty());

@@ -183,10 +183,7 @@ async fn an_explicit_cancel_from_the_agent_reaches_the_upstream(
     .await;
     // The side effect may have happened: the operation is not failed.
     let status: String = common::wait_until("the operation to leave dispatching", || async {
-        let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+        let status: String = db.query_scalar("SELECT status FROM tool_operations").await;
         (status != "dispatching").then_some(status)
     })
     .await;

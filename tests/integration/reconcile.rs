@@ -5,13 +5,14 @@
 
 use crate::common;
 use crate::common::intents;
+use crate::common::proxy::spawn_call;
 
 use common::proxy::{
     LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, ServedChild, call, connect_http,
 };
 use common::{TestDb, http, prometheus, replace_exactly, wait_until, within};
 use leasegate::intent::Intent;
-use leasegate::ledger::{MarkUnknown, OperationStatus, Settlement, UnknownBy, UnknownCause};
+use leasegate::ledger::{MarkUnknown, OperationStatus, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -53,30 +54,16 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     let (agent, _) = connect_http(&mcp, Some(&lease)).await;
     let agent = std::sync::Arc::new(agent);
     // Both tools perform their side effect, then hang: the answer never comes.
-    let charge = tokio::spawn({
-        let agent = agent.clone();
-        async move {
-            call(
-                &agent,
-                "payments__charge",
-                json!({"amount": 9, "currency": "eur", "hang_ms": 20000}),
-                None,
-            )
-            .await
-        }
-    });
-    let email = tokio::spawn({
-        let agent = agent.clone();
-        async move {
-            call(
-                &agent,
-                "mailer__send_email",
-                json!({"to": "e@x.y", "hang_ms": 20000}),
-                None,
-            )
-            .await
-        }
-    });
+    let charge = spawn_call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 9, "currency": "eur", "hang_ms": 20000}),
+    );
+    let email = spawn_call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "e@x.y", "hang_ms": 20000}),
+    );
     wait_until("both side effects to happen at the tools", || async {
         (scenario.side_effects("charges.jsonl").len() == 1
             && scenario.side_effects("emails.jsonl").len() == 1)
@@ -142,12 +129,9 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
         1,
         "a `none` tool is never re-sent"
     );
-    let remote: Option<String> = sqlx::query_scalar(
-        "SELECT remote_id FROM tool_operations WHERE tool_name = 'payments__charge'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let remote: Option<String> = db
+        .query_scalar("SELECT remote_id FROM tool_operations WHERE tool_name = 'payments__charge'")
+        .await;
     assert_eq!(remote.as_deref(), Some("ch_1"));
     second.kill().await.unwrap();
 }
@@ -201,7 +185,7 @@ read_only = true
             .unwrap()
             .to_owned(),
     );
-    let view = db.ledger.operation_get(&id).await.unwrap().unwrap();
+    let view = db.operation_view(&id).await;
     assert_eq!(view.operation.remote_id.as_deref(), Some("ch_1"));
     assert_eq!(view.events.last().unwrap().actor_kind, "reconciler");
     // The agent asking again now gets the converged fact.
@@ -265,10 +249,9 @@ async fn a_retry_past_the_key_retention_window_is_refused(
         1,
         "never retried past the window"
     );
-    let attempts: i32 = sqlx::query_scalar("SELECT reconcile_attempts FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let attempts: i32 = db
+        .query_scalar("SELECT reconcile_attempts FROM tool_operations")
+        .await;
     assert_eq!(attempts, 0);
     proxy.stop().await;
 }
@@ -302,11 +285,9 @@ async fn two_processes_reconcile_each_unknown_operation_once(
     let a = RunningProxy::start(&scenario.config_path()).await;
     let b = RunningProxy::start(&scenario.config_path()).await;
     wait_until("every unknown charge to converge", || async {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE status <> 'succeeded'")
-                .fetch_one(&db.admin)
-                .await
-                .unwrap();
+        let left: i64 = db
+            .query_scalar("SELECT count(*) FROM tool_operations WHERE status <> 'succeeded'")
+            .await;
         (left == 0).then_some(())
     })
     .await;
@@ -389,12 +370,7 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
         .code(),
         Some(4)
     );
-    let view = db
-        .ledger
-        .operation_get(&intent.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&intent.operation_id).await;
     assert_eq!(view.operation.status, OperationStatus::FailedFinal);
     let last = view.events.last().unwrap();
     assert_eq!(
@@ -427,8 +403,7 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
 ) {
     let handle = leasegate::app::metrics_handle();
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     handle.run_upkeep();
     let before = handle.render();
 
@@ -572,11 +547,9 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
 
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     wait_until("the dispatcher to settle every planned intent", || async {
-        let settled: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE status = 'succeeded'")
-                .fetch_one(&db.admin)
-                .await
-                .unwrap();
+        let settled: i64 = db
+            .query_scalar("SELECT count(*) FROM tool_operations WHERE status = 'succeeded'")
+            .await;
         (settled == 3).then_some(())
     })
     .await;
@@ -590,12 +563,7 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
                 .count(),
             1
         );
-        let view = db
-            .ledger
-            .operation_get(&intent.operation_id)
-            .await
-            .unwrap()
-            .unwrap();
+        let view = db.operation_view(&intent.operation_id).await;
         assert_eq!(view.events[1].actor_kind, "dispatcher");
     }
     proxy.stop().await;
@@ -644,10 +612,9 @@ read_only = true
     )
     .await;
     assert_eq!(calls_of(&scenario, "charge").len(), 1);
-    let remote: Option<String> = sqlx::query_scalar("SELECT remote_id FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let remote: Option<String> = db
+        .query_scalar("SELECT remote_id FROM tool_operations")
+        .await;
     assert_eq!(remote.as_deref(), Some("ch_1"));
     proxy.stop().await;
 }
@@ -697,15 +664,12 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
     })
     .await;
     let late = db
-        .ledger
-        .operation_settle(
+        .settle_succeeded(
             &claim,
-            Settlement::Succeeded,
             Some("msg_9"),
             &json!({"structuredContent": {"message_id": "msg_9"}}),
         )
-        .await
-        .unwrap();
+        .await;
     assert!(matches!(
         late,
         leasegate::ledger::SettleOutcome::KeptAsEvidence { .. }
@@ -734,12 +698,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         "reconciler-test".to_owned(),
     );
     assert_eq!(background.reconciler.once().await.unwrap(), 1);
-    let view = db
-        .ledger
-        .operation_get(&intent.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&intent.operation_id).await;
     assert_eq!(
         (view.operation.status, view.operation.remote_id.as_deref()),
         (OperationStatus::Succeeded, Some("msg_9"))
@@ -768,11 +727,7 @@ read_only = true
 "#;
     let scenario = Scenario::with_adapters(&db.url, FAST, payments, MAILER_ADAPTER);
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = intents::unplanned(
-        lease.run_id,
-        "payments__charge",
-        &json!({"amount": 5, "currency": "eur"}),
-    );
+    let intent = intents::unplanned_charge(lease.run_id, 5, "eur");
     let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
     db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
         .await;
@@ -814,16 +769,6 @@ read_only = true
 }
 
 /// Whether process `pid` is gone (or only a zombie awaiting its parent).
-fn process_ended(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // "pid (comm) S …": the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-    }
-}
-
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
     pool: PgPoolOptions,
@@ -844,7 +789,10 @@ async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
                 .unwrap()
         })
         .collect();
-    assert!(pids.iter().all(|pid| !process_ended(*pid)), "{pids:?} run");
+    assert!(
+        pids.iter().all(|pid| !common::process_exited(*pid)),
+        "{pids:?} run"
+    );
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
@@ -856,7 +804,9 @@ async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
         .unwrap();
     assert_eq!(status.code(), Some(0), "a clean shutdown");
     wait_until("the tool servers to end", || async {
-        pids.iter().all(|pid| process_ended(*pid)).then_some(())
+        pids.iter()
+            .all(|pid| common::process_exited(*pid))
+            .then_some(())
     })
     .await;
     // Both listeners stopped accepting.
@@ -1005,8 +955,7 @@ async fn an_operation_recorded_with_its_route_survives_a_renamed_namespace(
     db.claim(&lease, &unrouted, "gone-proxy", 1).await;
 
     // Now served with the default separator: "payments__charge".
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     let status = |intent: &Intent| {
         let id = intent.operation_id.as_str().to_owned();
         let admin = db.admin.clone();
@@ -1109,15 +1058,14 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
         db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown")
     );
-    let until: bool = sqlx::query_scalar(
-        "SELECT e.detail->>'dispatch_until' IS NOT NULL
+    let until: bool = db
+        .query_scalar(
+            "SELECT e.detail->>'dispatch_until' IS NOT NULL
            AND (e.detail->>'dispatch_until')::timestamptz > e.at
            FROM ledger_events e
           WHERE e.to_status = 'unknown' AND e.subject = 'operation'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert!(until, "marked unknown before its claim would have expired");
     // Never sent again: the tool promises nothing.
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
@@ -1165,8 +1113,7 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     // The charge acts, then answers a second later, while its row is held;
     // the settle waiting for it loses its connection.
     let (pending, holder) = charge_then_lock_its_row(&db, &scenario, &proxy, 11).await;
@@ -1287,12 +1234,7 @@ async fn a_resource_the_agent_named_is_found_by_that_name_and_one_the_tool_never
     );
     let (_, _, dispatched) = status(&unknown[1]).await;
     assert_eq!(dispatched, 2, "sent again under the same operation id");
-    let view = db
-        .ledger
-        .operation_get(&unknown[1].operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&unknown[1].operation_id).await;
     assert!(
         view.events
             .iter()
@@ -1358,12 +1300,12 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
         Some("prepared"),
         "nothing left: the same operation id may be sent again"
     );
-    let evidence: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT kind, outcome FROM operation_evidence WHERE operation_id = $1")
-            .bind(intent.operation_id.as_str())
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let evidence: Vec<(String, Option<String>)> = db
+        .rows(
+            "SELECT kind, outcome FROM operation_evidence WHERE operation_id = $1",
+            intent.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         evidence,
         vec![("not_sent".to_owned(), Some("not_sent".to_owned()))]
@@ -1408,8 +1350,7 @@ async fn a_result_carrying_u0000_settles_and_replays_exactly(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     let (lease, _) = db.running_run("agent", 120_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
     // jsonb cannot hold U+0000; the example charge echoes the currency.

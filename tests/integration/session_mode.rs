@@ -25,12 +25,10 @@ const POLICY: &str = "claim_ttl = \"4s\"\nin_flight_wait = \"1s\"\ndispatch_inte
 /// leasegate process opens at most four ledger sessions (several processes
 /// per test, several tests at once, one PostgreSQL).
 fn short_sessions(scenario: &Scenario, extra: &str) {
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("{extra}\ndatabase_max_connections = 4\n{config}\n[session]\nttl = \"3s\"\n"),
-    )
-    .unwrap();
+    scenario.surround_config(
+        &format!("{extra}\ndatabase_max_connections = 4"),
+        "[session]\nttl = \"3s\"\n",
+    );
 }
 
 /// `leasegate stdio --task <task>` as the agent's MCP server; returns the
@@ -58,14 +56,13 @@ fn signal(pid: i32, signal: nix::sys::signal::Signal) {
 
 /// (owner, epoch) of the task's run lease.
 async fn task_lease(db: &TestDb, task: &str) -> (Option<String>, i64) {
-    sqlx::query_as(
-        "SELECT l.owner, l.epoch FROM worker_leases l JOIN agent_tasks t ON t.active_run_id = l.run_id \
+    db
+        .row(
+            "SELECT l.owner, l.epoch FROM worker_leases l JOIN agent_tasks t ON t.active_run_id = l.run_id \
          WHERE t.task_id = $1 AND t.kind = 'session'",
-    )
-    .bind(task)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap()
+            task,
+        )
+        .await
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -124,12 +121,11 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     })
     .await;
     assert_eq!(answer.structured_content.clone().unwrap()["amount"], 7);
-    let removed: Vec<Value> = sqlx::query_scalar(
-        "SELECT detail FROM ledger_events WHERE subject = 'lease' AND detail ? 'member_removed'",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let removed: Vec<Value> = db
+        .query_scalars(
+            "SELECT detail FROM ledger_events WHERE subject = 'lease' AND detail ? 'member_removed'",
+        )
+        .await;
     assert_eq!(
         removed.len(),
         1,
@@ -160,11 +156,9 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     let charges = scenario.side_effects("charges.jsonl");
     assert_eq!(charges.len(), 1, "one charge in all: {charges:?}");
     assert_eq!(charges[0]["amount"], 7);
-    let operations: Vec<(String, Value)> =
-        sqlx::query_as("SELECT status, request_body FROM tool_operations")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let operations: Vec<(String, Value)> = db
+        .query_rows("SELECT status, request_body FROM tool_operations")
+        .await;
     assert_eq!(operations.len(), 1, "{operations:?}");
     assert_eq!(operations[0].0, "succeeded");
 
@@ -175,13 +169,12 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
         (task_lease(&db, "nightly-invoices").await.0.is_none()).then_some(())
     })
     .await;
-    let status: String = sqlx::query_scalar(
-        "SELECT r.status FROM agent_runs r JOIN agent_tasks t ON t.active_run_id = r.run_id \
+    let status: String = db
+        .query_scalar(
+            "SELECT r.status FROM agent_runs r JOIN agent_tasks t ON t.active_run_id = r.run_id \
          WHERE t.task_id = 'nightly-invoices'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(status, "running");
     let _ = second_pid;
     first.cancel().await.unwrap();
@@ -226,12 +219,11 @@ async fn a_session_resumes_its_run_and_replays_and_an_agents_own_lease_still_win
         .await
         .unwrap();
     assert_eq!(operation_note(&own)["replayed"], false);
-    let run: String = sqlx::query_scalar(
-        "SELECT run_id::text FROM tool_operations WHERE request_body->>'amount' = '10'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let run: String = db
+        .query_scalar(
+            "SELECT run_id::text FROM tool_operations WHERE request_body->>'amount' = '10'",
+        )
+        .await;
     assert_eq!(run, lease.run_id.to_string());
     agent.cancel().await.unwrap();
 }
@@ -291,14 +283,13 @@ async fn parallel_charges(agent: &AgentClient, base: i64, count: i64) {
 
 /// No lease of the task was ever taken over, and no member removed.
 async fn assert_never_fenced(db: &TestDb) {
-    let (expired, removed): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE from_status = 'expired'), \
+    let (expired, removed): (i64, i64) = db
+        .query_row(
+            "SELECT count(*) FILTER (WHERE from_status = 'expired'), \
                 count(*) FILTER (WHERE detail ? 'member_removed') \
            FROM ledger_events WHERE subject = 'lease'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!((expired, removed), (0, 0), "no takeover, no member removed");
 }
 
@@ -387,12 +378,9 @@ async fn over_stateless_http_an_agents_parallel_calls_share_the_lease_and_none_i
         parallel_charges(&elsewhere, 200, 4)
     );
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 14);
-    let (runs, members): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM lease_members)",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let (runs, members): (i64, i64) = db
+        .query_row("SELECT (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM lease_members)")
+        .await;
     assert_eq!((runs, members), (1, 2), "one run, one member per process");
     assert_never_fenced(&db).await;
     elsewhere.cancel().await.unwrap();
@@ -555,13 +543,12 @@ async fn agent_frameworks_calling_in_parallel_are_answered_once_each_and_never_f
         }
     }
     assert_never_fenced(&db).await;
-    let (session_runs, key_runs): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE kind = 'session'), count(*) FILTER (WHERE kind = 'key') \
+    let (session_runs, key_runs): (i64, i64) = db
+        .query_row(
+            "SELECT count(*) FILTER (WHERE kind = 'session'), count(*) FILTER (WHERE kind = 'key') \
            FROM agent_runs",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(
         (session_runs, key_runs),
         (4, 64),

@@ -10,7 +10,7 @@ use crate::common::proxy::charge_eur;
 
 use std::sync::OnceLock;
 
-use common::proxy::{RunningProxy, Scenario, connect_http, connect_http_with, operation_note};
+use common::proxy::{RunningProxy, connect_http, connect_http_with, operation_note};
 use common::{TestDb, wait_until};
 use leasegate::intent::OperationId;
 use leasegate::ledger::OperationStatus;
@@ -80,8 +80,7 @@ fn span_id(span: &SpanData) -> String {
 async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: PgConnectOptions) {
     let exporter = exporter();
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, "claim_ttl = \"60s\"\n").await;
     let (lease, _) = db.running_run("agent-1", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
