@@ -8,12 +8,12 @@
 use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use common::proxy::{RunningProxy, Scenario, ServedChild, call, connect_http};
+use common::proxy::{RunningProxy, Scenario, ServedChild, connect_http};
 use common::{TestDb, http, wait_until};
-use serde_json::{Value, json};
+use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn root() -> PathBuf {
@@ -27,23 +27,12 @@ enum Kind {
     Histogram,
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
-
 /// Every metric `src/` registers, by name: the first string literal of each
 /// `counter!(`, `gauge!(`, `histogram!(`. A name that is not a literal
 /// fails here, so the list cannot silently miss one.
 fn registered() -> BTreeMap<String, Kind> {
     let mut files = Vec::new();
-    rust_files(&root().join("src"), &mut files);
+    crate::common::files::with_extension(&root().join("src"), "rs", &mut files);
     let mut metrics = BTreeMap::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
@@ -89,16 +78,22 @@ fn exported(registered: &BTreeMap<String, Kind>) -> BTreeSet<String> {
         .collect()
 }
 
-const KEYWORDS: &[&str] = &[
-    "and",
-    "or",
-    "unless",
+/// The PromQL modifiers that take a label list in parentheses.
+const LABEL_LIST_MODIFIERS: &[&str] = &[
     "by",
     "without",
     "on",
     "ignoring",
     "group_left",
     "group_right",
+];
+
+/// PromQL words that are not metric names (the label-list modifiers
+/// aside).
+const KEYWORDS: &[&str] = &[
+    "and",
+    "or",
+    "unless",
     "bool",
     "offset",
     "inf",
@@ -167,20 +162,14 @@ fn metric_names(expr: &str) -> Vec<String> {
                 next += 1;
             }
             let before_paren = chars.get(next) == Some(&'(');
-            if [
-                "by",
-                "without",
-                "on",
-                "ignoring",
-                "group_left",
-                "group_right",
-            ]
-            .contains(&word.as_str())
-            {
+            if LABEL_LIST_MODIFIERS.contains(&word.as_str()) {
                 if before_paren {
                     i = skip_to(next, ')');
                 }
-            } else if !before_paren && !KEYWORDS.contains(&word.to_lowercase().as_str()) {
+            } else if !before_paren
+                && !KEYWORDS.contains(&word.to_lowercase().as_str())
+                && !LABEL_LIST_MODIFIERS.contains(&word.to_lowercase().as_str())
+            {
                 names.push(word);
             }
         } else {
@@ -349,14 +338,7 @@ async fn a_running_proxy_serves_the_registered_metrics(
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent-1", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 100, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap();
+    common::proxy::charge_eur(&agent, 100, None).await.unwrap();
     let metrics_url = format!("{}/metrics", proxy.control_url);
     let text = wait_until("the reconciler's gauges on /metrics", || async {
         let text = http::get(&metrics_url).await.body;

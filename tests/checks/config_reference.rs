@@ -71,32 +71,16 @@ fn the_configuration_reference_lists_exactly_the_accepted_fields() {
         fields.insert("transport".to_owned());
         fields
     };
+    // The config's tables: the probe key as a key of the table.
+    let in_table = |table: &str| accepted::<RawConfig>(&format!("[{table}]\n{PROBE} = 1"));
     let cases = [
         ("config", accepted::<RawConfig>(&format!("{PROBE} = 1"))),
-        (
-            "session",
-            accepted::<RawConfig>(&format!("[session]\n{PROBE} = 1")),
-        ),
-        (
-            "idempotency",
-            accepted::<RawConfig>(&format!("[idempotency]\n{PROBE} = 1")),
-        ),
-        (
-            "auth",
-            accepted::<RawConfig>(&format!("[auth]\n{PROBE} = 1")),
-        ),
-        (
-            "jwt",
-            accepted::<RawConfig>(&format!("[auth.jwt]\n{PROBE} = 1")),
-        ),
-        (
-            "limits",
-            accepted::<RawConfig>(&format!("[limits]\n{PROBE} = 1")),
-        ),
-        (
-            "telemetry",
-            accepted::<RawConfig>(&format!("[telemetry]\n{PROBE} = 1")),
-        ),
+        ("session", in_table("session")),
+        ("idempotency", in_table("idempotency")),
+        ("auth", in_table("auth")),
+        ("jwt", in_table("auth.jwt")),
+        ("limits", in_table("limits")),
+        ("telemetry", in_table("telemetry")),
         (
             "stdio",
             with_transport(accepted::<RawConfig>(&format!(

@@ -12,10 +12,16 @@ use leasegate::ledger::{
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+pub mod files;
 pub mod http;
+pub mod intents;
+pub mod operator;
 pub mod peers;
 pub mod prometheus;
 pub mod proxy;
+pub mod router;
+mod rows;
+pub mod tokens;
 pub mod webdriver;
 
 /// Every wait in a test ends by this deadline, or the test fails.
@@ -38,20 +44,22 @@ impl TestDb {
         Self::with_options(pool, connect, LedgerOptions::default()).await
     }
 
+    /// The one-at-a-time lock ([`exclusive`]) first, then the test's
+    /// database: for the suites that must not contend for the cores.
+    pub async fn new_exclusive(
+        pool: PgPoolOptions,
+        connect: PgConnectOptions,
+    ) -> (tokio::sync::MutexGuard<'static, ()>, Self) {
+        let exclusive = exclusive().await;
+        (exclusive, Self::new(pool, connect).await)
+    }
+
     pub async fn with_options(
         pool: PgPoolOptions,
         connect: PgConnectOptions,
         options: LedgerOptions,
     ) -> Self {
-        let url = format!(
-            "postgres://{}@{}:{}/{}",
-            connect.get_username(),
-            connect.get_host(),
-            connect.get_port(),
-            connect
-                .get_database()
-                .expect("sqlx::test names the database"),
-        );
+        let url = database_url(&connect);
         let admin = pool
             .max_connections(8)
             .connect_with(connect.clone())
@@ -165,6 +173,153 @@ impl TestDb {
         .expect("read the run row")
     }
 
+    /// Marks `claim`'s operation unknown as its holder does when a send
+    /// fails or times out (`cause`, with `evidence`); returns the outcome.
+    pub async fn holder_marks_unknown(
+        &self,
+        claim: &leasegate::ledger::DispatchClaim,
+        cause: leasegate::ledger::UnknownCause,
+        evidence: &serde_json::Value,
+    ) -> leasegate::ledger::MarkUnknownOutcome {
+        self.ledger
+            .operation_mark_unknown(leasegate::ledger::MarkUnknown {
+                claim,
+                by: leasegate::ledger::UnknownBy::ClaimHolder,
+                actor: &claim.dispatch_owner,
+                cause,
+                evidence,
+            })
+            .await
+            .expect("operation_mark_unknown")
+    }
+
+    /// Saves `checkpoint` under `claim` at `revision`; the save must apply.
+    pub async fn save_checkpoint(
+        &self,
+        claim: &LeaseClaim,
+        revision: i64,
+        checkpoint: &serde_json::Value,
+    ) -> leasegate::ledger::Applied {
+        applied(
+            self.ledger
+                .checkpoint_save(claim, revision, checkpoint)
+                .await
+                .expect("checkpoint_save"),
+        )
+    }
+
+    /// Completes the run `claim` holds at `revision` (with `result`); the
+    /// completion must apply.
+    pub async fn complete_run(
+        &self,
+        claim: &LeaseClaim,
+        revision: i64,
+        result: Option<&serde_json::Value>,
+    ) -> leasegate::ledger::Applied {
+        applied(
+            self.ledger
+                .run_complete(claim, revision, result)
+                .await
+                .expect("run_complete"),
+        )
+    }
+
+    /// The operation `operation_id` and its events, as the ledger reports
+    /// them; the operation must exist.
+    pub async fn operation_view(
+        &self,
+        operation_id: &leasegate::intent::OperationId,
+    ) -> leasegate::ledger::OperationView {
+        self.ledger
+            .operation_get(operation_id)
+            .await
+            .expect("operation_get")
+            .unwrap_or_else(|| panic!("no operation {}", operation_id.as_str()))
+    }
+
+    /// Settles `claim`'s operation as succeeded, with `remote_id` and
+    /// `result`, as its holder does when the tool answers.
+    pub async fn settle_succeeded(
+        &self,
+        claim: &leasegate::ledger::DispatchClaim,
+        remote_id: Option<&str>,
+        result: &serde_json::Value,
+    ) -> leasegate::ledger::SettleOutcome {
+        self.ledger
+            .operation_settle(
+                claim,
+                leasegate::ledger::Settlement::Succeeded,
+                remote_id,
+                result,
+            )
+            .await
+            .expect("operation_settle")
+    }
+
+    /// Cancels the run as operator `actor` (with `reason`); the cancel must
+    /// apply.
+    pub async fn operator_cancels(&self, run_id: RunId, actor: &str, reason: Option<&str>) {
+        applied(
+            self.operator
+                .run_cancel(run_id, actor, reason)
+                .await
+                .expect("run_cancel"),
+        );
+    }
+
+    /// Opens a superuser transaction holding the run's lease row `FOR
+    /// UPDATE`: every fenced write of the run waits until it ends.
+    pub async fn hold_lease_row(
+        &self,
+        run_id: RunId,
+    ) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut gate = self.admin.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
+            .bind(run_id.as_uuid())
+            .execute(&mut *gate)
+            .await
+            .unwrap();
+        gate
+    }
+
+    /// `tables`' contents as one digest, a table at a time: equal before
+    /// and after means nothing in them was written.
+    pub async fn tables_digest(&self, tables: &[&str]) -> String {
+        let mut parts = Vec::new();
+        for table in tables {
+            let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {table} t"
+            )))
+            .fetch_one(&self.admin)
+            .await
+            .unwrap();
+            parts.push(format!("{table}={}", digest.unwrap_or_default()));
+        }
+        parts.join(" ")
+    }
+
+    /// The `status` CHECK constraint of `table`: its definition, and the
+    /// values it allows (the quoted literals in it), sorted.
+    pub async fn status_constraint(&self, table: &str) -> (String, Vec<String>) {
+        let definition: String = sqlx::query_scalar(
+            "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+              WHERE c.conrelid = $1::regclass AND c.contype = 'c'
+                AND pg_get_constraintdef(c.oid) LIKE '%status%'",
+        )
+        .bind(table)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        let mut values: Vec<String> = definition
+            .split('\'')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        values.sort();
+        (definition, values)
+    }
+
     pub async fn event_count(&self, run_id: RunId) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM ledger_events WHERE run_id = $1")
             .bind(run_id.as_uuid())
@@ -234,6 +389,31 @@ impl TestDb {
             },
         )
         .await
+    }
+}
+
+/// The URL of the database `connect` names, for child processes and
+/// configs.
+pub fn database_url(connect: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        connect
+            .get_database()
+            .expect("sqlx::test names the database"),
+    )
+}
+
+/// Whether process `pid` has exited (a zombie not reaped yet counts).
+pub fn process_exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
     }
 }
 

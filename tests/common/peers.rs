@@ -29,24 +29,14 @@ pub fn python() -> PathBuf {
             if let Some(python) = std::env::var_os("LEASEGATE_TEST_PYTHON") {
                 return PathBuf::from(python);
             }
-            let venv = Path::new(ROOT).join("target/sdk-venv");
-            let pins = [
-                "tests/sdk/requirements.txt",
-                "examples/python_agent/requirements.txt",
-            ];
-            provision(&venv, &pins, |dir| {
-                run(
-                    Command::new("python3").args(["-m", "venv"]).arg(dir),
-                    "python3 -m venv (install python3 and its venv module, e.g. apt-get install python3-venv)",
-                );
-                let mut pip = Command::new(dir.join("bin/python"));
-                pip.args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"]);
-                for pin in pins {
-                    pip.arg("-r").arg(Path::new(ROOT).join(pin));
-                }
-                run(&mut pip, "pip install of the pinned MCP Python SDK");
-            });
-            venv.join("bin/python")
+            pinned_venv(
+                "target/sdk-venv",
+                &[
+                    "tests/sdk/requirements.txt",
+                    "examples/python_agent/requirements.txt",
+                ],
+                "pip install of the pinned MCP Python SDK",
+            )
         })
         .clone()
 }
@@ -63,22 +53,11 @@ pub fn frameworks_python() -> PathBuf {
             if let Some(python) = std::env::var_os("LEASEGATE_TEST_FRAMEWORKS_PYTHON") {
                 return PathBuf::from(python);
             }
-            let venv = Path::new(ROOT).join("target/frameworks-venv");
-            let pins = ["tests/sdk/frameworks-requirements.txt"];
-            provision(&venv, &pins, |dir| {
-                run(
-                    Command::new("python3").args(["-m", "venv"]).arg(dir),
-                    "python3 -m venv (install python3 and its venv module, e.g. apt-get install python3-venv)",
-                );
-                run(
-                    Command::new(dir.join("bin/python"))
-                        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-                        .arg("-r")
-                        .arg(Path::new(ROOT).join(pins[0])),
-                    "pip install of the pinned agent frameworks",
-                );
-            });
-            venv.join("bin/python")
+            pinned_venv(
+                "target/frameworks-venv",
+                &["tests/sdk/frameworks-requirements.txt"],
+                "pip install of the pinned agent frameworks",
+            )
         })
         .clone()
 }
@@ -108,6 +87,32 @@ pub fn server_everything() -> PathBuf {
             dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
         })
         .clone()
+}
+
+/// The Python of a venv at `venv` (under the repository) with the
+/// requirements files `pins` installed, (re)built when a pin changed;
+/// `what` names the install in a failure.
+fn pinned_venv(venv: &str, pins: &[&str], what: &str) -> PathBuf {
+    let venv = Path::new(ROOT).join(venv);
+    provision(&venv, pins, |dir| {
+        run(
+            Command::new("python3").args(["-m", "venv"]).arg(dir),
+            "python3 -m venv (install python3 and its venv module, e.g. apt-get install python3-venv)",
+        );
+        let mut pip = Command::new(dir.join("bin/python"));
+        pip.args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+        ]);
+        for pin in pins {
+            pip.arg("-r").arg(Path::new(ROOT).join(pin));
+        }
+        run(&mut pip, what);
+    });
+    venv.join("bin/python")
 }
 
 /// Builds `dir` with `build` unless its stamp says it was built from the

@@ -45,6 +45,23 @@ timeout = "700ms"
 remote_id_pointer = "/message_id"
 "#;
 
+/// The top-level keys every test config starts with: `database_url`,
+/// tenant `tenant-a`, the MCP listener on an ephemeral port, the control
+/// listener at `control_listen` (`127.0.0.1:0` or `off`), adapters in
+/// `adapters/`, the policy `policies/test.toml`, no migrations.
+pub fn config_head(database_url: &str, control_listen: &str) -> String {
+    format!(
+        r#"database_url = "{database_url}"
+tenant = "tenant-a"
+listen = "127.0.0.1:0"
+control_listen = "{control_listen}"
+adapters = "adapters"
+policy = "policies/test.toml"
+migrate = false
+"#
+    )
+}
+
 /// A scratch directory with the config, adapters, policy and tool state.
 pub struct Scenario {
     pub dir: PathBuf,
@@ -67,14 +84,7 @@ impl Scenario {
         std::fs::create_dir_all(dir.join("state")).unwrap();
         let state = dir.join("state");
         let config = format!(
-            r#"database_url = "{database_url}"
-tenant = "tenant-a"
-listen = "127.0.0.1:0"
-control_listen = "127.0.0.1:0"
-adapters = "adapters"
-policy = "policies/test.toml"
-migrate = false
-
+            r#"{head}
 [upstreams.payments]
 transport = "stdio"
 command = "{EXAMPLE_TOOLS}"
@@ -85,6 +95,7 @@ transport = "stdio"
 command = "{EXAMPLE_TOOLS}"
 args = ["--tools", "mailer", "--state-dir", "{state}"]
 "#,
+            head = config_head(database_url, "127.0.0.1:0"),
             state = state.display()
         );
         std::fs::write(dir.join("leasegate.toml"), config).unwrap();
@@ -116,6 +127,13 @@ args = ["--tools", "mailer", "--state-dir", "{state}"]
     pub fn prepend_config(&self, lines: &str) {
         let config = std::fs::read_to_string(self.config_path()).unwrap();
         std::fs::write(self.config_path(), format!("{lines}\n{config}")).unwrap();
+    }
+
+    /// Puts `head` (top-level keys) before the config and `tail` (tables)
+    /// after it.
+    pub fn surround_config(&self, head: &str, tail: &str) {
+        let config = std::fs::read_to_string(self.config_path()).unwrap();
+        std::fs::write(self.config_path(), format!("{head}\n{config}\n{tail}")).unwrap();
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -188,6 +206,14 @@ impl RunningProxy {
             shutdown,
             task,
         }
+    }
+
+    /// A [`Scenario`] for `database_url` with `policy` (the example tools as
+    /// its upstreams), served in-process.
+    pub async fn serve(database_url: &str, policy: &str) -> (Scenario, Self) {
+        let scenario = Scenario::new(database_url, policy);
+        let proxy = Self::start(&scenario.config_path()).await;
+        (scenario, proxy)
     }
 
     /// Shuts the proxy down as ctrl-c does `leasegate serve`, and waits for it.
@@ -310,6 +336,55 @@ pub async fn call(
     }
 }
 
+/// Starts `call` of `tool` with `arguments` (no extra `_meta`) in the
+/// background, for a test that acts while the call is in flight.
+pub fn spawn_call(
+    client: &Arc<AgentClient>,
+    tool: &'static str,
+    arguments: Value,
+) -> tokio::task::JoinHandle<Result<CallToolResult, (i32, String)>> {
+    let client = client.clone();
+    tokio::spawn(async move { call(&client, tool, arguments, None).await })
+}
+
+/// Calls the example `payments__charge` for `amount` euros with extra
+/// `_meta` (the lease, or none where the headers carry it).
+pub async fn charge_eur(
+    client: &AgentClient,
+    amount: i64,
+    meta: Option<Map<String, Value>>,
+) -> Result<CallToolResult, (i32, String)> {
+    call(
+        client,
+        "payments__charge",
+        json!({"amount": amount, "currency": "eur"}),
+        meta,
+    )
+    .await
+}
+
+/// Calls the example `mailer__send_email` to `to` with extra `_meta` (the
+/// lease, or none where the headers carry it).
+pub async fn send_email(
+    client: &AgentClient,
+    to: &str,
+    meta: Option<Map<String, Value>>,
+) -> Result<CallToolResult, (i32, String)> {
+    call(client, "mailer__send_email", json!({"to": to}), meta).await
+}
+
+/// The names of the tools `client` lists (every page followed), in order.
+pub async fn tool_names<H: ClientHandler>(client: &RunningService<RoleClient, H>) -> Vec<String> {
+    client
+        .peer()
+        .list_all_tools()
+        .await
+        .expect("tools/list")
+        .into_iter()
+        .map(|tool| tool.name.to_string())
+        .collect()
+}
+
 /// `_meta` carrying the lease.
 pub fn lease_meta(lease: &LeaseClaim) -> Map<String, Value> {
     let mut meta = Map::new();
@@ -343,7 +418,16 @@ pub struct ServedChild {
 impl ServedChild {
     /// `leasegate serve --config <scenario's config>` with `env`.
     pub fn command(scenario: &Scenario, env: &[(&str, &str)]) -> tokio::process::Command {
-        let mut command = tokio::process::Command::new(LEASEGATE);
+        Self::serve_with(tokio::process::Command::new(LEASEGATE), scenario, env)
+    }
+
+    /// `command` (leasegate, or a wrapper that execs it) given `serve
+    /// --config <scenario's config>` and `env`.
+    pub fn serve_with(
+        mut command: tokio::process::Command,
+        scenario: &Scenario,
+        env: &[(&str, &str)],
+    ) -> tokio::process::Command {
         command
             .arg("serve")
             .arg("--config")

@@ -123,11 +123,8 @@ impl Browser {
     }
 
     pub async fn url(&self) -> String {
-        self.command("GET", "/url", Value::Null)
-            .await
-            .as_str()
-            .unwrap()
-            .to_owned()
+        let url = self.command("GET", "/url", Value::Null).await;
+        url.as_str().unwrap().to_owned()
     }
 
     async fn element(&self, css: &str) -> Option<String> {

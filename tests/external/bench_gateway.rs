@@ -15,7 +15,6 @@ mod harness;
 use std::path::PathBuf;
 
 use harness::{Kind, Measure};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{InlineClaim, Ledger, LedgerOptions, SettleOutcome, Settlement};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -55,18 +54,12 @@ async fn a_gated_call_is_two_round_trips_on_the_wire_and_a_replay_one(
     .await
     .expect("connect the ledger through the counting proxy");
     let intent = |step: usize| {
-        Intent::new(
-            "tenant-a",
+        crate::common::intents::planned(
             lease.run_id,
-            Some(StepRef {
-                step_id: format!("step-{step}"),
-                effect_version: 1,
-            }),
+            &format!("step-{step}"),
             "payments__charge",
             &json!({"amount": step, "currency": "eur"}),
-            IntegerPolicy::Reject,
         )
-        .expect("a valid intent")
     };
     let register = async |step: usize| {
         let (claimed, _) = ledger

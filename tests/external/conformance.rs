@@ -66,14 +66,7 @@ async fn the_conformance_suite_matches_its_expected_results(
     std::fs::write(dir.join("policies/test.toml"), "").unwrap();
     for (name, sessions) in [("stateless", false), ("sessions", true)] {
         let config = format!(
-            r#"database_url = "{url}"
-tenant = "tenant-a"
-listen = "127.0.0.1:0"
-control_listen = "off"
-adapters = "adapters"
-policy = "policies/test.toml"
-migrate = false
-http_sessions = {sessions}
+            r#"{head}http_sessions = {sessions}
 unprefixed = ["everything"]
 
 [upstreams.everything]
@@ -81,7 +74,7 @@ transport = "stdio"
 command = "node"
 args = ["{everything}", "stdio"]
 "#,
-            url = db.url,
+            head = common::proxy::config_head(&db.url, "off"),
             everything = everything.display()
         );
         let path = dir.join(format!("{name}.toml"));

@@ -23,67 +23,27 @@
 //! README's screenshots there (`docs/console/`).
 
 use crate::common;
+use crate::common::intents;
+use crate::common::tokens::{create_token, token_id};
 
 use common::TestDb;
-use common::proxy::{LEASEGATE, Scenario, ServedChild};
+use common::proxy::{Scenario, ServedChild};
 use common::webdriver::Browser;
-use leasegate::intent::{IntegerPolicy, Intent};
-use leasegate::ledger::{MarkUnknown, RunId, Settlement, UnknownBy, UnknownCause};
+use leasegate::ledger::{RunId, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
-    let output = tokio::process::Command::new(LEASEGATE)
-        .args(["tokens", "create", "--json", "--database-url", &db.url])
-        .args([
-            "--tenant",
-            tenant,
-            "--scope",
-            scope,
-            "--name",
-            "console-test",
-        ])
-        .output()
-        .await
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "tokens create: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let answer: Value = serde_json::from_slice(&output.stdout).unwrap();
-    answer["token"].as_str().unwrap().to_owned()
-}
-
-fn token_id(token: &str) -> &str {
-    token
-        .strip_prefix("lgt_")
-        .unwrap()
-        .split('_')
-        .next()
-        .unwrap()
-}
 
 /// Everything tenant data is made of, as one digest: equal before and
 /// after means nothing was written.
 async fn fingerprint(db: &TestDb) -> String {
-    let mut parts = Vec::new();
-    for table in [
+    db.tables_digest(&[
         "agent_runs",
         "worker_leases",
         "tool_operations",
         "ledger_events",
         "operation_evidence",
-    ] {
-        let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {table} t"
-        )))
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        parts.push(format!("{table}={}", digest.unwrap_or_default()));
-    }
-    parts.join(" ")
+    ])
+    .await
 }
 
 async fn screenshot(browser: &Browser, name: &str) {
@@ -110,8 +70,7 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let config = std::fs::read_to_string(scenario.config_path()).unwrap();
     std::fs::write(
@@ -124,63 +83,39 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     // mailer cannot be asked: the reconciler needs an operator), a run whose
     // charge succeeded, and a run of another tenant.
     let (lease, _) = db.running_run("worker-7", 600_000).await;
-    let email = Intent::new(
-        "tenant-a",
+    let email = intents::unplanned(
         lease.run_id,
-        None,
         "mailer__send_email",
         &json!({"to": "ada@example.com", "subject": "invoice 42"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     let claim = db.claim(&lease, &email, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timed out after 700ms"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(
+        &claim,
+        UnknownCause::TimedOut,
+        &json!({"error": "timed out after 700ms"}),
+    )
+    .await;
     let unknown_id = email.operation_id.as_str().to_owned();
     let (paid, _) = db.running_run("worker-8", 600_000).await;
-    let charge = Intent::new(
-        "tenant-a",
-        paid.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 1200, "currency": "EUR"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let charge = intents::unplanned_charge(paid.run_id, 1200, "EUR");
     let charged = db.claim(&paid, &charge, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_settle(
-            &charged,
-            Settlement::Succeeded,
-            Some("ch_1"),
-            &json!({"charge_id": "ch_1"}),
-        )
-        .await
-        .unwrap();
+    db.settle_succeeded(&charged, Some("ch_1"), &json!({"charge_id": "ch_1"}))
+        .await;
     let other_run = RunId::generate();
     db.ledger
         .run_create(other_run, "tenant-b", "their-task", None)
         .await
         .unwrap();
-    let lease_secret: String = sqlx::query_scalar(
-        "SELECT encode(token_sha256, 'hex') FROM worker_leases WHERE run_id = $1",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let lease_secret: String = db
+        .scalar(
+            "SELECT encode(token_sha256, 'hex') FROM worker_leases WHERE run_id = $1",
+            lease.run_id.as_uuid(),
+        )
+        .await;
 
-    let operator = create_token(&db, "tenant-a", "operator").await;
-    let intruder = create_token(&db, "tenant-b", "operator").await;
-    let agent = create_token(&db, "tenant-a", "agent").await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("console-test")).await;
+    let intruder = create_token(&db, "tenant-b", "operator", Some("console-test")).await;
+    let agent = create_token(&db, "tenant-a", "agent", Some("console-test")).await;
     let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
     let control = served.control.clone();
     let browser = Browser::start().await;
@@ -250,11 +185,12 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
 
     // Runs: search by task; the run's page shows the lease and the
     // timeline, never the lease secret.
-    let task: String = sqlx::query_scalar("SELECT task_id FROM agent_runs WHERE run_id = $1")
-        .bind(lease.run_id.as_uuid())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let task: String = db
+        .scalar(
+            "SELECT task_id FROM agent_runs WHERE run_id = $1",
+            lease.run_id.as_uuid(),
+        )
+        .await;
     browser
         .goto(&format!("{control}/console/runs?task={task}"))
         .await;
@@ -330,12 +266,12 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         before,
         "a stale resolution writes nothing"
     );
-    let status: String =
-        sqlx::query_scalar("SELECT status FROM tool_operations WHERE operation_id = $1")
-            .bind(&unknown_id)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let status: String = db
+        .scalar(
+            "SELECT status FROM tool_operations WHERE operation_id = $1",
+            &unknown_id,
+        )
+        .await;
     assert_eq!(status, "unknown");
 
     // Look again, resolve: in the ledger with its note and who did it.
@@ -349,35 +285,33 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
         .await;
     browser.click("#resolve-submit").await;
     browser.find("#done").await;
-    let (status, remote_id): (String, Option<String>) =
-        sqlx::query_as("SELECT status, remote_id FROM tool_operations WHERE operation_id = $1")
-            .bind(&unknown_id)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let (status, remote_id): (String, Option<String>) = db
+        .row(
+            "SELECT status, remote_id FROM tool_operations WHERE operation_id = $1",
+            &unknown_id,
+        )
+        .await;
     assert_eq!(
         (status.as_str(), remote_id.as_deref()),
         ("succeeded", Some("msg_77"))
     );
-    let (actor_kind, actor, note): (String, String, String) = sqlx::query_as(
-        "SELECT actor_kind, actor, detail->>'note' FROM ledger_events
+    let (actor_kind, actor, note): (String, String, String) = db
+        .row(
+            "SELECT actor_kind, actor, detail->>'note' FROM ledger_events
           WHERE operation_id = $1 AND to_status = 'succeeded'",
-    )
-    .bind(&unknown_id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &unknown_id,
+        )
+        .await;
     assert_eq!(actor_kind, "operator");
     assert_eq!(actor, format!("token:{}", token_id(&operator)));
     assert_eq!(note, "checked the mail provider: delivered as msg_77");
-    let operator_evidence: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM operation_evidence WHERE operation_id = $1 AND kind = 'operator'
+    let operator_evidence: i64 = db
+        .scalar(
+            "SELECT count(*) FROM operation_evidence WHERE operation_id = $1 AND kind = 'operator'
             AND body->>'note' = 'checked the mail provider: delivered as msg_77'",
-    )
-    .bind(&unknown_id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &unknown_id,
+        )
+        .await;
     assert_eq!(operator_evidence, 1);
     assert!(
         browser
@@ -444,30 +378,17 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
     let scenario = Scenario::new(&db.url, "background = false\n");
     let (lease, _) = db.running_run("worker-1", 600_000).await;
-    let charge = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 500, "currency": "EUR"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let charge = intents::unplanned_charge(lease.run_id, 500, "EUR");
     let claim = db.claim(&lease, &charge, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timed out"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(
+        &claim,
+        UnknownCause::TimedOut,
+        &json!({"error": "timed out"}),
+    )
+    .await;
     let id = charge.operation_id.as_str().to_owned();
     let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
     let control = served.control.clone();
@@ -488,14 +409,13 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
         .await;
     browser.click("#retry-submit").await;
     assert!(browser.text("#done").await.contains("Retry budget reset"));
-    let (actor, note): (String, String) = sqlx::query_as(
-        "SELECT actor, detail->>'note' FROM ledger_events
+    let (actor, note): (String, String) = db
+        .row(
+            "SELECT actor, detail->>'note' FROM ledger_events
           WHERE operation_id = $1 AND detail ? 'retry_budget_reset'",
-    )
-    .bind(&id)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &id,
+        )
+        .await;
     assert_eq!(
         (actor.as_str(), note.as_str()),
         ("local-operator", "the payment provider is back")
@@ -567,15 +487,14 @@ async fn without_authentication_the_local_operator_retries_and_cancels_and_stale
     browser.click("#cancel-submit").await;
     browser.accept_dialog().await;
     assert!(browser.text("#done").await.contains("cancelled"));
-    let (status, actor, detail): (String, String, Value) = sqlx::query_as(
-        "SELECT r.status, e.actor, e.detail FROM agent_runs r
+    let (status, actor, detail): (String, String, Value) = db
+        .row(
+            "SELECT r.status, e.actor, e.detail FROM agent_runs r
            JOIN ledger_events e ON e.run_id = r.run_id
           WHERE r.run_id = $1 AND e.subject = 'run' AND e.to_status = 'cancelled'",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            lease.run_id.as_uuid(),
+        )
+        .await;
     assert_eq!(
         (status.as_str(), actor.as_str()),
         ("cancelled", "local-operator")

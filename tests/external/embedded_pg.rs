@@ -16,6 +16,7 @@
 //! when the test panics.
 
 use crate::common;
+use crate::postgres_binaries;
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -30,29 +31,13 @@ use tokio::io::AsyncBufReadExt;
 const START_DEADLINE: Duration = Duration::from_secs(180);
 const STOP_DEADLINE: Duration = Duration::from_secs(90);
 
-/// The newest PostgreSQL's binaries under /usr/lib/postgresql, or `PG_BIN`
-/// (only the guard uses them; leasegate finds its own).
+/// The newest PostgreSQL's binaries (only the guard uses them; leasegate
+/// finds its own).
 fn pg_bin() -> PathBuf {
-    if let Ok(dir) = std::env::var("PG_BIN") {
-        return PathBuf::from(dir);
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("the embedded tests need PostgreSQL under /usr/lib/postgresql, or PG_BIN")
-        .filter_map(|entry| {
-            let path = entry.ok()?.path();
-            let version = path.file_name()?.to_str()?.parse().ok()?;
-            path.join("bin/pg_ctl")
-                .exists()
-                .then(|| (version, path.join("bin")))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().expect("no PostgreSQL binaries").1
-}
-
-fn running_as_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").unwrap().uid() == 0
+    postgres_binaries::newest_with(
+        "pg_ctl",
+        "the embedded tests need PostgreSQL under /usr/lib/postgresql, or PG_BIN",
+    )
 }
 
 /// Stops the private cluster in `dir` (immediate) if it still runs, even on
@@ -77,26 +62,17 @@ impl Drop for ClusterGuard {
     fn drop(&mut self) {
         if self.data().join("postmaster.pid").exists() {
             let pg_ctl = pg_bin().join("pg_ctl");
-            let mut command = if running_as_root() {
-                let mut command = std::process::Command::new("runuser");
-                command.args(["-u", "postgres", "--"]).arg(&pg_ctl);
-                command
-            } else {
-                std::process::Command::new(&pg_ctl)
-            };
-            let _ = command
+            let _ = postgres_binaries::as_postgres(&pg_ctl, postgres_binaries::running_as_root())
                 .arg("-D")
                 .arg(self.data())
                 .args(["-m", "immediate", "-w", "-t", "30", "stop"])
                 .output();
         }
         if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.join("postgres.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(25).collect();
-            eprintln!("--- private PostgreSQL log (last lines) ---");
-            for line in tail.iter().rev() {
-                eprintln!("{line}");
-            }
+            postgres_binaries::print_log_tail(
+                "private PostgreSQL log",
+                &self.dir.join("postgres.log"),
+            );
         }
     }
 }

@@ -18,6 +18,7 @@
 //! `postgres` user through `runuser` (initdb refuses root).
 
 use crate::common;
+use crate::postgres_binaries;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -35,38 +36,13 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 /// clusters at once would only crowd a small machine.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// The newest PostgreSQL's binaries under /usr/lib/postgresql (Debian's
-/// layout), or `PG_BIN` when set.
+/// The newest PostgreSQL's server binaries.
 fn pg_bin() -> PathBuf {
-    if let Ok(dir) = std::env::var("PG_BIN") {
-        return PathBuf::from(dir);
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect(
-            "the failover tests need the PostgreSQL server binaries under /usr/lib/postgresql \
-             (apt-get install postgresql), or PG_BIN",
-        )
-        .filter_map(|entry| {
-            let path = entry.ok()?.path();
-            let version = path.file_name()?.to_str()?.parse().ok()?;
-            path.join("bin/initdb")
-                .exists()
-                .then(|| (version, path.join("bin")))
-        })
-        .collect();
-    versions.sort();
-    versions
-        .pop()
-        .expect("no /usr/lib/postgresql/<version>/bin/initdb: install postgresql")
-        .1
-}
-
-fn running_as_root() -> bool {
-    let out = std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .expect("run id -u");
-    String::from_utf8_lossy(&out.stdout).trim() == "0"
+    postgres_binaries::newest_with(
+        "initdb",
+        "the failover tests need the PostgreSQL server binaries under /usr/lib/postgresql \
+         (apt-get install postgresql), or PG_BIN",
+    )
 }
 
 /// A free loopback port (bound, then released).
@@ -100,7 +76,7 @@ struct Cluster {
 impl Cluster {
     fn new() -> Cluster {
         let bin = pg_bin();
-        let root = running_as_root();
+        let root = postgres_binaries::running_as_root();
         let dir =
             std::env::temp_dir().join(format!("leasegate-fo-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(dir.join("sockets")).unwrap();
@@ -125,13 +101,8 @@ impl Cluster {
     /// output when it fails.
     async fn pg(&self, program: &str, args: &[&str]) -> String {
         let binary = self.bin.join(program);
-        let mut command = if self.root {
-            let mut command = tokio::process::Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(&binary);
-            command
-        } else {
-            tokio::process::Command::new(&binary)
-        };
+        let mut command =
+            tokio::process::Command::from(postgres_binaries::as_postgres(&binary, self.root));
         command.args(args).current_dir(&self.dir).kill_on_drop(true);
         let out = common::within(&format!("{program} {args:?}"), command.output())
             .await
@@ -252,25 +223,13 @@ impl Drop for Cluster {
                 continue;
             }
             let binary = self.bin.join("pg_ctl");
-            let mut command = if self.root {
-                let mut command = std::process::Command::new("runuser");
-                command.args(["-u", "postgres", "--"]).arg(&binary);
-                command
-            } else {
-                std::process::Command::new(&binary)
-            };
-            let _ = command
+            let _ = postgres_binaries::as_postgres(&binary, self.root)
                 .args(["-D", path(&node.data), "-m", "immediate", "-w", "stop"])
                 .output();
         }
         if std::thread::panicking() {
             for node in &nodes {
-                let log = std::fs::read_to_string(&node.log).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(25).collect();
-                eprintln!("--- {} log (last lines) ---", node.name);
-                for line in tail.iter().rev() {
-                    eprintln!("{line}");
-                }
+                postgres_binaries::print_log_tail(&format!("{} log", node.name), &node.log);
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -500,17 +459,11 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
     )
     .await;
     println!("held: {}", report["reasons"]);
-    let operations_before: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let operations_before = db.row_count("tool_operations").await;
     let (code, message) = charge(&agent, &lease, 999).await.unwrap_err();
     assert_eq!(code, -32010, "{message}");
     assert!(message.contains("durability hold"), "{message}");
-    let operations_after: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let operations_after = db.row_count("tool_operations").await;
     assert_eq!(operations_after, operations_before, "nothing registered");
     assert_eq!(
         scenario.side_effects("charges.jsonl").len(),
@@ -621,10 +574,9 @@ async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolve
         let (operation_id, charge_id, _) = charge(&agent, &lease_a, amount).await.unwrap();
         replicated.push((amount, operation_id, charge_id));
     }
-    let primary_lsn: String = sqlx::query_scalar("SELECT pg_current_wal_insert_lsn()::text")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let primary_lsn: String = db
+        .query_scalar("SELECT pg_current_wal_insert_lsn()::text")
+        .await;
     wait_until("the standby to replay the first calls", || async {
         let replayed: bool = sqlx::query_scalar("SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn")
             .bind(&primary_lsn)
@@ -708,12 +660,12 @@ async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolve
 
     // The three high-water marks after the failover.
     // Epoch: what the workers held vs what the ledger says now.
-    let (ledger_owner, ledger_epoch): (Option<String>, i64) =
-        sqlx::query_as("SELECT owner, epoch FROM worker_leases WHERE run_id = $1")
-            .bind(lease_a.run_id.as_uuid())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let (ledger_owner, ledger_epoch): (Option<String>, i64) = db
+        .row(
+            "SELECT owner, epoch FROM worker_leases WHERE run_id = $1",
+            lease_a.run_id.as_uuid(),
+        )
+        .await;
     println!(
         "epoch high-water: worker-b held epoch {held_epoch}; the ledger says {ledger_owner:?} \
          at epoch {ledger_epoch}"

@@ -12,5 +12,6 @@ mod conformance;
 mod console;
 mod embedded_pg;
 mod failover;
+mod postgres_binaries;
 mod python_agent;
 mod sdk_transparency;

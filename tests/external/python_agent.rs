@@ -9,16 +9,21 @@ use crate::common;
 use std::process::Command;
 
 use common::TestDb;
-use common::proxy::{RunningProxy, Scenario};
+use common::proxy::RunningProxy;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-fn run_agent(args: &[&str]) -> (Option<i32>, Vec<Value>) {
+/// Runs the example Python agent on task `order-42` of `tenant-a` against
+/// the control API at `control` and the MCP front at `mcp`, with `args`;
+/// returns its exit code and the JSON lines it printed.
+fn run_agent(control: &str, mcp: &str, args: &[&str]) -> (Option<i32>, Vec<Value>) {
     let output = Command::new(common::peers::python())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/examples/python_agent/agent.py"
         ))
+        .args(["--control", control, "--mcp", mcp])
+        .args(["--tenant", "tenant-a", "--task", "order-42"])
         .args(args)
         .output()
         .expect("the test Python runs");
@@ -46,30 +51,14 @@ async fn python_agent_resumes_the_same_plan_after_a_takeover(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, "claim_ttl = \"60s\"\n").await;
     let (control, mcp) = (proxy.control_url.clone(), proxy.url.clone());
 
     // The first agent plans its steps, then dies without releasing its lease.
     let first = tokio::task::spawn_blocking({
         let (control, mcp) = (control.clone(), mcp.clone());
-        move || {
-            run_agent(&[
-                "--control",
-                &control,
-                "--mcp",
-                &mcp,
-                "--tenant",
-                "tenant-a",
-                "--task",
-                "order-42",
-                "--ttl-ms",
-                "1500",
-                "--crash-after-plan",
-            ])
-        }
+        move || run_agent(&control, &mcp, &["--ttl-ms", "1500", "--crash-after-plan"])
     })
     .await
     .unwrap();
@@ -87,22 +76,7 @@ async fn python_agent_resumes_the_same_plan_after_a_takeover(
     db.wait_lease_expired(run_id.parse().unwrap()).await;
     let second = tokio::task::spawn_blocking({
         let run_id = run_id.clone();
-        move || {
-            run_agent(&[
-                "--control",
-                &control,
-                "--mcp",
-                &mcp,
-                "--tenant",
-                "tenant-a",
-                "--task",
-                "order-42",
-                "--run-id",
-                &run_id,
-                "--ttl-ms",
-                "30000",
-            ])
-        }
+        move || run_agent(&control, &mcp, &["--run-id", &run_id, "--ttl-ms", "30000"])
     })
     .await
     .unwrap();

@@ -102,14 +102,7 @@ impl Setup {
         let write_config = |name: &str, lease_mode: &str, sessions: bool| {
             let config = format!(
                 r#"lease_mode = "{lease_mode}"
-database_url = "{database_url}"
-tenant = "tenant-a"
-listen = "127.0.0.1:0"
-control_listen = "off"
-adapters = "adapters"
-policy = "policies/test.toml"
-migrate = false
-http_sessions = {sessions}
+{head}http_sessions = {sessions}
 
 [upstreams.everything]
 transport = "stdio"
@@ -125,6 +118,7 @@ transport = "stdio"
 command = "{EXAMPLE_TOOLS}"
 args = ["--tools", "mailer", "--state-dir", "{state}"]
 "#,
+                head = common::proxy::config_head(database_url, "off"),
                 everything = everything.display(),
                 state = state.display(),
             );
@@ -322,13 +316,12 @@ async fn check_run(db: &TestDb, setup: &Setup, run: ClientRun<'_>, lease: Lease<
 
 async fn assert_ledger(db: &TestDb, run_id: Uuid, tag: &str) {
     // Every gated echo is one succeeded operation, replays included.
-    let rows: Vec<(String, String, Value)> = sqlx::query_as(
-        "SELECT tool_name, status, request_body FROM tool_operations WHERE run_id = $1",
-    )
-    .bind(run_id)
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let rows: Vec<(String, String, Value)> = db
+        .rows(
+            "SELECT tool_name, status, request_body FROM tool_operations WHERE run_id = $1",
+            run_id,
+        )
+        .await;
     let echoes: Vec<_> = rows
         .iter()
         .filter(|(tool, _, body)| tool.ends_with("__echo") && body.to_string().contains(tag))
@@ -376,8 +369,7 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
     let setup = Setup::new(&db.url).await;
     let (lease, _) = db.running_run("sdk-agent", 600_000).await;
 
@@ -432,12 +424,11 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
     }
 
     // A request body with U+0000 is stored (escaped), and reads back exact.
-    let stored: Vec<Value> = sqlx::query_scalar(
-        "SELECT request_body FROM tool_operations WHERE request_body::text LIKE '%dev.leasegate/escaped%'",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let stored: Vec<Value> = db
+        .query_scalars(
+            "SELECT request_body FROM tool_operations WHERE request_body::text LIKE '%dev.leasegate/escaped%'",
+        )
+        .await;
     assert!(
         !stored.is_empty(),
         "the NUL-carrying request was stored escaped"
@@ -452,8 +443,7 @@ async fn the_python_sdk_passes_through_session_mode_on_stdio_and_stateless_http(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let _exclusive = common::exclusive().await;
-    let db = TestDb::new(pool, connect).await;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
     let setup = Setup::new(&db.url).await;
 
     // The agent is unmodified and in its SDK's default (auto) mode: it

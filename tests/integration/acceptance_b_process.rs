@@ -7,7 +7,7 @@ use crate::common;
 
 use std::process::Stdio;
 
-use common::{TestDb, applied, wait_until, within};
+use common::{TestDb, wait_until, within};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -58,26 +58,17 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
     let grant = db.acquire(run_id, "worker-2", 30_000).await;
     assert!(grant.took_over);
     assert_eq!(grant.claim.epoch, 2, "worker 2 holds the next epoch");
-    let saved = applied(
-        db.ledger
-            .checkpoint_save(&grant.claim, grant.revision, &json!({"owner": "worker-2"}))
-            .await
-            .unwrap(),
-    );
+    let saved = db
+        .save_checkpoint(&grant.claim, grant.revision, &json!({"owner": "worker-2"}))
+        .await;
     let before = db.run_row(run_id).await;
-    let lease_expiry_before: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT expires_at FROM worker_leases WHERE run_id = $1")
-            .bind(run_id.as_uuid())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
-    let takeover_event: i64 = sqlx::query_scalar(
-        "SELECT max(event_id) FROM ledger_events WHERE run_id = $1 AND actor = 'worker-2'",
-    )
-    .bind(run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let lease_expiry_before = db.lease_expiry(run_id).await;
+    let takeover_event: i64 = db
+        .scalar(
+            "SELECT max(event_id) FROM ledger_events WHERE run_id = $1 AND actor = 'worker-2'",
+            run_id.as_uuid(),
+        )
+        .await;
 
     kill(pid, Signal::SIGCONT).expect("SIGCONT worker 1");
     let output = within("worker 1 to exit after thawing", child.wait_with_output())
@@ -137,23 +128,16 @@ async fn acceptance_b_thawed_worker_cannot_renew_save_complete_or_release_after_
             2
         )
     );
-    let lease_expiry_after: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT expires_at FROM worker_leases WHERE run_id = $1")
-            .bind(run_id.as_uuid())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let lease_expiry_after = db.lease_expiry(run_id).await;
     assert_eq!(
         lease_expiry_after, lease_expiry_before,
         "worker 1 extended nothing"
     );
-    let stale_events: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM ledger_events WHERE run_id = $1 AND event_id > $2",
-    )
-    .bind(run_id.as_uuid())
-    .bind(takeover_event)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let stale_events: i64 = db
+        .scalar_with(
+            "SELECT count(*) FROM ledger_events WHERE run_id = $1 AND event_id > $2",
+            (run_id.as_uuid(), takeover_event),
+        )
+        .await;
     assert_eq!(stale_events, 0, "no status change after the takeover");
 }

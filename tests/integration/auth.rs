@@ -13,6 +13,8 @@
 //! * the secret is in no table and no log line (the server logs at debug).
 
 use crate::common;
+use crate::common::proxy::charge_eur;
+use crate::common::tokens::{create_token, token_id};
 
 use std::sync::{Arc, Mutex};
 
@@ -21,37 +23,6 @@ use common::{TestDb, within};
 use leasegate::ledger::{LeaseClaim, RunId};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-/// `leasegate tokens create … --json` as a child process: the token text.
-async fn create_token(db: &TestDb, tenant: &str, scope: &str) -> String {
-    let output = tokio::process::Command::new(LEASEGATE)
-        .args(["tokens", "create", "--json", "--database-url", &db.url])
-        .args(["--tenant", tenant, "--scope", scope, "--name", "test"])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "tokens create: {stdout} {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let answer: Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(
-        (answer["tenant_id"].as_str(), answer["scope"].as_str()),
-        (Some(tenant), Some(scope))
-    );
-    answer["token"].as_str().unwrap().to_owned()
-}
-
-fn token_id(token: &str) -> &str {
-    token
-        .strip_prefix("lgt_")
-        .unwrap()
-        .split('_')
-        .next()
-        .unwrap()
-}
 
 /// `leasegate serve` with debug logs; its MCP and control URLs, and every
 /// line it writes to stderr.
@@ -109,8 +80,7 @@ async fn request(method: &str, url: &str, token: Option<&str>, body: Option<Valu
 /// Everything tenant data is made of, as one digest: equal before and after
 /// means nothing was written.
 async fn fingerprint(db: &TestDb) -> String {
-    let mut parts = Vec::new();
-    for table in [
+    db.tables_digest(&[
         "agent_tasks",
         "agent_runs",
         "worker_leases",
@@ -119,16 +89,8 @@ async fn fingerprint(db: &TestDb) -> String {
         "operation_evidence",
         "ledger_failovers",
         "access_tokens",
-    ] {
-        let digest: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT md5(string_agg(t::text, '|' ORDER BY t::text)) FROM {table} t"
-        )))
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        parts.push(format!("{table}={}", digest.unwrap_or_default()));
-    }
-    parts.join(" ")
+    ])
+    .await
 }
 
 const POLICY: &str = "background = false\n";
@@ -151,10 +113,10 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = scenario_with_auth(&db);
-    let agent = create_token(&db, "tenant-a", "agent").await;
-    let operator = create_token(&db, "tenant-a", "operator").await;
-    let intruder = create_token(&db, "tenant-evil", "admin").await;
-    let intruder_agent = create_token(&db, "tenant-evil", "agent").await;
+    let agent = create_token(&db, "tenant-a", "agent", Some("test")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("test")).await;
+    let intruder = create_token(&db, "tenant-evil", "admin", Some("test")).await;
+    let intruder_agent = create_token(&db, "tenant-evil", "agent", Some("test")).await;
     let served = serve(&scenario).await;
     let control = served.control.clone();
     let api = |path: &str| format!("{control}{path}");
@@ -268,14 +230,9 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         "dev.leasegate/step".into(),
         json!({"step_id": "charge", "effect_version": 1}),
     );
-    let result = call(
-        &client,
-        "payments__charge",
-        json!({"amount": 500, "currency": "eur"}),
-        Some(meta.clone()),
-    )
-    .await
-    .expect("the agent's charge");
+    let result = charge_eur(&client, 500, Some(meta.clone()))
+        .await
+        .expect("the agent's charge");
     let operation_id = common::proxy::operation_note(&result)["operation_id"]
         .as_str()
         .unwrap()
@@ -493,14 +450,13 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     )
     .await;
     assert_eq!(cancelled.status, 200, "{}", cancelled.body);
-    let actors: Vec<String> = sqlx::query_scalar(
-        "SELECT actor FROM ledger_events WHERE run_id = $1 AND subject = 'run' \
+    let actors: Vec<String> = db
+        .scalars(
+            "SELECT actor FROM ledger_events WHERE run_id = $1 AND subject = 'run' \
          AND to_status = 'cancelled'",
-    )
-    .bind(run.as_uuid())
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+            run.as_uuid(),
+        )
+        .await;
     assert_eq!(
         actors,
         [format!("token:{}/alice", token_id(&operator))],
@@ -591,11 +547,9 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
     let Served { mut child, log, .. } = served;
     child.start_kill().unwrap();
     within("leasegate to stop", child.wait()).await.unwrap();
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let tables: Vec<String> = db
+        .query_scalars("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public'")
+        .await;
     let log = log.lock().unwrap().join("\n");
     assert!(
         log.contains("DEBUG") || log.contains("debug"),
@@ -834,8 +788,8 @@ async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = scenario_with_auth(&db);
-    let agent = create_token(&db, "tenant-a", "agent").await;
-    let operator = create_token(&db, "tenant-a", "operator").await;
+    let agent = create_token(&db, "tenant-a", "agent", Some("test")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("test")).await;
     let served = serve(&scenario).await;
     let (lease, _) = db.running_run("python-agent", 60_000).await;
     let mut command = tokio::process::Command::new(common::peers::python());
@@ -868,13 +822,12 @@ async fn the_python_sdk_calls_through_the_http_front_with_a_bearer_token_and_is_
     );
     // One charge, under the lease, recorded as succeeded.
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
-    let (status,): (String,) = sqlx::query_as(
-        "SELECT status FROM tool_operations WHERE run_id = $1 AND tool_name = 'payments__charge'",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let (status,): (String,) = db
+        .row(
+            "SELECT status FROM tool_operations WHERE run_id = $1 AND tool_name = 'payments__charge'",
+            lease.run_id.as_uuid(),
+        )
+        .await;
     assert_eq!(status, "succeeded");
     // The refusal without a token was counted.
     let metrics = request(
@@ -938,15 +891,13 @@ fn scenario_in_lease_mode(db: &TestDb, mode: &str) -> Scenario {
 
 /// The (run id, kind, principal) of the operation of the charge of `amount`.
 async fn charge_run(db: &TestDb, amount: i64) -> Vec<(String, String, String)> {
-    sqlx::query_as(
+    db.rows(
         "SELECT r.run_id::text, r.kind, r.principal FROM tool_operations o \
            JOIN agent_runs r ON r.run_id = o.run_id \
           WHERE (o.request_body->>'amount')::bigint = $1 ORDER BY o.created_at",
+        amount,
     )
-    .bind(amount)
-    .fetch_all(&db.admin)
     .await
-    .unwrap()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -956,9 +907,9 @@ async fn in_session_mode_another_principal_naming_the_task_key_gets_a_task_of_it
 ) {
     let db = TestDb::new(pool, connect).await;
     let scenario = scenario_in_lease_mode(&db, "session");
-    let alice = create_token(&db, "tenant-a", "agent").await;
-    let mallory = create_token(&db, "tenant-a", "agent").await;
-    let operator = create_token(&db, "tenant-a", "operator").await;
+    let alice = create_token(&db, "tenant-a", "agent", Some("test")).await;
+    let mallory = create_token(&db, "tenant-a", "agent", Some("test")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("test")).await;
     let served = serve(&scenario).await;
     let api = |path: &str| format!("{}{path}", served.control);
     let charge = |amount: i64| json!({"amount": amount, "currency": "eur"});
@@ -1149,8 +1100,8 @@ async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_
         claims["exp"] = json!(chrono::Utc::now().timestamp() + 600);
         sign_jwt(&claims, JWT_SECRET)
     };
-    let alice = create_token(&db, "tenant-a", "agent").await;
-    let mallory = create_token(&db, "tenant-a", "agent").await;
+    let alice = create_token(&db, "tenant-a", "agent", Some("test")).await;
+    let mallory = create_token(&db, "tenant-a", "agent", Some("test")).await;
     let served = serve(&scenario).await;
     let charge = |amount: i64| json!({"amount": amount, "currency": "eur"});
     let keyed = |token: String, key: &'static str| {
@@ -1196,22 +1147,18 @@ async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_
         .await
         .unwrap_err();
     assert_eq!(conflict.0, -32003, "{conflict:?}");
-    let digests: Vec<String> = sqlx::query_scalar("SELECT request_digest FROM tool_operations")
-        .fetch_all(&db.admin)
-        .await
-        .unwrap();
+    let digests: Vec<String> = db
+        .query_scalars("SELECT request_digest FROM tool_operations")
+        .await;
     assert!(
         digests.iter().all(|d| !conflict.1.contains(d.as_str())),
         "-32003 names no digest: {}",
         conflict.1
     );
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 4);
-    let principals: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT kind, principal, task_id FROM agent_tasks ORDER BY principal, task_id",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let principals: Vec<(String, String, String)> = db
+        .query_rows("SELECT kind, principal, task_id FROM agent_tasks ORDER BY principal, task_id")
+        .await;
     let mut expected = vec![
         (
             "key".to_owned(),

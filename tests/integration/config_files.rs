@@ -6,23 +6,12 @@ use std::process::Command;
 
 use leasegate::config::{Config, check_file};
 
-fn toml_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            toml_files(&path, out);
-        } else if path.extension().is_some_and(|ext| ext == "toml") {
-            out.push(path);
-        }
-    }
-}
-
 #[test]
 fn every_shipped_adapter_policy_and_example_file_is_valid() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     for dir in ["adapters", "policies", "examples"] {
-        toml_files(&root.join(dir), &mut files);
+        crate::common::files::with_extension(&root.join(dir), "toml", &mut files);
     }
     assert!(files.len() >= 4, "found the shipped files: {files:?}");
     for file in &files {

@@ -3,6 +3,7 @@
 //! plus the OpenAPI document and the operator CLI.
 
 use crate::common;
+use crate::common::intents;
 
 use std::collections::BTreeSet;
 
@@ -11,10 +12,9 @@ use axum::http::{Method, Request, StatusCode};
 use common::TestDb;
 use leasegate::control::ROUTES;
 use leasegate::intent::IntegerPolicy;
-use leasegate::ledger::{Ledger, MarkUnknown, UnknownBy, UnknownCause};
+use leasegate::ledger::{Ledger, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tower::ServiceExt;
 
 struct Api {
     ledger: Ledger,
@@ -47,15 +47,7 @@ impl Api {
             ),
             leasegate::app::metrics_handle(),
         );
-        let response = router.oneshot(request).await.unwrap();
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        (
-            status,
-            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        )
+        common::router::answer(router, request).await
     }
 
     async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
@@ -614,12 +606,11 @@ async fn bad_input_gets_a_4xx_with_a_code_and_writes_nothing(
             &body[..body.len().min(60)]
         );
     }
-    let counts: (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM ledger_events)",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let counts: (i64, i64, i64) = db
+        .query_row(
+            "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM ledger_events)",
+        )
+        .await;
     assert_eq!(counts, (0, 0, 0), "nothing written");
 }
 
@@ -682,11 +673,7 @@ async fn the_openapi_document_matches_the_served_routes(
             .header("content-type", "application/x-www-form-urlencoded")
             .body(Body::from("note=x"))
             .unwrap();
-        let response = console.clone().oneshot(request).await.unwrap();
-        let status = response.status();
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
+        let (status, bytes) = common::router::answer_bytes(console.clone(), request).await;
         let answer: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
         assert_ne!(code(&answer), "no_route", "{method} {path} is not served");
@@ -733,26 +720,10 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = leasegate::intent::Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "mailer__send_email",
-        &json!({"to": "a@b.c"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "mailer__send_email", &json!({"to": "a@b.c"}));
     let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timeout"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({"error": "timeout"}))
+        .await;
 
     let cli = |args: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
@@ -908,26 +879,10 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
         operator: db.operator.clone(),
     };
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = leasegate::intent::Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 3}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "payments__charge", &json!({"amount": 3}));
     let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     // A reconciler spends the whole budget of one.
     let items = db
         .ledger
@@ -978,38 +933,21 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
     assert_eq!(status, StatusCode::OK, "{answer}");
     assert_eq!(answer["operation"]["status"], "unknown");
     assert_eq!(attempts().await, (0, None));
-    let event: Value = sqlx::query_scalar(
-        "SELECT detail FROM ledger_events WHERE operation_id = $1 AND actor = 'alice'",
-    )
-    .bind(intent.operation_id.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let event: Value = db
+        .scalar(
+            "SELECT detail FROM ledger_events WHERE operation_id = $1 AND actor = 'alice'",
+            intent.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         event,
         json!({"retry_budget_reset": true, "note": "bank API back up", "previous_attempts": 1})
     );
 
     // Only unknown operations; unknown ids are not found.
-    let settled = leasegate::intent::Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 4}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let settled = intents::unplanned(lease.run_id, "payments__charge", &json!({"amount": 4}));
     let claim = db.claim(&lease, &settled, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_settle(
-            &claim,
-            leasegate::ledger::Settlement::Succeeded,
-            None,
-            &json!({}),
-        )
-        .await
-        .unwrap();
+    db.settle_succeeded(&claim, None, &json!({})).await;
     let (status, answer) = api
         .send(
             Method::POST,
@@ -1057,22 +995,16 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
                 .header("content-type", "application/json")
                 .body(Body::from(body.to_string()))
                 .unwrap();
-            let response = router.oneshot(request).await.unwrap();
-            let status = response.status();
-            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-                .await
-                .unwrap();
+            let (status, bytes) = common::router::answer_bytes(router, request).await;
             (status, serde_json::from_slice::<Value>(&bytes).unwrap())
         }
     };
     let rows = || async {
-        sqlx::query_scalar::<_, i64>(
+        db.query_scalar::<i64>(
             "SELECT (SELECT count(*) FROM agent_tasks) + (SELECT count(*) FROM agent_runs) \
              + (SELECT count(*) FROM ledger_events)",
         )
-        .fetch_one(&db.admin)
         .await
-        .unwrap()
     };
 
     let (status, answer) = send(json!({"tenant_id": "tenant-b", "task_id": "order-42",
@@ -1101,11 +1033,9 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
     assert_eq!(status, StatusCode::CREATED, "{named}");
     let (status, unnamed) = send(json!({"task_id": "order-43"})).await;
     assert_eq!(status, StatusCode::CREATED, "{unnamed}");
-    let tenants: Vec<String> =
-        sqlx::query_scalar("SELECT tenant_id FROM agent_runs ORDER BY task_id")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let tenants: Vec<String> = db
+        .query_scalars("SELECT tenant_id FROM agent_runs ORDER BY task_id")
+        .await;
     assert_eq!(tenants, ["tenant-a", "tenant-a"]);
 
     // The tenant-free router (the operator CLI without --config) takes any.

@@ -15,18 +15,6 @@ use std::process::{Command, Output};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// The URL of a `#[sqlx::test]` database.
-fn url_of(connect: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect
-            .get_database()
-            .expect("sqlx::test names the database"),
-    )
-}
-
 /// A URL on 127.0.0.1 where nothing listens.
 fn closed_port_url(database: &str) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -170,7 +158,7 @@ async fn a_refused_login_a_missing_database_and_a_database_without_the_ledger_ar
     );
 
     // An empty database (as the `postgres` database is): schema missing.
-    let empty = url_of(&connect);
+    let empty = crate::common::database_url(&connect);
     let output = leasegate(&["ops", "unknown"], &[("LEASEGATE_DATABASE_URL", &empty)]);
     let text = stderr(&output);
     assert_eq!(output.status.code(), Some(9), "{text}");
@@ -202,7 +190,7 @@ async fn the_flag_wins_over_the_environment_which_wins_over_the_config_and_datab
     connect: PgConnectOptions,
 ) {
     let admin = pool.connect_with(connect.clone()).await.unwrap();
-    let good = url_of(&connect);
+    let good = crate::common::database_url(&connect);
     let closed = closed_port_url("leasegate");
     let ok = |output: Output| {
         assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));

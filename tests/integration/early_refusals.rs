@@ -15,7 +15,7 @@
 
 use crate::common;
 
-use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta};
+use common::proxy::{RunningProxy, call, connect_http, lease_meta};
 use common::{TestDb, http};
 use leasegate::ledger::{LeaseClaim, RunId};
 use serde_json::{Value, json};
@@ -26,14 +26,12 @@ const POLICY: &str = "claim_ttl = \"60s\"\ndispatch_interval = \"100ms\"\n";
 /// (tasks, runs, operations, events, revisions summed): every table a
 /// refused request could have touched.
 async fn ledger_rows(db: &TestDb) -> (i64, i64, i64, i64, i64) {
-    sqlx::query_as(
+    db.query_row(
         "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs),
                 (SELECT count(*) FROM tool_operations), (SELECT count(*) FROM ledger_events),
                 (SELECT coalesce(sum(revision), 0)::bigint FROM agent_runs)",
     )
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 fn json_body(answer: &http::Answer) -> Value {
@@ -57,8 +55,7 @@ async fn plans_for_unknown_tools_and_identifiers_out_of_bounds_are_refused_by_th
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let api = format!("{}/v1", proxy.control_url);
 
     // Identifiers at creation: nothing is created.
@@ -229,18 +226,10 @@ fn tools_call(id: u64, tool: &str, arguments: Value, meta: Option<Value>) -> Str
     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}).to_string()
 }
 
-const MCP_HEADERS: [(&str, &str); 3] = [
-    ("content-type", "application/json"),
-    ("accept", "application/json, text/event-stream"),
-    ("mcp-protocol-version", "2025-11-25"),
-];
-
 /// POSTs a JSON-RPC body to the MCP front with `extra` headers (a name
 /// given twice is sent twice); returns the HTTP status and the JSON answer.
 async fn mcp_post(url: &str, extra: &[(&str, &str)], body: &str) -> (u16, Value) {
-    let mut headers = MCP_HEADERS.to_vec();
-    headers.extend_from_slice(extra);
-    let answer = http::post(url, &headers, body).await;
+    let answer = http::post_mcp(url, extra, body).await;
     let value = json_body(&answer);
     (answer.status, value)
 }
@@ -251,8 +240,7 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent-1", 60_000).await;
     let before = ledger_rows(&db).await;
     let charge = json!({"amount": 5, "currency": "eur"});
@@ -285,9 +273,9 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
     let answer = http::post(
         &proxy.url,
         &[
-            MCP_HEADERS[0],
-            MCP_HEADERS[1],
-            MCP_HEADERS[2],
+            http::MCP_HEADERS[0],
+            http::MCP_HEADERS[1],
+            http::MCP_HEADERS[2],
             ("host", &rebound),
         ],
         "{\"jsonrpc\": ",
@@ -306,8 +294,8 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
         &proxy.url,
         &[
             ("content-type", "text/plain"),
-            MCP_HEADERS[1],
-            MCP_HEADERS[2],
+            http::MCP_HEADERS[1],
+            http::MCP_HEADERS[2],
         ],
         "charge 5 eur",
     )
@@ -326,12 +314,9 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
         .await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["id"], 7, "{answer}");
-        assert_eq!(answer["error"]["code"], -32602, "{arguments}: {answer}");
+        let context = format!("{arguments}: ");
         assert!(
-            answer["error"]["message"]
-                .as_str()
-                .unwrap()
-                .contains("`arguments` an object"),
+            http::rpc_error_message(&answer, -32602, &context).contains("`arguments` an object"),
             "{answer}"
         );
     }
@@ -415,11 +400,8 @@ async fn malformed_mcp_requests_get_json_rpc_codes_and_reach_neither_the_ledger_
         &tools_call(11, "payments__charge", charge.clone(), None),
     )
     .await;
-    assert_eq!(answer["error"]["code"], -32602, "{answer}");
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap()
+        http::rpc_error_message(&answer, -32602, "")
             .starts_with("header Leasegate-Owner: owner: character ' '"),
         "{answer}"
     );
@@ -492,8 +474,7 @@ async fn a_plan_for_a_down_upstreams_tools_is_accepted_and_sent_once_it_is_back(
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, revision) = db.running_run("agent-1", 60_000).await;
     let checkpoint_url = format!("{}/v1/runs/{}/checkpoint", proxy.control_url, lease.run_id);
 
@@ -539,15 +520,11 @@ async fn a_plan_for_a_down_upstreams_tools_is_accepted_and_sent_once_it_is_back(
 
     // Back: the outbox sends it, once.
     std::fs::remove_dir(&pid_file).unwrap();
-    common::wait_until("the outbox to send the planned email", || async {
-        let status: String = sqlx::query_scalar(
-            "SELECT status FROM tool_operations WHERE tool_name = 'mailer__send_email'",
-        )
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        (status == "succeeded").then_some(())
-    })
+    db.wait_tool_status(
+        "the outbox to send the planned email",
+        "mailer__send_email",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;

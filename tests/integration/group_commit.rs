@@ -4,12 +4,13 @@
 //! digest comparison, events); a refusal is its item's alone.
 
 use crate::common;
+use crate::common::intents;
 
 use std::time::Duration;
 
 use common::{TestDb, applied, within};
 use futures::future::join_all;
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::Intent;
 use leasegate::ledger::{
     AcquireOutcome, Fenced, GroupCommitSettings, InlineClaim, LeaseClaim, Ledger, LedgerOptions,
     OperationStatus, Rejection, RunId, SettleOutcome, Settlement,
@@ -20,18 +21,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 const TENANT: &str = "tenant-a";
 
 fn intent(run_id: RunId, step: &str, arguments: Value) -> Intent {
-    Intent::new(
-        TENANT,
-        run_id,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap()
+    intents::planned(run_id, step, "payments__charge", &arguments)
 }
 
 /// A ledger whose calls are batched; the window is wide so that calls
@@ -89,8 +79,9 @@ async fn gated_call(ledger: &Ledger, lease: LeaseClaim) -> RunId {
 
 /// The rows and events of a run, without ids and times.
 async fn footprint(db: &TestDb, run_id: RunId) -> Value {
-    sqlx::query_scalar(
-        "SELECT jsonb_build_object(
+    db
+        .scalar(
+            "SELECT jsonb_build_object(
            'ops', (SELECT jsonb_agg(jsonb_build_array(status, revision, dispatch_count, remote_id,
                                                      dispatch_owner))
                      FROM tool_operations WHERE run_id = $1),
@@ -100,11 +91,9 @@ async fn footprint(db: &TestDb, run_id: RunId) -> Value {
                                                            FROM jsonb_object_keys(detail) k))
                                        ORDER BY event_id)
                         FROM ledger_events WHERE run_id = $1 AND subject = 'operation'))",
-    )
-    .bind(run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap()
+            run_id.as_uuid(),
+        )
+        .await
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -271,10 +260,7 @@ async fn a_refused_item_is_refused_alone_and_the_others_in_its_batch_are_claimed
     for (batched, alone) in batched.iter().zip(&alone).skip(1).take(4) {
         assert_eq!(format!("{batched:?}"), format!("{alone:?}"));
     }
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let rows = db.row_count("tool_operations").await;
     assert_eq!(
         rows, 3,
         "the two claimed calls and the earlier conflicting one"
@@ -316,10 +302,7 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
     // What the second of two concurrent single calls answers: in flight.
     assert_eq!(existing[0].status, OperationStatus::Dispatching);
     assert_eq!(existing[0].operation_id, call.operation_id);
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let rows = db.row_count("tool_operations").await;
     assert_eq!(rows, 1);
     // Settled twice in one batch: the second is stale evidence.
     let result = json!({"ok": 1});
@@ -502,28 +485,22 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
             (2, Some("22023".to_owned()), "item_error".to_owned())
         ]
     );
-    let ops: Vec<String> = sqlx::query_scalar("SELECT operation_id FROM tool_operations")
-        .fetch_all(&db.admin)
-        .await
-        .unwrap();
+    let ops: Vec<String> = db
+        .query_scalars("SELECT operation_id FROM tool_operations")
+        .await;
     assert_eq!(ops, [call_a.operation_id.as_str()]);
     // The settle batch: a bad status raises for its item only.
-    let (verdicts,): (Value,) = sqlx::query_as(
-        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+    let (verdicts,): (Value,) = db
+        .row_with(
+            "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
            ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['bogus', 'succeeded'], ARRAY[NULL, 'r']::text[],
            ARRAY['{}', '{}']::jsonb[])",
-    )
-    .bind(call_a.operation_id.as_str())
-    .bind(call_a.request_digest.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            (call_a.operation_id.as_str(), call_a.request_digest.as_str()),
+        )
+        .await;
     assert_eq!(verdicts[0]["error_sqlstate"], "22023");
     assert_eq!(verdicts[1]["outcome"], "settled");
-    let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let status: String = db.query_scalar("SELECT status FROM tool_operations").await;
     assert_eq!(status, "succeeded");
 
     // An item that passes every fence but breaks a table constraint (a
@@ -564,25 +541,23 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
     );
     // Two settles of one claim in one batch: the first settles (set-based),
     // the repeat goes through operation_settle and is kept as evidence.
-    let (verdicts,): (Value,) = sqlx::query_as(
-        "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
+    let (verdicts,): (Value,) = db
+        .row_with(
+            "CALL operation_settle_acknowledged_batch(ARRAY[$1, $1], ARRAY['proxy-1', 'proxy-1'],
            ARRAY[1, 1]::bigint[], ARRAY[$2, $2], ARRAY['succeeded', 'succeeded'],
            ARRAY['r1', 'r2']::text[], ARRAY['{}', '{}']::jsonb[])",
-    )
-    .bind(call_c.operation_id.as_str())
-    .bind(call_c.request_digest.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            (call_c.operation_id.as_str(), call_c.request_digest.as_str()),
+        )
+        .await;
     assert_eq!(verdicts[0]["outcome"], "settled");
     assert_eq!(verdicts[0]["remote_id"], "r1");
     assert_eq!(verdicts[1]["outcome"], "stale_claim");
-    let evidence: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT kind, remote_id FROM operation_evidence WHERE operation_id = $1")
-            .bind(call_c.operation_id.as_str())
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let evidence: Vec<(String, Option<String>)> = db
+        .rows(
+            "SELECT kind, remote_id FROM operation_evidence WHERE operation_id = $1",
+            call_c.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         evidence,
         [("late_response".to_owned(), Some("r2".to_owned()))]

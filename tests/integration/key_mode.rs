@@ -13,24 +13,16 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 fn key_mode(scenario: &Scenario, retention: &str) {
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("lease_mode = \"key\"\n{config}\n[idempotency]\nretention = \"{retention}\"\n"),
-    )
-    .unwrap();
+    scenario.surround_config(
+        "lease_mode = \"key\"",
+        &format!("[idempotency]\nretention = \"{retention}\"\n"),
+    );
 }
 
 /// One JSON-RPC `tools/call` over plain HTTP; returns the parsed answer.
 async fn post_call(url: &str, headers: &[(&str, &str)], params: Value) -> Value {
-    let mut all = vec![
-        ("content-type", "application/json"),
-        ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", "2025-11-25"),
-    ];
-    all.extend_from_slice(headers);
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params});
-    let answer = http::post(url, &all, &body.to_string()).await;
+    let answer = http::post_mcp(url, headers, &body.to_string()).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     serde_json::from_str(&answer.body).unwrap_or_else(|_| panic!("JSON: {}", answer.body))
 }
@@ -85,31 +77,21 @@ async fn a_key_replays_its_request_refuses_another_and_is_free_again_after_reten
     )
     .await;
     assert_eq!(other["error"]["code"], -32003, "{other}");
-    let operations: i64 = sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let operations = db.row_count("tool_operations").await;
     assert_eq!(operations, 1);
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
 
     // Without a key (and without a lease) the call needs one, and says how.
     let bare = post_call(&proxy.url, &[], charge.clone()).await;
-    assert_eq!(bare["error"]["code"], -32001, "{bare}");
     assert!(
-        bare["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("Idempotency-Key"),
+        common::http::rpc_error_message(&bare, -32001, "").contains("Idempotency-Key"),
         "{bare}"
     );
 
     // Past the retention window the key is a new request: a new run, a new
     // charge, and the old run is cancelled (kept for audit).
     let created: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT created_at FROM agent_runs")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+        db.query_scalar("SELECT created_at FROM agent_runs").await;
     wait_until("the retention window to pass", || async {
         (chrono::Utc::now() > created + chrono::Duration::seconds(2)).then_some(())
     })
@@ -117,11 +99,9 @@ async fn a_key_replays_its_request_refuses_another_and_is_free_again_after_reten
     let later = post_call(&proxy.url, &[("idempotency-key", "order-17")], charge).await;
     assert_eq!(note(&later)["replayed"], false, "{later}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 2);
-    let runs: Vec<(String, i32)> =
-        sqlx::query_as("SELECT status, attempt FROM agent_runs ORDER BY attempt")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let runs: Vec<(String, i32)> = db
+        .query_rows("SELECT status, attempt FROM agent_runs ORDER BY attempt")
+        .await;
     assert_eq!(
         runs,
         vec![("cancelled".to_owned(), 1), ("running".to_owned(), 2)]
@@ -247,10 +227,7 @@ async fn concurrent_calls_with_one_new_key_share_it_and_charge_once(
     }
     assert_eq!(replayed, 7, "one call sent, seven replayed");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 1);
     proxy.stop().await;
 }

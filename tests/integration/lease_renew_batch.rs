@@ -19,7 +19,6 @@ use leasegate::ledger::{
 use leasegate::worker::{BatchHeartbeat, HeartbeatConfig, StopCause, WorkerCancellation};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tower::ServiceExt;
 
 type Row = (
     Option<String>,
@@ -30,20 +29,11 @@ type Row = (
 
 /// (owner, epoch, expires_at, updated_at) of a run's lease row.
 async fn lease_row(db: &TestDb, run: RunId) -> Row {
-    sqlx::query_as(
+    db.row(
         "SELECT owner, epoch, expires_at, updated_at FROM worker_leases WHERE run_id = $1",
+        run.as_uuid(),
     )
-    .bind(run.as_uuid())
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
-}
-
-async fn all_events(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM ledger_events")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
 }
 
 /// The control API of a process serving `tenant-a`, driven without a socket.
@@ -59,15 +49,7 @@ async fn post(ledger: &Ledger, path: &str, body: String) -> (StatusCode, Value) 
         IntegerPolicy::Reject,
         Some("tenant-a".into()),
     );
-    let response = router.oneshot(request).await.unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    common::router::answer(router, request).await
 }
 
 fn entry(claim: &LeaseClaim) -> Value {
@@ -139,12 +121,8 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     };
     // A run an operator cancelled.
     let (cancelled, _) = db.running_run("w-f", 30_000).await;
-    applied(
-        db.operator
-            .run_cancel(cancelled.run_id, "ops", Some("stop"))
-            .await
-            .unwrap(),
-    );
+    db.operator_cancels(cancelled.run_id, "ops", Some("stop"))
+        .await;
     // Another tenant's run, with its genuine lease.
     let other_run = RunId::generate();
     assert!(matches!(
@@ -175,7 +153,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
         before.push(lease_row(&db, run).await);
     }
     let held_before = lease_row(&db, held_a.run_id).await;
-    let events_before = all_events(&db).await;
+    let events_before = db.row_count("ledger_events").await;
 
     let claims = [
         &held_a, &stale, &forged, &tokenless, &cancelled, &other, &ghost, &held_b,
@@ -240,7 +218,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     for (run, row) in untouched.iter().zip(before) {
         assert_eq!(lease_row(&db, *run).await, row, "lease of {run} changed");
     }
-    assert_eq!(all_events(&db).await, events_before);
+    assert_eq!(db.row_count("ledger_events").await, events_before);
 
     // The ledger call with no tenant (a worker's own) reaches any tenant's
     // lease; an expired lease is lost, never resurrected.
@@ -282,11 +260,9 @@ async fn ten_thousand_leases_renew_in_one_call_and_bad_batches_write_nothing(
 ) {
     let db = TestDb::new(pool, connect).await;
     let claims = many_leases(&db, "big", MAX_RENEW_BATCH as i64).await;
-    let max_before: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("SELECT max(expires_at) FROM worker_leases")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let max_before: chrono::DateTime<chrono::Utc> = db
+        .query_scalar("SELECT max(expires_at) FROM worker_leases")
+        .await;
     let body = json!({"ttl_ms": 300_000, "leases": claims.iter().map(entry).collect::<Vec<_>>()});
     let text = body.to_string();
     assert!(
@@ -302,22 +278,21 @@ async fn ten_thousand_leases_renew_in_one_call_and_bad_batches_write_nothing(
     );
     assert_eq!(answer["renewed"], 10_000);
     assert_eq!(answer["lost"], 0);
-    let renewed: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM worker_leases WHERE expires_at > $1")
-            .bind(max_before)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let renewed: i64 = db
+        .scalar(
+            "SELECT count(*) FROM worker_leases WHERE expires_at > $1",
+            max_before,
+        )
+        .await;
     assert_eq!(renewed, 10_000);
 
     let snapshot = || async {
-        sqlx::query_scalar::<_, String>(
-            "SELECT md5(string_agg(run_id::text || expires_at::text || updated_at::text, ',' ORDER BY run_id))
+        db
+            .query_scalar::<String>(
+                "SELECT md5(string_agg(run_id::text || expires_at::text || updated_at::text, ',' ORDER BY run_id))
                FROM worker_leases",
-        )
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
+            )
+            .await
     };
     let before = snapshot().await;
 
@@ -437,13 +412,12 @@ async fn renew_racing_a_cancel<T: Send + 'static>(
     assert_eq!(cancelled, "applied");
     let renew = tokio::spawn(renew);
     wait_until("the renew to wait for the cancelled run's lease row", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
-        )
-        .bind(waiting_statement)
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+        let waiting: i64 = db
+            .scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1",
+                waiting_statement,
+            )
+            .await;
         (waiting > 0).then_some(())
     })
     .await;
@@ -487,11 +461,12 @@ async fn a_run_cancelled_while_the_batch_waits_for_its_lease_is_answered_termina
         (before.2, before.3),
         "the cancelled run's lease keeps its expiry and was not written"
     );
-    let status: String = sqlx::query_scalar("SELECT status FROM agent_runs WHERE run_id = $1")
-        .bind(victim.as_uuid())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let status: String = db
+        .scalar(
+            "SELECT status FROM agent_runs WHERE run_id = $1",
+            victim.as_uuid(),
+        )
+        .await;
     assert_eq!(status, "cancelled");
 }
 
@@ -606,12 +581,7 @@ async fn the_batch_heartbeat_renews_every_lease_and_stops_only_the_holders_that_
         .lease_takeover(held[0].0.run_id, "host-2", 30_000)
         .await
         .unwrap();
-    applied(
-        db.operator
-            .run_cancel(held[1].0.run_id, "ops", None)
-            .await
-            .unwrap(),
-    );
+    db.operator_cancels(held[1].0.run_id, "ops", None).await;
     held[3].1.cancel_with(StopCause::Stopped("done".into()));
 
     wait_until(

@@ -7,8 +7,9 @@
 //! the refusals are counted in `protected_write_rejected_total`.
 
 use crate::common;
+use crate::common::proxy::send_email;
 
-use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta};
+use common::proxy::{RunningProxy, connect_http, lease_meta};
 use common::{TestDb, http, prometheus};
 use leasegate::ledger::{LeaseClaim, LeaseToken, RunId};
 use serde_json::{Value, json};
@@ -18,16 +19,14 @@ const POLICY: &str = "claim_ttl = \"60s\"\n";
 
 /// Runs, leases, events and operations as the superuser reads them.
 async fn ledger_state(db: &TestDb) -> String {
-    sqlx::query_scalar(
+    db.query_scalar(
         "SELECT concat_ws('|',
            (SELECT string_agg(row_to_json(r)::text, ',' ORDER BY run_id) FROM agent_runs r),
            (SELECT string_agg(row_to_json(l)::text, ',' ORDER BY run_id) FROM worker_leases l),
            (SELECT count(*)::text FROM ledger_events),
            (SELECT count(*)::text FROM tool_operations))",
     )
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 async fn post_json(url: &str, body: Value) -> (u16, Value) {
@@ -45,27 +44,16 @@ async fn post_json(url: &str, body: Value) -> (u16, Value) {
 
 /// A raw `tools/call` with `headers`; the JSON-RPC answer.
 async fn raw_call(url: &str, headers: &[(&str, &str)], meta: Value) -> Value {
-    let mut all = vec![
-        ("content-type", "application/json"),
-        ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", "2025-11-25"),
-    ];
-    all.extend_from_slice(headers);
-    let response = http::post(
+    let response = http::post_mcp(
         url,
-        &all,
+        headers,
         &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                 "params": {"name": "mailer__send_email", "arguments": {"to": "victim@example.com"},
                            "_meta": meta}})
         .to_string(),
     )
     .await;
-    let body = response
-        .body
-        .lines()
-        .find_map(|line| line.strip_prefix("data:"))
-        .unwrap_or(&response.body);
-    serde_json::from_str(body.trim()).expect("a JSON-RPC answer")
+    response.json_rpc()
 }
 
 fn rejected_total(metrics: &str) -> f64 {
@@ -82,8 +70,7 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let control = format!("{}/v1", proxy.control_url);
 
     // The holder: a run created with its lease, started.
@@ -183,14 +170,9 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         token: None,
     };
     let (agent, _) = connect_http(&proxy.url, Some(&forged)).await;
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "victim@example.com"}),
-        None,
-    )
-    .await
-    .expect_err("no token, refused");
+    let (code, message) = send_email(&agent, "victim@example.com", None)
+        .await
+        .expect_err("no token, refused");
     assert_eq!(code, -32002, "{message}");
     assert!(
         message.contains("no lease token was presented"),
@@ -201,14 +183,9 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         token: Some(LeaseToken::generate()),
         ..forged.clone()
     };
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "victim@example.com"}),
-        Some(lease_meta(&wrong)),
-    )
-    .await
-    .expect_err("a wrong token in _meta, refused");
+    let (code, message) = send_email(&agent, "victim@example.com", Some(lease_meta(&wrong)))
+        .await
+        .expect_err("a wrong token in _meta, refused");
     assert_eq!(code, -32002, "{message}");
     assert!(message.contains("is not this lease's"), "{message}");
     let rid = run_id.clone();
@@ -267,14 +244,9 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         ..forged.clone()
     };
     let (holder_agent, _) = connect_http(&proxy.url, Some(&real)).await;
-    call(
-        &holder_agent,
-        "mailer__send_email",
-        json!({"to": "friend@example.com"}),
-        None,
-    )
-    .await
-    .expect("the holder's call");
+    send_email(&holder_agent, "friend@example.com", None)
+        .await
+        .expect("the holder's call");
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     let (status, answer) = post_json(
         &format!("{control}/runs/{run_id}/lease/renew"),
@@ -300,11 +272,9 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     assert!(!shown.body.contains(&token[4..]), "{}", shown.body);
     let operations = http::get(&format!("{control}/runs/{run_id}/operations")).await;
     assert!(!operations.body.contains(&token[4..]));
-    let events: Vec<String> =
-        sqlx::query_scalar("SELECT row_to_json(e)::text FROM ledger_events e")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let events: Vec<String> = db
+        .query_scalars("SELECT row_to_json(e)::text FROM ledger_events e")
+        .await;
     assert!(!events.is_empty());
     for event in events {
         assert!(!event.contains(&token[4..]), "{event}");

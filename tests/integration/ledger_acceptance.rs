@@ -5,7 +5,7 @@ use crate::common;
 
 use std::sync::{Arc, Mutex};
 
-use common::{TestDb, applied, within};
+use common::{TestDb, within};
 use leasegate::ledger::{AcquireOutcome, Fenced, Rejection};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -18,18 +18,12 @@ async fn acceptance_a_two_sequential_saves_in_one_epoch_both_apply(
     let db = TestDb::new(pool, connect).await;
     let (claim, start_revision) = db.running_run("worker-a", 30_000).await;
 
-    let first = applied(
-        db.ledger
-            .checkpoint_save(&claim, start_revision, &json!({"step": 1}))
-            .await
-            .unwrap(),
-    );
-    let second = applied(
-        db.ledger
-            .checkpoint_save(&claim, first.revision, &json!({"step": 2}))
-            .await
-            .unwrap(),
-    );
+    let first = db
+        .save_checkpoint(&claim, start_revision, &json!({"step": 1}))
+        .await;
+    let second = db
+        .save_checkpoint(&claim, first.revision, &json!({"step": 2}))
+        .await;
 
     assert_eq!(first.revision, start_revision + 1);
     assert_eq!(second.revision, start_revision + 2);
@@ -51,12 +45,7 @@ async fn acceptance_c_concurrent_saves_with_the_same_expected_revision_apply_exa
 
     // Hold the lease row so that every save is in flight at the same time,
     // then let them race for it.
-    let mut gate = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(claim.run_id.as_uuid())
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    let gate = db.hold_lease_row(claim.run_id).await;
     let saves: Vec<_> = (0..WRITERS)
         .map(|writer| {
             let ledger = db.ledger.clone();

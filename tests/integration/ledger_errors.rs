@@ -7,10 +7,10 @@ use std::process::Stdio;
 
 use common::{TestDb, applied, within};
 use leasegate::ledger::{
-    AcquireOutcome, Delivery, Fenced, InitialLease, InvalidInput, LedgerError, LedgerOptions,
-    Rejection, RunId,
+    AcquireOutcome, Applied, Delivery, Fenced, InitialLease, InvalidInput, LeaseClaim, LedgerError,
+    LedgerOptions, Rejection, RunId,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn invalid(result: Result<impl std::fmt::Debug, LedgerError>) -> InvalidInput {
@@ -18,6 +18,19 @@ fn invalid(result: Result<impl std::fmt::Debug, LedgerError>) -> InvalidInput {
         Err(LedgerError::InvalidInput(invalid)) => invalid,
         other => panic!("expected invalid input, got {other:?}"),
     }
+}
+
+/// Starts saving `checkpoint` under `claim` at `revision` in the
+/// background, for a test that acts on the save's connection meanwhile.
+fn spawn_save(
+    db: &TestDb,
+    claim: &LeaseClaim,
+    revision: i64,
+    checkpoint: Value,
+) -> tokio::task::JoinHandle<Result<Fenced<Applied>, LedgerError>> {
+    let ledger = db.ledger.clone();
+    let claim = claim.clone();
+    tokio::spawn(async move { ledger.checkpoint_save(&claim, revision, &checkpoint).await })
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -71,10 +84,7 @@ async fn invalid_ttls_are_refused_before_anything_is_written(
         ),
         before
     );
-    let tasks: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_tasks")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let tasks = db.row_count("agent_tasks").await;
     assert_eq!(tasks, 1, "the refused create wrote no task");
 
     // The database refuses a non-positive TTL on its own as well.
@@ -164,12 +174,11 @@ async fn unknown_runs_and_malformed_ids_are_named_and_write_nothing(
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("invalid run id \"not-a-uuid\""));
 
-    let counts: (i64, i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM ledger_events)",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let counts: (i64, i64, i64) = db
+        .query_row(
+            "SELECT (SELECT count(*) FROM agent_tasks), (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM ledger_events)",
+        )
+        .await;
     assert_eq!(counts, (0, 0, 0), "nothing written");
 }
 
@@ -182,27 +191,10 @@ async fn connection_lost_with_a_write_in_flight_is_outcome_unknown_and_read_back
     let (claim, revision) = db.running_run("worker", 30_000).await;
 
     // Keep the save in flight (blocked on the lease row), then cut its connection.
-    let mut gate = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(claim.run_id.as_uuid())
-        .execute(&mut *gate)
-        .await
-        .unwrap();
-    let save = {
-        let ledger = db.ledger.clone();
-        let claim = claim.clone();
-        tokio::spawn(async move {
-            ledger
-                .checkpoint_save(&claim, revision, &json!({"cut": true}))
-                .await
-        })
-    };
+    let gate = db.hold_lease_row(claim.run_id).await;
+    let save = spawn_save(&db, &claim, revision, json!({"cut": true}));
     let pids = db.wait_lock_waiters("checkpoint_save", 1).await;
-    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
-        .bind(pids[0])
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let terminated: bool = db.scalar("SELECT pg_terminate_backend($1)", pids[0]).await;
     assert!(terminated);
     let error = within("the cut save", save).await.unwrap().unwrap_err();
     assert!(
@@ -226,12 +218,8 @@ async fn connection_lost_with_a_write_in_flight_is_outcome_unknown_and_read_back
     let view = db.ledger.run_get(claim.run_id).await.unwrap().unwrap();
     assert_eq!(view.revision, revision);
     // The ledger keeps working on fresh connections.
-    applied(
-        db.ledger
-            .checkpoint_save(&claim, revision, &json!({"after": true}))
-            .await
-            .unwrap(),
-    );
+    db.save_checkpoint(&claim, revision, &json!({"after": true}))
+        .await;
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -253,15 +241,7 @@ async fn deadlock_victim_is_retried_as_a_whole_transaction(
         .execute(&mut *other)
         .await
         .unwrap();
-    let save = {
-        let ledger = db.ledger.clone();
-        let claim = claim.clone();
-        tokio::spawn(async move {
-            ledger
-                .checkpoint_save(&claim, revision, &json!({"retried": true}))
-                .await
-        })
-    };
+    let save = spawn_save(&db, &claim, revision, json!({"retried": true}));
     db.wait_lock_waiters("checkpoint_save", 1).await;
     sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
         .bind(run)

@@ -6,9 +6,10 @@
 //! they are taken again.
 
 use crate::common;
+use crate::common::intents;
 
 use common::{TestDb, applied};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::Intent;
 use leasegate::ledger::{
     Fenced, LeaseClaim, LeaseToken, PlannedCheckpoint, Rejection, RunId, TokenFault,
 };
@@ -17,33 +18,27 @@ use sha2::{Digest, Sha256};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn intent(run: RunId, step: &str, version: i32, amount: i64) -> Intent {
-    Intent::new(
-        "tenant-a",
+    intents::planned_version(
         run,
-        Some(StepRef {
-            step_id: step.to_owned(),
-            effect_version: version,
-        }),
+        step,
+        version,
         "payments__charge",
         &json!({"amount": amount}),
-        IntegerPolicy::Reject,
     )
-    .unwrap()
 }
 
 /// Everything a fenced write could change, as the superuser reads it.
 async fn snapshot(db: &TestDb, run: RunId) -> (String, i64, i64, Vec<u8>) {
-    let (row, events, operations, hash): (String, i64, i64, Option<Vec<u8>>) = sqlx::query_as(
-        "SELECT (SELECT row_to_json(r)::text || row_to_json(l)::text
+    let (row, events, operations, hash): (String, i64, i64, Option<Vec<u8>>) = db
+        .row(
+            "SELECT (SELECT row_to_json(r)::text || row_to_json(l)::text
                    FROM agent_runs r JOIN worker_leases l USING (run_id) WHERE run_id = $1),
                 (SELECT count(*) FROM ledger_events WHERE run_id = $1),
                 (SELECT count(*) FROM tool_operations WHERE run_id = $1),
                 (SELECT token_sha256 FROM worker_leases WHERE run_id = $1)",
-    )
-    .bind(run.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            run.as_uuid(),
+        )
+        .await;
     (row, events, operations, hash.unwrap_or_default())
 }
 
@@ -194,12 +189,9 @@ async fn the_current_owner_and_epoch_without_the_token_write_nothing(
     }
 
     // The holder with its token still writes.
-    let saved = applied(
-        db.ledger
-            .checkpoint_save(&holder, revision, &json!({"by": "holder"}))
-            .await
-            .unwrap(),
-    );
+    let saved = db
+        .save_checkpoint(&holder, revision, &json!({"by": "holder"}))
+        .await;
     assert_eq!(saved.revision, revision + 1);
     applied(db.ledger.lease_release(&holder).await.unwrap());
     // A released lease keeps no token.
@@ -338,10 +330,6 @@ async fn a_lease_from_before_lease_tokens_is_refused_until_taken_again(
         other => panic!("{other:?}"),
     };
     assert_eq!(taken.epoch, holder.epoch + 1);
-    applied(
-        db.ledger
-            .checkpoint_save(&taken, revision, &json!({"resumed": true}))
-            .await
-            .unwrap(),
-    );
+    db.save_checkpoint(&taken, revision, &json!({"resumed": true}))
+        .await;
 }

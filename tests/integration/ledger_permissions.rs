@@ -3,12 +3,12 @@
 //! append-only; migrations are repeatable and tolerate the shared role.
 
 use crate::common;
+use crate::common::intents;
+use crate::common::operator::alice_resolves;
 
 use common::TestDb;
-use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{
-    Converge, ConvergeEvidence, ConvergeOutcome, Fenced, Ledger, MarkUnknown, RetryResetOutcome,
-    Settlement, UnknownBy, UnknownCause,
+    ConvergeOutcome, Fenced, Ledger, RetryResetOutcome, Settlement, UnknownCause,
 };
 use serde_json::json;
 use sqlx::Connection;
@@ -216,15 +216,14 @@ async fn every_function_has_one_home_and_the_right_grant(
     // token management, re-sealing stored bodies (`secrets rotate`),
     // resolving and retrying operations, cancelling runs, resolving
     // failovers (migrations/0007), retention (`ops archive`).
-    let installed: Vec<(String, bool, bool)> = sqlx::query_as(
-        "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
+    let installed: Vec<(String, bool, bool)> = db
+        .query_rows(
+            "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
                 has_function_privilege('leasegate_operator', p.oid, 'EXECUTE') \
            FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
           WHERE n.nspname = 'public' AND p.prorettype <> 'trigger'::regtype ORDER BY 1",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     let names: Vec<&str> = installed.iter().map(|(name, _, _)| name.as_str()).collect();
     let expected: Vec<&str> = homes.keys().map(String::as_str).collect();
     assert_eq!(names, expected, "installed functions differ from sql/");
@@ -251,10 +250,7 @@ async fn every_function_has_one_home_and_the_right_grant(
             "{name}: EXECUTE for leasegate_operator"
         );
     }
-    let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let digest: String = db.query_scalar("SELECT digest FROM ledger_functions").await;
     assert_eq!(digest, leasegate::ledger::functions_digest());
 }
 
@@ -275,10 +271,7 @@ async fn migrate_reinstalls_functions_that_differ_from_sql_files(
     .await
     .unwrap();
     Ledger::migrate(&db.url).await.expect("migrate");
-    let digest: String = sqlx::query_scalar("SELECT digest FROM ledger_functions")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let digest: String = db.query_scalar("SELECT digest FROM ledger_functions").await;
     assert_eq!(digest, leasegate::ledger::functions_digest());
     let error = sqlx::query("SELECT _ledger_check_ttl(0)")
         .execute(&db.admin)
@@ -366,34 +359,17 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
     // An unknown operation (a timed-out charge) on a running run, and an
     // unresolved lossy failover.
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 3}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "payments__charge", &json!({"amount": 3}));
     let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
-    let (failover_id,): (i64,) = sqlx::query_as(
-        "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
+    let (failover_id,): (i64,) = db
+        .query_row(
+            "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
          new_timeline, acknowledged_lsn, lossy) VALUES ('proxy-1', '42', 1, 2, '0/10', true) \
          RETURNING failover_id",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     let id = intent.operation_id.clone();
     let snapshot = || async {
         sqlx::query_as::<_, (String, i64, String, i64, bool, i64)>(
@@ -420,17 +396,13 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
         let id = id.clone();
         async move {
             ledger
-                .operation_converge(Converge {
-                    operation_id: &id,
-                    expected_revision: revision,
-                    settlement: Settlement::Succeeded,
-                    remote_id: Some("ch_1"),
-                    result: None,
-                    kind: ConvergeEvidence::Operator,
-                    actor: "alice",
-                    note: Some("the bank shows the charge"),
-                    evidence: &json!({}),
-                })
+                .operation_converge(alice_resolves(
+                    &id,
+                    revision,
+                    Settlement::Succeeded,
+                    Some("ch_1"),
+                    Some("the bank shows the charge"),
+                ))
                 .await
         }
     };
@@ -488,12 +460,12 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
         RetryResetOutcome::Reset(_) => {}
         other => panic!("expected a reset, got {other:?}"),
     }
-    let revision: i64 =
-        sqlx::query_scalar("SELECT revision FROM tool_operations WHERE operation_id = $1")
-            .bind(id.as_str())
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let revision: i64 = db
+        .scalar(
+            "SELECT revision FROM tool_operations WHERE operation_id = $1",
+            id.as_str(),
+        )
+        .await;
     match resolve(operator.clone(), revision).await.unwrap() {
         ConvergeOutcome::Converged { operation, .. } => {
             assert_eq!(operation.status.as_str(), "succeeded")
@@ -519,24 +491,23 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
         (after.0.as_str(), after.2.as_str(), after.4),
         ("succeeded", "cancelled", false)
     );
-    let actors: Vec<(String, String)> = sqlx::query_as(
-        "SELECT actor_kind, actor FROM ledger_events WHERE event_id > (SELECT max(event_id) - 3 \
+    let actors: Vec<(String, String)> = db
+        .query_rows(
+            "SELECT actor_kind, actor FROM ledger_events WHERE event_id > (SELECT max(event_id) - 3 \
          FROM ledger_events) ORDER BY event_id",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(
         actors,
         vec![("operator".to_owned(), "alice".to_owned()); 3],
         "reset, resolution and cancel recorded as the operator who asked"
     );
-    let (by,): (String,) =
-        sqlx::query_as("SELECT resolved_by FROM ledger_failovers WHERE failover_id = $1")
-            .bind(failover_id)
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let (by,): (String,) = db
+        .row(
+            "SELECT resolved_by FROM ledger_failovers WHERE failover_id = $1",
+            failover_id,
+        )
+        .await;
     assert_eq!(by, "alice");
 }
 
@@ -552,28 +523,26 @@ async fn the_lease_holder_retires_its_run_and_a_stale_holder_cannot(
     let (lease, _) = db.running_run("worker", 60_000).await;
     let mut forged = lease.clone();
     forged.epoch += 1;
-    assert!(matches!(
-        db.ledger
-            .run_retire(&forged, "retention passed")
+    // The stale holder first (refused, the run stays), then the holder.
+    for (holder, applies, status) in [(&forged, false, "running"), (&lease, true, "cancelled")] {
+        let retired = db
+            .ledger
+            .run_retire(holder, "retention passed")
             .await
-            .unwrap(),
-        Fenced::Rejected(_)
-    ));
-    assert_eq!(db.run_row(lease.run_id).await.0, "running");
-    assert!(matches!(
-        db.ledger
-            .run_retire(&lease, "retention passed")
-            .await
-            .unwrap(),
-        Fenced::Applied(_)
-    ));
-    assert_eq!(db.run_row(lease.run_id).await.0, "cancelled");
-    let (kind, actor): (String, String) = sqlx::query_as(
-        "SELECT actor_kind, actor FROM ledger_events WHERE run_id = $1 AND to_status = 'cancelled'",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            .unwrap();
+        assert_eq!(
+            matches!(retired, Fenced::Applied(_)),
+            applies,
+            "epoch {}: {retired:?}",
+            holder.epoch
+        );
+        assert_eq!(db.run_row(lease.run_id).await.0, status);
+    }
+    let (kind, actor): (String, String) = db
+        .row(
+            "SELECT actor_kind, actor FROM ledger_events WHERE run_id = $1 AND to_status = 'cancelled'",
+            lease.run_id.as_uuid(),
+        )
+        .await;
     assert_eq!((kind.as_str(), actor.as_str()), ("worker", "worker"));
 }

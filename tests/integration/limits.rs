@@ -9,6 +9,8 @@
 //! timeout" is "closed before a generous deadline", with small timeouts.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
+use crate::common::tokens::create_token;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,7 +45,7 @@ impl Served {
         env: &[(&str, &str)],
         open_files: Option<u64>,
     ) -> Served {
-        let mut command = match open_files {
+        let command = match open_files {
             Some(limit) => {
                 let mut command = tokio::process::Command::new("bash");
                 command.args([
@@ -55,14 +57,7 @@ impl Served {
             }
             None => tokio::process::Command::new(LEASEGATE),
         };
-        command
-            .arg("serve")
-            .arg("--config")
-            .arg(scenario.config_path());
-        for (name, value) in env {
-            command.env(name, value);
-        }
-        let served = ServedChild::spawn(command).await;
+        let served = ServedChild::spawn(ServedChild::serve_with(command, scenario, env)).await;
         Served {
             child: served.child,
             mcp: served.mcp,
@@ -579,25 +574,13 @@ async fn a_megabyte_tool_name_or_traceparent_leaves_no_long_log_line(
         "traceparent".into(),
         json!(format!("00-{megabyte}-00f067aa0ba902b7-01")),
     );
-    let refused = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(meta),
-    )
-    .await;
+    let refused = charge_eur(&agent, 1, Some(meta)).await;
     assert!(refused.is_err(), "{refused:?}");
     agent.cancel().await.unwrap();
     // A side-effecting call without a lease is refused before the ledger
     // sees it, and counted with the ledger's own fence refusals.
     let (leaseless, _) = connect_http(&served.mcp, None).await;
-    let refused = call(
-        &leaseless,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        None,
-    )
-    .await;
+    let refused = charge_eur(&leaseless, 1, None).await;
     match refused {
         Err((code, _)) => assert_eq!(code, -32001),
         Ok(result) => panic!("a call without a lease was answered: {result:?}"),
@@ -800,20 +783,6 @@ async fn a_low_open_file_limit_lowers_the_connection_cap_instead_of_running_out(
     assert!(!lines.iter().any(|l| l.contains("accept failed")));
 }
 
-/// `leasegate tokens create … --json`: the token text.
-async fn create_token(db: &TestDb, scope: &str) -> String {
-    let output = tokio::process::Command::new(LEASEGATE)
-        .args(["tokens", "create", "--json", "--database-url", &db.url])
-        .args(["--tenant", "tenant-a", "--scope", scope])
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "tokens create: {stdout}");
-    let answer: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    answer["token"].as_str().unwrap().to_owned()
-}
-
 /// With tokens required, the rate bucket is taken after authentication:
 /// a verified token's requests count against its token id, and every
 /// missing or bad token from one address counts against that address's one
@@ -830,8 +799,8 @@ async fn rate_buckets_are_the_verified_tokens_and_bad_tokens_share_their_address
         &scenario,
         "rate_limit = 1\nrate_limit_burst = 2\n\n[auth]\nmode = \"required\"\n",
     );
-    let first = create_token(&db, "operator").await;
-    let second = create_token(&db, "operator").await;
+    let first = create_token(&db, "tenant-a", "operator", None).await;
+    let second = create_token(&db, "tenant-a", "operator", None).await;
     let served = Served::start(&scenario, &[]).await;
     let client = reqwest::Client::builder()
         .timeout(DEADLINE)

@@ -6,7 +6,7 @@
 use crate::common;
 
 use common::TestDb;
-use common::proxy::{RunningProxy, Scenario};
+use common::proxy::RunningProxy;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 async fn post(url: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
@@ -28,8 +28,7 @@ async fn foreign_hosts_and_origins_are_refused_on_both_listeners_and_write_nothi
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, "").await;
     let port = |url: &str| {
         url.rsplit(':')
             .next()
@@ -53,10 +52,7 @@ async fn foreign_hosts_and_origins_are_refused_on_both_listeners_and_write_nothi
     let (status, body) = post(&runs, &[("origin", "http://attacker.example")], create).await;
     assert_eq!(status, 403, "{body}");
     assert!(body.contains("forbidden_origin"), "{body}");
-    let runs_written: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs_written = db.row_count("agent_runs").await;
     assert_eq!(runs_written, 0, "refused before any handler ran");
     let (status, body) = post(&runs, &[("origin", "http://localhost:5173")], create).await;
     assert_eq!(status, 201, "a loopback page may: {body}");

@@ -4,11 +4,13 @@
 //! ledger level).
 
 use crate::common;
+use crate::common::intents;
+use crate::common::operator::alice_resolves;
 
 use std::collections::HashMap;
 
 use common::{TestDb, applied, wait_until, within};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
+use leasegate::intent::{IntegerPolicy, Intent};
 use leasegate::ledger::{
     Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Fenced, InlineClaim, LeaseClaim,
     LedgerOptions, MarkUnknown, MarkUnknownOutcome, OperationStatus, PlannedCheckpoint, Rejection,
@@ -21,18 +23,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 const TENANT: &str = "tenant-a";
 
 fn intent(run_id: RunId, step: &str, arguments: Value) -> Intent {
-    Intent::new(
-        TENANT,
-        run_id,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap()
+    intents::planned(run_id, step, "payments__charge", &arguments)
 }
 
 async fn claim_inline(
@@ -45,18 +36,12 @@ async fn claim_inline(
 }
 
 async fn op_row(db: &TestDb, intent: &Intent) -> (String, i64, i32, Option<String>) {
-    sqlx::query_as("SELECT status, revision, dispatch_count, remote_id FROM tool_operations WHERE operation_id = $1")
-        .bind(intent.operation_id.as_str())
-        .fetch_one(&db.admin)
+    db
+        .row(
+            "SELECT status, revision, dispatch_count, remote_id FROM tool_operations WHERE operation_id = $1",
+            intent.operation_id.as_str(),
+        )
         .await
-        .unwrap()
-}
-
-async fn op_count(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -78,15 +63,12 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
         ("proxy-1", 1)
     );
     let settled = match db
-        .ledger
-        .operation_settle(
+        .settle_succeeded(
             &claim,
-            Settlement::Succeeded,
             Some("ch_1"),
             &json!({"content": [{"type": "text", "text": "ok"}]}),
         )
         .await
-        .unwrap()
     {
         SettleOutcome::Settled(record) => record,
         other => panic!("expected settled, got {other:?}"),
@@ -122,12 +104,7 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
         ("succeeded".into(), 2, 1, Some("ch_1".into()))
     );
 
-    let view = db
-        .ledger
-        .operation_get(&charge.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&charge.operation_id).await;
     let history: Vec<(Option<&str>, &str, &str)> = view
         .events
         .iter()
@@ -174,7 +151,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         );
         let before = (
             op_row(&db, original).await,
-            op_count(&db).await,
+            db.row_count("tool_operations").await,
             db.event_count(lease.run_id).await,
         );
         let expected = Rejection::IntentConflict {
@@ -211,7 +188,7 @@ async fn intent_conflict_is_detected_whatever_the_existing_operation_status(
         assert_eq!(
             (
                 op_row(&db, original).await,
-                op_count(&db).await,
+                db.row_count("tool_operations").await,
                 db.event_count(lease.run_id).await
             ),
             before,
@@ -281,7 +258,7 @@ async fn operations_stored_under_the_earlier_id_shape_keep_their_ids(
         .await
         .unwrap();
     }
-    let count = op_count(&db).await;
+    let count = db.row_count("tool_operations").await;
 
     // A replay of the settled one: its stored result, under its stored id.
     match applied(
@@ -316,12 +293,7 @@ async fn operations_stored_under_the_earlier_id_shape_keep_their_ids(
     // sees) and settles there.
     let claim = claim_inline(&db, &lease, &planned, 30_000).await;
     assert_eq!(claim.operation_id.as_str(), planned_v1);
-    match db
-        .ledger
-        .operation_settle(&claim, Settlement::Succeeded, Some("re_1"), &json!({}))
-        .await
-        .unwrap()
-    {
+    match db.settle_succeeded(&claim, Some("re_1"), &json!({})).await {
         SettleOutcome::Settled(record) => assert_eq!(record.operation_id.as_str(), planned_v1),
         other => panic!("expected settled, got {other:?}"),
     }
@@ -339,7 +311,7 @@ async fn operations_stored_under_the_earlier_id_shape_keep_their_ids(
         other => panic!("expected a conflict, got {other:?}"),
     }
     assert_eq!(
-        op_count(&db).await,
+        db.row_count("tool_operations").await,
         count,
         "no second row for either intent"
     );
@@ -407,12 +379,11 @@ async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_on
         }
     }
     assert_eq!(claimed_by.len(), 1_000);
-    let rows: Vec<(String, String, i32, String)> = sqlx::query_as(
-        "SELECT operation_id, status, dispatch_count, dispatch_owner FROM tool_operations",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let rows: Vec<(String, String, i32, String)> = db
+        .query_rows(
+            "SELECT operation_id, status, dispatch_count, dispatch_owner FROM tool_operations",
+        )
+        .await;
     assert_eq!(rows.len(), 1_000);
     for (id, status, count, owner) in rows {
         assert_eq!((status.as_str(), count), ("dispatching", 1), "{id}");
@@ -421,12 +392,11 @@ async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_on
             Some(&owner)
         );
     }
-    let claim_events: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM ledger_events WHERE subject = 'operation' AND to_status = 'dispatching'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let claim_events: i64 = db
+        .query_scalar(
+            "SELECT count(*) FROM ledger_events WHERE subject = 'operation' AND to_status = 'dispatching'",
+        )
+        .await;
     assert_eq!(claim_events, 1_000);
 }
 
@@ -455,13 +425,12 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
         MarkUnknownOutcome::ClaimStillLive(_)
     ));
     wait_until("the claim to expire on the database clock", || async {
-        let expired: bool = sqlx::query_scalar(
-            "SELECT dispatch_until <= clock_timestamp() FROM tool_operations WHERE operation_id = $1",
-        )
-        .bind(create.operation_id.as_str())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+        let expired: bool = db
+            .scalar(
+                "SELECT dispatch_until <= clock_timestamp() FROM tool_operations WHERE operation_id = $1",
+                create.operation_id.as_str(),
+            )
+            .await;
         expired.then_some(())
     })
     .await;
@@ -487,15 +456,8 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
 
     // The remote success arrives late, under the expired claim.
     match db
-        .ledger
-        .operation_settle(
-            &claim,
-            Settlement::Succeeded,
-            Some("vm-42"),
-            &json!({"id": "vm-42"}),
-        )
+        .settle_succeeded(&claim, Some("vm-42"), &json!({"id": "vm-42"}))
         .await
-        .unwrap()
     {
         SettleOutcome::KeptAsEvidence { reason, found, .. } => {
             assert_eq!(reason, StaleReason::StaleClaim);
@@ -509,16 +471,8 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
     );
     // Nor may the expired claim give up what it no longer holds.
     assert!(matches!(
-        db.ledger
-            .operation_mark_unknown(MarkUnknown {
-                claim: &claim,
-                by: UnknownBy::ClaimHolder,
-                actor: "proxy-1",
-                cause: UnknownCause::TimedOut,
-                evidence: &json!({})
-            })
-            .await
-            .unwrap(),
+        db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+            .await,
         MarkUnknownOutcome::StaleClaim(_)
     ));
 
@@ -547,12 +501,7 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
         (OperationStatus::Succeeded, Some("vm-42"))
     );
 
-    let view = db
-        .ledger
-        .operation_get(&create.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&create.operation_id).await;
     let kinds: Vec<(&str, Option<&str>, Option<&str>)> = view
         .evidence
         .iter()
@@ -597,23 +546,11 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
     );
     claim_inline(&db, &lease, &dispatching, 30_000).await;
     let claim = claim_inline(&db, &lease, &unknown, 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::SendError,
-            evidence: &json!({"error": "reset"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
+        .await;
 
-    applied(
-        db.operator
-            .run_cancel(lease.run_id, "ops@example", Some("stop"))
-            .await
-            .unwrap(),
-    );
+    db.operator_cancels(lease.run_id, "ops@example", Some("stop"))
+        .await;
 
     assert_eq!(op_row(&db, &prepared).await.0, "cancelled");
     assert_eq!(
@@ -657,12 +594,7 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
             .collect::<Vec<_>>(),
         vec![&prepared.operation_id]
     );
-    let view = db
-        .ledger
-        .operation_get(&prepared.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&prepared.operation_id).await;
     let last = view.events.last().unwrap();
     assert_eq!(
         (last.to_status.as_str(), last.actor.as_deref()),
@@ -722,7 +654,7 @@ async fn acceptance_g_old_run_operations_and_late_responses_cannot_advance_the_r
 
     // The old run's late response records the old run's fact only.
     assert!(matches!(
-        db.ledger.operation_settle(&old_claim, Settlement::Succeeded, Some("inv-1"), &json!({})).await.unwrap(),
+        db.settle_succeeded(&old_claim, Some("inv-1"), &json!({})).await,
         SettleOutcome::Settled(record) if record.run_id == first
     ));
     // The old worker, aiming at the new run, is not its lease holder.
@@ -789,7 +721,7 @@ async fn stale_owner_cannot_register_intents_after_takeover(
             other => panic!("expected lease lost, got {other:?}"),
         }
     }
-    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
 }
 
 trait RejectionOf {
@@ -833,7 +765,7 @@ async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
             found: revision
         })
     );
-    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
 
     let registered = applied(
         db.ledger
@@ -860,7 +792,7 @@ async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
             .unwrap(),
     );
     assert!(replay.iter().all(|r| !r.newly_registered));
-    assert_eq!(op_count(&db).await, 2);
+    assert_eq!(db.row_count("tool_operations").await, 2);
 
     // The dispatcher can now claim them.
     let claimed = db
@@ -918,12 +850,7 @@ async fn changing_a_planned_intent_keeps_the_old_one_for_audit(
         (new.effect_version, new.status),
         (2, OperationStatus::Prepared)
     );
-    let old = db
-        .ledger
-        .operation_get(&original.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let old = db.operation_view(&original.operation_id).await;
     assert_eq!(old.operation.status, OperationStatus::Cancelled);
     assert_eq!(old.superseded_by.as_ref(), Some(&revised.operation_id));
     let claimed = db
@@ -977,10 +904,7 @@ async fn in_flight_intent_is_not_claimed_twice_and_failures_are_recorded_final(
     let mut wrong = claim.clone();
     wrong.request_digest = intent(lease.run_id, "send", json!({"to": "y"})).request_digest;
     assert!(matches!(
-        db.ledger
-            .operation_settle(&wrong, Settlement::Succeeded, None, &json!({}))
-            .await
-            .unwrap(),
+        db.settle_succeeded(&wrong, None, &json!({})).await,
         SettleOutcome::KeptAsEvidence {
             reason: StaleReason::DigestMismatch,
             ..
@@ -1007,16 +931,8 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
     let wire = intent(lease.run_id, "wire", json!({"amount": 10}));
     let claim = claim_inline(&db, &lease, &wire, 30_000).await;
     let unknown = match db
-        .ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
+        .holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
         .await
-        .unwrap()
     {
         MarkUnknownOutcome::MarkedUnknown { operation, .. } => operation,
         other => panic!("{other:?}"),
@@ -1033,33 +949,25 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
         let id = wire.operation_id.clone();
         async move {
             ledger
-                .operation_converge(Converge {
-                    operation_id: &id,
-                    expected_revision: revision,
-                    settlement: Settlement::FailedFinal,
-                    remote_id: None,
-                    result: None,
-                    kind: ConvergeEvidence::Operator,
-                    actor: "alice",
-                    note: Some("bank says never received"),
-                    evidence: &json!({}),
-                })
+                .operation_converge(alice_resolves(
+                    &id,
+                    revision,
+                    Settlement::FailedFinal,
+                    None,
+                    Some("bank says never received"),
+                ))
                 .await
         }
     };
     let no_note = db
         .operator
-        .operation_converge(Converge {
-            operation_id: &wire.operation_id,
-            expected_revision: unknown.revision,
-            settlement: Settlement::FailedFinal,
-            remote_id: None,
-            result: None,
-            kind: ConvergeEvidence::Operator,
-            actor: "alice",
-            note: Some("  "),
-            evidence: &json!({}),
-        })
+        .operation_converge(alice_resolves(
+            &wire.operation_id,
+            unknown.revision,
+            Settlement::FailedFinal,
+            None,
+            Some("  "),
+        ))
         .await;
     assert_eq!(
         no_note.unwrap_err().to_string(),
@@ -1079,12 +987,7 @@ async fn operator_resolves_only_unknown_operations_once_with_a_note(
         ),
         "a second resolution is refused"
     );
-    let view = db
-        .ledger
-        .operation_get(&wire.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&wire.operation_id).await;
     let last = view.events.last().unwrap();
     assert_eq!(
         (last.actor_kind.as_str(), last.actor.as_deref()),
@@ -1103,16 +1006,7 @@ async fn database_operation_status_values_equal_the_rust_enum(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let definition: String = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
-          WHERE c.conrelid = 'tool_operations'::regclass AND c.contype = 'c'
-            AND pg_get_constraintdef(c.oid) LIKE '%status%'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
-    let mut in_database: Vec<&str> = definition.split('\'').skip(1).step_by(2).collect();
-    in_database.sort();
+    let (definition, in_database) = db.status_constraint("tool_operations").await;
     let mut in_rust: Vec<&str> = OperationStatus::ALL.iter().map(|s| s.as_str()).collect();
     in_rust.sort();
     assert_eq!(in_database, in_rust, "from {definition}");
@@ -1172,22 +1066,11 @@ async fn operation_in(
             match status {
                 OperationStatus::Dispatching => {}
                 OperationStatus::Unknown => {
-                    db.ledger
-                        .operation_mark_unknown(MarkUnknown {
-                            claim: &held,
-                            by: UnknownBy::ClaimHolder,
-                            actor: "proxy-1",
-                            cause: UnknownCause::TimedOut,
-                            evidence: &json!({}),
-                        })
-                        .await
-                        .unwrap();
+                    db.holder_marks_unknown(&held, UnknownCause::TimedOut, &json!({}))
+                        .await;
                 }
                 OperationStatus::Succeeded => {
-                    db.ledger
-                        .operation_settle(&held, Settlement::Succeeded, None, &json!({}))
-                        .await
-                        .unwrap();
+                    db.settle_succeeded(&held, None, &json!({})).await;
                 }
                 OperationStatus::FailedFinal => {
                     db.ledger
@@ -1249,13 +1132,7 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
     for from in OperationStatus::ALL {
         for event in events {
             let (lease, original, claim) = operation_in(&db, from).await;
-            let record = db
-                .ledger
-                .operation_get(&original.operation_id)
-                .await
-                .unwrap()
-                .unwrap()
-                .operation;
+            let record = db.operation_view(&original.operation_id).await.operation;
             // A claim that is not this operation's live one, for events on
             // operations that were never dispatched.
             let claim = claim.unwrap_or(DispatchClaim {
@@ -1280,16 +1157,8 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                         .unwrap();
                 }
                 Event::MarkUnknown => {
-                    db.ledger
-                        .operation_mark_unknown(MarkUnknown {
-                            claim: &claim,
-                            by: UnknownBy::ClaimHolder,
-                            actor: "proxy-1",
-                            cause: UnknownCause::SendError,
-                            evidence: &json!({}),
-                        })
-                        .await
-                        .unwrap();
+                    db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({}))
+                        .await;
                 }
                 Event::ReleaseUnsent => {
                     db.ledger
@@ -1322,27 +1191,18 @@ async fn every_operation_transition_in_the_database_follows_the_state_model(
                 }
                 Event::Converge(settlement) => {
                     db.operator
-                        .operation_converge(Converge {
-                            operation_id: &original.operation_id,
-                            expected_revision: record.revision,
+                        .operation_converge(alice_resolves(
+                            &original.operation_id,
+                            record.revision,
                             settlement,
-                            remote_id: None,
-                            result: None,
-                            kind: ConvergeEvidence::Operator,
-                            actor: "alice",
-                            note: Some("checked by hand"),
-                            evidence: &json!({}),
-                        })
+                            None,
+                            Some("checked by hand"),
+                        ))
                         .await
                         .unwrap();
                 }
                 Event::CancelRun => {
-                    applied(
-                        db.operator
-                            .run_cancel(lease.run_id, "alice", None)
-                            .await
-                            .unwrap(),
-                    );
+                    db.operator_cancels(lease.run_id, "alice", None).await;
                 }
                 Event::Supersede => {
                     let revised = original
@@ -1447,12 +1307,7 @@ async fn a_not_found_operation_is_sent_again_only_after_the_settle_delay_within_
         ResendVerdict::Resent
     );
     assert_eq!(op_row(&db, &original).await.0, "prepared");
-    let view = db
-        .ledger
-        .operation_get(&original.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&original.operation_id).await;
     let last = view.events.last().unwrap();
     assert_eq!(
         (
@@ -1462,14 +1317,13 @@ async fn a_not_found_operation_is_sent_again_only_after_the_settle_delay_within_
         ),
         (Some("unknown"), "prepared", "reconciler")
     );
-    let kept: (String, Option<String>, Value) = sqlx::query_as(
-        "SELECT kind, outcome, body FROM operation_evidence WHERE operation_id = $1 \
+    let kept: (String, Option<String>, Value) = db
+        .row(
+            "SELECT kind, outcome, body FROM operation_evidence WHERE operation_id = $1 \
          ORDER BY evidence_id DESC LIMIT 1",
-    )
-    .bind(original.operation_id.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            original.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         (kept.0.as_str(), kept.1.as_deref()),
         ("query_result", Some("not_sent"))
@@ -1483,13 +1337,12 @@ async fn a_not_found_operation_is_sent_again_only_after_the_settle_delay_within_
         .unwrap();
     assert_eq!(claimed.len(), 1);
     assert_eq!(claimed[0].claim.operation_id, original.operation_id);
-    let attempts: (i32, i32) = sqlx::query_as(
-        "SELECT reconcile_attempts, dispatch_count FROM tool_operations WHERE operation_id = $1",
-    )
-    .bind(original.operation_id.as_str())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let attempts: (i32, i32) = db
+        .row(
+            "SELECT reconcile_attempts, dispatch_count FROM tool_operations WHERE operation_id = $1",
+            original.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(attempts, (1, 2), "one resend counted, sent twice in all");
 }
 
@@ -1519,7 +1372,7 @@ async fn hot_path_judges_the_tenant_and_samples_the_wal_in_its_own_statements(
         "{outcome:?}"
     );
     assert_eq!(sampled, None);
-    assert_eq!(op_count(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
     assert_eq!(db.event_count(lease.run_id).await, events_before);
 
     // Its own tenant: claimed (no position: nothing acknowledged yet).
@@ -1564,14 +1417,13 @@ async fn hot_path_judges_the_tenant_and_samples_the_wal_in_its_own_statements(
     assert!(position.lsn.0 > before, "{position:?} vs {before}");
     let after = lsn("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint").await;
     assert!(position.lsn.0 <= after, "{position:?} vs {after}");
-    let (system, timeline): (String, i64) = sqlx::query_as(
-        "SELECT system_identifier::text, \
+    let (system, timeline): (String, i64) = db
+        .query_row(
+            "SELECT system_identifier::text, \
                 ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint \
            FROM pg_control_system()",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(
         (position.system_identifier.as_str(), position.timeline),
         (system.as_str(), timeline)
@@ -1651,13 +1503,12 @@ async fn a_heartbeat_in_flight_does_not_hold_up_a_settle_of_its_run(
     renewal.commit().await.unwrap();
     let (status, ..) = op_row(&db, &charge).await;
     assert_eq!(status, "succeeded");
-    let renewed: bool = sqlx::query_scalar(
-        "SELECT expires_at > clock_timestamp() + interval '40 seconds' FROM worker_leases WHERE run_id = $1",
-    )
-    .bind(lease.run_id.as_uuid())
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let renewed: bool = db
+        .scalar(
+            "SELECT expires_at > clock_timestamp() + interval '40 seconds' FROM worker_leases WHERE run_id = $1",
+            lease.run_id.as_uuid(),
+        )
+        .await;
     assert!(renewed, "the renewal committed too (60 s ttl)");
 }
 

@@ -13,11 +13,12 @@
 //!   routes then work through the control API.
 
 use crate::common;
+use crate::common::intents;
+use crate::common::proxy::charge_eur;
 
-use common::proxy::{LEASEGATE, RunningProxy, Scenario, call, connect_http};
+use common::proxy::{LEASEGATE, RunningProxy, Scenario, connect_http};
 use common::{TestDb, http};
-use leasegate::intent::{IntegerPolicy, Intent};
-use leasegate::ledger::{MarkUnknown, UnknownBy, UnknownCause};
+use leasegate::ledger::UnknownCause;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -60,26 +61,10 @@ fn url_as(db: &TestDb, login: &str) -> String {
 /// An unknown charge on a running run of tenant-a: (run id, operation id).
 async fn unknown_operation(db: &TestDb) -> (String, String) {
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 7, "currency": "eur"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned_charge(lease.run_id, 7, "eur");
     let claim = db.claim(&lease, &intent, "proxy-0", 30_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-0",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     (
         lease.run_id.to_string(),
         intent.operation_id.as_str().to_owned(),
@@ -88,29 +73,24 @@ async fn unknown_operation(db: &TestDb) -> (String, String) {
 
 /// (operation status, revision, run status, events, unresolved failovers).
 async fn state(db: &TestDb, run: &str, operation: &str) -> (String, i64, String, i64, i64) {
-    sqlx::query_as(
+    db.row_with(
         "SELECT (SELECT status FROM tool_operations WHERE operation_id = $1), \
                 (SELECT revision FROM tool_operations WHERE operation_id = $1), \
                 (SELECT status FROM agent_runs WHERE run_id = $2::uuid), \
                 (SELECT count(*) FROM ledger_events), \
                 (SELECT count(*) FROM ledger_failovers WHERE resolved_at IS NULL)",
+        (operation, run),
     )
-    .bind(operation)
-    .bind(run)
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 async fn lossy_failover(db: &TestDb) -> i64 {
-    sqlx::query_scalar(
+    db.query_scalar(
         "INSERT INTO ledger_failovers (detected_by, system_identifier, old_timeline, \
          new_timeline, acknowledged_lsn, lossy) VALUES ('proxy-0', '42', 1, 2, '0/10', true) \
          RETURNING failover_id",
     )
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 /// `leasegate <args>` with `--database-url url`: (exit code, stdout, stderr).
@@ -155,14 +135,9 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
     assert_eq!(created.status, 201, "{}", created.body);
     let (lease, _) = db.running_run("agent-2", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let charged = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 500, "currency": "eur"}),
-        None,
-    )
-    .await
-    .expect("a gated call through a proxy whose login has leasegate_app only");
+    let charged = charge_eur(&agent, 500, None)
+        .await
+        .expect("a gated call through a proxy whose login has leasegate_app only");
     assert_ne!(charged.is_error, Some(true), "{charged:?}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     drop(agent);
@@ -314,18 +289,16 @@ async fn a_proxy_login_without_the_operator_role_serves_calls_and_refuses_operat
         (after.0.as_str(), after.2.as_str(), after.4),
         ("succeeded", "cancelled", 0)
     );
-    let actors: Vec<(String, String, String)> = sqlx::query_as(
-        "SELECT actor_kind, actor, to_status FROM ledger_events \
+    let actors: Vec<(String, String, String)> = db
+        .rows_with(
+            "SELECT actor_kind, actor, to_status FROM ledger_events \
           WHERE (operation_id = $1 OR (run_id = $2::uuid AND subject = 'run')) AND event_id > \
                 (SELECT max(event_id) FROM ledger_events WHERE operation_id = $1 \
                    AND to_status = 'unknown' AND actor = 'proxy-0') \
           ORDER BY event_id",
-    )
-    .bind(&operation)
-    .bind(&run)
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+            (&operation, &run),
+        )
+        .await;
     let who: Vec<(&str, &str, &str)> = actors
         .iter()
         .map(|(k, a, s)| (k.as_str(), a.as_str(), s.as_str()))
@@ -378,14 +351,13 @@ async fn database_operator_url_gives_serve_the_operators_login_for_the_operator_
         (after.0.as_str(), after.2.as_str()),
         ("failed_final", "cancelled")
     );
-    let (kind, actor): (String, String) = sqlx::query_as(
-        "SELECT actor_kind, actor FROM ledger_events WHERE operation_id = $1 \
+    let (kind, actor): (String, String) = db
+        .row(
+            "SELECT actor_kind, actor FROM ledger_events WHERE operation_id = $1 \
          AND to_status = 'failed_final'",
-    )
-    .bind(&operation)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+            &operation,
+        )
+        .await;
     assert_eq!((kind.as_str(), actor.as_str()), ("operator", "bob"));
     proxy.stop().await;
 

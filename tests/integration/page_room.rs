@@ -15,10 +15,11 @@
 //! none may land in a packed page.
 
 use crate::common;
+use crate::common::intents;
 
 use common::TestDb;
-use leasegate::intent::{IntegerPolicy, Intent};
-use leasegate::ledger::{LeaseClaim, RunId, Settlement};
+use leasegate::intent::Intent;
+use leasegate::ledger::{LeaseClaim, RunId};
 use serde_json::json;
 use sqlx::Executor;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -34,18 +35,12 @@ const CALLS: usize = 20;
 const PAGE_ROOM: i64 = 8192 - 24 - 4;
 
 fn intent(run_id: RunId, step: &str) -> Intent {
-    Intent::new(
-        "tenant-a",
+    intents::planned(
         run_id,
-        Some(leasegate::intent::StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
+        step,
         "payments__charge",
         &json!({"amount": 500, "currency": "eur", "step": step}),
-        IntegerPolicy::Reject,
     )
-    .unwrap()
 }
 
 fn maxalign(len: i64) -> i64 {
@@ -65,15 +60,12 @@ async fn gated_call(db: &TestDb, lease: &LeaseClaim, step: &str) -> (i64, i64) {
         .bind(claim.operation_id.as_str())
     };
     let dispatching = length().fetch_one(&db.admin).await.unwrap();
-    db.ledger
-        .operation_settle(
-            &claim,
-            Settlement::Succeeded,
-            Some("ch_1"),
-            &json!({"content": [{"type": "text", "text": "charged"}]}),
-        )
-        .await
-        .unwrap();
+    db.settle_succeeded(
+        &claim,
+        Some("ch_1"),
+        &json!({"content": [{"type": "text", "text": "charged"}]}),
+    )
+    .await;
     let settled = length().fetch_one(&db.admin).await.unwrap();
     (dispatching.into(), settled.into())
 }
@@ -147,31 +139,25 @@ async fn pack_pages(db: &TestDb, run: RunId, batch: &str, tail: i64, fillfactor:
 /// The heap pages holding exactly `ROWS_PER_PAGE` old rows of fill `batch`
 /// and nothing else: the packed pages.
 async fn packed_pages(db: &TestDb, batch: &str) -> Vec<i64> {
-    sqlx::query_scalar(
+    db.scalars_with(
         "SELECT (ctid::text::point)[0]::bigint AS page FROM tool_operations
           GROUP BY 1
          HAVING count(*) FILTER (WHERE step_id LIKE 'old-' || $1 || '-%') = $2 AND count(*) = $2
           ORDER BY 1",
+        (batch, ROWS_PER_PAGE),
     )
-    .bind(batch)
-    .bind(ROWS_PER_PAGE)
-    .fetch_all(&db.admin)
     .await
-    .unwrap()
 }
 
 /// Of the operations whose step starts with `prefix`, how many sit (their
 /// current version) in one of `pages`.
 async fn landed_in(db: &TestDb, prefix: &str, pages: &[i64]) -> i64 {
-    sqlx::query_scalar(
+    db.scalar_with(
         "SELECT count(*) FROM tool_operations
           WHERE step_id LIKE $1 || '%' AND (ctid::text::point)[0]::bigint = ANY ($2)",
+        (prefix, pages),
     )
-    .bind(prefix)
-    .bind(pages)
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

@@ -7,18 +7,6 @@ use std::process::{Command, Output};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-fn url_of(connect: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect
-            .get_database()
-            .expect("sqlx::test names the database"),
-    )
-}
-
 fn migrate(url: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_leasegate"));
     command
@@ -58,7 +46,7 @@ async fn migrate_draws_progress_only_on_a_terminal(
     _pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let url = url_of(&connect);
+    let url = crate::common::database_url(&connect);
     let migrations = leasegate::ledger::MIGRATOR.iter().count();
     let expected = format!("ledger migrated ({migrations} migrations)\n");
 

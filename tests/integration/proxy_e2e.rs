@@ -3,22 +3,17 @@
 //! Side effects are counted in the tool server's own state files.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
+use crate::common::proxy::send_email;
 
 use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta, operation_note};
-use common::{TestDb, applied, http, replace_exactly};
+use common::{TestDb, http, replace_exactly};
 use leasegate::intent::OperationId;
 use leasegate::ledger::{LeaseClaim, OperationStatus};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const POLICY: &str = "in_flight_wait = \"3s\"\nclaim_ttl = \"60s\"\n";
-
-async fn op_rows(db: &TestDb) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap()
-}
 
 fn operation_id(result: &rmcp::model::CallToolResult) -> OperationId {
     OperationId::from_string(
@@ -35,20 +30,12 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent-1", 60_000).await;
 
     // Lease on the connection (headers).
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let first = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 500, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap();
+    let first = charge_eur(&agent, 500, None).await.unwrap();
     let again = call(
         &agent,
         "payments__charge",
@@ -111,12 +98,7 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
 
     // The ledger says what the agents were told.
     for result in [&first, &ra] {
-        let view = db
-            .ledger
-            .operation_get(&operation_id(result))
-            .await
-            .unwrap()
-            .unwrap();
+        let view = db.operation_view(&operation_id(result)).await;
         assert_eq!(view.operation.status, OperationStatus::Succeeded);
         assert_eq!(
             view.operation
@@ -127,11 +109,8 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
         );
     }
     assert_eq!(
-        db.ledger
-            .operation_get(&operation_id(&first))
+        db.operation_view(&operation_id(&first))
             .await
-            .unwrap()
-            .unwrap()
             .operation
             .remote_id
             .as_deref(),
@@ -146,20 +125,13 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (old, _) = db.running_run("old-worker", 300).await;
     db.wait_lease_expired(old.run_id).await;
     let new = db.acquire(old.run_id, "new-worker", 60_000).await;
 
     let (agent, _) = connect_http(&proxy.url, None).await;
-    let refused = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(lease_meta(&old)),
-    )
-    .await;
+    let refused = send_email(&agent, "a@b.c", Some(lease_meta(&old))).await;
     let (code, message) = refused.expect_err("a stale lease is refused");
     assert_eq!(code, -32002, "{message}");
     assert!(
@@ -172,13 +144,15 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         scenario.side_effects("emails.jsonl").is_empty(),
         "nothing reached the tool"
     );
-    assert_eq!(op_rows(&db).await, 0, "nothing registered");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "nothing registered"
+    );
 
     // No lease at all: its own error, also before the upstream, saying how
     // to get a lease over HTTP and how to mark the tool read-only.
-    let (code, message) = call(&agent, "mailer__send_email", json!({"to": "a@b.c"}), None)
-        .await
-        .unwrap_err();
+    let (code, message) = send_email(&agent, "a@b.c", None).await.unwrap_err();
     assert_eq!(code, -32001, "{message}");
     for needle in [
         "tool \"mailer__send_email\" has side effects and needs a lease",
@@ -194,24 +168,15 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         );
     }
     // The same as structured hints in error.data (raw JSON-RPC over HTTP).
-    let response = http::post(
+    let response = http::post_mcp(
         &proxy.url,
-        &[
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("mcp-protocol-version", "2025-11-25"),
-        ],
+        &[],
         &json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
                 "params": {"name": "mailer__send_email", "arguments": {"to": "a@b.c"}}})
         .to_string(),
     )
     .await;
-    let body = response
-        .body
-        .lines()
-        .find_map(|line| line.strip_prefix("data:"))
-        .unwrap_or(&response.body);
-    let answer: Value = serde_json::from_str(body.trim()).expect("a JSON-RPC answer");
+    let answer = response.json_rpc();
     assert_eq!(answer["error"]["code"], -32001, "{answer}");
     let data = &answer["error"]["data"];
     assert_eq!(
@@ -237,16 +202,15 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
         data["how"]["read_only"]["set"],
         "[tools.send_email] read_only = true"
     );
-    assert_eq!(op_rows(&db).await, 0, "nothing registered");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "nothing registered"
+    );
     // The new owner's call goes through.
-    call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(lease_meta(&new.claim)),
-    )
-    .await
-    .unwrap();
+    send_email(&agent, "a@b.c", Some(lease_meta(&new.claim)))
+        .await
+        .unwrap();
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
 }
@@ -257,8 +221,7 @@ async fn an_upstream_that_hangs_past_its_timeout_leaves_the_call_unknown_and_not
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -291,12 +254,7 @@ async fn an_upstream_that_hangs_past_its_timeout_leaves_the_call_unknown_and_not
         "a `none` tool is never re-sent"
     );
 
-    let view = db
-        .ledger
-        .operation_get(&operation_id(&first))
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&operation_id(&first)).await;
     assert_eq!(
         view.operation.status,
         OperationStatus::Unknown,
@@ -318,8 +276,7 @@ async fn read_only_tools_pass_through_with_progress_and_leave_no_ledger_row(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     // No lease needed for reads.
     let (agent, recorder) = connect_http(&proxy.url, None).await;
     let found = call(
@@ -335,7 +292,7 @@ async fn read_only_tools_pass_through_with_progress_and_leave_no_ledger_row(
         .await
         .unwrap();
     assert_eq!(stats.structured_content, Some(json!({"emails_sent": 0})));
-    assert_eq!(op_rows(&db).await, 0);
+    assert_eq!(db.row_count("tool_operations").await, 0);
     assert!(operation_note(&stats).is_null());
     common::wait_until("progress from the upstream to reach the agent", || async {
         (recorder.progress.lock().unwrap().len() >= 2).then_some(())
@@ -422,8 +379,7 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "max_arguments_bytes = 1048576\n");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, "max_arguments_bytes = 1048576\n").await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -470,25 +426,14 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
         "dev.leasegate/lease".into(),
         json!({"run_id": "nope", "owner": "agent", "epoch": 1}),
     );
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(bad),
-    )
-    .await
-    .unwrap_err();
+    let (code, message) = send_email(&agent, "a@b.c", Some(bad)).await.unwrap_err();
     assert_eq!(code, -32602);
     assert!(message.contains("invalid run id \"nope\""), "{message}");
 
     // Malformed JSON-RPC over the wire.
-    let response = http::post(
+    let response = http::post_mcp(
         &proxy.url,
-        &[
-            ("content-type", "application/json"),
-            ("accept", "application/json, text/event-stream"),
-            ("mcp-protocol-version", "2025-11-25"),
-        ],
+        &[],
         "{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\": ",
     )
     .await;
@@ -501,17 +446,17 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
 
     assert!(scenario.side_effects("emails.jsonl").is_empty());
     assert!(scenario.side_effects("charges.jsonl").is_empty());
-    assert_eq!(op_rows(&db).await, 0, "no refused call left a row");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "no refused call left a row"
+    );
 
     // A business failure (isError) is final, recorded and replayed.
-    let failed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
-        .await
-        .unwrap();
+    let failed = send_email(&agent, "nobody", None).await.unwrap();
     assert_eq!(failed.is_error, Some(true));
     assert_eq!(operation_note(&failed)["status"], "failed_final");
-    let replayed = call(&agent, "mailer__send_email", json!({"to": "nobody"}), None)
-        .await
-        .unwrap();
+    let replayed = send_email(&agent, "nobody", None).await.unwrap();
     assert_eq!(
         (
             replayed.is_error,
@@ -528,46 +473,25 @@ async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, revision) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
-    call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
-    applied(
-        db.ledger
-            .run_complete(&lease, revision, None)
-            .await
-            .unwrap(),
-    );
-    let (code, message) = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 2, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap_err();
+    charge_eur(&agent, 1, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
+    db.complete_run(&lease, revision, None).await;
+    let (code, message) = charge_eur(&agent, 2, Some(lease_meta(&lease)))
+        .await
+        .unwrap_err();
     assert_eq!(code, -32004, "{message}");
     assert!(message.contains("run is succeeded"), "{message}");
     let stale = LeaseClaim {
         epoch: 7,
         ..lease.clone()
     };
-    let (code, _) = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(lease_meta(&stale)),
-    )
-    .await
-    .unwrap_err();
+    let (code, _) = charge_eur(&agent, 1, Some(lease_meta(&stale)))
+        .await
+        .unwrap_err();
     assert_eq!(code, -32002);
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     let _: Value = json!(null);
@@ -582,8 +506,7 @@ async fn policy_can_require_explicit_steps_and_mask_stored_requests(
     let db = TestDb::new(pool, connect).await;
     let policy =
         "step_identity = \"explicit\"\nrequest_body = \"masked\"\nmasked_fields = [\"to\"]\n";
-    let scenario = Scenario::new(&db.url, policy);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, policy).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -608,12 +531,7 @@ async fn policy_can_require_explicit_steps_and_mask_stored_requests(
     let sent = call(&agent, "mailer__send_email", email, Some(meta))
         .await
         .unwrap();
-    let view = db
-        .ledger
-        .operation_get(&operation_id(&sent))
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&operation_id(&sent)).await;
     assert_eq!(view.operation.step_id, "notify-customer");
     assert_eq!(
         view.request_body,
@@ -643,8 +561,7 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -659,16 +576,13 @@ async fn the_answer_is_recorded_even_when_the_agent_goes_away(
         .await;
     });
     common::wait_until("the call to be claimed", || async {
-        (op_rows(&db).await == 1).then_some(())
+        (db.row_count("tool_operations").await == 1).then_some(())
     })
     .await;
     pending.abort();
     let status: String =
         common::wait_until("the answer to be settled without the agent", || async {
-            let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
-                .fetch_one(&db.admin)
-                .await
-                .unwrap();
+            let status: String = db.query_scalar("SELECT status FROM tool_operations").await;
             (status != "dispatching").then_some(status)
         })
         .await;
@@ -683,8 +597,7 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -720,21 +633,14 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
         );
         meta
     };
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(step("mail-1")),
-    )
-    .await
-    .expect_err("nothing was sent: an error, not a result");
+    let (code, message) = send_email(&agent, "a@b.c", Some(step("mail-1")))
+        .await
+        .expect_err("nothing was sent: an error, not a result");
     assert_eq!(code, -32011, "{message}");
     assert!(message.contains("was not sent"), "{message}");
-    let row: (String, String) =
-        sqlx::query_as("SELECT operation_id, status FROM tool_operations WHERE step_id = 'mail-1'")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+    let row: (String, String) = db
+        .query_row("SELECT operation_id, status FROM tool_operations WHERE step_id = 'mail-1'")
+        .await;
     let view = db
         .ledger
         .operation_get(&OperationId::from_string(row.0.clone()))
@@ -755,21 +661,11 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
     );
     // The agent's re-call of the same step claims the same operation again
     // (and, the mailer still gone, is refused the same way).
-    let (code, _) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(step("mail-1")),
-    )
-    .await
-    .expect_err("still not sent");
-    assert_eq!(code, -32011);
-    let again = db
-        .ledger
-        .operation_get(&OperationId::from_string(row.0))
+    let (code, _) = send_email(&agent, "a@b.c", Some(step("mail-1")))
         .await
-        .unwrap()
-        .unwrap();
+        .expect_err("still not sent");
+    assert_eq!(code, -32011);
+    let again = db.operation_view(&OperationId::from_string(row.0)).await;
     assert_eq!(
         (again.operation.status, again.operation.dispatch_count),
         (OperationStatus::Prepared, 2)
@@ -794,14 +690,7 @@ async fn an_unprefixed_upstream_is_called_by_its_own_tool_names(
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let names: Vec<String> = agent
-        .peer()
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = common::proxy::tool_names(&agent).await;
     assert_eq!(
         names,
         vec![
@@ -843,8 +732,7 @@ async fn a_sessionless_2026_07_28_client_lists_and_calls_through_leasegate(
     use rmcp::{ClientLifecycleMode, ClientServiceExt};
 
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(proxy.url.as_str()),
@@ -860,14 +748,9 @@ async fn a_sessionless_2026_07_28_client_lists_and_calls_through_leasegate(
         .expect("server/discover succeeds");
     let tools = agent.peer().list_all_tools().await.unwrap();
     assert_eq!(tools.len(), 4);
-    let charged = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 8, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
+    let charged = charge_eur(&agent, 8, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
     assert_eq!(operation_note(&charged)["status"], "succeeded");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
@@ -910,7 +793,7 @@ async fn an_error_the_provider_documents_as_nothing_done_leaves_the_operation_se
     let note = operation_note(&first);
     assert_eq!(note["status"], "prepared", "{first:?}");
     let id = OperationId::from_string(note["operation_id"].as_str().unwrap().to_owned());
-    let view = db.ledger.operation_get(&id).await.unwrap().unwrap();
+    let view = db.operation_view(&id).await;
     assert_eq!(view.operation.status, OperationStatus::Prepared);
     assert_eq!(view.evidence[0].kind.as_str(), "not_sent");
     assert!(scenario.side_effects("charges.jsonl").is_empty());

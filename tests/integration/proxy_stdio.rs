@@ -2,6 +2,7 @@
 //! its MCP server, with the tool server reached over Streamable HTTP.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use std::process::Stdio;
 
@@ -84,14 +85,7 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
         .await
         .expect("leasegate stdio answers initialize");
 
-    let names: Vec<String> = agent
-        .peer()
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = common::proxy::tool_names(&agent).await;
     assert_eq!(names, vec!["payments__charge", "payments__get_charge"]);
 
     let (lease, _) = db.running_run("stdio-agent", 60_000).await;
@@ -189,10 +183,7 @@ async fn an_explicit_cancel_from_the_agent_reaches_the_upstream(
     .await;
     // The side effect may have happened: the operation is not failed.
     let status: String = common::wait_until("the operation to leave dispatching", || async {
-        let status: String = sqlx::query_scalar("SELECT status FROM tool_operations")
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
+        let status: String = db.query_scalar("SELECT status FROM tool_operations").await;
         (status != "dispatching").then_some(status)
     })
     .await;
@@ -236,14 +227,9 @@ async fn the_operation_id_reaches_an_http_upstream_as_a_per_call_header(
     let proxy = common::proxy::RunningProxy::start(&dir.join("leasegate.toml")).await;
     let (lease, _) = db.running_run("header-agent", 60_000).await;
     let (agent, _) = common::proxy::connect_http(&proxy.url, None).await;
-    let first = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 7, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
+    let first = charge_eur(&agent, 7, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
     let operation_id = operation_note(&first)["operation_id"].clone();
     let charges: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("state/charges.jsonl"))
         .unwrap()

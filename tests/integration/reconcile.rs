@@ -4,25 +4,19 @@
 //! leader; metrics move.
 
 use crate::common;
+use crate::common::intents;
+use crate::common::proxy::spawn_call;
 
 use common::proxy::{
     LEASEGATE, MAILER_ADAPTER, RunningProxy, Scenario, ServedChild, call, connect_http,
 };
 use common::{TestDb, http, prometheus, replace_exactly, wait_until, within};
-use leasegate::intent::{IntegerPolicy, Intent, StepRef};
-use leasegate::ledger::{MarkUnknown, OperationStatus, Settlement, UnknownBy, UnknownCause};
+use leasegate::intent::Intent;
+use leasegate::ledger::{MarkUnknown, OperationStatus, UnknownBy, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 const FAST: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"100ms\"\nin_flight_wait = \"1s\"\n";
-
-async fn status_of(db: &TestDb, tool: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT status FROM tool_operations WHERE tool_name = $1")
-        .bind(tool)
-        .fetch_optional(&db.admin)
-        .await
-        .unwrap()
-}
 
 fn calls_of(scenario: &Scenario, tool: &str) -> Vec<Value> {
     scenario
@@ -60,30 +54,16 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     let (agent, _) = connect_http(&mcp, Some(&lease)).await;
     let agent = std::sync::Arc::new(agent);
     // Both tools perform their side effect, then hang: the answer never comes.
-    let charge = tokio::spawn({
-        let agent = agent.clone();
-        async move {
-            call(
-                &agent,
-                "payments__charge",
-                json!({"amount": 9, "currency": "eur", "hang_ms": 20000}),
-                None,
-            )
-            .await
-        }
-    });
-    let email = tokio::spawn({
-        let agent = agent.clone();
-        async move {
-            call(
-                &agent,
-                "mailer__send_email",
-                json!({"to": "e@x.y", "hang_ms": 20000}),
-                None,
-            )
-            .await
-        }
-    });
+    let charge = spawn_call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 9, "currency": "eur", "hang_ms": 20000}),
+    );
+    let email = spawn_call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "e@x.y", "hang_ms": 20000}),
+    );
     wait_until("both side effects to happen at the tools", || async {
         (scenario.side_effects("charges.jsonl").len() == 1
             && scenario.side_effects("emails.jsonl").len() == 1)
@@ -95,19 +75,21 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     charge.abort();
     email.abort();
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("dispatching")
     );
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("dispatching")
     );
 
     // A new process: claims expire into unknown, then converge per capability.
     let (mut second, _, control) = serve_child(&scenario).await;
-    wait_until("the idempotent charge to converge", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the idempotent charge to converge",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     wait_until(
         "the reconciler to have judged the mail unrecoverable",
@@ -139,7 +121,7 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
         charges[0]["idempotency_key"]
     );
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown")
     );
     assert_eq!(
@@ -147,12 +129,9 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
         1,
         "a `none` tool is never re-sent"
     );
-    let remote: Option<String> = sqlx::query_scalar(
-        "SELECT remote_id FROM tool_operations WHERE tool_name = 'payments__charge'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let remote: Option<String> = db
+        .query_scalar("SELECT remote_id FROM tool_operations WHERE tool_name = 'payments__charge'")
+        .await;
     assert_eq!(remote.as_deref(), Some("ch_1"));
     second.kill().await.unwrap();
 }
@@ -193,9 +172,11 @@ read_only = true
         "unknown"
     );
 
-    wait_until("the query to converge the operation", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the query to converge the operation",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(calls_of(&scenario, "charge").len(), 1, "no second create");
     let id = leasegate::intent::OperationId::from_string(
@@ -204,7 +185,7 @@ read_only = true
             .unwrap()
             .to_owned(),
     );
-    let view = db.ledger.operation_get(&id).await.unwrap().unwrap();
+    let view = db.operation_view(&id).await;
     assert_eq!(view.operation.remote_id.as_deref(), Some("ch_1"));
     assert_eq!(view.events.last().unwrap().actor_kind, "reconciler");
     // The agent asking again now gets the converged fact.
@@ -260,7 +241,7 @@ async fn a_retry_past_the_key_retention_window_is_refused(
     )
     .await;
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("unknown")
     );
     assert_eq!(
@@ -268,10 +249,9 @@ async fn a_retry_past_the_key_retention_window_is_refused(
         1,
         "never retried past the window"
     );
-    let attempts: i32 = sqlx::query_scalar("SELECT reconcile_attempts FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let attempts: i32 = db
+        .query_scalar("SELECT reconcile_attempts FROM tool_operations")
+        .await;
     assert_eq!(attempts, 0);
     proxy.stop().await;
 }
@@ -291,39 +271,23 @@ async fn two_processes_reconcile_each_unknown_operation_once(
     // Six unknown charges that never reached the tool.
     let mut ids = Vec::new();
     for n in 0..6 {
-        let intent = Intent::new(
-            "tenant-a",
+        let intent = intents::planned(
             lease.run_id,
-            Some(StepRef {
-                step_id: format!("charge-{n}"),
-                effect_version: 1,
-            }),
+            &format!("charge-{n}"),
             "payments__charge",
             &json!({"amount": n, "currency": "eur"}),
-            IntegerPolicy::Reject,
-        )
-        .unwrap();
+        );
         let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
-        db.ledger
-            .operation_mark_unknown(MarkUnknown {
-                claim: &claim,
-                by: UnknownBy::ClaimHolder,
-                actor: "crashed-proxy",
-                cause: UnknownCause::SendError,
-                evidence: &json!({"error": "reset"}),
-            })
-            .await
-            .unwrap();
+        db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
+            .await;
         ids.push(intent.operation_id);
     }
     let a = RunningProxy::start(&scenario.config_path()).await;
     let b = RunningProxy::start(&scenario.config_path()).await;
     wait_until("every unknown charge to converge", || async {
-        let left: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE status <> 'succeeded'")
-                .fetch_one(&db.admin)
-                .await
-                .unwrap();
+        let left: i64 = db
+            .query_scalar("SELECT count(*) FROM tool_operations WHERE status <> 'succeeded'")
+            .await;
         (left == 0).then_some(())
     })
     .await;
@@ -347,15 +311,7 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "mailer__send_email",
-        &json!({"to": "a@b.c"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "mailer__send_email", &json!({"to": "a@b.c"}));
     let claim = db.claim(&lease, &intent, "p", 60_000).await;
     let cli = |args: &[&str]| {
         std::process::Command::new(LEASEGATE)
@@ -381,16 +337,8 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
         .code(),
         Some(4)
     );
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "p",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     let resolved = cli(&[
         "ops",
         "resolve",
@@ -422,12 +370,7 @@ async fn operators_resolve_only_unknown_operations_once_with_a_note(
         .code(),
         Some(4)
     );
-    let view = db
-        .ledger
-        .operation_get(&intent.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&intent.operation_id).await;
     assert_eq!(view.operation.status, OperationStatus::FailedFinal);
     let last = view.events.last().unwrap();
     assert_eq!(
@@ -460,8 +403,7 @@ async fn metrics_expose_the_ledger_and_reconciler_after_a_scenario(
 ) {
     let handle = leasegate::app::metrics_handle();
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     handle.run_upkeep();
     let before = handle.render();
 
@@ -580,18 +522,12 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
     let (lease, revision) = db.running_run("planner", 60_000).await;
     let plan: Vec<Intent> = (0..3)
         .map(|n| {
-            Intent::new(
-                "tenant-a",
+            intents::planned(
                 lease.run_id,
-                Some(StepRef {
-                    step_id: format!("pay-{n}"),
-                    effect_version: 1,
-                }),
+                &format!("pay-{n}"),
                 "payments__charge",
                 &json!({"amount": 10 + n, "currency": "eur"}),
-                IntegerPolicy::Reject,
             )
-            .unwrap()
         })
         .collect();
     let checkpoint = json!({"plan": "three payments"});
@@ -611,11 +547,9 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
 
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     wait_until("the dispatcher to settle every planned intent", || async {
-        let settled: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE status = 'succeeded'")
-                .fetch_one(&db.admin)
-                .await
-                .unwrap();
+        let settled: i64 = db
+            .query_scalar("SELECT count(*) FROM tool_operations WHERE status = 'succeeded'")
+            .await;
         (settled == 3).then_some(())
     })
     .await;
@@ -629,12 +563,7 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
                 .count(),
             1
         );
-        let view = db
-            .ledger
-            .operation_get(&intent.operation_id)
-            .await
-            .unwrap()
-            .unwrap();
+        let view = db.operation_view(&intent.operation_id).await;
         assert_eq!(view.events[1].actor_kind, "dispatcher");
     }
     proxy.stop().await;
@@ -676,15 +605,16 @@ read_only = true
         first.structured_content.as_ref().unwrap()["status"],
         "unknown"
     );
-    wait_until("the resource check to converge it", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the resource check to converge it",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(calls_of(&scenario, "charge").len(), 1);
-    let remote: Option<String> = sqlx::query_scalar("SELECT remote_id FROM tool_operations")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let remote: Option<String> = db
+        .query_scalar("SELECT remote_id FROM tool_operations")
+        .await;
     assert_eq!(remote.as_deref(), Some("ch_1"));
     proxy.stop().await;
 }
@@ -711,15 +641,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "mailer__send_email",
-        &json!({"to": "a@b.c"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "mailer__send_email", &json!({"to": "a@b.c"}));
     let claim = db.claim(&lease, &intent, "paused-proxy", 200).await;
     // The claim lapses and becomes unknown; then the paused holder's answer arrives.
     wait_until("the claim to lapse", || async {
@@ -742,21 +664,18 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
     })
     .await;
     let late = db
-        .ledger
-        .operation_settle(
+        .settle_succeeded(
             &claim,
-            Settlement::Succeeded,
             Some("msg_9"),
             &json!({"structuredContent": {"message_id": "msg_9"}}),
         )
-        .await
-        .unwrap();
+        .await;
     assert!(matches!(
         late,
         leasegate::ledger::SettleOutcome::KeptAsEvidence { .. }
     ));
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown"),
         "evidence never settles directly"
     );
@@ -779,12 +698,7 @@ async fn a_late_response_converges_through_the_reconciler_never_directly(
         "reconciler-test".to_owned(),
     );
     assert_eq!(background.reconciler.once().await.unwrap(), 1);
-    let view = db
-        .ledger
-        .operation_get(&intent.operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&intent.operation_id).await;
     assert_eq!(
         (view.operation.status, view.operation.remote_id.as_deref()),
         (OperationStatus::Succeeded, Some("msg_9"))
@@ -813,26 +727,10 @@ read_only = true
 "#;
     let scenario = Scenario::with_adapters(&db.url, FAST, payments, MAILER_ADAPTER);
     let (lease, _) = db.running_run("agent", 60_000).await;
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &json!({"amount": 5, "currency": "eur"}),
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned_charge(lease.run_id, 5, "eur");
     let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "crashed-proxy",
-            cause: UnknownCause::SendError,
-            evidence: &json!({"error": "reset"}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::SendError, &json!({"error": "reset"}))
+        .await;
     // Someone else made a resource under the same deterministic id, with another spec.
     std::fs::create_dir_all(scenario.dir.join("state")).unwrap();
     std::fs::write(
@@ -854,7 +752,7 @@ read_only = true
     )
     .await;
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("unknown"),
         "a mismatching resource settles nothing"
     );
@@ -871,16 +769,6 @@ read_only = true
 }
 
 /// Whether process `pid` is gone (or only a zombie awaiting its parent).
-fn process_ended(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // "pid (comm) S …": the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-    }
-}
-
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
     pool: PgPoolOptions,
@@ -901,7 +789,10 @@ async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
                 .unwrap()
         })
         .collect();
-    assert!(pids.iter().all(|pid| !process_ended(*pid)), "{pids:?} run");
+    assert!(
+        pids.iter().all(|pid| !common::process_exited(*pid)),
+        "{pids:?} run"
+    );
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id().unwrap() as i32),
@@ -913,7 +804,9 @@ async fn sigterm_stops_leasegate_serve_and_ends_its_tool_servers(
         .unwrap();
     assert_eq!(status.code(), Some(0), "a clean shutdown");
     wait_until("the tool servers to end", || async {
-        pids.iter().all(|pid| process_ended(*pid)).then_some(())
+        pids.iter()
+            .all(|pid| common::process_exited(*pid))
+            .then_some(())
     })
     .await;
     // Both listeners stopped accepting.
@@ -936,20 +829,13 @@ async fn background_work_touches_only_the_tenant_the_process_serves(
     // Tenant "tenant-a" has a planned intent, an unknown operation and a
     // claim that lapsed.
     let (lease, revision) = db.running_run("agent-1", 60_000).await;
-    let step = |id: &str| StepRef {
-        step_id: id.into(),
-        effect_version: 1,
-    };
     let intent = |id: &str, amount: u64| {
-        Intent::new(
-            "tenant-a",
+        intents::planned(
             lease.run_id,
-            Some(step(id)),
+            id,
             "payments__charge",
             &json!({"amount": amount, "currency": "eur"}),
-            IntegerPolicy::Reject,
         )
-        .unwrap()
     };
     let planned = intent("planned", 1);
     common::applied(
@@ -967,16 +853,8 @@ async fn background_work_touches_only_the_tenant_the_process_serves(
     );
     let unknown = intent("unknown", 2);
     let claim = db.claim(&lease, &unknown, "gone-proxy", 60_000).await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "gone-proxy",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({}),
-        })
-        .await
-        .unwrap();
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+        .await;
     let lapsed = intent("lapsed", 3);
     db.claim(&lease, &lapsed, "gone-proxy", 1).await;
 
@@ -1048,18 +926,12 @@ async fn an_operation_recorded_with_its_route_survives_a_renamed_namespace(
     // Recorded when the payments tools were exposed as "pay.charge"; the
     // claim's holder died, so the claim lapses into unknown.
     let intent = |step: &str| {
-        Intent::new(
-            "tenant-a",
+        intents::planned(
             lease.run_id,
-            Some(StepRef {
-                step_id: step.into(),
-                effect_version: 1,
-            }),
+            step,
             "pay.charge",
             &json!({"amount": 5, "currency": "eur"}),
-            IntegerPolicy::Reject,
         )
-        .unwrap()
     };
     let routed = intent("routed");
     let route = leasegate::ledger::ToolRoute {
@@ -1083,8 +955,7 @@ async fn an_operation_recorded_with_its_route_survives_a_renamed_namespace(
     db.claim(&lease, &unrouted, "gone-proxy", 1).await;
 
     // Now served with the default separator: "payments__charge".
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     let status = |intent: &Intent| {
         let id = intent.operation_id.as_str().to_owned();
         let admin = db.admin.clone();
@@ -1157,7 +1028,7 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
     first.kill().await.unwrap();
     pending.abort();
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("dispatching")
     );
 
@@ -1184,18 +1055,17 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
         "{answer:?}"
     );
     assert_eq!(
-        status_of(&db, "mailer__send_email").await.as_deref(),
+        db.status_of_tool("mailer__send_email").await.as_deref(),
         Some("unknown")
     );
-    let until: bool = sqlx::query_scalar(
-        "SELECT e.detail->>'dispatch_until' IS NOT NULL
+    let until: bool = db
+        .query_scalar(
+            "SELECT e.detail->>'dispatch_until' IS NOT NULL
            AND (e.detail->>'dispatch_until')::timestamptz > e.at
            FROM ledger_events e
           WHERE e.to_status = 'unknown' AND e.subject = 'operation'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert!(until, "marked unknown before its claim would have expired");
     // Never sent again: the tool promises nothing.
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
@@ -1243,8 +1113,7 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     // The charge acts, then answers a second later, while its row is held;
     // the settle waiting for it loses its connection.
     let (pending, holder) = charge_then_lock_its_row(&db, &scenario, &proxy, 11).await;
@@ -1265,9 +1134,11 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
     let reply = answer.structured_content.clone().unwrap();
     assert_eq!(reply["status"], "unknown", "{answer:?}");
     // The kept key converges it to the one charge that exists.
-    wait_until("the reconciler to converge the charge", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the reconciler to converge the charge",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
@@ -1305,26 +1176,14 @@ async fn a_resource_the_agent_named_is_found_by_that_name_and_one_the_tool_never
     // reached the tool (the bucket exists), the second did not.
     let mut unknown = Vec::new();
     for name in ["invoices-2026", "payroll-2026"] {
-        let intent = Intent::new(
-            "tenant-a",
+        let intent = intents::unplanned(
             lease.run_id,
-            None,
             "provisioner__create_bucket",
             &json!({"name": name, "region": "eu"}),
-            IntegerPolicy::Reject,
-        )
-        .unwrap();
+        );
         let claim = db.claim(&lease, &intent, "crashed-proxy", 60_000).await;
-        db.ledger
-            .operation_mark_unknown(MarkUnknown {
-                claim: &claim,
-                by: UnknownBy::ClaimHolder,
-                actor: "crashed-proxy",
-                cause: UnknownCause::TimedOut,
-                evidence: &json!({}),
-            })
-            .await
-            .unwrap();
+        db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({}))
+            .await;
         unknown.push(intent);
     }
     std::fs::write(
@@ -1375,12 +1234,7 @@ async fn a_resource_the_agent_named_is_found_by_that_name_and_one_the_tool_never
     );
     let (_, _, dispatched) = status(&unknown[1]).await;
     assert_eq!(dispatched, 2, "sent again under the same operation id");
-    let view = db
-        .ledger
-        .operation_get(&unknown[1].operation_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let view = db.operation_view(&unknown[1].operation_id).await;
     assert!(
         view.events
             .iter()
@@ -1404,15 +1258,7 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
     let db = TestDb::new(pool, connect).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let arguments = json!({"amount": 5, "currency": "eur"});
-    let intent = Intent::new(
-        "tenant-a",
-        lease.run_id,
-        None,
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap();
+    let intent = intents::unplanned(lease.run_id, "payments__charge", &arguments);
     let claim = db.claim(&lease, &intent, "paused-proxy", 200).await;
     // The process "wakes up" after its claim lapsed (no other process has
     // expired it yet: the row still says dispatching under this claim).
@@ -1450,16 +1296,16 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
     .await;
     assert!(matches!(reply, Err(CallError::NotSent { .. })), "{reply:?}");
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("prepared"),
         "nothing left: the same operation id may be sent again"
     );
-    let evidence: Vec<(String, Option<String>)> =
-        sqlx::query_as("SELECT kind, outcome FROM operation_evidence WHERE operation_id = $1")
-            .bind(intent.operation_id.as_str())
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let evidence: Vec<(String, Option<String>)> = db
+        .rows(
+            "SELECT kind, outcome FROM operation_evidence WHERE operation_id = $1",
+            intent.operation_id.as_str(),
+        )
+        .await;
     assert_eq!(
         evidence,
         vec![("not_sent".to_owned(), Some("not_sent".to_owned()))]
@@ -1488,9 +1334,11 @@ async fn a_settle_that_hits_the_statement_timeout_on_a_locked_row_is_unknown_nev
         "unknown",
         "{answer:?}"
     );
-    wait_until("the reconciler to converge the charge", || async {
-        (status_of(&db, "payments__charge").await.as_deref() == Some("succeeded")).then_some(())
-    })
+    db.wait_tool_status(
+        "the reconciler to converge the charge",
+        "payments__charge",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     proxy.stop().await;
@@ -1502,8 +1350,7 @@ async fn a_result_carrying_u0000_settles_and_replays_exactly(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, FAST);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     let (lease, _) = db.running_run("agent", 120_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
     // jsonb cannot hold U+0000; the example charge echoes the currency.
@@ -1515,7 +1362,7 @@ async fn a_result_carrying_u0000_settles_and_replays_exactly(
         .await
         .unwrap();
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("succeeded")
     );
     for answer in [&first, &second] {

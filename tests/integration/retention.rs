@@ -4,33 +4,24 @@
 //! live moves, and the fate query still answers for archived operations.
 
 use crate::common;
+use crate::common::intents;
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use common::{TestDb, applied};
+use common::TestDb;
 use leasegate::control::router;
-use leasegate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
-use leasegate::ledger::{
-    LeaseClaim, Ledger, LedgerOptions, MarkUnknown, OPERATOR_ROLE, RunId, Settlement, UnknownBy,
-    UnknownCause,
-};
+use leasegate::intent::{IntegerPolicy, Intent, OperationId};
+use leasegate::ledger::{LeaseClaim, Ledger, LedgerOptions, OPERATOR_ROLE, RunId, UnknownCause};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tower::ServiceExt;
 
 fn intent(run_id: RunId, step: &str) -> Intent {
-    Intent::new(
-        "tenant-a",
+    intents::planned(
         run_id,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
+        step,
         "payments__charge",
         &json!({"amount": 500, "step": step}),
-        IntegerPolicy::Reject,
     )
-    .unwrap()
 }
 
 /// A running run with two settled operations (one of them with late
@@ -47,36 +38,17 @@ async fn run_with_settled_operations(
         let claim = db
             .claim(&lease, &intent(lease.run_id, step), "proxy-1", 60_000)
             .await;
-        db.ledger
-            .operation_settle(
-                &claim,
-                Settlement::Succeeded,
-                Some("remote-1"),
-                &json!({"ok": step}),
-            )
-            .await
-            .unwrap();
+        db.settle_succeeded(&claim, Some("remote-1"), &json!({"ok": step}))
+            .await;
         if step == "charge" {
             // A late answer under the same claim: kept as evidence.
-            db.ledger
-                .operation_settle(
-                    &claim,
-                    Settlement::Succeeded,
-                    Some("remote-1"),
-                    &json!({"late": true}),
-                )
-                .await
-                .unwrap();
+            db.settle_succeeded(&claim, Some("remote-1"), &json!({"late": true}))
+                .await;
         }
         ops.push(claim.operation_id);
     }
     if finish {
-        applied(
-            db.ledger
-                .run_complete(&lease, revision, None)
-                .await
-                .unwrap(),
-        );
+        db.complete_run(&lease, revision, None).await;
     }
     (lease, ops)
 }
@@ -84,20 +56,17 @@ async fn run_with_settled_operations(
 /// Moves a run and its operations `days` into the past (as the superuser:
 /// the window is on the database clock).
 async fn age(db: &TestDb, run: RunId, days: i32) {
-    sqlx::query(
+    db.execute_with(
         "UPDATE agent_runs SET updated_at = now() - make_interval(days => $2) WHERE run_id = $1",
+        (run.as_uuid(), days),
     )
-    .bind(run.as_uuid())
-    .bind(days)
-    .execute(&db.admin)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE tool_operations SET updated_at = now() - make_interval(days => $2) WHERE run_id = $1")
-        .bind(run.as_uuid())
-        .bind(days)
-        .execute(&db.admin)
-        .await
-        .unwrap();
+    .await;
+    db
+        .execute_with(
+            "UPDATE tool_operations SET updated_at = now() - make_interval(days => $2) WHERE run_id = $1",
+            (run.as_uuid(), days),
+        )
+        .await;
 }
 
 /// (live operations, live events, live evidence, archived operations,
@@ -139,18 +108,7 @@ async fn get(ledger: &Ledger, path: &str) -> (StatusCode, Value) {
         .uri(path)
         .body(Body::empty())
         .unwrap();
-    let response = router(ledger.clone(), IntegerPolicy::Reject)
-        .oneshot(request)
-        .await
-        .unwrap();
-    let status = response.status();
-    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    common::router::answer(router(ledger.clone(), IntegerPolicy::Reject), request).await
 }
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -169,22 +127,9 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     let claim = db
         .claim(&stuck, &intent(stuck.run_id, "lost"), "proxy-1", 60_000)
         .await;
-    db.ledger
-        .operation_mark_unknown(MarkUnknown {
-            claim: &claim,
-            by: UnknownBy::ClaimHolder,
-            actor: "proxy-1",
-            cause: UnknownCause::TimedOut,
-            evidence: &json!({"error": "timeout"}),
-        })
-        .await
-        .unwrap();
-    applied(
-        db.operator
-            .run_cancel(stuck.run_id, "ops", None)
-            .await
-            .unwrap(),
-    );
+    db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({"error": "timeout"}))
+        .await;
+    db.operator_cancels(stuck.run_id, "ops", None).await;
     age(&db, stuck.run_id, 40).await;
     // Old but still running: stays.
     let (running, _) = run_with_settled_operations(&db, "w-running", false).await;
@@ -195,7 +140,7 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     let before_old = counts(&db, old.run_id).await;
     assert_eq!(before_old, [2, before_old[1], 1, 0, 0, 0]);
     assert!(before_old[1] >= 6, "{before_old:?}");
-    let fate_before = db.ledger.operation_get(&old_ops[0]).await.unwrap().unwrap();
+    let fate_before = db.operation_view(&old_ops[0]).await;
     let untouched = [stuck.run_id, running.run_id, recent.run_id];
     let mut before = Vec::new();
     for run in untouched {
@@ -257,16 +202,14 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     for (run, counted) in untouched.iter().zip(before) {
         assert_eq!(counts(&db, *run).await, counted, "run {run} was touched");
     }
-    let archived_runs: Vec<uuid::Uuid> =
-        sqlx::query_scalar("SELECT run_id FROM agent_runs WHERE archived_at IS NOT NULL")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let archived_runs: Vec<uuid::Uuid> = db
+        .query_scalars("SELECT run_id FROM agent_runs WHERE archived_at IS NOT NULL")
+        .await;
     assert_eq!(archived_runs, vec![old.run_id.as_uuid()]);
 
     // The fate query answers from the archive: the same operation, history
     // and evidence, marked archived.
-    let fate = db.ledger.operation_get(&old_ops[0]).await.unwrap().unwrap();
+    let fate = db.operation_view(&old_ops[0]).await;
     assert!(fate.archived && !fate_before.archived);
     assert_eq!(fate.operation, fate_before.operation);
     assert_eq!(fate.request_body, fate_before.request_body);
@@ -289,13 +232,11 @@ async fn old_settled_history_moves_to_the_archive_and_stays_answerable_while_liv
     // run once it is old, gone for good.
     age(&db, recent.run_id, 40).await;
     let recent_op = OperationId::from_string(
-        sqlx::query_scalar::<_, String>(
+        db.scalar::<String>(
             "SELECT operation_id FROM tool_operations WHERE run_id = $1 LIMIT 1",
+            recent.run_id.as_uuid(),
         )
-        .bind(recent.run_id.as_uuid())
-        .fetch_one(&db.admin)
-        .await
-        .unwrap(),
+        .await,
     );
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
         .args([

@@ -16,14 +16,11 @@ async fn created(outcome: RunCreateOutcome) -> leasegate::ledger::RunSummary {
 }
 
 async fn active_run(db: &TestDb, tenant: &str, task: &str) -> Option<uuid::Uuid> {
-    sqlx::query_scalar(
+    db.scalar_with(
         "SELECT active_run_id FROM agent_tasks WHERE tenant_id = $1 AND task_id = $2",
+        (tenant, task),
     )
-    .bind(tenant)
-    .bind(task)
-    .fetch_one(&db.admin)
     .await
-    .unwrap()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -51,13 +48,10 @@ async fn retry_of_a_task_is_a_new_run_and_becomes_the_active_run(
             .unwrap(),
     )
     .revision;
-    let revision = applied(
-        db.ledger
-            .checkpoint_save(&grant.claim, revision, &json!({"step": 3}))
-            .await
-            .unwrap(),
-    )
-    .revision;
+    let revision = db
+        .save_checkpoint(&grant.claim, revision, &json!({"step": 3}))
+        .await
+        .revision;
     applied(
         db.ledger
             .run_fail(&grant.claim, revision, &json!({"error": "card declined"}))
@@ -127,12 +121,7 @@ async fn a_task_with_a_live_run_gets_no_second_run(pool: PgPoolOptions, connect:
         "nothing written"
     );
     // Once cancelled, a retry is allowed.
-    applied(
-        db.operator
-            .run_cancel(first.run_id, "ops", None)
-            .await
-            .unwrap(),
-    );
+    db.operator_cancels(first.run_id, "ops", None).await;
     let retry = created(
         db.ledger
             .run_create(refused_id, "acme", "t", None)
@@ -202,10 +191,7 @@ async fn replaying_a_create_with_the_same_run_id_changes_nothing(
             .unwrap(),
         RunCreateOutcome::RunIdTaken
     );
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 1);
 }
 

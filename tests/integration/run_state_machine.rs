@@ -247,12 +247,7 @@ async fn acquire_reports_busy_missing_and_terminal_runs_apart(
             .unwrap(),
         AcquireOutcome::NotFound
     );
-    applied(
-        db.ledger
-            .run_complete(&holder, revision, None)
-            .await
-            .unwrap(),
-    );
+    db.complete_run(&holder, revision, None).await;
     applied(db.ledger.lease_release(&holder).await.unwrap());
     assert_eq!(
         db.ledger
@@ -274,12 +269,8 @@ async fn cancelled_run_refuses_every_worker_write_and_renewal(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (claim, revision) = db.running_run("worker", 30_000).await;
-    applied(
-        db.operator
-            .run_cancel(claim.run_id, "ops@example", Some("customer asked"))
-            .await
-            .unwrap(),
-    );
+    db.operator_cancels(claim.run_id, "ops@example", Some("customer asked"))
+        .await;
     let cancelled = Fenced::Rejected(Rejection::Terminal {
         status: RunStatus::Cancelled,
     });
@@ -325,21 +316,7 @@ async fn database_status_values_equal_the_rust_enum(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let definition: String = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
-          WHERE c.conrelid = 'agent_runs'::regclass AND c.contype = 'c'
-            AND pg_get_constraintdef(c.oid) LIKE '%status%'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
-    let mut in_database: Vec<String> = definition
-        .split('\'')
-        .skip(1)
-        .step_by(2)
-        .map(str::to_owned)
-        .collect();
-    in_database.sort();
+    let (definition, in_database) = db.status_constraint("agent_runs").await;
     let mut in_rust: Vec<String> = RunStatus::ALL
         .iter()
         .map(|s| s.as_str().to_owned())
@@ -364,19 +341,12 @@ async fn every_run_status_change_is_in_the_event_history_with_its_actor(
 ) {
     let db = TestDb::new(pool, connect).await;
     let (claim, revision) = db.running_run("w1", 30_000).await;
-    let revision = applied(
-        db.ledger
-            .checkpoint_save(&claim, revision, &json!({"n": 1}))
-            .await
-            .unwrap(),
-    )
-    .revision;
-    applied(
-        db.ledger
-            .run_complete(&claim, revision, Some(&json!({"result": "ok"})))
-            .await
-            .unwrap(),
-    );
+    let revision = db
+        .save_checkpoint(&claim, revision, &json!({"n": 1}))
+        .await
+        .revision;
+    db.complete_run(&claim, revision, Some(&json!({"result": "ok"})))
+        .await;
     applied(db.ledger.lease_release(&claim).await.unwrap());
     let events = db.ledger.run_events(claim.run_id).await.unwrap();
     let history: Vec<HistoryRow> = events

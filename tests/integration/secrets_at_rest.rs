@@ -6,12 +6,14 @@
 //! wrong key is a clear error, never plaintext.
 
 use crate::common;
+use crate::common::intents;
+use crate::common::proxy::spawn_call;
 
 use std::sync::{Arc, Mutex};
 
 use common::proxy::{LEASEGATE, Scenario, ServedChild, call, connect_http};
 use common::{TestDb, http, wait_until, within};
-use leasegate::intent::{IntegerPolicy, Intent, OperationId, StepRef};
+use leasegate::intent::{Intent, OperationId};
 use leasegate::ledger::{Ledger, LedgerError, LedgerOptions};
 use leasegate::policy::{Bodies, Keyring, RequestBodyPolicy, ResultBodyPolicy};
 use serde_json::{Value, json};
@@ -57,34 +59,20 @@ async fn serve(scenario: &Scenario, env: &[(&str, &str)]) -> Served {
 
 /// Every row of every table of the test database, as text.
 async fn dump(db: &TestDb) -> String {
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT quote_ident(table_name) FROM information_schema.tables
+    let tables: Vec<String> = db
+        .query_scalars(
+            "SELECT quote_ident(table_name) FROM information_schema.tables
           WHERE table_schema = 'public' AND table_type = 'BASE TABLE'",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert!(tables.len() >= 6, "found the ledger's tables: {tables:?}");
     let mut text = String::new();
     for table in tables {
         // Table names from the catalog, quoted by PostgreSQL.
-        let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT t::text FROM {table} t"
-        )))
-        .fetch_all(&db.admin)
-        .await
-        .unwrap();
+        let rows = db.rows_as_text(&table).await;
         text.push_str(&format!("{table}: {}\n", rows.join("\n")));
     }
     text
-}
-
-async fn status_of(db: &TestDb, tool: &str) -> Option<String> {
-    sqlx::query_scalar("SELECT status FROM tool_operations WHERE tool_name = $1")
-        .bind(tool)
-        .fetch_optional(&db.admin)
-        .await
-        .unwrap()
 }
 
 fn charge_calls(scenario: &Scenario) -> Vec<Value> {
@@ -113,18 +101,7 @@ async fn ledger_with(db: &TestDb, bodies: Bodies) -> Ledger {
 }
 
 fn planned_charge(run: leasegate::ledger::RunId, step: &str, arguments: Value) -> Intent {
-    Intent::new(
-        "tenant-a",
-        run,
-        Some(StepRef {
-            step_id: step.into(),
-            effect_version: 1,
-        }),
-        "payments__charge",
-        &arguments,
-        IntegerPolicy::Reject,
-    )
-    .unwrap()
+    intents::planned(run, step, "payments__charge", &arguments)
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -216,18 +193,11 @@ async fn masked_values_reach_no_table_no_log_and_no_tool_as_placeholders(
     // A charge whose answer is lost, then the process is killed: the new
     // process cannot retry with the masked card, so it hands the operation
     // to an operator instead of sending "***".
-    let charge = tokio::spawn({
-        let agent = Arc::new(agent);
-        async move {
-            call(
-                &agent,
-                "payments__charge",
-                json!({"amount": 9, "currency": "eur", "card": SECRET_CARD, "hang_ms": 20000}),
-                None,
-            )
-            .await
-        }
-    });
+    let charge = spawn_call(
+        &Arc::new(agent),
+        "payments__charge",
+        json!({"amount": 9, "currency": "eur", "card": SECRET_CARD, "hang_ms": 20000}),
+    );
     wait_until("the charge to happen at the tool", || async {
         (charge_calls(&scenario).len() == 2).then_some(())
     })
@@ -248,12 +218,11 @@ async fn masked_values_reach_no_table_no_log_and_no_tool_as_placeholders(
         !serde_json::to_string(&calls).unwrap().contains("***"),
         "no placeholder was ever sent: {calls:?}"
     );
-    let charge_status: Vec<String> = sqlx::query_scalar(
-        "SELECT status FROM tool_operations WHERE tool_name = 'payments__charge' ORDER BY created_at",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let charge_status: Vec<String> = db
+        .query_scalars(
+            "SELECT status FROM tool_operations WHERE tool_name = 'payments__charge' ORDER BY created_at",
+        )
+        .await;
     assert_eq!(charge_status, ["succeeded", "unknown"]);
 
     let tables = dump(&db).await;
@@ -309,18 +278,11 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     let mut first = serve(&scenario, &key_1).await;
     let (agent, _) = connect_http(&first.mcp, Some(&lease)).await;
     let agent = Arc::new(agent);
-    let charge = tokio::spawn({
-        let agent = agent.clone();
-        async move {
-            call(
-                &agent,
-                "payments__charge",
-                json!({"amount": 9, "currency": "eur", "card": SECRET_CARD, "hang_ms": 20000}),
-                None,
-            )
-            .await
-        }
-    });
+    let charge = spawn_call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 9, "currency": "eur", "card": SECRET_CARD, "hang_ms": 20000}),
+    );
     wait_until("the charge to happen at the tool", || async {
         (scenario.side_effects("charges.jsonl").len() == 1).then_some(())
     })
@@ -329,7 +291,7 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     first.child.kill().await.unwrap();
     charge.abort();
     assert_eq!(
-        status_of(&db, "payments__charge").await.as_deref(),
+        db.status_of_tool("payments__charge").await.as_deref(),
         Some("dispatching")
     );
 
@@ -358,12 +320,9 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     wait_until(
         "the unknown charge to converge by a same-key retry",
         || async {
-            let statuses: Vec<String> = sqlx::query_scalar(
-                "SELECT status FROM tool_operations WHERE status <> 'succeeded'",
-            )
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+            let statuses: Vec<String> = db
+                .query_scalars("SELECT status FROM tool_operations WHERE status <> 'succeeded'")
+                .await;
             statuses.is_empty().then_some(())
         },
     )
@@ -380,12 +339,9 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     );
     let tables = dump(&db).await;
     assert!(!tables.contains(SECRET_CARD), "stored in clear:\n{tables}");
-    let clear_results: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM tool_operations WHERE result::text LIKE '%amount%'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let clear_results: i64 = db
+        .query_scalar("SELECT count(*) FROM tool_operations WHERE result::text LIKE '%amount%'")
+        .await;
     assert_eq!(clear_results, 0, "results are sealed:\n{tables}");
     assert!(tables.contains("dev.leasegate/sealed"));
 
@@ -407,10 +363,9 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
     // Rotation: k2 becomes current, k1 stays readable; every operation and
     // every evidence row is sealed under k2 afterwards.
     let evidence_kids = || async {
-        let bodies: Vec<Value> = sqlx::query_scalar("SELECT body FROM operation_evidence")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+        let bodies: Vec<Value> = db
+            .query_scalars("SELECT body FROM operation_evidence")
+            .await;
         let mut kids = Vec::new();
         for body in &bodies {
             leasegate::policy::secrets::sealed_key_ids(body, &mut kids);
@@ -422,10 +377,7 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
         !before.is_empty() && before.iter().all(|kid| kid == "k1"),
         "the retry's evidence is sealed under k1: {before:?}"
     );
-    let evidence_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_evidence")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let evidence_rows = db.row_count("operation_evidence").await;
     let rotated = format!(
         "{FAST}{sealed}encryption_key_id = \"k2\"\n\
          encryption_keys = {{ k1 = \"env:LG_TEST_KEY_1\", k2 = \"file:k2.key\" }}\n"
@@ -446,13 +398,12 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
         said.contains("re-sealed 2 operations under key k2"),
         "{said}"
     );
-    let kids: Vec<Option<String>> = sqlx::query_scalar(
-        "SELECT request_body -> 'dev.leasegate/sealed' ->> 'kid' FROM tool_operations
+    let kids: Vec<Option<String>> = db
+        .query_scalars(
+            "SELECT request_body -> 'dev.leasegate/sealed' ->> 'kid' FROM tool_operations
          UNION ALL SELECT result -> 'dev.leasegate/sealed' ->> 'kid' FROM tool_operations",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(kids, vec![Some("k2".to_owned()); 4]);
     let after = evidence_kids().await;
     assert_eq!(
@@ -471,10 +422,7 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
         .unwrap_or_else(|| panic!("no evidence count in: {said}"));
     assert!(resealed > 0, "{said}");
     // Re-sealing changed bodies only: no evidence row added or removed.
-    let rows_after: i64 = sqlx::query_scalar("SELECT count(*) FROM operation_evidence")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let rows_after = db.row_count("operation_evidence").await;
     assert_eq!(rows_after, evidence_rows);
     assert!(!dump(&db).await.contains(SECRET_CARD));
 

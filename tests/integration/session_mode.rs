@@ -7,6 +7,7 @@
 //! processes are never fenced.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use common::proxy::{
     Agent, AgentClient, LEASEGATE, RunningProxy, Scenario, call, connect_http_with, operation_note,
@@ -24,12 +25,10 @@ const POLICY: &str = "claim_ttl = \"4s\"\nin_flight_wait = \"1s\"\ndispatch_inte
 /// leasegate process opens at most four ledger sessions (several processes
 /// per test, several tests at once, one PostgreSQL).
 fn short_sessions(scenario: &Scenario, extra: &str) {
-    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
-    std::fs::write(
-        scenario.config_path(),
-        format!("{extra}\ndatabase_max_connections = 4\n{config}\n[session]\nttl = \"3s\"\n"),
-    )
-    .unwrap();
+    scenario.surround_config(
+        &format!("{extra}\ndatabase_max_connections = 4"),
+        "[session]\nttl = \"3s\"\n",
+    );
 }
 
 /// `leasegate stdio --task <task>` as the agent's MCP server; returns the
@@ -57,14 +56,13 @@ fn signal(pid: i32, signal: nix::sys::signal::Signal) {
 
 /// (owner, epoch) of the task's run lease.
 async fn task_lease(db: &TestDb, task: &str) -> (Option<String>, i64) {
-    sqlx::query_as(
-        "SELECT l.owner, l.epoch FROM worker_leases l JOIN agent_tasks t ON t.active_run_id = l.run_id \
+    db
+        .row(
+            "SELECT l.owner, l.epoch FROM worker_leases l JOIN agent_tasks t ON t.active_run_id = l.run_id \
          WHERE t.task_id = $1 AND t.kind = 'session'",
-    )
-    .bind(task)
-    .fetch_one(&db.admin)
-    .await
-    .unwrap()
+            task,
+        )
+        .await
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -101,10 +99,7 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     // lease beside the frozen one (it cannot tell a restart from a parallel
     // connection yet).
     let (second, second_pid) = spawn_session(&scenario, "nightly-invoices").await;
-    let members: i64 = sqlx::query_scalar("SELECT count(*) FROM lease_members")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let members = db.row_count("lease_members").await;
     assert_eq!(
         members, 2,
         "both processes are members until one is proven gone"
@@ -126,12 +121,11 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     })
     .await;
     assert_eq!(answer.structured_content.clone().unwrap()["amount"], 7);
-    let removed: Vec<Value> = sqlx::query_scalar(
-        "SELECT detail FROM ledger_events WHERE subject = 'lease' AND detail ? 'member_removed'",
-    )
-    .fetch_all(&db.admin)
-    .await
-    .unwrap();
+    let removed: Vec<Value> = db
+        .query_scalars(
+            "SELECT detail FROM ledger_events WHERE subject = 'lease' AND detail ? 'member_removed'",
+        )
+        .await;
     assert_eq!(
         removed.len(),
         1,
@@ -154,24 +148,17 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
             "a late answer never turns into a failure: {late:?}"
         );
     }
-    let refused = call(
-        &first,
-        "payments__charge",
-        json!({"amount": 8, "currency": "eur"}),
-        None,
-    )
-    .await
-    .expect_err("the stale session must not send");
+    let refused = charge_eur(&first, 8, None)
+        .await
+        .expect_err("the stale session must not send");
     assert_eq!(refused.0, -32002, "{refused:?}");
 
     let charges = scenario.side_effects("charges.jsonl");
     assert_eq!(charges.len(), 1, "one charge in all: {charges:?}");
     assert_eq!(charges[0]["amount"], 7);
-    let operations: Vec<(String, Value)> =
-        sqlx::query_as("SELECT status, request_body FROM tool_operations")
-            .fetch_all(&db.admin)
-            .await
-            .unwrap();
+    let operations: Vec<(String, Value)> = db
+        .query_rows("SELECT status, request_body FROM tool_operations")
+        .await;
     assert_eq!(operations.len(), 1, "{operations:?}");
     assert_eq!(operations[0].0, "succeeded");
 
@@ -182,13 +169,12 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
         (task_lease(&db, "nightly-invoices").await.0.is_none()).then_some(())
     })
     .await;
-    let status: String = sqlx::query_scalar(
-        "SELECT r.status FROM agent_runs r JOIN agent_tasks t ON t.active_run_id = r.run_id \
+    let status: String = db
+        .query_scalar(
+            "SELECT r.status FROM agent_runs r JOIN agent_tasks t ON t.active_run_id = r.run_id \
          WHERE t.task_id = 'nightly-invoices'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(status, "running");
     let _ = second_pid;
     first.cancel().await.unwrap();
@@ -229,21 +215,15 @@ async fn a_session_resumes_its_run_and_replays_and_an_agents_own_lease_still_win
 
     // An agent that sends its own lease is not overridden by the session.
     let (lease, _) = db.running_run("explicit-agent", 60_000).await;
-    let own = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 10, "currency": "eur"}),
-        Some(common::proxy::lease_meta(&lease)),
-    )
-    .await
-    .unwrap();
+    let own = charge_eur(&agent, 10, Some(common::proxy::lease_meta(&lease)))
+        .await
+        .unwrap();
     assert_eq!(operation_note(&own)["replayed"], false);
-    let run: String = sqlx::query_scalar(
-        "SELECT run_id::text FROM tool_operations WHERE request_body->>'amount' = '10'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let run: String = db
+        .query_scalar(
+            "SELECT run_id::text FROM tool_operations WHERE request_body->>'amount' = '10'",
+        )
+        .await;
     assert_eq!(run, lease.run_id.to_string());
     agent.cancel().await.unwrap();
 }
@@ -276,10 +256,7 @@ async fn session_mode_without_a_task_key_refuses_to_start_and_names_the_ways_to_
             && stderr.contains("LEASEGATE_TASK"),
         "{stderr}"
     );
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 0, "nothing written");
 }
 
@@ -306,14 +283,13 @@ async fn parallel_charges(agent: &AgentClient, base: i64, count: i64) {
 
 /// No lease of the task was ever taken over, and no member removed.
 async fn assert_never_fenced(db: &TestDb) {
-    let (expired, removed): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE from_status = 'expired'), \
+    let (expired, removed): (i64, i64) = db
+        .query_row(
+            "SELECT count(*) FILTER (WHERE from_status = 'expired'), \
                 count(*) FILTER (WHERE detail ? 'member_removed') \
            FROM ledger_events WHERE subject = 'lease'",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!((expired, removed), (0, 0), "no takeover, no member removed");
 }
 
@@ -329,14 +305,7 @@ async fn over_http_an_agents_sessions_and_stateless_requests_share_the_tasks_lea
 
     // No task key anywhere: the call needs a lease, and says how to get one.
     let anonymous = connect_http_with(&proxy.url, &[]).await;
-    let (code, message) = call(
-        &anonymous,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap_err();
+    let (code, message) = charge_eur(&anonymous, 1, None).await.unwrap_err();
     assert_eq!(code, -32001);
     assert!(message.contains("lease_mode"), "{message}");
 
@@ -409,12 +378,9 @@ async fn over_stateless_http_an_agents_parallel_calls_share_the_lease_and_none_i
         parallel_charges(&elsewhere, 200, 4)
     );
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 14);
-    let (runs, members): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM lease_members)",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+    let (runs, members): (i64, i64) = db
+        .query_row("SELECT (SELECT count(*) FROM agent_runs), (SELECT count(*) FROM lease_members)")
+        .await;
     assert_eq!((runs, members), (1, 2), "one run, one member per process");
     assert_never_fenced(&db).await;
     elsewhere.cancel().await.unwrap();
@@ -450,10 +416,7 @@ async fn several_stdio_processes_of_one_agent_share_the_lease_and_none_is_fenced
     )
     .await;
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 8);
-    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM agent_runs")
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
+    let runs = db.row_count("agent_runs").await;
     assert_eq!(runs, 1);
     assert_never_fenced(&db).await;
     for (agent, _) in spawned {
@@ -580,13 +543,12 @@ async fn agent_frameworks_calling_in_parallel_are_answered_once_each_and_never_f
         }
     }
     assert_never_fenced(&db).await;
-    let (session_runs, key_runs): (i64, i64) = sqlx::query_as(
-        "SELECT count(*) FILTER (WHERE kind = 'session'), count(*) FILTER (WHERE kind = 'key') \
+    let (session_runs, key_runs): (i64, i64) = db
+        .query_row(
+            "SELECT count(*) FILTER (WHERE kind = 'session'), count(*) FILTER (WHERE kind = 'key') \
            FROM agent_runs",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!(
         (session_runs, key_runs),
         (4, 64),

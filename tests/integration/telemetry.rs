@@ -6,12 +6,11 @@
 //! One test per binary: the tracing subscriber is process-wide.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
 
 use std::sync::OnceLock;
 
-use common::proxy::{
-    RunningProxy, Scenario, call, connect_http, connect_http_with, operation_note,
-};
+use common::proxy::{RunningProxy, connect_http, connect_http_with, operation_note};
 use common::{TestDb, wait_until};
 use leasegate::intent::OperationId;
 use leasegate::ledger::OperationStatus;
@@ -81,8 +80,7 @@ fn span_id(span: &SpanData) -> String {
 async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: PgConnectOptions) {
     let exporter = exporter();
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, "claim_ttl = \"60s\"\n");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, "claim_ttl = \"60s\"\n").await;
     let (lease, _) = db.running_run("agent-1", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
 
@@ -95,14 +93,7 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
         json!(format!("00-{agent_trace}-{agent_span}-01")),
     );
     meta.insert("tracestate".into(), json!("vendor=abc"));
-    let answer = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 700, "currency": "eur"}),
-        Some(meta),
-    )
-    .await
-    .unwrap();
+    let answer = charge_eur(&agent, 700, Some(meta)).await.unwrap();
     let operation_id = operation_note(&answer)["operation_id"]
         .as_str()
         .unwrap()
@@ -212,14 +203,7 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
         ],
     )
     .await;
-    call(
-        &by_headers,
-        "payments__charge",
-        json!({"amount": 900, "currency": "eur"}),
-        None,
-    )
-    .await
-    .unwrap();
+    charge_eur(&by_headers, 900, None).await.unwrap();
     let spans = wait_until("the second call's spans are exported", || async {
         let spans = spans_of_trace(header_trace);
         spans

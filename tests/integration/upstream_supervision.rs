@@ -6,6 +6,8 @@
 //! own state files.
 
 use crate::common;
+use crate::common::proxy::charge_eur;
+use crate::common::proxy::send_email;
 
 use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta};
 use common::{TestDb, http, prometheus, wait_until};
@@ -31,17 +33,6 @@ fn gone(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
 }
 
-/// Whether `pid` has exited (a zombie not reaped yet counts).
-fn exited(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        // "pid (comm) S …": the state follows the last ')'.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-    }
-}
-
 fn health_of(proxy: &RunningProxy, upstream: &str) -> UpstreamHealth {
     proxy
         .upstreams
@@ -57,8 +48,7 @@ async fn a_killed_stdio_upstream_is_restarted_and_its_tools_work_again(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
     let before = health_of(&proxy, "mailer");
@@ -195,8 +185,7 @@ async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent_and_stay
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
 
@@ -230,50 +219,35 @@ async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent_and_stay
         "{message}"
     );
 
-    let (code, message) = call(
-        &agent,
-        "mailer__send_email",
-        json!({"to": "a@b.c"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .expect_err("nothing can be sent");
+    let (code, message) = send_email(&agent, "a@b.c", Some(lease_meta(&lease)))
+        .await
+        .expect_err("nothing can be sent");
     assert_eq!(code, -32011, "{message}");
-    let (kind, status): (String, String) = sqlx::query_as(
-        "SELECT e.kind, o.status FROM operation_evidence e JOIN tool_operations o USING (operation_id) \
+    let (kind, status): (String, String) = db
+        .query_row(
+            "SELECT e.kind, o.status FROM operation_evidence e JOIN tool_operations o USING (operation_id) \
           ORDER BY e.evidence_id LIMIT 1",
-    )
-    .fetch_one(&db.admin)
-    .await
-    .unwrap();
+        )
+        .await;
     assert_eq!((kind.as_str(), status.as_str()), ("not_sent", "prepared"));
     assert!(scenario.side_effects("emails.jsonl").is_empty());
     let pid_file = scenario.dir.join("state/mailer.pid");
 
     // The other upstream is untouched.
-    let charge = call(
-        &agent,
-        "payments__charge",
-        json!({"amount": 1, "currency": "eur"}),
-        Some(lease_meta(&lease)),
-    )
-    .await
-    .expect("the call is answered");
+    let charge = charge_eur(&agent, 1, Some(lease_meta(&lease)))
+        .await
+        .expect("the call is answered");
     assert_ne!(charge.is_error, Some(true), "{charge:?}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
 
     // The mailer can start again: the pending email goes out once, by the
     // outbox, under the same operation id.
     std::fs::remove_dir(&pid_file).unwrap();
-    wait_until("the outbox to send the pending email", || async {
-        let status: String = sqlx::query_scalar(
-            "SELECT status FROM tool_operations WHERE tool_name = 'mailer__send_email'",
-        )
-        .fetch_one(&db.admin)
-        .await
-        .unwrap();
-        (status == "succeeded").then_some(())
-    })
+    db.wait_tool_status(
+        "the outbox to send the pending email",
+        "mailer__send_email",
+        "succeeded",
+    )
     .await;
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
@@ -285,10 +259,12 @@ async fn stopping_leasegate_ends_its_tool_servers_even_a_hung_one(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::new(&db.url, POLICY);
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let pids = [pid_of(&scenario, "payments"), pid_of(&scenario, "mailer")];
-    assert!(pids.iter().all(|pid| !exited(*pid)), "{pids:?} run");
+    assert!(
+        pids.iter().all(|pid| !common::process_exited(*pid)),
+        "{pids:?} run"
+    );
 
     // A hung tool server: it will not exit when its stdin closes.
     kill(Pid::from_raw(pids[0]), Signal::SIGSTOP).expect("SIGSTOP payments");
@@ -329,27 +305,19 @@ async fn the_reconciler_defers_while_an_upstream_restarts_and_spends_no_retry_bu
 
     // An unknown charge (its claim's holder died before answering).
     let (lease, _) = db.running_run("agent-1", 60_000).await;
-    let intent = leasegate::intent::Intent::new(
-        "tenant-a",
+    let intent = crate::common::intents::planned(
         lease.run_id,
-        Some(leasegate::intent::StepRef {
-            step_id: "charge".into(),
-            effect_version: 1,
-        }),
+        "charge",
         "payments__charge",
         &json!({"amount": 7, "currency": "eur"}),
-        leasegate::intent::IntegerPolicy::Reject,
-    )
-    .unwrap();
+    );
     db.claim(&lease, &intent, "gone-proxy", 1).await;
     let row = || async {
-        sqlx::query_as::<_, (String, i32)>(
+        db.row::<(String, i32)>(
             "SELECT status, reconcile_attempts FROM tool_operations WHERE operation_id = $1",
+            intent.operation_id.as_str(),
         )
-        .bind(intent.operation_id.as_str())
-        .fetch_one(&db.admin)
         .await
-        .unwrap()
     };
     wait_until("the lapsed claim to turn unknown", || async {
         (row().await.0 == "unknown").then_some(())

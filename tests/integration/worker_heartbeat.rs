@@ -6,7 +6,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::{TestDb, applied, wait_until, within};
-use leasegate::ledger::{Rejection, RunStatus};
+use leasegate::ledger::{Rejection, RunId, RunStatus};
 use leasegate::worker::{HeartbeatConfig, LeaseHandle, StopCause};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -17,12 +17,14 @@ const FAST: HeartbeatConfig = HeartbeatConfig {
     renew_timeout: Duration::from_millis(400),
 };
 
-async fn lease_expiry(db: &TestDb, handle: &LeaseHandle) -> chrono::DateTime<chrono::Utc> {
-    sqlx::query_scalar("SELECT expires_at FROM worker_leases WHERE run_id = $1")
-        .bind(handle.claim().run_id.as_uuid())
-        .fetch_one(&db.admin)
+/// A fresh pending run whose lease worker `w1` holds through a heartbeating
+/// handle on the fast schedule.
+async fn w1_holds_a_pending_run(db: &TestDb) -> (RunId, LeaseHandle) {
+    let run_id = db.pending_run().await;
+    let handle = LeaseHandle::acquire(db.ledger.clone(), run_id, "w1", FAST)
         .await
-        .unwrap()
+        .unwrap();
+    (run_id, handle)
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -31,19 +33,16 @@ async fn heartbeat_extends_the_lease_and_release_stops_it(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let run_id = db.pending_run().await;
-    let handle = LeaseHandle::acquire(db.ledger.clone(), run_id, "w1", FAST)
-        .await
-        .unwrap();
+    let (run_id, handle) = w1_holds_a_pending_run(&db).await;
     let granted = handle.grant().expires_at;
 
     wait_until("two renewals to move the expiry", || async {
-        (lease_expiry(&db, &handle).await > granted).then_some(())
+        (db.lease_expiry(handle.claim().run_id).await > granted).then_some(())
     })
     .await;
-    let first_renewal = lease_expiry(&db, &handle).await;
+    let first_renewal = db.lease_expiry(handle.claim().run_id).await;
     wait_until("a further renewal", || async {
-        (lease_expiry(&db, &handle).await > first_renewal).then_some(())
+        (db.lease_expiry(handle.claim().run_id).await > first_renewal).then_some(())
     })
     .await;
     assert!(!handle.cancellation().is_cancelled());
@@ -68,10 +67,7 @@ async fn heartbeat_cancels_the_worker_when_another_owner_holds_the_lease(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let run_id = db.pending_run().await;
-    let handle = LeaseHandle::acquire(db.ledger.clone(), run_id, "w1", FAST)
-        .await
-        .unwrap();
+    let (run_id, handle) = w1_holds_a_pending_run(&db).await;
 
     // Arrange a takeover directly (superuser), as if w1 had been frozen past its TTL.
     sqlx::query("UPDATE worker_leases SET owner = 'w2', epoch = epoch + 1 WHERE run_id = $1")
@@ -102,16 +98,8 @@ async fn heartbeat_stops_the_worker_when_an_operator_cancels_the_run(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let run_id = db.pending_run().await;
-    let handle = LeaseHandle::acquire(db.ledger.clone(), run_id, "w1", FAST)
-        .await
-        .unwrap();
-    applied(
-        db.operator
-            .run_cancel(run_id, "ops", Some("stop it"))
-            .await
-            .unwrap(),
-    );
+    let (run_id, handle) = w1_holds_a_pending_run(&db).await;
+    db.operator_cancels(run_id, "ops", Some("stop it")).await;
 
     within(
         "the heartbeat to cancel the worker",
@@ -130,18 +118,10 @@ async fn unanswered_renewal_cancels_the_worker_and_the_heartbeat_ends(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let run_id = db.pending_run().await;
-    let handle = LeaseHandle::acquire(db.ledger.clone(), run_id, "w1", FAST)
-        .await
-        .unwrap();
+    let (run_id, handle) = w1_holds_a_pending_run(&db).await;
 
     // Hold the lease row: the next renewal cannot get an answer in time.
-    let mut gate = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(run_id.as_uuid())
-        .execute(&mut *gate)
-        .await
-        .unwrap();
+    let gate = db.hold_lease_row(run_id).await;
     within(
         "the heartbeat to give up",
         handle.cancellation().cancelled(),

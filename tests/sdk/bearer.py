@@ -24,6 +24,10 @@ import httpx2
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+# The checks' JSON lines and failure count, shared with the other SDK script.
+import report as report_module
+from report import report
+
 warnings.simplefilter("ignore")
 
 URL = sys.argv[1]
@@ -35,16 +39,6 @@ LEASE = {
         "token": os.environ["LEASEGATE_LEASE_TOKEN"],
     }
 }
-failures = 0
-
-
-def report(check, ok, detail=None):
-    global failures
-    if not ok:
-        failures += 1
-    print(json.dumps({"check": check, "ok": bool(ok), "detail": detail}, default=str), flush=True)
-
-
 def described(error):
     """An exception (group) and its causes as text."""
     return "".join(traceback.format_exception(error))[-3000:]
@@ -95,4 +89,4 @@ async def main():
 
 
 anyio.run(main)
-sys.exit(1 if failures else 0)
+sys.exit(1 if report_module.failures else 0)

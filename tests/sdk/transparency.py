@@ -31,6 +31,10 @@ import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+# The checks' JSON lines and failure count, shared with the other SDK script.
+import report as report_module
+from report import report
+
 warnings.simplefilter("ignore")
 
 parser = argparse.ArgumentParser()
@@ -61,16 +65,6 @@ UP = args.upstream
 LEASE = None if args.lease == "session" else {
     "dev.leasegate/lease": {"run_id": args.run_id, "owner": args.owner, "epoch": args.epoch,
                             "token": args.lease_token}}
-failures = 0
-
-
-def report(check, ok, detail=None):
-    global failures
-    if not ok:
-        failures += 1
-    print(json.dumps({"check": check, "ok": bool(ok), "detail": detail}, default=str), flush=True)
-
-
 def tool(name):
     return f"{UP}__{name}"
 
@@ -469,4 +463,4 @@ try:
     anyio.run(main)
 except Exception as error:  # noqa: BLE001
     report("session", False, f"{type(error).__name__}: {error}\n{traceback.format_exc()[-2000:]}")
-sys.exit(1 if failures else 0)
+sys.exit(1 if report_module.failures else 0)
