@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DatabaseUrlSource};
 use crate::dispatch::Dispatcher;
-use crate::durability::Gate;
+use crate::durability::DurabilityGate;
 use crate::embedded::Cluster;
 use crate::ledger::{Ledger, LedgerOptions};
 use crate::mcp::{Front, Upstreams};
@@ -103,7 +103,7 @@ pub struct Proxy {
     /// renewed under it.
     owner: String,
     /// The durability contract's gate (checked with every renewal).
-    gate: Arc<Gate>,
+    gate: Arc<DurabilityGate>,
     /// The tools the upstreams list (the front's and the outbox's
     /// directory): the control API judges planned intents by it.
     directory: Arc<crate::adapter::SharedDirectory>,
@@ -152,7 +152,7 @@ fn connection_room(config: &Config, control: bool) -> usize {
     let wanted = config.limits.max_connections as u64;
     let reserved = reserved_descriptors(config);
     let needed = wanted * listeners + reserved;
-    match crate::limits::raise_fd_limit(needed) {
+    match crate::http_server::raise_fd_limit(needed) {
         Ok(soft) if soft >= needed => config.limits.max_connections,
         Ok(soft) => {
             let room = (soft.saturating_sub(reserved) / listeners).max(1);
@@ -228,7 +228,7 @@ pub async fn run(
         .limits
         .for_serving(proxy.config.auth_required());
     let max_connections = connection_room(&proxy.config, listeners.control.is_some());
-    crate::limits::spawn_memory_upkeep(MEMORY_UPKEEP, stop.clone());
+    crate::http_server::spawn_memory_upkeep(MEMORY_UPKEEP, stop.clone());
     let mcp_allowed = Arc::new(crate::control::guard::Allowed {
         hosts: proxy.config.http.allowed_hosts.clone(),
         origins: proxy.config.http.allowed_origins.clone(),
@@ -373,7 +373,7 @@ impl Proxy {
         // refuses to start without what it claims; local starts, holding
         // dispatch while the server is a standby or a lossy failover is
         // unresolved.
-        let gate = Arc::new(Gate::new(config.policy.durability, owner.clone()));
+        let gate = Arc::new(DurabilityGate::new(config.policy.durability, owner.clone()));
         let report = gate.check(&ledger).await?;
         if config.policy.durability == Durability::SyncReplica && !report.ok {
             ledger.close().await;
@@ -436,7 +436,7 @@ impl Proxy {
             .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
         {
             // The durability check rides along with every renewal, and runs
-            // at once when a call saw the ledger fail (`Gate::suspect`).
+            // at once when a call saw the ledger fail (`DurabilityGate::suspect`).
             let (ledger, owner, stop, gate) =
                 (ledger.clone(), owner.clone(), stop.clone(), gate.clone());
             tokio::spawn(async move {
@@ -494,7 +494,7 @@ impl Proxy {
     }
 
     /// The durability gate: what `GET /v1/durability` reports.
-    pub fn durability(&self) -> Arc<Gate> {
+    pub fn durability(&self) -> Arc<DurabilityGate> {
         self.gate.clone()
     }
 
@@ -513,7 +513,7 @@ impl Proxy {
     /// stdio server).
     ///
     /// With lease mode `session`, the configured task's run is this
-    /// process's for as long as it serves (`worker::session`): taken over
+    /// process's for as long as it serves (`agent_leases`): taken over
     /// from any earlier session first, released when stdin closes.
     pub async fn serve_stdio(&self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let session = match self.config.lease.mode {
@@ -530,7 +530,7 @@ impl Proxy {
                     .front
                     .session_leases()
                     .get(
-                        crate::worker::session::ANONYMOUS,
+                        crate::agent_leases::ANONYMOUS,
                         task,
                         std::time::Instant::now(),
                     )

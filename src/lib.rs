@@ -62,7 +62,7 @@
 //!   `control::auth`, wrapped around both listeners by `app::run` when
 //!   `[auth]` requires tokens.
 //! * `durability`: the durability contract (policy `durability = "local" |
-//!   "sync_replica"`): `Gate`, checked at startup and with every liveness
+//!   "sync_replica"`): `DurabilityGate`, checked at startup and with every liveness
 //!   renewal, holds dispatch while the server does not give what the policy
 //!   claims or while a lossy failover is unresolved; failover detection
 //!   against this process's acknowledged WAL high-water.
@@ -141,7 +141,7 @@
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal; `worker::batch` (`BatchHeartbeat`: one
 //!   batch renewal per interval for many leases of one host, each loss
-//!   delivered to its own holder); and `worker::session`, the leases
+//!   delivered to its own holder); and `agent_leases`, the leases
 //!   leasegate holds for agents without lease plumbing (lease modes
 //!   `session` and `key`): tasks in the caller's namespace, one shared
 //!   lease per task with each process a member. It sits below `dispatch`
@@ -207,6 +207,7 @@
 //!    refuses UPDATE, DELETE and TRUNCATE.
 
 pub mod adapter;
+pub mod agent_leases;
 pub mod app;
 pub mod auth;
 pub mod config;
@@ -214,10 +215,10 @@ pub mod control;
 pub mod dispatch;
 pub mod durability;
 pub mod embedded;
+pub mod http_server;
 pub mod ids;
 pub mod intent;
 pub mod ledger;
-pub mod limits;
 pub mod logfield;
 pub mod mcp;
 pub mod policy;

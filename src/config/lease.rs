@@ -24,10 +24,10 @@ pub enum LeaseMode {
     /// The agent sends run, owner and epoch with every call.
     Explicit,
     /// leasegate holds the lease of a task's run for the life of the
-    /// session (`worker::session`).
+    /// session (`agent_leases`).
     Session,
     /// A per-call idempotency key stands for the call
-    /// (`worker::session::key_lease`).
+    /// (`agent_leases::key_lease`).
     Key,
 }
 

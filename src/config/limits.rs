@@ -1,6 +1,6 @@
 //! `[limits]`: what one client may hold of the process — connection time,
 //! connections, MCP sessions, request rate, log bytes. Parsed here,
-//! enforced by `crate::limits` (serving) and `crate::mcp` (sessions).
+//! enforced by `crate::http_server` (serving) and `crate::mcp` (sessions).
 
 use std::time::Duration;
 

@@ -258,7 +258,7 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
         Ok(principal) => principal,
         Err(refusal) if console && refusal != Refusal::Unavailable => {
             // Every refused credential of one address shares its bucket.
-            if let Some(limited) = crate::limits::rate::admit(&request, None) {
+            if let Some(limited) = crate::http_server::rate::admit(&request, None) {
                 return limited;
             }
             gate.refuse(refusal.reason());
@@ -266,14 +266,14 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
         }
         Err(refusal) => {
             // Every refused credential of one address shares its bucket.
-            if let Some(limited) = crate::limits::rate::admit(&request, None) {
+            if let Some(limited) = crate::http_server::rate::admit(&request, None) {
                 return limited;
             }
             return gate.unauthenticated(&host, refusal);
         }
     };
     // The rate bucket of the verified token (`limits::rate`, check 2).
-    if let Some(limited) = crate::limits::rate::admit(&request, Some(&principal.token_id)) {
+    if let Some(limited) = crate::http_server::rate::admit(&request, Some(&principal.token_id)) {
         return limited;
     }
     let needed = match gate.listener {

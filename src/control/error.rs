@@ -498,9 +498,9 @@ where
                     "send Content-Type: application/json",
                 ),
                 other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                    crate::limits::refused(
-                        crate::limits::Listener::Control,
-                        crate::limits::Refusal::BodyTooLarge,
+                    crate::http_server::refused(
+                        crate::http_server::Listener::Control,
+                        crate::http_server::Refusal::BodyTooLarge,
                     );
                     ApiError::new(
                         ErrorCode::BodyTooLarge,

@@ -29,11 +29,11 @@ pub struct Allowed {
 }
 
 impl Allowed {
-    fn listener(&self) -> crate::limits::Listener {
+    fn listener(&self) -> crate::http_server::Listener {
         if self.mcp {
-            crate::limits::Listener::Mcp
+            crate::http_server::Listener::Mcp
         } else {
-            crate::limits::Listener::Control
+            crate::http_server::Listener::Control
         }
     }
 }
@@ -111,7 +111,7 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
         (header("host").unwrap_or_default(), header("origin"))
     };
     if !host_allowed(&allowed.hosts, &host) {
-        crate::limits::refused(allowed.listener(), crate::limits::Refusal::Host);
+        crate::http_server::refused(allowed.listener(), crate::http_server::Refusal::Host);
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({
@@ -124,7 +124,7 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
     if let Some(origin) = origin
         && !origin_allowed(&allowed.origins, &origin)
     {
-        crate::limits::refused(allowed.listener(), crate::limits::Refusal::Origin);
+        crate::http_server::refused(allowed.listener(), crate::http_server::Refusal::Origin);
         return (
             StatusCode::FORBIDDEN,
             axum::Json(serde_json::json!({

@@ -222,7 +222,7 @@ pub fn with_upstream_health(router: Router, health: UpstreamHealthSource) -> Rou
 /// Adds `GET /v1/durability`: this process's durability contract, whether
 /// it is met, why not, the facts it was judged by, the acknowledged WAL
 /// high-water and the unresolved failovers (`crate::durability::Report`).
-pub fn with_durability(router: Router, gate: Arc<crate::durability::Gate>) -> Router {
+pub fn with_durability(router: Router, gate: Arc<crate::durability::DurabilityGate>) -> Router {
     router.route(
         "/v1/durability",
         get(move || std::future::ready(axum::Json(gate.report()))),
@@ -255,7 +255,7 @@ pub fn guarded(router: Router, allowed: Arc<super::guard::Allowed>) -> Router {
 }
 
 /// Serves the control API until `shutdown` completes, bounded by `limits`
-/// (`crate::limits`: timeouts, at most `max_connections` connections, the
+/// (`crate::http_server`: timeouts, at most `max_connections` connections, the
 /// rate limit).
 pub async fn serve(
     router: Router,
@@ -264,10 +264,10 @@ pub async fn serve(
     max_connections: usize,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    crate::limits::serve(
+    crate::http_server::serve(
         listener,
         router,
-        crate::limits::Listener::Control,
+        crate::http_server::Listener::Control,
         limits,
         max_connections,
         shutdown,

@@ -15,7 +15,7 @@ use tracing::Instrument;
 use super::call::{CallError, CallReply, CallRequest, OperationNote};
 use super::execute::{Claimed, execute_claim_acknowledged};
 use crate::adapter::Upstream;
-use crate::durability::Gate;
+use crate::durability::DurabilityGate;
 use crate::intent::Intent;
 use crate::ledger::{
     Fenced, InlineClaim, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, OperationRecord,
@@ -33,7 +33,7 @@ pub struct Dispatcher<U> {
     /// Unique per process: the claims this process takes.
     dispatch_owner: String,
     /// Asked before anything is registered; told what was acknowledged.
-    gate: Arc<Gate>,
+    gate: Arc<DurabilityGate>,
 }
 
 impl<U> Dispatcher<U> {
@@ -64,12 +64,12 @@ impl<U: Upstream> Dispatcher<U> {
             policy,
             tenant,
             dispatch_owner,
-            gate: Arc::new(Gate::unchecked()),
+            gate: Arc::new(DurabilityGate::unchecked()),
         }
     }
 
     /// Dispatch under `gate` (the process's durability gate).
-    pub fn with_gate(mut self, gate: Arc<Gate>) -> Self {
+    pub fn with_gate(mut self, gate: Arc<DurabilityGate>) -> Self {
         self.gate = gate;
         self
     }
@@ -116,7 +116,7 @@ impl<U: Upstream> Dispatcher<U> {
         if let Some(reason) = self.gate.admit(&self.ledger).await {
             return Err(CallError::Held { reason });
         }
-        // The high-water before this call's reading began (Gate::acknowledged_at).
+        // The high-water before this call's reading began (DurabilityGate::acknowledged_at).
         let baseline = self.gate.baseline();
         let reply = self.call_unchecked(request).await;
         match &reply {

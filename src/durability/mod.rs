@@ -30,7 +30,7 @@
 //!
 //! # Failover detection (both modes)
 //!
-//! [`Gate`] keeps, in memory, the highest WAL position this process saw
+//! [`DurabilityGate`] keeps, in memory, the highest WAL position this process saw
 //! acknowledged: `(system identifier, timeline, LSN)`, sampled by every
 //! check and after every answer of a side-effecting call (before the agent
 //! hears it). A sample is the insert position read after the
@@ -63,9 +63,9 @@
 //!
 //! A check that cannot reach the ledger holds dispatch until a check
 //! succeeds. A connection-level ledger error seen by a call
-//! ([`Gate::suspect`]) holds dispatch and wakes the check at once. While the
+//! ([`DurabilityGate::suspect`]) holds dispatch and wakes the check at once. While the
 //! hold only says "unconfirmed" (a failed check, a suspicion), the next call
-//! runs one check itself before deciding ([`Gate::admit`]), so a database
+//! runs one check itself before deciding ([`DurabilityGate::admit`]), so a database
 //! blip costs one check rather than refused calls, and a call that would
 //! reach a promoted standby is checked first. What remains open: a call that
 //! gets a fresh connection to a promoted standby before any error or check
@@ -234,28 +234,28 @@ impl State {
 }
 
 /// The durability gate of one process: dispatch asks it before registering
-/// anything ([`Gate::hold`]); the liveness loop runs [`Gate::check`].
+/// anything ([`DurabilityGate::hold`]); the liveness loop runs [`DurabilityGate::check`].
 #[derive(Debug)]
-pub struct Gate {
+pub struct DurabilityGate {
     mode: Durability,
     /// This process's identity, recorded as the failover's detector.
     owner: String,
     state: Mutex<State>,
-    /// Fast path of [`Gate::hold`].
+    /// Fast path of [`DurabilityGate::hold`].
     held: AtomicBool,
-    /// Bumped by [`Gate::suspect`]; a check clears the suspicion only when
+    /// Bumped by [`DurabilityGate::suspect`]; a check clears the suspicion only when
     /// none arrived while it ran.
     suspicions: AtomicU64,
     wake: Notify,
-    /// One check at a time: callers of [`Gate::admit`] that find the gate
+    /// One check at a time: callers of [`DurabilityGate::admit`] that find the gate
     /// unverified wait for the same check instead of each running one.
     checking: tokio::sync::Mutex<()>,
 }
 
-impl Gate {
+impl DurabilityGate {
     /// A gate that holds until its first check.
-    pub fn new(mode: Durability, owner: impl Into<String>) -> Gate {
-        let gate = Gate {
+    pub fn new(mode: Durability, owner: impl Into<String>) -> DurabilityGate {
+        let gate = DurabilityGate {
             mode,
             owner: owner.into(),
             state: Mutex::new(State {
@@ -273,8 +273,8 @@ impl Gate {
 
     /// A gate that never holds (no checks: embedders and unit tests that
     /// wire dispatch by hand).
-    pub fn unchecked() -> Gate {
-        Gate {
+    pub fn unchecked() -> DurabilityGate {
+        DurabilityGate {
             mode: Durability::Local,
             owner: String::new(),
             state: Mutex::new(State::default()),
@@ -338,7 +338,7 @@ impl Gate {
         self.wake.notify_one();
     }
 
-    /// Completes when [`Gate::suspect`] asks for a check.
+    /// Completes when [`DurabilityGate::suspect`] asks for a check.
     pub async fn woken(&self) {
         self.wake.notified().await;
     }
@@ -491,7 +491,7 @@ impl Gate {
     }
 
     /// The high-water as it is now: the baseline a reading that begins
-    /// after this is judged against (see [`Gate::acknowledged_at`]).
+    /// after this is judged against (see [`DurabilityGate::acknowledged_at`]).
     pub fn baseline(&self) -> Option<Position> {
         self.lock().high_water.clone()
     }
@@ -508,12 +508,12 @@ impl Gate {
         self.acknowledged_at(ledger, baseline, None).await;
     }
 
-    /// [`Gate::acknowledged`] with the reading the acknowledged call made
+    /// [`DurabilityGate::acknowledged`] with the reading the acknowledged call made
     /// itself (`sampled`: where the WAL stood after its commit, from the
     /// same statement — `Ledger::operation_settle_acknowledged`, or a
     /// replay's `Ledger::operation_register_claim_in`), so the sample costs
     /// no round trip; `None` reads it now (one round trip, as before).
-    /// `baseline` is [`Gate::baseline`] taken before that call began: a
+    /// `baseline` is [`DurabilityGate::baseline`] taken before that call began: a
     /// reading that finished meanwhile may be ahead of this one without any
     /// history having changed, so only the high-water from before the
     /// reading is a fair comparison.
@@ -562,7 +562,7 @@ impl From<WalPosition> for Position {
 }
 
 /// A gate shared by the front, the loops and the control API.
-pub type SharedGate = Arc<Gate>;
+pub type SharedGate = Arc<DurabilityGate>;
 
 #[cfg(test)]
 mod tests {

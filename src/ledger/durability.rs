@@ -65,7 +65,7 @@ pub struct DurabilityFacts {
 /// replay, after the recorded answer was read): an upper bound of that
 /// call's acknowledged write, sampled by the call's own statement
 /// (`ledger_wal_position()`), so the durability gate needs no extra round
-/// trip. `crate::durability::Gate::acknowledged_at` judges it.
+/// trip. `crate::durability::DurabilityGate::acknowledged_at` judges it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalPosition {
     pub system_identifier: String,

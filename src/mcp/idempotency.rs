@@ -61,7 +61,7 @@ pub fn lift(message: &mut Value) -> bool {
 /// not arrive within `limits.body_read_timeout` (the connection is closed),
 /// else 413 (over `limit`), counted. Shared by the MCP front's body layers.
 pub(super) fn unreadable_body(error: &axum::Error, limit: usize) -> Response {
-    if crate::limits::serve::is_body_timeout(error) {
+    if crate::http_server::serve::is_body_timeout(error) {
         return (
             StatusCode::REQUEST_TIMEOUT,
             [(http::header::CONNECTION, "close")],
@@ -69,9 +69,9 @@ pub(super) fn unreadable_body(error: &axum::Error, limit: usize) -> Response {
         )
             .into_response();
     }
-    crate::limits::refused(
-        crate::limits::Listener::Mcp,
-        crate::limits::Refusal::BodyTooLarge,
+    crate::http_server::refused(
+        crate::http_server::Listener::Mcp,
+        crate::http_server::Refusal::BodyTooLarge,
     );
     (
         StatusCode::PAYLOAD_TOO_LARGE,

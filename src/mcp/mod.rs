@@ -40,7 +40,7 @@ pub struct HttpServing {
 }
 
 /// Serves the front over Streamable HTTP at `/mcp` until `shutdown`
-/// completes, bounded by `serving.limits` (`crate::limits`; sessions:
+/// completes, bounded by `serving.limits` (`crate::http_server`; sessions:
 /// `sessions`). `wrap` adds what the caller puts in front of every request
 /// (authentication, `control::auth`); what it inserts into a request's
 /// extensions reaches the front's handlers in the request's
@@ -109,10 +109,10 @@ pub async fn serve_http(
                 malformed::layer(body_limit, request, next)
             })),
     );
-    crate::limits::serve(
+    crate::http_server::serve(
         listener,
         router,
-        crate::limits::Listener::Mcp,
+        crate::http_server::Listener::Mcp,
         &limits,
         max_connections,
         async move {
@@ -136,9 +136,9 @@ async fn session_cap(
         && !request.headers().contains_key("mcp-session-id")
         && manager.full()
     {
-        crate::limits::refused(
-            crate::limits::Listener::Mcp,
-            crate::limits::Refusal::MaxSessions,
+        crate::http_server::refused(
+            crate::http_server::Listener::Mcp,
+            crate::http_server::Refusal::MaxSessions,
         );
         return (
             http::StatusCode::SERVICE_UNAVAILABLE,

@@ -148,7 +148,7 @@ impl SessionManager for BoundedSessions {
             metrics::counter!("mcp_sessions_evicted_total").increment(1);
             tracing::debug!(session = %crate::logfield::clip(&victim), "idle MCP session evicted");
             self.inner.close_session(&victim).await?;
-            crate::limits::note_ended();
+            crate::http_server::note_ended();
         }
         let (id, transport) = self.inner.create_session().await?;
         let usage = Arc::new(Usage::default());
@@ -175,7 +175,7 @@ impl SessionManager for BoundedSessions {
         let known = self.usage().remove(id).is_some();
         self.inner.close_session(id).await?;
         if known {
-            crate::limits::note_ended();
+            crate::http_server::note_ended();
         }
         metrics::gauge!("mcp_sessions_open").set(self.len() as f64);
         Ok(())

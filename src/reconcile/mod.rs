@@ -37,7 +37,7 @@ use tracing::Instrument;
 
 use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, UpstreamDelivery};
 use crate::dispatch::{Outbox, inject_operation_id, is_original, recorded_tool};
-use crate::durability::Gate;
+use crate::durability::DurabilityGate;
 use crate::ledger::{
     Converge, ConvergeOutcome, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, ReconcileItem,
     ResendVerdict, RetryVerdict, UnknownBy, UnknownCause,
@@ -101,7 +101,7 @@ struct Shared<U> {
     /// operations (their runs are refused by its front too).
     tenants: Vec<String>,
     /// While it holds, the outbox and the reconciler claim nothing.
-    gate: Arc<Gate>,
+    gate: Arc<DurabilityGate>,
 }
 
 impl<U> Shared<U> {
@@ -147,7 +147,7 @@ impl<U: Upstream> Background<U> {
             policy,
             tenant,
             owner,
-            Arc::new(Gate::unchecked()),
+            Arc::new(DurabilityGate::unchecked()),
         )
     }
 
@@ -161,7 +161,7 @@ impl<U: Upstream> Background<U> {
         policy: Policy,
         tenant: &str,
         owner: String,
-        gate: Arc<Gate>,
+        gate: Arc<DurabilityGate>,
     ) -> Self {
         let outbox = Outbox::new(
             ledger.clone(),

@@ -27,7 +27,6 @@
 //! delivered to its own holder exactly as this heartbeat delivers it.
 
 pub mod batch;
-pub mod session;
 
 pub use batch::BatchHeartbeat;
 
@@ -61,7 +60,7 @@ pub enum StopCause {
 }
 
 impl StopCause {
-    fn from_rejection(rejection: Rejection) -> Self {
+    pub(crate) fn from_rejection(rejection: Rejection) -> Self {
         match rejection {
             Rejection::Terminal { status } => StopCause::RunTerminal(status),
             other => StopCause::LeaseLost(other),

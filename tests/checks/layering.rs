@@ -22,12 +22,12 @@ const CRATE_RULES: &[(&str, &[&str])] = &[
     ("deadpool", &["ledger/pool.rs"]),
     ("rmcp", &["mcp/"]),
     // HTTP framework types stay in the control API and the MCP front.
-    // limits/: the one server both listeners are served by.
-    ("axum", &["control/", "mcp/", "limits/"]),
-    ("tower", &["control/", "limits/"]),
-    ("hyper", &["limits/"]),
-    ("hyper_util", &["limits/"]),
-    ("governor", &["limits/"]),
+    // http_server/: the one server both listeners are served by.
+    ("axum", &["control/", "mcp/", "http_server/"]),
+    ("tower", &["control/", "http_server/"]),
+    ("hyper", &["http_server/"]),
+    ("hyper_util", &["http_server/"]),
+    ("governor", &["http_server/"]),
     ("reqwest", &["mcp/"]),
     ("clap", &["control/cli.rs", "main.rs"]),
     ("tracing_subscriber", &["main.rs", "telemetry.rs"]),
@@ -58,7 +58,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("durability", 4),
     ("embedded", 4),
     ("dispatch", 5),
-    ("limits", 5),
+    ("http_server", 5),
+    ("agent_leases", 5),
     ("mcp", 6),
     ("control", 6),
     ("reconcile", 6),

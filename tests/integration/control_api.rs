@@ -43,7 +43,7 @@ impl Api {
                     ),
                     std::sync::Arc::new(|| json!([{"name": "payments", "state": "up"}])),
                 ),
-                std::sync::Arc::new(leasegate::durability::Gate::unchecked()),
+                std::sync::Arc::new(leasegate::durability::DurabilityGate::unchecked()),
             ),
             leasegate::app::metrics_handle(),
         );

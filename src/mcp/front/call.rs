@@ -316,7 +316,7 @@ impl Front {
         check_identifier("idempotency key", &key, MAX_IDEMPOTENCY_KEY_LEN)
             .map_err(|e| invalid_params(e.to_string()))?;
         let dispatcher = &self.state.dispatcher;
-        crate::worker::session::key_lease(
+        crate::agent_leases::key_lease(
             dispatcher.ledger(),
             &self.state.key_leases,
             &config.tenant,
@@ -329,7 +329,7 @@ impl Front {
         .await
         .map(Some)
         .map_err(|error| match error {
-            crate::worker::session::SessionError::Ledger(inner) => {
+            crate::agent_leases::SessionError::Ledger(inner) => {
                 convert::error_from_call(&CallError::Ledger(inner))
             }
             other => invalid_params(other.to_string()),

@@ -161,13 +161,13 @@ struct State {
     parked: Mutex<HashMap<String, PendingCall>>,
     /// Lease mode `session` (stdio): the lease calls without one of their
     /// own are sent under.
-    session_lease: std::sync::OnceLock<Arc<crate::worker::session::SessionLease>>,
+    session_lease: std::sync::OnceLock<Arc<crate::agent_leases::SessionLease>>,
     /// Lease mode `session` over HTTP: this process's memberships, one per
     /// principal and task key, shared by its sessions and requests.
-    session_leases: crate::worker::session::SessionLeases,
+    session_leases: crate::agent_leases::SessionLeases,
     /// Lease mode `key`: the key runs' memberships (and tokens) this
     /// process holds.
-    key_leases: crate::worker::session::KeyLeases,
+    key_leases: crate::agent_leases::KeyLeases,
     /// Serializes catalog refreshes.
     refreshing: tokio::sync::Mutex<()>,
     /// Session-wide notifications (exposed names and URIs), for stateless-MCP
@@ -195,7 +195,7 @@ pub struct Session {
     /// Lease mode `session` over HTTP: the process's membership this MCP
     /// session (or stateless request) uses, from its first side-effecting
     /// call without a lease of its own; held while the session lives.
-    lease: tokio::sync::OnceCell<Arc<crate::worker::session::SessionLease>>,
+    lease: tokio::sync::OnceCell<Arc<crate::agent_leases::SessionLease>>,
 }
 
 /// The MCP front. Cheap to clone.
@@ -251,7 +251,7 @@ impl Front {
         dispatcher: Dispatcher<Upstreams>,
         in_flight: Arc<InFlightRequests>,
     ) -> Self {
-        let session_leases = crate::worker::session::SessionLeases::new(
+        let session_leases = crate::agent_leases::SessionLeases::new(
             dispatcher.ledger().clone(),
             &config.tenant,
             dispatcher.owner(),
@@ -269,7 +269,7 @@ impl Front {
                 parked: Mutex::new(HashMap::new()),
                 session_lease: std::sync::OnceLock::new(),
                 session_leases,
-                key_leases: crate::worker::session::KeyLeases::new(),
+                key_leases: crate::agent_leases::KeyLeases::new(),
                 notices: tokio::sync::broadcast::channel(256).0,
                 refreshing: tokio::sync::Mutex::new(()),
                 info: Mutex::new(None),
@@ -283,13 +283,13 @@ impl Front {
 
     /// Lease mode `session`: calls that bring no lease of their own are
     /// sent under `lease` from now on (set once, before serving).
-    pub fn set_session_lease(&self, lease: Arc<crate::worker::session::SessionLease>) {
+    pub fn set_session_lease(&self, lease: Arc<crate::agent_leases::SessionLease>) {
         let _ = self.state.session_lease.set(lease);
     }
 
     /// Lease mode `session`: this process's memberships (stdio takes its
     /// own there, before serving).
-    pub fn session_leases(&self) -> &crate::worker::session::SessionLeases {
+    pub fn session_leases(&self) -> &crate::agent_leases::SessionLeases {
         &self.state.session_leases
     }
 

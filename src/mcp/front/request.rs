@@ -91,7 +91,7 @@ impl<'c> CallCredentials<'c> {
             principal: principal_of(context),
             over_http: parts.is_some(),
             arrived: parts
-                .and_then(|parts| parts.extensions.get::<crate::worker::session::Arrived>())
+                .and_then(|parts| parts.extensions.get::<crate::http_server::Arrived>())
                 .map(|arrived| arrived.0),
             meta: passthrough_meta(context),
             traceparent,
@@ -110,7 +110,7 @@ impl<'c> CallCredentials<'c> {
     /// its issuer, so lease modes `session` and `key` refuse it.
     pub(super) fn lease_namespace(&self, mode: &str) -> Result<&'c str, McpError> {
         match self.principal {
-            None => Ok(crate::worker::session::ANONYMOUS),
+            None => Ok(crate::agent_leases::ANONYMOUS),
             Some(principal) => principal.lease_namespace().ok_or_else(|| {
                 McpError::new(
                     ErrorCode(codes::INVALID_PARAMS),
@@ -223,8 +223,8 @@ fn principal_of(context: &RequestContext<RoleServer>) -> Option<&crate::auth::Pr
 
 /// A session lease that could not be had: the ledger's failure as such
 /// (nothing was sent; try again), anything else as the session lost.
-pub(super) fn session_refusal(task: &str, error: crate::worker::session::SessionError) -> McpError {
-    use crate::worker::session::SessionError;
+pub(super) fn session_refusal(task: &str, error: crate::agent_leases::SessionError) -> McpError {
+    use crate::agent_leases::SessionError;
     match error {
         SessionError::Ledger(inner) => convert::error_from_call(&CallError::Ledger(inner)),
         SessionError::Refused { detail, .. } => convert::error_from_call(&CallError::SessionLost {

@@ -200,7 +200,7 @@ impl Connection {
                     parts.extensions.insert(Peer(peer));
                     parts
                         .extensions
-                        .insert(crate::worker::session::Arrived(std::time::Instant::now()));
+                        .insert(super::listener::Arrived(std::time::Instant::now()));
                     let body = Body::new(DeadlineBody::new(body, body_timeout, name));
                     let response = router
                         .oneshot(axum::extract::Request::from_parts(parts, body))

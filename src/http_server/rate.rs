@@ -49,25 +49,25 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Who a request counts against.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Principal {
+pub enum RateKey {
     /// The first 16 bytes of SHA-256 of a verified token's id.
     Token([u8; 16]),
     Ip(IpAddr),
 }
 
-impl Principal {
+impl RateKey {
     /// The principal of a verified token (its public id).
-    pub fn token(token_id: &str) -> Principal {
+    pub fn token(token_id: &str) -> RateKey {
         let digest = sha2::Sha256::digest(token_id.as_bytes());
         let mut key = [0; 16];
         key.copy_from_slice(&digest[..16]);
-        Principal::Token(key)
+        RateKey::Token(key)
     }
 
     /// The peer address a request came from (IPv6: its /64), if known.
-    pub fn address(request: &Request) -> Option<Principal> {
+    pub fn address(request: &Request) -> Option<RateKey> {
         let Peer(address) = request.extensions().get::<Peer>()?;
-        Some(Principal::Ip(match address.ip() {
+        Some(RateKey::Ip(match address.ip() {
             IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
                 let mut bits = u128::from(v6);
                 bits &= !0u128 << 64;
@@ -96,16 +96,16 @@ pub struct Pending(Arc<Limiter>);
 pub fn admit(request: &Request, token_id: Option<&str>) -> Option<Response> {
     let Pending(limiter) = request.extensions().get::<Pending>()?;
     let principal = match token_id {
-        Some(id) => Principal::token(id),
-        None => Principal::address(request)?,
+        Some(id) => RateKey::token(id),
+        None => RateKey::address(request)?,
     };
     limiter.take(&principal)
 }
 
 struct Limiter {
-    buckets: DefaultKeyedRateLimiter<Principal>,
+    buckets: DefaultKeyedRateLimiter<RateKey>,
     /// Every request's peer address, at [`ADDRESS_ALLOWANCE`] times the rate.
-    addresses: DefaultKeyedRateLimiter<Principal>,
+    addresses: DefaultKeyedRateLimiter<RateKey>,
     clock: DefaultClock,
     listener: Listener,
     /// Whether the principal bucket waits for [`admit`] (tokens verified).
@@ -157,7 +157,7 @@ pub fn layer(
 
 impl Limiter {
     async fn check(self: Arc<Self>, mut request: Request, next: Next) -> Response {
-        let Some(address) = Principal::address(&request) else {
+        let Some(address) = RateKey::address(&request) else {
             return next.run(request).await;
         };
         let verdict = self.addresses.check_key(&address).and_then(|()| {
@@ -178,7 +178,7 @@ impl Limiter {
 
     /// Takes one request from `principal`'s bucket; the 429 when it is
     /// empty.
-    fn take(&self, principal: &Principal) -> Option<Response> {
+    fn take(&self, principal: &RateKey) -> Option<Response> {
         self.buckets
             .check_key(principal)
             .err()

@@ -63,8 +63,8 @@ use tokio::sync::{Mutex, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{HeartbeatConfig, StopCause, WorkerCancellation};
 use crate::ledger::{Fenced, LeaseClaim, Ledger, LedgerError, TaskKind, TaskRef};
+use crate::worker::{HeartbeatConfig, StopCause, WorkerCancellation};
 
 /// Why a lease-mode call could not get a lease.
 #[derive(Debug, thiserror::Error)]
@@ -122,13 +122,6 @@ impl Liveness {
             < ttl
     }
 }
-
-/// When leasegate received a request (this host's monotonic clock): the
-/// HTTP server puts it into each request's extensions. A request received
-/// before its process learnt that its membership was lost is refused
-/// rather than sent under a new one (it may be a paused process's).
-#[derive(Debug, Clone, Copy)]
-pub struct Arrived(pub Instant);
 
 impl SessionLease {
     /// Joins the task's shared lease (creating its run if it has none
@@ -314,7 +307,7 @@ fn spawn_member_heartbeat(
     liveness: Arc<Liveness>,
 ) -> JoinHandle<StopCause> {
     let renewed = claim.clone();
-    let heartbeat = super::spawn_renewals(claim, config, cancel, Some(probe), {
+    let heartbeat = crate::worker::spawn_renewals(claim, config, cancel, Some(probe), {
         let liveness = liveness.clone();
         move || {
             let (ledger, claim, liveness) = (ledger.clone(), renewed.clone(), liveness.clone());
@@ -344,7 +337,7 @@ struct Entry {
     slot: Slot,
     last_used: Instant,
     /// Requests received before this instant are refused: the membership
-    /// they would have used was lost then (see [`Arrived`]).
+    /// they would have used was lost then (see `http_server::Arrived`).
     refuse_before: Option<Instant>,
 }
 

@@ -34,7 +34,7 @@ mod listener;
 pub mod rate;
 pub mod serve;
 
-pub use listener::{Listener, Peer};
+pub use listener::{Arrived, Listener, Peer};
 pub use serve::serve;
 
 use std::time::Duration;
