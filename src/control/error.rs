@@ -374,6 +374,11 @@ impl ApiError {
     pub fn code(&self) -> ErrorCode {
         self.code
     }
+
+    /// The message the API answers with (no SQL, no stack traces).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 impl IntoResponse for ApiError {

@@ -17,8 +17,8 @@
 //!   the ledger, the same guard, authentication and tenant scoping; login
 //!   by cookie for browsers; actions audited and checked against the
 //!   revision the page showed). Not part of `openapi.json`.
-//! * `cli`: the operator CLI (`leasegate runs|lease|ops …`), which drives the
-//!   same router in-process.
+//! * `in_process`: one request through the router without a listener, as
+//!   the operator CLI (`crate::cli`) sends each of its commands.
 //!
 //! # Database roles
 //!
@@ -40,11 +40,11 @@
 //! of a write is unknown. Messages never carry SQL or stack traces.
 
 pub mod auth;
-pub mod cli;
 pub mod console;
 mod durability;
 pub mod error;
 pub mod guard;
+pub mod in_process;
 mod leases;
 mod operations;
 mod router;
