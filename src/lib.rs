@@ -114,10 +114,13 @@
 //! * `logfield`: request-controlled text in log lines cut to
 //!   `limits.log_field_max_bytes` (`clip`, `clip_display`); every log site
 //!   that prints such text goes through it.
-//! * `control`: the control HTTP API (`openapi.json`): `router` (routes,
-//!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
+//! * `control`: the control HTTP API (`openapi.json`): `router` (the
+//!   router from the handlers, `/metrics`, serving), `routes` (every route
+//!   and the body limits), `state` (what the handlers share: the router's
+//!   state, `OperatorLedger`), `caller` (the caller's tenant and ownership
+//!   checks), `error` (`ErrorCode`: the one table of API error
 //!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
-//!   tokens on both listeners, route scopes, the caller's tenant), the
+//!   tokens on both listeners, route scopes), the
 //!   handlers (`runs`, `leases` — `POST /v1/leases/renew`, many leases in
 //!   one call —, `operations`), `console` (the web console under
 //!   `/console`: server-rendered HTML with maud, cookie login, audited

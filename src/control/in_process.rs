@@ -16,7 +16,7 @@ use crate::ledger::Ledger;
 /// only, when given); returns status and JSON.
 pub async fn execute(
     ledger: Ledger,
-    operator: super::router::OperatorLedger,
+    operator: super::state::OperatorLedger,
     tenant: Option<String>,
     method: Method,
     path: &str,

@@ -6,9 +6,9 @@ use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::error::{ApiError, Body, ErrorCode};
-use super::router::{Shared, run_id};
+use super::caller::Caller;
+use super::error::{ApiError, Body, ErrorCode, run_id};
+use super::state::Shared;
 use crate::intent::OperationId;
 use crate::ledger::{ConvergeEvidence, ConvergeOutcome, OperationStatus};
 

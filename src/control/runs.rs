@@ -19,9 +19,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::error::{ApiError, Body, ErrorCode};
-use super::router::{Shared, applied, run_id};
+use super::caller::Caller;
+use super::error::{ApiError, Body, ErrorCode, applied, run_id};
+use super::state::Shared;
 use crate::ids::{MAX_OWNER_LEN, MAX_STEP_ID_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, check_identifier};
 use crate::intent::{Intent, StepRef};
 use crate::ledger::{
@@ -289,7 +289,7 @@ fn first_version() -> i32 {
 /// each upstream listed last, kept while that upstream is down (its
 /// planned intents wait in the outbox until it is back).
 fn check_planned(
-    state: &super::router::ControlState,
+    state: &super::state::ControlState,
     intents: &[PlannedIntent],
 ) -> Result<(), ApiError> {
     for (index, planned) in intents.iter().enumerate() {
