@@ -118,18 +118,19 @@
 //!   router from the handlers, `/metrics`, serving), `routes` (every route
 //!   and the body limits), `state` (what the handlers share: the router's
 //!   state, `OperatorLedger`), `caller` (the caller's tenant and ownership
-//!   checks), `error` (`ErrorCode`: the one table of API error
-//!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
-//!   tokens on both listeners, route scopes), the
+//!   checks), `acts` (the operator acts — resolve, retry, cancel — once,
+//!   for the JSON handlers and the console's forms), `error` (`ErrorCode`:
+//!   the one table of API error codes, HTTP statuses and operator CLI exit
+//!   codes), `auth` (bearer tokens on both listeners, route scopes), the
 //!   handlers (`runs`, `leases` — `POST /v1/leases/renew`, many leases in
 //!   one call —, `operations`), `console` (the web console under
 //!   `/console`: server-rendered HTML with maud, cookie login, audited
 //!   actions checked against the revision shown), and `in_process` (one
 //!   request through the router without a listener, as the operator CLI
-//!   sends it). The operator routes (resolve, retry, cancel,
-//!   failover resolve) run their SQL through `OperatorLedger`, a pool as
-//!   `leasegate_operator`, or answer 503 `role_not_granted` when the process
-//!   has none.
+//!   sends it). The operator routes (resolve, retry, cancel, failover
+//!   resolve) run their SQL through `OperatorLedger`, a pool as
+//!   `leasegate_operator`, or answer 503 `role_not_granted` when the
+//!   process has none.
 //! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
 //!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
 //!   until a shutdown future completes (`cli`: ctrl-c/SIGTERM; tests: a

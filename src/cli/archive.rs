@@ -23,28 +23,10 @@ pub(super) async fn archive(
     batch: i32,
     max_batches: Option<u64>,
 ) -> u8 {
-    let window_ms = match humantime::parse_duration(older_than) {
-        Ok(duration) if !duration.is_zero() => {
-            i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-        }
-        _ => {
-            return report(
-                common.json,
-                ErrorCode::InvalidInput,
-                &format!("--older-than {older_than:?} is not a duration like \"30d\" or \"12h\""),
-            );
-        }
+    let window_ms = match checked_window(common.json, older_than, batch) {
+        Ok(window_ms) => window_ms,
+        Err(code) => return code,
     };
-    if !(1..=crate::ledger::MAX_ARCHIVE_BATCH).contains(&batch) {
-        return report(
-            common.json,
-            ErrorCode::InvalidInput,
-            &format!(
-                "--batch {batch} is not 1 to {}",
-                crate::ledger::MAX_ARCHIVE_BATCH
-            ),
-        );
-    }
     let Target {
         database, tenant, ..
     } = match Target::of(common) {
@@ -122,4 +104,32 @@ pub(super) async fn archive(
         );
     }
     exit::OK
+}
+
+/// `--older-than` in milliseconds, once it and `--batch` are checked; else
+/// the exit code of the error reported.
+fn checked_window(json: bool, older_than: &str, batch: i32) -> Result<i64, u8> {
+    let window_ms = match humantime::parse_duration(older_than) {
+        Ok(duration) if !duration.is_zero() => {
+            i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+        }
+        _ => {
+            return Err(report(
+                json,
+                ErrorCode::InvalidInput,
+                &format!("--older-than {older_than:?} is not a duration like \"30d\" or \"12h\""),
+            ));
+        }
+    };
+    if !(1..=crate::ledger::MAX_ARCHIVE_BATCH).contains(&batch) {
+        return Err(report(
+            json,
+            ErrorCode::InvalidInput,
+            &format!(
+                "--batch {batch} is not 1 to {}",
+                crate::ledger::MAX_ARCHIVE_BATCH
+            ),
+        ));
+    }
+    Ok(window_ms)
 }

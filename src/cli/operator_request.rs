@@ -37,108 +37,118 @@ impl OperatorCommand {
     /// The control API request this command makes.
     pub fn request(&self) -> ApiRequest {
         match self {
-            OperatorCommand::Runs { command, .. } => match command {
-                RunsCommand::Create {
-                    task,
-                    tenant,
-                    run_id,
-                    owner,
-                    ttl_ms,
-                } => ApiRequest::post(
-                    "/v1/runs".to_owned(),
-                    json!({"task_id": task, "tenant_id": tenant, "run_id": run_id, "owner": owner, "ttl_ms": ttl_ms}),
-                ),
-                RunsCommand::Show { run_id } => {
-                    ApiRequest::get(format!("/v1/runs/{}", url_segment(run_id)))
-                }
-                RunsCommand::Cancel {
-                    run_id,
-                    reason,
-                    actor,
-                } => ApiRequest::post(
-                    format!("/v1/runs/{}/cancel", url_segment(run_id)),
-                    json!({"actor": actor, "reason": reason}),
-                ),
-            },
-            OperatorCommand::Lease { command, .. } => match command {
-                LeaseCommand::Acquire {
-                    run_id,
-                    ttl_ms,
-                    owner,
-                } => ApiRequest::post(
-                    format!("/v1/runs/{}/lease", url_segment(run_id)),
-                    json!({"owner": owner, "ttl_ms": ttl_ms}),
-                ),
-                LeaseCommand::Renew {
-                    run_id,
-                    owner,
-                    epoch,
-                    lease_token,
-                    ttl_ms,
-                } => ApiRequest::post(
-                    format!("/v1/runs/{}/lease/renew", url_segment(run_id)),
-                    json!({"owner": owner, "epoch": epoch, "lease_token": lease_token, "ttl_ms": ttl_ms}),
-                ),
-                LeaseCommand::Release {
-                    run_id,
-                    owner,
-                    epoch,
-                    lease_token,
-                } => ApiRequest::post(
-                    format!("/v1/runs/{}/lease/release", url_segment(run_id)),
-                    json!({"owner": owner, "epoch": epoch, "lease_token": lease_token}),
-                ),
-            },
-            OperatorCommand::Ops { command, .. } => match command {
-                OpsCommand::Show { operation_id } => {
-                    ApiRequest::get(format!("/v1/operations/{}", url_segment(operation_id)))
-                }
-                OpsCommand::List { run, status } => {
-                    let query = status
-                        .as_ref()
-                        .map(|s| format!("?status={}", url_segment(s)))
-                        .unwrap_or_default();
-                    ApiRequest::get(format!("/v1/runs/{}/operations{query}", url_segment(run)))
-                }
-                OpsCommand::Unknown => ApiRequest::get("/v1/operations/unknown".to_owned()),
-                OpsCommand::Resolve {
-                    operation_id,
-                    succeeded,
-                    note,
-                    remote_id,
-                    actor,
-                    ..
-                } => ApiRequest::post(
-                    format!("/v1/operations/{}/resolve", url_segment(operation_id)),
-                    json!({"outcome": if *succeeded { "succeeded" } else { "failed_final" },
-                            "note": note, "remote_id": remote_id, "actor": actor}),
-                ),
-                OpsCommand::Retry {
-                    operation_id,
-                    note,
-                    actor,
-                } => ApiRequest::post(
-                    format!("/v1/operations/{}/retry", url_segment(operation_id)),
-                    json!({"note": note, "actor": actor}),
-                ),
-                OpsCommand::Failovers { unresolved } => ApiRequest::get(format!(
-                    "/v1/failovers{}",
-                    if *unresolved { "?unresolved=true" } else { "" }
-                )),
-                OpsCommand::FailoverResolve {
-                    failover_id,
-                    reason,
-                    by,
-                } => ApiRequest::post(
-                    format!("/v1/failovers/{}/resolve", url_segment(failover_id)),
-                    json!({"by": by, "reason": reason}),
-                ),
-                // No route: `run` sends it to the ledger directly.
-                OpsCommand::Archive { .. } => {
-                    ApiRequest::get("/v1/ops-archive-has-no-route".to_owned())
-                }
-            },
+            OperatorCommand::Runs { command, .. } => runs_request(command),
+            OperatorCommand::Lease { command, .. } => lease_request(command),
+            OperatorCommand::Ops { command, .. } => ops_request(command),
         }
+    }
+}
+
+fn runs_request(command: &RunsCommand) -> ApiRequest {
+    match command {
+        RunsCommand::Create {
+            task,
+            tenant,
+            run_id,
+            owner,
+            ttl_ms,
+        } => ApiRequest::post(
+            "/v1/runs".to_owned(),
+            json!({"task_id": task, "tenant_id": tenant, "run_id": run_id, "owner": owner, "ttl_ms": ttl_ms}),
+        ),
+        RunsCommand::Show { run_id } => {
+            ApiRequest::get(format!("/v1/runs/{}", url_segment(run_id)))
+        }
+        RunsCommand::Cancel {
+            run_id,
+            reason,
+            actor,
+        } => ApiRequest::post(
+            format!("/v1/runs/{}/cancel", url_segment(run_id)),
+            json!({"actor": actor, "reason": reason}),
+        ),
+    }
+}
+
+fn lease_request(command: &LeaseCommand) -> ApiRequest {
+    match command {
+        LeaseCommand::Acquire {
+            run_id,
+            ttl_ms,
+            owner,
+        } => ApiRequest::post(
+            format!("/v1/runs/{}/lease", url_segment(run_id)),
+            json!({"owner": owner, "ttl_ms": ttl_ms}),
+        ),
+        LeaseCommand::Renew {
+            run_id,
+            owner,
+            epoch,
+            lease_token,
+            ttl_ms,
+        } => ApiRequest::post(
+            format!("/v1/runs/{}/lease/renew", url_segment(run_id)),
+            json!({"owner": owner, "epoch": epoch, "lease_token": lease_token, "ttl_ms": ttl_ms}),
+        ),
+        LeaseCommand::Release {
+            run_id,
+            owner,
+            epoch,
+            lease_token,
+        } => ApiRequest::post(
+            format!("/v1/runs/{}/lease/release", url_segment(run_id)),
+            json!({"owner": owner, "epoch": epoch, "lease_token": lease_token}),
+        ),
+    }
+}
+
+fn ops_request(command: &OpsCommand) -> ApiRequest {
+    match command {
+        OpsCommand::Show { operation_id } => {
+            ApiRequest::get(format!("/v1/operations/{}", url_segment(operation_id)))
+        }
+        OpsCommand::List { run, status } => {
+            let query = status
+                .as_ref()
+                .map(|s| format!("?status={}", url_segment(s)))
+                .unwrap_or_default();
+            ApiRequest::get(format!("/v1/runs/{}/operations{query}", url_segment(run)))
+        }
+        OpsCommand::Unknown => ApiRequest::get("/v1/operations/unknown".to_owned()),
+        OpsCommand::Resolve {
+            operation_id,
+            succeeded,
+            note,
+            remote_id,
+            actor,
+            ..
+        } => ApiRequest::post(
+            format!("/v1/operations/{}/resolve", url_segment(operation_id)),
+            json!({"outcome": if *succeeded { "succeeded" } else { "failed_final" },
+                    "note": note, "remote_id": remote_id, "actor": actor}),
+        ),
+        OpsCommand::Retry {
+            operation_id,
+            note,
+            actor,
+        } => ApiRequest::post(
+            format!("/v1/operations/{}/retry", url_segment(operation_id)),
+            json!({"note": note, "actor": actor}),
+        ),
+        OpsCommand::Failovers { unresolved } => ApiRequest::get(format!(
+            "/v1/failovers{}",
+            if *unresolved { "?unresolved=true" } else { "" }
+        )),
+        OpsCommand::FailoverResolve {
+            failover_id,
+            reason,
+            by,
+        } => ApiRequest::post(
+            format!("/v1/failovers/{}/resolve", url_segment(failover_id)),
+            json!({"by": by, "reason": reason}),
+        ),
+        // No route: `run` sends it to the ledger directly.
+        OpsCommand::Archive { .. } => ApiRequest::get("/v1/ops-archive-has-no-route".to_owned()),
     }
 }
 

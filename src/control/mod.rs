@@ -10,6 +10,9 @@
 //!   ledger ([`OperatorLedger`]), the upstream health source.
 //! * `caller`: the tenant a request acts for (`Caller`: another tenant's
 //!   run or operation is 404) and the audited actor of an operator act.
+//! * `acts`: the operator acts (resolve, retry, cancel) — their checks,
+//!   their one ledger call as `leasegate_operator`, their outcome — shared
+//!   by the JSON handlers and the console's forms.
 //! * `error`: [`ErrorCode`], the one table of error codes, HTTP statuses and
 //!   operator CLI exit codes; error answers and JSON body extraction.
 //! * `runs`, `leases` (`POST /v1/leases/renew`: many leases renewed in one
@@ -44,6 +47,7 @@
 //! and 403 `insufficient_scope` when authentication is on, 503 when the database is unreachable or the outcome
 //! of a write is unknown. Messages never carry SQL or stack traces.
 
+mod acts;
 pub mod auth;
 mod caller;
 pub mod console;

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::acts;
 use super::caller::Caller;
 use super::error::{ApiError, Body, ErrorCode, applied, run_id};
 use super::state::Shared;
@@ -511,15 +512,12 @@ pub(super) async fn cancel(
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
     caller.sees_run(&state, run).await?;
-    // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
-    let outcome = state
-        .operator
-        .get()?
-        .run_cancel(
-            run,
-            &caller.audited_actor(&body.actor),
-            body.reason.as_deref(),
-        )
-        .await?;
+    let outcome = acts::cancel(
+        &state.operator,
+        run,
+        &caller.audited_actor(&body.actor),
+        body.reason.as_deref(),
+    )
+    .await?;
     Ok(applied_json(run, &applied(outcome)?))
 }
