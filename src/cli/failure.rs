@@ -1,8 +1,8 @@
 //! How a failed command is told to the operator. A ledger that cannot be
 //! opened is told apart ([`ledger_refusal`]): unreachable, login refused,
-//! database missing, schema missing, role not granted, each with the URL
-//! tried, where it came from, its fix and its exit code (6 to 9, 15:
-//! `control::ErrorCode`). A private PostgreSQL cluster that cannot be
+//! database missing, schema missing, role not granted, an invalid URL,
+//! each with the URL tried, where it came from, its fix and its exit code
+//! (6, 7, 8, 9, 15 and 2: `control::ErrorCode`). A private PostgreSQL cluster that cannot be
 //! provided exits 10 (no binaries) or 11 (not started); any other failure
 //! prints its error chain once and exits 1.
 

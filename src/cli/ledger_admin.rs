@@ -2,9 +2,8 @@
 //! (create the database if missing, apply the migrations and install the
 //! SQL functions; running it again is a no-op) and `leasegate secrets
 //! rotate` (re-seal stored bodies under the policy's current key, as the
-//! operator role; safe while serving and to run again, since each
-//! operation is re-sealed on its own and one changed meanwhile is left for
-//! the next run).
+//! operator role; safe while serving and to run again: an operation that
+//! changed meanwhile is counted and left for the next run).
 
 use crate::config::{Config, DatabaseUrl};
 use crate::ledger::{Ledger, LedgerOptions};

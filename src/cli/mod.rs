@@ -20,9 +20,9 @@
 //! * `logging`: the log subscriber of the commands that log.
 //! * `failure`: how a failed command is told — a ledger that cannot be
 //!   opened exits with the code of the failure (6 unreachable, 7 login
-//!   refused, 8 database missing, 9 schema missing, 15 role not granted),
-//!   a private PostgreSQL cluster that cannot be provided 10 (no binaries)
-//!   or 11 (not started), anything else 1.
+//!   refused, 8 database missing, 9 schema missing, 15 role not granted,
+//!   2 an invalid URL), a private PostgreSQL cluster that cannot be
+//!   provided 10 (no binaries) or 11 (not started), anything else 1.
 //!
 //! Every command that opens the ledger finds its URL the same way
 //! ([`crate::config::DatabaseUrl::resolve`]).
