@@ -70,7 +70,7 @@
 //!   state directory (`.leasegate/pg`, or `$LEASEGATE_STATE_DIR/pg`),
 //!   socket only, from the system's `initdb`/`pg_ctl` (as the `postgres`
 //!   user when root); `app::provide_database` starts it when the URL is the
-//!   default and nothing answers there, `main` stops it on exit. Spawns
+//!   default and nothing answers there, `cli` stops it on exit. Spawns
 //!   processes, never imports sqlx.
 //! * `dispatch`: the dispatch protocol, shared by the inline path and the
 //!   outbox (`dispatch::Outbox`: planned intents claimed and sent) —
@@ -104,12 +104,12 @@
 //!   and `mcp` that imports axum, and the only one that imports hyper.
 //! * `telemetry`: traces — `[telemetry]` settings (parsed by
 //!   `config::telemetry`), the OTLP exporter and the `tracing` layer that
-//!   turns leasegate's spans into OpenTelemetry spans (installed by `main`),
+//!   turns leasegate's spans into OpenTelemetry spans (installed by `cli`),
 //!   and the W3C trace context: the agent's `traceparent` as a span's parent
 //!   (`set_parent`), the upstream attempt's own as what the tool receives
 //!   (`upstream_trace_context`). A bottom-layer module like `ids`, so that
-//!   the front and dispatch use it; the only one besides `main` that imports
-//!   `tracing_subscriber`, and the only one that imports `opentelemetry*`.
+//!   the front and dispatch use it; the only one besides `cli` (its logging
+//!   set-up) that imports `tracing_subscriber`, and the only one that imports `opentelemetry*`.
 //! * `progress`: progress bars and spinners on stderr for commands that
 //!   wait (`migrate`, `secrets rotate`, the benchmarks, the chaos soak),
 //!   drawn only when stderr is a terminal (`LEASEGATE_NO_PROGRESS` turns
@@ -118,24 +118,26 @@
 //! * `logfield`: request-controlled text in log lines cut to
 //!   `limits.log_field_max_bytes` (`clip`, `clip_display`); every log site
 //!   that prints such text goes through it.
-//! * `control`: the control HTTP API (`openapi.json`): `router` (routes,
-//!   `/metrics`, serving), `error` (`ErrorCode`: the one table of API error
-//!   codes, HTTP statuses and operator CLI exit codes), `auth` (bearer
-//!   tokens on both listeners, route scopes, the caller's tenant), the
+//! * `control`: the control HTTP API (`openapi.json`): `router` (the
+//!   router from the handlers, `/metrics`, serving), `routes` (every route
+//!   and the body limits), `state` (what the handlers share: the router's
+//!   state, `OperatorLedger`), `caller` (the caller's tenant and ownership
+//!   checks), `acts` (the operator acts — resolve, retry, cancel — once,
+//!   for the JSON handlers and the console's forms), `error` (`ErrorCode`:
+//!   the one table of API error codes, HTTP statuses and operator CLI exit
+//!   codes), `auth` (bearer tokens on both listeners, route scopes), the
 //!   handlers (`runs`, `leases` — `POST /v1/leases/renew`, many leases in
 //!   one call —, `operations`), `console` (the web console under
 //!   `/console`: server-rendered HTML with maud, cookie login, audited
-//!   actions checked against the revision shown), and `cli`, the operator CLI (`runs`,
-//!   `lease`, `ops`: each one REST request to the same router, in-process,
-//!   operator acts as `leasegate_operator` and the rest as `leasegate_app`;
-//!   `tokens` and `ops archive`: straight to the ledger as
-//!   `leasegate_operator`). The operator routes (resolve, retry, cancel,
-//!   failover resolve) run their SQL through `OperatorLedger`, a pool as
-//!   `leasegate_operator`, or answer 503 `role_not_granted` when the process
-//!   has none.
+//!   actions checked against the revision shown), and `in_process` (one
+//!   request through the router without a listener, as the operator CLI
+//!   sends it). The operator routes (resolve, retry, cancel, failover
+//!   resolve) run their SQL through `OperatorLedger`, a pool as
+//!   `leasegate_operator`, or answer 503 `role_not_granted` when the
+//!   process has none.
 //! * `app`: wiring (config → ledger → upstreams → front) and `app::run`,
 //!   the one seam that serves a started `Proxy` on caller-bound `Listeners`
-//!   until a shutdown future completes (`main`: ctrl-c/SIGTERM; tests: a
+//!   until a shutdown future completes (`cli`: ctrl-c/SIGTERM; tests: a
 //!   `CancellationToken` on `127.0.0.1:0`), then stops loops and children.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
@@ -168,11 +170,20 @@
 //!   (`common`, `process`, `lease`, `run`, `members`, `operation`, `durability`,
 //!   `secrets`, `token`, `retention`), installed after the
 //!   migrations by `ledger::schema`.
-//! * `src/main.rs`: the `leasegate` CLI (`serve`, `stdio`, `check-config`,
-//!   `init`, `migrate`, and the operator commands `runs`, `lease`, `ops`); it only
-//!   parses arguments, binds listeners and calls into the library; `secrets
-//!   rotate` re-seals stored bodies under the policy's current key. Logs
-//!   never carry argument or result values unless `LEASEGATE_LOG_BODIES=1`.
+//! * `cli`: the `leasegate` command line — clap definitions (`args`,
+//!   `operator_args`), `serve` and `stdio` start-up (`serve`: listeners
+//!   bound, the private cluster provided and stopped, ctrl-c/SIGTERM),
+//!   `migrate` and `secrets rotate` (`ledger_admin`: re-seals stored bodies
+//!   under the policy's current key), `check-config`, `init`, the logging
+//!   set-up (`logging`; logs never carry argument or result values unless
+//!   `LEASEGATE_LOG_BODIES=1`), the operator CLI (`runs`, `lease`, `ops`:
+//!   each one REST request to the control router in-process, operator acts
+//!   as `leasegate_operator` and the rest as `leasegate_app`; `tokens` and
+//!   `ops archive`: straight to the ledger as `leasegate_operator`), and
+//!   how a failed command is told and which exit code it gets (`failure`:
+//!   ledger refusals with their fixes).
+//! * `src/main.rs`: the `leasegate` binary — parses arguments, builds the
+//!   runtime and hands over to `cli`; it alone chooses the allocator.
 //! * Not part of the library, binaries under `examples/`:
 //!   `leasegate-example-worker` (`examples/worker/`: lease, heartbeat,
 //!   checkpoint loop, frozen with SIGSTOP by the process-level tests) and
@@ -180,12 +191,12 @@
 //!   tool server with counted side effects, for the quickstart and the
 //!   end-to-end tests; it may import rmcp).
 //!
-//! Dependencies point one way: `main` → `app` → `mcp`, `control`,
+//! Dependencies point one way: `main` → `cli` → `app` → `mcp`, `control`,
 //! `reconcile` → `dispatch`, `limits` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
 //! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`, `progress`. `tests/checks/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
 //! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
-//! (`control::cli`, `main`), opentelemetry and tracing-opentelemetry
+//! (`cli`), opentelemetry and tracing-opentelemetry
 //! (`telemetry`), indicatif (`progress`).
 //!
 //! # Invariant index (docs/architecture.md numbering)
@@ -210,6 +221,7 @@ pub mod adapter;
 pub mod agent_leases;
 pub mod app;
 pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod control;
 pub mod dispatch;

@@ -12,10 +12,11 @@
 //!    answered before any handler, so nothing is written. The ledger being
 //!    unreachable is 503, never a pass.
 //! 2. Every refusal is counted: `http_refused_total{listener, reason}`.
-//! 3. A request acts for one tenant ([`Caller`]): its token's, else the
-//!    serving process's (`tenant`), else any (the operator CLI without
-//!    `--config`). A run or operation of another tenant is 404 `not_found`,
-//!    exactly as one that does not exist, and nothing is written.
+//! 3. A request acts for one tenant (`super::caller::Caller`): its
+//!    token's, else the serving process's (`tenant`), else any (the
+//!    operator CLI without `--config`). A run or operation of another
+//!    tenant is 404 `not_found`, exactly as one that does not exist, and
+//!    nothing is written.
 //! 4. Failovers, upstream health, durability and metrics belong to the
 //!    deployment, not to a tenant: they need `operator` (read) or `admin`
 //!    (resolving a failover resumes dispatch for every tenant).
@@ -27,8 +28,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{FromRequestParts, MatchedPath, Request};
-use axum::http::request::Parts;
+use axum::extract::{MatchedPath, Request};
 use axum::http::{HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -36,10 +36,7 @@ use axum::routing::get;
 use serde_json::json;
 
 use super::error::{ApiError, ErrorCode};
-use super::router::ControlState;
 use crate::auth::{Authenticator, Principal, Refusal, Scope};
-use crate::intent::OperationId;
-use crate::ledger::RunId;
 
 /// The well-known path of the protected-resource metadata (RFC 9728).
 pub const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -50,7 +47,7 @@ const OPERATOR: &[Scope] = &[Scope::Operator];
 const ADMIN: &[Scope] = &[Scope::Admin];
 
 /// The scopes each control route accepts (`admin` is accepted everywhere).
-/// Every route of [`super::ROUTES`] has a row (a test checks it).
+/// Every route of [`super::routes::ROUTES`] has a row (a test checks it).
 pub const ROUTE_SCOPES: &[(&str, &str, &[Scope])] = &[
     ("POST", "/v1/runs", AGENT),
     ("GET", "/v1/runs/{run_id}", AGENT_OR_OPERATOR),
@@ -332,165 +329,22 @@ pub fn authenticated(router: Router, gate: Gate) -> Router {
     ))
 }
 
-/// The tenant a control request acts for (invariant 3).
-pub(super) struct Caller {
-    /// The token's caller, when authentication is on.
-    principal: Option<Principal>,
-    /// The serving process's tenant (`None`: any).
-    served: Option<String>,
-}
-
-impl FromRequestParts<Arc<ControlState>> for Caller {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &Arc<ControlState>,
-    ) -> Result<Self, Self::Rejection> {
-        Ok(Caller {
-            principal: parts.extensions.get::<Principal>().cloned(),
-            served: state.tenant.clone(),
-        })
-    }
-}
-
-impl Caller {
-    /// The actor an operator act (resolve, retry, cancel, failover resolve)
-    /// is audited under. Without authentication: the name the body gives.
-    /// With a token: the token's id, `token:<id>`, followed by the name the
-    /// body gives when it is another one (`token:<id>/alice`), so that a
-    /// token can never act in someone else's name alone.
-    pub(super) fn audited_actor(&self, named: &str) -> String {
-        match &self.principal {
-            None => named.to_owned(),
-            Some(principal) => {
-                let token = format!("token:{}", principal.token_id);
-                let named = named.trim();
-                if named.is_empty() || named == token {
-                    token
-                } else {
-                    format!("{token}/{named}")
-                }
-            }
-        }
-    }
-
-    /// The tenant whose resources this request may see (`None`: any).
-    pub(super) fn tenant(&self) -> Option<&str> {
-        match &self.principal {
-            Some(principal) => Some(&principal.tenant),
-            None => self.served.as_deref(),
-        }
-    }
-
-    /// The tenant a new run is for: `asked`, or the caller's. A token of
-    /// another tenant than the one asked for, or than the process serves,
-    /// is refused (`tenant_mismatch`, nothing written).
-    pub(super) fn tenant_for_create(
-        &self,
-        asked: Option<&str>,
-    ) -> Result<Option<String>, ApiError> {
-        let mismatch = |expected: &str, found: &str, why: &str| {
-            ApiError::new(
-                ErrorCode::TenantMismatch,
-                format!("tenant mismatch: expected tenant {expected:?} ({why}), found {found:?}. Nothing was written"),
-            )
-            .with_detail(json!({"expected": expected, "found": found}))
-        };
-        if let (Some(principal), Some(served)) = (&self.principal, &self.served)
-            && principal.tenant != *served
-        {
-            return Err(mismatch(
-                served,
-                &principal.tenant,
-                "the tenant this leasegate serves; the token is for another",
-            ));
-        }
-        match (self.tenant(), asked) {
-            (Some(own), Some(asked)) if own != asked => Err(mismatch(
-                own,
-                asked,
-                if self.principal.is_some() {
-                    "the tenant of the token"
-                } else {
-                    "the tenant this leasegate serves, `tenant` in its config; its runs would not \
-                     be found on this leasegate's MCP front"
-                },
-            )),
-            (_, Some(asked)) => Ok(Some(asked.to_owned())),
-            (own, None) => Ok(own.map(str::to_owned)),
-        }
-    }
-
-    /// 404 unless `run` exists, belongs to the caller's tenant and lives
-    /// in the tenant's shared namespace of tasks: the runs of lease modes
-    /// `session` and `key` are leasegate's, and no control route leases,
-    /// plans into or moves them.
-    /// Answers the run's tenant.
-    pub(super) async fn owns_run(
-        &self,
-        state: &ControlState,
-        run: RunId,
-    ) -> Result<String, ApiError> {
-        match state.ledger.run_scope(run).await? {
-            Some((tenant, true)) if self.tenant().is_none_or(|own| own == tenant) => Ok(tenant),
-            _ => Err(ApiError::not_found("run")),
-        }
-    }
-
-    /// 404 unless `run` exists, belongs to the caller's tenant, and is
-    /// either in the shared namespace or the caller is an operator (a
-    /// token of scope `operator` or `admin`, or no authentication): an
-    /// operator asks for the fate of every call of the tenant; an agent
-    /// token never learns of another principal's lease-mode runs.
-    pub(super) async fn sees_run(&self, state: &ControlState, run: RunId) -> Result<(), ApiError> {
-        let operator = self
-            .principal
-            .as_ref()
-            .is_none_or(|p| p.scope != Scope::Agent);
-        match state.ledger.run_scope(run).await? {
-            Some((tenant, shared))
-                if self.tenant().is_none_or(|own| own == tenant) && (shared || operator) =>
-            {
-                Ok(())
-            }
-            _ => Err(ApiError::not_found("run")),
-        }
-    }
-
-    /// 404 unless `operation` exists and belongs to a run of the caller's
-    /// tenant.
-    pub(super) async fn owns_operation(
-        &self,
-        state: &ControlState,
-        operation: &OperationId,
-    ) -> Result<(), ApiError> {
-        let Some(own) = self.tenant() else {
-            return Ok(());
-        };
-        match state.ledger.operation_tenant(operation).await? {
-            Some(tenant) if tenant == own => Ok(()),
-            _ => Err(ApiError::not_found("operation")),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_route_has_its_scopes_and_no_other_row_exists() {
-        for (method, path) in super::super::ROUTES {
+        for (method, path) in super::super::routes::ROUTES {
             let method: Method = method.parse().unwrap();
             assert!(route_scopes(&method, path).is_some(), "{method} {path}");
         }
-        assert_eq!(ROUTE_SCOPES.len(), super::super::ROUTES.len());
+        assert_eq!(ROUTE_SCOPES.len(), super::super::routes::ROUTES.len());
         // The console's pages are not API routes: none shares a path with
         // one, and each has its row.
         for (method, path, _) in super::super::console::CONSOLE_ROUTES {
             assert!(path.starts_with("/console"), "{method} {path}");
-            assert!(!super::super::ROUTES.iter().any(|(_, p)| p == path));
+            assert!(!super::super::routes::ROUTES.iter().any(|(_, p)| p == path));
         }
     }
 

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::error::{ApiError, Body, ErrorCode};
-use super::router::Shared;
+use super::state::Shared;
 use crate::ledger::FailoverResolveOutcome;
 
 #[derive(Debug, Deserialize)]
@@ -42,7 +42,7 @@ pub(super) struct ResolveFailoverBody {
 /// durability check.
 pub(super) async fn resolve_failover(
     State(state): Shared,
-    caller: super::auth::Caller,
+    caller: super::caller::Caller,
     Path(raw): Path<String>,
     Body(body): Body<ResolveFailoverBody>,
 ) -> Result<Json<Value>, ApiError> {

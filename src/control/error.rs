@@ -19,7 +19,9 @@ use serde_json::{Value, json};
 
 use crate::ids::InvalidRunId;
 use crate::intent::IntentError;
-use crate::ledger::{ConnectFailure, Delivery, InvalidInput, LedgerError, Rejection};
+use crate::ledger::{
+    ConnectFailure, Delivery, Fenced, InvalidInput, LedgerError, Rejection, RunId,
+};
 
 /// Process exit codes of the operator commands (`leasegate runs|lease|ops`).
 pub mod exit {
@@ -374,6 +376,11 @@ impl ApiError {
     pub fn code(&self) -> ErrorCode {
         self.code
     }
+
+    /// The message the API answers with (no SQL, no stack traces).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
 }
 
 impl IntoResponse for ApiError {
@@ -506,8 +513,8 @@ where
                         ErrorCode::BodyTooLarge,
                         format!(
                             "request bodies are limited to {} bytes ({} for POST /v1/leases/renew)",
-                            super::MAX_BODY_BYTES,
-                            super::leases::MAX_BATCH_BODY_BYTES
+                            super::routes::MAX_BODY_BYTES,
+                            super::routes::MAX_BATCH_BODY_BYTES
                         ),
                     )
                 }
@@ -516,6 +523,17 @@ where
             }),
         }
     }
+}
+
+/// A run id from a path segment; a malformed one is 400.
+pub(super) fn run_id(raw: &str) -> Result<RunId, ApiError> {
+    raw.parse::<RunId>().map_err(ApiError::from)
+}
+
+/// A fenced write's outcome: the value, or the API error of its rejection
+/// (lease lost, conflict, …).
+pub(super) fn applied<T>(outcome: Fenced<T>) -> Result<T, ApiError> {
+    outcome.into_result().map_err(ApiError::from)
 }
 
 #[cfg(test)]

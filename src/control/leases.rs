@@ -27,15 +27,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::auth::Caller;
+use super::caller::Caller;
 use super::error::{ApiError, Body, ErrorCode};
-use super::router::Shared;
+use super::state::Shared;
 use crate::ids::{MAX_OWNER_LEN, check_identifier};
 use crate::ledger::{Fenced, LeaseClaim, LeaseToken, MAX_RENEW_BATCH, RunId};
-
-/// Largest accepted body of `POST /v1/leases/renew` (10,000 leases of about
-/// 160 bytes each fit with room to spare).
-pub const MAX_BATCH_BODY_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -3,7 +3,16 @@
 //! functions — no protocol logic of its own. Described by `openapi.json` at
 //! the repository root; `tests/integration/control_api.rs` checks the two agree.
 //!
-//! * `router`: the routes (`ROUTES`), `/metrics`, serving.
+//! * `router`: the router built from the handlers, `/metrics`, serving; the
+//!   top of the folder (it depends on the route files, never the reverse).
+//! * `routes`: every route (`ROUTES`) and the body limits, as data.
+//! * `state`: what the handlers share — the router's state, the operator
+//!   ledger ([`OperatorLedger`]), the upstream health source.
+//! * `caller`: the tenant a request acts for (`Caller`: another tenant's
+//!   run or operation is 404) and the audited actor of an operator act.
+//! * `acts`: the operator acts (resolve, retry, cancel) — their checks,
+//!   their one ledger call as `leasegate_operator`, their outcome — shared
+//!   by the JSON handlers and the console's forms.
 //! * `error`: [`ErrorCode`], the one table of error codes, HTTP statuses and
 //!   operator CLI exit codes; error answers and JSON body extraction.
 //! * `runs`, `leases` (`POST /v1/leases/renew`: many leases renewed in one
@@ -11,14 +20,13 @@
 //!   recorded failovers and their resolution; `with_durability` adds this
 //!   process's `GET /v1/durability`).
 //! * `auth`: bearer tokens on both listeners (`authenticated`), the scope
-//!   of every route, the tenant a request acts for (`Caller`: another
-//!   tenant's run or operation is 404), the RFC 9728 metadata.
+//!   of every route, the RFC 9728 metadata.
 //! * `console`: the web console under `/console` (server-rendered HTML over
 //!   the ledger, the same guard, authentication and tenant scoping; login
 //!   by cookie for browsers; actions audited and checked against the
 //!   revision the page showed). Not part of `openapi.json`.
-//! * `cli`: the operator CLI (`leasegate runs|lease|ops …`), which drives the
-//!   same router in-process.
+//! * `in_process`: one request through the router without a listener, as
+//!   the operator CLI (`crate::cli`) sends each of its commands.
 //!
 //! # Database roles
 //!
@@ -39,20 +47,25 @@
 //! and 403 `insufficient_scope` when authentication is on, 503 when the database is unreachable or the outcome
 //! of a write is unknown. Messages never carry SQL or stack traces.
 
+mod acts;
 pub mod auth;
-pub mod cli;
+mod caller;
 pub mod console;
 mod durability;
 pub mod error;
 pub mod guard;
+pub mod in_process;
 mod leases;
 mod operations;
 mod router;
+mod routes;
 mod runs;
+mod state;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
-    MAX_BODY_BYTES, OperatorLedger, ROUTES, UpstreamHealthSource, guarded, router,
-    router_for_tenant, router_with_metrics, router_with_operator, router_with_tools, serve,
-    with_durability, with_metrics, with_upstream_health,
+    guarded, router, router_for_tenant, router_with_metrics, router_with_operator,
+    router_with_tools, serve, with_durability, with_metrics, with_upstream_health,
 };
+pub use routes::{MAX_BODY_BYTES, ROUTES};
+pub use state::{OperatorLedger, UpstreamHealthSource};

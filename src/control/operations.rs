@@ -1,16 +1,18 @@
 //! The fate of a call: an operation, a run's operations, the unknown
-//! summary, and an operator's resolution of an unknown operation.
+//! summary, and the JSON face of the operator acts on an unknown operation
+//! (resolve, retry: `super::acts`).
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::error::{ApiError, Body, ErrorCode};
-use super::router::{Shared, run_id};
+use super::acts;
+use super::caller::Caller;
+use super::error::{ApiError, Body, ErrorCode, run_id};
+use super::state::Shared;
 use crate::intent::OperationId;
-use crate::ledger::{ConvergeEvidence, ConvergeOutcome, OperationStatus};
+use crate::ledger::{ConvergeOutcome, OperationStatus};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,17 +96,16 @@ pub(super) async fn resolve_operation(
     Path(raw): Path<String>,
     Body(body): Body<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let settlement = match body.outcome.as_str() {
-        "succeeded" => crate::ledger::Settlement::Succeeded,
-        "failed_final" => crate::ledger::Settlement::FailedFinal,
-        other => {
-            return Err(ApiError::new(
-                ErrorCode::InvalidBody,
-                format!("outcome {other:?} is not \"succeeded\" or \"failed_final\""),
-            ));
-        }
+    let Some(settlement) = acts::settlement(&body.outcome) else {
+        return Err(ApiError::new(
+            ErrorCode::InvalidBody,
+            format!(
+                "outcome {:?} is not \"succeeded\" or \"failed_final\"",
+                body.outcome
+            ),
+        ));
     };
-    if body.note.trim().is_empty() {
+    if acts::note(&body.note).is_none() {
         return Err(ApiError::new(
             ErrorCode::InvalidBody,
             "a resolution needs a note",
@@ -117,22 +118,20 @@ pub(super) async fn resolve_operation(
         .operation_record(&id)
         .await?
         .ok_or_else(|| ApiError::not_found("operation"))?;
-    // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
-    let outcome = state
-        .operator
-        .get()?
-        .operation_converge(crate::ledger::Converge {
+    let outcome = acts::resolve(
+        &state.operator,
+        acts::Resolution {
             operation_id: &id,
             expected_revision: found.revision,
             settlement,
             remote_id: body.remote_id.as_deref(),
             result: body.result.as_ref(),
-            kind: ConvergeEvidence::Operator,
             actor: &caller.audited_actor(&body.actor),
-            note: Some(&body.note),
+            note: &body.note,
             evidence: &json!({}),
-        })
-        .await?;
+        },
+    )
+    .await?;
     match outcome {
         ConvergeOutcome::Converged {
             operation,
@@ -171,7 +170,7 @@ pub(super) async fn retry_operation(
     Path(raw): Path<String>,
     Body(body): Body<RetryBody>,
 ) -> Result<Json<Value>, ApiError> {
-    if body.note.trim().is_empty() {
+    if acts::note(&body.note).is_none() {
         return Err(ApiError::new(
             ErrorCode::InvalidBody,
             "a retry needs a note",
@@ -179,11 +178,13 @@ pub(super) async fn retry_operation(
     }
     let id = OperationId::from_string(raw);
     caller.owns_operation(&state, &id).await?;
-    match state
-        .operator
-        .get()?
-        .operation_reconcile_reset(&id, &caller.audited_actor(&body.actor), &body.note)
-        .await?
+    match acts::retry(
+        &state.operator,
+        &id,
+        &caller.audited_actor(&body.actor),
+        &body.note,
+    )
+    .await?
     {
         crate::ledger::RetryResetOutcome::Reset(operation) => Ok(Json(
             json!({"operation": operation, "retry_budget_reset": true}),

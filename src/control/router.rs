@@ -1,100 +1,23 @@
-//! The routes of the control API, its state, and how it is served.
+//! The control API as a router: the handlers of `runs`, `leases`,
+//! `operations` and `durability` mounted on the paths of
+//! [`super::routes::ROUTES`] over one [`ControlState`], the optional routes
+//! a serving process adds (`/metrics`, `/v1/upstreams`, `/v1/durability`),
+//! and how it is served. The top of the folder: it depends on the route
+//! files, never the reverse.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
 use super::error::{ApiError, ErrorCode};
+use super::routes::{MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES};
+use super::state::{ControlState, OperatorLedger, UpstreamHealthSource};
 use super::{durability, leases, operations, runs};
 use crate::adapter::SharedDirectory;
 use crate::intent::IntegerPolicy;
-use crate::ledger::{Fenced, Ledger, RunId};
-
-/// Largest accepted request body.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
-
-/// Every route: (method, path). The router is built from the same handlers;
-/// the OpenAPI test checks this list, the document and the router agree.
-pub const ROUTES: &[(&str, &str)] = &[
-    ("POST", "/v1/runs"),
-    ("GET", "/v1/runs/{run_id}"),
-    ("POST", "/v1/runs/{run_id}/lease"),
-    ("POST", "/v1/runs/{run_id}/lease/renew"),
-    ("POST", "/v1/runs/{run_id}/lease/release"),
-    ("POST", "/v1/runs/{run_id}/checkpoint"),
-    ("POST", "/v1/runs/{run_id}/start"),
-    ("POST", "/v1/runs/{run_id}/complete"),
-    ("POST", "/v1/runs/{run_id}/fail"),
-    ("POST", "/v1/runs/{run_id}/cancel"),
-    ("POST", "/v1/leases/renew"),
-    ("GET", "/v1/runs/{run_id}/operations"),
-    ("GET", "/v1/operations/unknown"),
-    ("GET", "/v1/operations/{operation_id}"),
-    ("POST", "/v1/operations/{operation_id}/resolve"),
-    ("POST", "/v1/operations/{operation_id}/retry"),
-    ("GET", "/v1/failovers"),
-    ("POST", "/v1/failovers/{failover_id}/resolve"),
-    // Added by `with_upstream_health`, `with_durability` and `with_metrics`
-    // (as `leasegate serve` does).
-    ("GET", "/v1/upstreams"),
-    ("GET", "/v1/durability"),
-    ("GET", "/metrics"),
-];
-
-/// Who runs the operator routes' SQL — resolve, retry, cancel, failover
-/// resolve — which only the database role `leasegate_operator` may execute
-/// (migrations/0007): a compromised proxy, running as `leasegate_app`,
-/// cannot resolve as an operator.
-#[derive(Debug, Clone)]
-pub enum OperatorLedger {
-    /// A ledger whose sessions run as `leasegate_operator`.
-    Ready(Ledger),
-    /// This process cannot act as `leasegate_operator` (why, and the fix):
-    /// the operator routes answer 503 `role_not_granted`, nothing written.
-    Unavailable(String),
-}
-
-impl OperatorLedger {
-    /// The operator ledger, or why there is none and what to do about it
-    /// (the control API's 503 and the console's refusal both say this).
-    pub(super) fn ready(&self) -> Result<&Ledger, String> {
-        match self {
-            OperatorLedger::Ready(ledger) => Ok(ledger),
-            OperatorLedger::Unavailable(why) => Err(format!(
-                "this leasegate cannot act as the database role leasegate_operator, which \
-                 operator acts need: {why}. Nothing was written. Use `leasegate ops …` with a \
-                 login that is a member of leasegate_operator, or give this process one \
-                 (database_operator_url)"
-            )),
-        }
-    }
-
-    /// The operator ledger, or the 503 that says why there is none.
-    pub(super) fn get(&self) -> Result<&Ledger, ApiError> {
-        self.ready()
-            .map_err(|message| ApiError::new(ErrorCode::RoleNotGranted, message))
-    }
-}
-
-pub(super) struct ControlState {
-    pub(super) ledger: Ledger,
-    /// The operator routes' ledger (see [`OperatorLedger`]).
-    pub(super) operator: OperatorLedger,
-    pub(super) integers: IntegerPolicy,
-    /// The one tenant this API creates runs for (`tenant` of the serving
-    /// process's config): a run of another tenant would be "not found" on
-    /// that process's MCP front, so it is refused at creation. `None`: any.
-    pub(super) tenant: Option<String>,
-    /// The tools this process's upstreams list (the directory its MCP front
-    /// and outbox resolve calls by): a planned intent for any other tool is
-    /// refused at checkpoint time. `None` (the operator CLI, bare routers):
-    /// not judged here.
-    pub(super) tools: Option<Arc<SharedDirectory>>,
-}
-
-pub(super) type Shared = State<Arc<ControlState>>;
+use crate::ledger::Ledger;
 
 /// The control API as a router (serve it, or drive it with `oneshot` in
 /// tests), for runs of any tenant. Without an operator ledger: the
@@ -164,7 +87,7 @@ pub fn router_with_tools(
         .route("/v1/runs/{run_id}/cancel", post(runs::cancel))
         .route(
             "/v1/leases/renew",
-            post(leases::renew_batch).layer(DefaultBodyLimit::max(leases::MAX_BATCH_BODY_BYTES)),
+            post(leases::renew_batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES)),
         )
         .route(
             "/v1/runs/{run_id}/operations",
@@ -202,10 +125,6 @@ pub fn with_metrics(
 ) -> Router {
     router.route("/metrics", get(move || std::future::ready(handle.render())))
 }
-
-/// What the upstreams' health looks like as JSON (the MCP layer provides
-/// it; this module does not depend on it).
-pub type UpstreamHealthSource = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
 
 /// Adds `GET /v1/upstreams`: each upstream's state (`up`, `restarting`,
 /// `down`), since when, restarts and last error.
@@ -273,12 +192,4 @@ pub async fn serve(
         shutdown,
     )
     .await
-}
-
-pub(super) fn run_id(raw: &str) -> Result<RunId, ApiError> {
-    raw.parse::<RunId>().map_err(ApiError::from)
-}
-
-pub(super) fn applied<T>(outcome: Fenced<T>) -> Result<T, ApiError> {
-    outcome.into_result().map_err(ApiError::from)
 }

@@ -19,9 +19,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::auth::Caller;
-use super::error::{ApiError, Body, ErrorCode};
-use super::router::{Shared, applied, run_id};
+use super::acts;
+use super::caller::Caller;
+use super::error::{ApiError, Body, ErrorCode, applied, run_id};
+use super::state::Shared;
 use crate::ids::{MAX_OWNER_LEN, MAX_STEP_ID_LEN, MAX_TASK_LEN, MAX_TENANT_LEN, check_identifier};
 use crate::intent::{Intent, StepRef};
 use crate::ledger::{
@@ -289,7 +290,7 @@ fn first_version() -> i32 {
 /// each upstream listed last, kept while that upstream is down (its
 /// planned intents wait in the outbox until it is back).
 fn check_planned(
-    state: &super::router::ControlState,
+    state: &super::state::ControlState,
     intents: &[PlannedIntent],
 ) -> Result<(), ApiError> {
     for (index, planned) in intents.iter().enumerate() {
@@ -511,15 +512,12 @@ pub(super) async fn cancel(
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
     caller.sees_run(&state, run).await?;
-    // As leasegate_operator (`OperatorLedger`): the proxy's role cannot.
-    let outcome = state
-        .operator
-        .get()?
-        .run_cancel(
-            run,
-            &caller.audited_actor(&body.actor),
-            body.reason.as_deref(),
-        )
-        .await?;
+    let outcome = acts::cancel(
+        &state.operator,
+        run,
+        &caller.audited_actor(&body.actor),
+        body.reason.as_deref(),
+    )
+    .await?;
     Ok(applied_json(run, &applied(outcome)?))
 }

@@ -7,7 +7,7 @@
 //! (8), schema missing (9), login refused (7: a role that does not exist,
 //! SQLSTATE 28000; a wrong password, 28P01, cannot be provoked on a server
 //! whose pg_hba.conf trusts 127.0.0.1 and is unit-tested in
-//! `src/control/cli.rs`) — each provoked for real.
+//! `src/cli/failure.rs`) — each provoked for real.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

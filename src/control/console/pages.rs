@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use maud::{DOCTYPE, Markup, PreEscaped, html};
 use serde_json::Value;
 
-use super::{OperationQuery, Overview, RunQuery};
+use super::page_data::{Asked, OperationQuery, Overview, RunQuery};
 use crate::ledger::{
     LIST_LIMIT, LedgerEvent, OperationRecord, OperationRowSummary, OperationStatus, OperationView,
     RunRowSummary, RunView,
@@ -489,7 +489,7 @@ pub struct OperationPage<'a> {
     pub form_token: String,
     pub done: Option<&'a str>,
     pub refused: Option<&'a str>,
-    pub asked: super::Asked,
+    pub asked: Asked,
 }
 
 pub fn operation(viewer: &str, auth_required: bool, page: &OperationPage<'_>) -> Markup {
