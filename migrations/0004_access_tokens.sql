@@ -1,5 +1,5 @@
 -- leasegate access tokens: the bearer tokens both listeners accept when
--- authentication is on (src/auth/mod.rs; functions in sql/token.sql).
+-- authentication is on (src/auth/mod.rs; functions in sql/access_token.sql).
 --
 -- A token is `lgt_<token_id>_<secret>`. Only the SHA-256 of the secret is
 -- stored: the secret is shown once, by `leasegate tokens create`, and can

@@ -204,7 +204,7 @@ pub async fn run(
         proxy
             .config
             .auth_required()
-            .then(|| crate::control::auth::Gate {
+            .then(|| crate::control::auth::AuthGate {
                 authenticator: authenticator.clone(),
                 listener,
                 resource_url: proxy.config.auth.resource_url.clone(),

@@ -168,7 +168,7 @@
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
 //!   (`common`, `process`, `lease`, `run`, `members`, `operation`, `durability`,
-//!   `secrets`, `token`, `retention`), installed after the
+//!   `secrets`, `access_token`, `retention`), installed after the
 //!   migrations by `ledger::schema`.
 //! * `cli`: the `leasegate` command line — clap definitions (`args`,
 //!   `operator_args`), `serve` and `stdio` start-up (`serve`: listeners

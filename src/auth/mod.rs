@@ -3,7 +3,7 @@
 //! A token is `lgt_<id>_<secret>`: `id` is 16 lowercase hex characters (the
 //! public half, how the ledger finds the token), `secret` 64 (32 random
 //! bytes). The ledger stores the SHA-256 of the secret, never the secret
-//! (`ledger::token`, `sql/token.sql`); `leasegate tokens create` shows the
+//! (`ledger::access_token`, `sql/access_token.sql`); `leasegate tokens create` shows the
 //! whole token once.
 //!
 //! # Invariants

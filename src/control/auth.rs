@@ -101,7 +101,7 @@ impl Listener {
 
 /// One listener's authentication.
 #[derive(Debug, Clone)]
-pub struct Gate {
+pub struct AuthGate {
     pub authenticator: Authenticator,
     pub listener: Listener,
     /// `[auth] resource_url` (the MCP front's public URL).
@@ -116,7 +116,7 @@ pub struct Gate {
     pub served_tenant: Option<String>,
 }
 
-impl Gate {
+impl AuthGate {
     /// The resource this listener is, as the metadata and the challenge name
     /// it, for a request that came with `host`.
     fn resource(&self, host: &str) -> String {
@@ -229,7 +229,7 @@ fn host_of(request: &Request) -> String {
 
 /// The middleware: authenticate, check the scope, hand the [`Principal`]
 /// to the handler in the request's extensions.
-async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
+async fn check(gate: Arc<AuthGate>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path();
     if path.starts_with(METADATA_PATH) || super::console::is_public(path) {
         return next.run(request).await;
@@ -311,7 +311,7 @@ async fn check(gate: Arc<Gate>, mut request: Request, next: Next) -> Response {
 
 /// `router` behind `gate`: the metadata documents, then every route (and
 /// the fallback) authenticated.
-pub fn authenticated(router: Router, gate: Gate) -> Router {
+pub fn authenticated(router: Router, gate: AuthGate) -> Router {
     let gate = Arc::new(gate);
     let document = {
         let gate = gate.clone();

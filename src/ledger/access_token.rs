@@ -1,6 +1,6 @@
 //! Access tokens: verifying a presented token (the application role's one
 //! token call) and minting, listing and revoking them (the operator role's,
-//! `leasegate tokens …`). SQL in `sql/token.sql`; the token format and
+//! `leasegate tokens …`). SQL in `sql/access_token.sql`; the token format and
 //! scopes are `crate::auth`'s — this module stores and compares hashes
 //! only, and never sees a secret.
 

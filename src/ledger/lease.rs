@@ -10,7 +10,7 @@
 //! with the connection is `Delivery::Unknown` for the whole batch, which a
 //! heartbeat treats as unconfirmed (stop, let the leases expire).
 
-use super::token::bind_hash;
+use super::lease_token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing};
 use super::{
     AcquireOutcome, Applied, Fenced, InvalidInput, LeaseClaim, LeaseGrant, LeaseToken, Ledger,

@@ -15,7 +15,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
-use super::token::bind_hash;
+use super::lease_token::bind_hash;
 use super::verdict::{Expected, WriteRow};
 use super::{
     Applied, Fenced, LeaseClaim, LeaseToken, Ledger, LedgerError, MAX_OWNER_LEN, Rejection, RunId,

@@ -52,6 +52,7 @@ mod durability;
 mod error;
 mod group;
 mod lease;
+mod lease_token;
 mod members;
 mod operation;
 mod operation_rows;
@@ -65,7 +66,6 @@ mod run;
 mod schema;
 mod secrets;
 mod stored_json;
-mod token;
 mod types;
 mod verdict;
 
@@ -87,6 +87,7 @@ pub use durability::{
 };
 pub use error::{ConnectError, ConnectFailure, Delivery, InvalidInput, LedgerError, redacted_url};
 pub use lease::{BatchRenewal, MAX_RENEW_BATCH};
+pub use lease_token::LEASE_TOKEN_PREFIX;
 pub use members::{MEMBER_PROBE_CHANNEL, MemberJoin, MemberProbes, Readiness, TaskKind, TaskRef};
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
@@ -101,7 +102,6 @@ pub use retention::{ArchiveBatch, MAX_ARCHIVE_BATCH};
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};
 pub use secrets::RotationReport;
-pub use token::LEASE_TOKEN_PREFIX;
 pub use types::{
     AcquireOutcome, Applied, Fenced, ForbiddenTransition, LeaseClaim, LeaseGrant, LeaseState,
     LeaseToken, LedgerEvent, Rejection, RunCreateOutcome, RunEvent, RunId, RunStatus, RunSummary,

@@ -152,7 +152,7 @@ impl Ledger {
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
-                    .bind(super::token::bind_hash(claim.token.as_ref()))
+                    .bind(super::lease_token::bind_hash(claim.token.as_ref()))
                     .bind(&batch)
                     .bind(checkpoint.map(|c| c.expected_revision))
                     .bind(checkpoint.map(|c| Json(stored_json::encode(c.checkpoint))))
@@ -232,7 +232,7 @@ impl Ledger {
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
         let params = IntentParams::new(intent, route, self.bodies())?;
-        let token_sha256 = super::token::bind_hash(claim.token.as_ref());
+        let token_sha256 = super::lease_token::bind_hash(claim.token.as_ref());
         let args = RegisterArgs {
             run_id: claim.run_id.as_uuid(),
             owner: &claim.owner,
@@ -556,7 +556,7 @@ impl Ledger {
                     .bind(claim.run_id.as_uuid())
                     .bind(claim.owner.as_str())
                     .bind(claim.epoch)
-                    .bind(super::token::bind_hash(claim.token.as_ref()))
+                    .bind(super::lease_token::bind_hash(claim.token.as_ref()))
                     .bind(old.as_str())
                     .bind(&params)
             })

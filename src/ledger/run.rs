@@ -8,8 +8,8 @@ use sqlx::FromRow;
 use sqlx::types::Json;
 use uuid::Uuid;
 
+use super::lease_token::bind_hash;
 use super::stored_json;
-use super::token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing, parse_run_status};
 use super::{
     Applied, Fenced, LeaseClaim, LeaseToken, Ledger, LedgerError, MAX_OWNER_LEN, MAX_TASK_LEN,

@@ -90,7 +90,10 @@ pub const FUNCTION_FILES: [(&str, &str); 10] = [
         include_str!("../../sql/durability.sql"),
     ),
     ("sql/secrets.sql", include_str!("../../sql/secrets.sql")),
-    ("sql/token.sql", include_str!("../../sql/token.sql")),
+    (
+        "sql/access_token.sql",
+        include_str!("../../sql/access_token.sql"),
+    ),
     ("sql/retention.sql", include_str!("../../sql/retention.sql")),
 ];
 

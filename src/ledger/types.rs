@@ -18,7 +18,7 @@
 
 use std::fmt;
 
-pub use super::token::LeaseToken;
+pub use super::lease_token::LeaseToken;
 pub use crate::ids::RunId;
 use crate::intent::{OperationId, RequestDigest};
 use chrono::{DateTime, Utc};
