@@ -134,7 +134,7 @@ impl Listeners {
 }
 
 /// How often freed heap is handed back while connections or sessions end
-/// (`limits::spawn_memory_upkeep`).
+/// (`http_server::spawn_memory_upkeep`).
 const MEMORY_UPKEEP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Descriptors this process needs besides its listeners' connections: the
@@ -146,7 +146,7 @@ fn reserved_descriptors(config: &Config) -> u64 {
 
 /// `limits.max_connections` per listener, lowered to what the open-file
 /// limit holds (raised towards its hard limit first), so that accepting
-/// never runs the process out of descriptors (`limits` invariant 3).
+/// never runs the process out of descriptors (`http_server` invariant 3).
 fn connection_room(config: &Config, control: bool) -> usize {
     let listeners = if control { 2 } else { 1 };
     let wanted = config.limits.max_connections as u64;

@@ -94,10 +94,10 @@
 //!   awaitable `Signal`; work claimed in the database, no leader.
 //!   `reconcile::plan`: the reconciler's decisions as pure functions (the
 //!   decision table).
-//! * `limits`: bounded serving — the one HTTP server both listeners run on
-//!   (`limits::serve`: header-read, body-read and idle timeouts, at most
+//! * `http_server`: bounded serving — the one HTTP server both listeners run on
+//!   (`http_server::serve`: header-read, body-read and idle timeouts, at most
 //!   `max_connections` connections, accept errors backed off and logged
-//!   once per interval), per-principal rate limits (`limits::rate`, 429 with
+//!   once per interval), per-principal rate limits (`http_server::rate`, 429 with
 //!   `Retry-After`), the refusal counter `http_refused_total`, the open-file
 //!   limit and freed memory handed back. `[limits]` is `config::limits`;
 //!   the session cap is `mcp::sessions`. The only module besides `control`
@@ -143,11 +143,11 @@
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
 //!   first unconfirmed renewal; `worker::batch` (`BatchHeartbeat`: one
 //!   batch renewal per interval for many leases of one host, each loss
-//!   delivered to its own holder); and `agent_leases`, the leases
-//!   leasegate holds for agents without lease plumbing (lease modes
-//!   `session` and `key`): tasks in the caller's namespace, one shared
-//!   lease per task with each process a member. It sits below `dispatch`
-//!   so that the MCP front can use them.
+//!   delivered to its own holder).
+//! * `agent_leases`: the leases leasegate holds for agents without lease
+//!   plumbing (lease modes `session` and `key`): tasks in the caller's
+//!   namespace, one shared lease per task with each process a member,
+//!   renewed with `worker`'s heartbeat.
 //! * `migrations/`: the tables (`0001`: tasks, runs, leases, events;
 //!   `0002`: operations, evidence; `0003`: detected failovers; `0004`:
 //!   access tokens and the `leasegate_operator` role, the only one that may
@@ -192,10 +192,10 @@
 //!   end-to-end tests; it may import rmcp).
 //!
 //! Dependencies point one way: `main` → `cli` → `app` → `mcp`, `control`,
-//! `reconcile` → `dispatch`, `limits` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
+//! `reconcile` → `dispatch`, `http_server`, `agent_leases` → `config`, `auth`, `worker`, `durability`, `embedded` → `adapter`,
 //! `ledger` → `policy` → `intent` → `ids`, `logfield`, `telemetry`, `progress`. `tests/checks/layering.rs` checks it per module,
 //! and per crate who may import sqlx (`ledger`), rmcp and reqwest (`mcp`),
-//! axum (`control`, `mcp`, `limits`), hyper and governor (`limits`), clap
+//! axum (`control`, `mcp`, `http_server`), hyper and governor (`http_server`), clap
 //! (`cli`), opentelemetry and tracing-opentelemetry
 //! (`telemetry`), indicatif (`progress`).
 //!

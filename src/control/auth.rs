@@ -269,7 +269,7 @@ async fn check(gate: Arc<AuthGate>, mut request: Request, next: Next) -> Respons
             return gate.unauthenticated(&host, refusal);
         }
     };
-    // The rate bucket of the verified token (`limits::rate`, check 2).
+    // The rate bucket of the verified token (`http_server::rate`, check 2).
     if let Some(limited) = crate::http_server::rate::admit(&request, Some(&principal.token_id)) {
         return limited;
     }

@@ -157,7 +157,7 @@ async fn session_cap(
     next.run(request).await
 }
 
-/// `TCP_NODELAY` on an accepted socket (`limits::serve` sets it on both
+/// `TCP_NODELAY` on an accepted socket (`http_server::serve` sets it on both
 /// listeners; the example tool server uses this one).
 pub fn no_delay(stream: &mut tokio::net::TcpStream) {
     if let Err(error) = stream.set_nodelay(true) {

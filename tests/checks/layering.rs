@@ -3,9 +3,9 @@
 //! only those of a lower layer:
 //!
 //! ```text
-//! main → cli → app → mcp, control, reconcile → dispatch → config, auth,
-//!      worker, durability, embedded → adapter, ledger → policy → intent →
-//!      ids, logfield, telemetry, progress
+//! main → cli → app → mcp, control, reconcile → dispatch, http_server,
+//!      agent_leases → config, auth, worker, durability, embedded → adapter,
+//!      ledger → policy → intent → ids, logfield, telemetry, progress
 //! ```
 //!
 //! The scan covers `src/` (the library and the `leasegate` binary, whose
@@ -13,6 +13,9 @@
 //! binaries under `examples/` (the example tool server, the example worker)
 //! are not part of the product: they may import rmcp, sqlx or axum, and
 //! reach leasegate only through its public API.
+//!
+//! Inside a folder, no two files import each other, directly or around a
+//! longer circle (`no_import_circle_between_files_of_a_folder`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
