@@ -60,11 +60,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail, ensure};
 use serde_json::{Value, json};
-use sqlx::migrate::MigrateDatabase as _;
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
+#[path = "../common/mod.rs"]
+mod common;
 #[path = "cpu.rs"]
 pub mod cpu;
+
+use common::database::{self, with_database};
+use common::pgbench::{self as pgbench_run, Pgbench};
+use common::stats::{self, Rank};
 
 /// Leased runs the gated and replay callers share (caller `c` uses run `c % RUNS`).
 pub const RUNS: usize = 64;
@@ -442,20 +447,6 @@ impl Drop for CountingProxy {
 // ---------------------------------------------------------------------------
 // Databases and the machine.
 
-/// `url` with its database name replaced by `database` (query kept).
-pub fn with_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, format!("?{query}")),
-        None => (url, String::new()),
-    };
-    let after_scheme = base.find("//").map_or(0, |at| at + 2);
-    let server = match base[after_scheme..].find('/') {
-        Some(slash) => &base[..after_scheme + slash],
-        None => base,
-    };
-    format!("{server}/{database}{query}")
-}
-
 /// Host and port of a `postgres://` URL (defaults 127.0.0.1 and 5432).
 pub fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
     let rest = url
@@ -472,21 +463,6 @@ pub fn host_port(url: &str) -> anyhow::Result<(String, u16)> {
     };
     let host = if host.is_empty() { "127.0.0.1" } else { host };
     Ok((host.trim_matches(['[', ']']).to_owned(), port))
-}
-
-async fn recreate(url: &str) -> anyhow::Result<()> {
-    if sqlx::Postgres::database_exists(url).await? {
-        sqlx::Postgres::force_drop_database(url).await?;
-    }
-    sqlx::Postgres::create_database(url).await?;
-    Ok(())
-}
-
-async fn drop_database(url: &str) -> anyhow::Result<()> {
-    if sqlx::Postgres::database_exists(url).await? {
-        sqlx::Postgres::force_drop_database(url).await?;
-    }
-    Ok(())
 }
 
 fn run_id_of(client: usize) -> leasegate::ledger::RunId {
@@ -606,29 +582,6 @@ async fn environment(admin_url: &str) -> anyhow::Result<Environment> {
         load_start: load_average(),
         ..Environment::default()
     })
-}
-
-/// `pgbench` on `PATH`, else in the newest `/usr/lib/postgresql/<v>/bin`.
-pub fn find_pgbench() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("PATH") {
-        for dir in std::env::split_paths(&path) {
-            let candidate = dir.join("pgbench");
-            if candidate.is_file() {
-                return Some(candidate);
-            }
-        }
-    }
-    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|entry| {
-            let entry = entry.ok()?;
-            let version = entry.file_name().to_str()?.parse().ok()?;
-            let candidate = entry.path().join("bin/pgbench");
-            candidate.is_file().then_some((version, candidate))
-        })
-        .collect();
-    versions.sort();
-    versions.pop().map(|(_, path)| path)
 }
 
 // ---------------------------------------------------------------------------
@@ -1154,14 +1107,6 @@ pub struct Cell {
     pub cpu: Option<cpu::CpuPerCall>,
 }
 
-fn percentile_ms(sorted: &[Duration], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index].as_secs_f64() * 1000.0
-}
-
 /// Runs `callers` callers of `kind` against `target`: each primes (replay:
 /// records its intent), all start together, warm up for `warmup`, and the
 /// calls that start and end inside the next `duration` are counted.
@@ -1239,8 +1184,8 @@ async fn cell(
     Ok(Cell {
         calls: samples.len() as u64,
         rate: samples.len() as f64 / duration.as_secs_f64(),
-        p50_ms: percentile_ms(&samples, 0.5),
-        p99_ms: percentile_ms(&samples, 0.99),
+        p50_ms: stats::percentile_ms(&samples, 0.5, Rank::Round),
+        p99_ms: stats::percentile_ms(&samples, 0.99, Rank::Round),
         rss_kib,
         cpu: cpu_start.per_call(&cpu_end, samples.len() as u64, cpu::Load::ThisProcess),
     })
@@ -1292,8 +1237,8 @@ async fn renew_cell(
     Ok(Cell {
         calls: samples.len() as u64,
         rate: samples.len() as f64 / duration.as_secs_f64(),
-        p50_ms: percentile_ms(&samples, 0.5),
-        p99_ms: percentile_ms(&samples, 0.99),
+        p50_ms: stats::percentile_ms(&samples, 0.5, Rank::Round),
+        p99_ms: stats::percentile_ms(&samples, 0.99, Rank::Round),
         rss_kib: None,
         cpu: None,
     })
@@ -1388,8 +1333,8 @@ async fn batch_renewal_through_leasegate(
     Ok(Some(Cell {
         calls: renewed,
         rate: renewed as f64 / duration.as_secs_f64(),
-        p50_ms: percentile_ms(&samples, 0.5),
-        p99_ms: percentile_ms(&samples, 0.99),
+        p50_ms: stats::percentile_ms(&samples, 0.5, Rank::Round),
+        p99_ms: stats::percentile_ms(&samples, 0.99, Rank::Round),
         rss_kib: None,
         cpu: None,
     }))
@@ -1465,72 +1410,30 @@ fn pgbench(
     let seconds = duration.as_secs().max(1);
     let postgres_before = cpu::postgres_processes();
     let cpu_start = cpu::CpuSample::take(None);
-    let output = std::process::Command::new(pgbench)
-        .args(["-n", "-M", "prepared", "-l", "--log-prefix"])
-        .arg(dir.join("log"))
-        .arg("-f")
-        .arg(&script_file)
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-            "-T",
-            &seconds.to_string(),
-        ])
-        .arg(url)
-        .current_dir(&dir)
-        .output()
-        .with_context(|| format!("run {}", pgbench.display()))?;
+    let output = Pgbench {
+        program: pgbench,
+        url,
+        script: &script_file,
+        clients,
+        seconds,
+        log_dir: Some(&dir),
+    }
+    .output()?;
     // pgbench's backends are reaped into the postmaster's time before the reading.
     cpu::settle_postgres(postgres_before, Duration::from_secs(5));
     let cpu_end = cpu::CpuSample::take(None);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    ensure!(
-        output.status.success(),
-        "pgbench failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let rate = parse_pgbench_tps(&stdout).ok_or_else(|| anyhow!("no tps in: {stdout}"))?;
-    let mut samples = Vec::new();
-    for entry in std::fs::read_dir(&dir)? {
-        let path = entry?.path();
-        if path
-            .file_name()
-            .and_then(|name| name.to_str())
-            .is_some_and(|name| name.starts_with("log"))
-        {
-            samples.extend(parse_pgbench_log(&std::fs::read_to_string(&path)?));
-        }
-    }
+    let rate = pgbench_run::Report::parse(&output)?.tps;
+    let mut samples = pgbench_run::read_log(&dir)?;
     let _ = std::fs::remove_dir_all(&dir);
     samples.sort();
     Ok(Cell {
         calls: samples.len() as u64,
         rate,
-        p50_ms: percentile_ms(&samples, 0.5),
-        p99_ms: percentile_ms(&samples, 0.99),
+        p50_ms: stats::percentile_ms(&samples, 0.5, Rank::Round),
+        p99_ms: stats::percentile_ms(&samples, 0.99, Rank::Round),
         rss_kib: None,
         cpu: cpu_start.per_call(&cpu_end, samples.len() as u64, cpu::Load::ReapedChildren),
     })
-}
-
-/// `tps = 1234.5 (without initial connection time)` of pgbench's output.
-pub fn parse_pgbench_tps(stdout: &str) -> Option<f64> {
-    stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("tps = "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|number| number.parse().ok())
-}
-
-/// Latencies of a pgbench per-transaction log (`client transaction
-/// latency_us script epoch_s epoch_us`; skipped transactions have no latency).
-pub fn parse_pgbench_log(log: &str) -> Vec<Duration> {
-    log.lines()
-        .filter_map(|line| line.split_whitespace().nth(2)?.parse::<u64>().ok())
-        .map(Duration::from_micros)
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -1609,7 +1512,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
     let pgbench_path = settings
         .pgbench
         .clone()
-        .or_else(find_pgbench)
+        .or_else(pgbench_run::find)
         .ok_or_else(|| {
             anyhow!("pgbench not found on PATH nor in /usr/lib/postgresql/*/bin (apt-get install postgresql-contrib, or --pgbench)")
         })?;
@@ -1637,7 +1540,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<Report> {
     )
     .await;
     for url in [&served_url, &sql_url, &ceiling_url] {
-        if let Err(error) = drop_database(url).await {
+        if let Err(error) = database::drop(url).await {
             eprintln!("bench_gateway: could not drop {url}: {error:#}");
         }
     }
@@ -1654,11 +1557,11 @@ async fn measure(
     scratch: &Path,
 ) -> anyhow::Result<()> {
     progress(settings, "creating the databases");
-    recreate(served_url).await?;
+    database::recreate(served_url).await?;
     leasegate::ledger::Ledger::migrate(served_url).await?;
-    recreate(sql_url).await?;
+    database::recreate(sql_url).await?;
     setup_leasegate_sql(sql_url).await?;
-    recreate(ceiling_url).await?;
+    database::recreate(ceiling_url).await?;
     setup_ceiling(ceiling_url).await?;
 
     let upstream = upstream_config(settings, &scratch.join("state"))?;
@@ -1883,7 +1786,10 @@ async fn sweep(
             .filter_map(|cell| cell.rss_kib)
             .collect::<Vec<_>>()
     };
-    if let (Some(low), Some(high)) = (median_u64(&rss_at(smallest)), median_u64(&rss_at(largest))) {
+    if let (Some(low), Some(high)) = (
+        stats::upper_median(&rss_at(smallest)),
+        stats::upper_median(&rss_at(largest)),
+    ) {
         report.memory.load = Some((smallest, low, largest, high));
     }
     // Steady state: the same gated cell again and again; memory after each.
@@ -2116,21 +2022,6 @@ async fn idle_sessions(settings: &Settings, served: &Served) -> anyhow::Result<(
 // ---------------------------------------------------------------------------
 // The table.
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    match values.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
-fn median_u64(values: &[u64]) -> Option<u64> {
-    let mut values = values.to_vec();
-    values.sort();
-    values.get(values.len() / 2).copied()
-}
-
 /// The medians of one row's repetitions.
 #[derive(Clone, Copy, Debug)]
 pub struct Medians {
@@ -2144,12 +2035,15 @@ impl Report {
     /// Medians over the repetitions of (measure, callers).
     pub fn medians(&self, measure: Measure, callers: usize) -> Option<Medians> {
         let cells = self.cells.get(&(measure, callers))?;
-        let pick = |f: fn(&Cell) -> f64| median(&mut cells.iter().map(f).collect::<Vec<_>>());
+        let pick =
+            |f: fn(&Cell) -> f64| stats::median(&mut cells.iter().map(f).collect::<Vec<_>>());
         Some(Medians {
             rate: pick(|c| c.rate),
             p50_ms: pick(|c| c.p50_ms),
             p99_ms: pick(|c| c.p99_ms),
-            rss_kib: median_u64(&cells.iter().filter_map(|c| c.rss_kib).collect::<Vec<_>>()),
+            rss_kib: stats::upper_median(
+                &cells.iter().filter_map(|c| c.rss_kib).collect::<Vec<_>>(),
+            ),
         })
     }
 
@@ -2488,8 +2382,9 @@ impl Report {
         if cells.is_empty() {
             return None;
         }
-        let pick =
-            |f: fn(&cpu::CpuPerCall) -> f64| median(&mut cells.iter().map(f).collect::<Vec<_>>());
+        let pick = |f: fn(&cpu::CpuPerCall) -> f64| {
+            stats::median(&mut cells.iter().map(f).collect::<Vec<_>>())
+        };
         Some(cpu::CpuPerCall {
             postgres_ms: pick(|c| c.postgres_ms),
             leasegate_ms: pick(|c| c.leasegate_ms),
@@ -2716,15 +2611,7 @@ mod tests {
     }
 
     #[test]
-    fn urls_hosts_and_pgbench_output_are_read() {
-        assert_eq!(
-            with_database(
-                "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
-                "x"
-            ),
-            "postgres://postgres@127.0.0.1:5432/x?sslmode=disable"
-        );
-        assert_eq!(with_database("postgres://h", "x"), "postgres://h/x");
+    fn hosts_and_memory_are_read() {
         assert_eq!(
             host_port("postgres://u:p@db.example:6543/d").unwrap(),
             ("db.example".to_owned(), 6543)
@@ -2732,13 +2619,6 @@ mod tests {
         assert_eq!(
             host_port("postgres://u@h/d").unwrap(),
             ("h".to_owned(), 5432)
-        );
-        let stdout =
-            "latency average = 1.2 ms\ntps = 1234.567890 (without initial connection time)\n";
-        assert_eq!(parse_pgbench_tps(stdout), Some(1234.56789));
-        assert_eq!(
-            parse_pgbench_log("0 1 812 0 1700000000 1\n1 1 1500 0 1700000000 2\n"),
-            vec![Duration::from_micros(812), Duration::from_micros(1500)]
         );
         assert_eq!(parse_vm_rss("Name:\tx\nVmRSS:\t   12345 kB\n"), Some(12345));
     }
