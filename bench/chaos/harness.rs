@@ -27,6 +27,9 @@
 
 #![allow(dead_code)]
 
+// `tests/external` includes both the gateway and the chaos harness, so it
+// holds this module twice, one copy in each.
+#[allow(clippy::duplicate_mod)]
 #[path = "../common/mod.rs"]
 mod common;
 

@@ -62,6 +62,9 @@ use anyhow::{Context as _, anyhow, bail, ensure};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 
+// `tests/external` includes both the gateway and the chaos harness, so it
+// holds this module twice, one copy in each.
+#[allow(clippy::duplicate_mod)]
 #[path = "../common/mod.rs"]
 mod common;
 #[path = "cpu.rs"]
