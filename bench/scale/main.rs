@@ -856,22 +856,15 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
         claims.len(),
         a.rounds
     );
-    println!(
-        "  bare UPDATE, owner + epoch only:      {:>10.0}",
-        upper_median(&bare_rates).expect("at least one round")
-    );
-    println!(
-        "  SQL function lease_renew_batch alone: {:>10.0}",
-        upper_median(&sql_rates).expect("at least one round")
-    );
-    println!(
-        "  Ledger::lease_renew_batch:            {:>10.0}",
-        upper_median(&ledger_rates).expect("at least one round")
-    );
-    println!(
-        "  POST /v1/leases/renew (in-process):   {:>10.0}",
-        upper_median(&http_rates).expect("at least one round")
-    );
+    for (label, rates) in [
+        ("bare UPDATE, owner + epoch only:      ", &bare_rates),
+        ("SQL function lease_renew_batch alone: ", &sql_rates),
+        ("Ledger::lease_renew_batch:            ", &ledger_rates),
+        ("POST /v1/leases/renew (in-process):   ", &http_rates),
+    ] {
+        let median = upper_median(rates).expect("at least one round");
+        println!("  {label}{median:>10.0}");
+    }
 
     // Several hosts at once, each with its own connection.
     let shared = Ledger::connect(
