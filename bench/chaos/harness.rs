@@ -27,6 +27,12 @@
 
 #![allow(dead_code)]
 
+// `tests/external` includes both the gateway and the chaos harness, so it
+// holds this module twice, one copy in each.
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,6 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use common::database::{recreate, with_database};
 use serde_json::{Value, json};
 use sqlx::Row;
 use tokio::sync::Mutex;
@@ -433,11 +440,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         .connect(&settings.admin_url)
         .await
         .with_context(|| format!("connect to {} (PostgreSQL)", settings.admin_url))?;
-    // The name is ours: `leasegate_chaos_` and eight hex digits.
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .execute(&admin)
-        .await?;
-    let database_url = replace_database(&settings.admin_url, &database);
+    let database_url = with_database(&settings.admin_url, &database);
+    recreate(&database_url).await?;
     let migrate = tokio::process::Command::new(&settings.leasegate)
         .arg("migrate")
         .arg("--database-url")
@@ -671,11 +675,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
             work.display()
         ));
     } else {
-        let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {database} WITH (FORCE)"
-        )))
-        .execute(&admin)
-        .await;
+        let _ = common::database::drop(&database_url).await;
         let _ = std::fs::remove_dir_all(&work);
     }
     admin.close().await;
@@ -698,23 +698,6 @@ fn nanos() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
         .unwrap_or_default()
-}
-
-fn replace_database(url: &str, database: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let base = match base.rfind('/') {
-        Some(slash) if base[..slash].contains("//") && slash > base.find("//").unwrap_or(0) + 1 => {
-            &base[..slash]
-        }
-        _ => base,
-    };
-    match query {
-        Some(query) => format!("{base}/{database}?{query}"),
-        None => format!("{base}/{database}"),
-    }
 }
 
 /// Ends the tool server children a killed proxy left behind: processes

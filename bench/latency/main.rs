@@ -28,12 +28,15 @@
 //! leasegate's pass-through, and the calls completed per second are
 //! compared (`0`: none).
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::stats::{self, Rank};
 use leasegate::ledger::{AcquireOutcome, Fenced, Ledger, LedgerOptions, RunCreateOutcome, RunId};
 use serde_json::{Value, json};
-use sqlx::migrate::MigrateDatabase;
 
 const ACCEPT: &str = "application/json, text/event-stream";
 
@@ -118,11 +121,6 @@ async fn throughput(
     Ok(calls as f64 / THROUGHPUT_WINDOW.as_secs_f64())
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index]
-}
-
 async fn measure(
     endpoint: &Endpoint,
     tool: &str,
@@ -156,6 +154,8 @@ async fn measure(
 }
 
 fn report(label: &str, samples: &[Duration], base: Option<&[Duration]>) {
+    let percentile =
+        |sorted, p| stats::percentile(sorted, p, Rank::Round).expect("at least one sample");
     let p50 = percentile(samples, 0.5);
     let p99 = percentile(samples, 0.99);
     let total: Duration = samples.iter().sum();
@@ -192,15 +192,8 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|&c| c > 0) // "0": no throughput section
         .collect();
-    let base = admin_url
-        .rsplit_once('/')
-        .map(|(b, _)| b)
-        .unwrap_or(&admin_url);
-    let url = format!("{base}/leasegate_bench_latency");
-    if sqlx::Postgres::database_exists(&url).await? {
-        sqlx::Postgres::force_drop_database(&url).await?;
-    }
-    sqlx::Postgres::create_database(&url).await?;
+    let url = common::database::with_database(&admin_url, "leasegate_bench_latency");
+    common::database::recreate(&url).await?;
     Ledger::migrate(&url).await?;
 
     // The upstream: server-everything over Streamable HTTP.

@@ -9,8 +9,12 @@
 //! It migrates (and if needed creates) the database, creates one run, and
 //! calls each function `calls` times in a row on one pooled connection.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::stats::{self, Rank};
 use leasegate::ledger::{AcquireOutcome, Fenced, Ledger, LedgerOptions, RunCreateOutcome, RunId};
 use serde_json::json;
 
@@ -86,7 +90,7 @@ async fn main() -> anyhow::Result<()> {
 
 fn report(name: &str, latencies: &mut [Duration]) {
     latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q) as usize];
+    let at = |q: f64| stats::percentile(latencies, q, Rank::Floor).expect("at least one call");
     let total: Duration = latencies.iter().sum();
     println!(
         "{name:>16}: {:>7.0} calls/s  p50 {:>6.0} µs  p99 {:>6.0} µs  max {:>6.0} µs",

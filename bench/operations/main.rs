@@ -26,18 +26,24 @@
 //! settle) and the mean calls per batch statement. `LEASEGATE_BENCH_SKIP_PGBENCH=1`
 //! leaves pgbench out (the Rust rows only).
 
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use common::database::{recreate, with_database};
+use common::pgbench::{self, Pgbench};
+use common::stats::{self, Rank};
 use leasegate::intent::{IntegerPolicy, Intent, StepRef};
 use leasegate::ledger::{
     Fenced, GroupCommitSettings, InitialLease, InlineClaim, LeaseClaim, Ledger, LedgerOptions,
     RunCreateOutcome, RunId, SettleOutcome,
 };
 use serde_json::json;
-use sqlx::migrate::MigrateDatabase;
 
 const LEVELS: [usize; 4] = [1, 8, 32, 64];
 const RUNS: usize = 64;
@@ -55,17 +61,10 @@ async fn main() -> anyhow::Result<()> {
     let admin_url = args
         .next()
         .unwrap_or_else(|| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let base = admin_url
-        .rsplit_once('/')
-        .map(|(b, _)| b)
-        .unwrap_or(&admin_url);
     let name = std::env::var("LEASEGATE_BENCH_DB").unwrap_or_else(|_| "leasegate_bench".to_owned());
-    let url = format!("{base}/{name}");
-    let ceiling_url = setup_ceiling(&format!("{base}/{name}_ceiling")).await?;
-    if sqlx::Postgres::database_exists(&url).await? {
-        sqlx::Postgres::force_drop_database(&url).await?;
-    }
-    sqlx::Postgres::create_database(&url).await?;
+    let url = with_database(&admin_url, &name);
+    let ceiling_url = setup_ceiling(&with_database(&admin_url, &format!("{name}_ceiling"))).await?;
+    recreate(&url).await?;
     Ledger::migrate(&url).await?;
 
     let setup = Ledger::connect(&url, LedgerOptions::default()).await?;
@@ -169,10 +168,7 @@ async fn main() -> anyhow::Result<()> {
 /// The minimal ceiling's database (`bench/ceiling/schema.sql`, `fn.sql`),
 /// or `None` without psql.
 async fn setup_ceiling(url: &str) -> anyhow::Result<Option<String>> {
-    if sqlx::Postgres::database_exists(url).await? {
-        sqlx::Postgres::force_drop_database(url).await?;
-    }
-    sqlx::Postgres::create_database(url).await?;
+    recreate(url).await?;
     for file in ["schema.sql", "fn.sql"] {
         let path = format!("{}/bench/ceiling/{file}", env!("CARGO_MANIFEST_DIR"));
         let output = match Command::new("psql")
@@ -416,9 +412,7 @@ async fn leasegate_rate(
     ledger.close().await;
     latencies.sort();
     let at = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+        stats::percentile(&latencies, q, Rank::FloorOfCount).map_or(0.0, |d| d.as_secs_f64() * 1e3)
     };
     let calls = done.load(Ordering::Relaxed).max(1) as f64;
     let mean_ms = |counter: &AtomicU64| counter.load(Ordering::Relaxed) as f64 / calls / 1e6;
@@ -451,38 +445,20 @@ fn pgbench_rate(
     clients: usize,
     seconds: u64,
 ) -> anyhow::Result<Option<f64>> {
-    let threads = clients.min(2);
-    let output = match Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-f", script])
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &threads.to_string(),
-            "-T",
-            &seconds.to_string(),
-        ])
-        .arg(url)
-        .output()
-    {
-        Ok(output) => output,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => return Err(error.into()),
-    };
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    anyhow::ensure!(
-        output.status.success(),
-        "pgbench failed: {}{}",
-        stdout,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let tps = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("tps = "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|number| number.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no tps in pgbench output: {stdout}"))?;
-    Ok(Some(tps))
+    let run = Pgbench {
+        program: Path::new("pgbench"),
+        url,
+        script: Path::new(script),
+        clients,
+        seconds,
+        log_dir: None,
+    }
+    .run();
+    match run {
+        Ok(report) => Ok(Some(report.tps)),
+        Err(error) if pgbench::not_found(&error) => Ok(None),
+        Err(error) => Err(error),
+    }
 }
 
 async fn print_settings(url: &str, seconds: u64) -> anyhow::Result<()> {

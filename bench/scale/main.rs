@@ -43,9 +43,15 @@
 //!
 //! Numbers are reported, never asserted.
 
-use std::process::Command;
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::path::Path;
 use std::time::Instant;
 
+use common::database::{recreate, with_database};
+use common::pgbench::Pgbench;
+use common::stats::upper_median;
 use leasegate::control::router_for_tenant;
 use leasegate::intent::IntegerPolicy;
 use leasegate::ledger::{
@@ -53,7 +59,6 @@ use leasegate::ledger::{
 };
 use serde_json::json;
 use sqlx::Executor;
-use sqlx::migrate::MigrateDatabase;
 use tower::ServiceExt;
 
 const BENCH_RUNS: usize = 256;
@@ -127,26 +132,11 @@ fn args() -> anyhow::Result<Args> {
     Ok(a)
 }
 
-fn database(admin_url: &str, name: &str) -> String {
-    let base = admin_url
-        .rsplit_once('/')
-        .map(|(b, _)| b)
-        .unwrap_or(admin_url);
-    format!("{base}/{name}")
-}
-
+/// The database of `url` created afresh and migrated.
 async fn fresh(url: &str) -> anyhow::Result<()> {
-    if sqlx::Postgres::database_exists(url).await? {
-        sqlx::Postgres::force_drop_database(url).await?;
-    }
-    sqlx::Postgres::create_database(url).await?;
+    recreate(url).await?;
     Ledger::migrate(url).await?;
     Ok(())
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(|a, b| a.total_cmp(b));
-    values[values.len() / 2]
 }
 
 #[tokio::main]
@@ -337,7 +327,7 @@ async fn drop_for_bulk_load(admin: &sqlx::PgPool) -> anyhow::Result<Vec<String>>
 }
 
 async fn scale(a: &Args) -> anyhow::Result<()> {
-    let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_scale"));
+    let url = with_database(&a.url, a.db.as_deref().unwrap_or("leasegate_scale"));
     let mut rates: Vec<(i64, f64, f64, Option<f64>)> = Vec::new();
     let mut io_rows: Vec<(i64, PerCall, Option<PerCall>)> = Vec::new();
     for &rows in &a.rows {
@@ -505,8 +495,13 @@ async fn scale(a: &Args) -> anyhow::Result<()> {
             }
         }
         placement(&url, fill_pages).await?;
-        let batched = (!batched.is_empty()).then(|| median(batched));
-        rates.push((rows, median(tps), median(latency), batched));
+        let batched = upper_median(&batched);
+        rates.push((
+            rows,
+            upper_median(&tps).expect("at least one cell"),
+            upper_median(&latency).expect("at least one cell"),
+            batched,
+        ));
         let single_io = PerCall::median(io).expect("at least one cell");
         io_rows.push((rows, single_io, PerCall::median(batched_io)));
     }
@@ -668,7 +663,9 @@ struct PerCall {
 impl PerCall {
     /// Field by field.
     fn median(cells: Vec<PerCall>) -> Option<PerCall> {
-        let field = |f: fn(&PerCall) -> f64| median(cells.iter().map(f).collect());
+        let field = |f: fn(&PerCall) -> f64| {
+            upper_median(&cells.iter().map(f).collect::<Vec<_>>()).expect("at least one cell")
+        };
         (!cells.is_empty()).then(|| PerCall {
             blocks_read: field(|c| c.blocks_read),
             blocks_hit: field(|c| c.blocks_hit),
@@ -697,37 +694,20 @@ fn pgbench(
     script: &str,
 ) -> anyhow::Result<(f64, f64, u64)> {
     let script = format!("{}/bench/scale/{script}", env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-f", &script])
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-        ])
-        .args(["-T", &seconds.to_string()])
-        .arg(url)
-        .output()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    if !output.status.success() {
-        anyhow::bail!(
-            "pgbench failed: {text}{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+    let report = Pgbench {
+        program: Path::new("pgbench"),
+        url,
+        script: Path::new(&script),
+        clients,
+        seconds,
+        log_dir: None,
     }
-    let find = |key: &str| -> Option<f64> {
-        text.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split(['=', ' ']).filter_map(|w| w.parse().ok()).next())
-    };
-    let tps = find("tps").ok_or_else(|| anyhow::anyhow!("no tps in: {text}"))?;
-    let ms = find("latency average").unwrap_or(f64::NAN);
-    let done = text
-        .lines()
-        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
-        .and_then(|rest| rest.split('/').next()?.trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no transaction count in: {text}"))?;
-    Ok((tps, ms, done))
+    .run()?;
+    let ms = report.latency_average_ms.unwrap_or(f64::NAN);
+    let done = report
+        .transactions
+        .ok_or_else(|| anyhow::anyhow!("no transaction count in: {}", report.stdout))?;
+    Ok((report.tps, ms, done))
 }
 
 // ---------------------------------------------------------------- renew
@@ -752,7 +732,7 @@ async fn post_renew(
 }
 
 async fn renew(a: &Args) -> anyhow::Result<()> {
-    let url = database(&a.url, a.db.as_deref().unwrap_or("leasegate_renew_bench"));
+    let url = with_database(&a.url, a.db.as_deref().unwrap_or("leasegate_renew_bench"));
     fresh(&url).await?;
     let admin = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
@@ -876,22 +856,15 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
         claims.len(),
         a.rounds
     );
-    println!(
-        "  bare UPDATE, owner + epoch only:      {:>10.0}",
-        median(bare_rates)
-    );
-    println!(
-        "  SQL function lease_renew_batch alone: {:>10.0}",
-        median(sql_rates)
-    );
-    println!(
-        "  Ledger::lease_renew_batch:            {:>10.0}",
-        median(ledger_rates)
-    );
-    println!(
-        "  POST /v1/leases/renew (in-process):   {:>10.0}",
-        median(http_rates)
-    );
+    for (label, rates) in [
+        ("bare UPDATE, owner + epoch only:      ", &bare_rates),
+        ("SQL function lease_renew_batch alone: ", &sql_rates),
+        ("Ledger::lease_renew_batch:            ", &ledger_rates),
+        ("POST /v1/leases/renew (in-process):   ", &http_rates),
+    ] {
+        let median = upper_median(rates).expect("at least one round");
+        println!("  {label}{median:>10.0}");
+    }
 
     // Several hosts at once, each with its own connection.
     let shared = Ledger::connect(
@@ -931,7 +904,7 @@ async fn renew(a: &Args) -> anyhow::Result<()> {
     println!(
         "  POST /v1/leases/renew, {} hosts at once: {:>8.0}",
         a.hosts,
-        median(hosts_rates)
+        upper_median(&hosts_rates).expect("at least one round")
     );
     Ok(())
 }
