@@ -16,8 +16,8 @@ pub(super) async fn secrets_rotate(
     database: &mut Option<DatabaseUrl>,
 ) -> anyhow::Result<()> {
     let mut config = Config::load(config)?;
-    config.resolve_database_url(database_url.as_deref());
-    *database = Some(config.database());
+    config.database.resolve_url(database_url.as_deref());
+    *database = Some(config.database.located());
     // As the operator role: the proxy's role cannot rewrite bodies.
     let options = LedgerOptions {
         max_connections: 2,
@@ -70,8 +70,8 @@ pub(super) async fn migrate(
     let resolved = match config {
         Some(path) => {
             let mut config = Config::load(&path)?;
-            config.resolve_database_url(database_url.as_deref());
-            config.database()
+            config.database.resolve_url(database_url.as_deref());
+            config.database.located()
         }
         None => DatabaseUrl::from_environment(database_url.as_deref(), None),
     };

@@ -17,8 +17,8 @@ pub(super) async fn serve(
     database: &mut Option<DatabaseUrl>,
 ) -> anyhow::Result<()> {
     let mut config = Config::load(config)?;
-    config.resolve_database_url(database_url.as_deref());
-    *database = Some(config.database());
+    config.database.resolve_url(database_url.as_deref());
+    *database = Some(config.database.located());
     if let Some(listen) = listen {
         config.http.listen = listen;
         config
@@ -28,7 +28,7 @@ pub(super) async fn serve(
     let listeners = Listeners::bind(&config).await?;
     // Dropped on an error return: a private cluster stops then too.
     let private = crate::app::provide_database(&mut config).await?;
-    *database = Some(config.database());
+    *database = Some(config.database.located());
     let config_auth_required = config.auth_required();
     let proxy = Proxy::start(config).await?;
     // Tests read these two lines to find the ephemeral ports.
@@ -61,15 +61,15 @@ pub(super) async fn stdio(
     database: &mut Option<DatabaseUrl>,
 ) -> anyhow::Result<()> {
     let mut config = Config::load(config)?;
-    config.resolve_database_url(database_url.as_deref());
-    *database = Some(config.database());
+    config.database.resolve_url(database_url.as_deref());
+    *database = Some(config.database.located());
     if let Some(task) = task {
         config.lease.mode = crate::config::LeaseMode::Session;
         config.session.task = Some(task);
     }
     config.database.max_connections = Some(config.database.connections(true));
     let private = crate::app::provide_database(&mut config).await?;
-    *database = Some(config.database());
+    *database = Some(config.database.located());
     let proxy = Proxy::start(config).await?;
     let served = proxy.serve_stdio(shutdown_signal()).await;
     proxy.shutdown().await;

@@ -25,12 +25,12 @@ impl Target {
         match &common.config {
             Some(path) => match Config::load(path) {
                 Ok(mut config) => {
-                    config.resolve_database_url(common.database_url.as_deref());
+                    config.database.resolve_url(common.database_url.as_deref());
                     // The policy's keys: sealed bodies are opened for the
                     // reader (`control::operations::readable`).
                     let bodies = config.policy.bodies();
                     Ok(Self {
-                        database: config.database(),
+                        database: config.database.located(),
                         tenant: Some(config.tenant),
                         bodies,
                     })

@@ -15,7 +15,7 @@ use super::raw::RawConfig;
 #[derive(Debug, Clone)]
 pub struct DatabaseConfig {
     /// Resolved with [`DatabaseUrl::resolve`]: as loaded, the file's value
-    /// or the default; `Config::resolve_database_url` applies the flag and
+    /// or the default; `DatabaseConfig::resolve_url` applies the flag and
     /// the environment.
     pub url: String,
     pub url_source: DatabaseUrlSource,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use super::adapters;
 use super::auth::{AuthConfig, AuthMode};
-use super::database::{DatabaseConfig, DatabaseUrl};
+use super::database::DatabaseConfig;
 use super::error::ConfigError;
 use super::files::{load_policy, parse};
 use super::http::HttpConfig;
@@ -152,18 +152,6 @@ impl Config {
              required: `leasegate tokens create`), or listen on 127.0.0.1 only",
             exposed.join(", ")
         ))
-    }
-
-    /// Applies the `--database-url` flag and `LEASEGATE_DATABASE_URL` over
-    /// the file's `database_url` (`DatabaseConfig::resolve_url`): what every
-    /// command that loads a configuration does first.
-    pub fn resolve_database_url(&mut self, flag: Option<&str>) {
-        self.database.resolve_url(flag);
-    }
-
-    /// The ledger's URL and where it came from.
-    pub fn database(&self) -> DatabaseUrl {
-        self.database.located()
     }
 
     /// The adapter of `upstream`, or the no-promises default.
