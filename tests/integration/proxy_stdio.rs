@@ -6,7 +6,9 @@ use crate::common::proxy::charge_eur;
 
 use std::process::Stdio;
 
-use common::proxy::{Agent, EXAMPLE_TOOLS, LEASEGATE, call, lease_meta, operation_note};
+use common::proxy::{
+    Agent, AgentClient, EXAMPLE_TOOLS, LEASEGATE, call, lease_meta, operation_note,
+};
 use common::{TestDb, within};
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
@@ -47,18 +49,16 @@ async fn payments_over_http(dir: &std::path::Path) -> (tokio::process::Child, St
     (tools, url)
 }
 
-#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
-    pool: PgPoolOptions,
-    connect: PgConnectOptions,
-) {
-    let db = TestDb::new(pool, connect).await;
+/// `leasegate stdio` in front of the example payments server over
+/// Streamable HTTP (charges with an idempotency key, a read-only lookup):
+/// its directory, the tool server and the agent's client.
+async fn stdio_in_front_of_payments_over_http(
+    db: &TestDb,
+) -> (std::path::PathBuf, tokio::process::Child, AgentClient) {
     let dir =
         std::env::temp_dir().join(format!("leasegate-stdio-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(dir.join("adapters")).unwrap();
-
-    let (mut tools, url) = payments_over_http(&dir).await;
-
+    let (tools, url) = payments_over_http(&dir).await;
     std::fs::write(
         dir.join("leasegate.toml"),
         format!(
@@ -74,7 +74,6 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
          operation_id_argument = \"idempotency_key\"\nkey_retention = \"24h\"\n[tools.get_charge]\nread_only = true\n",
     )
     .unwrap();
-
     let mut command = tokio::process::Command::new(LEASEGATE);
     command
         .arg("stdio")
@@ -84,6 +83,65 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
         .serve(TokioChildProcess::new(command).unwrap())
         .await
         .expect("leasegate stdio answers initialize");
+    (dir, tools, agent)
+}
+
+/// An HTTP tool server that is gone refuses the connection: nothing left,
+/// so the call is answered "not sent" (-32011), the operation stays
+/// sendable (`prepared`, with the refusal as evidence) instead of
+/// `unknown`, and the tool recorded nothing.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_refused_http_connection_is_not_sent_and_leaves_the_operation_sendable(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (dir, mut tools, agent) = stdio_in_front_of_payments_over_http(&db).await;
+    let (lease, _) = db.running_run("stdio-agent", 60_000).await;
+    call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 1, "currency": "usd"}),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .expect("the tool server answers while it runs");
+    tools.kill().await.unwrap();
+
+    let (code, message) = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 2, "currency": "usd"}),
+        Some(lease_meta(&lease)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32011, "not sent: {message}");
+    let statuses: Vec<String> = db
+        .scalars(
+            "SELECT status FROM tool_operations WHERE run_id = $1 ORDER BY created_at",
+            lease.run_id.as_uuid(),
+        )
+        .await;
+    assert_eq!(statuses, vec!["succeeded", "prepared"]);
+    let charges = std::fs::read_to_string(dir.join("state/charges.jsonl")).unwrap();
+    assert_eq!(
+        charges.lines().count(),
+        1,
+        "the refused call charged nothing"
+    );
+
+    agent.cancel().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (dir, mut tools, agent) = stdio_in_front_of_payments_over_http(&db).await;
 
     let names = common::proxy::tool_names(&agent).await;
     assert_eq!(names, vec!["payments__charge", "payments__get_charge"]);

@@ -86,6 +86,7 @@ use rmcp::model::{
     RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
 };
 use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
+use rmcp::transport::streamable_http_client::StreamableHttpError;
 
 use super::convert;
 use crate::adapter::{AgentSink, ToolAnswer, Upstream, UpstreamCall, UpstreamError};
@@ -450,6 +451,9 @@ impl Upstreams {
                 })
             }
             Err(ServiceError::Timeout { timeout }) => Err(UpstreamError::TimedOut(timeout)),
+            Err(other) if never_left(&other) => Err(UpstreamError::NotSent(format!(
+                "upstream {upstream} could not be reached: {other}"
+            ))),
             Err(other) => Err(UpstreamError::MaybeSent(other.to_string())),
         }
     }
@@ -523,5 +527,22 @@ impl Upstream for Upstreams {
         self.connections
             .get(upstream)
             .is_none_or(|c| c.health().state != UpstreamState::Restarting)
+    }
+}
+
+/// A Streamable HTTP request that failed before any of its bytes left: no
+/// connection could be made (refused, DNS, TLS, connect timeout). Anything
+/// later — a reset after the request was written, a broken response — may
+/// have reached the server.
+fn never_left(error: &ServiceError) -> bool {
+    let ServiceError::TransportSend(error) = error else {
+        return false;
+    };
+    match error
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        Some(StreamableHttpError::Client(error)) => error.is_connect(),
+        _ => false,
     }
 }
