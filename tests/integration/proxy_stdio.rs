@@ -117,6 +117,10 @@ async fn a_refused_http_connection_is_not_sent_and_leaves_the_operation_sendable
     .await
     .unwrap_err();
     assert_eq!(code, -32011, "not sent: {message}");
+    assert!(
+        message.contains("could not be reached") && !message.contains("leasegate::"),
+        "says why, without leasegate's type names: {message}"
+    );
     let statuses: Vec<String> = db
         .scalars(
             "SELECT status FROM tool_operations WHERE run_id = $1 ORDER BY created_at",

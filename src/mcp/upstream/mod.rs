@@ -452,9 +452,10 @@ impl Upstreams {
             }
             Err(ServiceError::Timeout { timeout }) => Err(UpstreamError::TimedOut(timeout)),
             Err(other) if never_left(&other) => Err(UpstreamError::NotSent(format!(
-                "upstream {upstream} could not be reached: {other}"
+                "upstream {upstream} could not be reached: {}",
+                transport_failure(&other)
             ))),
-            Err(other) => Err(UpstreamError::MaybeSent(other.to_string())),
+            Err(other) => Err(UpstreamError::MaybeSent(transport_failure(&other))),
         }
     }
 
@@ -545,4 +546,33 @@ fn never_left(error: &ServiceError) -> bool {
         Some(StreamableHttpError::Client(error)) => error.is_connect(),
         _ => false,
     }
+}
+
+/// What an agent and an operator read of a transport failure: the error
+/// and its causes, without rmcp's wrapper (which names leasegate's
+/// transport types).
+fn transport_failure(error: &ServiceError) -> String {
+    let ServiceError::TransportSend(error) = error else {
+        return error.to_string();
+    };
+    // rmcp's HTTP error keeps the client's error without naming it as
+    // its cause: start the chain there.
+    let inner: &(dyn std::error::Error + 'static) = match error
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        Some(StreamableHttpError::Client(client)) => client,
+        _ => &*error.error,
+    };
+    let mut text = format!("transport error: {inner}");
+    let mut cause = inner.source();
+    while let Some(inner) = cause {
+        let inner_text = inner.to_string();
+        if !text.contains(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
+        cause = inner.source();
+    }
+    text
 }
