@@ -275,11 +275,11 @@ fn lease_lost_message(expected: &LeaseClaim, found: &LeaseState) -> String {
             found.epoch, owner, found.expires_at
         ),
         Some(owner) => format!(
-            "lease lost: expected owner {} epoch {}, found owner {} epoch {}",
+            "lease lost: this write holds owner {} epoch {}, but the lease is now owner {} epoch {}",
             expected.owner, expected.epoch, owner, found.epoch
         ),
         None => format!(
-            "lease lost: expected owner {} epoch {}, found the lease released at epoch {}",
+            "lease lost: this write holds owner {} epoch {}, but the lease was released at epoch {}",
             expected.owner, expected.epoch, found.epoch
         ),
     }
@@ -471,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn lease_lost_messages_name_expected_and_found() {
+    fn lease_lost_messages_name_what_the_write_held_and_what_the_lease_is() {
         let expected = LeaseClaim {
             run_id: RunId::generate(),
             owner: "a".into(),
@@ -487,7 +487,7 @@ mod tests {
         let rejection = Rejection::LeaseLost { expected, found };
         assert_eq!(
             rejection.to_string(),
-            "lease lost: expected owner a epoch 100, found owner b epoch 101"
+            "lease lost: this write holds owner a epoch 100, but the lease is now owner b epoch 101"
         );
         assert_eq!(rejection.reason(), "lease_lost");
     }

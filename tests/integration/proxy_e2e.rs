@@ -136,7 +136,7 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     assert_eq!(code, -32002, "{message}");
     assert!(
         message.starts_with(
-            "lease lost: expected owner old-worker epoch 1, found owner new-worker epoch 2"
+            "lease lost: this write holds owner old-worker epoch 1, but the lease is now owner new-worker epoch 2"
         ),
         "{message}"
     );
