@@ -73,6 +73,23 @@ fn required_note(note: Option<&str>, what: &str) -> Result<String, String> {
     }
 }
 
+/// A form that needs only a note (cancel, retry), checked in order: its
+/// token and revision ([`form_revision`]), then the note; the revision and
+/// note, or the refusal.
+fn checked_note_form(
+    state: &ConsoleState,
+    viewer: &Viewer,
+    token: Option<&str>,
+    revision: Option<&str>,
+    note: Option<&str>,
+    what: &str,
+) -> Result<(i64, String), (StatusCode, String)> {
+    let expected = form_revision(state, viewer, token, revision)?;
+    let note =
+        required_note(note, what).map_err(|message| (StatusCode::UNPROCESSABLE_ENTITY, message))?;
+    Ok((expected, note))
+}
+
 pub(super) async fn cancel_run(
     State(state): Shared,
     viewer: Viewer,
@@ -94,18 +111,16 @@ pub(super) async fn cancel_run(
         .await?
         .filter(|view| viewer.tenant().is_none_or(|own| view.tenant_id == own))
         .ok_or_else(|| Problem::not_found("run"))?;
-    let expected = match form_revision(
+    let (expected, note) = match checked_note_form(
         &state,
         &viewer,
         form.form_token.as_deref(),
         form.revision.as_deref(),
+        form.note.as_deref(),
+        "cancel",
     ) {
-        Ok(expected) => expected,
+        Ok(checked) => checked,
         Err((status, message)) => return refuse(status, message).await,
-    };
-    let note = match required_note(form.note.as_deref(), "cancel") {
-        Ok(note) => note,
-        Err(message) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, message).await,
     };
     if view.revision != expected {
         return refuse(
@@ -305,18 +320,16 @@ pub(super) async fn retry_operation(
     {
         return Err(Problem::not_found("operation"));
     }
-    let expected = match form_revision(
+    let (expected, note) = match checked_note_form(
         &state,
         &viewer,
         form.form_token.as_deref(),
         form.revision.as_deref(),
+        form.note.as_deref(),
+        "retry",
     ) {
-        Ok(expected) => expected,
+        Ok(checked) => checked,
         Err((status, message)) => return refuse(status, message).await,
-    };
-    let note = match required_note(form.note.as_deref(), "retry") {
-        Ok(note) => note,
-        Err(message) => return refuse(StatusCode::UNPROCESSABLE_ENTITY, message).await,
     };
     let found = ledger
         .operation_record(&id)
