@@ -97,7 +97,7 @@ fn crash_restart(cluster: &leasegate::embedded::Cluster) -> Vec<String> {
 }
 
 /// Only the database fails: every backend of the ledger terminated every
-/// ~0.7 s and PostgreSQL crash-restarted once, mid-burst, on a private
+/// ~0.4 s and PostgreSQL crash-restarted once, mid-burst, on a private
 /// cluster (the shared server is left alone). The tools and proxies do not
 /// fail, so every call that reached a tool was answered to leasegate, and
 /// each such operation must end with that answer — a `none` tool's too,
@@ -121,14 +121,14 @@ async fn every_answered_call_converges_when_backends_die_and_postgres_crash_rest
     );
     settings.intents = 200;
     settings.proxies = 2;
-    settings.agents = 8;
+    settings.agents = 16;
     settings.seed = 23;
     settings.tool_transient = 0.0;
     settings.tool_crash = 0.0;
     settings.tool_hang = 0.0;
     settings.tool_slow = 0.0;
     settings.proxy_faults = false;
-    settings.fault_interval = Duration::from_millis(700);
+    settings.fault_interval = Duration::from_millis(400);
     settings.pg_restart = Some(crash_restart(&cluster));
     settings.pg_restart_after = Duration::from_secs(3);
     settings.answers_settle = true;
