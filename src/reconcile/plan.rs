@@ -20,6 +20,10 @@
 //! A retry's or query's failure to answer never converges anything: only
 //! an answer that proves an outcome does.
 //!
+//! An operator's `ops retry` (a fresh retry budget) is refused where no
+//! row above spends the budget ([`retry_budget_matters`]): `none`, a query
+//! without `resend_after_not_found`, a tool no upstream offers.
+//!
 //! A stored request that is not the request (policy `request_body =
 //! "masked"`: it does not hash to the intent's digest and holds `"***"`) is
 //! never sent and never taken for the request: a same-key retry, a query by
@@ -382,6 +386,23 @@ mod tests {
         ToolAnswer {
             is_error,
             result: json!({"structuredContent": structured, "isError": is_error}),
+        }
+    }
+
+    #[test]
+    fn a_retry_budget_matters_only_where_a_retry_or_a_resend_can_follow() {
+        assert!(retry_budget_matters(Some(&adapter(Capability::IdempotencyKey))).is_ok());
+        let mut resending = adapter(Capability::ResourceId);
+        resending.query.as_mut().unwrap().resend_after_not_found = Some(Duration::from_secs(5));
+        assert!(retry_budget_matters(Some(&resending)).is_ok());
+        for (adapter, says) in [
+            (Some(adapter(Capability::None)), "`none`"),
+            (Some(adapter(Capability::OperationQuery)), "queries"),
+            (Some(adapter(Capability::ResourceId)), "queries"),
+            (None, "no upstream"),
+        ] {
+            let why = retry_budget_matters(adapter.as_ref()).expect_err(says);
+            assert!(why.contains(says) && why.contains("ops resolve"), "{why}");
         }
     }
 
