@@ -123,9 +123,15 @@ async fn main() -> std::process::ExitCode {
     settings.tool_slow = cli.tool_slow;
     settings.fault_interval = Duration::from_millis(cli.fault_interval_ms.max(10));
     settings.pg_restart = cli.pg_restart.map(|version| {
-        ["pg_ctlcluster", "--skip-systemctl-redirect", &version, "main", "restart"]
-            .map(str::to_owned)
-            .to_vec()
+        [
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            &version,
+            "main",
+            "restart",
+        ]
+        .map(str::to_owned)
+        .to_vec()
     });
     settings.settle = Duration::from_secs(cli.settle_secs);
     settings.attempts = cli.attempts.max(1);

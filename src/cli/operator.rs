@@ -187,5 +187,7 @@ async fn retry_refusal(
     let adapter = adapters.get(&route.upstream)?.tool(&route.tool, None);
     crate::reconcile::plan::retry_budget_matters(Some(&adapter))
         .err()
-        .map(|why| format!("operation {operation_id} cannot be retried: {why}. Nothing was written"))
+        .map(|why| {
+            format!("operation {operation_id} cannot be retried: {why}. Nothing was written")
+        })
 }

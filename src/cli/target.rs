@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use super::operator_args::Common;
-use crate::adapter::Adapter;
 use super::output::report;
+use crate::adapter::Adapter;
 use crate::config::{Config, DatabaseUrl};
 use crate::control::ErrorCode;
 use crate::policy::Bodies;

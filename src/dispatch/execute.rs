@@ -13,10 +13,10 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
-use super::keeper::{self, Fact};
 use super::call::{
     CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome,
 };
+use super::keeper::{self, Fact};
 use crate::adapter::{
     OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
     UpstreamDelivery, UpstreamError,
@@ -247,7 +247,13 @@ async fn record_failure(
             // only make that write stale).
             Err(error)
                 if keeper::worth_writing_again(&error)
-                    && keeper::keep(ledger.clone(), claim.clone(), Fact::NotSent { evidence: evidence.clone() }) =>
+                    && keeper::keep(
+                        ledger.clone(),
+                        claim.clone(),
+                        Fact::NotSent {
+                            evidence: evidence.clone(),
+                        },
+                    ) =>
             {
                 tracing::warn!(error = %crate::logfield::clip_display(&failure), ledger = %crate::logfield::clip_display(&error),
                     "nothing was sent, but the ledger cannot record it yet: kept until it can");
@@ -471,7 +477,12 @@ async fn settle(
         // An earlier try committed before its connection broke.
         SettleOutcome::KeptAsEvidence { found, .. }
             if attempt > 1
-                && keeper::settled_by_this_claim(claim, settlement, found.status, found.revision) =>
+                && keeper::settled_by_this_claim(
+                    claim,
+                    settlement,
+                    found.status,
+                    found.revision,
+                ) =>
         {
             Ok((
                 CallReply::Answer {

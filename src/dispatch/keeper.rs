@@ -103,11 +103,13 @@ pub(super) fn keep(ledger: Ledger, claim: DispatchClaim, fact: Fact) -> bool {
     let Ok(slot) = SLOTS.try_acquire() else {
         tracing::error!(operation_id = %claim.operation_id, fact = fact.kind(), kept = MAX_KEPT,
             "too many facts wait for the ledger: this one is dropped and its claim will expire into unknown");
-        metrics::counter!("leasegate_ledger_kept_facts_dropped_total", "fact" => fact.kind()).increment(1);
+        metrics::counter!("leasegate_ledger_kept_facts_dropped_total", "fact" => fact.kind())
+            .increment(1);
         return false;
     };
     metrics::gauge!("leasegate_ledger_kept_facts").increment(1.0);
-    let span = tracing::info_span!("ledger.keep", operation_id = %claim.operation_id, fact = fact.kind());
+    let span =
+        tracing::info_span!("ledger.keep", operation_id = %claim.operation_id, fact = fact.kind());
     tokio::spawn(
         async move {
             write_until_answered(&ledger, &claim, &fact).await;
@@ -201,7 +203,8 @@ fn released(claim: &DispatchClaim, outcome: ReleaseUnsentOutcome) -> &'static st
     match outcome {
         ReleaseUnsentOutcome::Released { .. } => "released: the operation is prepared again",
         ReleaseUnsentOutcome::StaleClaim(found)
-            if found.status == OperationStatus::Prepared && found.revision == claim.revision + 1 =>
+            if found.status == OperationStatus::Prepared
+                && found.revision == claim.revision + 1 =>
         {
             "released (an earlier try had committed)"
         }

@@ -70,8 +70,10 @@ pub enum Step {
 /// says why nothing would.
 pub fn retry_budget_matters(adapter: Option<&ToolAdapter>) -> Result<(), &'static str> {
     let Some(adapter) = adapter else {
-        return Err("no upstream of this process offers its tool, so nothing can send it again; \
-                    resolve it from the tool's own records (leasegate ops resolve)");
+        return Err(
+            "no upstream of this process offers its tool, so nothing can send it again; \
+                    resolve it from the tool's own records (leasegate ops resolve)",
+        );
     };
     match adapter.capability {
         Capability::IdempotencyKey => Ok(()),

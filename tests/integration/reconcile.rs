@@ -1431,8 +1431,7 @@ async fn an_answer_the_ledger_could_not_take_is_kept_and_settles_a_none_tool_wit
     let db = TestDb::new(pool, connect).await;
     // The email answers a second after it is sent, well within its timeout.
     let mailer = replace_exactly(MAILER_ADAPTER, "700ms", "2s");
-    let scenario =
-        Scenario::with_adapters(&db.url, FAST, common::proxy::PAYMENTS_ADAPTER, &mailer);
+    let scenario = Scenario::with_adapters(&db.url, FAST, common::proxy::PAYMENTS_ADAPTER, &mailer);
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     let (lease, _) = db.running_run("agent", 120_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
@@ -1484,7 +1483,10 @@ async fn an_answer_the_ledger_could_not_take_is_kept_and_settles_a_none_tool_wit
     let reply = answer.structured_content.clone().unwrap();
     assert_eq!(reply["status"], "unknown", "{answer:?}");
     assert!(
-        reply["reason"].as_str().unwrap().contains("keeps the answer"),
+        reply["reason"]
+            .as_str()
+            .unwrap()
+            .contains("keeps the answer"),
         "the agent is told the answer is kept: {reply}"
     );
     // The ledger takes writes again: the kept answer lands.
@@ -1496,7 +1498,9 @@ async fn an_answer_the_ledger_could_not_take_is_kept_and_settles_a_none_tool_wit
     )
     .await;
     let remote: Option<String> = db
-        .query_scalar("SELECT remote_id FROM tool_operations WHERE tool_name = 'mailer__send_email'")
+        .query_scalar(
+            "SELECT remote_id FROM tool_operations WHERE tool_name = 'mailer__send_email'",
+        )
         .await;
     let sent = scenario.side_effects("emails.jsonl");
     assert_eq!(sent.len(), 1, "one email");
