@@ -187,6 +187,10 @@ async fn http_upstreams_that_refuse_connections_get_no_calls_spend_no_budget_and
             .await
             .expect_err("a refused connection is not an answer");
         assert_eq!(code, -32011, "{tool} is not sent: {message}");
+        assert!(
+            !message.contains("leasegate::"),
+            "says why without leasegate's type names: {message}"
+        );
     }
     let during = operations(&db).await;
     let statuses: Vec<(&str, &str)> = during

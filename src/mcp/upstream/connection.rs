@@ -21,7 +21,7 @@ use super::client::UpstreamClient;
 use super::routes::{CallRoutes, Routed};
 use crate::adapter::UpstreamError;
 use crate::config::UpstreamTransport;
-use rmcp::service::{Peer, RunningService};
+use rmcp::service::{ClientInitializeError, Peer, RunningService};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, Transport};
@@ -362,6 +362,13 @@ where
     let session =
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handler.clone().serve(transport)).await {
             Ok(Ok(session)) => session,
+            // Without rmcp's wrapper, which names leasegate's transport types.
+            Ok(Err(ClientInitializeError::TransportError { error, context })) => {
+                return Err(format!(
+                    "{} ({context})",
+                    super::dynamic_transport_failure(&error)
+                ));
+            }
             Ok(Err(error)) => return Err(error.to_string()),
             Err(_) => {
                 return Err(format!(
@@ -395,5 +402,41 @@ pub(super) async fn end_child(child: &mut tokio::process::Child, grace: Duration
             Ok(()) => format!("killed by leasegate after {grace:?}"),
             Err(error) => format!("cannot kill it: {error}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Streamable HTTP server nobody listens for: reopening its session
+    /// is "not sent", says why without leasegate's type names, and marks
+    /// the upstream down.
+    #[tokio::test]
+    async fn a_refused_reconnect_is_not_sent_and_marks_the_upstream_down() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/mcp", closed.local_addr().unwrap());
+        drop(closed);
+        let (events, _) = broadcast::channel(1);
+        let connection = Connection::new(
+            "payments",
+            UpstreamTransport::StreamableHttp { url },
+            events,
+        );
+        connection.set_state(UpstreamState::Up, None);
+        let Err(UpstreamError::NotSent(message)) = connection
+            .session(Duration::from_secs(10), &CancellationToken::new())
+            .await
+        else {
+            panic!("a refused reconnect is not sent");
+        };
+        assert!(
+            message.contains("payments is down") && message.contains("refused"),
+            "{message}"
+        );
+        assert!(!message.contains("leasegate::"), "{message}");
+        assert_eq!(connection.health().state, UpstreamState::Down);
+        assert!(!connection.accepting_calls());
+        assert_eq!(*connection.state.borrow(), UpstreamState::Down);
     }
 }

@@ -103,6 +103,7 @@ use rmcp::model::{
     RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
+use rmcp::transport::DynamicTransportError;
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 
 use super::convert;
@@ -528,9 +529,15 @@ fn never_left(error: &ServiceError) -> bool {
 /// and its causes, without rmcp's wrapper (which names leasegate's
 /// transport types).
 pub(super) fn transport_failure(error: &ServiceError) -> String {
-    let ServiceError::TransportSend(error) = error else {
-        return error.to_string();
-    };
+    match error {
+        ServiceError::TransportSend(error) => dynamic_transport_failure(error),
+        other => other.to_string(),
+    }
+}
+
+/// [`transport_failure`] of rmcp's transport error as it also comes from a
+/// failed `initialize`.
+pub(super) fn dynamic_transport_failure(error: &DynamicTransportError) -> String {
     // rmcp's HTTP error keeps the client's error without naming it as
     // its cause: start the chain there.
     let inner: &(dyn std::error::Error + 'static) = match error
