@@ -542,8 +542,9 @@ $$;
 -- candidate is locked as the loop reads it (READ COMMITTED re-checks the
 -- status on the newest row version) and claimed by _op_claim; the LIMIT
 -- bounds the batch.
+DROP FUNCTION IF EXISTS operation_claim(text, bigint, integer, text[]);
 CREATE OR REPLACE FUNCTION operation_claim(p_dispatch_owner text, p_claim_ttl_ms bigint, p_limit integer,
-                                           p_tenants text[])
+                                           p_tenants text[], p_unavailable text[])
 RETURNS SETOF tool_operations
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -562,6 +563,7 @@ BEGIN
        AND r.status IN ('pending', 'running')
        AND (p_tenants IS NULL OR r.tenant_id = ANY (p_tenants))
        AND (o.not_before IS NULL OR o.not_before <= clock_timestamp())
+       AND (o.upstream IS NULL OR p_unavailable IS NULL OR NOT (o.upstream = ANY (p_unavailable)))
      ORDER BY o.updated_at
      LIMIT p_limit
        FOR UPDATE OF o SKIP LOCKED
@@ -571,6 +573,29 @@ BEGIN
       RETURN NEXT claimed;
     END IF;
   END LOOP;
+END
+$$;
+
+-- An upstream is reachable again: the prepared operations of runs of
+-- p_tenants (NULL: every tenant) routed to it that wait out a "not sent"
+-- backoff may be claimed at once. Returns how many. The backoff paces
+-- sends at an upstream that keeps refusing; once it answers, waiting longer
+-- only delays calls that are known never to have left.
+CREATE OR REPLACE FUNCTION operation_wake_prepared(p_upstream text, p_tenants text[])
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  woken bigint;
+BEGIN
+  UPDATE tool_operations o
+     SET not_before = NULL
+    FROM agent_runs r
+   WHERE r.run_id = o.run_id
+     AND o.status = 'prepared' AND o.upstream = p_upstream
+     AND o.not_before > clock_timestamp()
+     AND (p_tenants IS NULL OR r.tenant_id = ANY (p_tenants));
+  GET DIAGNOSTICS woken = ROW_COUNT;
+  RETURN woken;
 END
 $$;
 
@@ -1258,7 +1283,8 @@ REVOKE EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
   operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),
-  operation_claim(text, bigint, integer, text[]),
+  operation_claim(text, bigint, integer, text[], text[]),
+  operation_wake_prepared(text, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_settle_batch(text[], text[], bigint[], text[], text[], text[], jsonb[]),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
@@ -1282,7 +1308,8 @@ GRANT EXECUTE ON FUNCTION
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
   operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),
-  operation_claim(text, bigint, integer, text[]),
+  operation_claim(text, bigint, integer, text[], text[]),
+  operation_wake_prepared(text, text[]),
   operation_settle(text, text, bigint, text, text, text, jsonb),
   operation_settle_batch(text[], text[], bigint[], text[], text[], text[], jsonb[]),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),

@@ -722,4 +722,9 @@ pub trait Upstream: Send + Sync + 'static {
         let _ = upstream;
         true
     }
+
+    /// The upstreams that take no calls now (see [`Upstream::accepting_calls`]).
+    fn unavailable(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -46,6 +46,9 @@ pub struct Outbox<U> {
     /// The tenants this process serves: it touches no other tenant's
     /// operations (their runs are refused by its front too).
     tenants: Vec<String>,
+    /// The upstreams that took no calls at the last pass: one that is back
+    /// wakes what waited for it.
+    unavailable: std::sync::Mutex<Vec<String>>,
 }
 
 impl<U: Upstream> Outbox<U> {
@@ -67,12 +70,49 @@ impl<U: Upstream> Outbox<U> {
             claim_ttl,
             owner,
             tenants: vec![tenant.to_owned()],
+            unavailable: Default::default(),
         }
     }
 
     /// One pass. Returns how many intents were claimed.
+    ///
+    /// Operations routed to an upstream that takes no calls now (a stdio
+    /// child restarting, an HTTP server refusing connections) are not
+    /// claimed: nothing could reach it, and a send would only add "not
+    /// sent" backoff. When such an upstream is back, its prepared
+    /// operations are woken from that backoff first.
     pub async fn once(&self) -> Result<usize, LedgerError> {
         let claim_ttl_ms = i64::try_from(self.claim_ttl.as_millis()).unwrap_or(i64::MAX);
+        let unavailable = self.upstream.unavailable();
+        let back: Vec<String> = {
+            let mut last = self.unavailable.lock().unwrap_or_else(|e| e.into_inner());
+            let back = last
+                .iter()
+                .filter(|name| !unavailable.contains(name))
+                .cloned()
+                .collect();
+            *last = unavailable.clone();
+            back
+        };
+        for upstream in back {
+            match self
+                .ledger
+                .operation_wake_prepared(&upstream, Some(self.tenants.as_slice()))
+                .await
+            {
+                Ok(woken) => {
+                    tracing::info!(upstream = %crate::logfield::clip(&upstream), woken, "upstream back: its waiting calls go now");
+                }
+                Err(error) => {
+                    // Their backoff still ends on its own.
+                    tracing::warn!(upstream = %crate::logfield::clip(&upstream), error = %crate::logfield::clip_display(&error), "could not wake the calls waiting for an upstream");
+                    self.unavailable
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(upstream);
+                }
+            }
+        }
         let claimed = self
             .ledger
             .operation_claim(
@@ -80,6 +120,7 @@ impl<U: Upstream> Outbox<U> {
                 claim_ttl_ms,
                 BATCH,
                 Some(self.tenants.as_slice()),
+                &unavailable,
             )
             .await?;
         let count = claimed.len();

@@ -275,24 +275,28 @@ impl Ledger {
     }
 
     /// The dispatcher's claim: up to `limit` prepared operations of live
-    /// runs, skipping rows other claimers hold (`FOR UPDATE SKIP LOCKED`).
+    /// runs, skipping rows other claimers hold (`FOR UPDATE SKIP LOCKED`)
+    /// and operations routed to an `unavailable` upstream (nothing could
+    /// reach it: they wait instead of collecting "not sent" backoff).
     pub async fn operation_claim(
         &self,
         dispatch_owner: &str,
         claim_ttl_ms: i64,
         limit: u16,
         tenants: Option<&[String]>,
+        unavailable: &[String],
     ) -> Result<Vec<ClaimedOperation>, LedgerError> {
         const CALL: &str = "operation_claim";
         check_text("dispatch_owner", dispatch_owner, MAX_OWNER_LEN)?;
         self.check_claim_ttl(claim_ttl_ms)?;
         let rows: Vec<TableRow> = self
             .invoke_all(CALL, true, || {
-                sqlx::query_as("SELECT * FROM operation_claim($1, $2, $3, $4)")
+                sqlx::query_as("SELECT * FROM operation_claim($1, $2, $3, $4, $5)")
                     .bind(dispatch_owner)
                     .bind(claim_ttl_ms)
                     .bind(i32::from(limit))
                     .bind(tenants)
+                    .bind(unavailable)
             })
             .await?;
         rows.into_iter()
@@ -311,6 +315,25 @@ impl Ledger {
                 skip_unopenable(CALL, item)
             })
             .collect()
+    }
+
+    /// `upstream` answers again: its prepared operations (of runs of
+    /// `tenants`) that wait out a "not sent" backoff may be claimed at
+    /// once. Returns how many were woken.
+    pub async fn operation_wake_prepared(
+        &self,
+        upstream: &str,
+        tenants: Option<&[String]>,
+    ) -> Result<i64, LedgerError> {
+        const CALL: &str = "operation_wake_prepared";
+        let (woken,): (i64,) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT operation_wake_prepared($1, $2)")
+                    .bind(upstream)
+                    .bind(tenants)
+            })
+            .await?;
+        Ok(woken)
     }
 
     /// Records a verified response: `succeeded` (with the remote id and

@@ -17,6 +17,9 @@ use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+/// How often the agent calls the email during the outage.
+const EMAIL_TRIES: i64 = 5;
+
 const POLICY: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"200ms\"\nin_flight_wait = \"1s\"\n";
 
 /// The example tool server `tools` over Streamable HTTP at `address`
@@ -179,18 +182,22 @@ async fn http_upstreams_that_refuse_connections_get_no_calls_spend_no_budget_and
     // The outage: both servers refuse connections.
     let charge = json!({"amount": 2, "currency": "eur"});
     let email = json!({"to": "ops@example.com", "subject": "during the outage"});
-    for (tool, arguments) in [
-        ("payments__charge", &charge),
-        ("mailer__send_email", &email),
+    // The email is called again and again: each refusal is proof that
+    // nothing left, and each proof doubles its backoff (5 s, 10 s, … 80 s).
+    for (tool, arguments, times) in [
+        ("payments__charge", &charge, 1),
+        ("mailer__send_email", &email, EMAIL_TRIES),
     ] {
-        let (code, message) = call(&agent, tool, arguments.clone(), None)
-            .await
-            .expect_err("a refused connection is not an answer");
-        assert_eq!(code, -32011, "{tool} is not sent: {message}");
-        assert!(
-            !message.contains("leasegate::"),
-            "says why without leasegate's type names: {message}"
-        );
+        for _ in 0..times {
+            let (code, message) = call(&agent, tool, arguments.clone(), None)
+                .await
+                .expect_err("a refused connection is not an answer");
+            assert_eq!(code, -32011, "{tool} is not sent: {message}");
+            assert!(
+                !message.contains("leasegate::"),
+                "says why without leasegate's type names: {message}"
+            );
+        }
     }
     let during = operations(&db).await;
     let statuses: Vec<(&str, &str)> = during
@@ -230,24 +237,39 @@ async fn http_upstreams_that_refuse_connections_get_no_calls_spend_no_budget_and
     outage.restart_tools().await;
     wait_health(&control, "up").await;
 
-    // The unknown charge converges by a same-key retry; the calls the agent
-    // made during the outage go through when it calls again.
+    // The unknown charge converges by a same-key retry; the charge the
+    // agent made during the outage goes through when it calls again; the
+    // email, never called again, is sent by the outbox at once, its backoff
+    // cut short by the upstream's return.
     db.wait_tool_status(
         "the crashed charge to converge",
         "payments__charge",
         "succeeded",
     )
     .await;
-    for (tool, arguments) in [
-        ("payments__charge", &charge),
-        ("mailer__send_email", &email),
-    ] {
-        wait_until(&format!("{tool} to be answered"), || async {
-            let answer = call(&agent, tool, arguments.clone(), None).await.ok()?;
-            (operation_note(&answer)["status"] == "succeeded").then_some(())
-        })
+    wait_until("the charge to be answered", || async {
+        let answer = call(&agent, "payments__charge", charge.clone(), None)
+            .await
+            .ok()?;
+        (operation_note(&answer)["status"] == "succeeded").then_some(())
+    })
+    .await;
+    db.wait_tool_status(
+        "the outbox to send the email the agent left",
+        "mailer__send_email",
+        "succeeded",
+    )
+    .await;
+    let proofs: i64 = db
+        .query_scalar(
+            "SELECT count(*) FROM operation_evidence e JOIN tool_operations o USING (operation_id)
+              WHERE o.tool_name = 'mailer__send_email' AND e.kind = 'not_sent'",
+        )
         .await;
-    }
+    assert_eq!(
+        proofs, EMAIL_TRIES,
+        "only the agent's own calls met the outage: the outbox left the down upstream alone"
+    );
     let after = operations(&db).await;
     assert!(
         after.iter().all(|(_, status, _)| status == "succeeded"),

@@ -351,7 +351,7 @@ async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_on
                 let mut mine = Vec::new();
                 loop {
                     let batch = ledger
-                        .operation_claim(&owner, 60_000, 7, None)
+                        .operation_claim(&owner, 60_000, 7, None, &[])
                         .await
                         .unwrap();
                     if batch.is_empty() {
@@ -561,7 +561,7 @@ async fn acceptance_f_cancel_stops_prepared_intents_and_keeps_in_flight_ones(
     assert_eq!(op_row(&db, &unknown).await.0, "unknown");
     assert!(
         db.ledger
-            .operation_claim("dispatcher", 30_000, 100, None)
+            .operation_claim("dispatcher", 30_000, 100, None, &[])
             .await
             .unwrap()
             .is_empty(),
@@ -797,7 +797,7 @@ async fn planned_step_commits_intents_and_checkpoint_together_or_not_at_all(
     // The dispatcher can now claim them.
     let claimed = db
         .ledger
-        .operation_claim("dispatcher", 30_000, 10, None)
+        .operation_claim("dispatcher", 30_000, 10, None, &[])
         .await
         .unwrap();
     let mut ids: Vec<_> = claimed
@@ -855,7 +855,7 @@ async fn changing_a_planned_intent_keeps_the_old_one_for_audit(
     assert_eq!(old.superseded_by.as_ref(), Some(&revised.operation_id));
     let claimed = db
         .ledger
-        .operation_claim("dispatcher", 30_000, 10, None)
+        .operation_claim("dispatcher", 30_000, 10, None, &[])
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);
@@ -1332,7 +1332,7 @@ async fn a_not_found_operation_is_sent_again_only_after_the_settle_delay_within_
     // The dispatcher sends it again under the same operation id, counted.
     let claimed = db
         .ledger
-        .operation_claim("dispatcher-1", 60_000, 10, None)
+        .operation_claim("dispatcher-1", 60_000, 10, None, &[])
         .await
         .unwrap();
     assert_eq!(claimed.len(), 1);

@@ -506,6 +506,14 @@ impl Upstream for Upstreams {
             .get(upstream)
             .is_none_or(|c| c.accepting_calls())
     }
+
+    fn unavailable(&self) -> Vec<String> {
+        self.connections
+            .iter()
+            .filter(|(_, c)| !c.accepting_calls())
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
 }
 
 /// A Streamable HTTP request that failed before any of its bytes left: no
