@@ -11,8 +11,12 @@
 -- The facts leasegate judges its durability policy by, in one snapshot.
 -- synchronous_commit is the calling session's (what its commits wait for).
 -- timeline and wal_lsn are NULL on a standby (no WAL is written there).
--- wal_lsn is the insert position: at least every commit acknowledged before
--- this call, on any session.
+-- wal_lsn is at or beyond every commit acknowledged before this call, on
+-- any session that waits for its commits to be flushed: the flush position
+-- (under synchronous_commit = off, the insert position, since a commit is
+-- then acknowledged before its flush). Never the insert position otherwise:
+-- WAL inserted but not yet flushed is lost by a crash-restart that loses no
+-- acknowledged commit, and a high-water above it would read as a loss.
 CREATE OR REPLACE FUNCTION ledger_durability(
   OUT in_recovery boolean,
   OUT synchronous_commit text,
@@ -33,7 +37,8 @@ BEGIN
     FROM pg_stat_replication s;
   system_identifier := (SELECT c.system_identifier::text FROM pg_control_system() c);
   IF NOT in_recovery THEN
-    wal_lsn := pg_current_wal_insert_lsn();
+    wal_lsn := CASE WHEN current_setting('synchronous_commit') = 'off' THEN pg_current_wal_insert_lsn()
+                    ELSE pg_current_wal_flush_lsn() END;
     -- The WAL file name starts with the current timeline (pg_control_checkpoint()
     -- lags until the first checkpoint after a promotion).
     timeline := ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint;
@@ -44,8 +49,9 @@ $$;
 
 -- Where this server's WAL stands, for the acknowledged high-water of one
 -- call (src/durability): the system identifier, the current timeline (as
--- ledger_durability reads it) and the WAL insert position, which is at or
--- beyond the end of every commit acknowledged before this call, on any
+-- ledger_durability reads it) and the WAL position ledger_durability
+-- reads (flushed, or inserted under synchronous_commit = off), which is at
+-- or beyond the end of every commit acknowledged before this call, on any
 -- session. timeline and wal_lsn are NULL on a standby. Read by the hot
 -- path's own statements (operation_settle_acknowledged after its commit,
 -- operation_register_claim on a replay), so the sample costs no round trip.
@@ -55,7 +61,8 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS 
 BEGIN
   system_identifier := (SELECT c.system_identifier::text FROM pg_control_system() c);
   IF NOT pg_is_in_recovery() THEN
-    wal_lsn := (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint;
+    wal_lsn := (CASE WHEN current_setting('synchronous_commit') = 'off' THEN pg_current_wal_insert_lsn()
+                     ELSE pg_current_wal_flush_lsn() END - '0/0'::pg_lsn)::bigint;
     timeline := ('x' || lpad(substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8), 16, '0'))::bit(64)::bigint;
   END IF;
 END

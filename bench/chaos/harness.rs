@@ -69,6 +69,10 @@ pub struct Settings {
     pub pg_restart: Option<Vec<String>>,
     /// How long into the run the restart happens.
     pub pg_restart_after: Duration,
+    /// The mailer as one Streamable HTTP tool server all proxies share
+    /// (instead of a stdio child per proxy), stopped for 1–3 s at a time
+    /// (connections refused) up to three times during the run.
+    pub http_outages: bool,
     /// Also a violation: an operation whose tool was reached (and, with the
     /// tool and proxy faults off, answered) that does not end with that
     /// answer (`succeeded`/`failed_final`), whatever its capability —
@@ -103,6 +107,7 @@ impl Settings {
             proxy_faults: true,
             pg_restart: None,
             pg_restart_after: Duration::from_secs(10),
+            http_outages: false,
             answers_settle: false,
             settle: Duration::from_secs(60),
             attempts: 12,
@@ -224,6 +229,48 @@ pub struct FaultCounts {
     pub backend_terminations: usize,
     pub backends_terminated: usize,
     pub pg_restarts: usize,
+    /// Times the shared HTTP tool server was stopped.
+    pub http_outages: usize,
+}
+
+/// The mailer over Streamable HTTP on a fixed port, restartable.
+struct HttpTools {
+    tools: PathBuf,
+    state: PathBuf,
+    address: String,
+    child: Option<tokio::process::Child>,
+}
+
+impl HttpTools {
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let mut child = tokio::process::Command::new(&self.tools)
+            .args(["--tools", "mailer", "--http", &self.address, "--state-dir"])
+            .arg(&self.state)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("start the HTTP tool server")?;
+        // Listening once a TCP connection is accepted.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tokio::net::TcpStream::connect(&self.address).await.is_err() {
+            if let Some(status) = child.try_wait()? {
+                bail!("the HTTP tool server exited at start: {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("the HTTP tool server does not listen on {}", self.address);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
+        }
+    }
 }
 
 /// One `leasegate serve` process slot: fixed ports, restartable.
@@ -474,6 +521,18 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         std::fs::write(work.join("adapters").join(file), text)?;
     }
     std::fs::write(work.join("policy.toml"), POLICY)?;
+    let http_tools = if settings.http_outages {
+        let mut http = HttpTools {
+            tools: settings.tools.clone(),
+            state: state.clone(),
+            address: format!("127.0.0.1:{}", free_port()?),
+            child: None,
+        };
+        http.spawn().await?;
+        Some(Arc::new(Mutex::new(http)))
+    } else {
+        None
+    };
     let mut proxies = Vec::new();
     for index in 0..settings.proxies {
         let (mcp_port, control_port) = (free_port()?, free_port()?);
@@ -495,7 +554,13 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         .enumerate()
         {
             let salt = (index * 16 + salt) as u64;
-            config.push_str(&upstream_block(name, set, &settings, &state, salt));
+            match &http_tools {
+                Some(http) if name == "mailer" => config.push_str(&format!(
+                    "[upstreams.mailer]\ntransport = \"streamable_http\"\nurl = \"http://{}/mcp\"\n\n",
+                    http.lock().await.address
+                )),
+                _ => config.push_str(&upstream_block(name, set, &settings, &state, salt)),
+            }
         }
         let path = work.join(format!("proxy-{index}.toml"));
         std::fs::write(&path, config)?;
@@ -555,7 +620,10 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         let done = done.clone();
         let admin = admin.clone();
         let database = database.clone();
-        tokio::spawn(async move { monkey(settings, proxies, admin, database, done).await })
+        let http_tools = http_tools.clone();
+        tokio::spawn(
+            async move { monkey(settings, proxies, http_tools, admin, database, done).await },
+        )
     };
     for agent in agents {
         agent.await?;
@@ -568,8 +636,15 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     done.store(true, Ordering::SeqCst);
     let faults = monkey.await??;
 
-    // Settle: no more faults; every proxy up; the reconcilers get `settle`.
+    // Settle: no more faults; every proxy and tool server up; the
+    // reconcilers get `settle`.
     std::fs::write(state.join("calm"), "")?;
+    if let Some(http) = &http_tools {
+        let mut http = http.lock().await;
+        if http.child.is_none() {
+            http.spawn().await?;
+        }
+    }
     for proxy in &proxies {
         let mut proxy = proxy.lock().await;
         proxy.signal(nix::sys::signal::Signal::SIGCONT);
@@ -640,13 +715,53 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     }
     let effects = EffectLogs::read(&state);
 
+    // After its outages the HTTP tool server is back: every proxy must say
+    // so (its health, hence the gauge and the "upstream down" alert).
+    let mut health_violations = Vec::new();
+    if http_tools.is_some() {
+        let client = http_client(Duration::from_secs(5));
+        for control in &control_urls {
+            let deadline = Instant::now() + Duration::from_secs(15);
+            loop {
+                let state = match client.get(format!("{control}/v1/upstreams")).send().await {
+                    Ok(answer) => answer.json::<Value>().await.ok().and_then(|listed| {
+                        listed["upstreams"].as_array()?.iter().find_map(|u| {
+                            (u["name"] == "mailer")
+                                .then(|| u["state"].as_str().map(str::to_owned))?
+                        })
+                    }),
+                    Err(_) => None,
+                };
+                if state.as_deref() == Some("up") {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    health_violations.push(format!(
+                        "{control}: the HTTP mailer is back but its health says {state:?}, not up"
+                    ));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+    }
+
     for proxy in &proxies {
         proxy.lock().await.stop().await;
+    }
+    if let Some(http) = &http_tools {
+        http.lock().await.kill().await;
     }
     reap_tool_servers(&state);
 
     let records = std::mem::take(&mut *records.lock().unwrap_or_else(|e| e.into_inner()));
     let mut outcome = judge(&settings, &records, &operations, &effects, faults);
+    for violation in health_violations {
+        outcome
+            .report
+            .push_str(&format!("VIOLATION: {violation}\n"));
+        outcome.violations.push(violation);
+    }
     let mut head = String::new();
     head.push_str(&format!(
         "leasegate chaos soak\n\
@@ -1026,6 +1141,7 @@ fn parse_rpc(text: &str) -> Option<Value> {
 async fn monkey(
     settings: Settings,
     proxies: Vec<Arc<Mutex<Proxy>>>,
+    http_tools: Option<Arc<Mutex<HttpTools>>>,
     admin: sqlx::PgPool,
     database: String,
     done: Arc<AtomicBool>,
@@ -1060,6 +1176,18 @@ async fn monkey(
                 );
             }
             counts.pg_restarts += 1;
+            continue;
+        }
+        if let Some(http) = &http_tools
+            && counts.http_outages < 3
+            && rng.below(4) == 0
+        {
+            // Down: connections refused until it is back on the same port.
+            let mut http = http.lock().await;
+            http.kill().await;
+            counts.http_outages += 1;
+            tokio::time::sleep(rng.millis(1000, 3000)).await;
+            http.spawn().await?;
             continue;
         }
         let victim = &proxies[rng.below(proxies.len() as u64) as usize];
@@ -1375,12 +1503,13 @@ fn judge(
     let mut report = String::new();
     report.push_str(&format!(
         "faults: proxy SIGKILL+restart {}, proxy SIGSTOP {}, backend terminations {} ({} \
-         backends), PostgreSQL restarts {}; tool faults: {}\n",
+         backends), PostgreSQL restarts {}, HTTP tool server outages {}; tool faults: {}\n",
         faults.proxy_kills,
         faults.proxy_stops,
         faults.backend_terminations,
         faults.backends_terminated,
         faults.pg_restarts,
+        faults.http_outages,
         if logs.faults.is_empty() {
             "none".to_owned()
         } else {

@@ -39,6 +39,10 @@ struct Cli {
     /// No proxy SIGKILL/SIGSTOP: the database's faults only.
     #[arg(long)]
     no_proxy_faults: bool,
+    /// The mailer as one shared Streamable HTTP tool server, stopped for
+    /// 1-3 s up to three times (connections refused).
+    #[arg(long)]
+    http_outages: bool,
     /// Fail when an operation whose tool answered does not end with that
     /// answer (meaningful with --no-proxy-faults and the tool crash and
     /// hang rates at 0).
@@ -116,6 +120,7 @@ async fn main() -> std::process::ExitCode {
     settings.seed = cli.seed;
     settings.faults = !cli.no_faults;
     settings.proxy_faults = !cli.no_proxy_faults;
+    settings.http_outages = cli.http_outages;
     settings.answers_settle = cli.answers_settle;
     settings.tool_transient = cli.tool_transient;
     settings.tool_crash = cli.tool_crash;

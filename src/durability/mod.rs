@@ -33,10 +33,13 @@
 //! [`DurabilityGate`] keeps, in memory, the highest WAL position this process saw
 //! acknowledged: `(system identifier, timeline, LSN)`, sampled by every
 //! check and after every answer of a side-effecting call (before the agent
-//! hears it). A sample is the insert position read after the
-//! acknowledgement, so it is an upper bound: a failover may be reported as
-//! possibly lossy when the lost tail held no acknowledged write, never the
-//! reverse. When the same system comes back on a higher timeline, the
+//! hears it). A sample is the WAL flush position read after the
+//! acknowledgement (the insert position under `synchronous_commit = off`,
+//! where a commit is acknowledged before its flush), so it is an upper
+//! bound: a failover may be reported as possibly lossy when the lost tail
+//! held no acknowledged write, never the reverse. Not the insert position
+//! otherwise: a crash-restart of the primary loses WAL inserted but not
+//! flushed — never an acknowledged commit — and would read as a loss. When the same system comes back on a higher timeline, the
 //! switch point is read from the new timeline's history file; if it is
 //! below the high-water (or cannot be read, or the system identity changed,
 //! or the timeline or position went back), acknowledged writes in

@@ -4,9 +4,9 @@
 //! answers), proxies SIGKILLed and SIGSTOPped, database backends
 //! terminated, on `DATABASE_URL`'s server (a database of its own, created
 //! and dropped through the maintenance database). Then the database's
-//! faults alone — backends terminated and a PostgreSQL crash-restart — on a
-//! private cluster, where every call a tool answered must end with that
-//! answer. The harness is the example's own (`bench/chaos/harness.rs`).
+//! faults — backends terminated and a PostgreSQL crash-restart, on a
+//! private cluster — and outages of an HTTP tool server, where every call a
+//! tool answered must end with that answer. The harness is the example's own (`bench/chaos/harness.rs`).
 
 #[path = "../../bench/chaos/harness.rs"]
 mod harness;
@@ -96,14 +96,18 @@ fn crash_restart(cluster: &leasegate::embedded::Cluster) -> Vec<String> {
     command
 }
 
-/// Only the database fails: every backend of the ledger terminated every
-/// ~0.4 s and PostgreSQL crash-restarted once, mid-burst, on a private
-/// cluster (the shared server is left alone). The tools and proxies do not
-/// fail, so every call that reached a tool was answered to leasegate, and
-/// each such operation must end with that answer — a `none` tool's too,
-/// which no reconciler query could have settled — with no operator.
+/// The database and one Streamable HTTP tool server fail, nothing else:
+/// every backend of the ledger terminated every ~0.4 s and PostgreSQL
+/// crash-restarted once, mid-burst, on a private cluster (the shared server
+/// is left alone); the mailer, one HTTP server all proxies share, stopped
+/// (connections refused) for 1–3 s up to three times. The tools never fail
+/// and the proxies are never killed, so every call that reached a tool was
+/// answered to leasegate, and each such operation must end with that
+/// answer — a `none` tool's too, which no reconciler query could have
+/// settled — with no operator; a refused call is never sent twice; and
+/// every proxy's health says the mailer is up at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_answered_call_converges_when_backends_die_and_postgres_crash_restarts() {
+async fn every_answered_call_converges_through_database_faults_and_http_outages() {
     let _exclusive = crate::common::exclusive().await;
     let tag = uuid::Uuid::new_v4().simple().to_string();
     // Short: the server's socket lives in it.
@@ -128,6 +132,7 @@ async fn every_answered_call_converges_when_backends_die_and_postgres_crash_rest
     settings.tool_hang = 0.0;
     settings.tool_slow = 0.0;
     settings.proxy_faults = false;
+    settings.http_outages = true;
     settings.fault_interval = Duration::from_millis(400);
     settings.pg_restart = Some(crash_restart(&cluster));
     settings.pg_restart_after = Duration::from_secs(3);
@@ -154,6 +159,11 @@ async fn every_answered_call_converges_when_backends_die_and_postgres_crash_rest
     assert_eq!(outcome.intents, 200);
     // The faults did happen.
     assert_eq!(outcome.faults.pg_restarts, 1, "{:?}", outcome.faults);
+    assert!(
+        outcome.faults.http_outages > 0,
+        "the HTTP tool server was never stopped: {:?}",
+        outcome.faults
+    );
     assert!(
         outcome.faults.backends_terminated > 0,
         "no backend was terminated: {:?}",
