@@ -258,6 +258,57 @@ impl LedgerError {
         }
     }
 
+    /// Whether the call failed because a connection broke or could not be
+    /// had — the statement itself, the input and the server's set-up are
+    /// not at fault, so the same call on a fresh connection may succeed:
+    /// no connection ([`LedgerError::Unavailable`]), a session torn down
+    /// with the statement in flight ([`LedgerError::OutcomeUnknown`], or a
+    /// refusal whose SQLSTATE is 08xxx/57Pxx), aborts that used up their
+    /// retries, and no server answering ([`ConnectFailure::Unreachable`]).
+    ///
+    /// A write that failed this way may still have committed
+    /// ([`LedgerError::delivery`]): only a call that is safe to repeat
+    /// (a read, a liveness renewal, the migrations) may simply be sent
+    /// again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LedgerError::Unavailable { .. }
+            | LedgerError::OutcomeUnknown { .. }
+            | LedgerError::RetryBudgetSpent { .. } => true,
+            LedgerError::Database { source, .. } => session_broke(source),
+            LedgerError::Migrate(
+                sqlx::migrate::MigrateError::Execute(source)
+                | sqlx::migrate::MigrateError::ExecuteMigration(source, _),
+            ) => session_broke(source),
+            LedgerError::Connect(error) => error.failure == ConnectFailure::Unreachable,
+            _ => false,
+        }
+    }
+
+    /// Whether the session broke under the call, or none could be opened
+    /// (not merely none free in time): the same call on a fresh session
+    /// may succeed, and a write's outcome is to be read back
+    /// ([`LedgerError::delivery`]).
+    pub fn connection_lost(&self) -> bool {
+        match self {
+            LedgerError::OutcomeUnknown { .. } => true,
+            LedgerError::Unavailable { source, .. } => session_broke(source),
+            _ => false,
+        }
+    }
+
+    /// A call given up after `limit` without an answer (the caller's own
+    /// time limit): the statement may have run, as with a lost connection.
+    pub fn no_answer_within(call: &'static str, limit: std::time::Duration) -> LedgerError {
+        LedgerError::OutcomeUnknown {
+            call,
+            source: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {limit:?}"),
+            )),
+        }
+    }
+
     /// Why the ledger could not be opened, when that is what happened.
     pub fn connect_failure(&self) -> Option<&ConnectError> {
         match self {
@@ -300,6 +351,12 @@ pub(crate) fn classify(error: &sqlx::Error) -> ErrorClass {
         | sqlx::Error::TypeNotFound { .. } => ErrorClass::Undecodable,
         _ => ErrorClass::Refused,
     }
+}
+
+/// Whether `error` says the session broke (the connection, or the server
+/// tearing the session down) rather than that the statement was refused.
+pub(crate) fn session_broke(error: &sqlx::Error) -> bool {
+    matches!(classify(error), ErrorClass::InFlight)
 }
 
 /// The database answered something this build cannot read.
