@@ -18,8 +18,8 @@ use crate::adapter::Upstream;
 use crate::durability::{DurabilityGate, Hold};
 use crate::intent::Intent;
 use crate::ledger::{
-    Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, OperationRecord,
-    OperationStatus, Rejection, ToolRoute, UnknownBy, UnknownCause, WalPosition,
+    Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome,
+    OperationRecord, OperationStatus, Rejection, ToolRoute, UnknownBy, UnknownCause, WalPosition,
 };
 use crate::policy::{Policy, StepIdentity};
 
