@@ -13,6 +13,7 @@
 //! the ttl and its claims are judged as those of a gone holder.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -122,5 +123,91 @@ async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+/// When this process's liveness row may have lapsed: the ttl passed since
+/// the last successful renewal was sent (the parent module's "Liveness of
+/// this process"). Lock-free: every admitted call reads it.
+#[derive(Debug)]
+pub struct LivenessClock {
+    base: std::time::Instant,
+    /// When the last successful renewal was sent, in nanoseconds after
+    /// `base` (`u64::MAX`: not renewed yet, nothing to judge).
+    sent: AtomicU64,
+    ttl_nanos: AtomicU64,
+}
+
+impl Default for LivenessClock {
+    fn default() -> LivenessClock {
+        LivenessClock {
+            base: std::time::Instant::now(),
+            sent: AtomicU64::new(u64::MAX),
+            ttl_nanos: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LivenessClock {
+    /// A renewal sent at `sent` succeeded; the row lives `ttl` from when
+    /// the ledger ran it, so at least `ttl` from `sent`.
+    pub fn renewed(&self, sent: std::time::Instant, ttl: Duration) {
+        let ttl_nanos = u64::try_from(ttl.as_nanos()).unwrap_or(u64::MAX);
+        self.ttl_nanos.store(ttl_nanos, Ordering::Release);
+        let nanos = sent.saturating_duration_since(self.base).as_nanos();
+        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1);
+        // Renewals may finish out of order: keep the latest send.
+        let _ = self
+            .sent
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |was| {
+                (was == u64::MAX || nanos > was).then_some(nanos)
+            });
+    }
+
+    /// Why the row may have lapsed, if it may have.
+    pub fn lapsed(&self) -> Option<String> {
+        let sent = self.sent.load(Ordering::Acquire);
+        if sent == u64::MAX {
+            return None;
+        }
+        let ttl = Duration::from_nanos(self.ttl_nanos.load(Ordering::Acquire));
+        let since = self
+            .base
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(sent));
+        (since >= ttl).then(|| {
+            format!(
+                "this process's liveness may have lapsed: no renewal confirmed for {}s (ttl {}s); \
+                 its claims may be judged as those of a stopped process, so it takes no new ones \
+                 until a renewal reaches the ledger",
+                since.as_secs(),
+                ttl.as_secs()
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::durability::{DurabilityGate, Hold};
+
+    #[test]
+    fn new_claims_wait_only_once_the_liveness_may_have_lapsed() {
+        let gate = DurabilityGate::unchecked();
+        assert_eq!(
+            gate.liveness_lapsed(),
+            None,
+            "never renewed: nothing to judge"
+        );
+        gate.liveness_renewed(std::time::Instant::now(), Duration::from_secs(3600));
+        assert_eq!(gate.liveness_lapsed(), None);
+        assert_eq!(gate.hold(), None);
+        // A ttl that has passed since the renewal was sent.
+        gate.liveness_renewed(std::time::Instant::now(), Duration::ZERO);
+        let Some(Hold::LedgerUnavailable(reason)) = gate.hold() else {
+            panic!("a lapsed liveness holds new claims: {:?}", gate.hold());
+        };
+        assert!(reason.contains("liveness may have lapsed"), "{reason}");
     }
 }

@@ -321,12 +321,8 @@ pub struct DurabilityGate {
     /// One check at a time: callers of [`DurabilityGate::admit`] that find the gate
     /// unverified wait for the same check instead of each running one.
     checking: tokio::sync::Mutex<()>,
-    /// This process's liveness (module docs): when the last successful
-    /// renewal was sent, in nanoseconds after `liveness_base`
-    /// (`u64::MAX`: not renewed yet, nothing to judge), and its ttl.
-    liveness_base: Instant,
-    liveness_sent: AtomicU64,
-    liveness_ttl: Mutex<Duration>,
+    /// Whether this process's liveness row may have lapsed (module docs).
+    liveness: liveness::LivenessClock,
 }
 
 impl DurabilityGate {
@@ -343,9 +339,7 @@ impl DurabilityGate {
             suspicions: AtomicU64::new(0),
             wake: Notify::new(),
             checking: tokio::sync::Mutex::new(()),
-            liveness_base: Instant::now(),
-            liveness_sent: AtomicU64::new(u64::MAX),
-            liveness_ttl: Mutex::new(Duration::ZERO),
+            liveness: liveness::LivenessClock::default(),
         };
         gate.publish(&gate.lock());
         gate
@@ -362,9 +356,7 @@ impl DurabilityGate {
             suspicions: AtomicU64::new(0),
             wake: Notify::new(),
             checking: tokio::sync::Mutex::new(()),
-            liveness_base: Instant::now(),
-            liveness_sent: AtomicU64::new(u64::MAX),
-            liveness_ttl: Mutex::new(Duration::ZERO),
+            liveness: liveness::LivenessClock::default(),
         }
     }
 
@@ -429,40 +421,12 @@ impl DurabilityGate {
     /// A liveness renewal sent at `sent` succeeded; the row lives `ttl`
     /// from the moment the ledger ran it (module docs, "Liveness").
     pub fn liveness_renewed(&self, sent: Instant, ttl: Duration) {
-        *self.liveness_ttl.lock().unwrap_or_else(|e| e.into_inner()) = ttl;
-        let nanos = sent
-            .saturating_duration_since(self.liveness_base)
-            .as_nanos();
-        let nanos = u64::try_from(nanos).unwrap_or(u64::MAX - 1);
-        // Renewals may finish out of order: keep the latest send.
-        self.liveness_sent
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |was| {
-                (was == u64::MAX || nanos > was).then_some(nanos)
-            })
-            .ok();
+        self.liveness.renewed(sent, ttl);
     }
 
-    /// Why this process's liveness row may have lapsed, if it may have:
-    /// the ttl passed since the last successful renewal was sent.
+    /// Why this process's liveness row may have lapsed, if it may have.
     pub fn liveness_lapsed(&self) -> Option<String> {
-        let sent = self.liveness_sent.load(Ordering::Acquire);
-        if sent == u64::MAX {
-            return None;
-        }
-        let ttl = *self.liveness_ttl.lock().unwrap_or_else(|e| e.into_inner());
-        let since = self
-            .liveness_base
-            .elapsed()
-            .saturating_sub(Duration::from_nanos(sent));
-        (since >= ttl).then(|| {
-            format!(
-                "this process's liveness may have lapsed: no renewal confirmed for {}s (ttl {}s); \
-                 its claims may be judged as those of a stopped process, so it takes no new ones \
-                 until a renewal reaches the ledger",
-                since.as_secs(),
-                ttl.as_secs()
-            )
-        })
+        self.liveness.lapsed()
     }
 
     /// A call saw the ledger fail: hold until a check succeeds, and check now.
@@ -722,6 +686,29 @@ mod tests {
             timeline: Some(1),
             wal_lsn: Some(Lsn(100)),
         }
+    }
+
+    #[test]
+    fn a_refusal_blames_durability_only_when_the_contract_failed() {
+        let gate = DurabilityGate::new(Durability::Local, "leasegate-test");
+        assert!(
+            matches!(gate.hold(), Some(Hold::LedgerUnavailable(_))),
+            "not checked yet: {:?}",
+            gate.hold()
+        );
+        gate.suspect("outcome unknown: read back");
+        let Some(Hold::LedgerUnavailable(reason)) = gate.hold() else {
+            panic!("a suspicion is not a durability failure: {:?}", gate.hold());
+        };
+        assert!(reason.contains("the ledger failed a call"), "{reason}");
+        {
+            let mut state = gate.lock();
+            state.unmet = vec!["the ledger's server is a standby".to_owned()];
+            gate.publish(&state);
+        }
+        let hold = gate.hold().expect("held");
+        assert!(matches!(hold, Hold::Durability(_)), "{hold:?}");
+        assert!(hold.to_string().starts_with("durability hold: "), "{hold}");
     }
 
     #[test]
