@@ -182,6 +182,14 @@ pub fn error_from_call(error: &CallError) -> McpError {
                 _ => "ledger unavailable: nothing was sent upstream; try again".to_owned(),
             }
         }
+        // Why is the operator's business (logged, and in GET
+        // /v1/durability): driver text is not the agent's.
+        CallError::LedgerUnreachable { reason } => {
+            tracing::warn!(reason = %crate::logfield::clip(reason), "call refused: ledger unavailable");
+            "ledger unavailable: the ledger could not be reached or confirmed, so nothing was \
+             registered or sent; call again"
+                .to_owned()
+        }
         // How to send what is missing, in this transport's words.
         CallError::LeaseRequired => format!(
             "{error}: send _meta \"{}\" {{run_id, owner, epoch}} or the Leasegate-Run-Id, \
