@@ -9,7 +9,8 @@
 //!
 //! When `shutdown` completes (or either listener's server fails), both
 //! listeners stop accepting, connections in flight are answered, then the
-//! background loops are cancelled and awaited, the ledger pool is closed and
+//! background loops are cancelled and awaited, tool answers the ledger could
+//! not take yet get a bounded last chance, the ledger pool is closed and
 //! the upstream clients are stopped (their stdio children end).
 
 mod open;
@@ -39,6 +40,7 @@ use open::{open_ledger, open_operator, startup_error};
 fn console_sources(proxy: &Proxy) -> crate::control::console::Sources {
     let upstreams = proxy.upstreams.clone();
     let directory = proxy.directory.clone();
+    let tools = Some(proxy.directory.clone());
     crate::control::console::Sources {
         ledger: proxy.ledger.clone(),
         operator: proxy.operator.clone(),
@@ -62,6 +64,7 @@ fn console_sources(proxy: &Proxy) -> crate::control::console::Sources {
             )
             .describe()
         })),
+        tools,
     }
 }
 
@@ -576,6 +579,9 @@ impl Proxy {
         // The front and the loops hold the upstream clients too.
         drop(background);
         drop(front);
+        // Answers the ledger could not take yet get a last chance (their
+        // calls' tasks have ended: every fact they learned is kept by now).
+        crate::dispatch::drain_kept_facts(KEPT_FACTS_GRACE).await;
         // Claims still held now will not be settled by this process.
         if let Err(error) = ledger.process_retire(&owner).await {
             tracing::warn!(%error, "could not record this process as stopped");
@@ -658,6 +664,10 @@ pub async fn stop_private(cluster: Option<Cluster>) {
         Err(error) => tracing::error!(%error, "could not stop the private PostgreSQL"),
     }
 }
+
+/// How long [`Proxy::shutdown`] waits for kept tool answers to reach the
+/// ledger (`dispatch::keeper`).
+const KEPT_FACTS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long [`Proxy::shutdown`] waits for a background pass in progress.
 const LOOPS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);

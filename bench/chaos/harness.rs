@@ -60,9 +60,20 @@ pub struct Settings {
     pub tool_slow: f64,
     /// Mean time between two proxy/database faults.
     pub fault_interval: Duration,
-    /// `Some(version)`: restart the PostgreSQL cluster once, mid-run
-    /// (`pg_ctlcluster --skip-systemctl-redirect <version> main restart`).
-    pub pg_restart: Option<String>,
+    /// Proxies SIGKILLed and SIGSTOPped among the faults; off: the only
+    /// faults are the database's (backends terminated, the restart below).
+    pub proxy_faults: bool,
+    /// `Some(command line)`: restart PostgreSQL once, mid-run, with it
+    /// (e.g. `pg_ctlcluster --skip-systemctl-redirect 15 main restart`, or
+    /// a private cluster's `pg_ctl -m immediate restart`: a crash-restart).
+    pub pg_restart: Option<Vec<String>>,
+    /// How long into the run the restart happens.
+    pub pg_restart_after: Duration,
+    /// Also a violation: an operation whose tool was reached (and, with the
+    /// tool and proxy faults off, answered) that does not end with that
+    /// answer (`succeeded`/`failed_final`), whatever its capability —
+    /// an answer the ledger could not take at first must still land.
+    pub answers_settle: bool,
     /// How long the reconcilers get to settle after the agents finished.
     pub settle: Duration,
     /// Calls per intent before an agent gives up on an answer.
@@ -89,7 +100,10 @@ impl Settings {
             tool_hang: 0.03,
             tool_slow: 0.10,
             fault_interval: Duration::from_millis(1500),
+            proxy_faults: true,
             pg_restart: None,
+            pg_restart_after: Duration::from_secs(10),
+            answers_settle: false,
             settle: Duration::from_secs(60),
             attempts: 12,
             leasegate,
@@ -581,10 +595,11 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
     loop {
         let (moving, unknown): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE status IN ('prepared', 'dispatching')),
-                    count(*) FILTER (WHERE status = 'unknown' AND tool_name <> $1)
+                    count(*) FILTER (WHERE status = 'unknown' AND (tool_name <> $1 OR $2))
                FROM tool_operations",
         )
         .bind(Kind::Email.tool())
+        .bind(settings.answers_settle)
         .fetch_one(&ledger)
         .await?;
         if moving > 0 || unknown != last_change.1 {
@@ -641,7 +656,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
          (operation_query), mailer send_email (none), one stdio child per tool per proxy; an \
          agent re-calls the same step through a random proxy after an error or unknown (up to {} \
          calls, more while no operation was named)\n\
-         settings: seed {}, faults {}, tool faults per call: transient {}, crash after effect {}, \
+         settings: seed {}, faults {} (proxy faults {}), tool faults per call: transient {}, crash after effect {}, \
          hang after effect {} (3 s, tool timeout 1.5 s), slow {} (up to 400 ms); proxy/db fault \
          every ~{} ms (SIGKILL+restart, SIGSTOP 1-6 s (claim_ttl 4 s), pg_terminate_backend of every backend), \
          PostgreSQL restart: {}; policy claim_ttl 4s, reconcile every 250 ms, settle deadline {} s \
@@ -654,12 +669,16 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         settings.attempts,
         settings.seed,
         if settings.faults { "on" } else { "off" },
+        if settings.proxy_faults { "on" } else { "off" },
         settings.tool_transient,
         settings.tool_crash,
         settings.tool_hang,
         settings.tool_slow,
         settings.fault_interval.as_millis(),
-        settings.pg_restart.as_deref().unwrap_or("off"),
+        settings
+            .pg_restart
+            .as_ref()
+            .map_or("off".to_owned(), |command| command.join(" ")),
         settings.settle.as_secs(),
         setup.as_secs_f64(),
         driven.as_secs_f64(),
@@ -1023,22 +1042,33 @@ async fn monkey(
         if done.load(Ordering::SeqCst) {
             break;
         }
-        if let Some(version) = &settings.pg_restart
+        if let Some(restart) = &settings.pg_restart
             && counts.pg_restarts == 0
-            && started.elapsed() > Duration::from_secs(10)
+            && started.elapsed() > settings.pg_restart_after
         {
-            let status = tokio::process::Command::new("pg_ctlcluster")
-                .args(["--skip-systemctl-redirect", version, "main", "restart"])
-                .status()
-                .await?;
-            if !status.success() {
-                bail!("pg_ctlcluster restart failed: {status}");
+            let (program, args) = restart.split_first().context("an empty restart command")?;
+            let out = tokio::process::Command::new(program)
+                .args(args)
+                .output()
+                .await
+                .with_context(|| format!("run {restart:?}"))?;
+            if !out.status.success() {
+                bail!(
+                    "{restart:?} failed: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             counts.pg_restarts += 1;
             continue;
         }
         let victim = &proxies[rng.below(proxies.len() as u64) as usize];
-        match rng.below(3) {
+        let fault = if settings.proxy_faults {
+            rng.below(3)
+        } else {
+            2
+        };
+        match fault {
             0 => {
                 let mut proxy = victim.lock().await;
                 proxy.kill().await;
@@ -1054,15 +1084,19 @@ async fn monkey(
                 proxy.signal(nix::sys::signal::Signal::SIGCONT);
             }
             _ => {
-                let terminated: i64 = sqlx::query_scalar(
+                // The admin session itself may have died with a restart:
+                // a terminate that cannot run is skipped, not fatal.
+                let terminated: Result<i64, _> = sqlx::query_scalar(
                     "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
                       WHERE datname = $1 AND pid <> pg_backend_pid()) AS t",
                 )
                 .bind(&database)
                 .fetch_one(&admin)
-                .await?;
-                counts.backend_terminations += 1;
-                counts.backends_terminated += terminated as usize;
+                .await;
+                if let Ok(terminated) = terminated {
+                    counts.backend_terminations += 1;
+                    counts.backends_terminated += terminated as usize;
+                }
             }
         }
     }
@@ -1296,6 +1330,19 @@ fn judge(
                 ));
             }
             _ => {}
+        }
+        if settings.answers_settle
+            && calls > 0
+            && !matches!(row.status.as_str(), "succeeded" | "failed_final")
+        {
+            violations.push(format!(
+                "the tool was reached {calls} time(s) and answered, but the operation did not \
+                 end with its answer ({} capability, dispatch_count {}, reconcile_attempts {}): \
+                 {what}",
+                record.kind.capability(),
+                row.dispatch_count,
+                row.reconcile_attempts
+            ));
         }
         if let Some(told) = &record.terminal
             && told != &row.status

@@ -36,6 +36,14 @@ struct Cli {
     /// Turn every fault off (a baseline).
     #[arg(long)]
     no_faults: bool,
+    /// No proxy SIGKILL/SIGSTOP: the database's faults only.
+    #[arg(long)]
+    no_proxy_faults: bool,
+    /// Fail when an operation whose tool answered does not end with that
+    /// answer (meaningful with --no-proxy-faults and the tool crash and
+    /// hang rates at 0).
+    #[arg(long)]
+    answers_settle: bool,
     #[arg(long, default_value_t = 0.04)]
     tool_transient: f64,
     #[arg(long, default_value_t = 0.02)]
@@ -107,12 +115,24 @@ async fn main() -> std::process::ExitCode {
     settings.agents = cli.agents.max(1);
     settings.seed = cli.seed;
     settings.faults = !cli.no_faults;
+    settings.proxy_faults = !cli.no_proxy_faults;
+    settings.answers_settle = cli.answers_settle;
     settings.tool_transient = cli.tool_transient;
     settings.tool_crash = cli.tool_crash;
     settings.tool_hang = cli.tool_hang;
     settings.tool_slow = cli.tool_slow;
     settings.fault_interval = Duration::from_millis(cli.fault_interval_ms.max(10));
-    settings.pg_restart = cli.pg_restart;
+    settings.pg_restart = cli.pg_restart.map(|version| {
+        [
+            "pg_ctlcluster",
+            "--skip-systemctl-redirect",
+            &version,
+            "main",
+            "restart",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    });
     settings.settle = Duration::from_secs(cli.settle_secs);
     settings.attempts = cli.attempts.max(1);
     settings.admin_url = cli.admin_url;

@@ -714,8 +714,10 @@ pub trait Upstream: Send + Sync + 'static {
         call: UpstreamCall,
     ) -> impl Future<Output = Result<ToolAnswer, UpstreamError>> + Send;
 
-    /// Whether `upstream` takes calls now. False while a supervisor is
-    /// restarting it: background work defers instead of spending budget.
+    /// Whether `upstream` takes calls now. False while a stdio child is
+    /// being restarted or a Streamable HTTP server is down (its connections
+    /// refused): background work defers instead of spending budget, and the
+    /// upstream's own probe says when it is back.
     fn accepting_calls(&self, upstream: &str) -> bool {
         let _ = upstream;
         true

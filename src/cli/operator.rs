@@ -12,6 +12,8 @@
 //! `database_url` of `--config`, the default). With `--config`, the commands
 //! act for that config's tenant, as its `leasegate serve` would.
 
+use std::collections::BTreeMap;
+
 use http::Method;
 
 use super::archive::archive;
@@ -20,8 +22,9 @@ use super::operator_args::{OperatorCommand, OpsCommand};
 use super::operator_request::ApiRequest;
 use super::output::{exit_code, render, report};
 use super::target::Target;
+use crate::adapter::Adapter;
 use crate::config::DatabaseUrl;
-use crate::control::{OperatorLedger, exit};
+use crate::control::{ErrorCode, OperatorLedger, exit};
 use crate::ledger::{ConnectError, ConnectFailure, Ledger, LedgerError, LedgerOptions};
 use crate::policy::Bodies;
 
@@ -48,6 +51,7 @@ impl OperatorCommand {
             database,
             tenant,
             bodies,
+            adapters,
         } = match Target::of(common) {
             Ok(target) => target,
             Err(code) => return code,
@@ -62,6 +66,16 @@ impl OperatorCommand {
                 return report(common.json, code, &message);
             }
         };
+        if let OperatorCommand::Ops {
+            command: OpsCommand::Retry { operation_id, .. },
+            ..
+        } = self
+            && let Some(why) =
+                retry_refusal(&ledger, tenant.as_deref(), &adapters, operation_id).await
+        {
+            ledger.close().await;
+            return report(common.json, ErrorCode::NothingToRetry, &why);
+        }
         let operator = if operator_act {
             OperatorLedger::Ready(ledger.clone())
         } else {
@@ -143,4 +157,37 @@ async fn connect(
         return Ledger::connect(&database.url, as_operator).await;
     }
     connected
+}
+
+/// Why `ops retry` cannot lead to a retry of `operation_id`, judged by the
+/// adapter file of its recorded upstream in `--config` (as `leasegate
+/// serve` judges it by its live directory); `None`: a retry can follow, or
+/// nothing here says otherwise (no config, an upstream it does not list,
+/// an operation not unknown or not this tenant's — the route's answer
+/// says so).
+async fn retry_refusal(
+    ledger: &Ledger,
+    tenant: Option<&str>,
+    adapters: &BTreeMap<String, Adapter>,
+    operation_id: &str,
+) -> Option<String> {
+    let id = crate::intent::OperationId::from_string(operation_id.to_owned());
+    // Another tenant's operation is "not found" for this config: the
+    // route says so.
+    if let Some(tenant) = tenant
+        && ledger.operation_tenant(&id).await.ok().flatten().as_deref() != Some(tenant)
+    {
+        return None;
+    }
+    let operation = ledger.operation_record(&id).await.ok().flatten()?;
+    if operation.status != crate::ledger::OperationStatus::Unknown {
+        return None;
+    }
+    let route = operation.route.as_ref()?;
+    let adapter = adapters.get(&route.upstream)?.tool(&route.tool, None);
+    crate::reconcile::plan::retry_budget_matters(Some(&adapter))
+        .err()
+        .map(|why| {
+            format!("operation {operation_id} cannot be retried: {why}. Nothing was written")
+        })
 }

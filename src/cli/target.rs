@@ -2,8 +2,11 @@
 //! every command finds it, and with `--config` that config's tenant and
 //! body rules. Reads the config file only.
 
+use std::collections::BTreeMap;
+
 use super::operator_args::Common;
 use super::output::report;
+use crate::adapter::Adapter;
 use crate::config::{Config, DatabaseUrl};
 use crate::control::ErrorCode;
 use crate::policy::Bodies;
@@ -15,6 +18,9 @@ pub(super) struct Target {
     pub database: DatabaseUrl,
     pub tenant: Option<String>,
     pub bodies: Bodies,
+    /// The adapter files of `--config`, by upstream (empty without one):
+    /// what `ops retry` judges a retry by.
+    pub adapters: BTreeMap<String, Adapter>,
 }
 
 impl Target {
@@ -33,6 +39,7 @@ impl Target {
                         database: config.database.located(),
                         tenant: Some(config.tenant),
                         bodies,
+                        adapters: config.adapters,
                     })
                 }
                 Err(error) => Err(report(
@@ -45,6 +52,7 @@ impl Target {
                 database: DatabaseUrl::from_environment(common.database_url.as_deref(), None),
                 tenant: None,
                 bodies: Default::default(),
+                adapters: BTreeMap::new(),
             }),
         }
     }

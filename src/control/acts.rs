@@ -23,11 +23,14 @@ use serde_json::Value;
 
 use super::error::{ApiError, ErrorCode};
 use super::state::OperatorLedger;
+use crate::adapter::SharedDirectory;
+use crate::dispatch::recorded_tool;
 use crate::intent::OperationId;
 use crate::ledger::{
-    Applied, Converge, ConvergeEvidence, ConvergeOutcome, Fenced, LedgerError, RetryResetOutcome,
-    RunId, Settlement,
+    Applied, Converge, ConvergeEvidence, ConvergeOutcome, Fenced, LedgerError, OperationStatus,
+    RetryResetOutcome, RunId, Settlement,
 };
+use crate::reconcile::plan::retry_budget_matters;
 
 /// Why an act did not reach the ledger, or what the ledger said instead
 /// of an outcome.
@@ -36,6 +39,10 @@ pub(super) enum ActError {
     /// This process cannot act as `leasegate_operator`: why, and the fix
     /// (`OperatorLedger::ready`'s message). Nothing was written.
     NoOperatorRole(String),
+    /// A retry was asked where none can happen (its tool's capability, or
+    /// no upstream offers it): why, and what to do instead. Nothing was
+    /// written.
+    NothingToRetry(String),
     /// The ledger call failed (unreachable, outcome unknown, bad input).
     Ledger(LedgerError),
 }
@@ -51,6 +58,7 @@ impl From<ActError> for ApiError {
     fn from(error: ActError) -> Self {
         match error {
             ActError::NoOperatorRole(message) => ApiError::new(ErrorCode::RoleNotGranted, message),
+            ActError::NothingToRetry(message) => ApiError::new(ErrorCode::NothingToRetry, message),
             ActError::Ledger(error) => ApiError::from(error),
         }
     }
@@ -109,14 +117,28 @@ pub(super) async fn resolve(
         .await?)
 }
 
-/// Starts an unknown operation's same-key retry budget over.
+/// Starts an unknown operation's same-key retry budget over — refused
+/// ([`ActError::NothingToRetry`]) when `tools` (the serving process's
+/// directory; `None`: not judged) shows that no retry can follow.
 pub(super) async fn retry(
     operator: &OperatorLedger,
+    tools: Option<&SharedDirectory>,
     operation_id: &OperationId,
     actor: &str,
     note: &str,
 ) -> Result<RetryResetOutcome, ActError> {
     let ledger = operator.ready().map_err(ActError::NoOperatorRole)?;
+    if let Some(tools) = tools
+        && let Some(operation) = ledger.operation_record(operation_id).await?
+        && operation.status == OperationStatus::Unknown
+    {
+        let tool = recorded_tool(tools, &operation);
+        if let Err(why) = retry_budget_matters(tool.as_ref().map(|t| &t.adapter)) {
+            return Err(ActError::NothingToRetry(format!(
+                "operation {operation_id} cannot be retried: {why}. Nothing was written"
+            )));
+        }
+    }
     Ok(ledger
         .operation_reconcile_reset(operation_id, actor, note)
         .await?)

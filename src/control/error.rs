@@ -71,6 +71,9 @@ pub enum ErrorCode {
     RunIdTaken,
     /// Only unknown operations are resolved (409).
     NotUnknown,
+    /// A retry asked where none can follow: the tool's capability never
+    /// sends again, or spends no budget (409; CLI exit 4).
+    NothingToRetry,
     /// Nothing was written: the database is unreachable (503).
     LedgerUnavailable,
     /// The database server refused the login (503; CLI exit 7).
@@ -118,7 +121,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every variant, for table tests.
-    pub const ALL: [ErrorCode; 35] = [
+    pub const ALL: [ErrorCode; 36] = [
         ErrorCode::NoRoute,
         ErrorCode::NotFound,
         ErrorCode::LeaseLost,
@@ -131,6 +134,7 @@ impl ErrorCode {
         ErrorCode::ActiveRunLive,
         ErrorCode::RunIdTaken,
         ErrorCode::NotUnknown,
+        ErrorCode::NothingToRetry,
         ErrorCode::LedgerUnavailable,
         ErrorCode::DatabaseAuthFailed,
         ErrorCode::DatabaseMissing,
@@ -171,6 +175,7 @@ impl ErrorCode {
             ErrorCode::ActiveRunLive => "active_run_live",
             ErrorCode::RunIdTaken => "run_id_taken",
             ErrorCode::NotUnknown => "not_unknown",
+            ErrorCode::NothingToRetry => "nothing_to_retry",
             ErrorCode::LedgerUnavailable => "ledger_unavailable",
             ErrorCode::DatabaseAuthFailed => "database_auth_failed",
             ErrorCode::DatabaseMissing => "database_missing",
@@ -218,7 +223,8 @@ impl ErrorCode {
             | ErrorCode::WrongStatus
             | ErrorCode::ActiveRunLive
             | ErrorCode::RunIdTaken
-            | ErrorCode::NotUnknown => StatusCode::CONFLICT,
+            | ErrorCode::NotUnknown
+            | ErrorCode::NothingToRetry => StatusCode::CONFLICT,
             ErrorCode::LedgerUnavailable
             | ErrorCode::DatabaseAuthFailed
             | ErrorCode::DatabaseMissing
@@ -257,7 +263,8 @@ impl ErrorCode {
             | ErrorCode::WrongStatus
             | ErrorCode::ActiveRunLive
             | ErrorCode::RunIdTaken
-            | ErrorCode::NotUnknown => exit::CONFLICT,
+            | ErrorCode::NotUnknown
+            | ErrorCode::NothingToRetry => exit::CONFLICT,
             ErrorCode::LedgerUnavailable | ErrorCode::OutcomeUnknown => exit::UNAVAILABLE,
             ErrorCode::DatabaseAuthFailed => exit::AUTHENTICATION_FAILED,
             ErrorCode::DatabaseMissing => exit::DATABASE_MISSING,
@@ -570,6 +577,7 @@ mod tests {
             (ActiveRunLive, 409, 4),
             (RunIdTaken, 409, 4),
             (NotUnknown, 409, 4),
+            (NothingToRetry, 409, 4),
             (LedgerUnavailable, 503, 6),
             (DatabaseAuthFailed, 503, 7),
             (DatabaseMissing, 503, 8),

@@ -180,6 +180,7 @@ pub(super) async fn retry_operation(
     caller.owns_operation(&state, &id).await?;
     match acts::retry(
         &state.operator,
+        state.tools.as_deref(),
         &id,
         &caller.audited_actor(&body.actor),
         &body.note,

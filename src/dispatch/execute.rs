@@ -16,6 +16,7 @@ use tracing::Instrument;
 use super::call::{
     CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome,
 };
+use super::keeper::{self, Fact};
 use crate::adapter::{
     OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
     UpstreamDelivery, UpstreamError,
@@ -241,7 +242,33 @@ async fn record_failure(
                     reason: failure.to_string(),
                 });
             }
-            // Moved on (or the ledger failed): fall through to unknown,
+            // The ledger could not take the proof: it is kept and written
+            // when the ledger is back (marking the claim unknown now would
+            // only make that write stale).
+            Err(error)
+                if keeper::worth_writing_again(&error)
+                    && keeper::keep(
+                        ledger.clone(),
+                        claim.clone(),
+                        Fact::NotSent {
+                            evidence: evidence.clone(),
+                        },
+                    ) =>
+            {
+                tracing::warn!(error = %crate::logfield::clip_display(&failure), ledger = %crate::logfield::clip_display(&error),
+                    "nothing was sent, but the ledger cannot record it yet: kept until it can");
+                return Ok((
+                    CallReply::Unknown {
+                        operation_id: claim.operation_id,
+                        reason: format!(
+                            "{failure}; nothing was sent, but the ledger could not record that yet ({error}): \
+                             leasegate records it as soon as the ledger takes it and the operation is prepared again — call again"
+                        ),
+                    },
+                    None,
+                ));
+            }
+            // Moved on (or the ledger refused): fall through to unknown,
             // which the claim's expiry reaches anyway.
             Ok(other) => {
                 tracing::warn!(error = %crate::logfield::clip_display(&failure), outcome = ?other, "releasing an unsent claim found it moved on");
@@ -319,8 +346,8 @@ pub fn remote_id_of(pointer: Option<&str>, answer: &Value) -> Option<String> {
     })
 }
 
-/// How long settle keeps trying while the ledger is unavailable (within
-/// the claim): the tool has answered, so the answer must not be dropped.
+/// How often settle is tried in place before the answer is kept for the
+/// background (`keeper`) and the agent hears `unknown`.
 const SETTLE_ATTEMPTS: u32 = 4;
 
 async fn settle(
@@ -333,24 +360,46 @@ async fn settle(
         // The provider documents this error as "nothing was done": the
         // operation stays sendable under the same id, not failed_final.
         let evidence = json!({"provider_said_nothing_was_done": answer.result});
-        if let Ok(ReleaseUnsentOutcome::Released { operation, .. }) = ledger
+        match ledger
             .operation_release_unsent(claim, &evidence)
             .instrument(tracing::info_span!("ledger.operation_release_unsent"))
             .await
         {
-            metrics::counter!("tool_operation_not_sent_total").increment(1);
-            let reply = CallReply::Answer {
-                result: answer.result,
-                is_error: true,
-                operation: OperationNote {
-                    operation_id: operation.operation_id,
-                    status: operation.status,
-                    replayed: false,
-                },
-            };
-            return Ok((reply, None));
+            Ok(ReleaseUnsentOutcome::Released { operation, .. }) => {
+                metrics::counter!("tool_operation_not_sent_total").increment(1);
+                let reply = CallReply::Answer {
+                    result: answer.result,
+                    is_error: true,
+                    operation: OperationNote {
+                        operation_id: operation.operation_id,
+                        status: operation.status,
+                        replayed: false,
+                    },
+                };
+                return Ok((reply, None));
+            }
+            Err(error)
+                if keeper::worth_writing_again(&error)
+                    && keeper::keep(
+                        ledger.clone(),
+                        claim.clone(),
+                        Fact::NotSent {
+                            evidence: evidence.clone(),
+                        },
+                    ) =>
+            {
+                let reply = CallReply::Unknown {
+                    operation_id: claim.operation_id.clone(),
+                    reason: format!(
+                        "the tool said nothing was done, but the ledger could not record that yet ({error}): \
+                         leasegate records it as soon as the ledger takes it — call again"
+                    ),
+                };
+                return Ok((reply, None));
+            }
+            // Moved on, or the ledger refused: record the answer as usual.
+            _ => {}
         }
-        // Moved on, or the ledger failed: record the answer as usual.
     }
     let remote_id = remote_id_of(adapter.remote_id_pointer.as_deref(), &answer.result);
     let settlement = if answer.is_error {
@@ -372,11 +421,7 @@ async fn settle(
             .await
         {
             Ok(settled) => break settled,
-            Err(error)
-                if attempt < SETTLE_ATTEMPTS
-                    && error.is_retryable()
-                    && chrono::Utc::now() < claim.until =>
-            {
+            Err(error) if attempt < SETTLE_ATTEMPTS && keeper::worth_writing_again(&error) => {
                 tracing::warn!(attempt, error = %crate::logfield::clip_display(&error), "settle failed after the tool answered; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
                 attempt += 1;
@@ -384,14 +429,33 @@ async fn settle(
             Err(error) => {
                 // The request was sent and answered: whatever the ledger
                 // says now, the agent hears "unknown", never "not sent".
-                tracing::error!(error = %crate::logfield::clip_display(&error), "the tool answered but settling failed: the operation will turn unknown");
                 metrics::counter!("tool_operation_unknown_total", "cause" => "settle_failed")
                     .increment(1);
+                let kept = keeper::worth_writing_again(&error)
+                    && keeper::keep(
+                        ledger.clone(),
+                        claim.clone(),
+                        Fact::Answer {
+                            settlement,
+                            remote_id: remote_id.clone(),
+                            result: answer.result.clone(),
+                        },
+                    );
+                let reason = if kept {
+                    tracing::warn!(error = %crate::logfield::clip_display(&error), "the tool answered but the ledger cannot record it yet: the answer is kept until it can");
+                    format!(
+                        "the tool answered but the ledger could not record it yet ({error}); \
+                         leasegate keeps the answer and records it as soon as the ledger takes it — call again for the outcome"
+                    )
+                } else {
+                    tracing::error!(error = %crate::logfield::clip_display(&error), "the tool answered but settling failed: the operation will turn unknown");
+                    format!(
+                        "the tool answered but the ledger could not record it ({error}); the outcome is being reconciled"
+                    )
+                };
                 let reply = CallReply::Unknown {
                     operation_id: claim.operation_id.clone(),
-                    reason: format!(
-                        "the tool answered but the ledger could not record it ({error}); the outcome is being reconciled"
-                    ),
+                    reason,
                 };
                 return Ok((reply, None));
             }
@@ -410,6 +474,29 @@ async fn settle(
             },
             sampled,
         )),
+        // An earlier try committed before its connection broke.
+        SettleOutcome::KeptAsEvidence { found, .. }
+            if attempt > 1
+                && keeper::settled_by_this_claim(
+                    claim,
+                    settlement,
+                    found.status,
+                    found.revision,
+                ) =>
+        {
+            Ok((
+                CallReply::Answer {
+                    result: answer.result,
+                    is_error: answer.is_error,
+                    operation: OperationNote {
+                        operation_id: found.operation_id,
+                        status: found.status,
+                        replayed: false,
+                    },
+                },
+                sampled,
+            ))
+        }
         SettleOutcome::KeptAsEvidence { found, .. } => Ok((
             CallReply::Unknown {
                 operation_id: found.operation_id,

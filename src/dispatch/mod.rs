@@ -6,6 +6,8 @@
 //!   process's claim identity);
 //! - `dispatcher`: [`Dispatcher`], the inline path;
 //! - `execute`: a claimed operation's execution, shared by both paths;
+//! - `keeper`: what a tool answered (or proof nothing left), kept in the
+//!   process and written when a failed ledger write can land again;
 //! - `outbox`: [`Outbox`], one pass over planned operations (scheduled by
 //!   `crate::reconcile`), and [`is_original`], the check every sender of a
 //!   stored request makes.
@@ -29,7 +31,13 @@
 //!   agent hears "not sent" (the same operation id goes out on its re-call,
 //!   or by the outbox after a backoff).
 //! - Once the tool has answered, the agent never hears "not sent": a settle
-//!   that fails is retried within the claim, and then answered `unknown`.
+//!   that fails is retried in place a few times, then the answer is kept
+//!   (`keeper`) and written in the background until the ledger takes it,
+//!   and the agent hears `unknown` meanwhile. A "not sent" proof the ledger
+//!   cannot take yet is kept the same way. A kept answer settles the
+//!   operation as the first settle would have, or — once its claim has
+//!   expired into `unknown` — converges it through the reconciler as
+//!   late evidence, whatever the tool's capability.
 //!
 //! # Crash points
 //!
@@ -38,10 +46,14 @@
 //!   the next call of the same intent here, or the reconciler).
 //! - After the upstream answered, before settle commits: the same, and the
 //!   side effect exists; the tool's capability decides how it converges.
+//!   While the process lives, the answer itself is kept and written when
+//!   the ledger is back (`keeper`); only a process that dies holding it
+//!   loses it.
 
 mod call;
 mod dispatcher;
 mod execute;
+mod keeper;
 mod outbox;
 
 pub use call::{
@@ -52,4 +64,5 @@ pub use dispatcher::Dispatcher;
 pub use execute::{
     Claimed, execute_claim, execute_claim_acknowledged, inject_operation_id, remote_id_of,
 };
+pub use keeper::{MAX_KEPT, drain as drain_kept_facts};
 pub use outbox::{Outbox, is_original, recorded_tool};

@@ -15,6 +15,18 @@
 //! [`Reconciler`] carries the step out (a query, a same-key retry) and asks
 //! [`plan::judge_query`] / [`plan::judge_retry`] what the answer proves.
 //!
+//! # An upstream that is away
+//!
+//! While an upstream does not accept calls (a stdio child restarting, a
+//! Streamable HTTP server down: `Upstream::accepting_calls`), queries and
+//! same-key retries against it are deferred: nothing is sent, nothing is
+//! counted, and the reconcile claim is handed back for the next pass
+//! (`reconcile_interval`). A same-key retry that still meets a failure
+//! proven not sent (the upstream went away between the check and the send)
+//! gives its attempt back. The upstream's supervisor (stdio) or probe
+//! (Streamable HTTP) marks it up again without the reconciler's help, so
+//! deferred work is tried on the first pass after it is back.
+//!
 //! # Crash points
 //!
 //! A reconciler that dies holding a reconcile claim leaves the operation
@@ -422,8 +434,10 @@ impl<U: Upstream> Reconciler<U> {
                     .as_ref()
                     .is_some_and(|t| !shared.upstream.accepting_calls(&t.upstream)) =>
             {
-                // Deferred, not counted: the supervisor is restarting it.
-                Ok(ReconcileOutcome::StaysUnknown("upstream_restarting"))
+                // Deferred, not counted: a stdio child restarting or a
+                // Streamable HTTP server down; its probe marks it up again,
+                // and the claim is handed back for the next pass.
+                Ok(ReconcileOutcome::StaysUnknown("upstream_unavailable"))
             }
             Step::Query { spec, by } => {
                 let tool = tool.expect("planned from an adapter");
@@ -599,7 +613,8 @@ impl<U: Upstream> Reconciler<U> {
         let answer = match shared.upstream.call(call).await {
             Ok(answer) => Some(answer),
             Err(error) if error.delivery() == UpstreamDelivery::NotSent => {
-                // Nothing left: the attempt does not count.
+                // Given back rather than never taken: the ledger counts an
+                // attempt before it leaves, so a crash cannot hide one.
                 tracing::warn!(operation_id = %item.operation.operation_id, error = %crate::logfield::clip_display(&error),
                     "same-key retry not sent (upstream down); the attempt is given back");
                 shared

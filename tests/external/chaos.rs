@@ -1,10 +1,12 @@
-//! The chaos soak in reduced form: 500 intents over two
+//! The chaos soak in reduced form, twice. First, 500 intents over two
 //! `leasegate serve` processes, tool servers of all four capabilities with
 //! fault injection (crash and hang after the effect, transient errors, slow
 //! answers), proxies SIGKILLed and SIGSTOPped, database backends
-//! terminated; no PostgreSQL restart. The harness is the example's own
-//! (`bench/chaos/harness.rs`); it creates and drops its own database
-//! through the maintenance database of `DATABASE_URL`'s server.
+//! terminated, on `DATABASE_URL`'s server (a database of its own, created
+//! and dropped through the maintenance database). Then the database's
+//! faults alone — backends terminated and a PostgreSQL crash-restart — on a
+//! private cluster, where every call a tool answered must end with that
+//! answer. The harness is the example's own (`bench/chaos/harness.rs`).
 
 #[path = "../../bench/chaos/harness.rs"]
 mod harness;
@@ -61,6 +63,100 @@ async fn a_soak_of_500_intents_under_faults_keeps_every_invariant() {
     assert!(
         outcome.faults.proxy_kills + outcome.faults.proxy_stops > 0,
         "no proxy fault was injected: {:?}",
+        outcome.faults
+    );
+}
+
+/// The commands that crash-restart a private cluster (`pg_ctl -m
+/// immediate restart`, as `postgres` when the suite runs as root).
+fn crash_restart(cluster: &leasegate::embedded::Cluster) -> Vec<String> {
+    let pg_ctl = leasegate::embedded::find_binaries()
+        .expect("the cluster started, so its binaries exist")
+        .dir
+        .join("pg_ctl");
+    let mut command = Vec::new();
+    if crate::postgres_binaries::running_as_root() {
+        command.extend(["runuser", "-u", "postgres", "--"].map(str::to_owned));
+    }
+    command.push(pg_ctl.display().to_string());
+    for arg in [
+        "-D".to_owned(),
+        cluster.data().display().to_string(),
+        "-l".to_owned(),
+        cluster.log().display().to_string(),
+        "-m".to_owned(),
+        "immediate".to_owned(),
+        "-w".to_owned(),
+        "-t".to_owned(),
+        "60".to_owned(),
+        "restart".to_owned(),
+    ] {
+        command.push(arg);
+    }
+    command
+}
+
+/// Only the database fails: every backend of the ledger terminated every
+/// ~0.4 s and PostgreSQL crash-restarted once, mid-burst, on a private
+/// cluster (the shared server is left alone). The tools and proxies do not
+/// fail, so every call that reached a tool was answered to leasegate, and
+/// each such operation must end with that answer — a `none` tool's too,
+/// which no reconciler query could have settled — with no operator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answered_call_converges_when_backends_die_and_postgres_crash_restarts() {
+    let _exclusive = crate::common::exclusive().await;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    // Short: the server's socket lives in it.
+    let dir = std::env::temp_dir().join(format!("lg-chaos-{}", &tag[..8]));
+    let cluster = {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || leasegate::embedded::Cluster::start(&dir))
+            .await
+            .expect("the start task")
+            .unwrap_or_else(|error| panic!("a private PostgreSQL cluster: {error}"))
+    };
+    let mut settings = harness::Settings::new(
+        PathBuf::from(env!("CARGO_BIN_EXE_leasegate")),
+        PathBuf::from(env!("CARGO_BIN_EXE_leasegate-example-tools")),
+    );
+    settings.intents = 200;
+    settings.proxies = 2;
+    settings.agents = 16;
+    settings.seed = 23;
+    settings.tool_transient = 0.0;
+    settings.tool_crash = 0.0;
+    settings.tool_hang = 0.0;
+    settings.tool_slow = 0.0;
+    settings.proxy_faults = false;
+    settings.fault_interval = Duration::from_millis(400);
+    settings.pg_restart = Some(crash_restart(&cluster));
+    settings.pg_restart_after = Duration::from_secs(3);
+    settings.answers_settle = true;
+    settings.settle = Duration::from_secs(60);
+    settings.admin_url = cluster.url("postgres");
+    let outcome = tokio::time::timeout(Duration::from_secs(240), harness::run(settings)).await;
+    let log = cluster.log();
+    let stopped = tokio::task::spawn_blocking(move || cluster.stop()).await;
+    let outcome = outcome
+        .expect("the soak finishes within 4 minutes")
+        .unwrap_or_else(|error| {
+            crate::postgres_binaries::print_log_tail("private PostgreSQL", &log);
+            panic!("the soak could not run: {error:#}")
+        });
+    println!("{}", outcome.report);
+    let _ = stopped;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        outcome.violations.is_empty(),
+        "invariant violations:\n{}",
+        outcome.report
+    );
+    assert_eq!(outcome.intents, 200);
+    // The faults did happen.
+    assert_eq!(outcome.faults.pg_restarts, 1, "{:?}", outcome.faults);
+    assert!(
+        outcome.faults.backends_terminated > 0,
+        "no backend was terminated: {:?}",
         outcome.faults
     );
 }

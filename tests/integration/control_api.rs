@@ -657,6 +657,7 @@ async fn the_openapi_document_matches_the_served_routes(
             upstreams: None,
             metrics: None,
             planner: None,
+            tools: None,
         },
     );
     for (method, path, _) in leasegate::control::console::CONSOLE_ROUTES {

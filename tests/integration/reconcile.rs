@@ -133,6 +133,45 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
         .query_scalar("SELECT remote_id FROM tool_operations WHERE tool_name = 'payments__charge'")
         .await;
     assert_eq!(remote.as_deref(), Some("ch_1"));
+
+    // A retry can do nothing for a `none` tool: refused with nothing
+    // written, by the serving process's control API and by the CLI that
+    // reads the same config.
+    let email: String = db
+        .query_scalar(
+            "SELECT operation_id FROM tool_operations WHERE tool_name = 'mailer__send_email'",
+        )
+        .await;
+    let events_before: i64 = db
+        .query_scalar("SELECT count(*) FROM ledger_events WHERE operation_id = (SELECT operation_id FROM tool_operations WHERE tool_name = 'mailer__send_email')")
+        .await;
+    let refused = http::post(
+        &format!("{control}/v1/operations/{email}/retry"),
+        &[("content-type", "application/json")],
+        &json!({"actor": "alice", "note": "try again"}).to_string(),
+    )
+    .await;
+    assert_eq!(refused.status, 409, "{}", refused.body);
+    let refused: Value = serde_json::from_str(&refused.body).unwrap();
+    assert_eq!(refused["code"], "nothing_to_retry", "{refused}");
+    assert!(
+        refused["message"].as_str().unwrap().contains("`none`")
+            && refused["message"].as_str().unwrap().contains("ops resolve"),
+        "the refusal says why and what to do instead: {refused}"
+    );
+    let cli = std::process::Command::new(LEASEGATE)
+        .args(["ops", "retry", &email, "--note", "try again", "--config"])
+        .arg(scenario.config_path())
+        .env_remove("LEASEGATE_DATABASE_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&cli.stderr);
+    assert_eq!(cli.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("nothing_to_retry"), "{stderr}");
+    let events_after: i64 = db
+        .query_scalar("SELECT count(*) FROM ledger_events WHERE operation_id = (SELECT operation_id FROM tool_operations WHERE tool_name = 'mailer__send_email')")
+        .await;
+    assert_eq!(events_after, events_before, "nothing written");
     second.kill().await.unwrap();
 }
 
@@ -1107,8 +1146,11 @@ async fn charge_then_lock_its_row(
     (pending, holder)
 }
 
+/// A settle whose connection is cut (the tool has answered) is written
+/// again on a fresh connection: the agent gets the tool's answer, recorded,
+/// and never "not sent".
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
+async fn a_settle_whose_connection_is_cut_after_the_tool_answered_is_written_again(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -1131,16 +1173,18 @@ async fn a_settle_that_fails_after_the_tool_answered_is_unknown_never_not_sent(
         .await
         .unwrap()
         .expect("a tool result, not an error that says nothing was sent");
-    let reply = answer.structured_content.clone().unwrap();
-    assert_eq!(reply["status"], "unknown", "{answer:?}");
-    // The kept key converges it to the one charge that exists.
-    db.wait_tool_status(
-        "the reconciler to converge the charge",
-        "payments__charge",
-        "succeeded",
-    )
-    .await;
-    assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    let charges = scenario.side_effects("charges.jsonl");
+    assert_eq!(charges.len(), 1);
+    assert_eq!(
+        answer.structured_content.as_ref().unwrap()["charge_id"],
+        charges[0]["charge_id"],
+        "the tool's own answer: {answer:?}"
+    );
+    assert_eq!(
+        db.status_of_tool("payments__charge").await.as_deref(),
+        Some("succeeded")
+    );
+    assert_eq!(calls_of(&scenario, "charge").len(), 1, "sent once");
     proxy.stop().await;
 }
 
@@ -1371,5 +1415,104 @@ async fn a_result_carrying_u0000_settles_and_replays_exactly(
         assert_eq!(body["replayed"], false, "the tool's own answer, kept");
     }
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+    proxy.stop().await;
+}
+
+/// An email (capability `none`: no query or retry could ever settle it)
+/// whose tool answered while its row was locked and every settle's
+/// connection was cut: the agent hears `unknown`, the process keeps the
+/// answer, and once the ledger takes writes again the operation ends
+/// `succeeded` with the tool's own answer — without an operator.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_answer_the_ledger_could_not_take_is_kept_and_settles_a_none_tool_without_an_operator(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // The email answers a second after it is sent, well within its timeout.
+    let mailer = replace_exactly(MAILER_ADAPTER, "700ms", "2s");
+    let scenario = Scenario::with_adapters(&db.url, FAST, common::proxy::PAYMENTS_ADAPTER, &mailer);
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
+    let pending = tokio::spawn(async move {
+        call(
+            &agent,
+            "mailer__send_email",
+            json!({"to": "kept@x.y", "hang_ms": 1000}),
+            None,
+        )
+        .await
+    });
+    wait_until("the email to be sent", || async {
+        (scenario.side_effects("emails.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    let mut holder = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'mailer__send_email' FOR UPDATE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    // Every settle that waits on the row loses its connection, until the
+    // agent has its answer.
+    let answer = within("the agent's answer while every settle fails", async {
+        loop {
+            if pending.is_finished() {
+                break pending.await.unwrap();
+            }
+            let waiting: Vec<i32> = sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity
+                  WHERE datname = current_database() AND wait_event_type = 'Lock'
+                    AND query LIKE '%operation_settle%' AND pid <> pg_backend_pid()",
+            )
+            .fetch_all(&db.admin)
+            .await
+            .unwrap();
+            for pid in waiting {
+                sqlx::query("SELECT pg_terminate_backend($1)")
+                    .bind(pid)
+                    .execute(&db.admin)
+                    .await
+                    .unwrap();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a tool result, not an error that says nothing was sent");
+    let reply = answer.structured_content.clone().unwrap();
+    assert_eq!(reply["status"], "unknown", "{answer:?}");
+    assert!(
+        reply["reason"]
+            .as_str()
+            .unwrap()
+            .contains("keeps the answer"),
+        "the agent is told the answer is kept: {reply}"
+    );
+    // The ledger takes writes again: the kept answer lands.
+    holder.commit().await.unwrap();
+    db.wait_tool_status(
+        "the kept answer to settle the email",
+        "mailer__send_email",
+        "succeeded",
+    )
+    .await;
+    let remote: Option<String> = db
+        .query_scalar(
+            "SELECT remote_id FROM tool_operations WHERE tool_name = 'mailer__send_email'",
+        )
+        .await;
+    let sent = scenario.side_effects("emails.jsonl");
+    assert_eq!(sent.len(), 1, "one email");
+    assert_eq!(
+        remote.as_deref(),
+        sent[0]["message_id"].as_str(),
+        "settled with the tool's own answer"
+    );
+    assert_eq!(calls_of(&scenario, "send_email").len(), 1, "never re-sent");
+    let by_operator: i64 = db
+        .query_scalar("SELECT count(*) FROM ledger_events WHERE actor_kind = 'operator'")
+        .await;
+    assert_eq!(by_operator, 0, "no operator was needed");
     proxy.stop().await;
 }

@@ -140,6 +140,9 @@ pub(super) async fn cancel_run(
             Err(ActError::NoOperatorRole(why)) => {
                 return refuse(StatusCode::SERVICE_UNAVAILABLE, format!("refused: {why}")).await;
             }
+            Err(ActError::NothingToRetry(why)) => {
+                return refuse(StatusCode::CONFLICT, format!("refused: {why}")).await;
+            }
             Err(ActError::Ledger(error)) => return Err(error.into()),
         };
     match outcome.into_result() {
@@ -251,6 +254,9 @@ pub(super) async fn resolve_operation(
         Err(ActError::NoOperatorRole(why)) => {
             return refuse(StatusCode::SERVICE_UNAVAILABLE, format!("refused: {why}")).await;
         }
+        Err(ActError::NothingToRetry(why)) => {
+            return refuse(StatusCode::CONFLICT, format!("refused: {why}")).await;
+        }
         Err(ActError::Ledger(LedgerError::InvalidInput(invalid))) => {
             return refuse(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -347,10 +353,21 @@ pub(super) async fn retry_operation(
     }
     // If we crash here nothing was written; after the call the budget is
     // reset with its event.
-    let outcome = match acts::retry(&state.sources.operator, &id, &viewer.actor(), &note).await {
+    let outcome = match acts::retry(
+        &state.sources.operator,
+        state.sources.tools.as_deref(),
+        &id,
+        &viewer.actor(),
+        &note,
+    )
+    .await
+    {
         Ok(outcome) => outcome,
         Err(ActError::NoOperatorRole(why)) => {
             return refuse(StatusCode::SERVICE_UNAVAILABLE, format!("refused: {why}")).await;
+        }
+        Err(ActError::NothingToRetry(why)) => {
+            return refuse(StatusCode::CONFLICT, format!("refused: {why}")).await;
         }
         Err(ActError::Ledger(error)) => return Err(error.into()),
     };

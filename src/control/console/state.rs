@@ -45,6 +45,9 @@ pub struct Sources {
     /// The process's Prometheus text.
     pub metrics: Option<Arc<dyn Fn() -> String + Send + Sync>>,
     pub planner: Option<Planner>,
+    /// The serving process's tool directory: a retry its tool cannot
+    /// follow is refused (`None`: not judged).
+    pub tools: Option<Arc<crate::adapter::SharedDirectory>>,
 }
 
 pub(crate) struct ConsoleState {

@@ -1,15 +1,27 @@
 //! One upstream connection: its transport (a stdio child or Streamable
-//! HTTP), its handshake, its state and health as the control API reports
-//! them, and ending a child within a grace period. A dead connection makes
-//! every call on it fail as `Unavailable` (never sent) or as a transport
-//! error after sending (outcome unknown).
+//! HTTP), its handshake, its current session (a lost Streamable HTTP
+//! session opened again on demand), its state and health as the control API
+//! reports them, and ending a child within a grace period. A dead
+//! connection makes every call on it fail as not sent (no session, or no
+//! connection could be made) or as a transport error after sending
+//! (outcome unknown).
+//!
+//! # Invariants
+//!
+//! 1. Every state change goes through [`Connection::set_state`], which
+//!    keeps the health, the `upstream_up{upstream}` gauge and the state
+//!    watch (what the Streamable HTTP probe waits on) in step.
+//! 2. A Streamable HTTP upstream's state is what the last exchange with it
+//!    proved: an answer (or a reopened session) is `up`; a transport failure
+//!    is `down`. A request that timed out proves neither (a slow tool, or a
+//!    connection that hangs) and changes nothing.
 
 use super::UpstreamEvent;
 use super::client::UpstreamClient;
 use super::routes::{CallRoutes, Routed};
 use crate::adapter::UpstreamError;
 use crate::config::UpstreamTransport;
-use rmcp::service::{Peer, RunningService};
+use rmcp::service::{ClientInitializeError, Peer, RunningService};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, Transport};
@@ -18,7 +30,8 @@ use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
 
 /// One session of an upstream: the MCP client over one stdio child or one
 /// Streamable HTTP connection.
@@ -46,7 +59,9 @@ pub enum UpstreamState {
     /// fail at once as not sent.
     Restarting,
     /// Not being restarted: stopped with leasegate, or a Streamable HTTP
-    /// server the last request (or reconnect) could not reach.
+    /// server the last request (or reconnect) could not reach; such a
+    /// server is probed until it answers (`supervision::watch_http`). Calls
+    /// are still tried; background work waits.
     Down,
 }
 
@@ -85,6 +100,9 @@ pub(super) struct Connection {
     /// after shutdown, so that a call fails at once, as not sent.
     pub(super) peer: std::sync::RwLock<Option<Peer<RoleClient>>>,
     pub(super) health: Mutex<Health>,
+    /// The state as it changes, for whoever waits for one (the Streamable
+    /// HTTP probe waits for `down`).
+    pub(super) state: watch::Sender<UpstreamState>,
     /// A Streamable HTTP upstream's session (a stdio session is owned by its
     /// supervisor); the lock also makes a reconnect happen once.
     pub(super) http: tokio::sync::Mutex<Option<Session>>,
@@ -120,6 +138,7 @@ impl Connection {
                 restarts: 0,
                 last_error: None,
             }),
+            state: watch::Sender::new(UpstreamState::Down),
             http: tokio::sync::Mutex::new(None),
         }
     }
@@ -150,7 +169,7 @@ impl Connection {
     }
 
     /// Sets the state (and `since` when it changes); an error, when given,
-    /// becomes `last_error`.
+    /// becomes `last_error` (invariant 1).
     pub(super) fn set_state(&self, state: UpstreamState, error: Option<String>) {
         let mut health = lock(&self.health);
         if health.state != state {
@@ -162,6 +181,61 @@ impl Connection {
         }
         let up = if state == UpstreamState::Up { 1.0 } else { 0.0 };
         metrics::gauge!("upstream_up", "upstream" => self.name.clone()).set(up);
+        // Under the health lock, so the watch sees changes in their order.
+        self.state.send_if_modified(|current| {
+            let changed = *current != state;
+            *current = state;
+            changed
+        });
+    }
+
+    /// The current session's peer: none while a stdio child restarts (the
+    /// call fails as not sent); a lost Streamable HTTP session is opened
+    /// again here, within `timeout` (not after `stop`).
+    pub(super) async fn session(
+        &self,
+        timeout: Duration,
+        stop: &CancellationToken,
+    ) -> Result<Peer<RoleClient>, UpstreamError> {
+        if let Some(peer) = self.peer()
+            && !peer.is_transport_closed()
+        {
+            return Ok(peer);
+        }
+        let UpstreamTransport::StreamableHttp { url } = &self.transport else {
+            return Err(self.unavailable());
+        };
+        let mut session = self.http.lock().await;
+        // Another call may have reconnected meanwhile.
+        if let Some(peer) = self.peer()
+            && !peer.is_transport_closed()
+        {
+            return Ok(peer);
+        }
+        if stop.is_cancelled() {
+            return Err(self.unavailable());
+        }
+        let opened = tokio::time::timeout(timeout, open_http(&self.handler, url))
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer to initialize within {timeout:?}")));
+        match opened {
+            Ok(opened) => {
+                let peer = opened.peer().clone();
+                // The old session's loop is over; dropping it frees it.
+                *session = Some(opened);
+                tracing::info!(upstream = %self.name, "Streamable HTTP session reopened");
+                self.replaced(peer.clone());
+                Ok(peer)
+            }
+            Err(error) => {
+                let error = format!("reconnecting failed: {error}");
+                self.set_state(UpstreamState::Down, Some(error.clone()));
+                Err(UpstreamError::NotSent(format!(
+                    "upstream {} is down: {error}",
+                    self.name
+                )))
+            }
+        }
     }
 
     /// A new session replaced a lost one: later calls use `peer`, and the
@@ -201,7 +275,7 @@ impl Connection {
     }
 
     /// What a Streamable HTTP request proved about the server: it answered
-    /// (up) or could not be reached (down). Stdio health is the
+    /// (up) or failed in transport (down; invariant 2). Stdio health is the
     /// supervisor's.
     pub(super) fn observe_http(&self, reached: Result<(), String>) {
         if matches!(self.transport, UpstreamTransport::StreamableHttp { .. }) {
@@ -210,6 +284,12 @@ impl Connection {
                 Err(error) => self.set_state(UpstreamState::Down, Some(error)),
             }
         }
+    }
+
+    /// Whether calls may go out now: `up`. Background work defers while a
+    /// stdio child restarts or a Streamable HTTP server is down.
+    pub(super) fn accepting_calls(&self) -> bool {
+        lock(&self.health).state == UpstreamState::Up
     }
 
     pub(super) fn health(&self) -> UpstreamHealth {
@@ -282,6 +362,13 @@ where
     let session =
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, handler.clone().serve(transport)).await {
             Ok(Ok(session)) => session,
+            // Without rmcp's wrapper, which names leasegate's transport types.
+            Ok(Err(ClientInitializeError::TransportError { error, context })) => {
+                return Err(format!(
+                    "{} ({context})",
+                    super::dynamic_transport_failure(&error)
+                ));
+            }
             Ok(Err(error)) => return Err(error.to_string()),
             Err(_) => {
                 return Err(format!(
@@ -315,5 +402,41 @@ pub(super) async fn end_child(child: &mut tokio::process::Child, grace: Duration
             Ok(()) => format!("killed by leasegate after {grace:?}"),
             Err(error) => format!("cannot kill it: {error}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Streamable HTTP server nobody listens for: reopening its session
+    /// is "not sent", says why without leasegate's type names, and marks
+    /// the upstream down.
+    #[tokio::test]
+    async fn a_refused_reconnect_is_not_sent_and_marks_the_upstream_down() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/mcp", closed.local_addr().unwrap());
+        drop(closed);
+        let (events, _) = broadcast::channel(1);
+        let connection = Connection::new(
+            "payments",
+            UpstreamTransport::StreamableHttp { url },
+            events,
+        );
+        connection.set_state(UpstreamState::Up, None);
+        let Err(UpstreamError::NotSent(message)) = connection
+            .session(Duration::from_secs(10), &CancellationToken::new())
+            .await
+        else {
+            panic!("a refused reconnect is not sent");
+        };
+        assert!(
+            message.contains("payments is down") && message.contains("refused"),
+            "{message}"
+        );
+        assert!(!message.contains("leasegate::"), "{message}");
+        assert_eq!(connection.health().state, UpstreamState::Down);
+        assert!(!connection.accepting_calls());
+        assert_eq!(*connection.state.borrow(), UpstreamState::Down);
     }
 }

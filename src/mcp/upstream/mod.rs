@@ -65,12 +65,30 @@
 //!   spawned `kill_on_drop`, so a supervisor ended any other way kills its
 //!   child too.
 //!
-//! A Streamable HTTP upstream has no supervisor: its state is what the last
-//! request showed (reached: `up`; not reached: `down`), and a session whose
-//! client ended is opened again by the next call (within that call's
-//! timeout). [`Upstreams::health`] reports every upstream's state, and the
-//! metrics `upstream_up{upstream}` and `upstream_restarts_total{upstream}`
-//! follow it.
+//! A Streamable HTTP upstream has no child to restart: its state is what
+//! the last exchange with the server proved (an answer: `up`; a transport
+//! failure such as a refused connection: `down`; a timeout: unchanged), and
+//! a session whose client ended is opened again by the next call (within
+//! that call's timeout).
+//!
+//! ```text
+//!          transport failure (refused, reset, DNS, TLS)
+//!   ┌────┐ ──────────────────────────────────────────▶ ┌──────┐ ──┐ probe: ping (or initialize)
+//!   │ up │                                              │ down │   │ after 100 ms ×2 … 10 s, ±20%;
+//!   └────┘ ◀────────────────────────────────────────── └──────┘ ◀─┘ no answer: still down
+//!          any answer: a probe's, or a call's
+//! ```
+//!
+//! While it is `down`, calls are still tried (each is its own probe: a
+//! refused connection is [`UpstreamError::NotSent`], answered "not sent"),
+//! the reconciler defers its queries and same-key retries
+//! ([`Upstream::accepting_calls`]), and one probe task per upstream
+//! (`supervision::watch_http`) pings it until it answers, so it comes back
+//! `up` even when nothing else calls it.
+//!
+//! [`Upstreams::health`] reports every upstream's state, and the metrics
+//! `upstream_up{upstream}` and `upstream_restarts_total{upstream}` follow
+//! it.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -80,12 +98,12 @@ use serde_json::{Map, Value};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use rmcp::RoleClient;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
     RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
 };
-use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
+use rmcp::service::{PeerRequestOptions, ServiceError};
+use rmcp::transport::DynamicTransportError;
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 
 use super::convert;
@@ -102,7 +120,7 @@ use connection::{Connection, EXIT_GRACE, lock, open_http, open_stdio};
 pub use connection::{UpstreamHealth, UpstreamState};
 pub use inspect::{Inspected, inspect_upstream};
 use routes::CallGuard;
-use supervision::supervise;
+use supervision::{supervise, watch_http};
 
 /// Something an upstream sent that no call owns.
 #[derive(Debug, Clone)]
@@ -188,7 +206,7 @@ pub enum StartError {
 
 impl Upstreams {
     /// Connects every configured upstream, and starts a supervisor per
-    /// stdio upstream.
+    /// stdio upstream and a probe per Streamable HTTP upstream.
     pub async fn connect(config: &Config) -> Result<Self, StartError> {
         let (events, _) = broadcast::channel(1024);
         let mut connections = BTreeMap::new();
@@ -221,12 +239,18 @@ impl Upstreams {
             connections.insert(name.clone(), connection);
         }
         let stop = CancellationToken::new();
-        let supervisors = stdio
+        let mut supervisors: Vec<_> = stdio
             .into_iter()
             .map(|(connection, session, child)| {
                 tokio::spawn(supervise(connection, session, child, stop.clone()))
             })
             .collect();
+        supervisors.extend(
+            connections
+                .values()
+                .filter(|c| matches!(c.transport, UpstreamTransport::StreamableHttp { .. }))
+                .map(|connection| tokio::spawn(watch_http(connection.clone(), stop.clone()))),
+        );
         Ok(Self {
             connections,
             events,
@@ -259,63 +283,14 @@ impl Upstreams {
             .and_then(|peer| peer.peer_info())
     }
 
-    /// The current session's peer: none while a stdio child restarts (the
-    /// call fails as not sent); a lost Streamable HTTP session is opened
-    /// again here, within `timeout`.
-    async fn session(
-        &self,
-        connection: &Connection,
-        timeout: Duration,
-    ) -> Result<Peer<RoleClient>, UpstreamError> {
-        if let Some(peer) = connection.peer()
-            && !peer.is_transport_closed()
-        {
-            return Ok(peer);
-        }
-        let UpstreamTransport::StreamableHttp { url } = &connection.transport else {
-            return Err(connection.unavailable());
-        };
-        let mut session = connection.http.lock().await;
-        // Another call may have reconnected meanwhile.
-        if let Some(peer) = connection.peer()
-            && !peer.is_transport_closed()
-        {
-            return Ok(peer);
-        }
-        if self.stop.is_cancelled() {
-            return Err(connection.unavailable());
-        }
-        let opened = tokio::time::timeout(timeout, open_http(&connection.handler, url))
-            .await
-            .unwrap_or_else(|_| Err(format!("no answer to initialize within {timeout:?}")));
-        match opened {
-            Ok(opened) => {
-                let peer = opened.peer().clone();
-                // The old session's loop is over; dropping it frees it.
-                *session = Some(opened);
-                tracing::info!(upstream = %connection.name, "Streamable HTTP session reopened");
-                connection.replaced(peer.clone());
-                Ok(peer)
-            }
-            Err(error) => {
-                let error = format!("reconnecting failed: {error}");
-                connection.set_state(UpstreamState::Down, Some(error.clone()));
-                Err(UpstreamError::NotSent(format!(
-                    "upstream {} is down: {error}",
-                    connection.name
-                )))
-            }
-        }
-    }
-
     /// The upstream's tools, every page.
     pub async fn list_tools(&self, upstream: &str) -> Result<Vec<Tool>, String> {
         let connection = self
             .connections
             .get(upstream)
             .ok_or_else(|| format!("no upstream named {upstream:?}"))?;
-        let peer = self
-            .session(connection, REQUEST_TIMEOUT)
+        let peer = connection
+            .session(REQUEST_TIMEOUT, &self.stop)
             .await
             .map_err(|e| e.to_string())?;
         let listed = peer.list_all_tools().await;
@@ -391,7 +366,7 @@ impl Upstreams {
             request_meta.insert(key, value);
         }
         // No session (a stdio child restarting): fails at once, not sent.
-        let peer = self.session(connection, timeout).await?;
+        let peer = connection.session(timeout, &self.stop).await?;
         let mut guard = CallGuard {
             routes: connection.routes(),
             call: connection.routes().begin(agent),
@@ -436,10 +411,12 @@ impl Upstreams {
         cancel_watch.abort();
         guard.answered = !matches!(response, Err(ServiceError::Timeout { .. }));
         drop(guard);
-        connection.observe_http(match &response {
-            Ok(_) | Err(ServiceError::McpError(_) | ServiceError::Timeout { .. }) => Ok(()),
-            Err(error) => Err(error.to_string()),
-        });
+        match &response {
+            Ok(_) | Err(ServiceError::McpError(_)) => connection.observe_http(Ok(())),
+            // Proves neither (connection invariant 2).
+            Err(ServiceError::Timeout { .. }) => {}
+            Err(error) => connection.observe_http(Err(transport_failure(error))),
+        }
         match response {
             Ok(result) => Ok(result),
             Err(ServiceError::McpError(error)) => {
@@ -459,9 +436,9 @@ impl Upstreams {
         }
     }
 
-    /// Stops the supervisors and the clients, and ends the stdio children:
-    /// each gets [`EXIT_GRACE`] to exit on its closed stdin, then is killed
-    /// and reaped. Later calls fail as not sent.
+    /// Stops the supervisors, the probes and the clients, and ends the
+    /// stdio children: each gets [`EXIT_GRACE`] to exit on its closed stdin,
+    /// then is killed and reaped. Later calls fail as not sent.
     pub async fn shutdown(&self) {
         self.stop.cancel();
         let supervisors = std::mem::take(&mut *lock(&self.supervisors));
@@ -527,7 +504,7 @@ impl Upstream for Upstreams {
     fn accepting_calls(&self, upstream: &str) -> bool {
         self.connections
             .get(upstream)
-            .is_none_or(|c| c.health().state != UpstreamState::Restarting)
+            .is_none_or(|c| c.accepting_calls())
     }
 }
 
@@ -551,10 +528,16 @@ fn never_left(error: &ServiceError) -> bool {
 /// What an agent and an operator read of a transport failure: the error
 /// and its causes, without rmcp's wrapper (which names leasegate's
 /// transport types).
-fn transport_failure(error: &ServiceError) -> String {
-    let ServiceError::TransportSend(error) = error else {
-        return error.to_string();
-    };
+pub(super) fn transport_failure(error: &ServiceError) -> String {
+    match error {
+        ServiceError::TransportSend(error) => dynamic_transport_failure(error),
+        other => other.to_string(),
+    }
+}
+
+/// [`transport_failure`] of rmcp's transport error as it also comes from a
+/// failed `initialize`.
+pub(super) fn dynamic_transport_failure(error: &DynamicTransportError) -> String {
     // rmcp's HTTP error keeps the client's error without naming it as
     // its cause: start the chain there.
     let inner: &(dyn std::error::Error + 'static) = match error

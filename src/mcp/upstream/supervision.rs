@@ -1,14 +1,33 @@
-//! Keeps each upstream connected: reconnects with a doubling, jittered
-//! backoff that resets once a connection has stayed up for a while, and
-//! announces each new session to the front (its catalog is re-listed).
+//! Keeps each upstream connected: a stdio child is restarted with a
+//! doubling, jittered backoff that resets once it has stayed up for a
+//! while, and each new session is announced to the front (its catalog is
+//! re-listed); a Streamable HTTP server that went down is probed on the same
+//! backoff until it answers.
+//!
+//! # Invariants
+//!
+//! 1. A Streamable HTTP upstream is never left `down` without a probe
+//!    pending: whatever marked it down, [`watch_http`] pings it (reopening
+//!    its session if that ended) until one answer marks it `up`. So the
+//!    work that waits for `up` (the reconciler's) is never stranded, and
+//!    the `upstream_up` gauge returns to 1 without any agent calling.
+//! 2. A probe is an MCP `ping` (or, when the session ended, `initialize`):
+//!    it never calls a tool, so it can have no side effect and spends no
+//!    retry budget.
 
 use super::connection::{
     Connection, EXIT_GRACE, STABLE_AFTER, Session, UpstreamState, end_child, open_stdio,
 };
 use crate::config::UpstreamTransport;
+use rmcp::model::{ClientRequest, PingRequest};
+use rmcp::service::{PeerRequestOptions, ServiceError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// Upper bound of one probe of a Streamable HTTP upstream that is down
+/// (reopening its session, then the ping).
+pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Restart delays: exponential from [`Backoff::FIRST`] to [`Backoff::CAP`],
 /// each with ±20% jitter so that upstreams that died together do not
@@ -117,6 +136,71 @@ pub(super) async fn supervise(
         };
         tracing::info!(upstream = %connection.name, "stdio upstream restarted");
         connection.replaced(session.peer().clone());
+    }
+}
+
+/// Watches one Streamable HTTP upstream until `stop`: whenever it is
+/// `down`, probes it after each backoff delay until it is `up` again
+/// (invariant 1). A call that reaches it meanwhile marks it `up` as well.
+pub(super) async fn watch_http(connection: Arc<Connection>, stop: CancellationToken) {
+    let mut state = connection.state.subscribe();
+    loop {
+        tokio::select! {
+            down = state.wait_for(|state| *state == UpstreamState::Down) => {
+                // The sender lives in `connection`, held here: never closed.
+                if down.is_err() {
+                    return;
+                }
+            }
+            () = stop.cancelled() => return,
+        }
+        let why = connection.health().last_error.unwrap_or_default();
+        tracing::warn!(upstream = %connection.name, why = %crate::logfield::clip(&why),
+            "Streamable HTTP upstream down; probing it until it answers");
+        let mut backoff = Backoff::new();
+        while *state.borrow_and_update() == UpstreamState::Down {
+            tokio::select! {
+                () = tokio::time::sleep(backoff.next_delay()) => {}
+                () = stop.cancelled() => return,
+            }
+            tokio::select! {
+                () = probe(&connection, &stop) => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+/// One probe (invariant 2): an answer, even an error answer, marks the
+/// upstream `up`; a transport failure keeps it `down` with the failure as
+/// its last error; no answer within [`PROBE_TIMEOUT`] proves nothing.
+async fn probe(connection: &Connection, stop: &CancellationToken) {
+    // A session that cannot be reopened marks the upstream down itself.
+    let Ok(peer) = connection.session(PROBE_TIMEOUT, stop).await else {
+        return;
+    };
+    let ping = ClientRequest::PingRequest(PingRequest {
+        method: Default::default(),
+        extensions: Default::default(),
+    });
+    let answer = match peer
+        .send_request_with_option(ping, PeerRequestOptions::with_timeout(PROBE_TIMEOUT))
+        .await
+    {
+        Ok(handle) => handle.await_response().await,
+        Err(error) => Err(error),
+    };
+    match answer {
+        Ok(_) | Err(ServiceError::McpError(_)) => {
+            if !connection.accepting_calls() {
+                tracing::info!(upstream = %connection.name, "Streamable HTTP upstream answers again: up");
+            }
+            connection.observe_http(Ok(()));
+        }
+        Err(ServiceError::Timeout { .. }) => {
+            tracing::debug!(upstream = %connection.name, "probe got no answer in time; still down");
+        }
+        Err(error) => connection.observe_http(Err(super::transport_failure(&error))),
     }
 }
 
