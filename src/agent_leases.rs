@@ -34,7 +34,10 @@
 //! * The first renewal the heartbeat cannot confirm ends the membership:
 //!   every later call through it is refused before anything is registered
 //!   or sent ([`SessionLease::current`]). The registry then joins afresh
-//!   for the next call.
+//!   for the next call. A renewal that failed for a transient reason (a
+//!   connection that broke) is retried while the membership cannot have
+//!   lapsed yet, so one dead connection costs a retry, not the session
+//!   (`worker`, invariant 2).
 //! * Identity is per run and step: calls of a resumed run with the same
 //!   derived step (tool + request digest) are the same intents, so an agent
 //!   that repeats its calls after a restart gets the recorded answers.

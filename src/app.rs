@@ -13,6 +13,8 @@
 //! not take yet get a bounded last chance, the ledger pool is closed and
 //! the upstream clients are stopped (their stdio children end).
 
+mod open;
+
 use std::future::Future;
 use std::sync::Arc;
 
@@ -23,15 +25,15 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DatabaseUrlSource};
 use crate::dispatch::Dispatcher;
-use crate::durability::DurabilityGate;
+use crate::durability::{DurabilityGate, liveness};
 use crate::embedded::Cluster;
-use crate::ledger::{Ledger, LedgerOptions};
+use crate::ledger::{Ledger, LedgerError, LedgerOptions, retry_within};
+
 use crate::mcp::{Front, Upstreams};
 use crate::policy::Durability;
 use crate::reconcile::{Background, Signals};
+use open::{open_ledger, open_operator, startup_error};
 
-/// The process-wide Prometheus recorder (installed once; `metrics` is a
-/// global facade), with its upkeep task.
 /// What the web console reads besides the ledger: this process's tenant,
 /// upstream health, metrics, and the reconciler's plan for an unknown
 /// operation (`reconcile::plan`, read-only: described, never executed).
@@ -66,6 +68,8 @@ fn console_sources(proxy: &Proxy) -> crate::control::console::Sources {
     }
 }
 
+/// The process-wide Prometheus recorder (installed once; `metrics` is a
+/// global facade).
 pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
@@ -111,10 +115,6 @@ pub struct Proxy {
     /// directory): the control API judges planned intents by it.
     directory: Arc<crate::adapter::SharedDirectory>,
 }
-
-/// How long this process counts as alive after each renewal (renewed every
-/// third of it).
-const LIVENESS_TTL: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The listeners [`run`] serves, bound by the caller.
 pub struct Listeners {
@@ -377,7 +377,22 @@ impl Proxy {
         // dispatch while the server is a standby or a lossy failover is
         // unresolved.
         let gate = Arc::new(DurabilityGate::new(config.policy.durability, owner.clone()));
-        let report = gate.check(&ledger).await?;
+        let budget = config.database.connect_timeout;
+        let checked = || gate.check(&ledger);
+        let report = match retry_within(
+            "durability check",
+            budget,
+            LedgerError::is_transient,
+            checked,
+        )
+        .await
+        {
+            Ok(report) => report,
+            Err(error) => {
+                ledger.close().await;
+                return Err(startup_error("checking the durability contract", error));
+            }
+        };
         if config.policy.durability == Durability::SyncReplica && !report.ok {
             ledger.close().await;
             anyhow::bail!(
@@ -431,42 +446,15 @@ impl Proxy {
         // Liveness of this process's claims: renewed while it runs, so a
         // claim it holds expires as soon as the process is provably gone
         // (killed, frozen, cut off) instead of after the whole claim ttl.
-        ledger
-            .process_heartbeat(&owner, millis(LIVENESS_TTL))
-            .await?;
-        metrics::gauge!("leasegate_ledger_up").set(1.0);
+        // A connection that breaks meanwhile is retried, not fatal.
+        liveness::first_renewal(&ledger, &owner, &gate, budget)
+            .await
+            .map_err(|error| startup_error("renewing this process's liveness", error))?;
         metrics::gauge!("leasegate_runtime_worker_threads")
             .set(tokio::runtime::Handle::current().metrics().num_workers() as f64);
-        {
-            // The durability check rides along with every renewal, and runs
-            // at once when a call saw the ledger fail (`DurabilityGate::suspect`).
-            let (ledger, owner, stop, gate) =
-                (ledger.clone(), owner.clone(), stop.clone(), gate.clone());
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(LIVENESS_TTL / 3);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    let renew = tokio::select! {
-                        _ = stop.cancelled() => return,
-                        _ = tick.tick() => true,
-                        () = gate.woken() => false,
-                    };
-                    if renew {
-                        // `leasegate_ledger_up`: did this process reach the
-                        // ledger on its last renewal (alert: ledger unavailable).
-                        let renewed = ledger.process_heartbeat(&owner, millis(LIVENESS_TTL)).await;
-                        metrics::gauge!("leasegate_ledger_up")
-                            .set(f64::from(u8::from(renewed.is_ok())));
-                        if let Err(error) = renewed {
-                            tracing::warn!(%error, "liveness renewal failed");
-                        }
-                    }
-                    if let Err(error) = gate.check(&ledger).await {
-                        tracing::warn!(%error, "durability check failed: dispatch held");
-                    }
-                }
-            });
-        }
+        // The durability check rides along with every renewal, and runs at
+        // once when a call saw the ledger fail (`DurabilityGate::suspect`).
+        liveness::spawn(ledger.clone(), owner.clone(), gate.clone(), stop.clone());
         let mut loops = None;
         let background = config.policy.background.then(|| {
             let background = Arc::new(Background::gated(
@@ -605,116 +593,6 @@ impl Proxy {
         // Stops the supervisors and ends the children, whoever still holds
         // the clients.
         upstreams.shutdown().await;
-    }
-}
-
-/// The operator routes' ledger: a pool of two sessions as
-/// `leasegate_operator`, through `database_operator_url` when set, else the
-/// ledger's own URL (whose login must then be a member of both roles).
-///
-/// * `database_operator_url` set and unusable: start-up fails (exit 6–9,
-///   or 15 when its login is not a member of `leasegate_operator`) — a
-///   login named for operator acts that cannot do them is a mistake.
-/// * not set, and the ledger's login is not a member of
-///   `leasegate_operator` (the least-privilege deployment: the proxy's
-///   login holds `leasegate_app` only): tool calls and every other route
-///   are served; the operator routes answer 503 `role_not_granted` and
-///   operators act through `leasegate ops …` as a login of their own.
-async fn open_operator(
-    config: &Config,
-    options: LedgerOptions,
-) -> anyhow::Result<crate::control::OperatorLedger> {
-    use crate::control::OperatorLedger;
-    use crate::ledger::{ConnectFailure, LedgerError, OPERATOR_ROLE, redacted_url};
-    let options = LedgerOptions {
-        session_role: Some(OPERATOR_ROLE.to_owned()),
-        max_connections: 2,
-        application_name: "leasegate-operator".to_owned(),
-        // The operator routes are not the hot path.
-        group_commit: None,
-        ..options
-    };
-    let (url, explicit) = match &config.database.operator_url {
-        Some(url) => (url.as_str(), true),
-        None => (config.database.url.as_str(), false),
-    };
-    let opened = tokio::time::timeout(
-        config.database.connect_timeout,
-        Ledger::connect(url, options),
-    )
-    .await;
-    match opened {
-        Ok(Ok(ledger)) => Ok(OperatorLedger::Ready(ledger)),
-        Ok(Err(LedgerError::Connect(error)))
-            if !explicit && error.failure == ConnectFailure::RoleNotGranted =>
-        {
-            tracing::warn!(
-                %error,
-                "the control API's operator routes (resolve, retry, cancel, failover resolve)                  answer 503 role_not_granted: operators act with `leasegate ops …` as a login                  that is a member of {OPERATOR_ROLE}, or set database_operator_url"
-            );
-            Ok(OperatorLedger::Unavailable(error.to_string()))
-        }
-        Ok(Err(error)) => Err(anyhow::Error::new(error).context(format!(
-            "opening the operator ledger ({OPERATOR_ROLE}) at {}{}",
-            redacted_url(url),
-            if explicit {
-                " (database_operator_url)"
-            } else {
-                ""
-            }
-        ))),
-        Err(_) => Err(anyhow::anyhow!(
-            "opening the operator ledger ({OPERATOR_ROLE}) at {}: no answer within {:?}              (database_connect_timeout)",
-            redacted_url(url),
-            config.database.connect_timeout
-        )),
-    }
-}
-
-/// Opens the ledger (creating and migrating it first when `migrate` is
-/// on), all of it within `database_connect_timeout`: a server that accepts
-/// connections but never answers (or a URL that leads nowhere) is reported
-/// as unreachable — which URL, without its password, and what did not
-/// answer — instead of a silent hang (`main` exits 6).
-async fn open_ledger(config: &Config, options: LedgerOptions) -> anyhow::Result<Ledger> {
-    use crate::ledger::{ConnectError, ConnectFailure, LedgerError, redacted_url, url_problem};
-    let url = &config.database.url;
-    let target = redacted_url(url);
-    if let Some(why) = url_problem(url) {
-        return Err(LedgerError::Connect(ConnectError {
-            failure: ConnectFailure::InvalidUrl,
-            target,
-            detail: why,
-        })
-        .into());
-    }
-    let limit = config.database.connect_timeout;
-    tracing::info!(database = %target, timeout = ?limit, "opening the ledger");
-    let open = async {
-        if config.database.migrate {
-            Ledger::create_database_if_missing(url).await?;
-            Ledger::migrate(url).await?;
-        }
-        Ledger::connect(url, options).await
-    };
-    match tokio::time::timeout(limit, open).await {
-        Ok(opened) => Ok(opened?),
-        Err(_) => {
-            // Tell "nothing accepts a connection" from "something accepted
-            // and never spoke PostgreSQL".
-            let accepts = Ledger::server_answers(url, std::time::Duration::from_secs(1)).await;
-            let what = if accepts {
-                "the server accepted the connection but did not answer as PostgreSQL"
-            } else {
-                "nothing accepted a connection"
-            };
-            Err(LedgerError::Connect(ConnectError {
-                failure: ConnectFailure::Unreachable,
-                target,
-                detail: format!("{what} within {limit:?} (database_connect_timeout)"),
-            })
-            .into())
-        }
     }
 }
 

@@ -65,7 +65,10 @@
 //!   "sync_replica"`): `DurabilityGate`, checked at startup and with every liveness
 //!   renewal, holds dispatch while the server does not give what the policy
 //!   claims or while a lossy failover is unresolved; failover detection
-//!   against this process's acknowledged WAL high-water.
+//!   against this process's acknowledged WAL high-water;
+//!   `durability::liveness`, the process's liveness renewal, retried with
+//!   backoff, after which new claims wait only once the row may have
+//!   lapsed.
 //! * `embedded`: the embedded default — a private PostgreSQL cluster in the
 //!   state directory (`.leasegate/pg`, or `$LEASEGATE_STATE_DIR/pg`),
 //!   socket only, from the system's `initdb`/`pg_ctl` (as the `postgres`
@@ -141,7 +144,8 @@
 //!   `CancellationToken` on `127.0.0.1:0`), then stops loops and children.
 //! * `worker`: what a Rust worker links: `LeaseHandle` and the heartbeat that
 //!   cancels the worker (`WorkerCancellation`, with a `StopCause`) on the
-//!   first unconfirmed renewal; `worker::batch` (`BatchHeartbeat`: one
+//!   first renewal it cannot confirm before the lease may lapse (transient
+//!   failures are retried until then); `worker::batch` (`BatchHeartbeat`: one
 //!   batch renewal per interval for many leases of one host, each loss
 //!   delivered to its own holder).
 //! * `agent_leases`: the leases leasegate holds for agents without lease

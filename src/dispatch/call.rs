@@ -146,6 +146,12 @@ pub enum CallError {
     /// unresolved (`crate::durability`): nothing was registered or sent.
     #[error("durability hold: {reason}. Nothing was registered or sent; call again later")]
     Held { reason: String },
+    /// The ledger could not be reached or confirmed before anything was
+    /// registered (a check that failed, a connection that broke, this
+    /// process's liveness possibly lapsed: `durability::Hold`); the
+    /// durability contract is not known to have failed.
+    #[error("ledger unavailable: {reason}. Nothing was registered or sent; call again")]
+    LedgerUnreachable { reason: String },
 }
 
 /// A call's outcome as a trace records it (span attribute `outcome`).

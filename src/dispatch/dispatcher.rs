@@ -15,11 +15,11 @@ use tracing::Instrument;
 use super::call::{CallError, CallReply, CallRequest, OperationNote};
 use super::execute::{Claimed, execute_claim_acknowledged};
 use crate::adapter::Upstream;
-use crate::durability::DurabilityGate;
+use crate::durability::{DurabilityGate, Hold};
 use crate::intent::Intent;
 use crate::ledger::{
-    Fenced, InlineClaim, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome, OperationRecord,
-    OperationStatus, Rejection, ToolRoute, UnknownBy, UnknownCause, WalPosition,
+    Fenced, InlineClaim, LeaseClaim, Ledger, LedgerError, MarkUnknown, MarkUnknownOutcome,
+    OperationRecord, OperationStatus, Rejection, ToolRoute, UnknownBy, UnknownCause, WalPosition,
 };
 use crate::policy::{Policy, StepIdentity};
 
@@ -113,8 +113,8 @@ impl<U: Upstream> Dispatcher<U> {
                 limit: self.policy.max_arguments_bytes,
             });
         }
-        if let Some(reason) = self.gate.admit(&self.ledger).await {
-            return Err(CallError::Held { reason });
+        if let Some(hold) = self.gate.admit(&self.ledger).await {
+            return Err(held(hold));
         }
         // The high-water before this call's reading began (DurabilityGate::acknowledged_at).
         let baseline = self.gate.baseline();
@@ -162,18 +162,28 @@ impl<U: Upstream> Dispatcher<U> {
         // Runs of other tenants are not found (their existence is not this
         // tenant's business; operation ids derive from the run's tenant):
         // judged by the same statement.
-        let (outcome, sampled) = self
-            .ledger
-            .operation_register_claim_in(
-                Some(&self.tenant),
-                &request.lease,
-                &intent,
-                Some(&route),
-                &self.dispatch_owner,
-                claim_ttl_ms,
-            )
-            .instrument(tracing::info_span!("ledger.operation_register_claim"))
-            .await?;
+        let registered = self
+            .register_claim(&request.lease, &intent, &route, claim_ttl_ms)
+            .await;
+        let (outcome, sampled) = match registered {
+            // The session broke under the statement (a terminated backend,
+            // a dropped connection): nothing was sent upstream, and the
+            // claim may or may not be committed. Sent once more, on a
+            // fresh session, after the gate re-checked the server it now
+            // reaches: a claim the first statement committed is answered
+            // `exists` (in flight), never claimed twice, so this cannot
+            // send the call twice. If we crash in between, a committed
+            // claim lapses into `unknown` as any other.
+            Err(error) if error.connection_lost() => {
+                self.gate.suspect(&error.to_string());
+                if let Some(hold) = self.gate.admit(&self.ledger).await {
+                    return Err(held(hold));
+                }
+                self.register_claim(&request.lease, &intent, &route, claim_ttl_ms)
+                    .await?
+            }
+            registered => registered?,
+        };
         match outcome {
             Fenced::Rejected(rejection) => Err(refusal(rejection)),
             Fenced::Applied(InlineClaim::Existing(record)) => {
@@ -206,6 +216,27 @@ impl<U: Upstream> Dispatcher<U> {
                 .await
             }
         }
+    }
+
+    /// One register-and-claim statement of `intent` under `lease`.
+    async fn register_claim(
+        &self,
+        lease: &LeaseClaim,
+        intent: &Intent,
+        route: &ToolRoute,
+        claim_ttl_ms: i64,
+    ) -> Result<(Fenced<InlineClaim>, Option<WalPosition>), LedgerError> {
+        self.ledger
+            .operation_register_claim_in(
+                Some(&self.tenant),
+                lease,
+                intent,
+                Some(route),
+                &self.dispatch_owner,
+                claim_ttl_ms,
+            )
+            .instrument(tracing::info_span!("ledger.operation_register_claim"))
+            .await
     }
 
     /// The intent exists: replay, wait for it, or report it.
@@ -300,6 +331,15 @@ fn serialized_len(value: &Map<String, Value>) -> usize {
     match serde_json::to_writer(&mut count, value) {
         Ok(()) => count.0,
         Err(_) => usize::MAX,
+    }
+}
+
+/// Why the gate holds dispatch, as the caller is told: "durability hold"
+/// only when the contract failed, "ledger unavailable" otherwise.
+fn held(hold: Hold) -> CallError {
+    match hold {
+        Hold::Durability(reason) => CallError::Held { reason },
+        Hold::LedgerUnavailable(reason) => CallError::LedgerUnreachable { reason },
     }
 }
 

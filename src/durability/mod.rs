@@ -68,17 +68,49 @@
 //! succeeds. A connection-level ledger error seen by a call
 //! ([`DurabilityGate::suspect`]) holds dispatch and wakes the check at once. While the
 //! hold only says "unconfirmed" (a failed check, a suspicion), the next call
-//! runs one check itself before deciding ([`DurabilityGate::admit`]), so a database
-//! blip costs one check rather than refused calls, and a call that would
-//! reach a promoted standby is checked first. What remains open: a call that
+//! runs the check itself before deciding ([`DurabilityGate::admit`], again
+//! while suspicions keep arriving, up to [`ADMIT_CHECKS`] times), so a
+//! database blip costs a check rather than refused calls, and a call that
+//! would reach a promoted standby is checked first. The check's reads go
+//! through the ledger's pool, which validates its idle sessions after one
+//! broke and reads again on a fresh one, so a lone terminated connection
+//! fails neither the check nor the call behind it.
+//!
+//! What a refused call is told ([`Hold`]): "durability" only when the
+//! contract itself failed (the server does not give what the policy
+//! claims, or a lossy failover is unresolved); "ledger unavailable" when
+//! the ledger could not be reached or confirmed — nothing says the
+//! contract failed, and the next successful check ends it.
+//!
+//! # Liveness of this process
+//!
+//! The process renews its liveness row (`Ledger::process_heartbeat`, the
+//! loop in `liveness`) every third of [`liveness::LIVENESS_TTL`], retrying
+//! a failed renewal with capped backoff; claim holders are judged by that
+//! row (`sql/process.sql`). The gate is told when each successful renewal
+//! was *sent* ([`DurabilityGate::liveness_renewed`]): the row's expiry is
+//! at least that instant plus the ttl, on any clock that runs no faster
+//! than this host's monotonic one. Once the ttl has passed since then with
+//! no renewal confirmed (the ledger unreachable for that long, or the
+//! process frozen), the row may have lapsed, other processes may judge
+//! this process's claims as those of a gone holder and turn them
+//! `unknown`, and so a claim taken now could be expired under its own
+//! dispatch: new claims are refused ("ledger unavailable", before
+//! anything is registered) until a renewal succeeds again, which revives
+//! the row. Claims this process already holds stay fenced by the ledger
+//! (their settle is guarded by the claim); the process never exits over
+//! it. What remains open: a call that
 //! gets a fresh connection to a promoted standby before any error or check
 //! noticed the old primary's death (the pooled connections to it all break
 //! at once, and the check runs every ~3.3 s, so this needs a call to be the
 //! very first user of the new server); the answer it gets is still recorded
 //! and sampled, and the failover is detected at the next check.
 
+pub mod liveness;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -187,6 +219,42 @@ pub struct Report {
     pub checked_at: Option<DateTime<Utc>>,
 }
 
+/// Why dispatch is held, as a refused caller is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Hold {
+    /// The durability contract failed: the server does not give what the
+    /// policy claims, or a lossy failover is unresolved. Only the server's
+    /// set-up or an operator ends it.
+    Durability(String),
+    /// The ledger could not be reached or confirmed (a failed check, a
+    /// connection that broke, this process's liveness possibly lapsed):
+    /// nothing says the contract failed; a successful check or renewal
+    /// ends it.
+    LedgerUnavailable(String),
+}
+
+impl Hold {
+    /// The reasons, joined.
+    pub fn reason(&self) -> &str {
+        match self {
+            Hold::Durability(reason) | Hold::LedgerUnavailable(reason) => reason,
+        }
+    }
+}
+
+impl std::fmt::Display for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Hold::Durability(reason) => write!(f, "durability hold: {reason}"),
+            Hold::LedgerUnavailable(reason) => write!(f, "ledger unavailable: {reason}"),
+        }
+    }
+}
+
+/// How many checks [`DurabilityGate::admit`] runs while suspicions keep
+/// arriving before it refuses with the last reason.
+pub const ADMIT_CHECKS: usize = 3;
+
 #[derive(Debug, Default)]
 struct State {
     high_water: Option<Position>,
@@ -204,9 +272,12 @@ impl State {
     /// Held only because the last facts are unconfirmed (a failed check, a
     /// suspicion, no check yet): one successful check may clear it.
     fn unverified_only(&self) -> bool {
-        self.unmet.is_empty()
-            && !self.failovers.iter().any(|f| f.lossy)
-            && (self.error.is_some() || self.suspect.is_some())
+        self.contract_met() && (self.error.is_some() || self.suspect.is_some())
+    }
+
+    /// Nothing known says the contract failed.
+    fn contract_met(&self) -> bool {
+        self.unmet.is_empty() && !self.failovers.iter().any(|f| f.lossy)
     }
 
     fn reasons(&self) -> Vec<String> {
@@ -253,6 +324,8 @@ pub struct DurabilityGate {
     /// One check at a time: callers of [`DurabilityGate::admit`] that find the gate
     /// unverified wait for the same check instead of each running one.
     checking: tokio::sync::Mutex<()>,
+    /// Whether this process's liveness row may have lapsed (module docs).
+    liveness: liveness::LivenessClock,
 }
 
 impl DurabilityGate {
@@ -269,6 +342,7 @@ impl DurabilityGate {
             suspicions: AtomicU64::new(0),
             wake: Notify::new(),
             checking: tokio::sync::Mutex::new(()),
+            liveness: liveness::LivenessClock::default(),
         };
         gate.publish(&gate.lock());
         gate
@@ -285,6 +359,7 @@ impl DurabilityGate {
             suspicions: AtomicU64::new(0),
             wake: Notify::new(),
             checking: tokio::sync::Mutex::new(()),
+            liveness: liveness::LivenessClock::default(),
         }
     }
 
@@ -297,33 +372,64 @@ impl DurabilityGate {
     }
 
     /// Why dispatch is held, or `None` when it may proceed.
-    pub fn hold(&self) -> Option<String> {
+    pub fn hold(&self) -> Option<Hold> {
+        if let Some(lapsed) = self.liveness_lapsed() {
+            return Some(Hold::LedgerUnavailable(lapsed));
+        }
         if !self.held.load(Ordering::Acquire) {
             return None;
         }
-        let reasons = self.lock().reasons();
-        (!reasons.is_empty()).then(|| reasons.join("; "))
+        let state = self.lock();
+        let reasons = state.reasons();
+        if reasons.is_empty() {
+            return None;
+        }
+        let reasons = reasons.join("; ");
+        Some(if state.contract_met() {
+            Hold::LedgerUnavailable(reasons)
+        } else {
+            Hold::Durability(reasons)
+        })
     }
 
     /// Why dispatch is held, or `None` when it may proceed — after checking
     /// at once when the hold only says the facts are unconfirmed (a ledger
-    /// blip, a suspicion), so a transient error costs one check, not a
-    /// refused call. A contract that is not met, or an unresolved lossy
-    /// failover, is answered without a check.
-    pub async fn admit(&self, ledger: &Ledger) -> Option<String> {
-        if !self.held.load(Ordering::Acquire) {
-            return None;
-        }
-        if !self.lock().unverified_only() {
-            return self.hold();
-        }
-        let seen = self.suspicions.load(Ordering::Acquire);
-        let _one = self.checking.lock().await;
-        // Someone else's check may have settled it while we waited.
-        if self.lock().unverified_only() || self.suspicions.load(Ordering::Acquire) != seen {
-            let _ = self.check_locked(ledger).await;
+    /// blip, a suspicion), so a transient error costs a check, not a
+    /// refused call; checked again while new suspicions arrive during a
+    /// successful check, up to [`ADMIT_CHECKS`] checks. A contract that is not met,
+    /// an unresolved lossy failover, or a possibly lapsed liveness is
+    /// answered without a check.
+    pub async fn admit(&self, ledger: &Ledger) -> Option<Hold> {
+        for _ in 0..ADMIT_CHECKS {
+            if self.liveness_lapsed().is_some() || !self.held.load(Ordering::Acquire) {
+                return self.hold();
+            }
+            if !self.lock().unverified_only() {
+                return self.hold();
+            }
+            let _one = self.checking.lock().await;
+            // Someone else's check may have settled it while we waited.
+            if !self.held.load(Ordering::Acquire) || !self.lock().unverified_only() {
+                return self.hold();
+            }
+            if self.check_locked(ledger).await.is_err() {
+                // The ledger could not be read: another check now would
+                // only wait as long again.
+                break;
+            }
         }
         self.hold()
+    }
+
+    /// A liveness renewal sent at `sent` succeeded; the row lives `ttl`
+    /// from the moment the ledger ran it (module docs, "Liveness").
+    pub fn liveness_renewed(&self, sent: Instant, ttl: Duration) {
+        self.liveness.renewed(sent, ttl);
+    }
+
+    /// Why this process's liveness row may have lapsed, if it may have.
+    pub fn liveness_lapsed(&self) -> Option<String> {
+        self.liveness.lapsed()
     }
 
     /// A call saw the ledger fail: hold until a check succeeds, and check now.
@@ -334,7 +440,7 @@ impl DurabilityGate {
         self.suspicions.fetch_add(1, Ordering::AcqRel);
         let mut state = self.lock();
         state.suspect = Some(format!(
-            "the ledger failed a call ({why}); re-checking durability before dispatching again"
+            "the ledger failed a call ({why}); re-checking the ledger before dispatching again"
         ));
         self.publish(&state);
         drop(state);
@@ -349,7 +455,8 @@ impl DurabilityGate {
     /// What `GET /v1/durability` answers.
     pub fn report(&self) -> Report {
         let state = self.lock();
-        let reasons = state.reasons();
+        let mut reasons = state.reasons();
+        reasons.extend(self.liveness_lapsed());
         Report {
             durability: self.mode.as_str(),
             ok: reasons.is_empty(),
@@ -406,7 +513,7 @@ impl DurabilityGate {
             }
             Err(error) => {
                 let mut state = self.lock();
-                state.error = Some(format!("durability check failed: {error}"));
+                state.error = Some(format!("the ledger's state could not be checked: {error}"));
                 self.publish(&state);
                 drop(state);
                 return Err(error);
@@ -582,6 +689,29 @@ mod tests {
             timeline: Some(1),
             wal_lsn: Some(Lsn(100)),
         }
+    }
+
+    #[test]
+    fn a_refusal_blames_durability_only_when_the_contract_failed() {
+        let gate = DurabilityGate::new(Durability::Local, "leasegate-test");
+        assert!(
+            matches!(gate.hold(), Some(Hold::LedgerUnavailable(_))),
+            "not checked yet: {:?}",
+            gate.hold()
+        );
+        gate.suspect("outcome unknown: read back");
+        let Some(Hold::LedgerUnavailable(reason)) = gate.hold() else {
+            panic!("a suspicion is not a durability failure: {:?}", gate.hold());
+        };
+        assert!(reason.contains("the ledger failed a call"), "{reason}");
+        {
+            let mut state = gate.lock();
+            state.unmet = vec!["the ledger's server is a standby".to_owned()];
+            gate.publish(&state);
+        }
+        let hold = gate.hold().expect("held");
+        assert!(matches!(hold, Hold::Durability(_)), "{hold:?}");
+        assert!(hold.to_string().starts_with("durability hold: "), "{hold}");
     }
 
     #[test]

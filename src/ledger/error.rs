@@ -258,6 +258,62 @@ impl LedgerError {
         }
     }
 
+    /// Whether the call failed because a connection broke or could not be
+    /// had — the statement itself, the input and the server's set-up are
+    /// not at fault, so the same call on a fresh connection may succeed:
+    /// no connection ([`LedgerError::Unavailable`]), a session torn down
+    /// with the statement in flight ([`LedgerError::OutcomeUnknown`], or a
+    /// refusal whose SQLSTATE is 08xxx/57Pxx), aborts that used up their
+    /// retries, and no server answering ([`ConnectFailure::Unreachable`]).
+    ///
+    /// Not once this process closed its own pool: it is stopping, and no
+    /// connection will come.
+    ///
+    /// A write that failed this way may still have committed
+    /// ([`LedgerError::delivery`]): only a call that is safe to repeat
+    /// (a read, a liveness renewal, the migrations) may simply be sent
+    /// again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            LedgerError::Unavailable { source, .. }
+            | LedgerError::OutcomeUnknown { source, .. } => !pool_closed(source),
+            LedgerError::RetryBudgetSpent { .. } => true,
+            LedgerError::Database { source, .. } => session_broke(source),
+            LedgerError::Migrate(
+                sqlx::migrate::MigrateError::Execute(source)
+                | sqlx::migrate::MigrateError::ExecuteMigration(source, _),
+            ) => session_broke(source),
+            LedgerError::Connect(error) => error.failure == ConnectFailure::Unreachable,
+            _ => false,
+        }
+    }
+
+    /// Whether the session broke under the call, or none could be opened
+    /// (not merely none free in time): the same call on a fresh session
+    /// may succeed, and a write's outcome is to be read back
+    /// ([`LedgerError::delivery`]).
+    pub fn connection_lost(&self) -> bool {
+        match self {
+            LedgerError::OutcomeUnknown { source, .. } => !pool_closed(source),
+            LedgerError::Unavailable { source, .. } => {
+                session_broke(source) && !pool_closed(source)
+            }
+            _ => false,
+        }
+    }
+
+    /// A call given up after `limit` without an answer (the caller's own
+    /// time limit): the statement may have run, as with a lost connection.
+    pub fn no_answer_within(call: &'static str, limit: std::time::Duration) -> LedgerError {
+        LedgerError::OutcomeUnknown {
+            call,
+            source: sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {limit:?}"),
+            )),
+        }
+    }
+
     /// Why the ledger could not be opened, when that is what happened.
     pub fn connect_failure(&self) -> Option<&ConnectError> {
         match self {
@@ -302,10 +358,93 @@ pub(crate) fn classify(error: &sqlx::Error) -> ErrorClass {
     }
 }
 
+/// Whether `error` says the session broke (the connection, or the server
+/// tearing the session down) rather than that the statement was refused.
+pub(crate) fn session_broke(error: &sqlx::Error) -> bool {
+    matches!(classify(error), ErrorClass::InFlight)
+}
+
+/// The pool was closed by this process (it is shutting down).
+fn pool_closed(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::PoolClosed)
+}
+
 /// The database answered something this build cannot read.
 pub(super) fn protocol(call: &'static str, detail: impl Into<String>) -> LedgerError {
     LedgerError::Protocol {
         call,
         detail: detail.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io() -> sqlx::Error {
+        sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset))
+    }
+
+    fn connect(failure: ConnectFailure) -> LedgerError {
+        LedgerError::Connect(ConnectError {
+            failure,
+            target: "postgres://leasegate@127.0.0.1/leasegate".into(),
+            detail: String::new(),
+        })
+    }
+
+    #[test]
+    fn only_what_a_fresh_connection_may_cure_is_transient() {
+        let cured = [
+            LedgerError::Unavailable {
+                call: "c",
+                source: sqlx::Error::PoolTimedOut,
+            },
+            LedgerError::OutcomeUnknown {
+                call: "c",
+                source: io(),
+            },
+            LedgerError::Database {
+                call: "c",
+                source: io(),
+            },
+            LedgerError::Migrate(sqlx::migrate::MigrateError::Execute(io())),
+            connect(ConnectFailure::Unreachable),
+        ];
+        for error in &cured {
+            assert!(error.is_transient(), "{error}");
+        }
+        let not_cured = [
+            LedgerError::Unavailable {
+                call: "c",
+                source: sqlx::Error::PoolClosed,
+            },
+            LedgerError::Migrate(sqlx::migrate::MigrateError::VersionMismatch(1)),
+            LedgerError::Protocol {
+                call: "c",
+                detail: "a migration newer than this build".into(),
+            },
+            connect(ConnectFailure::AuthenticationFailed),
+            connect(ConnectFailure::DatabaseMissing),
+            connect(ConnectFailure::SchemaMissing),
+        ];
+        for error in &not_cured {
+            assert!(!error.is_transient(), "{error}");
+        }
+        // A pool with no free session in time is not a broken one.
+        assert!(
+            !LedgerError::Unavailable {
+                call: "c",
+                source: sqlx::Error::PoolTimedOut,
+            }
+            .connection_lost()
+        );
+        assert!(
+            LedgerError::OutcomeUnknown {
+                call: "c",
+                source: io(),
+            }
+            .connection_lost()
+        );
     }
 }

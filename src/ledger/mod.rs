@@ -41,12 +41,18 @@
 //!   is sent again, up to [`LedgerOptions::retry_attempts`] times.
 //! - Connection lost with the statement in flight (which includes a lost
 //!   COMMIT): [`LedgerError::OutcomeUnknown`] — "read back", never success or
-//!   failure. Each call is safe to read back: runs by their caller-chosen id,
+//!   failure. A read is sent again instead, on a fresh or validated
+//!   session (`pool`: after one session broke, the idle ones are proved
+//!   before reuse), up to [`LedgerOptions::retry_attempts`] times.
+//!   [`LedgerError::is_transient`] tells the callers that may repeat a
+//!   call (the liveness renewal, start-up, the background loops) which
+//!   failures a fresh connection may cure. Each call is safe to read back: runs by their caller-chosen id,
 //!   leases and revisions by [`Ledger::run_get`].
 //! - If the process dies while a call is in flight, the database finishes or
 //!   rolls back that one statement on its own; no half-written state exists.
 
 mod access_token;
+mod backoff;
 mod console;
 mod durability;
 mod error;
@@ -79,6 +85,7 @@ use sqlx::{FromRow, Postgres};
 pub use access_token::{
     NewToken, TokenCreateOutcome, TokenRecord, TokenRevokeOutcome, TokenVerdict,
 };
+pub use backoff::{Backoff, retry_within};
 pub use console::{
     ConsoleCounts, LIST_LIMIT, OperationRowSummary, OperationSearch, RunRowSummary, RunSearch,
 };
@@ -138,7 +145,8 @@ pub struct LedgerOptions {
     pub session_role: Option<String>,
     /// Server-side cap on one call, lock waits included.
     pub statement_timeout: Duration,
-    /// Attempts for a call whose transaction keeps aborting with 40001/40P01.
+    /// Attempts for a call whose transaction keeps aborting with 40001/40P01,
+    /// and for a read whose session keeps breaking.
     pub retry_attempts: u32,
     pub max_connections: u32,
     /// How long to wait for a pooled connection before reporting
@@ -446,8 +454,17 @@ impl Ledger {
                     });
                 }
                 ErrorClass::InFlight => {
-                    // The session may be broken; never hand it out again.
-                    conn.discard();
+                    // The session may be broken; never hand it out again
+                    // (and the pool validates its idle siblings).
+                    conn.broke();
+                    // A read is sent again, on a session the pool has
+                    // validated or opened since: a lone dead connection
+                    // costs a reader nothing.
+                    if !writes && attempt < self.options.retry_attempts {
+                        tracing::debug!(call, attempt, %error, "session broke under a read; reading again");
+                        attempt += 1;
+                        continue;
+                    }
                     return Err(if writes {
                         LedgerError::OutcomeUnknown {
                             call,

@@ -21,9 +21,17 @@
 //!   answer. (sqlx would drain it with the ping instead; closing is the
 //!   simpler guarantee, and cancellation is rare.)
 //! - A connection whose statement failed with a broken session (08xxx,
-//!   57Pxx, I/O) is discarded by the caller ([`Checkout::discard`]); one
+//!   57Pxx, I/O) is discarded by the caller ([`Checkout::broke`]); one
 //!   that died while idle surfaces as such an error on its next use (as
 //!   with `test_before_acquire(false)` before), never as a wrong answer.
+//! - Sessions die together more often than alone (a server restart, an
+//!   administrator terminating backends, a middlebox dropping idle
+//!   connections): once one broke, every session that was idle in the
+//!   pool at that moment is validated with one round trip (a `Sync`,
+//!   answered by `ReadyForQuery`) before it is handed out again, and is
+//!   replaced by a new one if it fails. So after a broken session the
+//!   next call gets a working one; on the hot path, with no session
+//!   broken, nothing is sent.
 //! - Every connection is set up once, when opened ([`Setup`]): statement
 //!   timeout, the `synchronous_commit` floor, the session role.
 //! - A connection idle longer than [`IDLE_TIMEOUT`] is closed instead of
@@ -32,7 +40,8 @@
 //! On a crash nothing here is durable: the database finishes or rolls back
 //! each statement in flight on its own.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use sqlx::postgres::{PgConnectOptions, PgConnection};
@@ -57,6 +66,24 @@ pub(super) struct Setup {
 pub(super) struct Sessions {
     connect: PgConnectOptions,
     setup: Setup,
+    /// When a session last broke: sessions idle since before it are
+    /// validated before their next use (module invariants).
+    last_broken: Arc<LastBroken>,
+}
+
+/// The instant a pooled session last broke, shared by the pool and its
+/// checkouts.
+#[derive(Debug, Default)]
+struct LastBroken(Mutex<Option<Instant>>);
+
+impl LastBroken {
+    fn mark(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+    }
+
+    fn get(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl managed::Manager for Sessions {
@@ -90,16 +117,27 @@ impl managed::Manager for Sessions {
 
     async fn recycle(
         &self,
-        _conn: &mut PgConnection,
+        conn: &mut PgConnection,
         metrics: &Metrics,
     ) -> RecycleResult<sqlx::Error> {
-        // No round trip: a checkout returns its connection only once the
-        // answer was read in full (see the module's invariants).
         if metrics.last_used() > IDLE_TIMEOUT {
             return Err(RecycleError::message(
                 "idle for longer than the idle timeout",
             ));
         }
+        // Last handed out before a sibling broke: it may have died the same
+        // way, so one round trip proves it first (a failure here makes the
+        // pool try the next session or open a new one).
+        let handed_out = metrics.recycled.unwrap_or(metrics.created);
+        if self
+            .last_broken
+            .get()
+            .is_some_and(|broke| handed_out <= broke)
+        {
+            conn.ping().await?;
+        }
+        // Otherwise no round trip: a checkout returns its connection only
+        // once the answer was read in full (see the module's invariants).
         Ok(())
     }
 }
@@ -108,6 +146,7 @@ impl managed::Manager for Sessions {
 #[derive(Clone)]
 pub(super) struct SessionPool {
     inner: managed::Pool<Sessions>,
+    last_broken: Arc<LastBroken>,
 }
 
 impl std::fmt::Debug for SessionPool {
@@ -131,7 +170,13 @@ impl SessionPool {
         max_size: u32,
         acquire_timeout: Duration,
     ) -> Result<Self, sqlx::Error> {
-        let inner = managed::Pool::builder(Sessions { connect, setup })
+        let last_broken = Arc::new(LastBroken::default());
+        let sessions = Sessions {
+            connect,
+            setup,
+            last_broken: last_broken.clone(),
+        };
+        let inner = managed::Pool::builder(sessions)
             .max_size(max_size.max(1) as usize)
             .wait_timeout(Some(acquire_timeout))
             .create_timeout(Some(acquire_timeout))
@@ -139,14 +184,17 @@ impl SessionPool {
             .runtime(deadpool::Runtime::Tokio1)
             .build()
             .map_err(|error| sqlx::Error::Configuration(error.to_string().into()))?;
-        Ok(Self { inner })
+        Ok(Self { inner, last_broken })
     }
 
     /// A session for one statement, with sqlx's error for every way of not
     /// getting one (`PoolTimedOut`, `PoolClosed`, or the connect error).
     pub async fn checkout(&self) -> Result<Checkout, sqlx::Error> {
         match self.inner.get().await {
-            Ok(conn) => Ok(Checkout { conn: Some(conn) }),
+            Ok(conn) => Ok(Checkout {
+                conn: Some(conn),
+                last_broken: self.last_broken.clone(),
+            }),
             Err(PoolError::Backend(error)) => Err(error),
             Err(PoolError::Timeout(_)) => Err(sqlx::Error::PoolTimedOut),
             Err(PoolError::Closed) => Err(sqlx::Error::PoolClosed),
@@ -174,6 +222,7 @@ impl SessionPool {
 /// closes the session instead of returning it (module invariants).
 pub(super) struct Checkout {
     conn: Option<Object<Sessions>>,
+    last_broken: Arc<LastBroken>,
 }
 
 impl Checkout {
@@ -188,11 +237,18 @@ impl Checkout {
         drop(self.conn.take());
     }
 
-    /// The session may be broken: it never goes back.
+    /// The session may hold unread rows: it never goes back.
     pub fn discard(mut self) {
         if let Some(conn) = self.conn.take() {
             drop(Object::take(conn));
         }
+    }
+
+    /// The session broke: it never goes back, and every session idle in
+    /// the pool now is validated before its next use.
+    pub fn broke(self) {
+        self.last_broken.mark();
+        self.discard();
     }
 }
 

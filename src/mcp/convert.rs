@@ -26,9 +26,11 @@ pub mod codes {
     pub const IN_PROGRESS: i32 = -32006;
     /// The operation was cancelled (run cancelled or plan superseded).
     pub const OPERATION_CANCELLED: i32 = -32007;
-    /// The ledger could not be reached or its answer was lost; or (with
-    /// `data.reason = "durability"`) its durability contract is not met or a
-    /// lossy failover is unresolved, and nothing was registered or sent.
+    /// The ledger could not be reached or its answer was lost (the message
+    /// starts "ledger unavailable" or "ledger outcome unknown"); or (with
+    /// `data.reason = "durability"`, the message "durability hold") its
+    /// durability contract is not met or a lossy failover is unresolved,
+    /// and nothing was registered or sent.
     pub const LEDGER_UNAVAILABLE: i32 = -32010;
     /// The upstream could not be reached and provably nothing was sent; the
     /// operation is pending under the same id: call again.
@@ -161,6 +163,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
             codes::LEDGER_UNAVAILABLE,
             Some(json!({"reason": "durability", "detail": reason})),
         ),
+        CallError::LedgerUnreachable { .. } => (codes::LEDGER_UNAVAILABLE, None),
     };
     let message = match error {
         CallError::Ledger(crate::ledger::LedgerError::InvalidInput(invalid)) => invalid.to_string(),
@@ -178,6 +181,14 @@ pub fn error_from_call(error: &CallError) -> McpError {
                 }
                 _ => "ledger unavailable: nothing was sent upstream; try again".to_owned(),
             }
+        }
+        // Why is the operator's business (logged, and in GET
+        // /v1/durability): driver text is not the agent's.
+        CallError::LedgerUnreachable { reason } => {
+            tracing::warn!(reason = %crate::logfield::clip(reason), "call refused: ledger unavailable");
+            "ledger unavailable: the ledger could not be reached or confirmed, so nothing was \
+             registered or sent; call again"
+                .to_owned()
         }
         // How to send what is missing, in this transport's words.
         CallError::LeaseRequired => format!(

@@ -241,7 +241,7 @@ impl<U: Upstream> Background<U> {
                 .admit(&self.reconciler.0.ledger)
                 .await
         {
-            tracing::debug!(%reason, ?service, "durability hold: not claiming");
+            tracing::debug!(%reason, ?service, "dispatch held: not claiming");
             match service {
                 Service::Outbox => self.signals.dispatch.pass(),
                 _ => self.signals.reconcile.pass(),

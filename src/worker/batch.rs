@@ -15,9 +15,14 @@
 //!    cancelled: a holder that stopped is dropped before the next batch.
 //! 2. A batch that fails or does not answer within `renew_timeout` is
 //!    unconfirmed for every lease in it (the database may have renewed them
-//!    all, or none): each of its holders is stopped with
-//!    [`StopCause::RenewalUnconfirmed`], as the single heartbeat would stop
-//!    one. Leases in other chunks of the same tick are judged on their own.
+//!    all, or none). A transient failure (a connection that broke, no
+//!    answer in time) is sent again with capped backoff for the leases a
+//!    retry can still renew before they may lapse (the ttl from when each
+//!    lease's last confirmed renewal was sent, or from when it was added);
+//!    the others, and every lease of a batch that failed otherwise, are
+//!    stopped with [`StopCause::RenewalUnconfirmed`], as the single
+//!    heartbeat would stop one. Leases in other chunks of the same tick are
+//!    judged on their own.
 //! 3. It never re-acquires: a lost lease is never resurrected.
 //!
 //! # Failure handling
@@ -29,15 +34,26 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::{HeartbeatConfig, StopCause, WorkerCancellation};
-use crate::ledger::{Fenced, LeaseClaim, Ledger, MAX_RENEW_BATCH, RunId};
+use crate::ledger::{Backoff, Fenced, LeaseClaim, Ledger, MAX_RENEW_BATCH, RunId};
 
-type Holders = Arc<Mutex<HashMap<RunId, (LeaseClaim, WorkerCancellation)>>>;
+type Holders = Arc<Mutex<HashMap<RunId, Held>>>;
+
+/// A lease the batch renews.
+#[derive(Debug, Clone)]
+struct Held {
+    claim: LeaseClaim,
+    cancel: WorkerCancellation,
+    /// When its last confirmed renewal was sent (or it was added): its
+    /// lease lives at least the ttl from then (invariant 2).
+    confirmed_sent: Instant,
+}
 
 /// Renews every lease added to it, in one batch per `config.interval`.
 /// Dropping it without [`BatchHeartbeat::stop`] stops the renewals too.
@@ -67,7 +83,12 @@ impl BatchHeartbeat {
     /// lease cannot be confirmed. A second claim on the same run replaces
     /// the first.
     pub fn add(&self, claim: LeaseClaim, cancel: WorkerCancellation) {
-        self.lock().insert(claim.run_id, (claim, cancel));
+        let held = Held {
+            claim,
+            cancel,
+            confirmed_sent: Instant::now(),
+        };
+        self.lock().insert(held.claim.run_id, held);
     }
 
     /// Stops renewing `run` (its holder is not cancelled: release the lease
@@ -94,7 +115,7 @@ impl BatchHeartbeat {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, (LeaseClaim, WorkerCancellation)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Held>> {
         self.holders
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -117,59 +138,125 @@ async fn run(ledger: Ledger, config: HeartbeatConfig, holders: Holders, stop: Ca
             _ = ticker.tick() => {}
         }
         // Invariant 1: holders that stopped are dropped first.
-        let batch: Vec<(LeaseClaim, WorkerCancellation)> = {
+        let batch: Vec<Held> = {
             let mut held = holders
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            held.retain(|_, (_, cancel)| !cancel.is_cancelled());
+            held.retain(|_, held| !held.cancel.is_cancelled());
             held.values().cloned().collect()
         };
         for chunk in batch.chunks(MAX_RENEW_BATCH) {
-            let claims: Vec<LeaseClaim> = chunk.iter().map(|(claim, _)| claim.clone()).collect();
-            let renewal = tokio::time::timeout(
-                config.renew_timeout,
-                ledger.lease_renew_batch(&claims, config.ttl_ms, None),
-            )
-            .await;
-            let causes: Vec<Option<StopCause>> = match renewal {
-                Ok(Ok(answers)) => answers
-                    .into_iter()
-                    .map(|answer| match answer.outcome {
-                        Fenced::Applied(_) => None,
-                        Fenced::Rejected(rejection) => Some(StopCause::from_rejection(rejection)),
-                    })
-                    .collect(),
-                // Invariant 2: the whole chunk is unconfirmed.
-                Ok(Err(error)) => {
-                    vec![Some(StopCause::RenewalUnconfirmed(error.to_string())); chunk.len()]
-                }
-                Err(_elapsed) => vec![
-                    Some(StopCause::RenewalUnconfirmed(format!(
-                        "no answer within {:?}",
-                        config.renew_timeout
-                    )));
-                    chunk.len()
-                ],
-            };
-            let mut stopped = 0usize;
-            for ((claim, cancel), cause) in chunk.iter().zip(causes) {
-                let Some(cause) = cause else { continue };
-                stopped += 1;
-                tracing::warn!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner),
-                    epoch = claim.epoch, cause = %cause, "batch heartbeat stopping the lease's holder");
-                cancel.cancel_with(cause);
-                let mut held = holders
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                // Only this claim: a newer claim on the same run stays.
-                if held
-                    .get(&claim.run_id)
-                    .is_some_and(|(c, _)| c.epoch == claim.epoch)
-                {
-                    held.remove(&claim.run_id);
-                }
+            if !renew_chunk(&ledger, &config, &holders, chunk.to_vec(), &stop).await {
+                return;
             }
-            tracing::debug!(leases = chunk.len(), stopped, "batch heartbeat renewed");
         }
+    }
+}
+
+/// Renews one chunk, again after a transient failure while a retry can
+/// land in time (invariant 2); stops the holders whose lease is lost or
+/// unconfirmed. False when `stop` fired meanwhile.
+async fn renew_chunk(
+    ledger: &Ledger,
+    config: &HeartbeatConfig,
+    holders: &Holders,
+    mut pending: Vec<Held>,
+    stop: &CancellationToken,
+) -> bool {
+    let ttl = Duration::from_millis(u64::try_from(config.ttl_ms).unwrap_or(0));
+    let mut backoff = Backoff::new(
+        Duration::from_millis(50),
+        (config.interval / 2).max(Duration::from_millis(50)),
+    );
+    loop {
+        let claims: Vec<LeaseClaim> = pending.iter().map(|held| held.claim.clone()).collect();
+        let sent = Instant::now();
+        let renewal = tokio::time::timeout(
+            config.renew_timeout,
+            ledger.lease_renew_batch(&claims, config.ttl_ms, None),
+        )
+        .await;
+        let transient = match renewal {
+            Ok(Ok(answers)) => {
+                let mut stopped = 0usize;
+                for (held, answer) in pending.iter().zip(answers) {
+                    match answer.outcome {
+                        Fenced::Applied(_) => confirmed(holders, &held.claim, sent),
+                        Fenced::Rejected(rejection) => {
+                            stopped += 1;
+                            stop_holder(holders, held, StopCause::from_rejection(rejection));
+                        }
+                    }
+                }
+                tracing::debug!(leases = pending.len(), stopped, "batch heartbeat renewed");
+                return true;
+            }
+            Ok(Err(error)) if error.is_transient() => error.to_string(),
+            Ok(Err(error)) => {
+                for held in &pending {
+                    stop_holder(
+                        holders,
+                        held,
+                        StopCause::RenewalUnconfirmed(error.to_string()),
+                    );
+                }
+                return true;
+            }
+            Err(_elapsed) => format!("no answer within {:?}", config.renew_timeout),
+        };
+        let delay = backoff.next_delay();
+        let retry_by = Instant::now() + delay + config.renew_timeout;
+        let (retry, lapsing): (Vec<Held>, Vec<Held>) = pending
+            .into_iter()
+            .filter(|held| !held.cancel.is_cancelled())
+            .partition(|held| retry_by < held.confirmed_sent + ttl);
+        for held in &lapsing {
+            stop_holder(
+                holders,
+                held,
+                StopCause::RenewalUnconfirmed(transient.clone()),
+            );
+        }
+        if retry.is_empty() {
+            return true;
+        }
+        tracing::warn!(leases = retry.len(), error = %transient, retry_in = ?delay,
+            "batch renewal failed; trying again");
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        pending = retry;
+    }
+}
+
+/// Records a confirmed renewal of `claim` sent at `sent` (only for this
+/// claim: a newer claim on the same run keeps its own).
+fn confirmed(holders: &Holders, claim: &LeaseClaim, sent: Instant) {
+    let mut held = holders
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(entry) = held.get_mut(&claim.run_id)
+        && entry.claim.epoch == claim.epoch
+    {
+        entry.confirmed_sent = sent;
+    }
+}
+
+/// Stops `held`'s holder with `cause` and drops its lease from the set.
+fn stop_holder(holders: &Holders, held: &Held, cause: StopCause) {
+    let claim = &held.claim;
+    tracing::warn!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner),
+        epoch = claim.epoch, cause = %cause, "batch heartbeat stopping the lease's holder");
+    held.cancel.cancel_with(cause);
+    let mut set = holders
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    // Only this claim: a newer claim on the same run stays.
+    if set
+        .get(&claim.run_id)
+        .is_some_and(|entry| entry.claim.epoch == claim.epoch)
+    {
+        set.remove(&claim.run_id);
     }
 }

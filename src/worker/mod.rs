@@ -1,19 +1,27 @@
 //! What a Rust worker links: a lease handle and its heartbeat.
 //!
 //! The heartbeat renews the lease: it
-//! renews on a fixed interval, each renewal under its own timeout, and the
-//! first renewal it cannot confirm — rejected, failed, or timed out —
-//! cancels the worker's [`WorkerCancellation`] with the cause and ends the
-//! heartbeat. It never re-acquires: a lost lease is never resurrected.
+//! renews on a fixed interval, each renewal under its own timeout. A
+//! rejected renewal cancels the worker's [`WorkerCancellation`] with the
+//! cause and ends the heartbeat; so does one that failed or timed out once
+//! the lease may have lapsed (invariant 2). It never re-acquires: a lost
+//! lease is never resurrected.
 //!
 //! # Invariants
 //!
 //! 1. Cancellation only reduces work. It is not what keeps a stale worker
 //!    out: every write is fenced in the database whatever this process
 //!    believes (ledger invariant 1).
-//! 2. An unconfirmed renewal is treated as lost. The database may have
-//!    renewed while the answer was lost; the conservative default is to stop
-//!    and let the lease expire.
+//! 2. A renewal that failed for a transient reason (a connection that
+//!    broke, no connection, no answer in time:
+//!    `LedgerError::is_transient`) is sent again with capped backoff while
+//!    a retry can still land before the lease may have lapsed — the ttl
+//!    counted from when the last confirmed renewal was sent (from the
+//!    heartbeat's start before the first), less the renewal timeout. After
+//!    that the renewal is unconfirmed and treated as lost: the database may
+//!    have renewed while the answer was lost, but the conservative default
+//!    is to stop and let the lease expire. A renewal is safe to repeat: it
+//!    only moves the same lease's expiry.
 //!
 //! # Failure handling
 //!
@@ -185,6 +193,21 @@ where
     Fut: std::future::Future<Output = Result<Fenced<Applied>, LedgerError>> + Send,
 {
     tokio::spawn(async move {
+        let ttl = Duration::from_millis(u64::try_from(config.ttl_ms).unwrap_or(0));
+        // Invariant 2: the lease was granted (or joined) just before.
+        let mut confirmed_sent = Instant::now();
+        let mut backoff = crate::ledger::Backoff::new(
+            Duration::from_millis(50),
+            (config.interval / 2).max(Duration::from_millis(50)),
+        );
+        // Set while a failed renewal waits for its retry.
+        let mut retry_at: Option<Instant> = None;
+        async fn retry_due(at: Option<Instant>) {
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        }
         let mut ticker =
             tokio::time::interval_at(Instant::now() + config.interval, config.interval);
         // After a freeze, renew once rather than in a burst of missed ticks.
@@ -203,19 +226,36 @@ where
                 }
                 _ = ticker.tick() => {}
                 () = probed(&probe) => {}
+                () = retry_due(retry_at) => {}
             }
-            let cause = match tokio::time::timeout(config.renew_timeout, renew()).await {
+            let sent = Instant::now();
+            let failure = match tokio::time::timeout(config.renew_timeout, renew()).await {
                 Ok(Ok(Fenced::Applied(applied))) => {
                     tracing::debug!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
                         expires_at = %applied.lease_expires_at, "lease renewed");
+                    confirmed_sent = sent;
+                    retry_at = None;
+                    backoff.reset();
                     continue;
                 }
-                Ok(Ok(Fenced::Rejected(rejection))) => StopCause::from_rejection(rejection),
-                Ok(Err(error)) => StopCause::RenewalUnconfirmed(error.to_string()),
-                Err(_elapsed) => StopCause::RenewalUnconfirmed(format!(
-                    "no answer within {:?}",
-                    config.renew_timeout
-                )),
+                Ok(Ok(Fenced::Rejected(rejection))) => Err(StopCause::from_rejection(rejection)),
+                Ok(Err(error)) if error.is_transient() => Ok(error.to_string()),
+                Ok(Err(error)) => Err(StopCause::RenewalUnconfirmed(error.to_string())),
+                Err(_elapsed) => Ok(format!("no answer within {:?}", config.renew_timeout)),
+            };
+            let cause = match failure {
+                Err(cause) => cause,
+                Ok(transient) => {
+                    // Invariant 2: again, while a retry can land in time.
+                    let delay = backoff.next_delay();
+                    if Instant::now() + delay + config.renew_timeout < confirmed_sent + ttl {
+                        tracing::warn!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner),
+                            error = %transient, retry_in = ?delay, "lease renewal failed; trying again");
+                        retry_at = Some(Instant::now() + delay);
+                        continue;
+                    }
+                    StopCause::RenewalUnconfirmed(transient)
+                }
             };
             tracing::warn!(run_id = %claim.run_id, owner = %crate::logfield::clip(&claim.owner), epoch = claim.epoch,
                 cause = %cause, "heartbeat stopping the worker");

@@ -19,6 +19,7 @@ mod key_mode;
 mod lease_renew_batch;
 mod lease_tokens;
 mod ledger_acceptance;
+mod ledger_blips;
 mod ledger_errors;
 mod ledger_lease_tokens;
 mod ledger_permissions;
