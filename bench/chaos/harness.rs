@@ -1153,6 +1153,9 @@ async fn monkey(
     let mut rng = Rng::new(settings.seed ^ 0x00C0_FFEE);
     let started = Instant::now();
     let interval = settings.fault_interval.as_millis() as u64;
+    // Every fourth fault (the first included) is an HTTP outage, while any
+    // are left.
+    let mut round: u64 = 0;
     while !done.load(Ordering::SeqCst) {
         tokio::time::sleep(rng.millis(interval / 2, interval * 3 / 2)).await;
         if done.load(Ordering::SeqCst) {
@@ -1178,9 +1181,10 @@ async fn monkey(
             counts.pg_restarts += 1;
             continue;
         }
+        round += 1;
         if let Some(http) = &http_tools
             && counts.http_outages < 3
-            && rng.below(4) == 0
+            && round % 4 == 1
         {
             // Down: connections refused until it is back on the same port.
             let mut http = http.lock().await;

@@ -184,6 +184,39 @@ pub struct QuerySpec {
     pub resend_after_not_found: Option<Duration>,
 }
 
+/// Whether starting an operation's retry budget over (`leasegate ops
+/// retry`) can change what the reconciler does next, from its tool's
+/// adapter (`None`: no upstream offers the tool). Only a same-key retry and
+/// a resend after an authoritative "not found" spend the budget; `Err`
+/// says why nothing would.
+pub fn retry_budget_matters(adapter: Option<&ToolAdapter>) -> Result<(), &'static str> {
+    let Some(adapter) = adapter else {
+        return Err(
+            "no upstream of this process offers its tool, so nothing can send it again; \
+                    resolve it from the tool's own records (leasegate ops resolve)",
+        );
+    };
+    match adapter.capability {
+        Capability::IdempotencyKey => Ok(()),
+        Capability::OperationQuery | Capability::ResourceId
+            if adapter
+                .query
+                .as_ref()
+                .is_some_and(|query| query.resend_after_not_found.is_some()) =>
+        {
+            Ok(())
+        }
+        Capability::OperationQuery | Capability::ResourceId => Err(
+            "its tool is reconciled by queries, which spend no retry budget: the reconciler keeps \
+             asking on its own, and an operator resolves what no query can prove (leasegate ops resolve)",
+        ),
+        Capability::None => Err(
+            "its tool has capability `none`: leasegate never sends such a call again, so there is no \
+             retry to start over; resolve it from the tool's own records (leasegate ops resolve)",
+        ),
+    }
+}
+
 /// A validated adapter file.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Adapter {

@@ -185,7 +185,7 @@ async fn retry_refusal(
     }
     let route = operation.route.as_ref()?;
     let adapter = adapters.get(&route.upstream)?.tool(&route.tool, None);
-    crate::reconcile::plan::retry_budget_matters(Some(&adapter))
+    crate::adapter::retry_budget_matters(Some(&adapter))
         .err()
         .map(|why| {
             format!("operation {operation_id} cannot be retried: {why}. Nothing was written")

@@ -24,13 +24,13 @@ use serde_json::Value;
 use super::error::{ApiError, ErrorCode};
 use super::state::OperatorLedger;
 use crate::adapter::SharedDirectory;
+use crate::adapter::retry_budget_matters;
 use crate::dispatch::recorded_tool;
 use crate::intent::OperationId;
 use crate::ledger::{
     Applied, Converge, ConvergeEvidence, ConvergeOutcome, Fenced, LedgerError, OperationStatus,
     RetryResetOutcome, RunId, Settlement,
 };
-use crate::reconcile::plan::retry_budget_matters;
 
 /// Why an act did not reach the ledger, or what the ledger said instead
 /// of an outcome.

@@ -85,15 +85,11 @@ impl Fact {
 }
 
 /// Whether a failed write may land if made again: the ledger could not be
-/// reached, or the connection broke with the statement in flight. Not once
-/// this process closed its own pool (it is stopping).
+/// reached, or the connection broke with the statement in flight (every
+/// write here is guarded by the claim, so a repeat is safe). Not once this
+/// process closed its own pool (it is stopping).
 pub(super) fn worth_writing_again(error: &LedgerError) -> bool {
-    match error {
-        LedgerError::Unavailable { source, .. } | LedgerError::OutcomeUnknown { source, .. } => {
-            !matches!(source, sqlx::Error::PoolClosed)
-        }
-        other => other.is_retryable(),
-    }
+    error.is_transient()
 }
 
 /// Keeps `fact` and writes it under `claim` in the background until the

@@ -21,8 +21,8 @@
 //! an answer that proves an outcome does.
 //!
 //! An operator's `ops retry` (a fresh retry budget) is refused where no
-//! row above spends the budget ([`retry_budget_matters`]): `none`, a query
-//! without `resend_after_not_found`, a tool no upstream offers.
+//! row above spends the budget (`adapter::retry_budget_matters`): `none`,
+//! a query without `resend_after_not_found`, a tool no upstream offers.
 //!
 //! A stored request that is not the request (policy `request_body =
 //! "masked"`: it does not hash to the intent's digest and holds `"***"`) is
@@ -61,39 +61,6 @@ pub enum Step {
     RetrySameKey,
     /// Nothing leasegate can do: an operator resolves it.
     NeedsOperator(&'static str),
-}
-
-/// Whether starting an operation's retry budget over (`leasegate ops
-/// retry`) can change what the reconciler does next, from its tool's
-/// adapter (`None`: no upstream offers the tool). Only a same-key retry and
-/// a resend after an authoritative "not found" spend the budget; `Err`
-/// says why nothing would.
-pub fn retry_budget_matters(adapter: Option<&ToolAdapter>) -> Result<(), &'static str> {
-    let Some(adapter) = adapter else {
-        return Err(
-            "no upstream of this process offers its tool, so nothing can send it again; \
-                    resolve it from the tool's own records (leasegate ops resolve)",
-        );
-    };
-    match adapter.capability {
-        Capability::IdempotencyKey => Ok(()),
-        Capability::OperationQuery | Capability::ResourceId
-            if adapter
-                .query
-                .as_ref()
-                .is_some_and(|query| query.resend_after_not_found.is_some()) =>
-        {
-            Ok(())
-        }
-        Capability::OperationQuery | Capability::ResourceId => Err(
-            "its tool is reconciled by queries, which spend no retry budget: the reconciler keeps \
-             asking on its own, and an operator resolves what no query can prove (leasegate ops resolve)",
-        ),
-        Capability::None => Err(
-            "its tool has capability `none`: leasegate never sends such a call again, so there is no \
-             retry to start over; resolve it from the tool's own records (leasegate ops resolve)",
-        ),
-    }
 }
 
 /// Whether a stored body is a masked copy of the request.
@@ -393,6 +360,7 @@ mod tests {
 
     #[test]
     fn a_retry_budget_matters_only_where_a_retry_or_a_resend_can_follow() {
+        use crate::adapter::retry_budget_matters;
         assert!(retry_budget_matters(Some(&adapter(Capability::IdempotencyKey))).is_ok());
         let mut resending = adapter(Capability::ResourceId);
         resending.query.as_mut().unwrap().resend_after_not_found = Some(Duration::from_secs(5));
