@@ -69,7 +69,7 @@ pub struct Settings {
     pub pg_restart: Option<Vec<String>>,
     /// How long into the run the restart happens.
     pub pg_restart_after: Duration,
-    /// The mailer as one Streamable HTTP tool server all proxies share
+    /// The payments tool as one Streamable HTTP server all proxies share
     /// (instead of a stdio child per proxy), stopped for 1–3 s at a time
     /// (connections refused) up to three times during the run.
     pub http_outages: bool,
@@ -233,7 +233,11 @@ pub struct FaultCounts {
     pub http_outages: usize,
 }
 
-/// The mailer over Streamable HTTP on a fixed port, restartable.
+/// The payments tool over Streamable HTTP on a fixed port, restartable.
+/// Payments, not the mailer: a server killed mid-call may have acted
+/// without answering, and only an `idempotency_key` tool converges every
+/// such call without an operator (a same-key retry), so the soak can still
+/// demand that every call converge.
 struct HttpTools {
     tools: PathBuf,
     state: PathBuf,
@@ -244,7 +248,13 @@ struct HttpTools {
 impl HttpTools {
     async fn spawn(&mut self) -> anyhow::Result<()> {
         let mut child = tokio::process::Command::new(&self.tools)
-            .args(["--tools", "mailer", "--http", &self.address, "--state-dir"])
+            .args([
+                "--tools",
+                "payments",
+                "--http",
+                &self.address,
+                "--state-dir",
+            ])
             .arg(&self.state)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
@@ -555,8 +565,8 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
         {
             let salt = (index * 16 + salt) as u64;
             match &http_tools {
-                Some(http) if name == "mailer" => config.push_str(&format!(
-                    "[upstreams.mailer]\ntransport = \"streamable_http\"\nurl = \"http://{}/mcp\"\n\n",
+                Some(http) if name == "payments" => config.push_str(&format!(
+                    "[upstreams.payments]\ntransport = \"streamable_http\"\nurl = \"http://{}/mcp\"\n\n",
                     http.lock().await.address
                 )),
                 _ => config.push_str(&upstream_block(name, set, &settings, &state, salt)),
@@ -726,7 +736,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                 let state = match client.get(format!("{control}/v1/upstreams")).send().await {
                     Ok(answer) => answer.json::<Value>().await.ok().and_then(|listed| {
                         listed["upstreams"].as_array()?.iter().find_map(|u| {
-                            (u["name"] == "mailer")
+                            (u["name"] == "payments")
                                 .then(|| u["state"].as_str().map(str::to_owned))?
                         })
                     }),
@@ -737,7 +747,7 @@ pub async fn run(settings: Settings) -> anyhow::Result<Outcome> {
                 }
                 if Instant::now() > deadline {
                     health_violations.push(format!(
-                        "{control}: the HTTP mailer is back but its health says {state:?}, not up"
+                        "{control}: the HTTP payments server is back but its health says {state:?}, not up"
                     ));
                     break;
                 }

@@ -39,7 +39,7 @@ struct Cli {
     /// No proxy SIGKILL/SIGSTOP: the database's faults only.
     #[arg(long)]
     no_proxy_faults: bool,
-    /// The mailer as one shared Streamable HTTP tool server, stopped for
+    /// The payments tool as one shared Streamable HTTP server, stopped for
     /// 1-3 s up to three times (connections refused).
     #[arg(long)]
     http_outages: bool,

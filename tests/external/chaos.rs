@@ -99,13 +99,14 @@ fn crash_restart(cluster: &leasegate::embedded::Cluster) -> Vec<String> {
 /// The database and one Streamable HTTP tool server fail, nothing else:
 /// every backend of the ledger terminated every ~0.4 s and PostgreSQL
 /// crash-restarted once, mid-burst, on a private cluster (the shared server
-/// is left alone); the mailer, one HTTP server all proxies share, stopped
-/// (connections refused) for 1–3 s up to three times. The tools never fail
-/// and the proxies are never killed, so every call that reached a tool was
-/// answered to leasegate, and each such operation must end with that
-/// answer — a `none` tool's too, which no reconciler query could have
-/// settled — with no operator; a refused call is never sent twice; and
-/// every proxy's health says the mailer is up at the end.
+/// is left alone); the payments tool, one HTTP server all proxies share,
+/// stopped (connections refused) for 1–3 s at three points. The stdio tools
+/// never fail and the proxies are never killed, so every call that reached
+/// one was answered to leasegate, and each such operation must end with
+/// that answer — a `none` tool's too, which no reconciler query could have
+/// settled — with no operator; the payments calls the outages cut converge
+/// by same-key retries; a refused call is never sent twice; and every
+/// proxy's health says the payments server is up at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_answered_call_converges_through_database_faults_and_http_outages() {
     let _exclusive = crate::common::exclusive().await;
