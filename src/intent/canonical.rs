@@ -13,7 +13,9 @@ pub const MAX_SAFE_INTEGER: u64 = 1 << 53;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum IntegerPolicy {
-    /// Refuse integers with |n| > 2^53 (two of them could share a digest).
+    /// Refuse numbers with |n| > 2^53 (two of them could share a digest):
+    /// integers, and doubles of that magnitude, which may be integers that
+    /// lost digits on the way in.
     #[default]
     Reject,
     /// Accept RFC 8785's double semantics: such integers are rounded.
@@ -40,7 +42,15 @@ fn check_integers(value: &Value, path: &mut String) -> Result<(), IntentError> {
             let magnitude = number
                 .as_u64()
                 .or_else(|| number.as_i64().map(i64::unsigned_abs));
-            if magnitude.is_some_and(|m| m > MAX_SAFE_INTEGER) {
+            // A number parsed as a double beyond ±2^53 (an integer at or
+            // beyond 2^64, or any spelling of such a magnitude) may already
+            // have lost digits on the way in: numbers that differ would
+            // share its digest. Every double that large is an integer.
+            let unsafe_double = magnitude.is_none()
+                && number
+                    .as_f64()
+                    .is_some_and(|x| x.abs() > MAX_SAFE_INTEGER as f64);
+            if magnitude.is_some_and(|m| m > MAX_SAFE_INTEGER) || unsafe_double {
                 return Err(IntentError::UnsafeInteger {
                     path: path.clone(),
                     value: number.to_string(),

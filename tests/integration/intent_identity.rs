@@ -35,9 +35,10 @@ fn rfc8785_reference_vectors_canonicalize_byte_for_byte() {
 
 #[test]
 fn number_edge_cases_follow_ecmascript() {
+    // RFC 8785's own number semantics (beyond ±2^53 too).
     let canonical = |text: &str| {
         let value: Value = serde_json::from_str(text).unwrap();
-        String::from_utf8(canonical_bytes(&value, IntegerPolicy::Reject).unwrap()).unwrap()
+        String::from_utf8(canonical_bytes(&value, IntegerPolicy::AsDouble).unwrap()).unwrap()
     };
     assert_eq!(
         canonical("[1e21, 1e20, 1e-7, 1e-6]"),
@@ -75,6 +76,15 @@ fn integers_beyond_two_to_the_53_are_refused_by_default() {
         "-9007199254740993",
         "18446744073709551615",
         "[{\"a\": 9007199254740993}]",
+        // Beyond the 64-bit integers they arrive as doubles, already
+        // rounded alike: each refused, never merged into one intent.
+        "18446744073709551616",
+        "18446744073709551617",
+        "18446744073709551616.0",
+        "1.8446744073709552e19",
+        "-9223372036854775809",
+        "123456789012345678901234567890",
+        "1e20",
     ] {
         let value: Value = serde_json::from_str(text).unwrap();
         let error = request_digest("pay", &value, IntegerPolicy::Reject).unwrap_err();
@@ -95,8 +105,17 @@ fn integers_beyond_two_to_the_53_are_refused_by_default() {
         "integer 9007199254740993 at $.amount.cents is beyond ±2^53: RFC 8785 would give it the \
          digest of a different number; send it as a string"
     );
-    // 2^53 itself is exact and accepted.
+    // 2^53 itself is exact and accepted, as a double too; so is a fraction.
     request_digest("pay", &json!(9007199254740992u64), IntegerPolicy::Reject).unwrap();
+    for text in [
+        "9007199254740992.0",
+        "-9.007199254740992e15",
+        "12345.678",
+        "1e-300",
+    ] {
+        let value: Value = serde_json::from_str(text).unwrap();
+        request_digest("pay", &value, IntegerPolicy::Reject).unwrap();
+    }
     // Knowingly accepting RFC 8785's doubles makes the collision visible.
     let a = request_digest("pay", &json!(9007199254740993u64), IntegerPolicy::AsDouble).unwrap();
     let b = request_digest("pay", &json!(9007199254740992u64), IntegerPolicy::AsDouble).unwrap();

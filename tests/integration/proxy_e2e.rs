@@ -420,6 +420,17 @@ async fn bad_input_gets_a_precise_error_and_the_ledger_stays_consistent(
         message.starts_with("integer 9007199254740993 at $.amount is beyond ±2^53"),
         "{message}"
     );
+    // 2^64 arrives as a double, already rounded: refused too, never sent.
+    let (code, message) = call(
+        &agent,
+        "payments__charge",
+        json!({"amount": 18446744073709551616.0, "currency": "eur"}),
+        None,
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(code, -32602);
+    assert!(message.contains("beyond ±2^53"), "{message}");
 
     let mut bad = lease_meta(&lease);
     bad.insert(
