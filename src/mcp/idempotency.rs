@@ -106,7 +106,9 @@ pub fn stdin_lifting_keys() -> tokio::io::DuplexStream {
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
         while let Ok(Some(line)) = lines.next_line().await {
-            let line = if names_the_field(line.as_bytes())
+            let line = if let Some(answerable) = unreadable_request(&line) {
+                answerable
+            } else if names_the_field(line.as_bytes())
                 && let Ok(mut message) = serde_json::from_str::<Value>(&line)
                 && lift(&mut message)
             {
@@ -125,11 +127,72 @@ pub fn stdin_lifting_keys() -> tokio::io::DuplexStream {
     reader
 }
 
+/// The method of the request [`unreadable_request`] makes of a line the
+/// JSON-RPC layer could not read; the front answers it with the error
+/// (`Front::on_custom_request`).
+pub const UNREADABLE_METHOD: &str = "dev.leasegate/unreadable";
+
+/// A line that is not a JSON value serde_json reads whole (nested deeper
+/// than its 128 levels, a number beyond a double's range such as `1e400`)
+/// would be dropped unanswered by the stdio transport, and the client would
+/// wait for its timeout. When its `id` can still be read (a shallow scan
+/// that skips the rest), it becomes a request of [`UNREADABLE_METHOD`]
+/// under that id, carrying why; the front answers it with JSON-RPC's error.
+/// `None`: the line reads, or no id can be found (logged, then dropped).
+fn unreadable_request(line: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        id: Option<Value>,
+    }
+    let error = serde_json::from_str::<Value>(line).err()?;
+    if line.trim().is_empty() {
+        return None;
+    }
+    let id = serde_json::from_str::<Envelope>(line)
+        .ok()
+        .and_then(|envelope| envelope.id)
+        .filter(|id| id.is_string() || id.is_number());
+    let Some(id) = id else {
+        tracing::warn!(error = %error, "a stdin line is not a JSON-RPC message and names no id: dropped");
+        return None;
+    };
+    let request = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "method": UNREADABLE_METHOD,
+        "params": {"reason": error.to_string()},
+    });
+    Some(request.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_line_too_deep_or_with_a_number_out_of_range_keeps_its_id() {
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"t","arguments":{{"a":{}1{}}}}}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let huge = r#"{"jsonrpc":"2.0","id":"x-1","method":"tools/call","params":{"name":"t","arguments":{"n":1e400}}}"#;
+        for (line, id) in [(deep.as_str(), json!(7)), (huge, json!("x-1"))] {
+            let rewritten: Value =
+                serde_json::from_str(&unreadable_request(line).expect("answerable")).unwrap();
+            assert_eq!(rewritten["id"], id);
+            assert_eq!(rewritten["method"], UNREADABLE_METHOD);
+            assert!(rewritten["params"]["reason"].is_string(), "{rewritten}");
+        }
+        assert_eq!(
+            unreadable_request(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
+            None
+        );
+        assert_eq!(unreadable_request("not json"), None);
+        assert_eq!(unreadable_request(""), None);
+    }
 
     #[test]
     fn the_draft_field_moves_into_meta_and_a_meta_key_wins() {

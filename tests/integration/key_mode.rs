@@ -193,6 +193,47 @@ async fn keys_in_meta_and_in_the_draft_field_work_over_stdio(
     .await;
     assert_eq!(note(&answer)["replayed"], true, "{answer}");
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
+
+    // Lines JSON-RPC cannot read whole — nested deeper than 128 levels, a
+    // number beyond a double's range — are answered with a parse error
+    // under their own id, and the session goes on.
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"payments__charge","arguments":{{"amount":{}1{}}}}}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    let huge = r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"payments__charge","arguments":{"amount":1e400,"currency":"eur"}}}"#;
+    let ping = r#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#;
+    for line in [deep.as_str(), huge, ping] {
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    let answers: Vec<Value> = within("answers to the unreadable lines and the ping", async {
+        let mut answers = Vec::new();
+        while answers.len() < 3 {
+            let line = lines.next_line().await.unwrap().expect("an answer");
+            let message: Value = serde_json::from_str(&line).unwrap();
+            if [3, 4, 5].iter().any(|id| message["id"] == *id) {
+                answers.push(message);
+            }
+        }
+        answers
+    })
+    .await;
+    for answer in &answers {
+        if answer["id"] == 5 {
+            assert!(answer.get("result").is_some(), "{answer}");
+        } else {
+            assert_eq!(answer["error"]["code"], -32700, "{answer}");
+        }
+    }
+    assert_eq!(
+        scenario.side_effects("charges.jsonl").len(),
+        1,
+        "nothing sent"
+    );
     drop(stdin);
     let _ = within("leasegate stdio to end", child.wait()).await;
 }

@@ -681,6 +681,26 @@ impl ServerHandler for Front {
         request: CustomRequest,
         _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
+        if request.method == super::idempotency::UNREADABLE_METHOD {
+            let reason = request
+                .params
+                .as_ref()
+                .and_then(|params| params.get("reason"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("unreadable")
+                .chars()
+                .take(300)
+                .collect::<String>();
+            return Err(McpError::new(
+                ErrorCode(super::malformed::PARSE_ERROR),
+                format!(
+                    "parse error: the message cannot be read ({reason}); JSON nested deeper \
+                     than 128 levels and numbers beyond a double's range are not accepted. \
+                     Nothing was recorded or sent"
+                ),
+                Some(json!({"reason": "unreadable"})),
+            ));
+        }
         if request.method == "tools/call" {
             let why = match request.params_as::<CallToolRequestParams>() {
                 // serde quotes the value it did not expect: keep it short.
