@@ -246,14 +246,14 @@ async fn record_failure(
             // when the ledger is back (marking the claim unknown now would
             // only make that write stale).
             Err(error)
-                if keeper::worth_writing_again(&error)
-                    && keeper::keep(
-                        ledger.clone(),
-                        claim.clone(),
-                        Fact::NotSent {
-                            evidence: evidence.clone(),
-                        },
-                    ) =>
+                if keeper::keep(
+                    ledger.clone(),
+                    claim.clone(),
+                    Fact::NotSent {
+                        evidence: evidence.clone(),
+                    },
+                    &error,
+                ) =>
             {
                 tracing::warn!(error = %crate::logfield::clip_display(&failure), ledger = %crate::logfield::clip_display(&error),
                     "nothing was sent, but the ledger cannot record it yet: kept until it can");
@@ -379,14 +379,14 @@ async fn settle(
                 return Ok((reply, None));
             }
             Err(error)
-                if keeper::worth_writing_again(&error)
-                    && keeper::keep(
-                        ledger.clone(),
-                        claim.clone(),
-                        Fact::NotSent {
-                            evidence: evidence.clone(),
-                        },
-                    ) =>
+                if keeper::keep(
+                    ledger.clone(),
+                    claim.clone(),
+                    Fact::NotSent {
+                        evidence: evidence.clone(),
+                    },
+                    &error,
+                ) =>
             {
                 let reply = CallReply::Unknown {
                     operation_id: claim.operation_id.clone(),
@@ -421,7 +421,7 @@ async fn settle(
             .await
         {
             Ok(settled) => break settled,
-            Err(error) if attempt < SETTLE_ATTEMPTS && keeper::worth_writing_again(&error) => {
+            Err(error) if attempt < SETTLE_ATTEMPTS && error.is_transient() => {
                 tracing::warn!(attempt, error = %crate::logfield::clip_display(&error), "settle failed after the tool answered; retrying");
                 tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
                 attempt += 1;
@@ -431,16 +431,16 @@ async fn settle(
                 // says now, the agent hears "unknown", never "not sent".
                 metrics::counter!("tool_operation_unknown_total", "cause" => "settle_failed")
                     .increment(1);
-                let kept = keeper::worth_writing_again(&error)
-                    && keeper::keep(
-                        ledger.clone(),
-                        claim.clone(),
-                        Fact::Answer {
-                            settlement,
-                            remote_id: remote_id.clone(),
-                            result: answer.result.clone(),
-                        },
-                    );
+                let kept = keeper::keep(
+                    ledger.clone(),
+                    claim.clone(),
+                    Fact::Answer {
+                        settlement,
+                        remote_id: remote_id.clone(),
+                        result: answer.result.clone(),
+                    },
+                    &error,
+                );
                 let reason = if kept {
                     tracing::warn!(error = %crate::logfield::clip_display(&error), "the tool answered but the ledger cannot record it yet: the answer is kept until it can");
                     format!(

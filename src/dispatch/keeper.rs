@@ -84,18 +84,17 @@ impl Fact {
     }
 }
 
-/// Whether a failed write may land if made again: the ledger could not be
-/// reached, or the connection broke with the statement in flight (every
-/// write here is guarded by the claim, so a repeat is safe). Not once this
-/// process closed its own pool (it is stopping).
-pub(super) fn worth_writing_again(error: &LedgerError) -> bool {
-    error.is_transient()
-}
-
-/// Keeps `fact` and writes it under `claim` in the background until the
-/// ledger answers. `false` when the process already keeps [`MAX_KEPT`]
-/// facts (the fact is dropped, and logged).
-pub(super) fn keep(ledger: Ledger, claim: DispatchClaim, fact: Fact) -> bool {
+/// Keeps `fact`, whose write under `claim` just failed with `failed`, and
+/// writes it again in the background until the ledger answers — when the
+/// failure is transient (the ledger unreachable, the session broken with
+/// the statement in flight: every write here is guarded by the claim, so a
+/// repeat is safe; not once this process closed its own pool). `false`:
+/// not kept (a definite refusal, or [`MAX_KEPT`] facts kept already, which
+/// is logged).
+pub(super) fn keep(ledger: Ledger, claim: DispatchClaim, fact: Fact, failed: &LedgerError) -> bool {
+    if !failed.is_transient() {
+        return false;
+    }
     let Ok(slot) = SLOTS.try_acquire() else {
         tracing::error!(operation_id = %claim.operation_id, fact = fact.kind(), kept = MAX_KEPT,
             "too many facts wait for the ledger: this one is dropped and its claim will expire into unknown");
@@ -160,7 +159,7 @@ async fn write_until_answered(ledger: &Ledger, claim: &DispatchClaim, fact: &Fac
                     .increment(1);
                 return;
             }
-            Err(error) if worth_writing_again(&error) => {
+            Err(error) if error.is_transient() => {
                 if attempt == 1 || attempt.is_multiple_of(10) {
                     tracing::warn!(attempt, error = %crate::logfield::clip_display(&error),
                         "the ledger cannot take a kept fact yet; trying again");

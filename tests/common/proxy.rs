@@ -486,3 +486,39 @@ impl ServedChild {
         self.log.lock().unwrap().join("\n")
     }
 }
+
+/// The example tool server `tools` over Streamable HTTP at `address`
+/// (`127.0.0.1:0` for an ephemeral port), recording into `state`; returns
+/// the child and the address it listens on. Its stderr is drained.
+pub async fn http_tool_server(
+    tools: &str,
+    address: &str,
+    state: &std::path::Path,
+    extra: &[&str],
+) -> (tokio::process::Child, String) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut child = tokio::process::Command::new(EXAMPLE_TOOLS)
+        .args(["--tools", tools, "--http", address, "--state-dir"])
+        .arg(state)
+        .args(extra)
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let listening = super::within("the tool server to listen", async {
+        loop {
+            let line = lines
+                .next_line()
+                .await
+                .unwrap()
+                .expect("the tool server prints its address");
+            if let Some(url) = line.strip_prefix("example tools at http://") {
+                return url.trim_end_matches("/mcp").to_owned();
+            }
+        }
+    })
+    .await;
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, listening)
+}

@@ -6,56 +6,18 @@
 
 use crate::common;
 
-use std::process::Stdio;
-
 use common::proxy::{
-    EXAMPLE_TOOLS, MAILER_ADAPTER, PAYMENTS_ADAPTER, Scenario, ServedChild, call, config_head,
-    connect_http, operation_note,
+    MAILER_ADAPTER, PAYMENTS_ADAPTER, Scenario, ServedChild, call, config_head, connect_http,
+    http_tool_server, operation_note,
 };
 use common::{TestDb, http, prometheus, wait_until, within};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// How often the agent calls the email during the outage.
 const EMAIL_TRIES: i64 = 5;
 
 const POLICY: &str = "claim_ttl = \"3s\"\ndispatch_interval = \"100ms\"\nreconcile_interval = \"200ms\"\nin_flight_wait = \"1s\"\n";
-
-/// The example tool server `tools` over Streamable HTTP at `address`
-/// (`127.0.0.1:0` for an ephemeral port), recording into `state`; returns
-/// the child and the address it listens on. Its stderr is drained.
-async fn tool_server(
-    tools: &str,
-    address: &str,
-    state: &std::path::Path,
-    extra: &[&str],
-) -> (tokio::process::Child, String) {
-    let mut child = tokio::process::Command::new(EXAMPLE_TOOLS)
-        .args(["--tools", tools, "--http", address, "--state-dir"])
-        .arg(state)
-        .args(extra)
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let listening = within("the tool server to listen", async {
-        loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("the tool server prints its address");
-            if let Some(url) = line.strip_prefix("example tools at http://") {
-                return url.trim_end_matches("/mcp").to_owned();
-            }
-        }
-    })
-    .await;
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, listening)
-}
 
 /// `upstream`'s state as `GET /v1/upstreams` shows it.
 async fn state_of(control: &str, upstream: &str) -> String {
@@ -121,8 +83,8 @@ impl Outage {
     async fn start(db: &TestDb, payments_flags: &[&str]) -> Self {
         let scenario = Scenario::with_adapters(&db.url, POLICY, PAYMENTS_ADAPTER, MAILER_ADAPTER);
         let state = scenario.dir.join("state");
-        let payments = tool_server("payments", "127.0.0.1:0", &state, payments_flags).await;
-        let mailer = tool_server("mailer", "127.0.0.1:0", &state, &[]).await;
+        let payments = http_tool_server("payments", "127.0.0.1:0", &state, payments_flags).await;
+        let mailer = http_tool_server("mailer", "127.0.0.1:0", &state, &[]).await;
         std::fs::write(
             scenario.config_path(),
             format!(
@@ -148,8 +110,8 @@ impl Outage {
     async fn restart_tools(&mut self) {
         let state = self.scenario.dir.join("state");
         std::fs::write(state.join("calm"), "").unwrap();
-        self.payments = tool_server("payments", &self.payments.1, &state, &[]).await;
-        self.mailer = tool_server("mailer", &self.mailer.1, &state, &[]).await;
+        self.payments = http_tool_server("payments", &self.payments.1, &state, &[]).await;
+        self.mailer = http_tool_server("mailer", &self.mailer.1, &state, &[]).await;
     }
 }
 

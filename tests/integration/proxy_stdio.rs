@@ -4,49 +4,21 @@
 use crate::common;
 use crate::common::proxy::charge_eur;
 
-use std::process::Stdio;
-
+use common::TestDb;
 use common::proxy::{
-    Agent, AgentClient, EXAMPLE_TOOLS, LEASEGATE, call, lease_meta, operation_note,
+    Agent, AgentClient, LEASEGATE, call, http_tool_server, lease_meta, operation_note,
 };
-use common::{TestDb, within};
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// The example payments server over Streamable HTTP on an ephemeral port,
 /// its state in `dir/state`; returns the child and its MCP URL.
 async fn payments_over_http(dir: &std::path::Path) -> (tokio::process::Child, String) {
-    let mut tools = tokio::process::Command::new(EXAMPLE_TOOLS)
-        .args([
-            "--tools",
-            "payments",
-            "--http",
-            "127.0.0.1:0",
-            "--state-dir",
-        ])
-        .arg(dir.join("state"))
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(tools.stderr.take().unwrap()).lines();
-    let url = within("the tool server to listen", async {
-        loop {
-            let line = lines
-                .next_line()
-                .await
-                .unwrap()
-                .expect("the tool server prints its address");
-            if let Some(url) = line.strip_prefix("example tools at ") {
-                return url.to_owned();
-            }
-        }
-    })
-    .await;
-    (tools, url)
+    let (tools, address) =
+        http_tool_server("payments", "127.0.0.1:0", &dir.join("state"), &[]).await;
+    (tools, format!("http://{address}/mcp"))
 }
 
 /// `leasegate stdio` in front of the example payments server over

@@ -1111,39 +1111,42 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
     second.stop().await;
 }
 
-/// A charge through `proxy` that acts at the tool, then answers `hang_ms`
-/// later; returned once the effect exists, with the row locked FOR UPDATE
-/// by the returned transaction (its settle waits on it).
-async fn charge_then_lock_its_row(
+/// `tool` called through `proxy` with `arguments` (which make it act, then
+/// answer a second later: `hang_ms`); returned once its effect is in
+/// `effects`, with the operation's row locked FOR UPDATE by the returned
+/// transaction (its settle waits on it).
+async fn call_then_lock_its_row(
     db: &TestDb,
     scenario: &Scenario,
     proxy: &RunningProxy,
-    amount: i64,
+    (tool, arguments, effects): (&'static str, Value, &'static str),
 ) -> (
     tokio::task::JoinHandle<Result<rmcp::model::CallToolResult, (i32, String)>>,
     sqlx::Transaction<'static, sqlx::Postgres>,
 ) {
     let (lease, _) = db.running_run("agent", 120_000).await;
     let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let pending = tokio::spawn(async move {
-        call(
-            &agent,
-            "payments__charge",
-            json!({"amount": amount, "currency": "eur", "hang_ms": 1000}),
-            None,
-        )
-        .await
-    });
-    wait_until("the charge to happen at the tool", || async {
-        (scenario.side_effects("charges.jsonl").len() == 1).then_some(())
+    let pending = tokio::spawn(async move { call(&agent, tool, arguments, None).await });
+    wait_until(&format!("{tool} to act at the tool"), || async {
+        (scenario.side_effects(effects).len() == 1).then_some(())
     })
     .await;
     let mut holder = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'payments__charge' FOR UPDATE")
+    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = $1 FOR UPDATE")
+        .bind(tool)
         .execute(&mut *holder)
         .await
         .unwrap();
     (pending, holder)
+}
+
+/// A charge of `amount` for [`call_then_lock_its_row`].
+fn slow_charge(amount: i64) -> (&'static str, Value, &'static str) {
+    (
+        "payments__charge",
+        json!({"amount": amount, "currency": "eur", "hang_ms": 1000}),
+        "charges.jsonl",
+    )
 }
 
 /// A settle whose connection is cut (the tool has answered) is written
@@ -1158,7 +1161,7 @@ async fn a_settle_whose_connection_is_cut_after_the_tool_answered_is_written_aga
     let (scenario, proxy) = RunningProxy::serve(&db.url, FAST).await;
     // The charge acts, then answers a second later, while its row is held;
     // the settle waiting for it loses its connection.
-    let (pending, holder) = charge_then_lock_its_row(&db, &scenario, &proxy, 11).await;
+    let (pending, holder) = call_then_lock_its_row(&db, &scenario, &proxy, slow_charge(11)).await;
     let waiting = db.wait_lock_waiters("operation_settle", 1).await;
     for pid in waiting {
         sqlx::query("SELECT pg_terminate_backend($1)")
@@ -1367,7 +1370,7 @@ async fn a_settle_that_hits_the_statement_timeout_on_a_locked_row_is_unknown_nev
     let proxy = RunningProxy::start(&scenario.config_path()).await;
     // Someone holds the operation row longer than leasegate's statements
     // may wait: the settle times out (57014) instead of committing.
-    let (pending, holder) = charge_then_lock_its_row(&db, &scenario, &proxy, 12).await;
+    let (pending, holder) = call_then_lock_its_row(&db, &scenario, &proxy, slow_charge(12)).await;
     let answer = within("the agent's answer", pending)
         .await
         .unwrap()
@@ -1433,26 +1436,12 @@ async fn an_answer_the_ledger_could_not_take_is_kept_and_settles_a_none_tool_wit
     let mailer = replace_exactly(MAILER_ADAPTER, "700ms", "2s");
     let scenario = Scenario::with_adapters(&db.url, FAST, common::proxy::PAYMENTS_ADAPTER, &mailer);
     let proxy = RunningProxy::start(&scenario.config_path()).await;
-    let (lease, _) = db.running_run("agent", 120_000).await;
-    let (agent, _) = connect_http(&proxy.url, Some(&lease)).await;
-    let pending = tokio::spawn(async move {
-        call(
-            &agent,
-            "mailer__send_email",
-            json!({"to": "kept@x.y", "hang_ms": 1000}),
-            None,
-        )
-        .await
-    });
-    wait_until("the email to be sent", || async {
-        (scenario.side_effects("emails.jsonl").len() == 1).then_some(())
-    })
-    .await;
-    let mut holder = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM tool_operations WHERE tool_name = 'mailer__send_email' FOR UPDATE")
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let email = (
+        "mailer__send_email",
+        json!({"to": "kept@x.y", "hang_ms": 1000}),
+        "emails.jsonl",
+    );
+    let (pending, holder) = call_then_lock_its_row(&db, &scenario, &proxy, email).await;
     // Every settle that waits on the row loses its connection, until the
     // agent has its answer.
     let answer = within("the agent's answer while every settle fails", async {
