@@ -881,6 +881,26 @@ BEGIN
 END
 $$;
 
+-- One round of a call that asked its agent something before it answered
+-- (sampling, elicitation, roots; to a 2026-07-28 agent an input_required
+-- result and the agent's retry), recorded under the dispatch claim that
+-- carries the call: evidence of kind input_round, no status change and no
+-- event. A claim that is no longer the operation's records nothing (false).
+CREATE OR REPLACE FUNCTION operation_note_round(
+  p_operation_id text, p_dispatch_owner text, p_expected_revision bigint, p_body jsonb
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+  INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, body)
+  SELECT o.operation_id, 'input_round', p_dispatch_owner, o.dispatch_owner, o.revision,
+         COALESCE(p_body, '{}'::jsonb)
+    FROM tool_operations o
+   WHERE o.operation_id = p_operation_id AND o.status = 'dispatching'
+     AND o.dispatch_owner = p_dispatch_owner AND o.revision = p_expected_revision;
+  RETURN FOUND;
+END
+$$;
+
 -- dispatching -> prepared, by the claim's holder only, with proof that no
 -- byte of the request left (the upstream was unreachable before the request
 -- was handed over). The proof is kept as not_sent evidence. The operation
@@ -1289,6 +1309,7 @@ REVOKE EXECUTE ON FUNCTION
   operation_settle_batch(text[], text[], bigint[], text[], text[], text[], jsonb[]),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
+  operation_note_round(text, text, bigint, jsonb),
   _op_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_resolve(text, bigint, text, text, jsonb, text, text, jsonb),
@@ -1314,6 +1335,7 @@ GRANT EXECUTE ON FUNCTION
   operation_settle_batch(text[], text[], bigint[], text[], text[], text[], jsonb[]),
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
+  operation_note_round(text, text, bigint, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, bytea, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),

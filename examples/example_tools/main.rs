@@ -3,7 +3,7 @@
 //! the product: a separate binary that leasegate runs as an upstream.
 //!
 //! ```text
-//! leasegate-example-tools [--tools payments|mailer|all|provisioner|jobs] [--state-dir DIR]
+//! leasegate-example-tools [--tools payments|mailer|all|provisioner|jobs|asker] [--state-dir DIR]
 //!                         [--http ADDR] [--fault-… P]
 //! ```
 //!
@@ -17,6 +17,9 @@
 //!   creates a bucket under the `name` it is given (leasegate's operation id,
 //!   a `resource_id` tool) and does not deduplicate: every create that
 //!   reaches it is a new bucket; `get_bucket` (read-only) finds it by name.
+//! - `asker` (only when asked for): `send_confirmed` asks the agent
+//!   (`sampling/createMessage`) whether to send and sends once, to
+//!   `confirmed.jsonl`, only if the answer's text is "yes".
 //! - `jobs` (only when asked for): `submit_job` starts a job under the
 //!   operation id found in `_meta["example.dev/job_id"]` (or the `job_id`
 //!   argument), no deduplication either; `get_job` (read-only) finds it.
@@ -200,6 +203,7 @@ enum ToolSet {
     All,
     Provisioner,
     Jobs,
+    Asker,
 }
 
 impl std::str::FromStr for ToolSet {
@@ -211,8 +215,9 @@ impl std::str::FromStr for ToolSet {
             "all" => Ok(ToolSet::All),
             "provisioner" => Ok(ToolSet::Provisioner),
             "jobs" => Ok(ToolSet::Jobs),
+            "asker" => Ok(ToolSet::Asker),
             other => Err(format!(
-                "{other:?} is not one of payments, mailer, all, provisioner, jobs"
+                "{other:?} is not one of payments, mailer, all, provisioner, jobs, asker"
             )),
         }
     }
@@ -325,6 +330,17 @@ fn tools(set: ToolSet) -> Vec<Tool> {
                 ),
             )
             .with_annotations(ToolAnnotations::new().read_only(true)),
+        );
+    }
+    if set == ToolSet::Asker {
+        tools.push(
+            Tool::new(
+                "send_confirmed",
+                "Ask the agent (sampling) whether to send to `to`; send only on \"yes\". Not deduplicated.",
+                schema(json!({"type": "object", "properties": {"to": {"type": "string"}},
+                              "required": ["to"]})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
         );
     }
     tools
@@ -505,6 +521,48 @@ impl ExampleTools {
                 None => CallToolResult::structured(json!({"found": false})),
             },
         )
+    }
+
+    /// Asks the agent (sampling) whether to send, then sends once to
+    /// `confirmed.jsonl` if the answer's text is "yes". (Sampling is
+    /// deprecated by SEP-2577 but still what handshake-era servers use.)
+    #[allow(deprecated)]
+    async fn send_confirmed(
+        &self,
+        args: &JsonObject,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, McpError> {
+        let to = args.get("to").and_then(Value::as_str).unwrap_or_default();
+        self.append("calls.jsonl", &json!({"tool": "send_confirmed", "to": to}))
+            .await?;
+        let question = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": {"type": "text", "text": format!("Send to {to}?")}}],
+            "maxTokens": 10}))
+        .map_err(internal)?;
+        let answer = context
+            .peer
+            .create_message(question)
+            .await
+            .map_err(|e| internal(format!("the agent did not answer: {e}")))?;
+        let said = serde_json::to_value(&answer)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/content/text")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        if said != "yes" {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                "not confirmed ({said:?}): nothing sent"
+            ))]));
+        }
+        let _guard = self.lock.lock().await;
+        let _across_processes = self.effects_lock()?;
+        let count = self.lines("confirmed.jsonl").await.len();
+        let sent = json!({"message_id": format!("conf_{}", count + 1), "to": to});
+        self.append("confirmed.jsonl", &sent).await?;
+        Ok(CallToolResult::structured(sent))
     }
 
     async fn send_email(
@@ -722,6 +780,7 @@ impl ServerHandler for ExampleTools {
                     .await?
             }
             "get_job" if known => self.get_job(&args).await?,
+            "send_confirmed" if known => self.send_confirmed(&args, &context).await?,
             other => {
                 return Err(McpError::invalid_params(
                     format!("unknown tool {other:?}"),

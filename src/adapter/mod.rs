@@ -7,6 +7,8 @@
 //! upstream = "payments"
 //! trust_annotations = false   # honour the upstream's readOnlyHint
 //! timeout = "30s"             # default per-call timeout
+//! on_disconnect = "finish"    # | "cancel": a 2026-07-28 agent closing a gated
+//!                             # call's stream (default for the file's tools)
 //!
 //! [tools.charge]
 //! capability = "idempotency_key"        # | resource_id | operation_query | none
@@ -89,8 +91,26 @@ pub struct RawAdapter {
     #[serde(default)]
     pub trust_annotations: bool,
     pub timeout: Option<String>,
+    pub on_disconnect: Option<OnDisconnect>,
     #[serde(default)]
     pub tools: BTreeMap<String, RawToolAdapter>,
+}
+
+/// What a side-effecting call does when an agent on MCP 2026-07-28 closes
+/// its response stream, which that protocol makes both a cancel and, on a
+/// broken stream, a reason to re-issue the call under a new request id.
+/// (Earlier protocol versions say a disconnect is not a cancel: there the
+/// call always finishes, and `notifications/cancelled` cancels.)
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDisconnect {
+    /// The call runs to its end and its outcome is recorded: the agent's
+    /// re-issued call (same intent) waits for it or replays it.
+    #[default]
+    Finish,
+    /// The upstream is told to cancel; the operation is `unknown` until
+    /// evidence proves what happened.
+    Cancel,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -132,6 +152,8 @@ pub struct RawToolAdapter {
     pub resend_after_not_found: Option<String>,
     pub remote_id_pointer: Option<String>,
     pub timeout: Option<String>,
+    /// Overrides the file's `on_disconnect` for this tool.
+    pub on_disconnect: Option<OnDisconnect>,
 }
 
 /// One "nothing was done" rule of an adapter file.
@@ -164,6 +186,8 @@ pub struct ToolAdapter {
     pub not_done_errors: Vec<NotDoneRule>,
     pub query: Option<QuerySpec>,
     pub remote_id_pointer: Option<String>,
+    /// See [`OnDisconnect`].
+    pub on_disconnect: OnDisconnect,
 }
 
 /// How to ask the upstream about an operation (reconciler).
@@ -223,6 +247,8 @@ pub struct Adapter {
     pub upstream: String,
     pub trust_annotations: bool,
     pub timeout: Duration,
+    /// The default of the file's tools (see [`OnDisconnect`]).
+    pub on_disconnect: OnDisconnect,
     pub tools: BTreeMap<String, ToolAdapter>,
 }
 
@@ -238,6 +264,7 @@ impl Adapter {
             .cloned()
             .unwrap_or_else(|| ToolAdapter {
                 read_only: self.trust_annotations && read_only_hint == Some(true),
+                on_disconnect: self.on_disconnect,
                 ..ToolAdapter::unknown(self.timeout)
             })
     }
@@ -269,6 +296,7 @@ impl ToolAdapter {
             not_done_errors: Vec::new(),
             query: None,
             remote_id_pointer: None,
+            on_disconnect: OnDisconnect::Finish,
         }
     }
 }
@@ -282,11 +310,12 @@ impl RawAdapter {
             Some(text) => parse_duration("timeout", text)?,
             None => DEFAULT_TIMEOUT,
         };
+        let on_disconnect = self.on_disconnect.unwrap_or_default();
         let mut tools = BTreeMap::new();
         for (name, raw) in &self.tools {
             let field = |f: &str| format!("tools.{name}.{f}");
             let tool = raw
-                .validate(timeout)
+                .validate(timeout, on_disconnect)
                 .map_err(|e| FieldError::new(field(&e.field), e.message))?;
             tools.insert(name.clone(), tool);
         }
@@ -294,13 +323,18 @@ impl RawAdapter {
             upstream: self.upstream.clone(),
             trust_annotations: self.trust_annotations,
             timeout,
+            on_disconnect,
             tools,
         })
     }
 }
 
 impl RawToolAdapter {
-    fn validate(&self, default_timeout: Duration) -> Result<ToolAdapter, FieldError> {
+    fn validate(
+        &self,
+        default_timeout: Duration,
+        default_on_disconnect: OnDisconnect,
+    ) -> Result<ToolAdapter, FieldError> {
         let timeout = match &self.timeout {
             Some(text) => parse_duration("timeout", text)?,
             None => default_timeout,
@@ -326,6 +360,7 @@ impl RawToolAdapter {
                     "resend_after_not_found",
                     self.resend_after_not_found.is_some(),
                 ),
+                ("on_disconnect", self.on_disconnect.is_some()),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
                 return Err(FieldError::new(
@@ -542,6 +577,7 @@ impl RawToolAdapter {
             not_done_errors,
             query,
             remote_id_pointer: self.remote_id_pointer.clone(),
+            on_disconnect: self.on_disconnect.unwrap_or(default_on_disconnect),
         })
     }
 }

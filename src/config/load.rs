@@ -163,6 +163,7 @@ impl Config {
                 upstream: upstream.to_owned(),
                 trust_annotations: false,
                 timeout: crate::adapter::DEFAULT_TIMEOUT,
+                on_disconnect: crate::adapter::OnDisconnect::default(),
                 tools: BTreeMap::new(),
             })
     }

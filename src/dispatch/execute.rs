@@ -17,6 +17,7 @@ use super::call::{
     CallContext, CallError, CallReply, OPERATION_ID_META, OperationNote, trace_outcome,
 };
 use super::keeper::{self, Fact};
+use super::rounds;
 use crate::adapter::{
     OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
     UpstreamDelivery, UpstreamError,
@@ -134,13 +135,21 @@ async fn send_and_settle<U: Upstream>(
         &mut arguments,
         &mut meta,
     );
+    // The rounds of a call that asks its agent something are evidence.
+    let (agent, rounds) = match context.agent {
+        Some(agent) => {
+            let (agent, flush) = rounds::recorded(ledger.clone(), claim.clone(), agent);
+            (Some(agent), Some(flush))
+        }
+        None => (None, None),
+    };
     let call = UpstreamCall {
         upstream: tool.upstream,
         tool: tool.tool,
         arguments,
         meta,
         timeout: tool.adapter.timeout,
-        agent: context.agent,
+        agent,
         cancel: context.cancel,
     };
     let adapter = tool.adapter;
@@ -161,6 +170,9 @@ async fn send_and_settle<U: Upstream>(
         let mut sent = call.clone();
         sent.meta = attempt_meta(&call.meta, &span);
         let answer = upstream.call(sent).instrument(span.clone()).await;
+        if let Some(rounds) = &rounds {
+            rounds.flush().await;
+        }
         span.record(
             "outcome",
             match &answer {

@@ -8,6 +8,8 @@
 //! - `execute`: a claimed operation's execution, shared by both paths;
 //! - `keeper`: what a tool answered (or proof nothing left), kept in the
 //!   process and written when a failed ledger write can land again;
+//! - `rounds`: each round of a call that asks its agent something,
+//!   recorded as `input_round` evidence;
 //! - `outbox`: [`Outbox`], one pass over planned operations (scheduled by
 //!   `crate::reconcile`), and [`is_original`], the check every sender of a
 //!   stored request makes.
@@ -55,6 +57,7 @@ mod dispatcher;
 mod execute;
 mod keeper;
 mod outbox;
+mod rounds;
 
 pub use call::{
     CallContext, CallError, CallReply, CallRequest, OPERATION_ID_META, OperationNote,

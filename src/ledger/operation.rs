@@ -481,6 +481,27 @@ impl Ledger {
         })
     }
 
+    /// Records one round of a call that asked its agent something, as
+    /// `input_round` evidence under `claim` (no status change). `false`:
+    /// the claim is no longer the operation's, and nothing was recorded.
+    pub async fn operation_note_round(
+        &self,
+        claim: &DispatchClaim,
+        round: &Value,
+    ) -> Result<bool, LedgerError> {
+        const CALL: &str = "operation_note_round";
+        let (recorded,): (bool,) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT operation_note_round($1, $2, $3, $4)")
+                    .bind(claim.operation_id.as_str())
+                    .bind(claim.dispatch_owner.as_str())
+                    .bind(claim.revision)
+                    .bind(Json(round))
+            })
+            .await?;
+        Ok(recorded)
+    }
+
     /// `unknown` → `succeeded` / `failed_final` from verified evidence. An
     /// operator resolution ([`ConvergeEvidence::Operator`]) needs a `note`;
     /// both who and why are recorded. It runs `operation_resolve`, which

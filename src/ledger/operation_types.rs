@@ -283,6 +283,10 @@ pub enum EvidenceKind {
     QueryResult,
     RetryResult,
     Operator,
+    /// One round of a call that asked its agent something before it
+    /// answered: what was asked and whether it was answered, by digest.
+    /// Says nothing about the outcome.
+    InputRound,
 }
 
 impl EvidenceKind {
@@ -295,6 +299,7 @@ impl EvidenceKind {
             EvidenceKind::QueryResult => "query_result",
             EvidenceKind::RetryResult => "retry_result",
             EvidenceKind::Operator => "operator",
+            EvidenceKind::InputRound => "input_round",
         }
     }
 
@@ -307,6 +312,7 @@ impl EvidenceKind {
             "query_result" => EvidenceKind::QueryResult,
             "retry_result" => EvidenceKind::RetryResult,
             "operator" => EvidenceKind::Operator,
+            "input_round" => EvidenceKind::InputRound,
             _ => return None,
         })
     }

@@ -32,6 +32,7 @@ mod progress;
 mod proxy_e2e;
 mod proxy_stdio;
 mod reconcile;
+mod reissue;
 mod retention;
 mod run_lifecycle;
 mod run_state_machine;

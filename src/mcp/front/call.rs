@@ -173,7 +173,12 @@ impl Front {
             });
         }
         let cancel = watch.cancel.clone();
-        self.watch_request(context, cancel.clone(), true, watch.detach.clone());
+        self.watch_request(
+            context,
+            cancel.clone(),
+            watch.explicit_only,
+            watch.detach.clone(),
+        );
         let call = CallRequest {
             lease,
             step,

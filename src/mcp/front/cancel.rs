@@ -1,6 +1,6 @@
 //! An agent's cancel: each request's token, fired by
 //! `notifications/cancelled` (per-session registry), by the stateless
-//! front's registry, or under stateless MCP by the agent going away. The
+//! front's registry, or by the agent going away (see [`CallWatch`]). The
 //! agent is answered `-32800` at once and never with a late result; a
 //! gated call's dispatch runs on in its own task and records what
 //! happened.
@@ -14,10 +14,8 @@ use rmcp::{ErrorData as McpError, RoleServer};
 use tokio_util::sync::CancellationToken;
 
 impl Front {
-    /// A token fired when the agent cancels the request. `explicit_only`:
-    /// ignore the agent merely going away (side-effecting calls continue,
-    /// owned by leasegate) — except under stateless-MCP, where closing the
-    /// response stream is how an agent cancels.
+    /// A token fired when the agent cancels the request, or goes away
+    /// (see [`Front::watch_request`]).
     pub(super) fn cancel_token(
         &self,
         context: &RequestContext<RoleServer>,
@@ -33,11 +31,13 @@ impl Front {
         token
     }
 
-    /// Fires `token` when the agent cancels this request (see
-    /// [`Front::cancel_token`]), until the call ends (`token` fires) or
-    /// `detach` fires: a stateless-MCP call that waits for the agent's input
+    /// Fires `token` when the agent cancels this request, and, unless
+    /// `explicit_only`, when it merely goes away (its connection or response
+    /// stream closed), until the call ends (`token` fires) or `detach`
+    /// fires: a stateless-MCP call that waits for the agent's input
     /// outlives the request that started it and is watched through the
-    /// request that resumes it.
+    /// request that resumes it. Side-effecting calls pass
+    /// [`CallWatch::explicit_only`]: the adapter's `on_disconnect`.
     pub(super) fn watch_request(
         &self,
         context: &RequestContext<RoleServer>,
@@ -45,7 +45,6 @@ impl Front {
         explicit_only: bool,
         detach: CancellationToken,
     ) {
-        let explicit_only = explicit_only && !is_modern(context);
         let key = request_key(&context.id);
         // The agent's notifications/cancelled finds the token here (sessions,
         // stdio) ...
@@ -112,9 +111,30 @@ pub(super) fn cancelled_by_the_agent() -> McpError {
 }
 
 /// How a tool call is cancelled: `cancel` reaches the upstream; `detach`
-/// ends the watch of the request currently carrying the call.
+/// ends the watch of the request currently carrying the call;
+/// `explicit_only`: only the agent's explicit cancel fires `cancel`, not
+/// its going away.
 #[derive(Clone, Default)]
 pub(super) struct CallWatch {
     pub(super) cancel: CancellationToken,
     pub(super) detach: CancellationToken,
+    pub(super) explicit_only: bool,
+}
+
+impl CallWatch {
+    /// The watch of a side-effecting call. Before MCP 2026-07-28 a
+    /// disconnect is not a cancel (the call finishes and is recorded); from
+    /// 2026-07-28 on, closing the response stream is the agent's only way
+    /// to cancel and also what a broken stream looks like, and the tool's
+    /// `on_disconnect` decides.
+    pub(super) fn side_effecting(
+        context: &RequestContext<RoleServer>,
+        on_disconnect: crate::adapter::OnDisconnect,
+    ) -> Self {
+        Self {
+            explicit_only: !is_modern(context)
+                || on_disconnect == crate::adapter::OnDisconnect::Finish,
+            ..Self::default()
+        }
+    }
 }

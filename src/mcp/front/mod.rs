@@ -50,11 +50,14 @@
 //!
 //! An agent's cancel fires the call's token (`Front::watch_request`): from
 //! `notifications/cancelled` (per-session registry), from the stateless
-//! front's registry (`super::inflight`), or, under stateless-MCP and for
-//! read-only calls, from the request's own token (the agent went away). The
-//! agent is answered `-32800` at once and never with a late result; the
-//! upstream is told; a gated call's dispatch runs on in its own task and
-//! records what happened (`unknown`: the upstream may have acted).
+//! front's registry (`super::inflight`), or from the request's own token
+//! when the agent goes away — for read-only calls always, for gated calls
+//! only under stateless-MCP and when the tool's `on_disconnect` is
+//! `cancel` (by default a gated call whose agent went away finishes and is
+//! recorded, so the agent's re-issued call replays it). The agent is
+//! answered `-32800` at once and never with a late result; the upstream is
+//! told; a gated call's dispatch runs on in its own task and records what
+//! happened (`unknown`: the upstream may have acted).
 //!
 //! # Crash points
 //!
@@ -770,7 +773,11 @@ impl ServerHandler for Front {
             credentials.keyed = self.key_lease(&credentials).await?;
         }
         let (agent, from_upstream) = mpsc::unbounded_channel();
-        let watch = CallWatch::default();
+        let watch = if resolved.adapter.read_only {
+            CallWatch::default()
+        } else {
+            CallWatch::side_effecting(&context, resolved.adapter.on_disconnect)
+        };
         let call = if resolved.adapter.read_only {
             self.read_only(resolved, request, &context, credentials, agent, &watch)
         } else {

@@ -156,7 +156,7 @@ impl Front {
         self.watch_request(
             context,
             pending.watch.cancel.clone(),
-            false,
+            pending.watch.explicit_only,
             pending.watch.detach.clone(),
         );
         for (key, answer) in responses {
