@@ -347,3 +347,112 @@ async fn a_call_reissued_through_a_new_stdio_process_replays_the_first_answer(
     );
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
 }
+
+/// A side-effecting tool that asks the agent (sampling) before it acts,
+/// called by a 2026-07-28 agent: the first request ends `input_required`,
+/// the agent's retry (new id, `inputResponses`, the `requestState`) resumes
+/// the same call, which is one operation with its round as `input_round`
+/// evidence. The `requestState` is good once, and the same call afterwards
+/// replays the answer: one effect in all.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_input_required_round_trip_is_one_operation_with_its_round_as_evidence(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    scenario.add_upstream(
+        "asker",
+        "asker",
+        "upstream = \"asker\"\ntimeout = \"20s\"\n[tools.send_confirmed]\ncapability = \"none\"\n",
+    );
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (lease, _) = db.running_run("asking-agent", 60_000).await;
+    let speaker = Speaker {
+        version: "2026-07-28",
+        session: None,
+    };
+    let client = client();
+    let request = |id: u64, resume: Option<(&str, &Value)>| {
+        let mut body = speaker.send_email(id, "d@example.com", 0, &lease);
+        body["params"]["name"] = json!("asker__send_confirmed");
+        body["params"]["arguments"] = json!({"to": "d@example.com"});
+        if let Some((state, responses)) = resume {
+            body["params"]["requestState"] = json!(state);
+            body["params"]["inputResponses"] = responses.clone();
+        }
+        body
+    };
+    let post = |body: Value| {
+        let request = speaker.post(&client, &proxy.url, &body);
+        async move { answer_of(request.send().await.expect("answered")).await }
+    };
+
+    let asked = post(request(1, None)).await;
+    let result = &asked["result"];
+    assert_eq!(result["resultType"], "input_required", "{asked}");
+    let state = result["requestState"].as_str().expect("a requestState");
+    let (key, input) = result["inputRequests"]
+        .as_object()
+        .and_then(|inputs| inputs.iter().next())
+        .expect("one input request");
+    assert_eq!(input["method"], "sampling/createMessage", "{asked}");
+    assert!(scenario.side_effects("confirmed.jsonl").is_empty());
+
+    let responses = json!({key: {"role": "assistant", "model": "test",
+        "content": {"type": "text", "text": "yes"}}});
+    let done = post(request(2, Some((state, &responses)))).await;
+    let note = &done["result"]["_meta"]["dev.leasegate/operation"];
+    assert_eq!(
+        (note["status"].as_str(), note["replayed"].as_bool()),
+        (Some("succeeded"), Some(false)),
+        "{done}"
+    );
+    assert_eq!(done["result"]["structuredContent"]["message_id"], "conf_1");
+    let operation_id = note["operation_id"].as_str().unwrap().to_owned();
+
+    let again = post(request(3, Some((state, &responses)))).await;
+    assert_eq!(
+        again["error"]["code"], -32602,
+        "a requestState is good once: {again}"
+    );
+    let repeated = post(request(4, None)).await;
+    let note = &repeated["result"]["_meta"]["dev.leasegate/operation"];
+    assert_eq!(
+        (note["operation_id"].as_str(), note["replayed"].as_bool()),
+        (Some(operation_id.as_str()), Some(true)),
+        "{repeated}"
+    );
+    assert_eq!(scenario.side_effects("confirmed.jsonl").len(), 1);
+
+    let operations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM tool_operations WHERE run_id = $1")
+            .bind(lease.run_id.as_uuid())
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+    assert_eq!(operations, 1);
+    let rounds: Vec<Value> = sqlx::query_scalar(
+        "SELECT body FROM operation_evidence WHERE operation_id = $1 AND kind = 'input_round'",
+    )
+    .bind(&operation_id)
+    .fetch_all(&db.admin)
+    .await
+    .unwrap();
+    assert_eq!(rounds.len(), 1, "{rounds:?}");
+    assert_eq!(
+        (
+            rounds[0]["method"].as_str(),
+            rounds[0]["round"].as_u64(),
+            rounds[0]["answered"].as_bool()
+        ),
+        (Some("sampling/createMessage"), Some(1), Some(true)),
+        "{rounds:?}"
+    );
+    assert_eq!(rounds[0]["answer_sha256"].as_str().map(str::len), Some(64));
+    assert!(
+        !rounds[0].to_string().contains("yes"),
+        "the round holds digests, not the agent's answer: {rounds:?}"
+    );
+    proxy.stop().await;
+}
