@@ -49,17 +49,35 @@ const READ_ONLY_TOOLS: [&str; 13] = [
     "gzip-file-as-resource",
 ];
 
-/// The adapter file of a server-everything upstream.
-fn everything_adapter(upstream: &str) -> String {
+/// The tools that ask the agent something (sampling, elicitation, roots)
+/// before they answer: read-only in the explicit-lease runs, side-effecting
+/// (through the ledger, each round recorded) in the session-mode runs.
+const ASKING_TOOLS: [&str; 3] = [
+    "trigger-sampling-request",
+    "trigger-elicitation-request",
+    "get-roots-list",
+];
+
+/// The adapter file of a server-everything upstream; with `gate_asking`,
+/// the [`ASKING_TOOLS`] go through the ledger.
+fn everything_adapter(upstream: &str, gate_asking: bool) -> String {
     let mut adapter = format!("upstream = \"{upstream}\"\ntimeout = \"20s\"\n");
     for tool in READ_ONLY_TOOLS {
+        if gate_asking && ASKING_TOOLS.contains(&tool) {
+            continue;
+        }
         adapter.push_str(&format!("[tools.{tool}]\nread_only = true\n"));
     }
     adapter
 }
 
+/// The mailer is where cancellation is checked: a 2026-07-28 agent cancels
+/// by closing its response stream, which cancels a side-effecting call only
+/// under `on_disconnect = "cancel"` (the default, `finish`, records the call
+/// for the agent's re-issue instead: `tests/integration/reissue.rs`).
 const MAILER_ADAPTER: &str = r#"upstream = "mailer"
 timeout = "30s"
+on_disconnect = "cancel"
 [tools.send_email]
 capability = "none"
 timeout = "30s"
@@ -75,7 +93,7 @@ impl Setup {
         let everything = server_everything();
         let dir =
             std::env::temp_dir().join(format!("leasegate-sdk-{}", uuid::Uuid::new_v4().simple()));
-        for sub in ["adapters", "policies", "state"] {
+        for sub in ["adapters", "adapters-gated", "policies", "state"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let port = {
@@ -100,6 +118,12 @@ impl Setup {
         .await;
         let state = dir.join("state");
         let write_config = |name: &str, lease_mode: &str, sessions: bool| {
+            // Session mode: the asking tools are gated (their own adapters).
+            let adapters = if lease_mode == "session" {
+                "adapters = \"adapters-gated\""
+            } else {
+                "adapters = \"adapters\""
+            };
             let config = format!(
                 r#"lease_mode = "{lease_mode}"
 {head}http_sessions = {sessions}
@@ -118,7 +142,8 @@ transport = "stdio"
 command = "{EXAMPLE_TOOLS}"
 args = ["--tools", "mailer", "--state-dir", "{state}"]
 "#,
-                head = common::proxy::config_head(database_url, "off"),
+                head = common::proxy::config_head(database_url, "off")
+                    .replace("adapters = \"adapters\"", adapters),
                 everything = everything.display(),
                 state = state.display(),
             );
@@ -127,14 +152,16 @@ args = ["--tools", "mailer", "--state-dir", "{state}"]
         write_config("stateless.toml", "explicit", false);
         write_config("sessions.toml", "explicit", true);
         write_config("session_stateless.toml", "session", false);
-        for upstream in ["everything", "web"] {
-            std::fs::write(
-                dir.join(format!("adapters/{upstream}.toml")),
-                everything_adapter(upstream),
-            )
-            .unwrap();
+        for (adapters, gate_asking) in [("adapters", false), ("adapters-gated", true)] {
+            for upstream in ["everything", "web"] {
+                std::fs::write(
+                    dir.join(format!("{adapters}/{upstream}.toml")),
+                    everything_adapter(upstream, gate_asking),
+                )
+                .unwrap();
+            }
+            std::fs::write(dir.join(format!("{adapters}/mailer.toml")), MAILER_ADAPTER).unwrap();
         }
-        std::fs::write(dir.join("adapters/mailer.toml"), MAILER_ADAPTER).unwrap();
         std::fs::write(dir.join("policies/test.toml"), "claim_ttl = \"60s\"\n").unwrap();
         Self { dir, http_upstream }
     }
@@ -488,7 +515,30 @@ async fn the_python_sdk_passes_through_session_mode_on_stdio_and_stateless_http(
             Lease::Session { task },
         )
         .await;
+        assert_asking_tools_gated(&db, session_run(&db, task).await, &tag).await;
     }
 
     stateless.stop().await;
+}
+
+/// Each gated asking tool's call is one succeeded operation whose round
+/// with the agent is recorded as `input_round` evidence.
+async fn assert_asking_tools_gated(db: &TestDb, run_id: Uuid, tag: &str) {
+    for tool in ASKING_TOOLS {
+        let rows: Vec<(String, String, i64)> = db
+            .rows_with(
+                "SELECT o.operation_id, o.status, (SELECT count(*) FROM operation_evidence e
+                    WHERE e.operation_id = o.operation_id AND e.kind = 'input_round')
+                   FROM tool_operations o WHERE o.run_id = $1 AND o.tool_name = $2",
+                (run_id, format!("everything__{tool}")),
+            )
+            .await;
+        assert_eq!(rows.len(), 1, "{tag}: one operation for {tool}: {rows:?}");
+        let (_, status, rounds) = &rows[0];
+        assert_eq!(
+            (status.as_str(), *rounds),
+            ("succeeded", 1),
+            "{tag}: {tool} succeeded after one recorded round with the agent"
+        );
+    }
 }
