@@ -23,7 +23,9 @@ pub(super) fn init_logging(default: &str, traces: Option<&Tracing>) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let bodies = log_bodies();
     let no_bodies = tracing_subscriber::filter::filter_fn(move |meta| {
-        bodies || *meta.level() <= tracing::Level::INFO || !prints_bodies(meta.target())
+        bodies
+            || (!rmcp_error_answer(meta)
+                && (*meta.level() <= tracing::Level::INFO || !prints_bodies(meta.target())))
     });
     // One filter: RUST_LOG (or the default), and never bodies.
     let filter = tracing_subscriber::filter::FilterExt::and(filter, no_bodies);
@@ -53,6 +55,17 @@ pub(super) fn init_logging(default: &str, traces: Option<&Tracing>) {
 /// `LEASEGATE_LOG_BODIES=1` (or `true`): let libraries log whole messages.
 fn log_bodies() -> bool {
     std::env::var("LEASEGATE_LOG_BODIES").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+/// rmcp's warning for every error answer it sends (`response error`,
+/// the whole error as `Debug`): leasegate logs each refusal itself, once
+/// and clipped, and the error's data may quote the request.
+fn rmcp_error_answer(meta: &tracing::Metadata<'_>) -> bool {
+    meta.is_event()
+        && *meta.level() == tracing::Level::WARN
+        && meta.target() == "rmcp::service"
+        && meta.fields().field("error").is_some()
+        && meta.fields().field("id").is_some()
 }
 
 /// Targets that log whole MCP messages or HTTP bodies below `info`.

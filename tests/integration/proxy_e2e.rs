@@ -825,3 +825,70 @@ async fn an_error_the_provider_documents_as_nothing_done_leaves_the_operation_se
     assert_eq!(charges[0]["idempotency_key"], id.as_str());
     proxy.stop().await;
 }
+
+/// Every agent call is counted by how it ended, and the console's calls
+/// per second reads that count: a first call, its replay, a refusal and a
+/// read-only call each move their own series.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn every_agent_call_is_counted_by_outcome(pool: PgPoolOptions, connect: PgConnectOptions) {
+    let db = TestDb::new(pool, connect).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
+    let (lease, _) = db.running_run("counted-agent", 60_000).await;
+    let (agent, _) = connect_http(&proxy.url, None).await;
+    let series = [
+        [
+            ("path", "gated"),
+            ("outcome", "succeeded"),
+            ("replayed", "false"),
+        ],
+        [
+            ("path", "gated"),
+            ("outcome", "succeeded"),
+            ("replayed", "true"),
+        ],
+        [
+            ("path", "gated"),
+            ("outcome", "refused"),
+            ("replayed", "false"),
+        ],
+        [
+            ("path", "read_only"),
+            ("outcome", "answered"),
+            ("replayed", "false"),
+        ],
+    ];
+    // The recorder is the process's: other tests count too, so deltas.
+    let read = || async {
+        let text = http::get(&format!("{}/metrics", proxy.control_url))
+            .await
+            .body;
+        series.map(|labels| common::prometheus::sum(&text, "leasegate_agent_calls_total", &labels))
+    };
+    let before = read().await;
+    let charged = charge_eur(&agent, 3, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
+    charge_eur(&agent, 3, Some(lease_meta(&lease)))
+        .await
+        .unwrap();
+    let refused = charge_eur(&agent, 4, None).await.unwrap_err();
+    assert_eq!(refused.0, -32001, "{refused:?}");
+    call(
+        &agent,
+        "payments__get_charge",
+        json!({"idempotency_key": operation_id(&charged).as_str()}),
+        None,
+    )
+    .await
+    .unwrap();
+    let after = read().await;
+    for (index, labels) in series.iter().enumerate() {
+        assert!(
+            after[index] >= before[index] + 1.0,
+            "{labels:?}: {} -> {}",
+            before[index],
+            after[index]
+        );
+    }
+    proxy.stop().await;
+}

@@ -181,7 +181,7 @@ pub fn overview(viewer: &str, auth_required: bool, o: &Overview) -> Markup {
                 div.tile #calls-per-second {
                     div.label { "Calls per second" }
                     div.value { @match o.calls_per_second { Some(rate) => (format!("{rate:.2}")), None => "—" } }
-                    div.sub { @match o.calls_total { Some(total) => { (total) " dispatched since start; rate since the last load" } None => "no metrics" } }
+                    div.sub { @match o.calls_total { Some(total) => { (total) " agent calls since start; rate since the last load" } None => "no metrics" } }
                 }
                 div.tile #takeovers {
                     div.label { "Lease takeovers" }

@@ -78,7 +78,9 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
     let (mut calls_per_second, mut calls_total, mut takeovers_total) = (None, None, None);
     let (mut rejections, mut refusals) = (Vec::new(), Vec::new());
     if let Some(text) = &metrics {
-        let total = counter_by(text, "dispatch_total", "outcome")
+        // Every agent call, gated or read-only, replays and refusals
+        // included (the outbox's own sends are `dispatch_total`).
+        let total = counter_by(text, "leasegate_agent_calls_total", "outcome")
             .iter()
             .fold(0.0, |sum, (_, v)| sum + v);
         calls_total = Some(total);

@@ -52,9 +52,19 @@ impl Front {
             let answer = tokio::select! {
                 biased;
                 answer = front.state.upstreams.call(call) => answer,
-                _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
+                _ = cancel.cancelled() => {
+                    count_call("read_only", "cancelled", false);
+                    return Err(cancelled_by_the_agent());
+                }
             };
             cancel.cancel();
+            let outcome = match &answer {
+                Ok(answer) if answer.is_error => "tool_error",
+                Ok(_) => "answered",
+                Err(_) => "upstream_error",
+            };
+            count_call("read_only", outcome, false);
+            tracing::debug!(upstream = %crate::logfield::clip(&upstream), outcome, "read-only call");
             match answer {
                 Ok(mut answer) => {
                     front.expose_uris(&upstream, &mut answer.result);
@@ -64,6 +74,15 @@ impl Front {
             }
         })
     }
+}
+
+/// Counts one agent call by how it ended (`leasegate_agent_calls_total`):
+/// `path` is `gated` or `read_only`; `replayed` marks a gated answer the
+/// ledger gave from an earlier call.
+fn count_call(path: &'static str, outcome: &'static str, replayed: bool) {
+    metrics::counter!("leasegate_agent_calls_total", "path" => path, "outcome" => outcome,
+        "replayed" => if replayed { "true" } else { "false" })
+    .increment(1);
 }
 
 pub(super) fn refusal(message: String) -> PeerError {
@@ -157,6 +176,7 @@ impl Front {
                 };
                 metrics::counter!("protected_write_rejected_total", "reason" => reason, "call" => "mcp_tools_call")
                     .increment(1);
+                count_call("gated", "refused", false);
                 match error {
                     CallError::LeaseRequired => {
                         self.lease_required(&name, &resolved, over_http)
@@ -204,11 +224,19 @@ impl Front {
             let outcome = tokio::select! {
                 biased;
                 outcome = front.state.dispatcher.call(call).instrument(span.clone()) => outcome,
-                _ = cancel.cancelled() => return Err(cancelled_by_the_agent()),
+                _ = cancel.cancelled() => {
+                    count_call("gated", "cancelled", false);
+                    span.in_scope(|| tracing::info!("call cancelled by the agent; its dispatch runs on and records the outcome"));
+                    return Err(cancelled_by_the_agent());
+                }
             };
             // The call is over: release the cancel watcher.
             cancel.cancel();
-            span.record("outcome", crate::dispatch::trace_outcome(outcome.as_ref()));
+            let traced = crate::dispatch::trace_outcome(outcome.as_ref());
+            let replayed =
+                matches!(&outcome, Ok(CallReply::Answer { operation, .. }) if operation.replayed);
+            count_call("gated", traced, replayed);
+            span.record("outcome", traced);
             match &outcome {
                 Ok(CallReply::Answer { operation, .. }) => {
                     span.record("operation_id", operation.operation_id.as_str());
@@ -222,6 +250,7 @@ impl Front {
             // synchronous rest only.
             span.in_scope(|| match outcome {
                 Ok(mut reply) => {
+                    tracing::info!(outcome = traced, replayed, "call answered");
                     // Resource links in the (recorded) result name the
                     // upstream's URIs; the agent reads them under their
                     // exposed names.
