@@ -70,7 +70,9 @@ pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode
         ConnectFailure::Unreachable => format!(
             "the URL came from {source}. Start PostgreSQL there (e.g. `sudo systemctl start \
              postgresql`, or `pg_ctlcluster <version> main start`), or point --database-url (or \
-             LEASEGATE_DATABASE_URL, or database_url in --config) at a server that runs"
+             LEASEGATE_DATABASE_URL, or database_url in --config) at a server that runs, or give \
+             no URL at all: with none configured and no server at the default, leasegate starts \
+             a private PostgreSQL of its own (PostgreSQL's programs must be installed)"
         ),
         ConnectFailure::AuthenticationFailed => format!(
             "the URL came from {source}. Check the user and password in it, or the server's \

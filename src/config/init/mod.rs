@@ -137,8 +137,13 @@ pub fn render_config(upstreams: &[InitUpstream]) -> String {
     );
     let _ = writeln!(
         out,
-        "# --database-url and LEASEGATE_DATABASE_URL override it.\ndatabase_url = {}",
-        quote(DEFAULT_DATABASE_URL)
+        "# The ledger. Unset: PostgreSQL at {url} when a server answers there,\n\
+         # else a private PostgreSQL leasegate starts in its state directory\n\
+         # (PostgreSQL's programs must be installed). Set it (or --database-url,\n\
+         # LEASEGATE_DATABASE_URL) to use a server of yours:\n\
+         # database_url = {quoted}",
+        url = DEFAULT_DATABASE_URL,
+        quoted = quote(DEFAULT_DATABASE_URL)
     );
     let _ = writeln!(out, "tenant = {}", quote("default"));
     let _ = writeln!(
