@@ -1220,3 +1220,160 @@ async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_
     }
     drop(served);
 }
+
+/// The console's browser side, attacked the way a hostile page would:
+/// every page refuses framing and caching; a login without the login
+/// page's form token is refused and starts no session; the cookie is a
+/// session id, never the token, and a cookie holding the token itself is
+/// not a login; logout needs its form's token and ends the session here,
+/// so the copied cookie is dead after it.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_console_refuses_framing_and_forged_logins_and_logout_ends_its_session(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_with_auth(&db);
+    let proxy = common::proxy::RunningProxy::start(&scenario.config_path()).await;
+    let control = proxy.control_url.clone();
+    let operator = create_token(&db, "tenant-a", "operator", Some("console-hardening")).await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(common::DEADLINE)
+        .build()
+        .unwrap();
+    let cookies = |response: &reqwest::Response| -> Vec<String> {
+        response
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    let hidden = |page: &str, name: &str| -> String {
+        let marker = format!("name=\"{name}\" value=\"");
+        let start = page
+            .find(&marker)
+            .unwrap_or_else(|| panic!("{name} in {page}"))
+            + marker.len();
+        page[start..start + page[start..].find('"').unwrap()].to_owned()
+    };
+
+    // The login page: hardened, with a form token bound to its nonce cookie.
+    let page = client
+        .get(format!("{control}/console/login"))
+        .send()
+        .await
+        .unwrap();
+    for (name, wanted) in [
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "same-origin"),
+        ("cache-control", "no-store"),
+    ] {
+        assert_eq!(page.headers()[name], wanted, "{name}");
+    }
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("frame-ancestors 'none'")
+    );
+    let nonce = cookies(&page)
+        .into_iter()
+        .find(|c| c.starts_with("lg_login="))
+        .expect("the login form's nonce cookie");
+    let nonce = nonce.split(';').next().unwrap().to_owned();
+    let form_token = hidden(&page.text().await.unwrap(), "form_token");
+
+    // A page of another origin posts the attacker's token: no form token
+    // (it cannot read ours), or ours without the nonce cookie.
+    for (cookie, token) in [
+        (None, ""),
+        (None, form_token.as_str()),
+        (Some(nonce.as_str()), "0"),
+    ] {
+        let mut forged = client
+            .post(format!("{control}/console/login"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={operator}&form_token={token}"));
+        if let Some(cookie) = cookie {
+            forged = forged.header("cookie", cookie);
+        }
+        let forged = forged.send().await.unwrap();
+        assert_eq!(forged.status(), 303);
+        assert!(
+            forged.headers()["location"]
+                .to_str()
+                .unwrap()
+                .contains("failed="),
+            "{cookie:?} {token}"
+        );
+        assert!(
+            !cookies(&forged)
+                .iter()
+                .any(|c| c.starts_with("lg_console=") && !c.starts_with("lg_console=;")),
+            "a forged login starts no session"
+        );
+    }
+
+    // The real form logs in; the cookie is a session id, not the token.
+    let login = client
+        .post(format!("{control}/console/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("cookie", &nonce)
+        .body(format!("token={operator}&form_token={form_token}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.headers()["location"], "/console");
+    let session = cookies(&login)
+        .into_iter()
+        .find(|c| c.starts_with("lg_console=") && !c.starts_with("lg_console=;"))
+        .expect("a console session cookie");
+    let session = session.split(';').next().unwrap().to_owned();
+    assert!(!session.contains(&operator), "the cookie is not the token");
+    let open = |cookie: String| {
+        let request = client
+            .get(format!("{control}/console"))
+            .header("cookie", cookie);
+        async move { request.send().await.unwrap() }
+    };
+    let overview = open(session.clone()).await;
+    assert_eq!(overview.status(), 200);
+    assert_eq!(overview.headers()["x-frame-options"], "DENY");
+    let overview = overview.text().await.unwrap();
+    // The token as the cookie is not a login.
+    assert_eq!(open(format!("lg_console={operator}")).await.status(), 303);
+
+    // Logout without its form token is refused and ends nothing.
+    let forged = client
+        .post(format!("{control}/console/logout"))
+        .header("cookie", &session)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("form_token=0")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    assert_eq!(open(session.clone()).await.status(), 200);
+    let logout = client
+        .post(format!("{control}/console/logout"))
+        .header("cookie", &session)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("form_token={}", hidden(&overview, "form_token")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(logout.status(), 303);
+    // The copied cookie is dead: back to the login page.
+    let after = open(session).await;
+    assert_eq!(after.status(), 303);
+    assert!(
+        after.headers()["location"]
+            .to_str()
+            .unwrap()
+            .starts_with("/console/login")
+    );
+    proxy.stop().await;
+}

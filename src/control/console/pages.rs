@@ -25,7 +25,15 @@ pub fn path_segment(text: &str) -> String {
     out
 }
 
-fn layout(title: &str, viewer: Option<&str>, auth_required: bool, body: Markup) -> Markup {
+/// The page header's viewer: who, whether tokens are required (then a
+/// logout form), and the logout form's token.
+pub struct Banner {
+    pub viewer: String,
+    pub auth_required: bool,
+    pub form_token: String,
+}
+
+fn layout(title: &str, banner: Option<&Banner>, body: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -45,11 +53,12 @@ fn layout(title: &str, viewer: Option<&str>, auth_required: bool, body: Markup) 
                         a href="/console/operations" { "Operations" }
                         a href="/console/operations?status=unknown" { "Unknown" }
                     }
-                    @if let Some(viewer) = viewer {
-                        span.viewer #viewer { (viewer) }
-                        @if auth_required {
+                    @if let Some(banner) = banner {
+                        span.viewer #viewer { (banner.viewer) }
+                        @if banner.auth_required {
                             form.inline method="post" action="/console/logout" {
-                                button.link type="submit" { "Log out" }
+                                input type="hidden" name="form_token" value=(banner.form_token);
+                                button.link #logout type="submit" { "Log out" }
                             }
                         }
                     }
@@ -113,7 +122,6 @@ pub fn problem(status: StatusCode, message: &str) -> Markup {
     layout(
         status.canonical_reason().unwrap_or("error"),
         None,
-        false,
         html! {
             h1 { (status.as_u16()) " " (status.canonical_reason().unwrap_or("")) }
             div.flash.error #problem role="alert" { (message) }
@@ -122,11 +130,10 @@ pub fn problem(status: StatusCode, message: &str) -> Markup {
     )
 }
 
-pub fn login(auth_required: bool, failed: Option<&str>) -> Markup {
+pub fn login(auth_required: bool, failed: Option<&str>, form_token: &str) -> Markup {
     layout(
         "Log in",
         None,
-        false,
         html! {
             h1 { "Log in" }
             @if !auth_required {
@@ -139,16 +146,17 @@ pub fn login(auth_required: bool, failed: Option<&str>) -> Markup {
                 }
             }
             form.card.narrow method="post" action="/console/login" {
+                input type="hidden" name="form_token" value=(form_token);
                 label for="token" { "Access token" }
                 input #token type="password" name="token" autocomplete="off" placeholder="lgt_…" required;
-                p.hint { "Kept in an HttpOnly, SameSite=Strict cookie for this console only." }
+                p.hint { "Checked on every page; this browser gets a console session (an HttpOnly, SameSite=Strict cookie) that logging out ends." }
                 button #login type="submit" { "Log in" }
             }
         },
     )
 }
 
-pub fn overview(viewer: &str, auth_required: bool, o: &Overview) -> Markup {
+pub fn overview(banner: &Banner, o: &Overview) -> Markup {
     let count_of = |status: &str| {
         o.counts
             .operations_by_status
@@ -158,8 +166,7 @@ pub fn overview(viewer: &str, auth_required: bool, o: &Overview) -> Markup {
     };
     layout(
         "Overview",
-        Some(viewer),
-        auth_required,
+        Some(banner),
         html! {
             h1 { "Overview" }
             section.tiles {
@@ -275,12 +282,11 @@ pub fn overview(viewer: &str, auth_required: bool, o: &Overview) -> Markup {
     )
 }
 
-pub fn runs(viewer: &str, auth_required: bool, q: &RunQuery, rows: &[RunRowSummary]) -> Markup {
+pub fn runs(banner: &Banner, q: &RunQuery, rows: &[RunRowSummary]) -> Markup {
     let value = |v: &Option<String>| v.clone().unwrap_or_default();
     layout(
         "Runs",
-        Some(viewer),
-        auth_required,
+        Some(banner),
         html! {
             h1 { "Runs" }
             form.filters method="get" action="/console/runs" {
@@ -326,8 +332,7 @@ pub fn runs(viewer: &str, auth_required: bool, q: &RunQuery, rows: &[RunRowSumma
 
 #[allow(clippy::too_many_arguments)]
 pub fn run(
-    viewer: &str,
-    auth_required: bool,
+    banner: &Banner,
     view: &RunView,
     events: &[LedgerEvent],
     operations: &[OperationRecord],
@@ -339,8 +344,7 @@ pub fn run(
     let live = matches!(view.status.as_str(), "pending" | "running");
     layout(
         &format!("Run {run}"),
-        Some(viewer),
-        auth_required,
+        Some(banner),
         html! {
             h1 { "Run " span.mono #run-id { (run) } " " (badge(view.status.as_str())) }
             (flash(done, refused))
@@ -430,17 +434,11 @@ fn timeline(events: &[LedgerEvent], id: &str) -> Markup {
     }
 }
 
-pub fn operations(
-    viewer: &str,
-    auth_required: bool,
-    q: &OperationQuery,
-    rows: &[OperationRowSummary],
-) -> Markup {
+pub fn operations(banner: &Banner, q: &OperationQuery, rows: &[OperationRowSummary]) -> Markup {
     let value = |v: &Option<String>| v.clone().unwrap_or_default();
     layout(
         "Operations",
-        Some(viewer),
-        auth_required,
+        Some(banner),
         html! {
             h1 { "Operations" }
             form.filters method="get" action="/console/operations" {
@@ -492,7 +490,7 @@ pub struct OperationPage<'a> {
     pub asked: Asked,
 }
 
-pub fn operation(viewer: &str, auth_required: bool, page: &OperationPage<'_>) -> Markup {
+pub fn operation(banner: &Banner, page: &OperationPage<'_>) -> Markup {
     let view = page.view;
     let op = &view.operation;
     let id = op.operation_id.as_str();
@@ -505,8 +503,7 @@ pub fn operation(viewer: &str, auth_required: bool, page: &OperationPage<'_>) ->
     let asked = &page.asked;
     layout(
         &format!("Operation {id}"),
-        Some(viewer),
-        auth_required,
+        Some(banner),
         html! {
             h1 { "Operation " (badge(op.status.as_str())) }
             p.mono.big #operation-id { (id) }

@@ -1,31 +1,138 @@
-//! Browser login: `/console/login` takes a token and sets it as the
-//! `lg_console` cookie (HttpOnly, SameSite=Strict, Path=/console, Secure
-//! unless the request's Host is loopback); logout clears it. The token is
-//! not checked here: `control::auth` checks it on the next request, as it
-//! checks every request, and sends a browser without a valid one back to
-//! the login page ([`login_redirect`]).
+//! Browser login: `/console/login` takes a token and starts a console
+//! session — a random id in the `lg_console` cookie (HttpOnly,
+//! SameSite=Strict, Path=/console, Secure unless the request's Host is
+//! loopback) that stands for the token in this process's memory for at
+//! most [`SESSION_TTL`]. The token itself never goes to the browser's
+//! cookie jar; logout ends the session here, so a copied cookie is dead
+//! after it. The token is not checked at login: `control::auth` checks it
+//! on every request (a revoked token is refused at once), and sends a
+//! browser without a valid one back to the login page ([`login_redirect`]),
+//! which ends the session.
+//!
+//! Login and logout are forms like the others: the login form's token is
+//! bound to a nonce in the `lg_login` cookie set with the form, the logout
+//! form's to the session, both keyed by the per-process form key — a page
+//! of another origin can neither log a browser in under its own token nor
+//! out.
+//!
+//! Sessions live in the memory of the process that started them: after a
+//! restart, or on another process behind a load balancer without sticky
+//! sessions, the browser is asked to log in again.
 
-use axum::extract::{Form, Query, Request, State};
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Form, FromRequest, Query, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
+use sha2::{Digest, Sha256};
 
 use super::pages;
 use super::state::{COOKIE, Problem, Shared, html};
 use crate::auth::Scope;
 
-/// The token a console request carries in its cookie, as an
-/// `Authorization` value.
-pub fn cookie_bearer(headers: &HeaderMap) -> Option<String> {
+/// How long a console session lasts after login.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+
+/// At most this many console sessions at once (per process); the oldest
+/// ends first.
+const MAX_SESSIONS: usize = 10_000;
+
+/// The cookie of the login form's nonce.
+const LOGIN_COOKIE: &str = "lg_login";
+
+struct Session {
+    token: String,
+    started: Instant,
+}
+
+/// SHA-256 of a session id → its session.
+static SESSIONS: LazyLock<Mutex<HashMap<[u8; 32], Session>>> = LazyLock::new(Default::default);
+
+fn session_key(id: &str) -> [u8; 32] {
+    Sha256::digest(id.as_bytes()).into()
+}
+
+/// A fresh random value, hex (session ids, nonces).
+fn random_hex() -> String {
+    let mut bytes = [0u8; 32];
+    // Without the OS random source no session can be safe: none is made.
+    getrandom::fill(&mut bytes).expect("the OS random source");
+    hex::encode(bytes)
+}
+
+fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| format!("Bearer {value}"))
-        .filter(|v| v.len() > "Bearer ".len())
+        .find(|(found, _)| *found == name)
+        .map(|(_, value)| value)
+        .filter(|value| !value.is_empty())
+}
+
+/// The console session id a request carries, if any.
+pub(super) fn session_id(headers: &HeaderMap) -> Option<&str> {
+    cookie_value(headers, COOKIE)
+}
+
+/// The token a console request's session stands for, as an
+/// `Authorization` value; `None` without a live session.
+pub fn cookie_bearer(headers: &HeaderMap) -> Option<String> {
+    let id = session_id(headers)?;
+    let sessions = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+    sessions
+        .get(&session_key(id))
+        .filter(|session| session.started.elapsed() < SESSION_TTL)
+        .map(|session| format!("Bearer {}", session.token))
+}
+
+fn start_session(token: &str) -> String {
+    let id = random_hex();
+    let mut sessions = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+    sessions.retain(|_, session| session.started.elapsed() < SESSION_TTL);
+    while sessions.len() >= MAX_SESSIONS {
+        let oldest = sessions
+            .iter()
+            .min_by_key(|(_, session)| session.started)
+            .map(|(key, _)| *key);
+        match oldest {
+            Some(key) => sessions.remove(&key),
+            None => break,
+        };
+    }
+    sessions.insert(
+        session_key(&id),
+        Session {
+            token: token.to_owned(),
+            started: Instant::now(),
+        },
+    );
+    id
+}
+
+fn end_session(headers: &HeaderMap) {
+    if let Some(id) = session_id(headers) {
+        SESSIONS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&session_key(id));
+    }
+}
+
+/// The token of a form bound to `purpose` and `value` (a login nonce, a
+/// session id) under the per-process form key.
+pub(super) fn bound_form_token(key: &[u8; 32], purpose: &str, value: &str) -> String {
+    let mut hash = Sha256::new();
+    hash.update(key);
+    hash.update(purpose.as_bytes());
+    hash.update([0]);
+    hash.update(value.as_bytes());
+    hex::encode(hash.finalize())
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -33,16 +140,39 @@ pub(crate) struct LoginQuery {
     failed: Option<String>,
 }
 
-pub(super) async fn login_page(State(state): Shared, Query(query): Query<LoginQuery>) -> Response {
-    html(pages::login(
+pub(super) async fn login_page(
+    State(state): Shared,
+    headers: HeaderMap,
+    Query(query): Query<LoginQuery>,
+) -> Response {
+    let nonce = random_hex();
+    let mut response = html(pages::login(
         state.sources.auth_required,
         query.failed.as_deref(),
-    ))
+        &bound_form_token(&state.form_key, "login", &nonce),
+    ));
+    response.headers_mut().append(
+        header::SET_COOKIE,
+        cookie(
+            LOGIN_COOKIE,
+            &nonce,
+            "/console/login",
+            &host(&headers),
+            None,
+        ),
+    );
+    response
 }
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct LoginForm {
     token: Option<String>,
+    form_token: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct LogoutForm {
+    form_token: Option<String>,
 }
 
 fn loopback(host: &str) -> bool {
@@ -60,13 +190,18 @@ fn loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-fn cookie(value: &str, host: &str, max_age: Option<u64>) -> HeaderValue {
+fn cookie(name: &str, value: &str, path: &str, host: &str, max_age: Option<u64>) -> HeaderValue {
     let secure = if loopback(host) { "" } else { "; Secure" };
     let age = max_age.map_or(String::new(), |age| format!("; Max-Age={age}"));
     HeaderValue::from_str(&format!(
-        "{COOKIE}={value}; HttpOnly; SameSite=Strict; Path=/console{secure}{age}"
+        "{name}={value}; HttpOnly; SameSite=Strict; Path={path}{secure}{age}"
     ))
     .unwrap_or_else(|_| HeaderValue::from_static("lg_console=; Max-Age=0; Path=/console"))
+}
+
+/// The console session cookie with `value` (empty and `Some(0)`: cleared).
+fn session_cookie(value: &str, host: &str, max_age: Option<u64>) -> HeaderValue {
+    cookie(COOKIE, value, "/console", host, max_age)
 }
 
 fn host(request_headers: &HeaderMap) -> String {
@@ -77,10 +212,20 @@ fn host(request_headers: &HeaderMap) -> String {
         .to_owned()
 }
 
-pub(super) async fn login(headers: HeaderMap, Form(form): Form<LoginForm>) -> Response {
+pub(super) async fn login(
+    State(state): Shared,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Response {
+    // The form must be the one this process gave this browser.
+    let expected = cookie_value(&headers, LOGIN_COOKIE)
+        .map(|nonce| bound_form_token(&state.form_key, "login", nonce));
+    if expected.is_none() || form.form_token != expected {
+        return Redirect::to("/console/login?failed=the%20login%20form%20expired").into_response();
+    }
     let token = form.token.unwrap_or_default();
     let token = token.trim();
-    // A cookie value holds no separators; anything else is not a token.
+    // A token holds no separators; anything else is not one.
     if token.is_empty()
         || !token
             .chars()
@@ -88,20 +233,45 @@ pub(super) async fn login(headers: HeaderMap, Form(form): Form<LoginForm>) -> Re
     {
         return Redirect::to("/console/login?failed=malformed").into_response();
     }
-    // Validated by `control::auth` on the next request, as every request is:
+    // A session that came along (fixation) is not continued.
+    end_session(&headers);
+    // Checked by `control::auth` on the next request, as every request is:
     // an unknown or revoked token comes back here with `failed`.
+    let id = start_session(token);
+    let host = host(&headers);
     let mut response = Redirect::to("/console").into_response();
-    response
-        .headers_mut()
-        .insert(header::SET_COOKIE, cookie(token, &host(&headers), None));
+    let cookies = response.headers_mut();
+    cookies.append(header::SET_COOKIE, session_cookie(&id, &host, None));
+    cookies.append(
+        header::SET_COOKIE,
+        cookie(LOGIN_COOKIE, "", "/console/login", &host, Some(0)),
+    );
     response
 }
 
-pub(super) async fn logout(request: Request) -> Response {
+pub(super) async fn logout(State(state): Shared, request: Request) -> Response {
+    let headers = request.headers().clone();
+    let Some(id) = session_id(&headers).map(str::to_owned) else {
+        return Redirect::to("/console/login").into_response();
+    };
+    let form = Form::<LogoutForm>::from_request(request, &())
+        .await
+        .ok()
+        .and_then(|Form(form)| form.form_token);
+    let expected = bound_form_token(&state.form_key, "logout", &id);
+    if form.as_deref() != Some(expected.as_str()) {
+        return Problem::new(
+            StatusCode::FORBIDDEN,
+            "this logout form is not from this console (its form token does not match): \
+             open the console and use its Log out button",
+        )
+        .into_response();
+    }
+    end_session(&headers);
     let mut response = Redirect::to("/console/login").into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
-        cookie("", &host(request.headers()), Some(0)),
+        session_cookie("", &host(&headers), Some(0)),
     );
     response
 }
@@ -109,14 +279,16 @@ pub(super) async fn logout(request: Request) -> Response {
 /// The answer to a console request whose token's scope is not `operator`
 /// or `admin` (403; the refusal is counted by `control::auth`).
 pub fn insufficient_scope(found: Scope) -> Response {
-    Problem::new(
+    let mut response = Problem::new(
         StatusCode::FORBIDDEN,
         format!(
             "insufficient scope: the console needs an operator or admin token, found {found}; \
              log out and log in with another"
         ),
     )
-    .into_response()
+    .into_response();
+    super::routes::add_security_headers(response.headers_mut());
+    response
 }
 
 /// The answer to a console request that was not authenticated: back to the
@@ -127,11 +299,14 @@ pub fn login_redirect(reason: &str, headers: &HeaderMap) -> Response {
         pages::path_segment(reason)
     ))
     .into_response();
-    if cookie_bearer(headers).is_some() {
-        response
-            .headers_mut()
-            .insert(header::SET_COOKIE, cookie("", &host(headers), Some(0)));
+    if session_id(headers).is_some() {
+        end_session(headers);
+        response.headers_mut().insert(
+            header::SET_COOKIE,
+            session_cookie("", &host(headers), Some(0)),
+        );
     }
+    super::routes::add_security_headers(response.headers_mut());
     response
 }
 
@@ -142,13 +317,11 @@ mod tests {
     #[test]
     fn the_cookie_is_secure_unless_the_host_is_loopback() {
         for host in ["127.0.0.1:8641", "localhost", "[::1]:80", "localhost:1"] {
-            assert!(
-                !cookie("t", host, None).to_str().unwrap().contains("Secure"),
-                "{host}"
-            );
+            let value = session_cookie("t", host, None);
+            assert!(!value.to_str().unwrap().contains("Secure"), "{host}");
         }
         for host in ["gw.example.com", "10.0.0.1:8641", "example.com:443"] {
-            let value = cookie("t", host, None);
+            let value = session_cookie("t", host, None);
             let value = value.to_str().unwrap();
             assert!(value.contains("; Secure"), "{host}");
             assert!(value.contains("HttpOnly") && value.contains("SameSite=Strict"));
@@ -156,13 +329,26 @@ mod tests {
     }
 
     #[test]
-    fn only_the_console_cookie_is_taken_as_a_token() {
+    fn a_session_cookie_stands_for_its_token_until_it_ends() {
+        let id = start_session("lgt_0123456789abcdef_secret");
         let mut headers = HeaderMap::new();
         headers.insert(
             header::COOKIE,
-            HeaderValue::from_static("a=b; lg_console=lgt_x_y; c=d"),
+            HeaderValue::from_str(&format!("a=b; lg_console={id}; c=d")).unwrap(),
         );
-        assert_eq!(cookie_bearer(&headers).as_deref(), Some("Bearer lgt_x_y"));
+        assert_eq!(
+            cookie_bearer(&headers).as_deref(),
+            Some("Bearer lgt_0123456789abcdef_secret")
+        );
+        // The token itself is not a session.
+        let mut forged = HeaderMap::new();
+        forged.insert(
+            header::COOKIE,
+            HeaderValue::from_static("lg_console=lgt_0123456789abcdef_secret"),
+        );
+        assert_eq!(cookie_bearer(&forged), None);
+        end_session(&headers);
+        assert_eq!(cookie_bearer(&headers), None);
         headers.insert(header::COOKIE, HeaderValue::from_static("lg_console="));
         assert_eq!(cookie_bearer(&headers), None);
     }

@@ -66,6 +66,8 @@ pub(super) type Shared = State<Arc<ConsoleState>>;
 pub(crate) struct Viewer {
     principal: Option<Principal>,
     served: Option<String>,
+    /// The console session the request came with (its logout form).
+    session: Option<String>,
 }
 
 impl Viewer {
@@ -73,6 +75,7 @@ impl Viewer {
         Viewer {
             principal: request_principal,
             served: state.sources.tenant.clone(),
+            session: None,
         }
     }
 
@@ -103,6 +106,19 @@ impl Viewer {
         }
     }
 
+    /// The page header for this viewer.
+    pub(super) fn banner(&self, state: &ConsoleState) -> super::pages::Banner {
+        super::pages::Banner {
+            viewer: self.display(),
+            auth_required: state.sources.auth_required,
+            form_token: self
+                .session
+                .as_deref()
+                .map(|id| super::session::bound_form_token(&state.form_key, "logout", id))
+                .unwrap_or_default(),
+        }
+    }
+
     pub(super) fn form_token(&self, key: &[u8; 32]) -> String {
         let mut hash = Sha256::new();
         hash.update(key);
@@ -118,10 +134,9 @@ impl axum::extract::FromRequestParts<Arc<ConsoleState>> for Viewer {
         parts: &mut axum::http::request::Parts,
         state: &Arc<ConsoleState>,
     ) -> Result<Self, Self::Rejection> {
-        Ok(Viewer::of(
-            parts.extensions.get::<Principal>().cloned(),
-            state,
-        ))
+        let mut viewer = Viewer::of(parts.extensions.get::<Principal>().cloned(), state);
+        viewer.session = super::session::session_id(&parts.headers).map(str::to_owned);
+        Ok(viewer)
     }
 }
 

@@ -103,8 +103,7 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
     }
     let upstreams = state.sources.upstreams.as_ref().map(|health| health());
     Ok(html(pages::overview(
-        &viewer.display(),
-        state.sources.auth_required,
+        &viewer.banner(&state),
         &Overview {
             counts,
             unknown,
@@ -148,12 +147,7 @@ pub(super) async fn runs(
             status,
         })
         .await?;
-    Ok(html(pages::runs(
-        &viewer.display(),
-        state.sources.auth_required,
-        &query,
-        &rows,
-    )))
+    Ok(html(pages::runs(&viewer.banner(&state), &query, &rows)))
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -191,8 +185,7 @@ pub(super) async fn run_response(
         .map(|(status, _)| *status)
         .unwrap_or(StatusCode::OK);
     let page = pages::run(
-        &viewer.display(),
-        state.sources.auth_required,
+        &viewer.banner(&state),
         &view,
         &events,
         &operations,
@@ -247,8 +240,7 @@ pub(super) async fn operations(
         })
         .await?;
     Ok(html(pages::operations(
-        &viewer.display(),
-        state.sources.auth_required,
+        &viewer.banner(&state),
         &query,
         &rows,
     )))
@@ -297,8 +289,7 @@ pub(super) async fn operation_response(
         .map(|(status, _)| *status)
         .unwrap_or(StatusCode::OK);
     let page = pages::operation(
-        &viewer.display(),
-        state.sources.auth_required,
+        &viewer.banner(&state),
         &pages::OperationPage {
             view: &view,
             reconcile_attempts: attempts,
