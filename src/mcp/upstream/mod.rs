@@ -12,9 +12,10 @@
 //! - requests to the client (`sampling/createMessage`, `elicitation/create`,
 //!   `roots/list`), to the call they belong to: the one whose HTTP response
 //!   stream carried them (Streamable HTTP upstreams), otherwise the only call
-//!   in flight to that upstream. When that cannot be told (several calls in
-//!   flight to a stdio upstream), the upstream gets an error rather than
-//!   another agent's answer;
+//!   the upstream may still be working on (a call it answered, or was sent
+//!   `notifications/cancelled` for, no longer counts). When that cannot be
+//!   told (several such calls to a stdio upstream), the upstream gets an
+//!   error naming the candidates rather than another agent's answer;
 //! - `notifications/message` carried on a call's response stream, to that
 //!   call; logs and list/resource notifications nobody owns go out as
 //!   [`UpstreamEvent`]s, which the front sends only to agent sessions that
@@ -99,7 +100,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
+    CallToolRequest, CallToolRequestParams, ClientRequest,
     RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
@@ -367,11 +368,15 @@ impl Upstreams {
         }
         // No session (a stdio child restarting): fails at once, not sent.
         let peer = connection.session(timeout, &self.stop).await?;
+        let (ended, on_end) = tokio::sync::oneshot::channel::<()>();
         let mut guard = CallGuard {
             routes: connection.routes(),
-            call: connection.routes().begin(agent),
+            call: connection
+                .routes()
+                .begin(agent, routes::describe(&request)),
             token: None,
             answered: true,
+            _ended: Some(ended),
         };
         let handle = match peer
             .send_request_with_option(
@@ -397,19 +402,28 @@ impl Upstreams {
         // From here on, a caller that stops waiting abandons the call.
         guard.token = Some(token);
         guard.answered = false;
-        let (request_id, peer) = (handle.id.clone(), handle.peer.clone());
-        let cancel_watch = tokio::spawn(async move {
-            cancel.cancelled().await;
-            let _ = peer
-                .notify_cancelled(CancelledNotificationParam::new(
-                    Some(request_id),
-                    Some("cancelled by the agent".into()),
-                ))
-                .await;
+        // The upstream is told of a call the agent cancelled, and of one
+        // whose caller stopped waiting (routes invariant 3): once either
+        // happens, the call no longer holds up another call's relay.
+        let (routes, call, peer) = (
+            connection.routes().clone(),
+            guard.call,
+            handle.peer.clone(),
+        );
+        tokio::spawn(async move {
+            let reason = tokio::select! {
+                _ = cancel.cancelled() => "cancelled by the agent",
+                _ = on_end => "leasegate stopped waiting for it",
+            };
+            // A call that ended (answered, timed out) is no candidate any
+            // more: nothing is sent for it.
+            routes.cancel_upstream(&peer, call, reason).await;
         });
         let response = handle.await_response().await;
-        cancel_watch.abort();
-        guard.answered = !matches!(response, Err(ServiceError::Timeout { .. }));
+        // Answered, or failed in transport (its session is gone), or timed
+        // out (rmcp sent `notifications/cancelled` itself): the upstream is
+        // not working on it for leasegate any more.
+        guard.answered = true;
         drop(guard);
         match &response {
             Ok(_) | Err(ServiceError::McpError(_)) => connection.observe_http(Ok(())),
