@@ -531,9 +531,12 @@ impl Upstream for Upstreams {
 }
 
 /// A Streamable HTTP request that failed before any of its bytes left: no
-/// connection could be made (refused, DNS, TLS, connect timeout). Anything
-/// later — a reset after the request was written, a broken response — may
-/// have reached the server.
+/// connection could be made (refused, DNS, TLS, connect timeout), or the
+/// connection failed before the request was started on it
+/// ([`client::never_sent`]). Anything later — a reset after the request was
+/// written, a broken response — may have reached the server. (A pooled
+/// connection the server closed before the request was written is retried
+/// on a fresh one by the HTTP client itself.)
 fn never_left(error: &ServiceError) -> bool {
     let ServiceError::TransportSend(error) = error else {
         return false;
@@ -542,17 +545,18 @@ fn never_left(error: &ServiceError) -> bool {
         .error
         .downcast_ref::<StreamableHttpError<reqwest::Error>>()
     {
-        Some(StreamableHttpError::Client(error)) => error.is_connect(),
+        Some(StreamableHttpError::Client(error)) => client::never_sent(error),
         _ => false,
     }
 }
 
-/// What an agent and an operator read of a transport failure: the error
-/// and its causes, without rmcp's wrapper (which names leasegate's
-/// transport types).
+/// What an agent and an operator read of a transport failure: what failed
+/// and why, in words — no wrapper of rmcp's (which names leasegate's
+/// transport types) and no Debug dumps.
 pub(super) fn transport_failure(error: &ServiceError) -> String {
     match error {
         ServiceError::TransportSend(error) => dynamic_transport_failure(error),
+        ServiceError::TransportClosed => "the connection to the upstream closed".to_owned(),
         other => other.to_string(),
     }
 }
@@ -560,24 +564,16 @@ pub(super) fn transport_failure(error: &ServiceError) -> String {
 /// [`transport_failure`] of rmcp's transport error as it also comes from a
 /// failed `initialize`.
 pub(super) fn dynamic_transport_failure(error: &DynamicTransportError) -> String {
-    // rmcp's HTTP error keeps the client's error without naming it as
-    // its cause: start the chain there.
-    let inner: &(dyn std::error::Error + 'static) = match error
+    match error
         .error
         .downcast_ref::<StreamableHttpError<reqwest::Error>>()
     {
-        Some(StreamableHttpError::Client(client)) => client,
-        _ => &*error.error,
-    };
-    let mut text = format!("transport error: {inner}");
-    let mut cause = inner.source();
-    while let Some(inner) = cause {
-        let inner_text = inner.to_string();
-        if !text.contains(&inner_text) {
-            text.push_str(": ");
-            text.push_str(&inner_text);
-        }
-        cause = inner.source();
+        Some(StreamableHttpError::Client(client)) => client::http_failure(client),
+        Some(StreamableHttpError::UnexpectedContentType(found)) => format!(
+            "the upstream answered with content type {}, not JSON or an event stream",
+            found.as_deref().unwrap_or("(none)")
+        ),
+        Some(other) => format!("transport error: {}", client::error_chain(other)),
+        None => format!("transport error: {}", client::error_chain(&*error.error)),
     }
-    text
 }
