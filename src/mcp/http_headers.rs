@@ -7,7 +7,8 @@
 //! request's `_meta` under [`HTTP_HEADERS_META`]; [`PerCallHeaders`], the
 //! HTTP client of every Streamable HTTP upstream, takes them out of `_meta`
 //! (the upstream never sees that key) and sends them as headers of that
-//! POST only. Everything else is reqwest's own client, unchanged.
+//! POST only. Everything else is reqwest's own client, with idle
+//! connections kept for reuse only [`POOL_IDLE_TIMEOUT`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,9 +25,29 @@ use serde_json::Value;
 pub use crate::adapter::HTTP_HEADERS_META;
 
 /// reqwest's client, plus the per-call headers of each message.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct PerCallHeaders {
     inner: reqwest::Client,
+}
+
+/// How long an idle connection to an upstream is kept for reuse: below the
+/// 5 s after which common servers (Node's `http`, uvicorn) close idle
+/// keep-alive connections, so that a request is not written onto a
+/// connection the server is closing at that moment — a request that may
+/// then have been received, answered "unknown" (reqwest keeps them 90 s).
+pub const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+impl Default for PerCallHeaders {
+    fn default() -> Self {
+        let inner = reqwest::Client::builder()
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build()
+            .unwrap_or_else(|error| {
+                tracing::warn!(%error, "HTTP client with a short idle timeout unavailable; reqwest's default used");
+                reqwest::Client::new()
+            });
+        Self { inner }
+    }
 }
 
 /// Moves the `_meta` headers of a request into `headers`.
