@@ -85,7 +85,10 @@ fn answer(code: i32, message: String) -> Response {
 enum Unread {
     /// Over the limit: its first [`ID_PREFIX`] bytes, and whether it ended
     /// within the drain (invariant 1).
-    TooLarge { prefix: Vec<u8>, drained: bool },
+    TooLarge {
+        prefix: Vec<u8>,
+        drained: bool,
+    },
     Failed(axum::Error),
 }
 
@@ -384,7 +387,8 @@ mod tests {
     #[test]
     fn a_body_too_deep_or_with_a_number_out_of_range_keeps_its_id() {
         let huge = r#"{"jsonrpc":"2.0","id":"x-1","method":"tools/call","params":{"name":"t","arguments":{"n":1e400}}}"#;
-        let late_id = r#"{"jsonrpc":"2.0","method":"tools/call","params":{"n":[1e400,"}\"]"]},"id":9}"#;
+        let late_id =
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"n":[1e400,"}\"]"]},"id":9}"#;
         let too_deep = deep("7", 200);
         for (body, id) in [
             (too_deep.as_str(), json!(7)),
@@ -395,7 +399,10 @@ mod tests {
                 serde_json::from_slice(&unreadable_request(body.as_bytes()).expect("answerable"))
                     .unwrap();
             assert_eq!(rewritten["id"], id, "{body}");
-            assert_eq!(rewritten["method"], super::super::idempotency::UNREADABLE_METHOD);
+            assert_eq!(
+                rewritten["method"],
+                super::super::idempotency::UNREADABLE_METHOD
+            );
             assert!(rewritten["params"]["reason"].is_string(), "{rewritten}");
         }
         // Readable bodies are left to rmcp, suspicious or not.
@@ -412,7 +419,8 @@ mod tests {
 
     #[test]
     fn the_id_of_a_body_cut_short_is_read_when_it_comes_first() {
-        let body = br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"arguments":{"a":"xxxx"#;
+        let body =
+            br#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"arguments":{"a":"xxxx"#;
         assert_eq!(top_level_id(body), Some(json!(42)));
         let after = br#"{"jsonrpc":"2.0","method":"tools/call","params":{"arguments":{"a":"xx"#;
         assert_eq!(top_level_id(after), None);

@@ -505,7 +505,10 @@ fn relay_checks(front: &str) -> Vec<&'static str> {
         "unreadable_bodies_answered_under_their_id",
     ];
     if front == "stateless" {
-        checks.extend(["handshake_era_stateless_logs", "cancel_of_a_reused_request_id"]);
+        checks.extend([
+            "handshake_era_stateless_logs",
+            "cancel_of_a_reused_request_id",
+        ]);
     }
     checks
 }
@@ -538,7 +541,12 @@ async fn one_agents_cancel_or_bad_input_does_not_reach_another_through_the_http_
         command
             .arg(RELAY_SCRIPT)
             .args(["--server", &proxy.url, "--front", front, "--mode", mode])
-            .args(["--run-id", &lease.run_id.to_string(), "--owner", &lease.owner])
+            .args([
+                "--run-id",
+                &lease.run_id.to_string(),
+                "--owner",
+                &lease.owner,
+            ])
             .args(["--epoch", &lease.epoch.to_string(), "--tag", &tag])
             .arg("--mailer-state")
             .arg(setup.state())

@@ -260,7 +260,10 @@ pub(super) fn stateless_level(
 /// The next log no call owns at or above the level, as the agent gets it
 /// (`logger` prefixed); `None` for an event that is something else.
 async fn next_log(
-    logs: &mut Option<(tokio::sync::broadcast::Receiver<UpstreamEvent>, LoggingLevel)>,
+    logs: &mut Option<(
+        tokio::sync::broadcast::Receiver<UpstreamEvent>,
+        LoggingLevel,
+    )>,
 ) -> Option<ServerNotification> {
     let Some((events, wanted)) = logs.as_mut() else {
         return std::future::pending().await;

@@ -241,7 +241,9 @@ mod tests {
             .expect_err("nobody listens");
         let text = http_failure(&error);
         assert!(
-            text.starts_with(&format!("could not connect to http://127.0.0.1:{port}/mcp: ")),
+            text.starts_with(&format!(
+                "could not connect to http://127.0.0.1:{port}/mcp: "
+            )),
             "{text}"
         );
         assert!(text.contains("refused"), "{text}");
@@ -274,7 +276,9 @@ mod tests {
         assert!(!never_sent(&error));
         let text = http_failure(&error);
         assert!(
-            text.starts_with(&format!("the exchange failed with http://127.0.0.1:{port}/mcp")),
+            text.starts_with(&format!(
+                "the exchange failed with http://127.0.0.1:{port}/mcp"
+            )),
             "{text}"
         );
         for hidden in ["client error", "SendRequest", "::", "error sending request"] {

@@ -100,8 +100,8 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, ClientRequest,
-    RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
+    CallToolRequest, CallToolRequestParams, ClientRequest, RequestMetaObject, ServerPeerInfo,
+    ServerResult, Tool,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
 use rmcp::transport::DynamicTransportError;
@@ -371,9 +371,7 @@ impl Upstreams {
         let (ended, on_end) = tokio::sync::oneshot::channel::<()>();
         let mut guard = CallGuard {
             routes: connection.routes(),
-            call: connection
-                .routes()
-                .begin(agent, routes::describe(&request)),
+            call: connection.routes().begin(agent, routes::describe(&request)),
             token: None,
             answered: true,
             _ended: Some(ended),
@@ -405,11 +403,7 @@ impl Upstreams {
         // The upstream is told of a call the agent cancelled, and of one
         // whose caller stopped waiting (routes invariant 3): once either
         // happens, the call no longer holds up another call's relay.
-        let (routes, call, peer) = (
-            connection.routes().clone(),
-            guard.call,
-            handle.peer.clone(),
-        );
+        let (routes, call, peer) = (connection.routes().clone(), guard.call, handle.peer.clone());
         tokio::spawn(async move {
             let reason = tokio::select! {
                 _ = cancel.cancelled() => "cancelled by the agent",
