@@ -8,12 +8,14 @@ front, and a cancel whose request id an earlier client used.
 Run by tests/external/sdk_transparency.rs; prints one JSON line per check
 ({"check": name, "ok": bool, "detail": ...}) and exits 0 when all passed.
 
-usage: relay.py --server URL --front stateless|sessions --mode auto|legacy
+usage: relay.py --server URL|stdio [--stdio-command JSON] --front stateless|sessions|stdio
+       --mode auto|legacy
        --run-id ID --owner O --epoch N --mailer-state DIR --tag TAG
        (the lease token in LEASEGATE_LEASE_TOKEN)
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -24,7 +26,7 @@ import warnings
 import anyio
 import httpx2
 import mcp_types as types
-from mcp import Client
+from mcp import Client, StdioServerParameters
 
 import report as report_module
 from report import report
@@ -33,7 +35,8 @@ warnings.simplefilter("ignore")
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--server", required=True)
-parser.add_argument("--front", choices=["stateless", "sessions"], required=True)
+parser.add_argument("--front", choices=["stateless", "sessions", "stdio"], required=True)
+parser.add_argument("--stdio-command", default="[]")
 parser.add_argument("--mode", default="auto")
 parser.add_argument("--run-id", required=True)
 parser.add_argument("--owner", required=True)
@@ -78,13 +81,31 @@ async def check(name, body):
         report(name, False, f"{type(error).__name__}: {error}\n{traceback.format_exc()[-1500:]}")
 
 
+def server():
+    if args.front == "stdio":
+        command = json.loads(args.stdio_command)
+        return StdioServerParameters(command=command[0], args=command[1:], env={"RUST_LOG": "warn"})
+    return args.server
+
+
 def client(**kwargs):
-    return Client(args.server, mode=args.mode, sampling_callback=on_sampling, **kwargs)
+    return Client(server(), mode=args.mode, sampling_callback=on_sampling, **kwargs)
+
+
+async def sampled_by(agent, attempts):
+    """Calls a tool that asks the agent for sampling until it is relayed
+    (each refusal is kept); a refusal that lasts fails the check."""
+    async def sampled():
+        result = await agent.call_tool(tool("trigger-sampling-request"), {"prompt": "hi", "maxTokens": 5})
+        attempts.append(text_of(result)[:200])
+        return "sampled by the agent" in text_of(result)
+    await wait_for("the sampling to be relayed", sampled, deadline=20.0)
 
 
 async def cancelled_call_then_another_agents_sampling():
     # One agent starts a long call to the stdio upstream and cancels it once
     # it runs (its progress arrived); the upstream never answers it.
+    own = []
     async with client() as first:
         running = anyio.Event()
 
@@ -104,22 +125,28 @@ async def cancelled_call_then_another_agents_sampling():
             with anyio.fail_after(DEADLINE):
                 await running.wait()
             scope.cancel()
-    # Another agent's call whose tool asks the agent for sampling is relayed
-    # well within the minute the cancelled call used to block the upstream.
-    attempts = []
+        # Its own next call whose tool asks it for sampling is relayed well
+        # within the minute the cancelled call used to block the upstream.
+        await sampled_by(first, own)
+    if args.front == "stdio":
+        # Another agent has its own `leasegate stdio` and upstream.
+        return {"own_attempts": len(own), "own_refusals": own[:-1]}
+    # So is another agent's.
+    others = []
     async with client() as other:
-        async def sampled():
-            result = await other.call_tool(tool("trigger-sampling-request"), {"prompt": "hi", "maxTokens": 5})
-            attempts.append(text_of(result)[:200])
-            return "sampled by the agent" in text_of(result)
-        await wait_for("another agent's sampling to be relayed", sampled, deadline=20.0)
-    return {"attempts": len(attempts), "refusals": attempts[:-1]}
+        await sampled_by(other, others)
+    return {"own_attempts": len(own), "own_refusals": own[:-1],
+            "other_attempts": len(others), "other_refusals": others[:-1]}
 
 
 async def refusal_names_the_candidates():
-    # Two calls in flight to a stdio upstream: its sampling request cannot be
-    # attributed, and the refusal says which calls it could belong to.
-    async with client() as first, client() as second:
+    # Two calls in flight to a stdio upstream (of two agents; over the stdio
+    # front, where each agent has its own process, of one): its sampling
+    # request cannot be attributed, and the refusal says which calls it
+    # could belong to.
+    async with contextlib.AsyncExitStack() as stack:
+        first = await stack.enter_async_context(client())
+        second = first if args.front == "stdio" else await stack.enter_async_context(client())
         running = anyio.Event()
         texts = []
 
@@ -268,6 +295,8 @@ async def cancel_of_a_reused_request_id():
 async def main():
     await check("cancelled_call_then_another_agents_sampling", cancelled_call_then_another_agents_sampling)
     await check("refusal_names_the_candidates", refusal_names_the_candidates)
+    if args.front == "stdio":
+        return
     await check("oversized_then_normal_calls", oversized_then_normal_calls)
     await check("unreadable_bodies_answered_under_their_id", unreadable_bodies_answered_under_their_id)
     if args.front == "stateless":
