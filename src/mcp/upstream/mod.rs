@@ -387,7 +387,10 @@ impl Upstreams {
             // The request never reached the client's transport task (its
             // session ended since `session` looked).
             Err(error) => {
-                let error = UpstreamError::NotSent(format!("upstream {upstream}: {error}"));
+                let error = UpstreamError::NotSent(format!(
+                    "upstream {upstream}: {}",
+                    transport_failure(&error)
+                ));
                 connection.observe_http(Err(error.to_string()));
                 return Err(error);
             }
