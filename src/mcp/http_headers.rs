@@ -187,3 +187,79 @@ impl StreamableHttpClient for PerCallHeaders {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    /// An HTTP/1.1 server that answers every request with an empty 200 and
+    /// keeps connections open; counts the connections it accepted.
+    async fn counting_server() -> (String, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (read, mut write) = socket.into_split();
+                    let mut reader = BufReader::new(read);
+                    loop {
+                        let mut length = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            let line = line.trim_end().to_ascii_lowercase();
+                            if line.is_empty() {
+                                break;
+                            }
+                            if let Some(value) = line.strip_prefix("content-length:") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        if reader.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+                        if write.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, accepted)
+    }
+
+    /// A connection idle longer than [`POOL_IDLE_TIMEOUT`] is not reused
+    /// (servers close theirs after 5 s, and a request written onto a
+    /// connection being closed may have been received), one idle for less
+    /// is.
+    #[tokio::test]
+    async fn idle_connections_are_reused_only_within_the_pool_idle_timeout() {
+        let (url, accepted) = counting_server().await;
+        let client = PerCallHeaders::default().inner;
+        let post = || async {
+            let answer = client.post(&url).body("{}").send().await.unwrap();
+            assert_eq!(answer.status(), 200);
+            answer.bytes().await.unwrap();
+        };
+        post().await;
+        post().await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 1, "reused while fresh");
+        // The idle time is what is tested here.
+        tokio::time::sleep(POOL_IDLE_TIMEOUT + std::time::Duration::from_millis(500)).await;
+        post().await;
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "a new connection after the idle timeout"
+        );
+    }
+}
