@@ -247,3 +247,42 @@ pub async fn cancel_layer(
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Invariants 1 and 2: a finished request of the same identity and id
+    /// is no rival; two in flight at once are ambiguous.
+    #[test]
+    fn a_cancel_finds_the_one_request_in_flight_despite_an_earlier_one_with_its_id() {
+        let registry = Arc::new(InFlightRequests::default());
+        let mut headers = HeaderMap::new();
+        headers.insert("user-agent", "python-httpx/0.28".parse().unwrap());
+        let id = RequestId::Number(1);
+
+        let earlier = CancellationToken::new();
+        drop(registry.register(&headers, &id, earlier.clone()));
+        let later = CancellationToken::new();
+        let registration = registry.register(&headers, &id, later.clone());
+        assert!(registry.cancel(&headers, &serde_json::json!(1)));
+        assert!(later.is_cancelled() && !earlier.is_cancelled());
+
+        // Another identity with the same id is not this one.
+        let mut other = headers.clone();
+        other.insert("authorization", "Bearer other".parse().unwrap());
+        assert!(!registry.cancel(&other, &serde_json::json!(1)));
+
+        // Two in flight with the same identity and id: nothing cancelled.
+        let rival = CancellationToken::new();
+        let _rival = registry.register(&headers, &RequestId::Number(2), rival.clone());
+        let second = CancellationToken::new();
+        let _second = registry.register(&headers, &RequestId::Number(2), second.clone());
+        assert!(!registry.cancel(&headers, &serde_json::json!(2)));
+        assert!(!rival.is_cancelled() && !second.is_cancelled());
+
+        // Finished: nothing left to cancel.
+        drop(registration);
+        assert!(!registry.cancel(&headers, &serde_json::json!(1)));
+    }
+}

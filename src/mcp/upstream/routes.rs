@@ -409,3 +409,76 @@ pub(super) fn origin_of(extensions: &rmcp::model::Extensions) -> Origin {
         None => Origin::Unknown,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::NumberOrString;
+
+    fn in_flight<'a>(routes: &'a CallRoutes, tool: &str, id: i64) -> (u64, CallGuard<'a>) {
+        let (agent, _) = tokio::sync::mpsc::unbounded_channel();
+        let call = routes.begin(Some(agent), format!("tools/call {tool}"));
+        routes.sent(
+            call,
+            NumberOrString::Number(id),
+            ProgressToken(NumberOrString::Number(id)),
+        );
+        let guard = CallGuard {
+            routes,
+            call,
+            token: Some(ProgressToken(NumberOrString::Number(id))),
+            answered: false,
+            _ended: None,
+        };
+        (call, guard)
+    }
+
+    /// Invariants 1 to 3: a call given up on stays a candidate until the
+    /// upstream is told (once), then blocks nobody; several candidates are
+    /// refused by name.
+    #[test]
+    fn a_call_given_up_on_counts_until_the_upstream_is_told() {
+        let routes = CallRoutes::default();
+        let (slow, guard) = in_flight(&routes, "slow", 4);
+        // The caller stops waiting: not told yet, so still a candidate.
+        drop(guard);
+        let (_, _sampling) = in_flight(&routes, "trigger-sampling-request", 5);
+        let Err(NoOwner::Refused(why)) = routes.owner(&Origin::Unknown, true) else {
+            panic!("two candidates are refused");
+        };
+        for named in [
+            "2 calls are in flight",
+            "tools/call slow, request 4, given up on",
+            "tools/call trigger-sampling-request, request 5",
+        ] {
+            assert!(why.contains(named), "{named} in {why}");
+        }
+        // Told once: a second teller gets nothing to send.
+        assert_eq!(routes.tell(slow), Some(NumberOrString::Number(4)));
+        assert_eq!(routes.tell(slow), None);
+        routes.told(slow, true);
+        assert!(
+            routes.owner(&Origin::Unknown, true).is_ok(),
+            "one candidate"
+        );
+        // A request on the stream of the told call finds no owner.
+        assert!(matches!(
+            routes.owner(&Origin::Request(NumberOrString::Number(4)), true),
+            Err(NoOwner::NotYet)
+        ));
+    }
+
+    /// Not told (the session failing): it stays a candidate, and may be
+    /// told again later.
+    #[test]
+    fn a_call_that_could_not_be_told_stays_a_candidate() {
+        let routes = CallRoutes::default();
+        let (slow, guard) = in_flight(&routes, "slow", 1);
+        drop(guard);
+        assert!(routes.tell(slow).is_some());
+        routes.told(slow, false);
+        let (_, _other) = in_flight(&routes, "other", 2);
+        assert!(routes.owner(&Origin::Unknown, true).is_err());
+        assert_eq!(routes.tell(slow), Some(NumberOrString::Number(1)));
+    }
+}
