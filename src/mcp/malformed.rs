@@ -339,7 +339,16 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
     let bytes = match read_body(body, limit).await {
         Ok(bytes) => bytes,
         Err(Unread::TooLarge { prefix, drained }) => return too_large(limit, &prefix, drained),
-        Err(Unread::Failed(error)) => return super::idempotency::unreadable_body(&error, limit),
+        Err(Unread::Failed(error)) if crate::http_server::serve::is_body_timeout(&error) => {
+            return super::idempotency::unreadable_body(&error, limit);
+        }
+        // The body broke off (the client went away): nobody reads this.
+        Err(Unread::Failed(error)) => {
+            return answer(
+                PARSE_ERROR,
+                format!("parse error: the body could not be read whole ({error})"),
+            );
+        }
     };
     let bytes = match unreadable_request(&bytes) {
         Some(rewritten) => bytes::Bytes::from(rewritten),
