@@ -85,10 +85,13 @@
 //!   `input_required` calls parked until the agent's retry), the upstream
 //!   clients (`Upstreams`, implementing `adapter::Upstream`; one shared
 //!   session per upstream, per-request routing of what upstreams send), the
-//!   stateless front's cancellation registry (`inflight`), per-call HTTP
-//!   headers to Streamable HTTP upstreams (`http_headers`), conversions and
-//!   JSON-RPC codes (`convert`), JSON-RPC's own answers to bodies rmcp
-//!   cannot read (`malformed`: 400 with -32700 or -32600); `inspect_upstream`, the one-off connection
+//!   stateless front's cancellation registry and handshake-era log levels
+//!   (`inflight`), per-call HTTP headers to Streamable HTTP upstreams
+//!   (`http_headers`), conversions and JSON-RPC codes (`convert`),
+//!   JSON-RPC's own answers to bodies rmcp cannot read (`malformed`: 400
+//!   with -32700 or -32600, -32700 under the message's id when only its
+//!   depth or a number is at fault, 413 with -32600 for one over the limit);
+//!   `inspect_upstream`, the one-off connection
 //!   and tool listing of `leasegate init`.
 //! * `reconcile`: the background services of every `serve` process —
 //!   the outbox's passes (`dispatch::Outbox`, planned intents),

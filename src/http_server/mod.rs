@@ -12,6 +12,8 @@
 //!   [`Refusal`] — never a request-controlled label value.
 //! * [`raise_fd_limit`], [`return_memory`]: the process's file descriptors
 //!   and freed heap.
+//! * [`request_never_started`]: what an HTTP client's error proves about a
+//!   request (hyper's types stay in this module).
 //!
 //! # Invariants
 //!
@@ -38,6 +40,23 @@ pub use listener::{Arrived, Listener, Peer};
 pub use serve::serve;
 
 use std::time::Duration;
+
+/// Whether an HTTP client's error (or one of its causes) is hyper's
+/// "canceled": the connection failed before the request was started on
+/// it, so no byte of the request left (hyper hands such a request back).
+pub fn request_never_started(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(inner) = cause {
+        if inner
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        cause = inner.source();
+    }
+    false
+}
 
 /// How often a burst of accept errors is logged (one line, with a count).
 pub const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);

@@ -10,14 +10,30 @@
 //!
 //! A stateless client has no session id, so its identity is what it sends
 //! on every request: `Authorization`, the `Leasegate-*` lease headers and
-//! `User-Agent`. Two agents with identical headers whose request ids
-//! collide — both in flight, or one finished within the last 2 s (its
-//! cancel may have raced its answer) — are ambiguous: then nothing is
-//! cancelled (a warning is logged, `mcp_cancel_ambiguous_total` counts it),
-//! because cancelling the wrong agent's call is worse than letting one run
-//! to its end. Agents that share a `User-Agent` and send no identifying
-//! header remain indistinguishable beyond that. Agents on stateless-MCP cancel by closing the response
-//! stream and need none of this.
+//! `User-Agent`.
+//!
+//! # Invariants
+//!
+//! 1. A cancel cancels the request of that identity and id that is in
+//!    flight when it arrives, if there is exactly one. A finished request
+//!    cannot be cancelled, so it is no rival: SDK clients reuse small ids
+//!    across short sessions, and an earlier request's id must not make a
+//!    later one uncancellable.
+//! 2. Two requests in flight with the same identity and id are ambiguous:
+//!    nothing is cancelled (a warning is logged, `mcp_cancel_ambiguous_total`
+//!    counts it), because cancelling the wrong agent's call is worse than
+//!    letting one run to its end. Agents that share a `User-Agent` and send
+//!    no identifying header remain indistinguishable beyond that.
+//!
+//! Agents on stateless-MCP cancel by closing the response stream and need
+//! none of this.
+//!
+//! The registry also keeps the log level a handshake-era stateless client
+//! set with `logging/setLevel`, by the same identity ([`LogLevels`]): such
+//! a client has no session to keep it in.
+
+// `logging/setLevel` is what handshake-era clients send, deprecated or not.
+#![allow(deprecated)]
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -39,29 +55,23 @@ const SMALL_BODY: u64 = 16 * 1024;
 /// (client identity, JSON of the request id).
 type ClientRequest = (String, String);
 
-/// A finished request still counts for this long: a cancel that raced its
-/// own request's answer must not find another agent's request with the same
-/// identity and id (it is ambiguous instead). Short, because agents of one
-/// SDK reuse small request ids: a longer window would make their cancels
-/// ambiguous for no reason.
-const FINISHED_KEEP: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// One request: its token while in flight, when it finished afterwards.
+/// One request in flight.
 struct Entry {
     seq: u64,
-    token: Option<CancellationToken>,
-    finished: Option<std::time::Instant>,
+    token: CancellationToken,
 }
 
-/// Requests in flight (and lately finished) on the stateless front, by
-/// client identity and id.
+/// Requests in flight on the stateless front, by client identity and id.
 #[derive(Default)]
 pub struct InFlightRequests {
     entries: Mutex<HashMap<ClientRequest, Vec<Entry>>>,
     next: std::sync::atomic::AtomicU64,
+    /// The log levels handshake-era stateless clients set.
+    pub log_levels: LogLevels,
 }
 
-/// Marks its entry finished when dropped.
+/// Forgets its entry when dropped: a finished request cannot be cancelled
+/// (invariant 1).
 pub struct Registration {
     registry: Arc<InFlightRequests>,
     key: ClientRequest,
@@ -71,23 +81,17 @@ pub struct Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         if let Ok(mut entries) = self.registry.entries.lock()
-            && let Some(entry) = entries
-                .get_mut(&self.key)
-                .and_then(|list| list.iter_mut().find(|e| e.seq == self.seq))
+            && let Some(list) = entries.get_mut(&self.key)
         {
-            entry.token = None;
-            entry.finished = Some(std::time::Instant::now());
+            list.retain(|e| e.seq != self.seq);
+            if list.is_empty() {
+                entries.remove(&self.key);
+            }
         }
     }
 }
 
-fn expired(entry: &Entry) -> bool {
-    entry
-        .finished
-        .is_some_and(|at| at.elapsed() >= FINISHED_KEEP)
-}
-
-fn client_identity(headers: &HeaderMap) -> String {
+pub fn client_identity(headers: &HeaderMap) -> String {
     [
         "authorization",
         "leasegate-run-id",
@@ -124,20 +128,10 @@ impl InFlightRequests {
         );
         let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut entries) = self.entries.lock() {
-            // Sweep finished entries now and then (bounded work per request).
-            if seq.is_multiple_of(256) {
-                entries.retain(|_, list| {
-                    list.retain(|e| !expired(e));
-                    !list.is_empty()
-                });
-            }
-            let list = entries.entry(key.clone()).or_default();
-            list.retain(|e| !expired(e));
-            list.push(Entry {
-                seq,
-                token: Some(token),
-                finished: None,
-            });
+            entries
+                .entry(key.clone())
+                .or_default()
+                .push(Entry { seq, token });
         }
         Registration {
             registry: self.clone(),
@@ -146,35 +140,67 @@ impl InFlightRequests {
         }
     }
 
-    /// Cancels the one request of this client with this id. Returns whether
-    /// one was cancelled.
+    /// Cancels the one request of this client with this id in flight
+    /// (invariants 1 and 2). Returns whether one was cancelled.
     fn cancel(&self, headers: &HeaderMap, id: &Value) -> bool {
         let key = (client_identity(headers), id_key(id));
-        let Ok(mut entries) = self.entries.lock() else {
+        let Ok(entries) = self.entries.lock() else {
             return false;
         };
-        let Some(list) = entries.get_mut(&key) else {
-            return false;
-        };
-        list.retain(|e| !expired(e));
-        match list.as_slice() {
-            [
-                Entry {
-                    token: Some(token), ..
-                },
-            ] => {
-                token.cancel();
+        match entries.get(&key).map(Vec::as_slice) {
+            Some([entry]) => {
+                entry.token.cancel();
                 true
             }
-            // Only a finished request: the cancel came after its answer.
-            [_] | [] => false,
-            several => {
+            // Nothing in flight: the cancel came after its answer.
+            None | Some([]) => false,
+            Some(several) => {
                 tracing::warn!(request_id = %crate::logfield::clip_display(&key.1), requests = several.len(),
-                    "notifications/cancelled is ambiguous (the same client identity and request id in flight or lately finished more than once); nothing cancelled");
+                    "notifications/cancelled is ambiguous (the same client identity and request id in flight more than once); nothing cancelled");
                 metrics::counter!("mcp_cancel_ambiguous_total").increment(1);
                 false
             }
         }
+    }
+}
+
+/// How many client identities' log levels are kept; beyond it the least
+/// recently set is forgotten (its client then gets its calls' logs at every
+/// level again, as before it set one).
+const LOG_LEVELS_KEPT: usize = 4096;
+
+/// The level each handshake-era stateless client identity last set with
+/// `logging/setLevel`, the most recent last.
+#[derive(Default)]
+pub struct LogLevels {
+    levels: Mutex<Vec<(String, rmcp::model::LoggingLevel)>>,
+}
+
+impl LogLevels {
+    pub fn set(&self, headers: &HeaderMap, level: rmcp::model::LoggingLevel) {
+        let identity = client_identity(headers);
+        let mut levels = self
+            .levels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        levels.retain(|(who, _)| *who != identity);
+        if levels.len() >= LOG_LEVELS_KEPT {
+            levels.remove(0);
+        }
+        levels.push((identity, level));
+    }
+
+    pub fn get(&self, headers: &HeaderMap) -> Option<rmcp::model::LoggingLevel> {
+        let identity = client_identity(headers);
+        let levels = self
+            .levels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        levels
+            .iter()
+            .rev()
+            .find(|(who, _)| *who == identity)
+            .map(|(_, level)| *level)
     }
 }
 
@@ -220,4 +246,43 @@ pub async fn cancel_layer(
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Invariants 1 and 2: a finished request of the same identity and id
+    /// is no rival; two in flight at once are ambiguous.
+    #[test]
+    fn a_cancel_finds_the_one_request_in_flight_despite_an_earlier_one_with_its_id() {
+        let registry = Arc::new(InFlightRequests::default());
+        let mut headers = HeaderMap::new();
+        headers.insert("user-agent", "python-httpx/0.28".parse().unwrap());
+        let id = RequestId::Number(1);
+
+        let earlier = CancellationToken::new();
+        drop(registry.register(&headers, &id, earlier.clone()));
+        let later = CancellationToken::new();
+        let registration = registry.register(&headers, &id, later.clone());
+        assert!(registry.cancel(&headers, &serde_json::json!(1)));
+        assert!(later.is_cancelled() && !earlier.is_cancelled());
+
+        // Another identity with the same id is not this one.
+        let mut other = headers.clone();
+        other.insert("authorization", "Bearer other".parse().unwrap());
+        assert!(!registry.cancel(&other, &serde_json::json!(1)));
+
+        // Two in flight with the same identity and id: nothing cancelled.
+        let rival = CancellationToken::new();
+        let _rival = registry.register(&headers, &RequestId::Number(2), rival.clone());
+        let second = CancellationToken::new();
+        let _second = registry.register(&headers, &RequestId::Number(2), second.clone());
+        assert!(!registry.cancel(&headers, &serde_json::json!(2)));
+        assert!(!rival.is_cancelled() && !second.is_cancelled());
+
+        // Finished: nothing left to cancel.
+        drop(registration);
+        assert!(!registry.cancel(&headers, &serde_json::json!(1)));
+    }
 }

@@ -5,9 +5,10 @@
 //! Streamable HTTP, through `leasegate serve` (stateless and with sessions)
 //! and `leasegate stdio`, with the lease passed explicitly and in lease mode
 //! `session` (the agent sends none). The checks themselves are in
-//! `tests/sdk/transparency.py`; this file starts the processes, runs the
-//! client once per combination and asserts what the ledger and the tools
-//! recorded.
+//! `tests/sdk/transparency.py` (and, for one agent's cancel or bad input
+//! reaching another, `tests/sdk/relay.py`); this file starts the processes,
+//! runs the client once per combination and asserts what the ledger and the
+//! tools recorded.
 //!
 //! The pinned peers (the SDK in `target/sdk-venv`, server-everything in
 //! `target/sdk-node`) are provisioned by the suite itself (`common::peers`);
@@ -541,4 +542,119 @@ async fn assert_asking_tools_gated(db: &TestDb, run_id: Uuid, tag: &str) {
             "{tag}: {tool} succeeded after one recorded round with the agent"
         );
     }
+}
+
+const RELAY_SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/sdk/relay.py");
+
+/// The checks `tests/sdk/relay.py` must pass on a front.
+fn relay_checks(front: &str) -> Vec<&'static str> {
+    let mut checks = vec![
+        "cancelled_call_then_another_agents_sampling",
+        "refusal_names_the_candidates",
+    ];
+    if front != "stdio" {
+        checks.extend([
+            "oversized_then_normal_calls",
+            "unreadable_bodies_answered_under_their_id",
+        ]);
+    }
+    if front == "stateless" {
+        checks.extend([
+            "handshake_era_stateless_logs",
+            "cancel_of_a_reused_request_id",
+        ]);
+    }
+    checks
+}
+
+/// Where one agent's trouble used to reach another, with the official SDK:
+/// a call cancelled on a stdio upstream no longer refuses the same agent's
+/// or another agent's sampling (it is relayed well within the minute it was
+/// refused for; on every front), and a request that cannot be attributed is
+/// refused naming its candidates;
+/// an 8 MiB call is a JSON-RPC error naming the limit and the same session
+/// goes on; a body nested too deep or with `1e400` is `-32700` under its own
+/// id and the session goes on; on the stateless front a handshake-era
+/// client gets logs within its calls, and a cancel whose request id an
+/// earlier client of the same identity used reaches the tool.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn one_agents_cancel_or_bad_input_does_not_reach_another_on_any_front(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
+    let setup = Setup::new(&db.url).await;
+    let (lease, _) = db.running_run("sdk-relay-agent", 600_000).await;
+    let stateless = RunningProxy::start(&setup.dir.join("stateless.toml")).await;
+    let sessions = RunningProxy::start(&setup.dir.join("sessions.toml")).await;
+    let stdio: Vec<String> = vec![
+        LEASEGATE.to_owned(),
+        "stdio".to_owned(),
+        "--config".to_owned(),
+        setup.dir.join("sessions.toml").display().to_string(),
+    ];
+    for (front, mode, server) in [
+        ("stateless", "auto", stateless.url.as_str()),
+        ("sessions", "legacy", sessions.url.as_str()),
+        ("stdio", "auto", "stdio"),
+    ] {
+        let tag = format!("relay-{front}-{mode}");
+        let mut command = tokio::process::Command::new(common::peers::python());
+        command
+            .arg(RELAY_SCRIPT)
+            .args(["--server", server, "--front", front, "--mode", mode])
+            .args(["--stdio-command", &serde_json::to_string(&stdio).unwrap()])
+            .args([
+                "--run-id",
+                &lease.run_id.to_string(),
+                "--owner",
+                &lease.owner,
+            ])
+            .args(["--epoch", &lease.epoch.to_string(), "--tag", &tag])
+            .arg("--mailer-state")
+            .arg(setup.state())
+            .env(
+                "LEASEGATE_LEASE_TOKEN",
+                lease.token.as_ref().map(|t| t.expose()).unwrap_or_default(),
+            );
+        let output = tokio::time::timeout(
+            std::time::Duration::from_secs(300),
+            command.kill_on_drop(true).output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the Python client ({tag}) did not finish in 300 s"))
+        .expect("the test Python runs");
+        let checks = common::peers::json_lines(&output);
+        let failed: Vec<&Value> = checks.iter().filter(|c| c["ok"] != true).collect();
+        assert!(
+            output.status.success() && failed.is_empty(),
+            "{tag}: {} of {} checks failed:\n{}\nstderr:\n{}",
+            failed.len(),
+            checks.len(),
+            serde_json::to_string_pretty(&failed).unwrap(),
+            common::peers::stderr_tail(&output)
+        );
+        for check in relay_checks(front) {
+            assert!(
+                has_check(&checks, check),
+                "{tag}: check {check} did not run"
+            );
+        }
+    }
+    // The cancelled e-mail is unknown (it may have been sent), never failed.
+    let to = "reuse-relay-stateless-auto@example.com";
+    let status: String = common::wait_until("the cancelled operation to settle", || async {
+        let status: Option<String> = sqlx::query_scalar(
+            "SELECT status FROM tool_operations WHERE request_body::text LIKE '%' || $1 || '%'",
+        )
+        .bind(to)
+        .fetch_optional(&db.admin)
+        .await
+        .unwrap();
+        status.filter(|s| s != "dispatching")
+    })
+    .await;
+    assert_eq!(status, "unknown", "a cancelled gated call is unknown");
+    stateless.stop().await;
+    sessions.stop().await;
 }

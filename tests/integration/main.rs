@@ -12,6 +12,7 @@ mod control_api;
 mod database_url;
 mod early_refusals;
 mod group_commit;
+mod http_bodies;
 mod http_outage;
 mod init;
 mod intent_identity;

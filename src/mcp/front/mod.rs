@@ -636,6 +636,16 @@ impl ServerHandler for Front {
         if let Ok(mut level) = self.session.log_level.lock() {
             *level = Some(request.level);
         }
+        // A handshake-era stateless client has no session to keep it in:
+        // kept by its client identity, for its later calls (`relay`).
+        if relay::stateless_level(&context, &self.state.in_flight.log_levels).is_some()
+            && let Some(parts) = context.extensions.get::<http::request::Parts>()
+        {
+            self.state
+                .in_flight
+                .log_levels
+                .set(&parts.headers, request.level);
+        }
         // The upstream sessions are shared: ask them for everything at the
         // lowest level any session wants; leasegate filters per session.
         let lowest = self

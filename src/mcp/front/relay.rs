@@ -84,6 +84,11 @@ impl Front {
     ) -> T {
         tokio::pin!(work);
         let mut requests = FuturesUnordered::new();
+        // A handshake-era stateless client that set a level gets the logs
+        // no call owns while its call runs, as a session would.
+        let mut unowned_logs = stateless_level(context, &self.state.in_flight.log_levels)
+            .flatten()
+            .map(|level| (self.state.upstreams.events(), level));
         let outcome = loop {
             tokio::select! {
                 biased;
@@ -93,6 +98,11 @@ impl Front {
                     }
                 }
                 Some(()) = requests.next(), if !requests.is_empty() => {}
+                log = next_log(&mut unowned_logs), if unowned_logs.is_some() => {
+                    if let Some(log) = log {
+                        let _ = context.peer.send_notification(log).await;
+                    }
+                }
                 outcome = &mut work => break outcome,
             }
         };
@@ -137,6 +147,12 @@ impl Front {
                             Some(level) => Some(level),
                             None => return None,
                         }
+                    } else if let Some(level) =
+                        stateless_level(context, &self.state.in_flight.log_levels)
+                    {
+                        // A handshake-era stateless client: the level it set
+                        // (by identity), or every level.
+                        level
                     } else {
                         self.session.log_level.lock().ok().and_then(|l| *l)
                     };
@@ -222,6 +238,57 @@ impl Front {
             .unwrap_or_default();
         check_capability(method, params, &capabilities)
     }
+}
+
+/// For a handshake-era client on the stateless front (no session), the
+/// level it set with `logging/setLevel`, kept by its client identity
+/// (`inflight`), if any; `None` for every other client.
+pub(super) fn stateless_level(
+    context: &RequestContext<RoleServer>,
+    levels: &crate::mcp::inflight::LogLevels,
+) -> Option<Option<LoggingLevel>> {
+    if is_modern(context) {
+        return None;
+    }
+    let parts = context.extensions.get::<http::request::Parts>()?;
+    if parts.headers.contains_key("mcp-session-id") {
+        return None;
+    }
+    Some(levels.get(&parts.headers))
+}
+
+/// The next log no call owns at or above the level, as the agent gets it
+/// (`logger` prefixed); `None` for an event that is something else.
+async fn next_log(
+    logs: &mut Option<(
+        tokio::sync::broadcast::Receiver<UpstreamEvent>,
+        LoggingLevel,
+    )>,
+) -> Option<ServerNotification> {
+    let Some((events, wanted)) = logs.as_mut() else {
+        return std::future::pending().await;
+    };
+    let event = match events.recv().await {
+        Ok(event) => event,
+        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return None,
+        Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+            *logs = None;
+            return None;
+        }
+    };
+    if event.method != "notifications/message" {
+        return None;
+    }
+    let mut params = event.params;
+    prefix_logger(&event.upstream, &mut params);
+    let message: rmcp::model::LoggingMessageNotificationParam =
+        serde_json::from_value(params).ok()?;
+    if level_rank(message.level) < level_rank(*wanted) {
+        return None;
+    }
+    Some(ServerNotification::LoggingMessageNotification(
+        rmcp::model::LoggingMessageNotification::new(message),
+    ))
 }
 
 /// `logger` → `<upstream>/<logger>` (or `<upstream>`), so the agent can

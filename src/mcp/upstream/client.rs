@@ -1,6 +1,9 @@
 //! leasegate as the MCP client of one upstream: what it declares in
-//! `initialize`, and what it does with the upstream's requests and
-//! notifications (routed to the call that owns them, or to the front).
+//! `initialize`, what it does with the upstream's requests and
+//! notifications (routed to the call that owns them, or to the front), and
+//! how a failed HTTP exchange with it reads to an agent: what failed and
+//! why, in words, the URL without its query or credentials, never a type
+//! name or a Debug dump.
 
 use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientResult, CustomResult, Implementation,
@@ -149,5 +152,137 @@ impl Service<RoleClient> for UpstreamClient {
             capabilities,
             Implementation::new("leasegate", env!("CARGO_PKG_VERSION")),
         )
+    }
+}
+
+/// A message and its causes, each once, without the HTTP client's wrapper
+/// layers (`client error (SendRequest)`, `error sending request for url`),
+/// which name its internals.
+pub(super) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(inner) = cause {
+        let text = inner.to_string();
+        let wrapper = text.starts_with("client error (")
+            || text.starts_with("error sending request")
+            || text.is_empty();
+        if !wrapper && !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        cause = inner.source();
+    }
+    if parts.is_empty() {
+        return "no detail".to_owned();
+    }
+    parts.join(": ")
+}
+
+/// The URL as it may be shown: scheme, host, port and path.
+fn shown_url(url: &reqwest::Url) -> String {
+    let mut shown = format!("{}://{}", url.scheme(), url.host_str().unwrap_or(""));
+    if let Some(port) = url.port() {
+        shown.push_str(&format!(":{port}"));
+    }
+    shown.push_str(url.path());
+    shown
+}
+
+/// A failed HTTP exchange with an upstream, in words.
+pub(super) fn http_failure(error: &reqwest::Error) -> String {
+    let what = if error.is_connect() {
+        "could not connect to"
+    } else if error.is_timeout() {
+        "no answer in time from"
+    } else if never_sent(error) {
+        "the connection failed before the request was sent to"
+    } else if error.is_request() {
+        "the exchange failed with"
+    } else if error.is_body() || error.is_decode() {
+        "the answer could not be read from"
+    } else {
+        "HTTP failure with"
+    };
+    let url = error
+        .url()
+        .map(shown_url)
+        .unwrap_or_else(|| "the upstream".to_owned());
+    let mut text = format!("{what} {url}");
+    if let Some(cause) = std::error::Error::source(error) {
+        text.push_str(": ");
+        text.push_str(&error_chain(cause));
+    }
+    text
+}
+
+/// Whether the HTTP client's error proves the request never left: no
+/// connection could be made, or the connection failed before the request
+/// was started on it (hyper gives such a request back as canceled).
+pub(super) fn never_sent(error: &reqwest::Error) -> bool {
+    error.is_connect() || crate::http_server::request_never_started(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A refused connection reads as what failed and why: the URL without
+    /// its query or credentials, no wrapper of the HTTP client, no type
+    /// names; it proves nothing was sent.
+    #[tokio::test]
+    async fn a_refused_connection_reads_in_words_and_is_not_sent() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let error = reqwest::Client::new()
+            .post(format!("http://user:secret@127.0.0.1:{port}/mcp?token=t0p"))
+            .body("{}")
+            .send()
+            .await
+            .expect_err("nobody listens");
+        let text = http_failure(&error);
+        assert!(
+            text.starts_with(&format!(
+                "could not connect to http://127.0.0.1:{port}/mcp: "
+            )),
+            "{text}"
+        );
+        assert!(text.contains("refused"), "{text}");
+        for hidden in ["secret", "t0p", "client error", "Connect)", "::", "Some("] {
+            assert!(!text.contains(hidden), "{hidden} in {text}");
+        }
+        assert!(never_sent(&error));
+    }
+
+    /// A server that reads the request and closes without answering: the
+    /// request may have been received, so it is not "never sent", and the
+    /// text says what happened without the HTTP client's internals.
+    #[tokio::test]
+    async fn a_connection_closed_after_the_request_may_have_been_received() {
+        use tokio::io::AsyncReadExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buffer = vec![0u8; 4096];
+            let _ = socket.read(&mut buffer).await;
+            drop(socket);
+        });
+        let error = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{port}/mcp"))
+            .body("{}")
+            .send()
+            .await
+            .expect_err("the server closes without answering");
+        assert!(!never_sent(&error));
+        let text = http_failure(&error);
+        assert!(
+            text.starts_with(&format!(
+                "the exchange failed with http://127.0.0.1:{port}/mcp"
+            )),
+            "{text}"
+        );
+        for hidden in ["client error", "SendRequest", "::", "error sending request"] {
+            assert!(!text.contains(hidden), "{hidden} in {text}");
+        }
     }
 }

@@ -12,9 +12,10 @@
 //! - requests to the client (`sampling/createMessage`, `elicitation/create`,
 //!   `roots/list`), to the call they belong to: the one whose HTTP response
 //!   stream carried them (Streamable HTTP upstreams), otherwise the only call
-//!   in flight to that upstream. When that cannot be told (several calls in
-//!   flight to a stdio upstream), the upstream gets an error rather than
-//!   another agent's answer;
+//!   the upstream may still be working on (a call it answered, or was sent
+//!   `notifications/cancelled` for, no longer counts). When that cannot be
+//!   told (several such calls to a stdio upstream), the upstream gets an
+//!   error naming the candidates rather than another agent's answer;
 //! - `notifications/message` carried on a call's response stream, to that
 //!   call; logs and list/resource notifications nobody owns go out as
 //!   [`UpstreamEvent`]s, which the front sends only to agent sessions that
@@ -99,8 +100,8 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CancelledNotificationParam, ClientRequest,
-    RequestMetaObject, ServerPeerInfo, ServerResult, Tool,
+    CallToolRequest, CallToolRequestParams, ClientRequest, RequestMetaObject, ServerPeerInfo,
+    ServerResult, Tool,
 };
 use rmcp::service::{PeerRequestOptions, ServiceError};
 use rmcp::transport::DynamicTransportError;
@@ -367,11 +368,13 @@ impl Upstreams {
         }
         // No session (a stdio child restarting): fails at once, not sent.
         let peer = connection.session(timeout, &self.stop).await?;
+        let (ended, on_end) = tokio::sync::oneshot::channel::<()>();
         let mut guard = CallGuard {
             routes: connection.routes(),
-            call: connection.routes().begin(agent),
+            call: connection.routes().begin(agent, routes::describe(&request)),
             token: None,
             answered: true,
+            _ended: Some(ended),
         };
         let handle = match peer
             .send_request_with_option(
@@ -384,7 +387,10 @@ impl Upstreams {
             // The request never reached the client's transport task (its
             // session ended since `session` looked).
             Err(error) => {
-                let error = UpstreamError::NotSent(format!("upstream {upstream}: {error}"));
+                let error = UpstreamError::NotSent(format!(
+                    "upstream {upstream}: {}",
+                    transport_failure(&error)
+                ));
                 connection.observe_http(Err(error.to_string()));
                 return Err(error);
             }
@@ -397,19 +403,24 @@ impl Upstreams {
         // From here on, a caller that stops waiting abandons the call.
         guard.token = Some(token);
         guard.answered = false;
-        let (request_id, peer) = (handle.id.clone(), handle.peer.clone());
-        let cancel_watch = tokio::spawn(async move {
-            cancel.cancelled().await;
-            let _ = peer
-                .notify_cancelled(CancelledNotificationParam::new(
-                    Some(request_id),
-                    Some("cancelled by the agent".into()),
-                ))
-                .await;
+        // The upstream is told of a call the agent cancelled, and of one
+        // whose caller stopped waiting (routes invariant 3): once either
+        // happens, the call no longer holds up another call's relay.
+        let (routes, call, peer) = (connection.routes().clone(), guard.call, handle.peer.clone());
+        tokio::spawn(async move {
+            let reason = tokio::select! {
+                _ = cancel.cancelled() => "cancelled by the agent",
+                _ = on_end => "leasegate stopped waiting for it",
+            };
+            // A call that ended (answered, timed out) is no candidate any
+            // more: nothing is sent for it.
+            routes.cancel_upstream(&peer, call, reason).await;
         });
         let response = handle.await_response().await;
-        cancel_watch.abort();
-        guard.answered = !matches!(response, Err(ServiceError::Timeout { .. }));
+        // Answered, or failed in transport (its session is gone), or timed
+        // out (rmcp sent `notifications/cancelled` itself): the upstream is
+        // not working on it for leasegate any more.
+        guard.answered = true;
         drop(guard);
         match &response {
             Ok(_) | Err(ServiceError::McpError(_)) => connection.observe_http(Ok(())),
@@ -517,9 +528,12 @@ impl Upstream for Upstreams {
 }
 
 /// A Streamable HTTP request that failed before any of its bytes left: no
-/// connection could be made (refused, DNS, TLS, connect timeout). Anything
-/// later — a reset after the request was written, a broken response — may
-/// have reached the server.
+/// connection could be made (refused, DNS, TLS, connect timeout), or the
+/// connection failed before the request was started on it
+/// ([`client::never_sent`]). Anything later — a reset after the request was
+/// written, a broken response — may have reached the server. (A pooled
+/// connection the server closed before the request was written is retried
+/// on a fresh one by the HTTP client itself.)
 fn never_left(error: &ServiceError) -> bool {
     let ServiceError::TransportSend(error) = error else {
         return false;
@@ -528,17 +542,18 @@ fn never_left(error: &ServiceError) -> bool {
         .error
         .downcast_ref::<StreamableHttpError<reqwest::Error>>()
     {
-        Some(StreamableHttpError::Client(error)) => error.is_connect(),
+        Some(StreamableHttpError::Client(error)) => client::never_sent(error),
         _ => false,
     }
 }
 
-/// What an agent and an operator read of a transport failure: the error
-/// and its causes, without rmcp's wrapper (which names leasegate's
-/// transport types).
+/// What an agent and an operator read of a transport failure: what failed
+/// and why, in words — no wrapper of rmcp's (which names leasegate's
+/// transport types) and no Debug dumps.
 pub(super) fn transport_failure(error: &ServiceError) -> String {
     match error {
         ServiceError::TransportSend(error) => dynamic_transport_failure(error),
+        ServiceError::TransportClosed => "the connection to the upstream closed".to_owned(),
         other => other.to_string(),
     }
 }
@@ -546,24 +561,16 @@ pub(super) fn transport_failure(error: &ServiceError) -> String {
 /// [`transport_failure`] of rmcp's transport error as it also comes from a
 /// failed `initialize`.
 pub(super) fn dynamic_transport_failure(error: &DynamicTransportError) -> String {
-    // rmcp's HTTP error keeps the client's error without naming it as
-    // its cause: start the chain there.
-    let inner: &(dyn std::error::Error + 'static) = match error
+    match error
         .error
         .downcast_ref::<StreamableHttpError<reqwest::Error>>()
     {
-        Some(StreamableHttpError::Client(client)) => client,
-        _ => &*error.error,
-    };
-    let mut text = format!("transport error: {inner}");
-    let mut cause = inner.source();
-    while let Some(inner) = cause {
-        let inner_text = inner.to_string();
-        if !text.contains(&inner_text) {
-            text.push_str(": ");
-            text.push_str(&inner_text);
-        }
-        cause = inner.source();
+        Some(StreamableHttpError::Client(client)) => client::http_failure(client),
+        Some(StreamableHttpError::UnexpectedContentType(found)) => format!(
+            "the upstream answered with content type {}, not JSON or an event stream",
+            found.as_deref().unwrap_or("(none)")
+        ),
+        Some(other) => format!("transport error: {}", client::error_chain(other)),
+        None => format!("transport error: {}", client::error_chain(&*error.error)),
     }
-    text
 }

@@ -5,6 +5,24 @@
 //! [`super::UpstreamEvent`]. The transport wrapper [`Routed`] stamps each
 //! inbound message with its origin. In memory only: a reconnect starts
 //! with no calls in flight.
+//!
+//! # Invariants
+//!
+//! 1. A request from the upstream goes to an agent only when it can be
+//!    told whose it is: the call whose response stream carried it
+//!    (Streamable HTTP), or, when the transport does not say (stdio, an
+//!    HTTP server's GET stream), the only call the upstream may still be
+//!    working on. Otherwise it is refused, naming the candidates (method,
+//!    tool and request id; never arguments).
+//! 2. A call the upstream may still be working on is a candidate: in
+//!    flight, or given up on (its caller stopped waiting) until the upstream
+//!    has been told (`notifications/cancelled` handed to the transport).
+//!    A call the upstream answered, or was told about, is no candidate: the
+//!    upstream must not ask anything for it any more, so it blocks no other
+//!    call's relay.
+//! 3. Every call given up on is told upstream once ([`CallRoutes::tell`]),
+//!    whether its caller cancelled, timed out (rmcp sends the cancel) or
+//!    simply stopped waiting.
 
 use super::{EARLY_KEEP, EARLY_MAX};
 use crate::adapter::{AgentSink, Progress, ToAgent};
@@ -34,17 +52,22 @@ pub(super) struct RoutesState {
 }
 
 pub(super) struct InFlight {
+    /// What the call is (method and tool), to name it in a refusal.
+    pub(super) what: String,
     /// The upstream request id, once the request is handed to the transport.
     pub(super) request_id: Option<RequestId>,
     pub(super) agent: Option<AgentSink>,
-    /// Set when the caller gave up before the upstream answered (cancel,
-    /// timeout): the entry is kept for [`ABANDONED_KEEP`] so that a late
-    /// request of the upstream about it is refused, never given to another
-    /// call.
+    /// Set when the caller stopped waiting before the upstream answered:
+    /// the entry stays a candidate (invariant 2) until the upstream is told,
+    /// or, if it cannot be told (its session is failing), for
+    /// [`ABANDONED_KEEP`].
     pub(super) abandoned: Option<Instant>,
+    /// `notifications/cancelled` for it is being sent (once: invariant 3).
+    pub(super) telling: bool,
 }
 
-/// How long a call the caller gave up on still counts as in flight.
+/// How long a call given up on that the upstream could not be told about
+/// still counts as in flight.
 pub(super) const ABANDONED_KEEP: Duration = Duration::from_secs(60);
 
 /// Where something the upstream sent came from.
@@ -66,12 +89,16 @@ pub(super) enum NoOwner {
     Refused(String),
 }
 
-/// Ends a call's routes when the request future ends or is dropped.
+/// Ends a call's routes when the request future ends or is dropped. A
+/// call dropped before it ended is told upstream (invariant 3) by the task
+/// that `_ended` wakes.
 pub(super) struct CallGuard<'a> {
     pub(super) routes: &'a CallRoutes,
     pub(super) call: u64,
     pub(super) token: Option<ProgressToken>,
     pub(super) answered: bool,
+    /// Dropped after the routes are updated: wakes the call's cancel task.
+    pub(super) _ended: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Drop for CallGuard<'_> {
@@ -126,7 +153,7 @@ impl CallRoutes {
         state.progress.insert(token, sink);
     }
 
-    pub(super) fn begin(&self, agent: Option<AgentSink>) -> u64 {
+    pub(super) fn begin(&self, agent: Option<AgentSink>, what: String) -> u64 {
         let mut state = self.lock();
         state
             .in_flight
@@ -136,12 +163,62 @@ impl CallRoutes {
         state.in_flight.insert(
             call,
             InFlight {
+                what,
                 request_id: None,
                 agent,
                 abandoned: None,
+                telling: false,
             },
         );
         call
+    }
+
+    /// The request id to send `notifications/cancelled` for, if the call
+    /// is still a candidate and nobody is telling the upstream yet
+    /// (invariant 3): the caller must send it, then call
+    /// [`CallRoutes::told`].
+    pub(super) fn tell(&self, call: u64) -> Option<RequestId> {
+        let mut state = self.lock();
+        let in_flight = state.in_flight.get_mut(&call)?;
+        if in_flight.telling {
+            return None;
+        }
+        let id = in_flight.request_id.clone()?;
+        in_flight.telling = true;
+        Some(id)
+    }
+
+    /// The upstream was told (`sent`) that the call is cancelled: it is no
+    /// candidate any more (invariant 2). Not sent (its session is failing):
+    /// it stays one until its session is replaced or [`ABANDONED_KEEP`].
+    pub(super) fn told(&self, call: u64, sent: bool) {
+        let mut state = self.lock();
+        if sent {
+            state.in_flight.remove(&call);
+        } else if let Some(in_flight) = state.in_flight.get_mut(&call) {
+            in_flight.telling = false;
+        }
+    }
+
+    /// Sends `notifications/cancelled` for `call` unless it ended or was
+    /// told already, and marks it told.
+    pub(super) async fn cancel_upstream(
+        &self,
+        peer: &rmcp::service::Peer<RoleClient>,
+        call: u64,
+        reason: &str,
+    ) {
+        let Some(request_id) = self.tell(call) else {
+            return;
+        };
+        let sent = peer
+            .notify_cancelled(rmcp::model::CancelledNotificationParam::new(
+                Some(request_id),
+                Some(reason.to_owned()),
+            ))
+            .await
+            .is_ok();
+        self.told(call, sent);
     }
 
     pub(super) fn sent(&self, call: u64, request_id: RequestId, token: ProgressToken) {
@@ -179,9 +256,8 @@ impl CallRoutes {
     /// The agent of the call a request or notification from the upstream
     /// belongs to: the call whose response stream carried it (Streamable
     /// HTTP); when the transport cannot say (stdio, or an HTTP server's GET
-    /// stream), the only call in flight (`single_fallback`), calls given up
-    /// on within [`ABANDONED_KEEP`] included, so that nothing about an
-    /// abandoned call reaches another.
+    /// stream), the only candidate (`single_fallback`; invariants 1 and 2),
+    /// so that nothing about a call given up on reaches another.
     pub(super) fn owner(
         &self,
         origin: &Origin,
@@ -213,9 +289,26 @@ impl CallRoutes {
             Origin::Unassociated | Origin::Unknown => match state.in_flight.len() {
                 0 => refused("no call is in flight on this upstream"),
                 1 => agent_of(state.in_flight.values().next().expect("one entry")),
-                n => Err(NoOwner::Refused(format!(
-                    "{n} calls are in flight on this upstream and its transport does not say which one this belongs to"
-                ))),
+                n => {
+                    let mut candidates: Vec<(u64, &InFlight)> =
+                        state.in_flight.iter().map(|(call, f)| (*call, f)).collect();
+                    candidates.sort_by_key(|(call, _)| *call);
+                    let named: Vec<String> = candidates
+                        .iter()
+                        .take(CANDIDATES_NAMED)
+                        .map(|(_, f)| candidate(f))
+                        .collect();
+                    let more = n.saturating_sub(CANDIDATES_NAMED);
+                    let more = if more > 0 {
+                        format!(" and {more} more")
+                    } else {
+                        String::new()
+                    };
+                    Err(NoOwner::Refused(format!(
+                        "{n} calls are in flight on this upstream ({}{more}) and its transport does not say which one this belongs to",
+                        named.join("; ")
+                    )))
+                }
             },
         }
     }
@@ -236,6 +329,37 @@ impl CallRoutes {
             }
         }
         Err("carried on the stream of a request that is not (or no longer) in flight".to_owned())
+    }
+}
+
+/// How many candidates a refusal names.
+const CANDIDATES_NAMED: usize = 8;
+
+/// One candidate as a refusal names it: what it is, its request id, and
+/// whether its caller gave up on it.
+fn candidate(in_flight: &InFlight) -> String {
+    let id = match &in_flight.request_id {
+        Some(id) => format!("request {id}"),
+        None => "not sent yet".to_owned(),
+    };
+    let state = match (in_flight.abandoned, in_flight.telling) {
+        (Some(_), true) => ", given up on, being cancelled",
+        (Some(_), false) => ", given up on",
+        (None, _) if in_flight.agent.is_none() => ", leasegate's own",
+        (None, _) => "",
+    };
+    format!("{}, {id}{state}", in_flight.what)
+}
+
+/// What a request is, as a refusal names it: the method, and the tool of a
+/// `tools/call` (clipped).
+pub(super) fn describe(request: &rmcp::model::ClientRequest) -> String {
+    match request {
+        rmcp::model::ClientRequest::CallToolRequest(call) => format!(
+            "tools/call {}",
+            crate::logfield::clip(call.params.name.as_ref())
+        ),
+        other => other.method().to_owned(),
     }
 }
 
@@ -283,5 +407,78 @@ pub(super) fn origin_of(extensions: &rmcp::model::Extensions) -> Origin {
         Some(InboundStreamOrigin::OutboundRequest(id)) => Origin::Request(id.clone()),
         Some(InboundStreamOrigin::Unassociated) => Origin::Unassociated,
         None => Origin::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::NumberOrString;
+
+    fn in_flight<'a>(routes: &'a CallRoutes, tool: &str, id: i64) -> (u64, CallGuard<'a>) {
+        let (agent, _) = tokio::sync::mpsc::unbounded_channel();
+        let call = routes.begin(Some(agent), format!("tools/call {tool}"));
+        routes.sent(
+            call,
+            NumberOrString::Number(id),
+            ProgressToken(NumberOrString::Number(id)),
+        );
+        let guard = CallGuard {
+            routes,
+            call,
+            token: Some(ProgressToken(NumberOrString::Number(id))),
+            answered: false,
+            _ended: None,
+        };
+        (call, guard)
+    }
+
+    /// Invariants 1 to 3: a call given up on stays a candidate until the
+    /// upstream is told (once), then blocks nobody; several candidates are
+    /// refused by name.
+    #[test]
+    fn a_call_given_up_on_counts_until_the_upstream_is_told() {
+        let routes = CallRoutes::default();
+        let (slow, guard) = in_flight(&routes, "slow", 4);
+        // The caller stops waiting: not told yet, so still a candidate.
+        drop(guard);
+        let (_, _sampling) = in_flight(&routes, "trigger-sampling-request", 5);
+        let Err(NoOwner::Refused(why)) = routes.owner(&Origin::Unknown, true) else {
+            panic!("two candidates are refused");
+        };
+        for named in [
+            "2 calls are in flight",
+            "tools/call slow, request 4, given up on",
+            "tools/call trigger-sampling-request, request 5",
+        ] {
+            assert!(why.contains(named), "{named} in {why}");
+        }
+        // Told once: a second teller gets nothing to send.
+        assert_eq!(routes.tell(slow), Some(NumberOrString::Number(4)));
+        assert_eq!(routes.tell(slow), None);
+        routes.told(slow, true);
+        assert!(
+            routes.owner(&Origin::Unknown, true).is_ok(),
+            "one candidate"
+        );
+        // A request on the stream of the told call finds no owner.
+        assert!(matches!(
+            routes.owner(&Origin::Request(NumberOrString::Number(4)), true),
+            Err(NoOwner::NotYet)
+        ));
+    }
+
+    /// Not told (the session failing): it stays a candidate, and may be
+    /// told again later.
+    #[test]
+    fn a_call_that_could_not_be_told_stays_a_candidate() {
+        let routes = CallRoutes::default();
+        let (slow, guard) = in_flight(&routes, "slow", 1);
+        drop(guard);
+        assert!(routes.tell(slow).is_some());
+        routes.told(slow, false);
+        let (_, _other) = in_flight(&routes, "other", 2);
+        assert!(routes.owner(&Origin::Unknown, true).is_err());
+        assert_eq!(routes.tell(slow), Some(NumberOrString::Number(1)));
     }
 }
