@@ -1009,10 +1009,22 @@ CREATE OR REPLACE FUNCTION operation_converge(
   p_result jsonb, p_kind text, p_actor text, p_note text, p_evidence jsonb
 ) RETURNS operation_result
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o tool_operations;
 BEGIN
   IF p_kind = 'operator' THEN
     RAISE EXCEPTION 'an operator resolution is operation_resolve, run as leasegate_operator'
       USING ERRCODE = '42501';
+  END IF;
+  -- Evidence converges an operation only in the hands of the reconciler
+  -- that claimed it (operation_reconcile_claim) while its claim lives: the
+  -- application role cannot settle an operation it did not set out to
+  -- reconcile. The row's revision is judged by _op_converge.
+  SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id;
+  IF FOUND AND o.status = 'unknown'
+     AND (o.reconcile_owner IS DISTINCT FROM p_actor
+          OR o.reconcile_until IS NULL OR o.reconcile_until <= clock_timestamp()) THEN
+    RETURN _op_result('stale_claim', o.run_id, p_operation_id, NULL);
   END IF;
   RETURN _op_converge(p_operation_id, p_expected_revision, p_status, p_remote_id, p_result,
                       p_kind, p_actor, p_note, p_evidence);

@@ -146,7 +146,8 @@ pub(super) async fn resolve_operation(
                 found.status
             ),
         )),
-        ConvergeOutcome::Conflict { .. } => Err(ApiError::new(
+        // Only the application role's converge answers `NotClaimed`.
+        ConvergeOutcome::Conflict { .. } | ConvergeOutcome::NotClaimed(_) => Err(ApiError::new(
             ErrorCode::RevisionConflict,
             "the operation changed while resolving it; look again",
         )),

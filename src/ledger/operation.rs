@@ -575,6 +575,7 @@ impl Ledger {
                 expected_revision,
                 found: row.record(CALL, self.bodies())?,
             },
+            Outcome::StaleClaim => ConvergeOutcome::NotClaimed(row.record(CALL, self.bodies())?),
             Outcome::NotFound => ConvergeOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
         })

@@ -395,6 +395,9 @@ pub enum ConvergeOutcome {
         expected_revision: i64,
         found: OperationRecord,
     },
+    /// Evidence converges an `unknown` operation only under the caller's
+    /// live reconcile claim (`operation_reconcile_claim`), which it lacks.
+    NotClaimed(OperationRecord),
     NotFound,
 }
 

@@ -523,7 +523,7 @@ async fn the_python_sdk_passes_through_session_mode_on_stdio_and_stateless_http(
 }
 
 /// Each gated asking tool's call is one succeeded operation whose round
-/// with the agent is recorded as `input_round` evidence.
+/// with the agent (when it asked) is recorded as `input_round` evidence.
 async fn assert_asking_tools_gated(db: &TestDb, run_id: Uuid, tag: &str) {
     for tool in ASKING_TOOLS {
         let rows: Vec<(String, String, i64)> = db
@@ -536,10 +536,17 @@ async fn assert_asking_tools_gated(db: &TestDb, run_id: Uuid, tag: &str) {
             .await;
         assert_eq!(rows.len(), 1, "{tag}: one operation for {tool}: {rows:?}");
         let (_, status, rounds) = &rows[0];
-        assert_eq!(
-            (status.as_str(), *rounds),
-            ("succeeded", 1),
-            "{tag}: {tool} succeeded after one recorded round with the agent"
+        assert_eq!(status, "succeeded", "{tag}: {tool}");
+        // server-everything keeps the roots it was given per upstream
+        // session, so get-roots-list asks only when it has none yet.
+        let asks = if tool == "get-roots-list" {
+            0..=1
+        } else {
+            1..=1
+        };
+        assert!(
+            asks.contains(rounds),
+            "{tag}: {tool} recorded {rounds} rounds with the agent"
         );
     }
 }

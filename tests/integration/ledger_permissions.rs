@@ -448,6 +448,35 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
     .await
     .expect_err("operator kind through operation_converge");
     assert!(sneaky.starts_with("42501"), "{sneaky}");
+    // The app role forges evidence without holding the reconcile claim:
+    // refused, nothing settles.
+    let forged = app
+        .operation_converge(leasegate::ledger::Converge {
+            operation_id: &id,
+            expected_revision: before.1,
+            settlement: Settlement::Succeeded,
+            remote_id: Some("forged-remote"),
+            result: Some(&json!({"forged": true})),
+            kind: leasegate::ledger::ConvergeEvidence::QueryResult,
+            actor: "mallory",
+            note: None,
+            evidence: &json!({"forged": true}),
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(forged, ConvergeOutcome::NotClaimed(_)),
+        "{forged:?}"
+    );
+    // Nor can it read the lease token hashes the fenced functions compare.
+    let hashes = as_app_role(&db, "SELECT token_sha256 FROM worker_leases")
+        .await
+        .expect_err("lease token hashes are not the app role's to read");
+    assert!(hashes.starts_with("42501"), "{hashes}");
+    assert_eq!(
+        as_app_role(&db, "SELECT owner, epoch, expires_at FROM worker_leases").await,
+        Ok(1)
+    );
     assert_eq!(snapshot().await, before, "nothing written by the app role");
 
     // As the operator role: each is applied, with the caller as the actor.

@@ -476,12 +476,19 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
         MarkUnknownOutcome::StaleClaim(_)
     ));
 
-    // A query of the remote by operation id converges it.
+    // A query of the remote by operation id converges it, in the hands of
+    // the reconciler that claimed it.
+    let claimed = db
+        .ledger
+        .operation_reconcile_claim("reconciler-1", 60_000, 10, None)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
     let converged = match db
         .ledger
         .operation_converge(Converge {
             operation_id: &create.operation_id,
-            expected_revision: unknown.revision,
+            expected_revision: claimed[0].operation.revision,
             settlement: Settlement::Succeeded,
             remote_id: Some("vm-42"),
             result: Some(&json!({"id": "vm-42"})),

@@ -280,7 +280,9 @@ pub(super) async fn resolve_operation(
             )
             .await
         }
-        ConvergeOutcome::Conflict { .. } => {
+        // An operator's resolution needs no reconcile claim: `NotClaimed`
+        // is only the application role's answer, read as "moved on".
+        ConvergeOutcome::Conflict { .. } | ConvergeOutcome::NotClaimed(_) => {
             let now = ledger
                 .operation_record(&id)
                 .await?
