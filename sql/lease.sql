@@ -73,10 +73,9 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
   SELECT _lease_take(p_run_id, p_owner, p_ttl_ms, p_token_sha256, false)
 $$;
 
--- Take the lease over now, held or not (leasegate's session and key modes:
--- a new session for the same task key is the agent restarted, and fences
--- its predecessor at once instead of waiting for its lease to expire); the
--- previous holder's writes are rejected from this commit on. Recorded with
+-- Take the lease over now, held or not (an operator's act, leasegate_operator
+-- only: a stuck worker fenced at once instead of waiting for its lease to
+-- expire); the previous holder's writes are rejected from this commit on. Recorded with
 -- the previous owner and epoch and 'forced'. p_token_sha256: see _lease_take.
 DROP FUNCTION IF EXISTS lease_takeover(uuid, text, bigint);
 CREATE OR REPLACE FUNCTION lease_takeover(p_run_id uuid, p_owner text, p_ttl_ms bigint, p_token_sha256 bytea)
@@ -333,8 +332,13 @@ REVOKE EXECUTE ON FUNCTION
 FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION
   lease_acquire(uuid, text, bigint, bytea),
-  lease_takeover(uuid, text, bigint, bytea),
   lease_renew(uuid, text, bigint, bytea, bigint, text),
   lease_release(uuid, text, bigint, bytea),
   lease_renew_batch(uuid[], text[], bigint[], bytea[], bigint, text)
 TO leasegate_app;
+-- Taking a live lease away from its holder is an operator's act: the lease
+-- modes share their leases through members (sql/members.sql) and never
+-- need it, so the proxy's own login cannot fence a worker it does not
+-- serve. Revoked explicitly: a database migrated before kept the grant.
+REVOKE EXECUTE ON FUNCTION lease_takeover(uuid, text, bigint, bytea) FROM leasegate_app;
+GRANT EXECUTE ON FUNCTION lease_takeover(uuid, text, bigint, bytea) TO leasegate_operator;

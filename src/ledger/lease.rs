@@ -34,9 +34,10 @@ impl Ledger {
             .await
     }
 
-    /// Takes the lease over now, held or not (epoch + 1): the session and
-    /// key modes' "this agent restarted" (`sql/lease.sql`,
-    /// `lease_takeover`). Never `Busy`.
+    /// Takes the lease over now, held or not (epoch + 1): an operator's act
+    /// (`sql/lease.sql`, `lease_takeover`), executable only by a ledger
+    /// connected as [`super::OPERATOR_ROLE`]; as the application role it is
+    /// refused (SQLSTATE 42501) and nothing is written. Never `Busy`.
     pub async fn lease_takeover(
         &self,
         run_id: RunId,

@@ -99,7 +99,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     // A stale epoch: the claim the worker had before someone else took over.
     let (current, _) = db.running_run("w-c", 30_000).await;
     let taken = db
-        .ledger
+        .operator
         .lease_takeover(current.run_id, "w-c2", 30_000)
         .await
         .unwrap();
@@ -577,7 +577,7 @@ async fn the_batch_heartbeat_renews_every_lease_and_stops_only_the_holders_that_
     // Lease 0 taken over by another host, run 1 cancelled by an operator,
     // lease 3's holder stops on its own.
     let _ = db
-        .ledger
+        .operator
         .lease_takeover(held[0].0.run_id, "host-2", 30_000)
         .await
         .unwrap();

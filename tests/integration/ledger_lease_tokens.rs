@@ -225,7 +225,7 @@ async fn a_stale_epoch_is_lease_lost_even_with_its_own_token(
             .unwrap(),
     );
     let new = match db
-        .ledger
+        .operator
         .lease_takeover(old.run_id, "new", 60_000)
         .await
         .unwrap()
@@ -321,7 +321,7 @@ async fn a_lease_from_before_lease_tokens_is_refused_until_taken_again(
     assert_eq!(snapshot(&db, holder.run_id).await, before);
     // Taken over (or acquired once expired), the lease has a token again.
     let taken = match db
-        .ledger
+        .operator
         .lease_takeover(holder.run_id, "legacy-worker", 60_000)
         .await
         .unwrap()

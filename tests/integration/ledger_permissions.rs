@@ -215,7 +215,8 @@ async fn every_function_has_one_home_and_the_right_grant(
     // none of the helpers; the operator role exactly the operator acts:
     // token management, re-sealing stored bodies (`secrets rotate`),
     // resolving and retrying operations, cancelling runs, resolving
-    // failovers (migrations/0007), retention (`ops archive`).
+    // failovers (migrations/0007), retention (`ops archive`), taking a live
+    // lease from its holder.
     let installed: Vec<(String, bool, bool)> = db
         .query_rows(
             "SELECT p.proname::text, has_function_privilege('leasegate_app', p.oid, 'EXECUTE'), \
@@ -232,6 +233,7 @@ async fn every_function_has_one_home_and_the_right_grant(
         "access_token_revoke",
         "evidence_reseal",
         "failover_resolve",
+        "lease_takeover",
         "operation_reconcile_reset",
         "operation_reseal",
         "operation_resolve",
@@ -477,6 +479,12 @@ async fn only_the_operator_role_resolves_retries_cancels_and_resolves_failovers(
         as_app_role(&db, "SELECT owner, epoch, expires_at FROM worker_leases").await,
         Ok(1)
     );
+    // Nor take a live lease from its holder.
+    let takeover = app
+        .lease_takeover(lease.run_id, "mallory", 60_000)
+        .await
+        .expect_err("a takeover is an operator's act");
+    assert_eq!(sqlstate(&takeover), "42501", "{takeover}");
     assert_eq!(snapshot().await, before, "nothing written by the app role");
 
     // As the operator role: each is applied, with the caller as the actor.
