@@ -14,6 +14,7 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::wire::IDEMPOTENCY_KEY_META;
+use crate::intent::IntegerPolicy;
 
 const FIELD: &[u8] = b"\"idempotencyKey\"";
 
@@ -80,7 +81,14 @@ pub(super) fn unreadable_body(error: &axum::Error, limit: usize) -> Response {
         .into_response()
 }
 
-pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
+/// A `tools/call` with a number parsing would change is rewritten into its
+/// refusal under `integers` (`numbers`, invariant 1).
+pub async fn layer(
+    limit: usize,
+    integers: IntegerPolicy,
+    request: Request,
+    next: Next,
+) -> Response {
     if request.method() != Method::POST {
         return next.run(request).await;
     }
@@ -89,6 +97,11 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
         Ok(bytes) => bytes,
         Err(error) => return unreadable_body(&error, limit),
     };
+    if let Some(refused) = super::numbers::refuse_altered(&bytes, integers) {
+        return next
+            .run(Request::from_parts(parts, Body::from(refused)))
+            .await;
+    }
     let lifted = names_the_field(&bytes)
         .then(|| serde_json::from_slice::<Value>(&bytes).ok())
         .flatten()
@@ -100,14 +113,20 @@ pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
 }
 
 /// stdin, with `params.idempotencyKey` lifted line by line (stdio MCP is
-/// one JSON-RPC message per line).
-pub fn stdin_lifting_keys() -> tokio::io::DuplexStream {
+/// one JSON-RPC message per line), and a `tools/call` with a number parsing
+/// would change rewritten into its refusal under `integers` (`numbers`,
+/// invariant 1).
+pub fn stdin_lifting_keys(integers: IntegerPolicy) -> tokio::io::DuplexStream {
     let (reader, mut writer) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             let line = if let Some(answerable) = unreadable_request(&line) {
                 answerable
+            } else if let Some(refused) =
+                super::numbers::refuse_altered(line.as_bytes(), integers)
+            {
+                String::from_utf8(refused).unwrap_or(line)
             } else if names_the_field(line.as_bytes())
                 && let Ok(mut message) = serde_json::from_str::<Value>(&line)
                 && lift(&mut message)

@@ -293,6 +293,12 @@ impl Front {
         &self.state.session_leases
     }
 
+    /// The policy's `integers`: what the raw-number check of the line hook
+    /// and the body layer refuses (`mcp::numbers`).
+    pub fn integers(&self) -> crate::intent::IntegerPolicy {
+        self.state.config.policy.integers
+    }
+
     /// The requests in flight on the stateless HTTP front.
     pub fn in_flight(&self) -> Arc<InFlightRequests> {
         self.state.in_flight.clone()
@@ -700,6 +706,9 @@ impl ServerHandler for Front {
                 ),
                 Some(json!({"reason": "unreadable"})),
             ));
+        }
+        if request.method == super::numbers::INEXACT_METHOD {
+            return Err(super::numbers::refusal(request.params.as_ref()));
         }
         if request.method == "tools/call" {
             let why = match request.params_as::<CallToolRequestParams>() {
