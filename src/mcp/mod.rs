@@ -172,7 +172,10 @@ pub fn no_delay(stream: &mut tokio::net::TcpStream) {
 pub async fn serve_stdio(front: Front) -> anyhow::Result<()> {
     let integers = front.integers();
     front
-        .serve((idempotency::stdin_lifting_keys(integers), tokio::io::stdout()))
+        .serve((
+            idempotency::stdin_lifting_keys(integers),
+            tokio::io::stdout(),
+        ))
         .await?
         .waiting()
         .await?;

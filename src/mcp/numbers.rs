@@ -97,7 +97,9 @@ pub fn refuse_altered(message: &[u8], policy: IntegerPolicy) -> Option<Vec<u8>> 
         }
         _ => {}
     }
-    rewritten.then(|| serde_json::to_vec(&parsed).ok()).flatten()
+    rewritten
+        .then(|| serde_json::to_vec(&parsed).ok())
+        .flatten()
 }
 
 /// The front's answer to a request of [`INEXACT_METHOD`].
@@ -144,7 +146,10 @@ fn rewrite(message: &mut Value, altered: Vec<Altered>) -> bool {
     let Some(object) = message.as_object() else {
         return false;
     };
-    let Some(id) = object.get("id").filter(|id| id.is_string() || id.is_number()) else {
+    let Some(id) = object
+        .get("id")
+        .filter(|id| id.is_string() || id.is_number())
+    else {
         return false;
     };
     if object.get("method").and_then(Value::as_str) != Some("tools/call") || altered.is_empty() {
@@ -572,7 +577,10 @@ mod tests {
             None
         );
         let other = r#"{"jsonrpc":"2.0","id":1,"method":"prompts/get","params":{"name":"p","arguments":{"n":18446744073709551616}}}"#;
-        assert_eq!(refuse_altered(other.as_bytes(), IntegerPolicy::Reject), None);
+        assert_eq!(
+            refuse_altered(other.as_bytes(), IntegerPolicy::Reject),
+            None
+        );
 
         // In a batch only the altered call is replaced.
         let batch = format!(

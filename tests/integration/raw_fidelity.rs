@@ -34,15 +34,11 @@ const ALTERED: [&str; 7] = [
 ];
 
 /// Numbers parsing keeps (some respelled: `1e3` is sent as `1000.0`).
-const ORDINARY: [&str; 7] = [
-    "1",
-    "-1",
-    "0.5",
-    "1e3",
-    "9007199254740992",
-    "1.5e300",
-    "-0.000123",
-];
+const ORDINARY: [&str; 6] = ["1", "-1", "0.5", "1e3", "9007199254740992", "-0.000123"];
+
+/// Numbers parsing keeps that gated calls refuse under `reject` anyway:
+/// doubles beyond ±2^53 (the ±2^53 rule of `intent::canonical`).
+const DOUBLES_BEYOND_2_53: [&str; 2] = ["1.8446744073709552e19", "1.5e300"];
 
 /// A config with `raw_tools.py` as the stdio upstream `raw` (`echo`
 /// read-only, `record` side-effecting) and `integers` as the policy's.
@@ -220,13 +216,14 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
             for token in ALTERED {
                 id += 1;
                 tag += 1;
-                let answer = front.call(id, &raw_call(id, tool, token, tag, &lease)).await;
+                let answer = front
+                    .call(id, &raw_call(id, tool, token, tag, &lease))
+                    .await;
                 let context = format!("{} {tool} {token}: ", front.name());
                 let message = http::rpc_error_message(&answer, -32602, &context);
                 assert!(
-                    message.starts_with(&format!(
-                        "number {token} at $.n cannot be carried exactly"
-                    )),
+                    message
+                        .starts_with(&format!("number {token} at $.n cannot be carried exactly")),
                     "{context}{message}"
                 );
                 assert!(
@@ -243,33 +240,41 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
         }
     }
     assert!(setup.calls().is_empty(), "the tool saw nothing");
-    assert_eq!(db.row_count("tool_operations").await, 0, "nothing registered");
+    assert_eq!(
+        db.row_count("tool_operations").await,
+        0,
+        "nothing registered"
+    );
 
-    // `1.8446744073709552e19` is a double's own spelling: a read-only tool
-    // gets it as written; a gated call refuses it by the ±2^53 rule (it
-    // shares its digest with 2^64).
+    // A double's own spelling beyond ±2^53 is carried exactly: a read-only
+    // tool gets its value (respelled `1.8446744073709552e+19`); a gated call
+    // refuses it by the ±2^53 rule.
     for front in &mut fronts {
-        id += 1;
-        tag += 1;
-        let line = raw_call(id, "raw__echo", "1.8446744073709552e19", tag, &lease);
-        let answer = front.call(id, &line).await;
-        assert!(answer.get("result").is_some(), "{answer}");
-        id += 1;
-        tag += 1;
-        let line = raw_call(id, "raw__record", "1.8446744073709552e19", tag, &lease);
-        let message =
-            http::rpc_error_message(&front.call(id, &line).await, -32602, "").to_owned();
-        assert!(
-            message.starts_with("integer 1.8446744073709552e19 at $.n is beyond ±2^53"),
-            "{message}"
-        );
+        for token in DOUBLES_BEYOND_2_53 {
+            id += 1;
+            tag += 1;
+            let answer = front
+                .call(id, &raw_call(id, "raw__echo", token, tag, &lease))
+                .await;
+            let sent = answer["result"]["content"][0]["text"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{} {token}: {answer}", front.name()));
+            assert_eq!(
+                sent_value(sent),
+                serde_json::from_str::<Value>(token).unwrap()
+            );
+            id += 1;
+            tag += 1;
+            let line = raw_call(id, "raw__record", token, tag, &lease);
+            let message =
+                http::rpc_error_message(&front.call(id, &line).await, -32602, "").to_owned();
+            assert!(message.contains("beyond ±2^53"), "{message}");
+        }
     }
     let calls = setup.calls();
-    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls.len(), 2 * DOUBLES_BEYOND_2_53.len(), "{calls:?}");
     assert!(
-        calls
-            .iter()
-            .all(|line| line.contains(r#""n":1.8446744073709552e+19"#)),
+        calls[0].contains(r#""n":1.8446744073709552e+19"#),
         "{calls:?}"
     );
     assert_eq!(db.row_count("tool_operations").await, 0);
@@ -280,7 +285,9 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
             for token in ORDINARY {
                 id += 1;
                 tag += 1;
-                let answer = front.call(id, &raw_call(id, tool, token, tag, &lease)).await;
+                let answer = front
+                    .call(id, &raw_call(id, tool, token, tag, &lease))
+                    .await;
                 let sent = answer["result"]["content"][0]["text"]
                     .as_str()
                     .unwrap_or_else(|| panic!("{} {tool} {token}: {answer}", front.name()));
@@ -292,7 +299,10 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
             }
         }
     }
-    assert_eq!(setup.calls().len(), 2 + 2 * 2 * ORDINARY.len());
+    assert_eq!(
+        setup.calls().len(),
+        2 * DOUBLES_BEYOND_2_53.len() + 2 * 2 * ORDINARY.len()
+    );
     assert_eq!(
         db.row_count("tool_operations").await,
         2 * ORDINARY.len() as i64,
@@ -320,7 +330,9 @@ async fn under_as_double_such_numbers_go_on_as_the_doubles_json_rpc_reads(
             for token in ALTERED {
                 id += 1;
                 tag += 1;
-                let answer = front.call(id, &raw_call(id, tool, token, tag, &lease)).await;
+                let answer = front
+                    .call(id, &raw_call(id, tool, token, tag, &lease))
+                    .await;
                 let sent = answer["result"]["content"][0]["text"]
                     .as_str()
                     .unwrap_or_else(|| panic!("{} {tool} {token}: {answer}", front.name()));
@@ -337,4 +349,162 @@ async fn under_as_double_such_numbers_go_on_as_the_doubles_json_rpc_reads(
     );
     stdio.stop().await;
     proxy.stop().await;
+}
+
+/// `raw_tools.py`'s tools as it declares them, under their exposed names.
+fn declared_tools() -> Vec<Value> {
+    vec![
+        json!({
+            "name": "raw__echo",
+            "title": "Echo",
+            "description": "Answers with the request line as received.",
+            "inputSchema": {"type": "object"},
+            "annotations": {"readOnlyHint": true},
+        }),
+        json!({
+            "name": "raw__record",
+            "description": "Records the request line as received.",
+            "inputSchema": {"type": "object", "properties": {"n": {"type": "number"}}},
+            "annotations": {"readOnlyHint": false, "destructiveHint": false},
+            "execution": {"taskSupport": "optional"},
+            "x-vendor": {"tier": "gold", "limits": [1, 2.5, null], "nested": {"ok": true}},
+            "_meta": {"example.dev/owner": "raw-tools"},
+        }),
+    ]
+}
+
+/// Every page of `tools/list` through `ask` (a cursor, or none, to the
+/// answer's JSON-RPC message), with the number of pages.
+async fn list_every_page<F, Fut>(mut ask: F) -> (Vec<Value>, usize)
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Value>,
+{
+    let (mut tools, mut pages, mut cursor) = (Vec::new(), 0, None);
+    loop {
+        let answer = ask(cursor.take()).await;
+        pages += 1;
+        let result = &answer["result"];
+        tools.extend(
+            result["tools"]
+                .as_array()
+                .unwrap_or_else(|| panic!("a page of tools: {answer}"))
+                .iter()
+                .cloned(),
+        );
+        match result["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return (tools, pages),
+        }
+    }
+}
+
+fn tools_list(id: u64, cursor: Option<String>) -> String {
+    let params = match cursor {
+        Some(cursor) => json!({"cursor": cursor}),
+        None => json!({}),
+    };
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/list", "params": params}).to_string()
+}
+
+/// The JSON-RPC message of an MCP HTTP answer: the body, or the first SSE
+/// event with data (a stream may open with an empty priming event).
+fn json_rpc(body: &str) -> Value {
+    let data = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .map(str::trim)
+        .find(|data| !data.is_empty())
+        .unwrap_or(body);
+    serde_json::from_str(data).unwrap_or_else(|e| panic!("a JSON-RPC answer ({e}): {body}"))
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn tools_list_gives_the_upstreams_tool_objects_whole_on_every_front(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    // One tool per page on both sides: the upstream's pages and leasegate's.
+    let stateless = Setup::new(&db.url, "reject", "tools_page_size = 1");
+    let sessions = Setup::new(
+        &db.url,
+        "reject",
+        "tools_page_size = 1\nhttp_sessions = true",
+    );
+    let stateless_proxy = RunningProxy::start(&stateless.config()).await;
+    let sessions_proxy = RunningProxy::start(&sessions.config()).await;
+    let mut stdio = StdioAgent::start(&stateless.config()).await;
+    let expected = (declared_tools(), 2);
+
+    let url = stateless_proxy.url.clone();
+    let listed = list_every_page(|cursor| {
+        let url = url.clone();
+        async move {
+            let answer = http::post_mcp(&url, &[], &tools_list(1, cursor)).await;
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            json_rpc(&answer.body)
+        }
+    })
+    .await;
+    assert_eq!(listed, expected, "stateless HTTP");
+
+    let client = reqwest::Client::new();
+    let post = |body: String, session: Option<String>| {
+        let mut request = client.post(&sessions_proxy.url).body(body);
+        for (name, value) in http::MCP_HEADERS {
+            request = request.header(name, value);
+        }
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        async move {
+            within("the session front to answer", request.send())
+                .await
+                .unwrap()
+        }
+    };
+    let initialize = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}});
+    let opened = post(initialize.to_string(), None).await;
+    let session = opened
+        .headers()
+        .get("mcp-session-id")
+        .expect("a session id")
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let initialized = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let accepted = post(initialized.to_owned(), Some(session.clone())).await;
+    assert!(accepted.status().is_success(), "{}", accepted.status());
+    let listed = list_every_page(|cursor| {
+        let answer = post(tools_list(2, cursor), Some(session.clone()));
+        async move { json_rpc(&answer.await.text().await.unwrap()) }
+    })
+    .await;
+    assert_eq!(listed, expected, "HTTP sessions");
+
+    let mut id = 10;
+    let mut pages = Vec::new();
+    let mut cursor = None;
+    loop {
+        id += 1;
+        let answer = stdio.request(&tools_list(id, cursor.take()), id).await;
+        let result = answer["result"].clone();
+        pages.push(result["tools"].clone());
+        match result["nextCursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => break,
+        }
+    }
+    let tools: Vec<Value> = pages
+        .iter()
+        .flat_map(|page| page.as_array().cloned().unwrap_or_default())
+        .collect();
+    assert_eq!((tools, pages.len()), expected, "stdio");
+
+    stdio.stop().await;
+    sessions_proxy.stop().await;
+    stateless_proxy.stop().await;
 }

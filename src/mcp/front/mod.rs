@@ -8,7 +8,8 @@
 //! `namespace_separator`, `__` by default), resources and resource templates
 //! as `<upstream>+<uri>`; upstreams listed in `unprefixed` keep their own
 //! names and URIs. Every other field of a tool, prompt or resource is passed
-//! on as the upstream sent it (as far as rmcp's model carries it).
+//! on as the upstream sent it: as far as rmcp's model carries it, and for
+//! tools of stdio upstreams whole, unknown fields included (`whole_tools`).
 //!
 //! # Leases
 //!
@@ -117,11 +118,13 @@ mod catalog;
 mod parked;
 mod relay;
 mod request;
+mod whole_tools;
 pub use call::{lease_meta, operation_of};
 use cancel::CallWatch;
 use catalog::{CATALOG_MAX_AGE, Catalog, merged_info};
 use parked::PendingCall;
 use relay::{level_rank, relay_events};
+pub use whole_tools::WHOLE_TOOLS_METHOD;
 
 pub use super::wire::*;
 use request::{CallCredentials, duplicated_header, invalid_params, is_modern, request_key};
@@ -685,7 +688,7 @@ impl ServerHandler for Front {
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
         if request.method == super::idempotency::UNREADABLE_METHOD {
             let reason = request
@@ -709,6 +712,9 @@ impl ServerHandler for Front {
         }
         if request.method == super::numbers::INEXACT_METHOD {
             return Err(super::numbers::refusal(request.params.as_ref()));
+        }
+        if request.method == WHOLE_TOOLS_METHOD {
+            return self.whole_tools_list(request, context).await;
         }
         if request.method == "tools/call" {
             let why = match request.params_as::<CallToolRequestParams>() {
