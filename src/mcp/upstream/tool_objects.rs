@@ -25,16 +25,19 @@ use std::sync::{Arc, Mutex};
 use serde_json::{Map, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWriteExt, BufReader};
 
+/// A tool object as the upstream sent it.
+pub(crate) type ToolObject = Arc<Map<String, Value>>;
+
 /// One upstream's tool objects by name (shared by its sessions: a restarted
 /// child's answers replace them).
 #[derive(Clone, Default)]
-pub(crate) struct ToolObjects(Arc<Mutex<HashMap<String, Arc<Map<String, Value>>>>>);
+pub(crate) struct ToolObjects(Arc<Mutex<HashMap<String, ToolObject>>>);
 
 const TOOLS_FIELD: &[u8] = b"\"tools\"";
 
 impl ToolObjects {
     /// The object the upstream last sent for `name`.
-    pub(crate) fn get(&self, name: &str) -> Option<Arc<Map<String, Value>>> {
+    pub(crate) fn get(&self, name: &str) -> Option<ToolObject> {
         self.0.lock().ok()?.get(name).cloned()
     }
 
