@@ -144,20 +144,52 @@ pub async fn layer(
     if request.method() != Method::POST {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
         Err(error) => return unreadable_body(&error, limit),
     };
-    if let Some(refused) = super::numbers::refuse_altered(&bytes, integers) {
-        return next
-            .run(Request::from_parts(parts, Body::from(refused)))
-            .await;
-    }
-    let bytes = rewritten(&bytes).map_or(bytes, Into::into);
+    let bytes = match kept(&bytes, integers) {
+        Some(rewritten) => {
+            method_header_follows(&mut parts.headers, &rewritten);
+            rewritten.into()
+        }
+        None => bytes,
+    };
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
+
+/// The message as the front should read it: a `tools/call` with a number
+/// parsing would change replaced by its refusal under `integers`
+/// (`numbers`, invariant 1), then [`rewritten`]. `None`: as it is.
+fn kept(message: &[u8], integers: IntegerPolicy) -> Option<Vec<u8>> {
+    let refused = super::numbers::refuse_altered(message, integers);
+    rewritten(refused.as_deref().unwrap_or(message)).or(refused)
+}
+
+/// A 2026-07-28 client names the method in the `Mcp-Method` header too,
+/// and rmcp refuses a header that does not match the body's: the header of
+/// a message whose method was rewritten follows it.
+fn method_header_follows(headers: &mut http::HeaderMap, rewritten: &[u8]) {
+    #[derive(serde::Deserialize)]
+    struct Method {
+        method: Option<String>,
+    }
+    if !headers.contains_key(METHOD_HEADER) {
+        return;
+    }
+    if let Ok(Method {
+        method: Some(method),
+    }) = serde_json::from_slice(rewritten)
+        && let Ok(value) = http::HeaderValue::from_str(&method)
+    {
+        headers.insert(METHOD_HEADER, value);
+    }
+}
+
+/// The 2026-07-28 header that repeats a request's method.
+const METHOD_HEADER: &str = "mcp-method";
 
 /// stdin, with `params.idempotencyKey` lifted line by line (stdio MCP is
 /// one JSON-RPC message per line), and a `tools/call` with a number parsing
@@ -170,11 +202,8 @@ pub fn stdin_lifting_keys(integers: IntegerPolicy) -> tokio::io::DuplexStream {
         while let Ok(Some(line)) = lines.next_line().await {
             let line = if let Some(answerable) = unreadable_request(&line) {
                 answerable
-            } else if let Some(refused) = super::numbers::refuse_altered(line.as_bytes(), integers)
-            {
-                String::from_utf8(refused).unwrap_or(line)
-            } else if let Some(rewritten) = rewritten(line.as_bytes()) {
-                String::from_utf8(rewritten).unwrap_or(line)
+            } else if let Some(kept) = kept(line.as_bytes(), integers) {
+                String::from_utf8(kept).unwrap_or(line)
             } else {
                 line
             };

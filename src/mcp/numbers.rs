@@ -169,11 +169,17 @@ fn rewrite(message: &mut Value, altered: Vec<Altered>) -> bool {
             })
         })
         .collect();
+    let mut params = json!({"numbers": numbers, "total": altered.len()});
+    // A 2026-07-28 request carries its protocol version and capabilities in
+    // `_meta`, which rmcp checks before any handler.
+    if let Some(meta) = object.get("params").and_then(|p| p.get("_meta")) {
+        params["_meta"] = meta.clone();
+    }
     *message = json!({
         "jsonrpc": "2.0",
         "id": id,
         "method": INEXACT_METHOD,
-        "params": {"numbers": numbers, "total": altered.len()},
+        "params": params,
     });
     true
 }

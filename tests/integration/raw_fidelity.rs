@@ -192,6 +192,32 @@ impl Front<'_> {
     }
 }
 
+/// A stateless 2026-07-28 request: the method (and the tool's name) in the
+/// headers too, the client's protocol version and capabilities in `_meta`.
+async fn post_2026(url: &str, mut request: Value, name: Option<&str>) -> Value {
+    let method = request["method"].as_str().unwrap().to_owned();
+    let meta = request["params"]["_meta"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    let mut meta = Value::Object(meta);
+    meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    meta["io.modelcontextprotocol/clientCapabilities"] = json!({});
+    meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "raw", "version": "1"});
+    request["params"]["_meta"] = meta;
+    let mut headers = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", method.as_str()),
+    ];
+    if let Some(name) = name {
+        headers.push(("mcp-name", name));
+    }
+    let answer = http::post(url, &headers, &request.to_string()).await;
+    json_rpc(&answer.body)
+}
+
 /// The value of `n` in a recorded call line, as JSON reads it.
 fn sent_value(line: &str) -> Value {
     let call: Value = serde_json::from_str(line).unwrap();
@@ -239,6 +265,41 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
             }
         }
     }
+    // A 2026-07-28 client names the method in a header as well, which the
+    // refusal's rewritten method must not contradict. (Its `tools/list`
+    // shows the request is well formed.)
+    let listed = post_2026(
+        &proxy.url,
+        json!({"jsonrpc": "2.0", "id": 97,
+        "method": "tools/list", "params": {}}),
+        None,
+    )
+    .await;
+    assert!(listed["result"]["tools"].is_array(), "{listed}");
+    let meta = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+    });
+    let modern = format!(
+        r#"{{"jsonrpc":"2.0","id":98,"method":"tools/call","params":{{"name":"raw__echo","arguments":{{"n":{}}},"_meta":{meta}}}}}"#,
+        ALTERED[0]
+    );
+    let headers = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "raw__echo"),
+    ];
+    let answer = json_rpc(&http::post(&proxy.url, &headers, &modern).await.body);
+    let message = http::rpc_error_message(&answer, -32602, "2026-07-28: ");
+    assert!(
+        message.starts_with(&format!(
+            "number {} at $.n cannot be carried exactly",
+            ALTERED[0]
+        )),
+        "{message}"
+    );
     assert!(setup.calls().is_empty(), "the tool saw nothing");
     assert_eq!(
         db.row_count("tool_operations").await,
