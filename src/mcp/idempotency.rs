@@ -22,7 +22,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use super::front::WHOLE_TOOLS_METHOD;
 use super::wire::IDEMPOTENCY_KEY_META;
 use crate::intent::IntegerPolicy;
 
@@ -48,6 +47,10 @@ fn rewritten(bytes: &[u8]) -> Option<Vec<u8>> {
         .then(|| serde_json::to_vec(&message).ok())
         .flatten()
 }
+
+/// The method a `tools/list` request is handed to the front as; the front
+/// answers it with the upstreams' tool objects whole (`front::whole_tools`).
+pub const WHOLE_TOOLS_METHOD: &str = "dev.leasegate/tools_list";
 
 /// Hands each `tools/list` request (alone or in a batch) to the front as a
 /// request of [`WHOLE_TOOLS_METHOD`], same id and params, so that its

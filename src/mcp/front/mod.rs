@@ -124,7 +124,6 @@ use cancel::CallWatch;
 use catalog::{CATALOG_MAX_AGE, Catalog, merged_info};
 use parked::PendingCall;
 use relay::{level_rank, relay_events};
-pub use whole_tools::WHOLE_TOOLS_METHOD;
 
 pub use super::wire::*;
 use request::{CallCredentials, duplicated_header, invalid_params, is_modern, request_key};
@@ -713,7 +712,7 @@ impl ServerHandler for Front {
         if request.method == super::numbers::INEXACT_METHOD {
             return Err(super::numbers::refusal(request.params.as_ref()));
         }
-        if request.method == WHOLE_TOOLS_METHOD {
+        if request.method == super::idempotency::WHOLE_TOOLS_METHOD {
             return self.whole_tools_list(request, context).await;
         }
         if request.method == "tools/call" {

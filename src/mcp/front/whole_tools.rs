@@ -5,7 +5,7 @@
 //! vendor fields), and rmcp's HTTP service only serves a `ServerHandler`.
 //! So the raw layers (`idempotency`: the stdio line hook, the HTTP body
 //! layer) hand a `tools/list` request over as a request of
-//! [`WHOLE_TOOLS_METHOD`] (same id and params), which rmcp passes to
+//! `idempotency::WHOLE_TOOLS_METHOD` (same id and params), which rmcp passes to
 //! `on_custom_request`, and its answer is a custom result: the front's own
 //! `list_tools` page (paging, re-listing a stale catalog), shaped for the
 //! negotiated protocol version as rmcp shapes a `tools/list` answer, then
@@ -33,9 +33,6 @@ use serde_json::{Map, Value};
 use super::Front;
 use super::request::invalid_params;
 
-/// The method a `tools/list` request is handed over as (`idempotency`).
-pub const WHOLE_TOOLS_METHOD: &str = "dev.leasegate/tools_list";
-
 /// The fields of a tool that rmcp's model carries (invariant 1).
 const MODELLED: [&str; 7] = [
     "title",
@@ -48,7 +45,7 @@ const MODELLED: [&str; 7] = [
 ];
 
 impl Front {
-    /// The answer to a request of [`WHOLE_TOOLS_METHOD`].
+    /// The answer to a request of `idempotency::WHOLE_TOOLS_METHOD`.
     pub(super) async fn whole_tools_list(
         &self,
         request: CustomRequest,
