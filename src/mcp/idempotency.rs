@@ -1,9 +1,18 @@
-//! The draft MCP field `params.idempotencyKey` of `tools/call` (SEP-3182
-//! shape), which rmcp's model does not carry: moved into
-//! `_meta["dev.leasegate/idempotency_key"]` before rmcp parses the request,
-//! on the HTTP front (a body layer) and on stdio (a line filter). A key
-//! already in `_meta` wins. Only messages that contain the field's name are
-//! parsed here; everything else passes untouched.
+//! What rmcp would lose of an agent's message, kept before rmcp parses it,
+//! on the HTTP front (a body layer) and on stdio (a line filter):
+//!
+//! - the draft MCP field `params.idempotencyKey` of `tools/call` (SEP-3182
+//!   shape), which rmcp's model does not carry: moved into
+//!   `_meta["dev.leasegate/idempotency_key"]`. A key already in `_meta`
+//!   wins;
+//! - a `tools/list` request: handed over as a request of
+//!   [`WHOLE_TOOLS_METHOD`], whose answer carries the upstreams' tool
+//!   objects whole (`front::whole_tools`);
+//! - numbers in a `tools/call`'s arguments that parsing would change:
+//!   refused under `integers = "reject"` (`numbers`).
+//!
+//! Only messages that contain the names concerned are parsed here;
+//! everything else passes untouched.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -14,11 +23,58 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use super::wire::IDEMPOTENCY_KEY_META;
+use crate::intent::IntegerPolicy;
 
 const FIELD: &[u8] = b"\"idempotencyKey\"";
+const TOOLS_LIST: &[u8] = b"\"tools/list\"";
 
-fn names_the_field(bytes: &[u8]) -> bool {
-    bytes.windows(FIELD.len()).any(|window| window == FIELD)
+fn names(bytes: &[u8], name: &[u8]) -> bool {
+    bytes.windows(name.len()).any(|window| window == name)
+}
+
+/// The message with its draft keys lifted ([`lift`]) and its `tools/list`
+/// requests handed over whole ([`list_whole`]); `None` when neither applies
+/// (the message passes as it is).
+fn rewritten(bytes: &[u8]) -> Option<Vec<u8>> {
+    let (keys, lists) = (names(bytes, FIELD), names(bytes, TOOLS_LIST));
+    if !keys && !lists {
+        return None;
+    }
+    let mut message = serde_json::from_slice::<Value>(bytes).ok()?;
+    let lifted = keys && lift(&mut message);
+    let listed = lists && list_whole(&mut message);
+    (lifted || listed)
+        .then(|| serde_json::to_vec(&message).ok())
+        .flatten()
+}
+
+/// The method a `tools/list` request is handed to the front as; the front
+/// answers it with the upstreams' tool objects whole (`front::whole_tools`).
+pub const WHOLE_TOOLS_METHOD: &str = "dev.leasegate/tools_list";
+
+/// Hands each `tools/list` request (alone or in a batch) to the front as a
+/// request of [`WHOLE_TOOLS_METHOD`], same id and params, so that its
+/// answer carries the upstreams' tool objects whole (`front::whole_tools`).
+/// Returns whether any was.
+pub fn list_whole(message: &mut Value) -> bool {
+    match message {
+        Value::Array(batch) => {
+            let mut listed = false;
+            for message in batch {
+                listed |= list_whole(message);
+            }
+            listed
+        }
+        Value::Object(object) => {
+            let request = object.contains_key("id")
+                && object.get("method").and_then(Value::as_str) == Some("tools/list");
+            if request {
+                object.insert("method".to_owned(), Value::from(WHOLE_TOOLS_METHOD));
+            }
+            request
+        }
+        _ => false,
+    }
 }
 
 /// Moves `params.idempotencyKey` of a `tools/call` request (or of each in
@@ -80,39 +136,77 @@ pub(super) fn unreadable_body(error: &axum::Error, limit: usize) -> Response {
         .into_response()
 }
 
-pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
+/// A `tools/call` with a number parsing would change is rewritten into its
+/// refusal under `integers` (`numbers`, invariant 1).
+pub async fn layer(
+    limit: usize,
+    integers: IntegerPolicy,
+    request: Request,
+    next: Next,
+) -> Response {
     if request.method() != Method::POST {
         return next.run(request).await;
     }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let bytes = match axum::body::to_bytes(body, limit).await {
         Ok(bytes) => bytes,
         Err(error) => return unreadable_body(&error, limit),
     };
-    let lifted = names_the_field(&bytes)
-        .then(|| serde_json::from_slice::<Value>(&bytes).ok())
-        .flatten()
-        .and_then(|mut message| lift(&mut message).then_some(message))
-        .and_then(|message| serde_json::to_vec(&message).ok());
-    let bytes = lifted.map_or(bytes, Into::into);
+    let bytes = match kept(&bytes, integers) {
+        Some(rewritten) => {
+            method_header_follows(&mut parts.headers, &rewritten);
+            rewritten.into()
+        }
+        None => bytes,
+    };
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
 }
 
+/// The message as the front should read it: a `tools/call` with a number
+/// parsing would change replaced by its refusal under `integers`
+/// (`numbers`, invariant 1), then [`rewritten`]. `None`: as it is.
+fn kept(message: &[u8], integers: IntegerPolicy) -> Option<Vec<u8>> {
+    let refused = super::numbers::refuse_altered(message, integers);
+    rewritten(refused.as_deref().unwrap_or(message)).or(refused)
+}
+
+/// A 2026-07-28 client names the method in the `Mcp-Method` header too,
+/// and rmcp refuses a header that does not match the body's: the header of
+/// a message whose method was rewritten follows it.
+fn method_header_follows(headers: &mut http::HeaderMap, rewritten: &[u8]) {
+    #[derive(serde::Deserialize)]
+    struct Method {
+        method: Option<String>,
+    }
+    if !headers.contains_key(METHOD_HEADER) {
+        return;
+    }
+    if let Ok(Method {
+        method: Some(method),
+    }) = serde_json::from_slice(rewritten)
+        && let Ok(value) = http::HeaderValue::from_str(&method)
+    {
+        headers.insert(METHOD_HEADER, value);
+    }
+}
+
+/// The 2026-07-28 header that repeats a request's method.
+const METHOD_HEADER: &str = "mcp-method";
+
 /// stdin, with `params.idempotencyKey` lifted line by line (stdio MCP is
-/// one JSON-RPC message per line).
-pub fn stdin_lifting_keys() -> tokio::io::DuplexStream {
+/// one JSON-RPC message per line), and a `tools/call` with a number parsing
+/// would change rewritten into its refusal under `integers` (`numbers`,
+/// invariant 1).
+pub fn stdin_lifting_keys(integers: IntegerPolicy) -> tokio::io::DuplexStream {
     let (reader, mut writer) = tokio::io::duplex(64 * 1024);
     tokio::spawn(async move {
         let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
         while let Ok(Some(line)) = lines.next_line().await {
             let line = if let Some(answerable) = unreadable_request(&line) {
                 answerable
-            } else if names_the_field(line.as_bytes())
-                && let Ok(mut message) = serde_json::from_str::<Value>(&line)
-                && lift(&mut message)
-            {
-                serde_json::to_string(&message).unwrap_or(line)
+            } else if let Some(kept) = kept(line.as_bytes(), integers) {
+                String::from_utf8(kept).unwrap_or(line)
             } else {
                 line
             };
@@ -192,6 +286,30 @@ mod tests {
         );
         assert_eq!(unreadable_request("not json"), None);
         assert_eq!(unreadable_request(""), None);
+    }
+
+    #[test]
+    fn tools_list_requests_are_handed_over_whole_and_nothing_else_is() {
+        let mut list = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list",
+            "params": {"cursor": "1"}});
+        assert!(list_whole(&mut list));
+        assert_eq!(
+            list,
+            json!({"jsonrpc": "2.0", "id": 3, "method": WHOLE_TOOLS_METHOD,
+                "params": {"cursor": "1"}})
+        );
+        let mut notification = json!({"jsonrpc": "2.0", "method": "tools/list"});
+        assert!(!list_whole(&mut notification));
+        let batch = br#"[{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","id":2,"method":"tools/list"}]"#;
+        let batch: Value = serde_json::from_slice(&rewritten(batch).expect("rewritten")).unwrap();
+        assert_eq!(
+            (&batch[0]["method"], &batch[1]["method"]),
+            (&json!("ping"), &json!(WHOLE_TOOLS_METHOD))
+        );
+        assert_eq!(
+            rewritten(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#),
+            None
+        );
     }
 
     #[test]

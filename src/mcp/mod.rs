@@ -7,6 +7,7 @@ pub mod http_headers;
 pub mod idempotency;
 pub mod inflight;
 pub mod malformed;
+pub mod numbers;
 pub mod sessions;
 pub mod upstream;
 pub mod wire;
@@ -74,6 +75,7 @@ pub async fn serve_http(
         .with_json_response(true)
         .with_cancellation_token(stop.child_token());
     let in_flight = front.in_flight();
+    let integers = front.integers();
     let router = if sessions {
         let manager = Arc::new(sessions::BoundedSessions::new(
             limits.max_sessions,
@@ -103,7 +105,7 @@ pub async fn serve_http(
     let router = wrap(
         router
             .layer(axum::middleware::from_fn(move |request, next| {
-                idempotency::layer(body_limit, request, next)
+                idempotency::layer(body_limit, integers, request, next)
             }))
             .layer(axum::middleware::from_fn(move |request, next| {
                 malformed::layer(body_limit, request, next)
@@ -168,8 +170,12 @@ pub fn no_delay(stream: &mut tokio::net::TcpStream) {
 /// Serves the front on stdin/stdout until the client closes stdin. Logs
 /// must go to stderr.
 pub async fn serve_stdio(front: Front) -> anyhow::Result<()> {
+    let integers = front.integers();
     front
-        .serve((idempotency::stdin_lifting_keys(), tokio::io::stdout()))
+        .serve((
+            idempotency::stdin_lifting_keys(integers),
+            tokio::io::stdout(),
+        ))
         .await?
         .waiting()
         .await?;

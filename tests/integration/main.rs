@@ -32,6 +32,7 @@ mod page_room;
 mod progress;
 mod proxy_e2e;
 mod proxy_stdio;
+mod raw_fidelity;
 mod reconcile;
 mod reissue;
 mod retention;

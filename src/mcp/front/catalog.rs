@@ -247,6 +247,7 @@ impl Front {
                 CatalogEntry {
                     upstream: upstream.to_owned(),
                     upstream_tool: tool.name.to_string(),
+                    object: self.state.upstreams.tool_object(upstream, &tool.name),
                     tool: exposed_tool,
                 },
             );

@@ -8,7 +8,8 @@
 //! `namespace_separator`, `__` by default), resources and resource templates
 //! as `<upstream>+<uri>`; upstreams listed in `unprefixed` keep their own
 //! names and URIs. Every other field of a tool, prompt or resource is passed
-//! on as the upstream sent it (as far as rmcp's model carries it).
+//! on as the upstream sent it: as far as rmcp's model carries it, and for
+//! tools of stdio upstreams whole, unknown fields included (`whole_tools`).
 //!
 //! # Leases
 //!
@@ -120,6 +121,7 @@ mod catalog;
 mod parked;
 mod relay;
 mod request;
+mod whole_tools;
 pub use call::{lease_meta, operation_of};
 use cancel::CallWatch;
 use catalog::{CATALOG_MAX_AGE, Catalog, merged_info};
@@ -294,6 +296,12 @@ impl Front {
     /// own there, before serving).
     pub fn session_leases(&self) -> &crate::agent_leases::SessionLeases {
         &self.state.session_leases
+    }
+
+    /// The policy's `integers`: what the raw-number check of the line hook
+    /// and the body layer refuses (`mcp::numbers`).
+    pub fn integers(&self) -> crate::intent::IntegerPolicy {
+        self.state.config.policy.integers
     }
 
     /// The requests in flight on the stateless HTTP front.
@@ -692,7 +700,7 @@ impl ServerHandler for Front {
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, McpError> {
         if request.method == super::idempotency::UNREADABLE_METHOD {
             let reason = request
@@ -713,6 +721,12 @@ impl ServerHandler for Front {
                 ),
                 Some(json!({"reason": "unreadable"})),
             ));
+        }
+        if request.method == super::numbers::INEXACT_METHOD {
+            return Err(super::numbers::refusal(request.params.as_ref()));
+        }
+        if request.method == super::idempotency::WHOLE_TOOLS_METHOD {
+            return self.whole_tools_list(request, context).await;
         }
         if request.method == "tools/call" {
             let why = match request.params_as::<CallToolRequestParams>() {

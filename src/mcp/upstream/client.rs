@@ -27,6 +27,8 @@ pub(super) struct UpstreamClient {
     pub(super) name: String,
     pub(super) routes: CallRoutes,
     pub(super) events: broadcast::Sender<UpstreamEvent>,
+    /// The upstream's own tool objects, kept from its stdout (`tool_objects`).
+    pub(super) tool_objects: super::tool_objects::ToolObjects,
 }
 
 pub(super) fn method_and_params<T: serde::Serialize>(message: &T) -> (String, Value) {

@@ -130,6 +130,7 @@ impl Connection {
                 name: name.to_owned(),
                 routes: CallRoutes::default(),
                 events,
+                tool_objects: Default::default(),
             },
             peer: std::sync::RwLock::new(None),
             health: Mutex::new(Health {
@@ -345,6 +346,8 @@ pub(super) async fn open_stdio(
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Err("the child's stdin or stdout is not piped".into());
     };
+    // rmcp reads the child's lines after the tap has kept its tool objects.
+    let stdout = super::tool_objects::tap(stdout, handler.tool_objects.clone());
     let session = handshake(handler, AsyncRwTransport::new_client(stdout, stdin)).await?;
     Ok((session, child))
 }

@@ -37,6 +37,7 @@ pub async fn inspect_upstream(
         name: name.to_owned(),
         routes: CallRoutes::default(),
         events,
+        tool_objects: Default::default(),
     };
     // rmcp's transport errors start with the transport's type name.
     let connect_error = |message: String| StartError::Connect {

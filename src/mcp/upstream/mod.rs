@@ -116,6 +116,7 @@ mod connection;
 mod inspect;
 mod routes;
 mod supervision;
+mod tool_objects;
 
 use connection::{Connection, EXIT_GRACE, lock, open_http, open_stdio};
 pub use connection::{UpstreamHealth, UpstreamState};
@@ -149,6 +150,10 @@ pub struct CatalogEntry {
     pub upstream_tool: String,
     /// The tool as exposed (name namespaced, everything else unchanged).
     pub tool: Tool,
+    /// The upstream's own tool object (under its own name), with the fields
+    /// rmcp's model drops; `None` where the transport does not let
+    /// leasegate keep it (Streamable HTTP upstreams).
+    pub object: Option<Arc<Map<String, Value>>>,
 }
 
 /// What dispatch and the reconciler need to know of each exposed tool.
@@ -284,6 +289,17 @@ impl Upstreams {
             .and_then(|peer| peer.peer_info())
     }
 
+    /// The tool object `upstream` last listed for its tool `name`, whole
+    /// (`tool_objects`, invariant 3: ask only for a tool the typed list
+    /// just returned).
+    pub fn tool_object(&self, upstream: &str, name: &str) -> Option<Arc<Map<String, Value>>> {
+        self.connections
+            .get(upstream)?
+            .handler
+            .tool_objects
+            .get(name)
+    }
+
     /// The upstream's tools, every page.
     pub async fn list_tools(&self, upstream: &str) -> Result<Vec<Tool>, String> {
         let connection = self
@@ -338,6 +354,7 @@ impl Upstreams {
                     CatalogEntry {
                         upstream: name.clone(),
                         upstream_tool: tool.name.to_string(),
+                        object: self.tool_object(name, &tool.name),
                         tool: exposed_tool,
                     },
                 );
