@@ -78,7 +78,9 @@
 //! * `dispatch`: the dispatch protocol, shared by the inline path and the
 //!   outbox (`dispatch::Outbox`: planned intents claimed and sent) —
 //!   register+claim, upstream call in a leasegate-owned task (what a
-//!   failure proves: `UpstreamError::delivery`), settle or mark unknown.
+//!   failure proves: `UpstreamError::delivery`), settle or mark unknown;
+//!   each round of a call that asks its agent something recorded as
+//!   `input_round` evidence.
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
 //!   `/mcp` and stdio: the upstreams' whole server surface, namespaced, with
 //!   sampling/elicitation/roots relayed within the call and stateless-MCP
@@ -91,6 +93,9 @@
 //!   JSON-RPC's own answers to bodies rmcp cannot read (`malformed`: 400
 //!   with -32700 or -32600, -32700 under the message's id when only its
 //!   depth or a number is at fault, 413 with -32600 for one over the limit);
+//!   numbers that parsing would alter, found in the agent's own bytes
+//!   (`numbers`); the upstreams' tool objects kept whole
+//!   (`upstream::tool_objects`, `front::whole_tools`);
 //!   `inspect_upstream`, the one-off connection
 //!   and tool listing of `leasegate init`.
 //! * `reconcile`: the background services of every `serve` process —

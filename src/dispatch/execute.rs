@@ -273,8 +273,9 @@ async fn record_failure(
                     CallReply::Unknown {
                         operation_id: claim.operation_id,
                         reason: format!(
-                            "{failure}; nothing was sent, but the ledger could not record that yet ({error}): \
-                             leasegate records it as soon as the ledger takes it and the operation is prepared again — call again"
+                            "{failure}; nothing was sent, but the ledger could not record that yet ({}): \
+                             leasegate records it as soon as the ledger takes it and the operation is prepared again — call again",
+                            error.summary()
                         ),
                     },
                     None,
@@ -332,7 +333,11 @@ async fn record_failure(
         // The claim stays dispatching and expires into unknown: the agent is
         // told unknown either way, never "not sent".
         Err(error) => {
-            format!("{failure}; recording it failed ({error}): the claim will expire into unknown")
+            tracing::warn!(error = %crate::logfield::clip_display(&error), "recording a failure failed");
+            format!(
+                "{failure}; recording it failed ({}): the claim will expire into unknown",
+                error.summary()
+            )
         }
     };
     Ok((
@@ -403,8 +408,9 @@ async fn settle(
                 let reply = CallReply::Unknown {
                     operation_id: claim.operation_id.clone(),
                     reason: format!(
-                        "the tool said nothing was done, but the ledger could not record that yet ({error}): \
-                         leasegate records it as soon as the ledger takes it — call again"
+                        "the tool said nothing was done, but the ledger could not record that yet ({}): \
+                         leasegate records it as soon as the ledger takes it — call again",
+                        error.summary()
                     ),
                 };
                 return Ok((reply, None));
@@ -456,13 +462,15 @@ async fn settle(
                 let reason = if kept {
                     tracing::warn!(error = %crate::logfield::clip_display(&error), "the tool answered but the ledger cannot record it yet: the answer is kept until it can");
                     format!(
-                        "the tool answered but the ledger could not record it yet ({error}); \
-                         leasegate keeps the answer and records it as soon as the ledger takes it — call again for the outcome"
+                        "the tool answered but the ledger could not record it yet ({}); \
+                         leasegate keeps the answer and records it as soon as the ledger takes it — call again for the outcome",
+                        error.summary()
                     )
                 } else {
                     tracing::error!(error = %crate::logfield::clip_display(&error), "the tool answered but settling failed: the operation will turn unknown");
                     format!(
-                        "the tool answered but the ledger could not record it ({error}); the outcome is being reconciled"
+                        "the tool answered but the ledger could not record it ({}); the outcome is being reconciled",
+                        error.summary()
                     )
                 };
                 let reply = CallReply::Unknown {

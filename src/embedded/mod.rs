@@ -12,9 +12,10 @@
 //! * How: `initdb -U postgres --auth=trust` once; every start (re)writes
 //!   `data/leasegate.conf` (included by `postgresql.conf`):
 //!   `listen_addresses = ''` (no TCP at all), `unix_socket_directories =
-//!   '<dir>'`, `unix_socket_permissions = 0700`. Trust authentication is
-//!   safe because only the owner of `<dir>` (mode 0700) and root can reach
-//!   the socket.
+//!   '<dir>'`, `unix_socket_permissions = 0700`; and `data/pg_hba.conf`:
+//!   only the superuser may log in, over the socket (leasegate reaches its
+//!   roles by SET ROLE). Trust authentication is safe because only the
+//!   owner of `<dir>` (mode 0700) and root can reach the socket.
 //! * As root (initdb refuses root), every PostgreSQL command runs as the
 //!   `postgres` user through `runuser -u postgres --`, with `<dir>` owned
 //!   by it; without a `postgres` user (or `runuser`) it refuses, saying so.
@@ -472,7 +473,16 @@ impl Cluster {
              port = {PORT}\n"
         );
         std::fs::write(self.data().join("leasegate.conf"), settings)
-            .map_err(|e| self.io("write leasegate.conf", e))
+            .map_err(|e| self.io("write leasegate.conf", e))?;
+        // Only the superuser logs in (leasegate reaches its roles from it by
+        // SET ROLE): a local user who could reach the socket still cannot
+        // log in as leasegate_app or leasegate_operator.
+        let hba = format!(
+            "# Written by leasegate at every start; edits are lost.\n\
+             local all {SUPERUSER} trust\n"
+        );
+        std::fs::write(self.data().join("pg_hba.conf"), hba)
+            .map_err(|e| self.io("write pg_hba.conf", e))
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Result<Output, EmbeddedError> {

@@ -249,6 +249,38 @@ impl LedgerError {
         }
     }
 
+    /// What went wrong, in words an agent may read: never the database's
+    /// own text (statements, line numbers, settings), which goes to the
+    /// log beside it.
+    pub fn summary(&self) -> &'static str {
+        match self {
+            LedgerError::InvalidInput(_) => "the ledger refused the input",
+            LedgerError::Unavailable { .. } | LedgerError::Connect(_) => {
+                "the ledger could not be reached"
+            }
+            LedgerError::OutcomeUnknown { .. } => {
+                "the connection to the ledger broke before it answered"
+            }
+            LedgerError::RetryBudgetSpent { .. } => "the ledger was too busy to take the write",
+            LedgerError::Database { source, .. } if session_broke(source) => {
+                "the connection to the ledger broke"
+            }
+            LedgerError::Database { source, .. }
+                if source
+                    .as_database_error()
+                    .and_then(|db| db.code())
+                    .is_some_and(|code| code == "57014") =>
+            {
+                "the ledger did not answer in time"
+            }
+            LedgerError::Database { .. } | LedgerError::Migrate(_) => {
+                "the ledger refused the write"
+            }
+            LedgerError::Protocol { .. } => "the ledger answered unexpectedly",
+            LedgerError::Sealed { .. } => "a stored body could not be opened",
+        }
+    }
+
     /// Whether calling again may succeed without changing the input.
     pub fn is_retryable(&self) -> bool {
         match self {

@@ -96,6 +96,10 @@ fn init_over_stdio_writes_what_check_config_accepts() {
         "adapters/shop.toml",
     ] {
         assert!(out.join(file).is_file(), "{file}: {}", text(&init));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(out.join(file)).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{file}: the owner's alone");
         assert!(stdout.contains(&format!("wrote {}", out.join(file).display())));
     }
 
@@ -103,10 +107,8 @@ fn init_over_stdio_writes_what_check_config_accepts() {
     let raw: RawConfig =
         toml::from_str(&std::fs::read_to_string(out.join("leasegate.toml")).unwrap()).unwrap();
     assert_eq!(raw.tenant.as_deref(), Some("default"));
-    assert_eq!(
-        raw.database_url.as_deref(),
-        Some(leasegate::config::DEFAULT_DATABASE_URL)
-    );
+    // No database_url: a server at the default, else a private PostgreSQL.
+    assert_eq!(raw.database_url, None);
     assert_eq!(raw.adapters.as_deref(), Some("adapters"));
     assert_eq!(raw.policy.as_deref(), Some("policies/default.toml"));
     assert_eq!(

@@ -629,8 +629,9 @@ pub fn check_target(dir: &Path, files: &[InitFile], force: bool) -> Result<(), I
 }
 
 /// Writes `files` into `dir` (creating directories), after
-/// [`check_target`]. Without `force` a file that appeared meanwhile is not
-/// overwritten. Returns the paths written.
+/// [`check_target`], readable by the owner alone (mode 0600). Without
+/// `force` a file that appeared meanwhile is not overwritten. Returns the
+/// paths written.
 pub fn write_files(dir: &Path, files: &[InitFile], force: bool) -> Result<Vec<PathBuf>, InitError> {
     check_target(dir, files, force)?;
     let mut written = Vec::new();
@@ -645,6 +646,9 @@ pub fn write_files(dir: &Path, files: &[InitFile], force: bool) -> Result<Vec<Pa
         }
         let mut options = std::fs::OpenOptions::new();
         options.write(true);
+        // The owner's alone: a command's arguments or environment may hold
+        // a secret.
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         if force {
             options.create(true).truncate(true);
         } else {
@@ -658,6 +662,10 @@ pub fn write_files(dir: &Path, files: &[InitFile], force: bool) -> Result<Vec<Pa
             }
         })?;
         std::io::Write::write_all(&mut handle, file.contents.as_bytes()).map_err(io)?;
+        // A file overwritten under --force keeps its mode otherwise.
+        handle
+            .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(io)?;
         written.push(path);
     }
     Ok(written)

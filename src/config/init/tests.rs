@@ -196,7 +196,9 @@ fn the_config_names_every_upstream_and_parses() {
     };
     let text = render_config(&[payments(), http]);
     let raw: RawConfig = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(raw.database_url.as_deref(), Some(DEFAULT_DATABASE_URL));
+    // No database_url: the default server, else the private PostgreSQL.
+    assert_eq!(raw.database_url, None);
+    assert!(text.contains(&format!("# database_url = \"{DEFAULT_DATABASE_URL}\"")));
     assert_eq!(raw.tenant.as_deref(), Some("default"));
     assert_eq!(raw.listen.as_deref(), Some(DEFAULT_LISTEN));
     assert_eq!(raw.adapters.as_deref(), Some("adapters"));
