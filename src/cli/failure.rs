@@ -67,13 +67,22 @@ pub fn ledger_refusal(error: &LedgerError, database: &DatabaseUrl) -> (ErrorCode
         ConnectFailure::InvalidUrl => format!(
             "the URL came from {source}; write it as postgres://user[:password]@host:port/database"
         ),
-        ConnectFailure::Unreachable => format!(
-            "the URL came from {source}. Start PostgreSQL there (e.g. `sudo systemctl start \
-             postgresql`, or `pg_ctlcluster <version> main start`), or point --database-url (or \
-             LEASEGATE_DATABASE_URL, or database_url in --config) at a server that runs, or give \
-             no URL at all: with none configured and no server at the default, leasegate starts \
-             a private PostgreSQL of its own (PostgreSQL's programs must be installed)"
-        ),
+        ConnectFailure::Unreachable => {
+            // With no URL given, a silent default starts the private cluster
+            // itself: the hint is for a URL someone chose.
+            let private = if matches!(source, crate::config::DatabaseUrlSource::Default) {
+                ""
+            } else {
+                ", or give no URL at all: with none configured and no server at the default, \
+                 leasegate starts a private PostgreSQL of its own (PostgreSQL's programs must be \
+                 installed)"
+            };
+            format!(
+                "the URL came from {source}. Start PostgreSQL there (e.g. `sudo systemctl start \
+                 postgresql`, or `pg_ctlcluster <version> main start`), or point --database-url \
+                 (or LEASEGATE_DATABASE_URL, or database_url in --config) at a server that runs{private}"
+            )
+        }
         ConnectFailure::AuthenticationFailed => format!(
             "the URL came from {source}. Check the user and password in it, or the server's \
              pg_hba.conf"

@@ -255,7 +255,7 @@ async fn check(gate: Arc<AuthGate>, mut request: Request, next: Next) -> Respons
         Ok(principal) => principal,
         Err(refusal) if console && refusal != Refusal::Unavailable => {
             // Every refused credential of one address shares its bucket.
-            if let Some(limited) = crate::http_server::rate::admit(&request, None) {
+            if let Some(limited) = crate::http_server::rate::admit(&mut request, None) {
                 return limited;
             }
             gate.refuse(refusal.reason());
@@ -263,14 +263,15 @@ async fn check(gate: Arc<AuthGate>, mut request: Request, next: Next) -> Respons
         }
         Err(refusal) => {
             // Every refused credential of one address shares its bucket.
-            if let Some(limited) = crate::http_server::rate::admit(&request, None) {
+            if let Some(limited) = crate::http_server::rate::admit(&mut request, None) {
                 return limited;
             }
             return gate.unauthenticated(&host, refusal);
         }
     };
     // The rate bucket of the verified token (`http_server::rate`, check 2).
-    if let Some(limited) = crate::http_server::rate::admit(&request, Some(&principal.token_id)) {
+    if let Some(limited) = crate::http_server::rate::admit(&mut request, Some(&principal.token_id))
+    {
         return limited;
     }
     let needed = match gate.listener {

@@ -93,13 +93,49 @@ pub struct Pending(Arc<Limiter>);
 /// check 2): `token_id` of the verified token, or `None` when the request
 /// was refused (its peer address's bucket). `Some(429)` when over the rate;
 /// `None` to go on (also when the listener has no rate limit).
-pub fn admit(request: &Request, token_id: Option<&str>) -> Option<Response> {
-    let Pending(limiter) = request.extensions().get::<Pending>()?;
+pub fn admit(request: &mut Request, token_id: Option<&str>) -> Option<Response> {
+    let Pending(limiter) = request.extensions().get::<Pending>()?.clone();
     let principal = match token_id {
         Some(id) => RateKey::token(id),
         None => RateKey::address(request)?,
     };
-    limiter.take(&principal)
+    let refused = limiter.take(&principal);
+    if refused.is_none() {
+        request.extensions_mut().insert(Charged {
+            limiter,
+            key: principal,
+        });
+    }
+    refused
+}
+
+/// The bucket a request was counted against, in its extensions, for a
+/// handler whose request asks for more work than one request's
+/// ([`Charged::weigh`]).
+#[derive(Clone)]
+pub struct Charged {
+    limiter: Arc<Limiter>,
+    key: RateKey,
+}
+
+impl Charged {
+    /// Takes `more` requests' worth from the same bucket: `Some(429)` when
+    /// the bucket does not hold them (or never could, `more` beyond the
+    /// burst), with nothing done.
+    pub fn weigh(&self, more: u32) -> Option<Response> {
+        let Some(more) = NonZeroU32::new(more) else {
+            return None;
+        };
+        match self.limiter.buckets.check_key_n(&self.key, more) {
+            Ok(Ok(())) => None,
+            Ok(Err(not_until)) => Some(self.limiter.refuse(not_until)),
+            // More than the burst: no wait makes room; as a full bucket.
+            Err(_) => {
+                refused(self.limiter.listener, Refusal::RateLimited);
+                Some(too_many(self.limiter.listener, 1))
+            }
+        }
+    }
 }
 
 struct Limiter {
@@ -172,6 +208,11 @@ impl Limiter {
         }
         if self.verified {
             request.extensions_mut().insert(Pending(self.clone()));
+        } else {
+            request.extensions_mut().insert(Charged {
+                limiter: self.clone(),
+                key: address,
+            });
         }
         next.run(request).await
     }

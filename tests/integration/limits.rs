@@ -848,3 +848,64 @@ async fn rate_buckets_are_the_verified_tokens_and_bad_tokens_share_their_address
     assert_eq!(send(second.clone()).await.unwrap().status(), 200);
     served.stop().await;
 }
+
+/// A batch renewal weighs its leases against the caller's rate (one
+/// request per 100 leases): a batch within the burst is served, one that
+/// asks more than the burst can ever hold is 429 with nothing fenced.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_batch_renewal_weighs_its_leases_against_the_rate(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "");
+    append_limits(&scenario, "rate_limit = 1\nrate_limit_burst = 3\n");
+    let served = Served::start(&scenario, &[]).await;
+    let (lease, _) = db.running_run("batch-host", 60_000).await;
+    let held = json!({"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch,
+        "lease_token": lease.token.as_ref().map(|t| t.expose())});
+    let batch =
+        |size: usize| {
+            let mut leases = vec![held.clone()];
+            leases.extend((1..size).map(
+                |_| json!({"run_id": uuid::Uuid::now_v7(), "owner": "batch-host", "epoch": 1}),
+            ));
+            json!({"ttl_ms": 60_000, "leases": leases}).to_string()
+        };
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .build()
+        .unwrap();
+    let renew = |body: String| {
+        client
+            .post(format!("{}/v1/leases/renew", served.control))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let expiry = || async {
+        let at: chrono::DateTime<chrono::Utc> = db
+            .scalar(
+                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
+                lease.run_id.as_uuid(),
+            )
+            .await;
+        at
+    };
+
+    // 250 leases weigh three requests: the whole burst of a fresh bucket.
+    let before = expiry().await;
+    let served_batch = renew(batch(250)).await.unwrap();
+    assert_eq!(served_batch.status(), 200);
+    let answer: serde_json::Value = served_batch.json().await.unwrap();
+    assert_eq!(answer["renewed"], 1, "{answer}");
+    let renewed = expiry().await;
+    assert!(renewed >= before);
+
+    // 10,000 leases weigh a hundred: more than the burst ever holds.
+    let refused = renew(batch(10_000)).await.unwrap();
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert!(refused.text().await.unwrap().contains("rate_limited"));
+    assert_eq!(expiry().await, renewed, "nothing was fenced or renewed");
+}
