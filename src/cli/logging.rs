@@ -63,7 +63,7 @@ fn log_bodies() -> bool {
 fn rmcp_error_answer(meta: &tracing::Metadata<'_>) -> bool {
     meta.is_event()
         && *meta.level() == tracing::Level::WARN
-        && meta.target() == "rmcp::service"
+        && meta.target().split("::").eq(["rmcp", "service"])
         && meta.fields().field("error").is_some()
         && meta.fields().field("id").is_some()
 }

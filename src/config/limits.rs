@@ -26,6 +26,10 @@ pub struct RawLimits {
     /// MCP sessions (`http_sessions = true`) held at once (default 1000);
     /// a new one evicts the least recently used idle session.
     pub max_sessions: Option<usize>,
+    /// MCP sessions one authenticated principal may hold at once (default
+    /// a quarter of `max_sessions`); its new one beyond it evicts its own
+    /// least recently used idle session, never another principal's.
+    pub max_sessions_per_principal: Option<usize>,
     /// An MCP session with no message for this long ends (default "5m").
     pub session_idle_timeout: Option<String>,
     /// Requests per second per principal and listener (default 50; 0: no
@@ -46,6 +50,7 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub max_connections: usize,
     pub max_sessions: usize,
+    pub max_sessions_per_principal: usize,
     pub session_idle_timeout: Duration,
     /// `None`: no rate limit.
     pub rate_limit: Option<RateLimit>,
@@ -115,6 +120,14 @@ impl RawLimits {
         if !(1..=1_000_000).contains(&max_sessions) {
             return Err("limits.max_sessions: must be 1 to 1000000".into());
         }
+        let max_sessions_per_principal = self
+            .max_sessions_per_principal
+            .unwrap_or((max_sessions / 4).max(1));
+        if !(1..=max_sessions).contains(&max_sessions_per_principal) {
+            return Err(format!(
+                "limits.max_sessions_per_principal: must be 1 to max_sessions ({max_sessions})"
+            ));
+        }
         let per_second = self.rate_limit.unwrap_or(50);
         let burst = self
             .rate_limit_burst
@@ -132,6 +145,7 @@ impl RawLimits {
             idle_timeout,
             max_connections,
             max_sessions,
+            max_sessions_per_principal,
             session_idle_timeout,
             rate_limit: (per_second > 0).then_some(RateLimit { per_second, burst }),
             rate_limit_defaulted: self.rate_limit.is_none(),

@@ -24,6 +24,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::adapter::{AgentRequest, AgentSink, PeerError, ToAgent};
 use crate::ledger::{DispatchClaim, Ledger};
 
+/// JSON-RPC 2.0's internal error: the agent's side ended unanswered.
+const INTERNAL_ERROR: i32 = -32603;
+
 /// Hands what a relay has queued to the agent (see [`recorded`]).
 pub(super) struct Flush(mpsc::UnboundedSender<oneshot::Sender<()>>);
 
@@ -108,7 +111,7 @@ fn forward(
     tokio::spawn(async move {
         let answer = answer.await.unwrap_or_else(|_| {
             Err(PeerError {
-                code: rmcp::model::ErrorCode::INTERNAL_ERROR.0,
+                code: INTERNAL_ERROR,
                 message: "the agent's side of the call ended before it answered".into(),
                 data: None,
             })

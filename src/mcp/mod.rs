@@ -79,6 +79,7 @@ pub async fn serve_http(
     let router = if sessions {
         let manager = Arc::new(sessions::BoundedSessions::new(
             limits.max_sessions,
+            limits.max_sessions_per_principal,
             limits.session_idle_timeout,
         ));
         let service =
@@ -134,6 +135,20 @@ async fn session_cap(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
+    // Invariant 4 of `sessions`: a session answers only its creator.
+    let principal = request
+        .extensions()
+        .get::<crate::auth::Principal>()
+        .map(|principal| format!("token:{}", principal.token_id));
+    if let Some(id) = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        && !manager.may_use(id, principal.as_deref())
+    {
+        // Word for word what rmcp answers for a session it does not know.
+        return (http::StatusCode::NOT_FOUND, "Not Found: Session not found").into_response();
+    }
     if request.method() == http::Method::POST
         && !request.headers().contains_key("mcp-session-id")
         && manager.full()
@@ -155,6 +170,10 @@ async fn session_cap(
             })),
         )
             .into_response();
+    }
+    if request.method() == http::Method::POST && !request.headers().contains_key("mcp-session-id") {
+        // A session rmcp makes for this request belongs to its principal.
+        return sessions::creating(principal, next.run(request)).await;
     }
     next.run(request).await
 }

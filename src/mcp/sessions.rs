@@ -13,6 +13,15 @@
 //!    `Retry-After` before a session is made ([`BoundedSessions::full`]).
 //! 3. A session with no message for `session_idle_timeout` ends (rmcp's
 //!    `keep_alive`), and is forgotten here through `close_session`.
+//! 4. A session belongs to the authenticated principal that created it
+//!    (`token:<id>`, with tokens required): a request naming it with
+//!    another principal's credentials is answered as for an unknown session
+//!    (404), so a known `Mcp-Session-Id` is no credential. Without tokens
+//!    every caller is the same anonymous local principal, and nothing is
+//!    bound.
+//! 5. One principal holds at most `limits.max_sessions_per_principal`
+//!    sessions: its new session beyond that evicts its own least recently
+//!    used idle session (or, all busy, is refused 503), never another's.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -29,10 +38,24 @@ use rmcp::transport::streamable_http_server::session::{
     RestoreOutcome, ServerSseMessage, SessionId, SessionManager,
 };
 
+tokio::task_local! {
+    /// The principal whose `initialize` is being served (set by the HTTP
+    /// layer around rmcp, which makes the session in the same task).
+    static CREATOR: Option<String>;
+}
+
+/// Runs `serve` (an `initialize` request) on behalf of `principal`.
+pub async fn creating<F: std::future::Future>(principal: Option<String>, serve: F) -> F::Output {
+    CREATOR.scope(principal, serve).await
+}
+
 /// See the module docs.
 pub struct BoundedSessions {
     inner: LocalSessionManager,
     max: usize,
+    per_principal: usize,
+    /// Session → the principal that created it (invariant 4).
+    owners: Mutex<HashMap<SessionId, String>>,
     /// When this manager was made: `Usage::last_used` counts from it.
     epoch: Instant,
     usage: Mutex<HashMap<SessionId, Arc<Usage>>>,
@@ -57,12 +80,14 @@ pub enum SessionsError {
 type SseStream = Pin<Box<dyn Stream<Item = ServerSseMessage> + Send + Sync>>;
 
 impl BoundedSessions {
-    pub fn new(max: usize, idle_timeout: Duration) -> BoundedSessions {
+    pub fn new(max: usize, per_principal: usize, idle_timeout: Duration) -> BoundedSessions {
         let mut inner = LocalSessionManager::default();
         inner.session_config.keep_alive = Some(idle_timeout);
         BoundedSessions {
             inner,
             max,
+            per_principal,
+            owners: Mutex::new(HashMap::new()),
             epoch: Instant::now(),
             usage: Mutex::new(HashMap::new()),
         }
@@ -98,20 +123,45 @@ impl BoundedSessions {
         usage.len() >= self.max && usage.values().all(|u| u.busy.load(Ordering::Relaxed) > 0)
     }
 
-    /// Picks and forgets the least recently used idle session, if the cap
-    /// is reached (invariant 1). `Err`: every session is busy.
-    fn pick_victim(&self) -> Result<Option<SessionId>, SessionsError> {
-        let mut usage = self.usage();
-        if usage.len() < self.max {
-            return Ok(None);
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, String>> {
+        self.owners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `principal` may use session `id` (invariant 4): a session
+    /// made by no authenticated principal, or by this one.
+    pub fn may_use(&self, id: &str, principal: Option<&str>) -> bool {
+        match self.owners().get(id) {
+            None => true,
+            Some(owner) => principal == Some(owner.as_str()),
         }
-        let victim = usage
-            .iter()
+    }
+
+    /// Picks and forgets the least recently used idle session, if a cap is
+    /// reached: `creator`'s own cap (invariant 5), else the process's
+    /// (invariant 1). `Err`: every candidate is busy.
+    fn pick_victim(&self, creator: Option<&str>) -> Result<Option<SessionId>, SessionsError> {
+        let owners = self.owners();
+        let mut usage = self.usage();
+        let own =
+            |id: &SessionId| creator.is_some() && owners.get(id).map(String::as_str) == creator;
+        let held = usage.keys().filter(|id| own(id)).count();
+        let candidates: Vec<(&SessionId, &Arc<Usage>)> =
+            if creator.is_some() && held >= self.per_principal {
+                usage.iter().filter(|(id, _)| own(id)).collect()
+            } else if usage.len() >= self.max {
+                usage.iter().collect()
+            } else {
+                return Ok(None);
+            };
+        let victim = candidates
+            .into_iter()
             .filter(|(_, u)| u.busy.load(Ordering::Relaxed) == 0)
             .min_by_key(|(_, u)| u.last_used.load(Ordering::Relaxed))
             .map(|(id, _)| id.clone())
             .ok_or(SessionsError::Full(self.max))?;
         usage.remove(&victim);
+        drop(owners);
+        self.owners().remove(&victim);
         Ok(Some(victim))
     }
 
@@ -144,7 +194,8 @@ impl SessionManager for BoundedSessions {
     type Transport = <LocalSessionManager as SessionManager>::Transport;
 
     async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
-        while let Some(victim) = self.pick_victim()? {
+        let creator = CREATOR.try_with(Clone::clone).ok().flatten();
+        while let Some(victim) = self.pick_victim(creator.as_deref())? {
             metrics::counter!("mcp_sessions_evicted_total").increment(1);
             tracing::debug!(session = %crate::logfield::clip(&victim), "idle MCP session evicted");
             self.inner.close_session(&victim).await?;
@@ -154,6 +205,9 @@ impl SessionManager for BoundedSessions {
         let usage = Arc::new(Usage::default());
         usage.last_used.store(self.now(), Ordering::Relaxed);
         self.usage().insert(id.clone(), usage);
+        if let Some(creator) = creator {
+            self.owners().insert(id.clone(), creator);
+        }
         metrics::gauge!("mcp_sessions_open").set(self.len() as f64);
         Ok((id, transport))
     }
@@ -173,6 +227,7 @@ impl SessionManager for BoundedSessions {
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         let known = self.usage().remove(id).is_some();
+        self.owners().remove(id);
         self.inner.close_session(id).await?;
         if known {
             crate::http_server::note_ended();

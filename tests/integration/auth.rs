@@ -1377,3 +1377,112 @@ async fn the_console_refuses_framing_and_forged_logins_and_logout_ends_its_sessi
     );
     proxy.stop().await;
 }
+
+/// MCP sessions with tokens required: a session answers only the token
+/// that created it (another token naming its id gets 404, as for an
+/// unknown one), and one token's sessions beyond its share evict its own
+/// idle ones, never another token's.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_mcp_session_belongs_to_its_creator_and_one_token_cannot_evict_anothers(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = scenario_with_auth(&db);
+    scenario.prepend_config("http_sessions = true");
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        format!(
+            "{config}\n[limits]\nmax_sessions = 8\nmax_sessions_per_principal = 2\nrate_limit = 0\n"
+        ),
+    )
+    .unwrap();
+    let proxy = common::proxy::RunningProxy::start(&scenario.config_path()).await;
+    let alice = create_token(&db, "tenant-a", "agent", Some("sessions-alice")).await;
+    let mallory = create_token(&db, "tenant-a", "agent", Some("sessions-mallory")).await;
+    let client = reqwest::Client::builder()
+        .timeout(common::DEADLINE)
+        .build()
+        .unwrap();
+    let post = |token: &str, session: Option<&str>, body: Value| {
+        let mut request = client
+            .post(&proxy.url)
+            .header("authorization", format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string());
+        if let Some(session) = session {
+            request = request.header("mcp-session-id", session);
+        }
+        request.send()
+    };
+    let open = |token: &'static str| {
+        let post = &post;
+        async move {
+            let answer = post(
+                token,
+                None,
+                json!({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                           "clientInfo": {"name": "sessions-test", "version": "1"}}}),
+            )
+            .await
+            .unwrap();
+            assert_eq!(answer.status(), 200);
+            let id = answer.headers()["mcp-session-id"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let done = post(
+                token,
+                Some(&id),
+                json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+            )
+            .await
+            .unwrap();
+            assert_eq!(done.status(), 202);
+            id
+        }
+    };
+    let alice: &'static str = Box::leak(alice.into_boxed_str());
+    let mallory: &'static str = Box::leak(mallory.into_boxed_str());
+    let list = |token: &'static str, session: String| {
+        let post = &post;
+        async move {
+            post(
+                token,
+                Some(&session),
+                json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+            )
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+        }
+    };
+
+    let first = open(alice).await;
+    let theirs = open(mallory).await;
+    assert_eq!(list(alice, first.clone()).await, 200);
+    // Another token that knows the id gets what an unknown id gets.
+    assert_eq!(list(mallory, first.clone()).await, 404);
+    assert_eq!(
+        list(alice, first.clone()).await,
+        200,
+        "the session lives on"
+    );
+
+    // Mallory opens more than its share: its own oldest idle session goes,
+    // Alice's stays.
+    let _second = open(mallory).await;
+    let _third = open(mallory).await;
+    assert_eq!(list(mallory, theirs).await, 404, "evicted: its own oldest");
+    assert_eq!(
+        list(alice, first).await,
+        200,
+        "another token's session stays"
+    );
+    proxy.stop().await;
+}

@@ -93,37 +93,10 @@ pub fn with_console(router: Router, sources: Sources) -> Router {
     router.merge(console)
 }
 
-/// The Content-Security-Policy of every console response: the console's
-/// own stylesheet and script only, no framing, forms to itself.
-const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; script-src 'self'; \
-     img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
-
 /// Adds the console's security headers to every console response.
 pub(super) async fn hardened(mut response: Response) -> Response {
-    add_security_headers(response.headers_mut());
+    super::state::add_security_headers(response.headers_mut());
     response
-}
-
-/// The console's security headers: never framed (its forms carry live
-/// tokens), no content sniffing, no referrer to other origins (a same-origin one
-/// keeps the `Origin` of form posts, which the guard checks), and pages (which show
-/// request and result bodies) never stored by a cache.
-pub(super) fn add_security_headers(headers: &mut header::HeaderMap) {
-    for (name, value) in [
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "same-origin"),
-    ] {
-        headers.insert(name, header::HeaderValue::from_static(value));
-    }
-    // The assets say their own (revalidated, nothing secret in them).
-    if !headers.contains_key(header::CACHE_CONTROL) {
-        headers.insert(
-            header::CACHE_CONTROL,
-            header::HeaderValue::from_static("no-store"),
-        );
-    }
 }
 
 async fn asset(content_type: &'static str, body: &'static str) -> Response {

@@ -30,7 +30,9 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use super::pages;
-use super::state::{COOKIE, Problem, Shared, html};
+use super::state::{
+    COOKIE, Problem, Shared, add_security_headers, bound_form_token, cookie_value, html, session_id,
+};
 use crate::auth::Scope;
 
 /// How long a console session lasts after login.
@@ -61,23 +63,6 @@ fn random_hex() -> String {
     // Without the OS random source no session can be safe: none is made.
     getrandom::fill(&mut bytes).expect("the OS random source");
     hex::encode(bytes)
-}
-
-fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(found, _)| *found == name)
-        .map(|(_, value)| value)
-        .filter(|value| !value.is_empty())
-}
-
-/// The console session id a request carries, if any.
-pub(super) fn session_id(headers: &HeaderMap) -> Option<&str> {
-    cookie_value(headers, COOKIE)
 }
 
 /// The token a console request's session stands for, as an
@@ -122,17 +107,6 @@ fn end_session(headers: &HeaderMap) {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&session_key(id));
     }
-}
-
-/// The token of a form bound to `purpose` and `value` (a login nonce, a
-/// session id) under the per-process form key.
-pub(super) fn bound_form_token(key: &[u8; 32], purpose: &str, value: &str) -> String {
-    let mut hash = Sha256::new();
-    hash.update(key);
-    hash.update(purpose.as_bytes());
-    hash.update([0]);
-    hash.update(value.as_bytes());
-    hex::encode(hash.finalize())
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -287,7 +261,7 @@ pub fn insufficient_scope(found: Scope) -> Response {
         ),
     )
     .into_response();
-    super::routes::add_security_headers(response.headers_mut());
+    add_security_headers(response.headers_mut());
     response
 }
 
@@ -306,7 +280,7 @@ pub fn login_redirect(reason: &str, headers: &HeaderMap) -> Response {
             session_cookie("", &host(headers), Some(0)),
         );
     }
-    super::routes::add_security_headers(response.headers_mut());
+    add_security_headers(response.headers_mut());
     response
 }
 

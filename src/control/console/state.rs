@@ -114,7 +114,7 @@ impl Viewer {
             form_token: self
                 .session
                 .as_deref()
-                .map(|id| super::session::bound_form_token(&state.form_key, "logout", id))
+                .map(|id| bound_form_token(&state.form_key, "logout", id))
                 .unwrap_or_default(),
         }
     }
@@ -135,7 +135,7 @@ impl axum::extract::FromRequestParts<Arc<ConsoleState>> for Viewer {
         state: &Arc<ConsoleState>,
     ) -> Result<Self, Self::Rejection> {
         let mut viewer = Viewer::of(parts.extensions.get::<Principal>().cloned(), state);
-        viewer.session = super::session::session_id(&parts.headers).map(str::to_owned);
+        viewer.session = session_id(&parts.headers).map(str::to_owned);
         Ok(viewer)
     }
 }
@@ -219,4 +219,62 @@ pub(super) fn operation_id(raw: &str) -> Result<OperationId, Problem> {
         ));
     }
     Ok(OperationId::from_string(raw.to_owned()))
+}
+
+/// The Content-Security-Policy of every console response: the console's
+/// own stylesheet and script only, no framing, forms to itself.
+const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; script-src 'self'; \
+     img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// The console's security headers: never framed (its forms carry live
+/// tokens), no content sniffing, no referrer to other origins (a same-origin one
+/// keeps the `Origin` of form posts, which the guard checks), and pages (which show
+/// request and result bodies) never stored by a cache.
+pub(super) fn add_security_headers(headers: &mut axum::http::HeaderMap) {
+    for (name, value) in [
+        (axum::http::header::X_FRAME_OPTIONS, "DENY"),
+        (
+            axum::http::header::CONTENT_SECURITY_POLICY,
+            CONTENT_SECURITY_POLICY,
+        ),
+        (axum::http::header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (axum::http::header::REFERRER_POLICY, "same-origin"),
+    ] {
+        headers.insert(name, axum::http::header::HeaderValue::from_static(value));
+    }
+    // The assets say their own (revalidated, nothing secret in them).
+    if !headers.contains_key(axum::http::header::CACHE_CONTROL) {
+        headers.insert(
+            axum::http::header::CACHE_CONTROL,
+            axum::http::header::HeaderValue::from_static("no-store"),
+        );
+    }
+}
+
+pub(super) fn cookie_value<'h>(headers: &'h axum::http::HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(found, _)| *found == name)
+        .map(|(_, value)| value)
+        .filter(|value| !value.is_empty())
+}
+
+/// The console session id a request carries, if any.
+pub(super) fn session_id(headers: &axum::http::HeaderMap) -> Option<&str> {
+    cookie_value(headers, COOKIE)
+}
+
+/// The token of a form bound to `purpose` and `value` (a login nonce, a
+/// session id) under the per-process form key.
+pub(super) fn bound_form_token(key: &[u8; 32], purpose: &str, value: &str) -> String {
+    let mut hash = sha2::Sha256::new();
+    hash.update(key);
+    hash.update(purpose.as_bytes());
+    hash.update([0]);
+    hash.update(value.as_bytes());
+    hex::encode(hash.finalize())
 }
