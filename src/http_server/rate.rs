@@ -123,9 +123,7 @@ impl Charged {
     /// the bucket does not hold them (or never could, `more` beyond the
     /// burst), with nothing done.
     pub fn weigh(&self, more: u32) -> Option<Response> {
-        let Some(more) = NonZeroU32::new(more) else {
-            return None;
-        };
+        let more = NonZeroU32::new(more)?;
         match self.limiter.buckets.check_key_n(&self.key, more) {
             Ok(Ok(())) => None,
             Ok(Err(not_until)) => Some(self.limiter.refuse(not_until)),

@@ -185,7 +185,7 @@ pub(super) async fn run_response(
         .map(|(status, _)| *status)
         .unwrap_or(StatusCode::OK);
     let page = pages::run(
-        &viewer.banner(&state),
+        &viewer.banner(state),
         &view,
         &events,
         &operations,
@@ -289,7 +289,7 @@ pub(super) async fn operation_response(
         .map(|(status, _)| *status)
         .unwrap_or(StatusCode::OK);
     let page = pages::operation(
-        &viewer.banner(&state),
+        &viewer.banner(state),
         &pages::OperationPage {
             view: &view,
             reconcile_attempts: attempts,
