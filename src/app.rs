@@ -294,6 +294,7 @@ pub async fn run(
                 ),
                 proxy.gate.clone(),
             );
+            let api = crate::control::process_views_for(api, proxy.config.tenant.clone());
             let api = crate::control::console::with_console(api, console_sources(&proxy));
             let api = match control_gate {
                 Some(gate) => crate::control::auth::authenticated(api, gate),

@@ -99,7 +99,8 @@ pub fn origin_allowed(allowed: &[String], origin: &str) -> bool {
     })
 }
 
-/// The middleware: 403 for a foreign Host or Origin.
+/// The middleware: 403 for a foreign Host or Origin, 400 for a URL that
+/// holds a NUL byte.
 pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Response {
     let (host, origin) = {
         let header = |name: &str| {
@@ -130,6 +131,19 @@ pub async fn check(allowed: Arc<Allowed>, request: Request, next: Next) -> Respo
             axum::Json(serde_json::json!({
                 "code": "forbidden_origin",
                 "message": format!("Origin {origin:?} may not call this API (allowed_origins in leasegate.toml)"),
+            })),
+        )
+            .into_response();
+    }
+    // PostgreSQL text holds no NUL byte, so no id or filter can contain
+    // one: refused as bad input before any lookup (not a ledger failure).
+    let uri = request.uri();
+    if uri.path().contains("%00") || uri.query().is_some_and(|query| query.contains("%00")) {
+        return (
+            StatusCode::BAD_REQUEST,
+            axum::Json(serde_json::json!({
+                "code": "invalid_input",
+                "message": "the URL holds a NUL byte (%00), which no identifier or filter can contain",
             })),
         )
             .into_response();

@@ -64,8 +64,9 @@ mod state;
 
 pub use error::{ApiError, Body, ErrorCode, exit};
 pub use router::{
-    guarded, router, router_for_tenant, router_with_metrics, router_with_operator,
-    router_with_tools, serve, with_durability, with_metrics, with_upstream_health,
+    guarded, process_views_for, router, router_for_tenant, router_with_metrics,
+    router_with_operator, router_with_tools, serve, with_durability, with_metrics,
+    with_upstream_health,
 };
 pub use routes::{MAX_BODY_BYTES, ROUTES};
 pub use state::{OperatorLedger, UpstreamHealthSource};

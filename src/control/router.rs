@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::response::IntoResponse;
 use axum::routing::{get, post};
 
 use super::error::{ApiError, ErrorCode};
@@ -162,6 +163,38 @@ pub fn router_with_metrics(
         router_with_tools(ledger, operator, integers, Some(tenant), Some(tools)),
         handle,
     )
+}
+
+/// The routes that show this process rather than one tenant's data:
+/// `/metrics`, `/v1/upstreams`, `/v1/durability`.
+const PROCESS_VIEWS: [&str; 3] = ["/metrics", "/v1/upstreams", "/v1/durability"];
+
+/// Keeps this process's own views (its metrics, upstream health and
+/// durability) to tokens of the tenant it serves and admin tokens: another
+/// tenant's operator gets 403 (without tokens, every caller is local).
+pub fn process_views_for(router: Router, tenant: String) -> Router {
+    router.layer(axum::middleware::from_fn(
+        move |request: axum::extract::Request, next: axum::middleware::Next| {
+            let foreign = PROCESS_VIEWS.contains(&request.uri().path())
+                && request
+                    .extensions()
+                    .get::<crate::auth::Principal>()
+                    .is_some_and(|principal| {
+                        principal.scope != crate::auth::Scope::Admin && principal.tenant != tenant
+                    });
+            async move {
+                if foreign {
+                    return ApiError::new(
+                        ErrorCode::InsufficientScope,
+                        "this view shows the whole process, which serves another tenant: it needs a \
+                         token of that tenant or an admin token",
+                    )
+                    .into_response();
+                }
+                next.run(request).await
+            }
+        },
+    ))
 }
 
 /// Refuses foreign `Host` and `Origin` headers (`guard`) before any route.

@@ -331,7 +331,42 @@ fn unreadable_request(bytes: &[u8]) -> Option<Vec<u8>> {
 /// checks first — `Host`, `Origin`, `Accept` — keeps its own answer. Larger
 /// bodies are answered 413 with a JSON-RPC error (invariant 1); a body that
 /// does not arrive in time with 408.
-pub async fn layer(limit: usize, request: Request, next: Next) -> Response {
+/// A POST whose `Accept` takes anything (`*/*`, or `application/*` and
+/// `text/*`) accepts both answers Streamable HTTP may give, so it is read
+/// as naming them (rmcp would answer 406 to the wildcard).
+fn accept_anything_as_both(request: &mut Request) {
+    if request.method() != Method::POST {
+        return;
+    }
+    let accepts = |wanted: &[&str]| {
+        request
+            .headers()
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|item| {
+                item.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .any(|item| wanted.contains(&item.as_str()))
+    };
+    let json = accepts(&["application/json", "application/*", "*/*"]);
+    let stream = accepts(&["text/event-stream", "text/*", "*/*"]);
+    let named = accepts(&["application/json"]) && accepts(&["text/event-stream"]);
+    if json && stream && !named {
+        request.headers_mut().insert(
+            header::ACCEPT,
+            axum::http::HeaderValue::from_static("application/json, text/event-stream"),
+        );
+    }
+}
+
+pub async fn layer(limit: usize, mut request: Request, next: Next) -> Response {
+    accept_anything_as_both(&mut request);
     if request.method() != Method::POST || !declares_json(&request) {
         return next.run(request).await;
     }

@@ -232,6 +232,22 @@ impl Keyring {
                 })?,
                 KeySource::File(path) => {
                     let path = base.join(path);
+                    // A key others can read is no secret: refused, not used.
+                    let mode = std::fs::metadata(&path)
+                        .map(|meta| std::os::unix::fs::PermissionsExt::mode(&meta.permissions()))
+                        .map_err(|e| {
+                            FieldError::new(&field, format!("cannot read {}: {e}", path.display()))
+                        })?;
+                    if mode & 0o077 != 0 {
+                        return Err(FieldError::new(
+                            &field,
+                            format!(
+                                "{} is readable by others (mode {:o}): `chmod 600` it",
+                                path.display(),
+                                mode & 0o777
+                            ),
+                        ));
+                    }
                     std::fs::read_to_string(&path).map_err(|e| {
                         FieldError::new(&field, format!("cannot read {}: {e}", path.display()))
                     })?

@@ -1259,6 +1259,30 @@ async fn the_console_refuses_framing_and_forged_logins_and_logout_ends_its_sessi
         page[start..start + page[start..].find('"').unwrap()].to_owned()
     };
 
+    // This process's own views are its tenant's (or an admin's): another
+    // tenant's operator is refused them.
+    let foreign = create_token(&db, "tenant-other", "operator", Some("console-hardening")).await;
+    for path in ["/metrics", "/v1/upstreams", "/v1/durability"] {
+        let view = |token: &str| {
+            client
+                .get(format!("{control}{path}"))
+                .header("authorization", format!("Bearer {token}"))
+                .send()
+        };
+        assert_eq!(view(&foreign).await.unwrap().status(), 403, "{path}");
+        assert_eq!(view(&operator).await.unwrap().status(), 200, "{path}");
+    }
+
+    // A NUL byte in a path or a filter is bad input, not a ledger failure.
+    for path in ["/v1/operations/a%00b", "/console/operations?tool=x%00y"] {
+        let refused = client.get(format!("{control}{path}")).send().await.unwrap();
+        assert_eq!(refused.status(), 400, "{path}");
+        assert!(
+            refused.text().await.unwrap().contains("invalid_input"),
+            "{path}"
+        );
+    }
+
     // The login page: hardened, with a form token bound to its nonce cookie.
     let page = client
         .get(format!("{control}/console/login"))

@@ -220,3 +220,30 @@ async fn an_oversized_body_is_a_json_rpc_error_on_a_connection_that_stays_usable
     assert_eq!(operations().await, 0, "nothing reached the ledger");
     proxy.stop().await;
 }
+
+/// A client whose `Accept` takes anything (`*/*`) accepts both answers
+/// Streamable HTTP gives: served, not 406.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_accept_of_anything_is_served(pool: PgPoolOptions, connect: PgConnectOptions) {
+    let db = TestDb::new(pool, connect).await;
+    let (_scenario, proxy) = RunningProxy::serve(&db.url, "").await;
+    let client = reqwest::Client::builder()
+        .timeout(common::DEADLINE)
+        .build()
+        .unwrap();
+    for accept in ["*/*", "application/*, text/*"] {
+        let answer = client
+            .post(&proxy.url)
+            .header("content-type", "application/json")
+            .header("accept", accept)
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(r#"{"jsonrpc":"2.0","id":7,"method":"tools/list","params":{}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 200, "{accept}");
+        let body = answer.text().await.unwrap();
+        assert!(body.contains("\"tools\""), "{accept}: {body}");
+    }
+    proxy.stop().await;
+}

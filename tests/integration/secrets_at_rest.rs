@@ -383,7 +383,25 @@ async fn encrypted_bodies_are_sealed_retried_with_the_original_and_rotated(
          encryption_keys = {{ k1 = \"env:LG_TEST_KEY_1\", k2 = \"file:k2.key\" }}\n"
     );
     std::fs::write(scenario.dir.join("policies/test.toml"), rotated).unwrap();
-    std::fs::write(scenario.dir.join("policies/k2.key"), format!("{KEY_2}\n")).unwrap();
+    let key_file = scenario.dir.join("policies/k2.key");
+    std::fs::write(&key_file, format!("{KEY_2}\n")).unwrap();
+    // A key file others can read is refused, and nothing is re-sealed.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let readable = tokio::process::Command::new(LEASEGATE)
+        .args(["secrets", "rotate", "--config"])
+        .arg(scenario.config_path())
+        .env("LG_TEST_KEY_1", KEY_1)
+        .output()
+        .await
+        .unwrap();
+    assert!(!readable.status.success());
+    let refusal = String::from_utf8_lossy(&readable.stderr);
+    assert!(
+        refusal.contains("readable by others") && refusal.contains("chmod 600"),
+        "{refusal}"
+    );
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let rotate = tokio::process::Command::new(LEASEGATE)
         .args(["secrets", "rotate", "--config"])
         .arg(scenario.config_path())

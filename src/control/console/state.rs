@@ -87,6 +87,18 @@ impl Viewer {
         }
     }
 
+    /// Whether this viewer may see the process's own state (upstream
+    /// health, metrics): a token of the tenant it serves, an admin token,
+    /// or no tokens at all.
+    pub(super) fn sees_process(&self) -> bool {
+        match (&self.principal, &self.served) {
+            (Some(principal), Some(served)) => {
+                principal.scope == crate::auth::Scope::Admin || &principal.tenant == served
+            }
+            _ => true,
+        }
+    }
+
     /// The actor written with this viewer's actions (invariant 1).
     pub(super) fn actor(&self) -> String {
         match &self.principal {

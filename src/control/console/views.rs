@@ -74,7 +74,14 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
             }
         }
     }
-    let metrics = state.sources.metrics.as_ref().map(|render| render());
+    // The process's own state is for its tenant's operators and admins.
+    let sees_process = viewer.sees_process();
+    let metrics = state
+        .sources
+        .metrics
+        .as_ref()
+        .filter(|_| sees_process)
+        .map(|render| render());
     let (mut calls_per_second, mut calls_total, mut takeovers_total) = (None, None, None);
     let (mut rejections, mut refusals) = (Vec::new(), Vec::new());
     if let Some(text) = &metrics {
@@ -101,7 +108,12 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
         rejections = counter_by(text, "protected_write_rejected_total", "reason");
         refusals = counter_by(text, "http_refused_total", "reason");
     }
-    let upstreams = state.sources.upstreams.as_ref().map(|health| health());
+    let upstreams = state
+        .sources
+        .upstreams
+        .as_ref()
+        .filter(|_| sees_process)
+        .map(|health| health());
     Ok(html(pages::overview(
         &viewer.banner(&state),
         &Overview {
