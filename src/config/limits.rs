@@ -23,6 +23,11 @@ pub struct RawLimits {
     /// Open connections per listener (default 1024); more are closed at
     /// once, counted.
     pub max_connections: Option<usize>,
+    /// Open connections one peer address (IPv6: its /64) may hold per
+    /// listener (default a quarter of `max_connections` where tokens are
+    /// required, else no share of its own); more are closed at once,
+    /// counted.
+    pub max_connections_per_peer: Option<usize>,
     /// MCP sessions (`http_sessions = true`) held at once (default 1000);
     /// a new one evicts the least recently used idle session.
     pub max_sessions: Option<usize>,
@@ -49,6 +54,11 @@ pub struct Limits {
     pub body_read_timeout: Duration,
     pub idle_timeout: Duration,
     pub max_connections: usize,
+    /// `None`: every peer may use the whole `max_connections`.
+    pub max_connections_per_peer: Option<usize>,
+    /// `max_connections_per_peer` was not set: its default applies only
+    /// where tokens are required ([`Limits::for_serving`]).
+    pub max_connections_per_peer_defaulted: bool,
     pub max_sessions: usize,
     pub max_sessions_per_principal: usize,
     pub session_idle_timeout: Duration,
@@ -116,6 +126,14 @@ impl RawLimits {
         if !(1..=1_000_000).contains(&max_connections) {
             return Err("limits.max_connections: must be 1 to 1000000".into());
         }
+        let max_connections_per_peer = self
+            .max_connections_per_peer
+            .unwrap_or((max_connections / 4).max(1));
+        if !(1..=max_connections).contains(&max_connections_per_peer) {
+            return Err(format!(
+                "limits.max_connections_per_peer: must be 1 to max_connections ({max_connections})"
+            ));
+        }
         let max_sessions = self.max_sessions.unwrap_or(1000);
         if !(1..=1_000_000).contains(&max_sessions) {
             return Err("limits.max_sessions: must be 1 to 1000000".into());
@@ -144,6 +162,8 @@ impl RawLimits {
             body_read_timeout,
             idle_timeout,
             max_connections,
+            max_connections_per_peer: Some(max_connections_per_peer),
+            max_connections_per_peer_defaulted: self.max_connections_per_peer.is_none(),
             max_sessions,
             max_sessions_per_principal,
             session_idle_timeout,
@@ -160,11 +180,17 @@ impl Limits {
     /// principal) applies only where tokens are required: on loopback
     /// without tokens every caller is a local process sharing one address
     /// (one bucket), and a benchmark or a busy agent host would be throttled
-    /// for nothing. A `rate_limit` set in the config always applies.
+    /// for nothing. A `rate_limit` set in the config always applies. The
+    /// default per-peer share of connections follows the same rule.
     pub fn for_serving(&self, auth_required: bool) -> Limits {
         let mut limits = self.clone();
         if limits.rate_limit_defaulted && !auth_required {
             limits.rate_limit = None;
+        }
+        // The same for the per-peer share of connections: on loopback
+        // without tokens every caller is one local address.
+        if limits.max_connections_per_peer_defaulted && !auth_required {
+            limits.max_connections_per_peer = None;
         }
         limits.verified_principals = auth_required;
         limits

@@ -25,8 +25,10 @@
 //!    either timeout.
 //! 2. A request body not complete `body_read_timeout` after its head fails
 //!    to read (the handler answers, the connection is not reused).
-//! 3. At most `max_connections` connections per listener are served; more
-//!    are answered 503 when possible and closed at once, counted. An accept
+//! 3. At most `max_connections` connections per listener are served, and
+//!    at most `max_connections_per_peer` from one peer address when peers
+//!    have a share (so one peer cannot hold the others' room); more are
+//!    answered 503 when possible and closed at once, counted. An accept
 //!    error (out of file descriptors) backs off and is logged at most once
 //!    per [`ACCEPT_ERROR_LOG_INTERVAL`].
 //! 4. A refusal logs at most one short line (`debug`), its text clipped
@@ -67,6 +69,9 @@ pub const ACCEPT_ERROR_LOG_INTERVAL: Duration = Duration::from_secs(10);
 pub enum Refusal {
     /// `max_connections` reached: the connection was closed at once.
     MaxConnections,
+    /// The peer address's share (`max_connections_per_peer`) reached: the
+    /// connection was closed at once.
+    MaxConnectionsPerPeer,
     /// A request head not complete within `header_read_timeout`.
     HeaderTimeout,
     /// A request body not complete within `body_read_timeout`.
@@ -87,6 +92,7 @@ impl Refusal {
     pub fn as_str(self) -> &'static str {
         match self {
             Refusal::MaxConnections => "max_connections",
+            Refusal::MaxConnectionsPerPeer => "max_connections_per_peer",
             Refusal::HeaderTimeout => "header_timeout",
             Refusal::BodyTimeout => "body_timeout",
             Refusal::RateLimited => "rate_limited",

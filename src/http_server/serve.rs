@@ -64,6 +64,11 @@ pub async fn serve(
     };
     let stop = CancellationToken::new();
     let open = Arc::new(AtomicUsize::new(0));
+    // Open connections per peer address, when peers have a share.
+    let per_peer = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        std::net::IpAddr,
+        usize,
+    >::new()));
     let gauge = metrics::gauge!("http_connections_open", "listener" => name.as_str());
     let (closed_tx, closed_rx) = tokio::sync::watch::channel(());
     let mut shutdown = pin!(shutdown);
@@ -94,6 +99,21 @@ pub async fn serve(
             drop(stream);
             continue;
         }
+        // Invariant 3: a peer over its share, closed now (the others keep
+        // their room under the cap).
+        let peer_key = peer_address(&peer);
+        if let Some(share) = limits.max_connections_per_peer {
+            let mut held = per_peer.lock().unwrap_or_else(|e| e.into_inner());
+            let count = held.entry(peer_key).or_default();
+            if *count >= share {
+                drop(held);
+                refused(name, Refusal::MaxConnectionsPerPeer);
+                let _ = stream.try_write(OVER_CAPACITY);
+                drop(stream);
+                continue;
+            }
+            *count += 1;
+        }
         open.fetch_add(1, Ordering::Relaxed);
         gauge.increment(1.0);
         // `TCP_NODELAY`: a Streamable HTTP answer is a small chunked write
@@ -109,8 +129,18 @@ pub async fn serve(
             stop: stop.clone(),
         };
         let (open, gauge, closed) = (open.clone(), gauge.clone(), closed_rx.clone());
+        let shared = limits.max_connections_per_peer.map(|_| per_peer.clone());
         tokio::spawn(async move {
             connection.run(stream).await;
+            if let Some(per_peer) = shared {
+                let mut held = per_peer.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(count) = held.get_mut(&peer_key) {
+                    *count -= 1;
+                    if *count == 0 {
+                        held.remove(&peer_key);
+                    }
+                }
+            }
             open.fetch_sub(1, Ordering::Relaxed);
             gauge.decrement(1.0);
             ENDED.fetch_add(1, Ordering::Relaxed);
@@ -122,6 +152,18 @@ pub async fn serve(
     drop(closed_rx);
     closed_tx.closed().await;
     Ok(())
+}
+
+/// The address a peer's connections count against: its IP (IPv6: its
+/// /64, what one host usually holds).
+fn peer_address(peer: &SocketAddr) -> std::net::IpAddr {
+    match peer.ip() {
+        std::net::IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            std::net::IpAddr::V6((u128::from(v6) & (!0u128 << 64)).into())
+        }
+        std::net::IpAddr::V6(v6) => std::net::IpAddr::V4(v6.to_ipv4_mapped().expect("checked")),
+        v4 => v4,
+    }
 }
 
 /// Accept errors: backed off, and logged at most once per interval with

@@ -909,3 +909,63 @@ async fn a_batch_renewal_weighs_its_leases_against_the_rate(
     assert!(refused.text().await.unwrap().contains("rate_limited"));
     assert_eq!(expiry().await, renewed, "nothing was fenced or renewed");
 }
+
+/// One peer address holds at most its share of the connections: its
+/// connections beyond it are refused at once, while another address is
+/// still served under the cap.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn one_peer_cannot_take_the_other_peers_connections(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "");
+    append_limits(
+        &scenario,
+        "max_connections = 8\nmax_connections_per_peer = 2\nrate_limit = 0\n",
+    );
+    let served = Served::start(&scenario, &[]).await;
+    let address = served.control_address();
+    let from = |source: &'static str| {
+        let address = address.clone();
+        async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+            socket.connect(address.parse().unwrap()).await.unwrap()
+        }
+    };
+    // The hog holds its share.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = from("127.0.0.1").await;
+        let (status, _) = exchange(&mut stream, &get("/v1/upstreams", &address)).await;
+        assert!(!status.contains(" 503 "), "{status}");
+        held.push(stream);
+    }
+    let mut third = from("127.0.0.1").await;
+    let _ = third
+        .write_all(get("/v1/upstreams", &address).as_bytes())
+        .await;
+    let answered = read_until_closed(&mut third, "the hog's third connection to be refused").await;
+    assert!(
+        answered.is_empty() || answered.starts_with("HTTP/1.1 503"),
+        "{answered}"
+    );
+    // Another address is served meanwhile.
+    let mut other = from("127.0.0.2").await;
+    let (status, _) = exchange(&mut other, &get("/v1/upstreams", &address)).await;
+    assert!(status.contains(" 200 "), "{status}");
+    // The hog lets go: its address has room again (the metric is read
+    // from it).
+    drop(held);
+    let refused = wait_metric(
+        &served,
+        "http_refused_total",
+        &[
+            ("listener", "control"),
+            ("reason", "max_connections_per_peer"),
+        ],
+    )
+    .await;
+    assert!(refused >= 1.0);
+}
