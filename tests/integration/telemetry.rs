@@ -235,3 +235,67 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
     .await;
     proxy.stop().await;
 }
+
+/// A stdio upstream that writes to its stderr (as most servers do at start
+/// and on errors) does not break the JSON log: each of its lines becomes a
+/// record of its own naming the upstream, and every record leasegate
+/// writes is one JSON object per line (the startup banners, plain
+/// `leasegate: …` lines, aside).
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_upstreams_stderr_becomes_log_records_of_its_own(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = common::proxy::Scenario::new(&db.url, "");
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    // The mailer, started by a script that first talks on stderr.
+    let script = scenario.dir.join("chatty-mailer.sh");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nprintf 'chatty {{\"not\": json\\nsecond line\\n' >&2\nexec {} --tools mailer --state-dir {}\n",
+            common::proxy::EXAMPLE_TOOLS,
+            scenario.dir.join("state").display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let chatty = format!("command = \"{}\"\nargs = []", script.display());
+    let mailer = format!(
+        "command = \"{}\"\nargs = [\"--tools\", \"mailer\", \"--state-dir\", \"{}\"]",
+        common::proxy::EXAMPLE_TOOLS,
+        scenario.dir.join("state").display()
+    );
+    std::fs::write(
+        scenario.config_path(),
+        common::replace_exactly(&config, &mailer, &chatty),
+    )
+    .unwrap();
+    let served = common::proxy::ServedChild::spawn(common::proxy::ServedChild::command(
+        &scenario,
+        &[("LEASEGATE_LOG_FORMAT", "json")],
+    ))
+    .await;
+    let records = wait_until("the upstream's stderr lines as records", || async {
+        let lines = served.log.lock().unwrap().clone();
+        let records: Vec<Value> = lines
+            .iter()
+            .filter(|line| !line.starts_with("leasegate: "))
+            .map(|line| {
+                serde_json::from_str(line)
+                    .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
+            })
+            .collect();
+        let chatty: Vec<Value> = records
+            .into_iter()
+            .filter(|r| r["target"] == "leasegate::upstream_stderr")
+            .collect();
+        (chatty.len() >= 2).then_some(chatty)
+    })
+    .await;
+    assert_eq!(records[0]["upstream"], "mailer", "{records:?}");
+    assert_eq!(records[0]["line"], "chatty {\"not\": json", "{records:?}");
+    assert_eq!(records[1]["line"], "second line", "{records:?}");
+}

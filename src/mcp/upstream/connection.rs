@@ -342,14 +342,36 @@ pub(super) async fn open_stdio(
     args: &[String],
     env: &BTreeMap<String, String>,
 ) -> Result<(Session, tokio::process::Child), String> {
-    let mut child = spawn_stdio(command, args, env, std::process::Stdio::inherit())?;
+    let mut child = spawn_stdio(command, args, env, std::process::Stdio::piped())?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
         return Err("the child's stdin or stdout is not piped".into());
     };
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(log_stderr(handler.name.clone(), stderr));
+    }
     // rmcp reads the child's lines after the tap has kept its tool objects.
     let stdout = super::tool_objects::tap(stdout, handler.tool_objects.clone());
     let session = handshake(handler, AsyncRwTransport::new_client(stdout, stdin)).await?;
     Ok((session, child))
+}
+
+/// A stdio upstream's stderr, one log record per line (target
+/// `leasegate::upstream_stderr`, at `info`, with the upstream's name), so
+/// that leasegate's log stays one record per line in either format — JSON
+/// included — however the server writes. A line is clipped like any
+/// request-controlled text (`logfield`), bytes that are not UTF-8
+/// replaced; the task ends with the child.
+async fn log_stderr(upstream: String, stderr: tokio::process::ChildStderr) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
+    while let Ok(Some(bytes)) = lines.next_segment().await {
+        let line = String::from_utf8_lossy(&bytes);
+        let line = line.trim_end();
+        if !line.is_empty() {
+            tracing::info!(target: "leasegate::upstream_stderr",
+                upstream = %crate::logfield::clip(&upstream), line = %crate::logfield::clip(line));
+        }
+    }
 }
 
 /// The MCP `initialize` handshake over `inner`, with per-request routing of
