@@ -7,7 +7,7 @@
 //! upstream = "payments"
 //! trust_annotations = false   # honour the upstream's readOnlyHint
 //! timeout = "30s"             # default per-call timeout
-//! on_disconnect = "finish"    # | "cancel": a 2026-07-28 agent closing a gated
+//! on_disconnect = "finish"    # | "cancel": a `V_2026_07_28` agent closing a gated
 //!                             # call's stream (default for the file's tools)
 //!
 //! [tools.charge]
@@ -96,7 +96,7 @@ pub struct RawAdapter {
     pub tools: BTreeMap<String, RawToolAdapter>,
 }
 
-/// What a side-effecting call does when an agent on MCP 2026-07-28 closes
+/// What a side-effecting call does when an agent on MCP `V_2026_07_28` closes
 /// its response stream, which that protocol makes both a cancel and, on a
 /// broken stream, a reason to re-issue the call under a new request id.
 /// (Earlier protocol versions say a disconnect is not a cancel: there the

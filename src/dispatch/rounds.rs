@@ -1,6 +1,6 @@
 //! The rounds of a side-effecting call that asks its agent something
 //! before it answers (sampling, elicitation, roots — over a session as
-//! requests, to an MCP 2026-07-28 agent as an `input_required` result and
+//! requests, to an MCP `V_2026_07_28` agent as an `input_required` result and
 //! the agent's retry): each round is recorded on the operation as
 //! `input_round` evidence under the call's dispatch claim, so the history
 //! of one operation shows every round trip that led to its outcome.

@@ -171,7 +171,7 @@ fn kept(message: &[u8], integers: IntegerPolicy) -> Option<Vec<u8>> {
     rewritten(refused.as_deref().unwrap_or(message)).or(refused)
 }
 
-/// A 2026-07-28 client names the method in the `Mcp-Method` header too,
+/// A `V_2026_07_28` client names the method in the `Mcp-Method` header too,
 /// and rmcp refuses a header that does not match the body's: the header of
 /// a message whose method was rewritten follows it.
 fn method_header_follows(headers: &mut http::HeaderMap, rewritten: &[u8]) {
@@ -191,7 +191,7 @@ fn method_header_follows(headers: &mut http::HeaderMap, rewritten: &[u8]) {
     }
 }
 
-/// The 2026-07-28 header that repeats a request's method.
+/// The `V_2026_07_28` header that repeats a request's method.
 const METHOD_HEADER: &str = "mcp-method";
 
 /// stdin, with `params.idempotencyKey` lifted line by line (stdio MCP is

@@ -170,7 +170,7 @@ fn rewrite(message: &mut Value, altered: Vec<Altered>) -> bool {
         })
         .collect();
     let mut params = json!({"numbers": numbers, "total": altered.len()});
-    // A 2026-07-28 request carries its protocol version and capabilities in
+    // A `V_2026_07_28` request carries its protocol version and capabilities in
     // `_meta`, which rmcp checks before any handler.
     if let Some(meta) = object.get("params").and_then(|p| p.get("_meta")) {
         params["_meta"] = meta.clone();

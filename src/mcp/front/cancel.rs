@@ -122,9 +122,9 @@ pub(super) struct CallWatch {
 }
 
 impl CallWatch {
-    /// The watch of a side-effecting call. Before MCP 2026-07-28 a
+    /// The watch of a side-effecting call. Before MCP `V_2026_07_28` a
     /// disconnect is not a cancel (the call finishes and is recorded); from
-    /// 2026-07-28 on, closing the response stream is the agent's only way
+    /// `V_2026_07_28` on, closing the response stream is the agent's only way
     /// to cancel and also what a broken stream looks like, and the tool's
     /// `on_disconnect` decides.
     pub(super) fn side_effecting(

@@ -348,3 +348,20 @@ pub(super) fn typed_page<T: serde::de::DeserializeOwned>(
     serde_json::from_value(value)
         .map_err(|e| McpError::internal_error(format!("{what}: {e}"), None))
 }
+
+impl Default for Catalog {
+    fn default() -> Self {
+        Self::new(BTreeMap::new())
+    }
+}
+
+impl Catalog {
+    pub(super) fn new(entries: BTreeMap<String, CatalogEntry>) -> Self {
+        let tools = entries.values().map(|entry| entry.tool.clone()).collect();
+        Self {
+            entries,
+            tools,
+            built: std::time::Instant::now(),
+        }
+    }
+}

@@ -111,7 +111,7 @@ use tokio_util::sync::CancellationToken;
 use super::convert::codes;
 use super::inflight::InFlightRequests;
 use super::upstream::{CatalogEntry, Upstreams};
-use crate::adapter::{PeerError, SharedDirectory, ToAgent, UpstreamError};
+use crate::adapter::{PeerError, SharedDirectory, UpstreamError};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
 
@@ -130,23 +130,6 @@ use relay::{level_rank, relay_events};
 
 pub use super::wire::*;
 use request::{CallCredentials, duplicated_header, invalid_params, is_modern, request_key};
-
-impl Default for Catalog {
-    fn default() -> Self {
-        Self::new(BTreeMap::new())
-    }
-}
-
-impl Catalog {
-    fn new(entries: BTreeMap<String, CatalogEntry>) -> Self {
-        let tools = entries.values().map(|entry| entry.tool.clone()).collect();
-        Self {
-            entries,
-            tools,
-            built: std::time::Instant::now(),
-        }
-    }
-}
 
 struct State {
     catalog: RwLock<Arc<Catalog>>,
@@ -320,26 +303,6 @@ impl Front {
 
 /// A tool call in progress, ending in the agent's result.
 type ToolCall = futures::future::BoxFuture<'static, Result<CallToolResult, McpError>>;
-
-impl PendingCall {
-    fn start(
-        tool: String,
-        call: ToolCall,
-        from_upstream: mpsc::UnboundedReceiver<ToAgent>,
-        watch: CallWatch,
-    ) -> Self {
-        Self {
-            tool,
-            outcome: tokio::spawn(call),
-            from_upstream,
-            waiting: HashMap::new(),
-            asked: HashMap::new(),
-            next_input: 0,
-            parked_at: std::time::Instant::now(),
-            watch,
-        }
-    }
-}
 
 impl ServerHandler for Front {
     fn get_info(&self) -> ServerConfig {

@@ -214,3 +214,23 @@ impl Front {
         ))
     }
 }
+
+impl PendingCall {
+    pub(super) fn start(
+        tool: String,
+        call: super::ToolCall,
+        from_upstream: mpsc::UnboundedReceiver<ToAgent>,
+        watch: CallWatch,
+    ) -> Self {
+        Self {
+            tool,
+            outcome: tokio::spawn(call),
+            from_upstream,
+            waiting: HashMap::new(),
+            asked: HashMap::new(),
+            next_input: 0,
+            parked_at: std::time::Instant::now(),
+            watch,
+        }
+    }
+}

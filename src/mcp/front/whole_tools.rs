@@ -1,7 +1,7 @@
 //! `tools/list` answered with the upstreams' own tool objects.
 //!
 //! rmcp's `ServerHandler::list_tools` answers with its typed `Tool`, which
-//! drops every field its model does not know (the 2025-11-25 `execution`,
+//! drops every field its model does not know (the `V_2025_11_25` `execution`,
 //! vendor fields), and rmcp's HTTP service only serves a `ServerHandler`.
 //! So the raw layers (`idempotency`: the stdio line hook, the HTTP body
 //! layer) hand a `tools/list` request over as a request of

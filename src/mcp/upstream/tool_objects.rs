@@ -1,5 +1,5 @@
 //! The upstream's own tool objects, as its `tools/list` answers carried
-//! them, for the fields rmcp's typed `Tool` does not know (the 2025-11-25
+//! them, for the fields rmcp's typed `Tool` does not know (the `V_2025_11_25`
 //! `execution`, vendor fields such as `x-vendor`): rmcp decodes each answer
 //! into its model and drops them, so the stdio child's stdout is tapped
 //! line by line before rmcp reads it.
