@@ -901,6 +901,43 @@ BEGIN
 END
 $$;
 
+-- A task the upstream made of a dispatched call (MCP Tasks extension): its
+-- handle recorded as task evidence under the dispatch claim (p_body not
+-- NULL, once per task), and the claim extended to now + p_extend_ms while
+-- its holder follows the task (never shortened, never revived: a claim
+-- that has lapsed stays lapsed, and claim expiry turns it unknown, where
+-- the reconciler follows the task from this evidence). No status change,
+-- no revision bump: the settle that follows is the claim's own. FALSE:
+-- the claim is no longer the operation's, or has lapsed; nothing written.
+CREATE OR REPLACE FUNCTION operation_follow_task(
+  p_operation_id text, p_dispatch_owner text, p_expected_revision bigint, p_body jsonb,
+  p_extend_ms bigint
+) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+  o tool_operations;
+BEGIN
+  IF p_extend_ms IS NULL OR p_extend_ms < 0 OR p_extend_ms > 86400000 THEN
+    RAISE EXCEPTION 'claim extension must be 0 to 86400000 ms, got %', p_extend_ms USING ERRCODE = '22023';
+  END IF;
+  UPDATE tool_operations
+     SET dispatch_until = GREATEST(dispatch_until,
+                                   clock_timestamp() + make_interval(secs => p_extend_ms / 1000.0))
+   WHERE operation_id = p_operation_id AND status = 'dispatching'
+     AND dispatch_owner = p_dispatch_owner AND revision = p_expected_revision
+     AND dispatch_until > clock_timestamp()
+  RETURNING * INTO o;
+  IF NOT FOUND THEN
+    RETURN false;
+  END IF;
+  IF p_body IS NOT NULL THEN
+    INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, body)
+    VALUES (o.operation_id, 'task', p_dispatch_owner, o.dispatch_owner, o.revision, p_body);
+  END IF;
+  RETURN true;
+END
+$$;
+
 -- dispatching -> prepared, by the claim's holder only, with proof that no
 -- byte of the request left (the upstream was unreachable before the request
 -- was handed over). The proof is kept as not_sent evidence. The operation
@@ -1322,6 +1359,7 @@ REVOKE EXECUTE ON FUNCTION
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
   operation_note_round(text, text, bigint, jsonb),
+  operation_follow_task(text, text, bigint, jsonb, bigint),
   _op_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_resolve(text, bigint, text, text, jsonb, text, text, jsonb),
@@ -1348,6 +1386,7 @@ GRANT EXECUTE ON FUNCTION
   operation_mark_unknown(text, text, bigint, boolean, text, text, jsonb),
   operation_release_unsent(text, text, bigint, jsonb),
   operation_note_round(text, text, bigint, jsonb),
+  operation_follow_task(text, text, bigint, jsonb, bigint),
   operation_converge(text, bigint, text, text, jsonb, text, text, text, jsonb),
   operation_supersede(uuid, text, bigint, bytea, text, operation_intent),
   operation_reconcile_claim(text, bigint, integer, text[]),

@@ -23,9 +23,15 @@
 //! - `jobs` (only when asked for): `submit_job` starts a job under the
 //!   operation id found in `_meta["example.dev/job_id"]` (or the `job_id`
 //!   argument), no deduplication either; `get_job` (read-only) finds it.
+//! - `tasks` (only when asked for; the MCP Tasks extension): `export_report`
+//!   runs as a task when the request declares the extension (otherwise in
+//!   the call): it waits until the file `<state-dir>/release-<name>` exists
+//!   (at once when `wait` is false), then writes one export to
+//!   `exports.jsonl` and completes; no deduplication. `report_status`
+//!   (read-only) answers as a task too, to show one passed through.
 //!
 //! Every side effect is one JSON line appended to `<state-dir>/charges.jsonl`,
-//! `emails.jsonl`, `buckets.jsonl` or `jobs.jsonl`, which is what tests
+//! `emails.jsonl`, `buckets.jsonl`, `jobs.jsonl` or `exports.jsonl`, which is what tests
 //! count; every call that reaches a side-effecting tool is a line of
 //! `calls.jsonl`. Several processes may share one state dir (one child per
 //! leasegate process): effects are serialised by a lock on
@@ -204,6 +210,7 @@ enum ToolSet {
     Provisioner,
     Jobs,
     Asker,
+    Tasks,
 }
 
 impl std::str::FromStr for ToolSet {
@@ -216,8 +223,9 @@ impl std::str::FromStr for ToolSet {
             "provisioner" => Ok(ToolSet::Provisioner),
             "jobs" => Ok(ToolSet::Jobs),
             "asker" => Ok(ToolSet::Asker),
+            "tasks" => Ok(ToolSet::Tasks),
             other => Err(format!(
-                "{other:?} is not one of payments, mailer, all, provisioner, jobs, asker"
+                "{other:?} is not one of payments, mailer, all, provisioner, jobs, asker, tasks"
             )),
         }
     }
@@ -230,6 +238,9 @@ struct ExampleTools {
     /// Serialises side effects so that counting is exact.
     lock: Arc<Mutex<()>>,
     faults: Faults,
+    /// The tasks `export_report` runs as (shared by every clone: the HTTP
+    /// server makes one per request).
+    tasks: Arc<rmcp::task_manager::TaskManager>,
 }
 
 fn schema(value: Value) -> Arc<JsonObject> {
@@ -341,6 +352,26 @@ fn tools(set: ToolSet) -> Vec<Tool> {
                               "required": ["to"]})),
             )
             .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
+        );
+    }
+    if set == ToolSet::Tasks {
+        tools.push(
+            Tool::new(
+                "export_report",
+                "Export a report (as a task when the client follows tasks). Not deduplicated.",
+                schema(json!({"type": "object", "properties": {
+                    "name": {"type": "string"}, "wait": {"type": "boolean"}},
+                    "required": ["name"]})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(false)),
+        );
+        tools.push(
+            Tool::new(
+                "report_status",
+                "How many reports were exported (as a task when the client follows tasks).",
+                schema(json!({"type": "object", "properties": {}})),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(true)),
         );
     }
     tools
@@ -707,6 +738,26 @@ impl ExampleTools {
         })
     }
 
+    /// One export, once `<state-dir>/release-<name>` exists (or at once).
+    async fn export_report(self, args: JsonObject) -> Result<CallToolResult, McpError> {
+        let name = args
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let wait = args.get("wait").and_then(Value::as_bool).unwrap_or(true);
+        let release = self.file(&format!("release-{name}"));
+        while wait && !release.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _guard = self.lock.lock().await;
+        let _across_processes = self.effects_lock()?;
+        let count = self.lines("exports.jsonl").await.len();
+        let export = json!({"export_id": format!("exp_{}", count + 1), "name": name});
+        self.append("exports.jsonl", &export).await?;
+        Ok(CallToolResult::structured(export))
+    }
+
     async fn mail_stats(
         &self,
         context: &RequestContext<RoleServer>,
@@ -726,7 +777,15 @@ impl ExampleTools {
 
 impl ServerHandler for ExampleTools {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
+        let capabilities = if self.set == ToolSet::Tasks {
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build()
+        } else {
+            ServerCapabilities::builder().enable_tools().build()
+        };
+        ServerConfig::new(capabilities).with_server_info(
             Implementation::new("leasegate-example-tools", env!("CARGO_PKG_VERSION")),
         )
     }
@@ -780,6 +839,43 @@ impl ServerHandler for ExampleTools {
                     .await?
             }
             "get_job" if known => self.get_job(&args).await?,
+            "export_report" | "report_status" if known => {
+                let follows_tasks = context
+                    .client_capabilities()
+                    .is_some_and(|c| c.supports_tasks());
+                let me = self.clone();
+                let work: rmcp::task_manager::TaskFuture = if request.name == "export_report" {
+                    self.append(
+                        "calls.jsonl",
+                        &json!({"tool": "export_report", "name": args.get("name")}),
+                    )
+                    .await?;
+                    Box::pin(async move { me.export_report(args).await.map_err(Into::into) })
+                } else {
+                    Box::pin(async move {
+                        let exports = me.lines("exports.jsonl").await.len();
+                        Ok(CallToolResult::structured(json!({"exports": exports})))
+                    })
+                };
+                if !follows_tasks {
+                    return work
+                        .await
+                        .map(CallToolResponse::Complete)
+                        .map_err(|exit| match exit {
+                            rmcp::task_manager::TaskExit::Error(error) => error,
+                            rmcp::task_manager::TaskExit::Cancelled => {
+                                McpError::internal_error("cancelled", None)
+                            }
+                        });
+                }
+                let task = self.tasks.spawn(
+                    rmcp::task_manager::TaskOptions::new().with_poll_interval_ms(50),
+                    move |_| work,
+                );
+                return Ok(CallToolResponse::Task(rmcp::model::CreateTaskResult::new(
+                    task,
+                )));
+            }
             "send_confirmed" if known => self.send_confirmed(&args, &context).await?,
             other => {
                 return Err(McpError::invalid_params(
@@ -789,6 +885,24 @@ impl ServerHandler for ExampleTools {
             }
         };
         Ok(CallToolResponse::Complete(result))
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        self.tasks
+            .get_task(&request.task_id)
+            .map(rmcp::model::GetTaskResult::new)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.tasks.cancel_task(&request.task_id)
     }
 }
 
@@ -805,6 +919,7 @@ async fn serve_stdio(set: ToolSet, state_dir: PathBuf, faults: Faults) -> anyhow
         state_dir: Arc::new(state_dir),
         lock: Arc::default(),
         faults,
+        tasks: Arc::default(),
     };
     server
         .serve(rmcp::transport::stdio())
@@ -830,6 +945,7 @@ async fn serve_http(
         state_dir: Arc::new(state_dir),
         lock: Arc::default(),
         faults,
+        tasks: Arc::default(),
     };
     let service = StreamableHttpService::new(
         move || Ok(server.clone()),

@@ -665,6 +665,10 @@ pub struct UpstreamCall {
     pub agent: Option<AgentSink>,
     /// Fired when the agent explicitly cancels: forwarded to the upstream.
     pub cancel: tokio_util::sync::CancellationToken,
+    /// The agent takes a task handle for an answer (it declared the MCP
+    /// Tasks extension): the upstream is told so for this request alone,
+    /// and may answer [`ToolReply::Task`]. Background work never does.
+    pub tasks: bool,
 }
 
 /// What an upstream sends the agent while one of its calls runs, in the
@@ -718,6 +722,77 @@ pub struct Progress {
 pub struct ToolAnswer {
     pub is_error: bool,
     pub result: Value,
+}
+
+/// What an upstream answered a `tools/call`: its result, or a task it made
+/// of the call (MCP Tasks extension; only when [`UpstreamCall::tasks`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolReply {
+    Answer(ToolAnswer),
+    Task(TaskStarted),
+}
+
+impl ToolReply {
+    /// The answer of a call that did not ask for a task: a task handle
+    /// there is an upstream's error, and proves nothing about the outcome.
+    pub fn into_answer(self) -> Result<ToolAnswer, UpstreamError> {
+        match self {
+            ToolReply::Answer(answer) => Ok(answer),
+            ToolReply::Task(task) => Err(UpstreamError::MaybeSent(format!(
+                "the upstream answered with a task ({}) where no task was asked for",
+                task.task_id
+            ))),
+        }
+    }
+}
+
+/// A task an upstream made of a call: its id, and its `CreateTaskResult`
+/// as the upstream sent it (what the agent receives).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskStarted {
+    pub task_id: String,
+    pub handle: Value,
+    /// How often the upstream suggests asking for the task's status.
+    pub poll_interval: Option<Duration>,
+}
+
+/// Where a task stands (`tasks/get`), with what its terminal status carries.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskState {
+    Working,
+    /// The upstream waits for the agent's input (`tasks/update`).
+    InputRequired,
+    /// The call's final result, as a `CallToolResult`'s JSON.
+    Completed(ToolAnswer),
+    /// The call failed with this JSON-RPC error.
+    Failed(PeerError),
+    Cancelled,
+}
+
+impl TaskState {
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            TaskState::Completed(_) | TaskState::Failed(_) | TaskState::Cancelled
+        )
+    }
+
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            TaskState::Working => "working",
+            TaskState::InputRequired => "input_required",
+            TaskState::Completed(_) => "completed",
+            TaskState::Failed(_) => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One `tasks/get` answer: the state and the suggested poll interval.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskPoll {
+    pub state: TaskState,
+    pub poll_interval: Option<Duration>,
 }
 
 /// Why an upstream call produced no answer, by what may have happened.
@@ -781,7 +856,22 @@ pub trait Upstream: Send + Sync + 'static {
     fn call(
         &self,
         call: UpstreamCall,
-    ) -> impl Future<Output = Result<ToolAnswer, UpstreamError>> + Send;
+    ) -> impl Future<Output = Result<ToolReply, UpstreamError>> + Send;
+
+    /// Where the task `task_id` of `upstream` stands (`tasks/get`: a pure
+    /// read, safe to repeat). An error: the upstream could not say (down,
+    /// or it does not know the task any more).
+    fn task_state(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<TaskPoll, UpstreamError>> + Send {
+        let _ = (task_id, timeout);
+        std::future::ready(Err(UpstreamError::NotSent(format!(
+            "upstream {upstream} does not follow tasks"
+        ))))
+    }
 
     /// Whether `upstream` takes calls now. False while a stdio child is
     /// being restarted or a Streamable HTTP server is down (its connections

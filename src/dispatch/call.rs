@@ -37,6 +37,10 @@ pub struct CallContext {
     pub agent: Option<AgentSink>,
     /// Fired when the agent explicitly cancels; forwarded upstream.
     pub cancel: CancellationToken,
+    /// The agent follows tasks (it declared the MCP Tasks extension): a
+    /// task the upstream makes of the call is answered with its handle and
+    /// followed here. `None`: the upstream is not offered tasks.
+    pub tasks: Option<std::sync::Arc<super::tasks::TaskFollowers>>,
 }
 
 /// A fresh identity for one leasegate process: every claim it takes carries
@@ -74,6 +78,12 @@ pub enum CallReply {
     Answer {
         result: Value,
         is_error: bool,
+        operation: OperationNote,
+    },
+    /// The upstream made a task of the call: its `CreateTaskResult` as
+    /// sent; the operation stays `dispatching` until the task ends.
+    Task {
+        handle: Value,
         operation: OperationNote,
     },
     /// The outcome is unknown: reported as a tool result with isError and
@@ -168,6 +178,7 @@ pub fn trace_outcome(result: Result<&CallReply, &CallError>) -> &'static str {
             other => other.as_str(),
         },
         Ok(CallReply::Unknown { .. }) => "unknown",
+        Ok(CallReply::Task { .. }) => "task",
         Err(CallError::NotSent { .. }) => "not_sent",
         Err(_) => "refused",
     }

@@ -34,6 +34,8 @@ pub struct Dispatcher<U> {
     dispatch_owner: String,
     /// Asked before anything is registered; told what was acknowledged.
     gate: Arc<DurabilityGate>,
+    /// The tasks upstreams made of this process's calls, followed here.
+    tasks: Arc<super::tasks::TaskFollowers>,
 }
 
 impl<U> Dispatcher<U> {
@@ -45,6 +47,12 @@ impl<U> Dispatcher<U> {
     /// This process's identity on the claims it takes.
     pub fn owner(&self) -> &str {
         &self.dispatch_owner
+    }
+
+    /// The tasks this process follows (for an agent that follows tasks:
+    /// `CallContext::tasks`).
+    pub fn tasks(&self) -> &Arc<super::tasks::TaskFollowers> {
+        &self.tasks
     }
 }
 
@@ -59,6 +67,7 @@ impl<U: Upstream> Dispatcher<U> {
         dispatch_owner: String,
     ) -> Self {
         Self {
+            tasks: super::tasks::TaskFollowers::new(policy.claim_ttl),
             ledger,
             upstream,
             policy,
@@ -195,7 +204,9 @@ impl<U: Upstream> Dispatcher<U> {
                         | OperationStatus::FailedFinal
                         | OperationStatus::Unknown
                 );
-                let reply = self.existing(record).await?;
+                let reply = self
+                    .existing(record, request.context.tasks.as_deref())
+                    .await?;
                 Ok((reply, sampled.filter(|_| as_read)))
             }
             Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
@@ -239,8 +250,14 @@ impl<U: Upstream> Dispatcher<U> {
             .await
     }
 
-    /// The intent exists: replay, wait for it, or report it.
-    async fn existing(&self, mut record: OperationRecord) -> Result<CallReply, CallError> {
+    /// The intent exists: replay, wait for it, or report it. An agent that
+    /// follows tasks gets the handle of the task this process follows for
+    /// it (`tasks`), rather than waiting for the task to end.
+    async fn existing(
+        &self,
+        mut record: OperationRecord,
+        tasks: Option<&super::tasks::TaskFollowers>,
+    ) -> Result<CallReply, CallError> {
         let deadline = tokio::time::Instant::now() + self.policy.in_flight_wait;
         let mut pause = Duration::from_millis(25);
         loop {
@@ -269,7 +286,19 @@ impl<U: Upstream> Dispatcher<U> {
                         operation_id: record.operation_id,
                     });
                 }
-                OperationStatus::Prepared | OperationStatus::Dispatching => {}
+                OperationStatus::Dispatching => {
+                    if let Some(handle) = tasks.and_then(|t| t.handle_of(&record.operation_id)) {
+                        return Ok(CallReply::Task {
+                            handle,
+                            operation: OperationNote {
+                                operation_id: record.operation_id,
+                                status: record.status,
+                                replayed: true,
+                            },
+                        });
+                    }
+                }
+                OperationStatus::Prepared => {}
             }
             // A claim whose deadline passed, or whose holder is provably
             // gone, will never be settled by its holder: turn it unknown

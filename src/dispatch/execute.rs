@@ -19,8 +19,8 @@ use super::call::{
 use super::keeper::{self, Fact};
 use super::rounds;
 use crate::adapter::{
-    OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, Upstream, UpstreamCall,
-    UpstreamDelivery, UpstreamError,
+    OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, ToolReply, Upstream,
+    UpstreamCall, UpstreamDelivery, UpstreamError,
 };
 use crate::intent::OperationId;
 use crate::ledger::{
@@ -143,6 +143,7 @@ async fn send_and_settle<U: Upstream>(
         }
         None => (None, None),
     };
+    let followers = context.tasks;
     let call = UpstreamCall {
         upstream: tool.upstream,
         tool: tool.tool,
@@ -151,6 +152,7 @@ async fn send_and_settle<U: Upstream>(
         timeout: tool.adapter.timeout,
         agent,
         cancel: context.cancel,
+        tasks: followers.is_some(),
     };
     let adapter = tool.adapter;
     let mut attempt = 1;
@@ -176,7 +178,8 @@ async fn send_and_settle<U: Upstream>(
         span.record(
             "outcome",
             match &answer {
-                Ok(answer) if answer.is_error => "error_answer",
+                Ok(ToolReply::Task(_)) => "task",
+                Ok(ToolReply::Answer(answer)) if answer.is_error => "error_answer",
                 Ok(_) => "answered",
                 Err(error) => match error.delivery() {
                     UpstreamDelivery::Rejected => "rejected",
@@ -186,14 +189,33 @@ async fn send_and_settle<U: Upstream>(
             },
         );
         match answer {
+            Ok(ToolReply::Task(started)) => {
+                let Some(followers) = followers else {
+                    break ToolReply::Task(started)
+                        .into_answer()
+                        .expect_err("a task is no answer");
+                };
+                let reply = super::tasks::follow(
+                    followers,
+                    ledger,
+                    upstream,
+                    dispatch_owner,
+                    claim,
+                    adapter,
+                    call.upstream,
+                    started,
+                )
+                .await;
+                return Ok((reply, None));
+            }
             // After the agent cancelled, a tool's error answer ("cancelled")
             // says nothing about whether it acted: unknown, never failed.
-            Ok(answer) if answer.is_error && call.cancel.is_cancelled() => {
+            Ok(ToolReply::Answer(answer)) if answer.is_error && call.cancel.is_cancelled() => {
                 break UpstreamError::MaybeSent(
                     "cancelled by the agent; the tool then answered with an error".into(),
                 );
             }
-            Ok(answer) => return settle(&ledger, &claim, &adapter, answer).await,
+            Ok(ToolReply::Answer(answer)) => return settle(&ledger, &claim, &adapter, answer).await,
             Err(error) => match error.delivery() {
                 UpstreamDelivery::Rejected => {
                     // By protocol nothing executed: a final failure, recorded
@@ -230,7 +252,7 @@ async fn send_and_settle<U: Upstream>(
 /// A request that got no answer: released back to `prepared` when nothing
 /// provably left (`attempts` tries), else marked unknown under the claim.
 /// The agent hears "not sent" only after the release committed.
-async fn record_failure(
+pub(super) async fn record_failure(
     ledger: &Ledger,
     dispatch_owner: &str,
     claim: DispatchClaim,
@@ -367,7 +389,7 @@ pub fn remote_id_of(pointer: Option<&str>, answer: &Value) -> Option<String> {
 /// background (`keeper`) and the agent hears `unknown`.
 const SETTLE_ATTEMPTS: u32 = 4;
 
-async fn settle(
+pub(super) async fn settle(
     ledger: &Ledger,
     claim: &DispatchClaim,
     adapter: &ToolAdapter,

@@ -10,6 +10,8 @@
 //!   process and written when a failed ledger write can land again;
 //! - `rounds`: each round of a call that asks its agent something,
 //!   recorded as `input_round` evidence;
+//! - `tasks`: calls an upstream made a task of (MCP Tasks extension),
+//!   followed under their claim until the task is terminal;
 //! - `outbox`: [`Outbox`], one pass over planned operations (scheduled by
 //!   `crate::reconcile`), and [`is_original`], the check every sender of a
 //!   stored request makes.
@@ -58,6 +60,7 @@ mod execute;
 mod keeper;
 mod outbox;
 mod rounds;
+mod tasks;
 
 pub use call::{
     CallContext, CallError, CallReply, CallRequest, OPERATION_ID_META, OperationNote,
@@ -69,3 +72,4 @@ pub use execute::{
 };
 pub use keeper::{MAX_KEPT, drain as drain_kept_facts};
 pub use outbox::{Outbox, is_original, recorded_tool};
+pub use tasks::TaskFollowers;

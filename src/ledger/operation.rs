@@ -502,6 +502,32 @@ impl Ledger {
         Ok(recorded)
     }
 
+    /// Records the task the upstream made of the call under `claim` as
+    /// `task` evidence (`task` given), and extends the claim to now +
+    /// `extend` while this process follows the task (no status change).
+    /// `false`: the claim is no longer the operation's or has lapsed, and
+    /// nothing was written.
+    pub async fn operation_follow_task(
+        &self,
+        claim: &DispatchClaim,
+        task: Option<&Value>,
+        extend: std::time::Duration,
+    ) -> Result<bool, LedgerError> {
+        const CALL: &str = "operation_follow_task";
+        let extend_ms = i64::try_from(extend.as_millis()).unwrap_or(i64::MAX);
+        let (recorded,): (bool,) = self
+            .invoke(CALL, true, || {
+                sqlx::query_as("SELECT operation_follow_task($1, $2, $3, $4, $5)")
+                    .bind(claim.operation_id.as_str())
+                    .bind(claim.dispatch_owner.as_str())
+                    .bind(claim.revision)
+                    .bind(task.map(Json))
+                    .bind(extend_ms)
+            })
+            .await?;
+        Ok(recorded)
+    }
+
     /// `unknown` → `succeeded` / `failed_final` from verified evidence. An
     /// operator resolution ([`ConvergeEvidence::Operator`]) needs a `note`;
     /// both who and why are recorded. It runs `operation_resolve`, which

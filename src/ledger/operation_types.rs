@@ -287,6 +287,10 @@ pub enum EvidenceKind {
     /// answered: what was asked and whether it was answered, by digest.
     /// Says nothing about the outcome.
     InputRound,
+    /// The upstream made a task of the call (MCP Tasks extension): the
+    /// upstream and its task id, to follow by `tasks/get`. Says nothing
+    /// about the outcome until the task is terminal.
+    Task,
 }
 
 impl EvidenceKind {
@@ -300,6 +304,7 @@ impl EvidenceKind {
             EvidenceKind::RetryResult => "retry_result",
             EvidenceKind::Operator => "operator",
             EvidenceKind::InputRound => "input_round",
+            EvidenceKind::Task => "task",
         }
     }
 
@@ -313,6 +318,7 @@ impl EvidenceKind {
             "retry_result" => EvidenceKind::RetryResult,
             "operator" => EvidenceKind::Operator,
             "input_round" => EvidenceKind::InputRound,
+            "task" => EvidenceKind::Task,
             _ => return None,
         })
     }

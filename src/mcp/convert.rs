@@ -2,7 +2,10 @@
 //! touches one file. Also the JSON-RPC error codes leasegate answers with.
 
 use rmcp::ErrorData as McpError;
-use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, MetaObject, ResultType};
+use rmcp::model::{
+    CallToolResponse, CallToolResult, ContentBlock, CreateTaskResult, ErrorCode, MetaObject,
+    ResultType, ServerResult,
+};
 use serde_json::{Value, json};
 
 use crate::adapter::ToolAnswer;
@@ -56,6 +59,65 @@ pub fn answer_from_result(result: &CallToolResult) -> ToolAnswer {
     }
 }
 
+/// A task an upstream made of a call, from its `CreateTaskResult`.
+pub fn task_started(task: &rmcp::model::CreateTaskResult) -> crate::adapter::TaskStarted {
+    crate::adapter::TaskStarted {
+        task_id: task.task.task_id.clone(),
+        handle: serde_json::to_value(task).unwrap_or(Value::Null),
+        poll_interval: task
+            .task
+            .poll_interval_ms
+            .map(std::time::Duration::from_millis),
+    }
+}
+
+/// Where a task stands, from an upstream's answer to `tasks/get` (read as
+/// JSON, whatever variant rmcp took it for: the task's fields are at the
+/// top level, `result` or `error` beside them once it is terminal).
+pub fn task_poll(answer: ServerResult) -> Result<crate::adapter::TaskPoll, String> {
+    use crate::adapter::{PeerError, TaskPoll, TaskState};
+    let value = serde_json::to_value(&answer).map_err(|e| e.to_string())?;
+    let poll_interval = value
+        .get("pollIntervalMs")
+        .and_then(Value::as_u64)
+        .map(std::time::Duration::from_millis);
+    let state = match value.get("status").and_then(Value::as_str) {
+        Some("working") => TaskState::Working,
+        Some("input_required") => TaskState::InputRequired,
+        Some("completed") => {
+            let result = value
+                .get("result")
+                .cloned()
+                .ok_or("a completed task without its result")?;
+            let result: CallToolResult = serde_json::from_value(result)
+                .map_err(|e| format!("a completed task's result is not a tool result: {e}"))?;
+            TaskState::Completed(answer_from_result(&result))
+        }
+        Some("failed") => {
+            let error = value.get("error").cloned().unwrap_or(Value::Null);
+            TaskState::Failed(PeerError {
+                code: error
+                    .get("code")
+                    .and_then(Value::as_i64)
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(ErrorCode::INTERNAL_ERROR.0),
+                message: error
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("the task failed")
+                    .to_owned(),
+                data: error.get("data").cloned(),
+            })
+        }
+        Some("cancelled") => TaskState::Cancelled,
+        other => return Err(format!("not a task status: {other:?}")),
+    };
+    Ok(TaskPoll {
+        state,
+        poll_interval,
+    })
+}
+
 /// A tool result for the agent from the JSON of an upstream's answer (as
 /// passed through or as recorded). `resultType` is set to `complete`; rmcp
 /// removes it again for agents on protocol versions before stateless MCP (`V_2026_07_28`).
@@ -73,8 +135,41 @@ fn operation_meta(note: Value) -> MetaObject {
 }
 
 /// What the agent receives for a reply.
+/// The agent's answer to a gated call: a tool result, or the handle of
+/// the task the upstream made of it (with the operation in its `_meta`).
+pub fn response_from_reply(reply: CallReply) -> Result<CallToolResponse, McpError> {
+    match reply {
+        CallReply::Task { handle, operation } => {
+            let mut task = create_task_result(handle)?;
+            task.meta
+                .get_or_insert_with(MetaObject::new)
+                .insert("dev.leasegate/operation".to_owned(), operation.to_json());
+            Ok(CallToolResponse::Task(task))
+        }
+        other => Ok(CallToolResponse::Complete(result_from_reply(other))),
+    }
+}
+
+/// A `CreateTaskResult` from its JSON, as the upstream sent it.
+pub fn create_task_result(handle: Value) -> Result<CreateTaskResult, McpError> {
+    serde_json::from_value(handle).map_err(|e| {
+        McpError::internal_error(format!("upstream task handle unreadable: {e}"), None)
+    })
+}
+
 pub fn result_from_reply(reply: CallReply) -> CallToolResult {
     match reply {
+        // Where only a tool result can go: the task named, still running.
+        CallReply::Task { handle, operation } => {
+            let task_id = handle.get("taskId").cloned().unwrap_or(Value::Null);
+            let mut tool_result = CallToolResult::structured(json!({"task": handle}));
+            tool_result.content = vec![ContentBlock::text(format!(
+                "the tool runs this call as task {task_id}; follow it with tasks/get"
+            ))];
+            tool_result.meta = Some(operation_meta(operation.to_json()));
+            tool_result.result_type = Some(ResultType::COMPLETE);
+            tool_result
+        }
         CallReply::Answer {
             result,
             is_error,

@@ -47,7 +47,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::adapter::{ResolvedTool, SharedDirectory, Upstream, UpstreamCall, UpstreamDelivery};
+use crate::adapter::{
+    ResolvedTool, SharedDirectory, ToolReply, Upstream, UpstreamCall, UpstreamDelivery,
+};
 use crate::dispatch::{Outbox, inject_operation_id, is_original, recorded_tool};
 use crate::durability::DurabilityGate;
 use crate::ledger::{
@@ -416,12 +418,41 @@ impl<U: Upstream> Reconciler<U> {
             .operation_evidence(&operation.operation_id)
             .await?;
         let tool = shared.resolve(operation);
-        match plan::plan(
+        let mut step = plan::plan(
             operation,
             tool.as_ref().map(|t| &t.adapter),
             &evidence,
             &item.request_body,
-        ) {
+        );
+        if let Step::FollowTask { upstream, task_id } = &step {
+            if !shared.upstream.accepting_calls(upstream) {
+                return Ok(ReconcileOutcome::StaysUnknown("upstream_unavailable"));
+            }
+            let timeout = tool
+                .as_ref()
+                .map_or(crate::adapter::DEFAULT_TIMEOUT, |t| t.adapter.timeout);
+            let state = match shared.upstream.task_state(upstream, task_id, timeout).await {
+                Ok(poll) => Some(poll.state),
+                Err(error) => {
+                    tracing::info!(operation_id = %operation.operation_id, task_id = %crate::logfield::clip(task_id),
+                        error = %crate::logfield::clip_display(&error), "the task's upstream could not say where it stands");
+                    None
+                }
+            };
+            match plan::judge_task(tool.as_ref().map(|t| &t.adapter), task_id, state.as_ref()) {
+                Some(judgement) => return self.judged(item, operation.revision, judgement).await,
+                None => {
+                    step = plan::plan_by_capability(
+                        operation,
+                        tool.as_ref().map(|t| &t.adapter),
+                        &item.request_body,
+                    )
+                }
+            }
+        }
+        match step {
+            // Replaced above by the task's judgement or the capability's plan.
+            Step::FollowTask { .. } => Ok(ReconcileOutcome::StaysUnknown("task_working")),
             Step::Converge(fact) => self.converge(item, operation.revision, fact).await,
             Step::NeedsOperator(reason) => {
                 tracing::warn!(operation_id = %operation.operation_id, tool = %crate::logfield::clip(&operation.tool_name), reason,
@@ -544,8 +575,15 @@ impl<U: Upstream> Reconciler<U> {
             timeout: tool.adapter.timeout,
             agent: None,
             cancel: CancellationToken::new(),
+            tasks: false,
         };
-        let answer = self.0.upstream.call(call).await.ok();
+        let answer = self
+            .0
+            .upstream
+            .call(call)
+            .await
+            .and_then(ToolReply::into_answer)
+            .ok();
         let judgement = judge_query(
             tool.adapter.capability,
             query,
@@ -607,10 +645,16 @@ impl<U: Upstream> Reconciler<U> {
             timeout: tool.adapter.timeout,
             agent: None,
             cancel: CancellationToken::new(),
+            tasks: false,
         };
         // If we crash here the attempt is counted and the key is the same:
         // the next retry finds the provider's record.
-        let answer = match shared.upstream.call(call).await {
+        let answer = match shared
+            .upstream
+            .call(call)
+            .await
+            .and_then(ToolReply::into_answer)
+        {
             Ok(answer) => Some(answer),
             Err(error) if error.delivery() == UpstreamDelivery::NotSent => {
                 // Given back rather than never taken: the ledger counts an

@@ -8,6 +8,7 @@
 //! | evidence / capability | step | what converges it |
 //! |---|---|---|
 //! | a late response to the same request digest (any capability) | converge from it | its outcome |
+//! | a task the upstream made of the call (`task` evidence, any capability) | ask the upstream for the task (`tasks/get`) | completed → `succeeded` / `failed_final` by its result's `isError`; failed with -32600..-32602 → `failed_final`; still working → stays unknown; failed otherwise, cancelled, or not known to the upstream → the rows below, as if no task were on record |
 //! | tool unknown to every upstream | needs operator | — |
 //! | `none` | needs operator | — |
 //! | `operation_query` / `resource_id` without a query tool | needs operator | — |
@@ -59,6 +60,8 @@ pub enum Step {
     Query { spec: QuerySpec, by: Value },
     /// Retry with the same key, if the ledger grants an attempt.
     RetrySameKey,
+    /// Ask `upstream` where the task it made of the call stands.
+    FollowTask { upstream: String, task_id: String },
     /// Nothing leasegate can do: an operator resolves it.
     NeedsOperator(&'static str),
 }
@@ -105,6 +108,28 @@ pub fn plan(
             evidence: json!({"late_evidence_id": late.evidence_id}),
         });
     }
+    let task = evidence
+        .iter()
+        .rev()
+        .filter(|e| e.kind == EvidenceKind::Task)
+        .find_map(|e| {
+            let upstream = e.body.get("upstream")?.as_str()?;
+            let task_id = e.body.get("task_id")?.as_str()?;
+            Some((upstream.to_owned(), task_id.to_owned()))
+        });
+    if let Some((upstream, task_id)) = task {
+        return Step::FollowTask { upstream, task_id };
+    }
+    plan_by_capability(operation, adapter, request_body)
+}
+
+/// [`plan`] from the tool's capability alone: what is done when no
+/// evidence on record decides (and when a task on record cannot tell).
+pub fn plan_by_capability(
+    operation: &OperationRecord,
+    adapter: Option<&ToolAdapter>,
+    request_body: &Value,
+) -> Step {
     let Some(adapter) = adapter else {
         return Step::NeedsOperator("unknown_tool");
     };
@@ -161,6 +186,10 @@ impl Step {
                 "query",
                 format!("ask the upstream's query tool {} with {{{}: {by}}}", spec.tool, spec.argument),
             ),
+            Step::FollowTask { upstream, task_id } => (
+                "follow_task",
+                format!("ask upstream {upstream} where task {task_id} stands (tasks/get); a terminal status settles it"),
+            ),
             Step::RetrySameKey => (
                 "retry_same_key",
                 "retry with the same idempotency key, if the retry budget and the key's retention window allow"
@@ -171,6 +200,52 @@ impl Step {
                 format!("leasegate cannot settle it ({reason}): an operator resolves it"),
             ),
         }
+    }
+}
+
+/// Judges where a task stands (`None`: the upstream could not say).
+/// `None` back: the task decides nothing; plan by capability.
+pub fn judge_task(
+    adapter: Option<&ToolAdapter>,
+    task_id: &str,
+    state: Option<&crate::adapter::TaskState>,
+) -> Option<Judgement> {
+    use crate::adapter::TaskState;
+    let evidence = |status: &str| json!({"task_id": task_id, "task_status": status});
+    match state? {
+        TaskState::Working | TaskState::InputRequired => {
+            Some(Judgement::StaysUnknown("task_working"))
+        }
+        TaskState::Completed(answer) => Some(Judgement::Converge(RemoteFact {
+            settlement: if answer.is_error {
+                Settlement::FailedFinal
+            } else {
+                Settlement::Succeeded
+            },
+            remote_id: remote_id_of(
+                adapter.and_then(|a| a.remote_id_pointer.as_deref()),
+                &answer.result,
+            ),
+            result: answer.result.clone(),
+            kind: ConvergeEvidence::QueryResult,
+            evidence: evidence("completed"),
+        })),
+        // By protocol nothing executed.
+        TaskState::Failed(error) if (-32602..=-32600).contains(&error.code) => {
+            Some(Judgement::Converge(RemoteFact {
+                settlement: Settlement::FailedFinal,
+                remote_id: None,
+                result: json!({
+                    "content": [{"type": "text", "text": format!("the task failed: {}", error.message)}],
+                    "isError": true,
+                    "structuredContent": {"upstream_error": {"code": error.code, "message": error.message}},
+                }),
+                kind: ConvergeEvidence::QueryResult,
+                evidence: evidence("failed"),
+            }))
+        }
+        // It may have acted before it failed or was cancelled.
+        TaskState::Failed(_) | TaskState::Cancelled => None,
     }
 }
 

@@ -7,14 +7,15 @@
 use super::cancel::{CallWatch, cancelled_by_the_agent};
 use super::request::{CallCredentials, invalid_params, session_refusal};
 use super::{Front, ToolCall, upstream_failure};
-use crate::adapter::{PeerError, Upstream, UpstreamCall};
+use super::tasks::agent_follows_tasks;
+use crate::adapter::{PeerError, ToolReply, Upstream, UpstreamCall};
 use crate::dispatch::{CallContext, CallError, CallReply, CallRequest};
 use crate::ids::{MAX_IDEMPOTENCY_KEY_LEN, MAX_TASK_LEN, check_identifier};
 use crate::intent::StepRef;
 use crate::ledger::LeaseClaim;
 use crate::mcp::convert::{self};
 use crate::mcp::wire::*;
-use rmcp::model::{CallToolRequestParams, CallToolResult, ErrorCode};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ErrorCode};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
@@ -44,6 +45,7 @@ impl Front {
             timeout: resolved.adapter.timeout,
             agent: Some(agent),
             cancel: cancel.clone(),
+            tasks: agent_follows_tasks(context),
         };
         let front = self.clone();
         Box::pin(async move {
@@ -59,16 +61,20 @@ impl Front {
             };
             cancel.cancel();
             let outcome = match &answer {
-                Ok(answer) if answer.is_error => "tool_error",
+                Ok(ToolReply::Task(_)) => "task",
+                Ok(ToolReply::Answer(answer)) if answer.is_error => "tool_error",
                 Ok(_) => "answered",
                 Err(_) => "upstream_error",
             };
             count_call("read_only", outcome, false);
             tracing::debug!(upstream = %crate::logfield::clip(&upstream), outcome, "read-only call");
             match answer {
-                Ok(mut answer) => {
+                Ok(ToolReply::Answer(mut answer)) => {
                     front.expose_uris(&upstream, &mut answer.result);
-                    convert::tool_result(answer.result)
+                    convert::tool_result(answer.result).map(CallToolResponse::Complete)
+                }
+                Ok(ToolReply::Task(started)) => {
+                    convert::create_task_result(started.handle).map(CallToolResponse::Task)
                 }
                 Err(error) => Err(upstream_failure(&upstream, error)),
             }
@@ -209,6 +215,7 @@ impl Front {
                 meta,
                 agent: Some(agent),
                 cancel: cancel.clone(),
+                tasks: agent_follows_tasks(context).then(|| self.state.dispatcher.tasks().clone()),
             },
         };
         let span = tracing::info_span!("tools/call", tool = %crate::logfield::clip(&call.exposed_name), run_id = %call.lease.run_id,
@@ -244,6 +251,9 @@ impl Front {
                 Ok(CallReply::Unknown { operation_id, .. }) => {
                     span.record("operation_id", operation_id.as_str());
                 }
+                Ok(CallReply::Task { operation, .. }) => {
+                    span.record("operation_id", operation.operation_id.as_str());
+                }
                 Err(_) => {}
             }
             // No guard held in this future: the span is entered for the
@@ -257,7 +267,7 @@ impl Front {
                     if let CallReply::Answer { result, .. } = &mut reply {
                         front.expose_uris(&upstream, result);
                     }
-                    Ok(convert::result_from_reply(reply))
+                    convert::response_from_reply(reply)
                 }
                 Err(error) => {
                     // The agent hears the value; the log names only where

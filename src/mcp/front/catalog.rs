@@ -182,6 +182,10 @@ pub(super) fn merged_info(infos: &[(&str, Arc<rmcp::model::ServerPeerInfo>)]) ->
     if any(&|c| c.logging.is_some()) {
         capabilities["logging"] = json!({});
     }
+    // Tasks are routed by the upstream that made them (`front::tasks`).
+    if any(&|c| c.supports_tasks()) {
+        capabilities["extensions"] = json!({ (rmcp::model::TASKS_EXTENSION_ID): {} });
+    }
     let capabilities: ServerCapabilities = serde_json::from_value(capabilities).unwrap_or_default();
     let mut instructions = String::from(
         "leasegate fronts these MCP servers; tools and prompts are named <server>__<name>, resources <server>+<uri>. Side-effecting tool calls are recorded once per intent and replayed on retry.",

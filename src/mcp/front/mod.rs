@@ -94,7 +94,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    CallToolRequestParams, CallToolResponse, CancelledNotificationParam,
     ClientRequest, CompleteRequestParams, CompleteResult, CustomRequest, CustomResult, ErrorCode,
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, LoggingLevel,
@@ -121,6 +121,7 @@ mod catalog;
 mod parked;
 mod relay;
 mod request;
+mod tasks;
 mod whole_tools;
 pub use call::{lease_meta, operation_of};
 use cancel::CallWatch;
@@ -166,6 +167,8 @@ struct State {
     /// is merged again only when an upstream's session (and so its answer)
     /// changed.
     info: Mutex<Option<(Vec<Arc<rmcp::model::ServerPeerInfo>>, ServerConfig)>>,
+    /// Task handles given to agents: which upstream made each (`tasks`).
+    task_routes: tasks::TaskRoutes,
 }
 
 /// One agent session's state.
@@ -261,6 +264,7 @@ impl Front {
                 notices: tokio::sync::broadcast::channel(256).0,
                 refreshing: tokio::sync::Mutex::new(()),
                 info: Mutex::new(None),
+                task_routes: Default::default(),
             }),
             session: Arc::default(),
         };
@@ -302,7 +306,7 @@ impl Front {
 }
 
 /// A tool call in progress, ending in the agent's result.
-type ToolCall = futures::future::BoxFuture<'static, Result<CallToolResult, McpError>>;
+type ToolCall = futures::future::BoxFuture<'static, Result<CallToolResponse, McpError>>;
 
 impl ServerHandler for Front {
     fn get_info(&self) -> ServerConfig {
@@ -742,6 +746,7 @@ impl ServerHandler for Front {
         }
         let resolved = resolved
             .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
+        let upstream = resolved.upstream.clone();
         if let Some(handle) = request.request_state.clone() {
             // stateless MCP: the agent answers what the upstream asked.
             return self
@@ -770,12 +775,43 @@ impl ServerHandler for Front {
         } else {
             self.gated(resolved, request, &context, credentials, agent, &watch)?
         };
-        let result = if is_modern(&context) {
+        let response = if is_modern(&context) {
             let pending = PendingCall::start(name, call, from_upstream, watch);
-            return self.drive_modern(&context, pending).await;
+            self.drive_modern(&context, pending).await
         } else {
             self.with_agent(&context, from_upstream, call).await
         };
-        result.map(CallToolResponse::Complete)
+        match response? {
+            CallToolResponse::Task(task) => Ok(CallToolResponse::Task(self.route_task(
+                &upstream,
+                task,
+                &context,
+            ))),
+            other => Ok(other),
+        }
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        self.get_task_state(request, context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.update_task_input(request, context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.cancel_task_run(request, context).await
     }
 }

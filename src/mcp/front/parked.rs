@@ -11,7 +11,7 @@ use super::call::{check_capability, refusal};
 use super::cancel::CallWatch;
 use super::request::invalid_params;
 use crate::adapter::{PeerError, ToAgent};
-use rmcp::model::{CallToolResponse, CallToolResult, ProtocolVersion};
+use rmcp::model::{CallToolResponse, ProtocolVersion};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer};
 use serde_json::{Value, json};
@@ -33,7 +33,7 @@ pub(super) const PARK_MAX: usize = 10_000;
 /// waits, parked under the `requestState` handle, for the agent's retry.
 /// The handle is only known to this process (instance affinity).
 pub struct PendingCall {
-    pub(super) outcome: tokio::task::JoinHandle<Result<CallToolResult, McpError>>,
+    pub(super) outcome: tokio::task::JoinHandle<Result<CallToolResponse, McpError>>,
     pub(super) from_upstream: mpsc::UnboundedReceiver<ToAgent>,
     /// Input key → where the agent's answer goes.
     pub(super) waiting: HashMap<String, tokio::sync::oneshot::Sender<Result<Value, PeerError>>>,
@@ -116,10 +116,9 @@ impl Front {
                     while let Ok(item) = pending.from_upstream.try_recv() {
                         let _ = self.to_agent(item, context).await;
                     }
-                    let result = outcome.map_err(|e| {
+                    return outcome.map_err(|e| {
                         McpError::internal_error(format!("the call's task failed: {e}"), None)
-                    })??;
-                    return Ok(CallToolResponse::Complete(result));
+                    })?;
                 }
             }
         }

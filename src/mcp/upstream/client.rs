@@ -144,17 +144,31 @@ impl Service<RoleClient> for UpstreamClient {
     }
 
     fn get_info(&self) -> ClientConfig {
-        let capabilities: ClientCapabilities = serde_json::from_value(json!({
-            "sampling": {},
-            "elicitation": {"form": {}, "url": {}},
-            "roots": {"listChanged": true},
-        }))
-        .unwrap_or_default();
+        let capabilities: ClientCapabilities =
+            serde_json::from_value(session_capabilities()).unwrap_or_default();
         ClientConfig::new(
             capabilities,
             Implementation::new("leasegate", env!("CARGO_PKG_VERSION")),
         )
     }
+}
+
+/// What leasegate declares to every upstream session: what it can relay
+/// to the calling agent.
+fn session_capabilities() -> Value {
+    json!({
+        "sampling": {},
+        "elicitation": {"form": {}, "url": {}},
+        "roots": {"listChanged": true},
+    })
+}
+
+/// The session's capabilities and the MCP Tasks extension, for the one
+/// request of an agent that follows tasks.
+pub(super) fn capabilities_with_tasks() -> Value {
+    let mut capabilities = session_capabilities();
+    capabilities["extensions"] = json!({ (rmcp::model::TASKS_EXTENSION_ID): {} });
+    capabilities
 }
 
 /// A message and its causes, each once, without the HTTP client's wrapper

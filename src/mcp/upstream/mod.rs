@@ -108,7 +108,7 @@ use rmcp::transport::DynamicTransportError;
 use rmcp::transport::streamable_http_client::StreamableHttpError;
 
 use super::convert;
-use crate::adapter::{AgentSink, ToolAnswer, Upstream, UpstreamCall, UpstreamError};
+use crate::adapter::{AgentSink, TaskPoll, ToolReply, Upstream, UpstreamCall, UpstreamError};
 use crate::config::{Config, UpstreamTransport};
 
 mod client;
@@ -138,6 +138,10 @@ pub struct UpstreamEvent {
 /// send, and a fast upstream may report progress first).
 const EARLY_KEEP: Duration = Duration::from_secs(10);
 const EARLY_MAX: usize = 1024;
+
+/// The `_meta` key of a request's own client capabilities (MCP 2026-07-28),
+/// which an upstream reads before the session's.
+const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
 
 /// Upper bound of a non-tool request (lists, reads, prompts, completions).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -464,6 +468,31 @@ impl Upstreams {
         }
     }
 
+    /// Sends a request of the MCP Tasks extension (`tasks/get`,
+    /// `tasks/update`, `tasks/cancel`) to `upstream`, declaring the
+    /// extension for this request (the shared session declares none).
+    pub async fn task_request(
+        &self,
+        upstream: &str,
+        request: ClientRequest,
+        timeout: Duration,
+    ) -> Result<ServerResult, UpstreamError> {
+        let mut meta = Map::new();
+        meta.insert(
+            CLIENT_CAPABILITIES_META.to_owned(),
+            client::capabilities_with_tasks(),
+        );
+        self.request(
+            upstream,
+            request,
+            meta,
+            timeout,
+            None,
+            CancellationToken::new(),
+        )
+        .await
+    }
+
     /// Stops the supervisors, the probes and the clients, and ends the
     /// stdio children: each gets [`EXIT_GRACE`] to exit on its closed stdin,
     /// then is killed and reaped. Later calls fail as not sent.
@@ -494,20 +523,30 @@ impl Drop for Upstreams {
 }
 
 impl Upstream for Upstreams {
-    async fn call(&self, call: UpstreamCall) -> Result<ToolAnswer, UpstreamError> {
+    async fn call(&self, call: UpstreamCall) -> Result<ToolReply, UpstreamError> {
         let params = CallToolRequestParams::new(call.tool.clone()).with_arguments(call.arguments);
+        let mut meta = call.meta;
+        if call.tasks {
+            // Declared for this request alone: a task handle goes only to an
+            // agent that can follow it (the shared session declares none).
+            meta.insert(
+                CLIENT_CAPABILITIES_META.to_owned(),
+                client::capabilities_with_tasks(),
+            );
+        }
         let started = Instant::now();
         let response = self
             .request(
                 &call.upstream,
                 ClientRequest::CallToolRequest(CallToolRequest::new(params)),
-                call.meta,
+                meta,
                 call.timeout,
                 call.agent,
                 call.cancel,
             )
             .await;
         let outcome = match &response {
+            Ok(ServerResult::CreateTaskResult(_)) => "task",
             Ok(_) => "answered",
             Err(UpstreamError::TimedOut(_)) => "timeout",
             Err(UpstreamError::Refused { .. }) => "refused",
@@ -517,9 +556,14 @@ impl Upstream for Upstreams {
             "tool" => call.tool.clone(), "outcome" => outcome)
         .record(started.elapsed().as_secs_f64());
         match response? {
-            ServerResult::CallToolResult(result) => Ok(convert::answer_from_result(&result)),
+            ServerResult::CallToolResult(result) => {
+                Ok(ToolReply::Answer(convert::answer_from_result(&result)))
+            }
+            ServerResult::CreateTaskResult(task) if call.tasks => {
+                Ok(ToolReply::Task(convert::task_started(&task)))
+            }
             other => Err(UpstreamError::MaybeSent(format!(
-                "unsupported answer to tools/call (input-required and task results are not proxied yet): {}",
+                "unsupported answer to tools/call: {}",
                 serde_json::to_string(&other)
                     .unwrap_or_default()
                     .chars()
@@ -527,6 +571,19 @@ impl Upstream for Upstreams {
                     .collect::<String>()
             ))),
         }
+    }
+
+    async fn task_state(
+        &self,
+        upstream: &str,
+        task_id: &str,
+        timeout: Duration,
+    ) -> Result<TaskPoll, UpstreamError> {
+        let request = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(
+            rmcp::model::GetTaskParams::new(task_id),
+        ));
+        let answer = self.task_request(upstream, request, timeout).await?;
+        convert::task_poll(answer).map_err(UpstreamError::MaybeSent)
     }
 
     fn accepting_calls(&self, upstream: &str) -> bool {
