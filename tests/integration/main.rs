@@ -40,6 +40,7 @@ mod run_lifecycle;
 mod run_state_machine;
 mod secrets_at_rest;
 mod session_mode;
+mod tasks;
 mod telemetry;
 mod upstream_supervision;
 mod worker_heartbeat;

@@ -665,7 +665,7 @@ impl leasegate::adapter::Upstream for Unreachable {
     async fn call(
         &self,
         call: leasegate::adapter::UpstreamCall,
-    ) -> Result<leasegate::adapter::ToolAnswer, leasegate::adapter::UpstreamError> {
+    ) -> Result<leasegate::adapter::ToolReply, leasegate::adapter::UpstreamError> {
         panic!(
             "the reconciler called {} although a late response was on record",
             call.tool
@@ -1337,6 +1337,7 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
                 meta: Default::default(),
                 agent: None,
                 cancel: Default::default(),
+                tasks: None,
             },
         },
     )
