@@ -80,11 +80,14 @@
 //!   register+claim, upstream call in a leasegate-owned task (what a
 //!   failure proves: `UpstreamError::delivery`), settle or mark unknown;
 //!   each round of a call that asks its agent something recorded as
-//!   `input_round` evidence.
+//!   `input_round` evidence; a task an upstream made of a call (MCP Tasks
+//!   extension) followed under the call's claim until it is terminal
+//!   (`dispatch::TaskFollowers`).
 //! * `mcp`: the only module that imports rmcp — the front (`Front`, HTTP at
 //!   `/mcp` and stdio: the upstreams' whole server surface, namespaced, with
-//!   sampling/elicitation/roots relayed within the call and stateless-MCP
-//!   `input_required` calls parked until the agent's retry), the upstream
+//!   sampling/elicitation/roots relayed within the call, stateless-MCP
+//!   `input_required` calls parked until the agent's retry, and the Tasks
+//!   extension's requests routed to the upstream that made each task), the upstream
 //!   clients (`Upstreams`, implementing `adapter::Upstream`; one shared
 //!   session per upstream, per-request routing of what upstreams send), the
 //!   stateless front's cancellation registry and handshake-era log levels

@@ -785,9 +785,10 @@ impl ServerHandler for ExampleTools {
         } else {
             ServerCapabilities::builder().enable_tools().build()
         };
-        ServerConfig::new(capabilities).with_server_info(
-            Implementation::new("leasegate-example-tools", env!("CARGO_PKG_VERSION")),
-        )
+        ServerConfig::new(capabilities).with_server_info(Implementation::new(
+            "leasegate-example-tools",
+            env!("CARGO_PKG_VERSION"),
+        ))
     }
 
     async fn list_tools(

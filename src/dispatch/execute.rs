@@ -19,8 +19,8 @@ use super::call::{
 use super::keeper::{self, Fact};
 use super::rounds;
 use crate::adapter::{
-    OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, ToolReply, Upstream,
-    UpstreamCall, UpstreamDelivery, UpstreamError,
+    OperationIdPlacement, ResolvedTool, ToolAdapter, ToolAnswer, ToolReply, Upstream, UpstreamCall,
+    UpstreamDelivery, UpstreamError,
 };
 use crate::intent::OperationId;
 use crate::ledger::{
@@ -195,16 +195,16 @@ async fn send_and_settle<U: Upstream>(
                         .into_answer()
                         .expect_err("a task is no answer");
                 };
-                let reply = super::tasks::follow(
+                let reply = super::tasks::follow(super::tasks::Follower {
                     followers,
                     ledger,
                     upstream,
                     dispatch_owner,
                     claim,
                     adapter,
-                    call.upstream,
+                    upstream_name: call.upstream,
                     started,
-                )
+                })
                 .await;
                 return Ok((reply, None));
             }
@@ -215,7 +215,9 @@ async fn send_and_settle<U: Upstream>(
                     "cancelled by the agent; the tool then answered with an error".into(),
                 );
             }
-            Ok(ToolReply::Answer(answer)) => return settle(&ledger, &claim, &adapter, answer).await,
+            Ok(ToolReply::Answer(answer)) => {
+                return settle(&ledger, &claim, &adapter, answer).await;
+            }
             Err(error) => match error.delivery() {
                 UpstreamDelivery::Rejected => {
                     // By protocol nothing executed: a final failure, recorded

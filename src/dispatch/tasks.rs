@@ -140,16 +140,17 @@ impl TaskFollowers {
 /// The upstream made a task of the claimed call: records it under the
 /// claim, starts this process's follower, and answers the agent with the
 /// task's handle.
-pub(super) async fn follow<U: Upstream>(
-    followers: Arc<TaskFollowers>,
-    ledger: Ledger,
-    upstream: Arc<U>,
-    dispatch_owner: String,
-    claim: DispatchClaim,
-    adapter: ToolAdapter,
-    upstream_name: String,
-    started: TaskStarted,
-) -> CallReply {
+pub(super) async fn follow<U: Upstream>(follower: Follower<U>) -> CallReply {
+    let Follower {
+        followers,
+        ledger,
+        upstream,
+        dispatch_owner,
+        claim,
+        adapter,
+        upstream_name,
+        started,
+    } = follower;
     let evidence = json!({
         "upstream": upstream_name,
         "task_id": started.task_id,
@@ -219,16 +220,17 @@ pub(super) async fn follow<U: Upstream>(
     reply
 }
 
-/// One task followed until it is terminal.
-struct Follower<U> {
-    followers: Arc<TaskFollowers>,
-    ledger: Ledger,
-    upstream: Arc<U>,
-    dispatch_owner: String,
-    claim: DispatchClaim,
-    adapter: ToolAdapter,
-    upstream_name: String,
-    started: TaskStarted,
+/// One task followed until it is terminal: the claim it runs under, and
+/// what settles it.
+pub(super) struct Follower<U> {
+    pub followers: Arc<TaskFollowers>,
+    pub ledger: Ledger,
+    pub upstream: Arc<U>,
+    pub dispatch_owner: String,
+    pub claim: DispatchClaim,
+    pub adapter: ToolAdapter,
+    pub upstream_name: String,
+    pub started: TaskStarted,
 }
 
 impl<U: Upstream> Follower<U> {

@@ -125,7 +125,10 @@ async fn a_task_made_of_a_gated_call_is_one_operation_settled_from_its_terminal_
     let first = export(&proxy.url, 1, "q1", &lease, true).await;
     let handle = &first["result"];
     assert_eq!(handle["resultType"], "task", "a task handle: {first}");
-    let task_id = handle["taskId"].as_str().expect("the upstream's task id").to_owned();
+    let task_id = handle["taskId"]
+        .as_str()
+        .expect("the upstream's task id")
+        .to_owned();
     assert_eq!(handle["status"], "working", "{first}");
     let note = &handle["_meta"]["dev.leasegate/operation"];
     assert_eq!(note["status"], "dispatching", "{first}");
@@ -138,7 +141,10 @@ async fn a_task_made_of_a_gated_call_is_one_operation_settled_from_its_terminal_
 
     let again = export(&proxy.url, 2, "q1", &lease, true).await;
     assert_eq!(again["result"]["taskId"], task_id.as_str(), "{again}");
-    assert_eq!(again["result"]["_meta"]["dev.leasegate/operation"]["replayed"], true);
+    assert_eq!(
+        again["result"]["_meta"]["dev.leasegate/operation"]["replayed"],
+        true
+    );
 
     let working = task_status(&proxy.url, 3, &task_id).await;
     assert_eq!(working["result"]["status"], "working", "{working}");
@@ -163,9 +169,15 @@ async fn a_task_made_of_a_gated_call_is_one_operation_settled_from_its_terminal_
     assert_eq!(remote_id.as_deref(), Some("exp_1"));
 
     let replay = export(&proxy.url, 5, "q1", &lease, true).await;
-    assert_eq!(replay["result"]["structuredContent"]["export_id"], "exp_1", "{replay}");
+    assert_eq!(
+        replay["result"]["structuredContent"]["export_id"], "exp_1",
+        "{replay}"
+    );
     let note = &replay["result"]["_meta"]["dev.leasegate/operation"];
-    assert_eq!((note["status"].as_str(), note["replayed"].as_bool()), (Some("succeeded"), Some(true)));
+    assert_eq!(
+        (note["status"].as_str(), note["replayed"].as_bool()),
+        (Some("succeeded"), Some(true))
+    );
 
     // An agent that does not follow tasks is never handed one.
     let plain = rpc(
@@ -177,7 +189,10 @@ async fn a_task_made_of_a_gated_call_is_one_operation_settled_from_its_terminal_
         false,
     )
     .await;
-    assert_eq!(plain["result"]["structuredContent"]["export_id"], "exp_2", "{plain}");
+    assert_eq!(
+        plain["result"]["structuredContent"]["export_id"], "exp_2",
+        "{plain}"
+    );
     // A read-only tool's task passes straight through.
     let status = rpc(
         &proxy.url,
@@ -194,7 +209,10 @@ async fn a_task_made_of_a_gated_call_is_one_operation_settled_from_its_terminal_
         (answer["result"]["status"] == "completed").then_some(answer)
     })
     .await;
-    assert_eq!(read["result"]["result"]["structuredContent"]["exports"], 2, "{read}");
+    assert_eq!(
+        read["result"]["result"]["structuredContent"]["exports"], 2,
+        "{read}"
+    );
 
     let exports = scenario.side_effects("exports.jsonl");
     assert_eq!(exports.len(), 2, "one export per intent: {exports:?}");
@@ -278,7 +296,10 @@ async fn a_task_whose_proxy_died_converges_through_the_reconciler(
             operation_id.clone(),
         )
         .await;
-    assert_eq!(result["structuredContent"]["export_id"], "exp_1", "{result}");
+    assert_eq!(
+        result["structuredContent"]["export_id"], "exp_1",
+        "{result}"
+    );
     let operator_events: i64 = db
         .scalar(
             "SELECT count(*) FROM ledger_events WHERE operation_id = $1 AND actor_kind = 'operator'",

@@ -6,8 +6,8 @@
 
 use super::cancel::{CallWatch, cancelled_by_the_agent};
 use super::request::{CallCredentials, invalid_params, session_refusal};
-use super::{Front, ToolCall, upstream_failure};
 use super::tasks::agent_follows_tasks;
+use super::{Front, ToolCall, upstream_failure};
 use crate::adapter::{PeerError, ToolReply, Upstream, UpstreamCall};
 use crate::dispatch::{CallContext, CallError, CallReply, CallRequest};
 use crate::ids::{MAX_IDEMPOTENCY_KEY_LEN, MAX_TASK_LEN, check_identifier};

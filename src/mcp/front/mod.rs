@@ -94,8 +94,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelledNotificationParam,
-    ClientRequest, CompleteRequestParams, CompleteResult, CustomRequest, CustomResult, ErrorCode,
+    CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientRequest,
+    CompleteRequestParams, CompleteResult, CustomRequest, CustomResult, ErrorCode,
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult,
     ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, LoggingLevel,
     PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
@@ -782,11 +782,9 @@ impl ServerHandler for Front {
             self.with_agent(&context, from_upstream, call).await
         };
         match response? {
-            CallToolResponse::Task(task) => Ok(CallToolResponse::Task(self.route_task(
-                &upstream,
-                task,
-                &context,
-            ))),
+            CallToolResponse::Task(task) => Ok(CallToolResponse::Task(
+                self.route_task(&upstream, task, &context),
+            )),
             other => Ok(other),
         }
     }

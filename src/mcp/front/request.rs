@@ -213,7 +213,9 @@ fn lease_of(context: &RequestContext<RoleServer>) -> Result<LeaseClaim, CallErro
 /// The authenticated caller of an HTTP request (the listener's
 /// authentication puts it into the request; `None` without authentication
 /// and over stdio).
-pub(super) fn principal_of(context: &RequestContext<RoleServer>) -> Option<&crate::auth::Principal> {
+pub(super) fn principal_of(
+    context: &RequestContext<RoleServer>,
+) -> Option<&crate::auth::Principal> {
     context
         .extensions
         .get::<http::request::Parts>()?

@@ -23,9 +23,8 @@
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CancelTaskParams, CancelTaskRequest, ClientRequest, CreateTaskResult, ErrorCode,
-    GetTaskParams, GetTaskRequest, GetTaskResult, ServerResult, UpdateTaskParams,
-    UpdateTaskRequest,
+    CancelTaskParams, CancelTaskRequest, ClientRequest, CreateTaskResult, ErrorCode, GetTaskParams,
+    GetTaskRequest, GetTaskResult, ServerResult, UpdateTaskParams, UpdateTaskRequest,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer};
