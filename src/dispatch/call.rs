@@ -40,7 +40,7 @@ pub struct CallContext {
     /// The agent follows tasks (it declared the MCP Tasks extension): a
     /// task the upstream makes of the call is answered with its handle and
     /// followed here. `None`: the upstream is not offered tasks.
-    pub tasks: Option<std::sync::Arc<super::tasks::TaskFollowers>>,
+    pub tasks: Option<std::sync::Arc<super::followers::TaskFollowers>>,
 }
 
 /// A fresh identity for one leasegate process: every claim it takes carries

@@ -35,7 +35,7 @@ pub struct Dispatcher<U> {
     /// Asked before anything is registered; told what was acknowledged.
     gate: Arc<DurabilityGate>,
     /// The tasks upstreams made of this process's calls, followed here.
-    tasks: Arc<super::tasks::TaskFollowers>,
+    tasks: Arc<super::followers::TaskFollowers>,
 }
 
 impl<U> Dispatcher<U> {
@@ -51,7 +51,7 @@ impl<U> Dispatcher<U> {
 
     /// The tasks this process follows (for an agent that follows tasks:
     /// `CallContext::tasks`).
-    pub fn tasks(&self) -> &Arc<super::tasks::TaskFollowers> {
+    pub fn tasks(&self) -> &Arc<super::followers::TaskFollowers> {
         &self.tasks
     }
 }
@@ -67,7 +67,7 @@ impl<U: Upstream> Dispatcher<U> {
         dispatch_owner: String,
     ) -> Self {
         Self {
-            tasks: super::tasks::TaskFollowers::new(policy.claim_ttl),
+            tasks: super::followers::TaskFollowers::new(policy.claim_ttl),
             ledger,
             upstream,
             policy,
@@ -256,7 +256,7 @@ impl<U: Upstream> Dispatcher<U> {
     async fn existing(
         &self,
         mut record: OperationRecord,
-        tasks: Option<&super::tasks::TaskFollowers>,
+        tasks: Option<&super::followers::TaskFollowers>,
     ) -> Result<CallReply, CallError> {
         let deadline = tokio::time::Instant::now() + self.policy.in_flight_wait;
         let mut pause = Duration::from_millis(25);

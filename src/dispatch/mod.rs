@@ -6,12 +6,15 @@
 //!   process's claim identity);
 //! - `dispatcher`: [`Dispatcher`], the inline path;
 //! - `execute`: a claimed operation's execution, shared by both paths;
+//! - `outcome`: what a call's end writes (settle, release as unsent, mark
+//!   unknown), for an execution and a followed task alike;
 //! - `keeper`: what a tool answered (or proof nothing left), kept in the
 //!   process and written when a failed ledger write can land again;
 //! - `rounds`: each round of a call that asks its agent something,
 //!   recorded as `input_round` evidence;
 //! - `tasks`: calls an upstream made a task of (MCP Tasks extension),
-//!   followed under their claim until the task is terminal;
+//!   followed under their claim until the task is terminal (`followers`:
+//!   the ones this process follows);
 //! - `outbox`: [`Outbox`], one pass over planned operations (scheduled by
 //!   `crate::reconcile`), and [`is_original`], the check every sender of a
 //!   stored request makes.
@@ -57,8 +60,10 @@
 mod call;
 mod dispatcher;
 mod execute;
+mod followers;
 mod keeper;
 mod outbox;
+mod outcome;
 mod rounds;
 mod tasks;
 
@@ -67,9 +72,8 @@ pub use call::{
     process_owner, trace_outcome,
 };
 pub use dispatcher::Dispatcher;
-pub use execute::{
-    Claimed, execute_claim, execute_claim_acknowledged, inject_operation_id, remote_id_of,
-};
+pub use execute::{Claimed, execute_claim, execute_claim_acknowledged, inject_operation_id};
+pub use followers::TaskFollowers;
 pub use keeper::{MAX_KEPT, drain as drain_kept_facts};
 pub use outbox::{Outbox, is_original, recorded_tool};
-pub use tasks::TaskFollowers;
+pub use outcome::remote_id_of;

@@ -822,4 +822,78 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_task_on_record_is_followed_whatever_the_capability_and_only_its_end_converges() {
+        use crate::adapter::{PeerError, TaskState};
+        let task = Evidence {
+            kind: EvidenceKind::Task,
+            outcome: None,
+            remote_id: None,
+            body: json!({"upstream": "reports", "task_id": "t-1", "handle": {}}),
+            ..late("succeeded", "other")
+        };
+        for capability in [
+            Capability::None,
+            Capability::IdempotencyKey,
+            Capability::OperationQuery,
+        ] {
+            assert_eq!(
+                plan(
+                    &operation(),
+                    Some(&adapter(capability)),
+                    std::slice::from_ref(&task),
+                    &json!({})
+                ),
+                Step::FollowTask {
+                    upstream: "reports".into(),
+                    task_id: "t-1".into()
+                },
+                "{capability:?}"
+            );
+        }
+        let none = adapter(Capability::None);
+        let completed = TaskState::Completed(answer(false, json!({"id": "exp_1"})));
+        match judge_task(Some(&none), "t-1", Some(&completed)) {
+            Some(Judgement::Converge(fact)) => {
+                assert_eq!(fact.settlement, Settlement::Succeeded);
+                assert_eq!(fact.remote_id.as_deref(), Some("exp_1"));
+                assert_eq!(fact.kind, ConvergeEvidence::QueryResult);
+            }
+            other => panic!("a completed task converges: {other:?}"),
+        }
+        let tool_error = TaskState::Completed(answer(true, json!({})));
+        assert!(matches!(
+            judge_task(Some(&none), "t-1", Some(&tool_error)),
+            Some(Judgement::Converge(RemoteFact {
+                settlement: Settlement::FailedFinal,
+                ..
+            }))
+        ));
+        let rejected = TaskState::Failed(PeerError {
+            code: -32602,
+            message: "bad".into(),
+            data: None,
+        });
+        assert!(matches!(
+            judge_task(Some(&none), "t-1", Some(&rejected)),
+            Some(Judgement::Converge(RemoteFact {
+                settlement: Settlement::FailedFinal,
+                ..
+            }))
+        ));
+        assert_eq!(
+            judge_task(Some(&none), "t-1", Some(&TaskState::Working)),
+            Some(Judgement::StaysUnknown("task_working"))
+        );
+        // It may have acted: the capability decides, as without a task.
+        let internal = TaskState::Failed(PeerError {
+            code: -32603,
+            message: "boom".into(),
+            data: None,
+        });
+        for state in [Some(&internal), Some(&TaskState::Cancelled), None] {
+            assert_eq!(judge_task(Some(&none), "t-1", state), None);
+        }
+    }
 }
