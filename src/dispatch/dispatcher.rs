@@ -263,9 +263,15 @@ impl<U: Upstream> Dispatcher<U> {
         loop {
             match record.status {
                 OperationStatus::Succeeded | OperationStatus::FailedFinal => {
+                    let recorded = record.result.clone().unwrap_or(Value::Null);
+                    let result = if is_tool_result(&recorded) {
+                        recorded
+                    } else {
+                        self.resolution_answer(&record, recorded).await
+                    };
                     return Ok(CallReply::Answer {
                         is_error: record.status == OperationStatus::FailedFinal,
-                        result: record.result.clone().unwrap_or(Value::Null),
+                        result,
                         operation: OperationNote {
                             operation_id: record.operation_id.clone(),
                             status: record.status,
@@ -341,6 +347,64 @@ impl<U: Upstream> Dispatcher<U> {
                 }
             };
         }
+    }
+}
+
+/// Whether `value` is a tool result as a tool answers one (what the
+/// dispatcher records); an operator's resolution records what the operator
+/// gave, or nothing.
+fn is_tool_result(value: &Value) -> bool {
+    value.get("content").is_some_and(Value::is_array)
+}
+
+impl<U: Upstream> Dispatcher<U> {
+    /// The answer a repeat of a settled intent gets when no tool answer is on
+    /// record (an operator resolved it): the resolution itself — status, who,
+    /// their note, the remote id, and what the operator recorded as the
+    /// result — as a tool result, so the agent reads why.
+    async fn resolution_answer(&self, record: &OperationRecord, recorded: Value) -> Value {
+        let evidence = self
+            .ledger
+            .operation_evidence(&record.operation_id)
+            .await
+            .unwrap_or_default();
+        let resolution = evidence
+            .iter()
+            .rev()
+            .find(|e| e.kind == crate::ledger::EvidenceKind::Operator);
+        let by = resolution.map(|e| e.source.clone());
+        let note = resolution
+            .and_then(|e| e.body.get("note"))
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let status = record.status.as_str();
+        let mut text = match (&by, &note) {
+            (Some(by), Some(note)) => {
+                format!(
+                    "operator {by} resolved operation {} as {status}: {note}",
+                    record.operation_id
+                )
+            }
+            _ => format!(
+                "operation {} is {status} (no tool answer on record)",
+                record.operation_id
+            ),
+        };
+        if let Some(remote_id) = &record.remote_id {
+            text.push_str(&format!(" (remote id {remote_id})"));
+        }
+        json!({
+            "content": [{"type": "text", "text": text}],
+            "isError": record.status == OperationStatus::FailedFinal,
+            "structuredContent": {"resolution": {
+                "status": status,
+                "by": by,
+                "note": note,
+                "remote_id": record.remote_id,
+                "at": resolution.map(|e| e.at),
+                "result": recorded,
+            }},
+        })
     }
 }
 

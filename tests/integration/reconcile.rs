@@ -84,7 +84,7 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
     );
 
     // A new process: claims expire into unknown, then converge per capability.
-    let (mut second, _, control) = serve_child(&scenario).await;
+    let (mut second, second_mcp, control) = serve_child(&scenario).await;
     db.wait_tool_status(
         "the idempotent charge to converge",
         "payments__charge",
@@ -172,6 +172,66 @@ async fn acceptance_e_killed_after_the_remote_side_effect_idempotent_converges_a
         .query_scalar("SELECT count(*) FROM ledger_events WHERE operation_id = (SELECT operation_id FROM tool_operations WHERE tool_name = 'mailer__send_email')")
         .await;
     assert_eq!(events_after, events_before, "nothing written");
+
+    // An operator who checked the mail log resolves it; the agent's repeat
+    // of the call then hears the resolution: who, why, the remote id.
+    let resolved = std::process::Command::new(LEASEGATE)
+        .args([
+            "ops",
+            "resolve",
+            &email,
+            "--succeeded",
+            "--note",
+            "delivered: in the mail log",
+        ])
+        .args(["--remote-id", "msg_1", "--actor", "alice", "--config"])
+        .arg(scenario.config_path())
+        .env_remove("LEASEGATE_DATABASE_URL")
+        .output()
+        .unwrap();
+    assert!(
+        resolved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resolved.stderr)
+    );
+    let (agent, _) = connect_http(&second_mcp, Some(&lease)).await;
+    let again = call(
+        &agent,
+        "mailer__send_email",
+        json!({"to": "e@x.y", "hang_ms": 20000}),
+        None,
+    )
+    .await
+    .unwrap();
+    let note = common::proxy::operation_note(&again);
+    assert_eq!(
+        (note["status"].as_str(), note["replayed"].as_bool()),
+        (Some("succeeded"), Some(true))
+    );
+    let resolution = &again.structured_content.as_ref().unwrap()["resolution"];
+    assert_eq!(
+        (
+            resolution["by"].as_str(),
+            resolution["note"].as_str(),
+            resolution["remote_id"].as_str()
+        ),
+        (
+            Some("alice"),
+            Some("delivered: in the mail log"),
+            Some("msg_1")
+        ),
+        "{again:?}"
+    );
+    let text = again.content[0].as_text().unwrap().text.clone();
+    assert!(
+        text.contains("operator alice resolved") && text.contains("delivered"),
+        "{text}"
+    );
+    assert_eq!(
+        calls_of(&scenario, "send_email").len(),
+        1,
+        "the repeat sent nothing"
+    );
     second.kill().await.unwrap();
 }
 
