@@ -137,7 +137,12 @@ fn operation_meta(note: Value) -> MetaObject {
 /// What the agent receives for a reply.
 /// The agent's answer to a gated call: a tool result, or the handle of
 /// the task the upstream made of it (with the operation in its `_meta`).
-pub fn response_from_reply(reply: CallReply) -> Result<CallToolResponse, McpError> {
+/// `outcome_in_content`: a replayed answer also says so in its content
+/// (policy `outcome_in_content`).
+pub fn response_from_reply(
+    reply: CallReply,
+    outcome_in_content: bool,
+) -> Result<CallToolResponse, McpError> {
     match reply {
         CallReply::Task { handle, operation } => {
             let mut task = create_task_result(handle)?;
@@ -146,7 +151,10 @@ pub fn response_from_reply(reply: CallReply) -> Result<CallToolResponse, McpErro
                 .insert("dev.leasegate/operation".to_owned(), operation.to_json());
             Ok(CallToolResponse::Task(task))
         }
-        other => Ok(CallToolResponse::Complete(result_from_reply(other))),
+        other => Ok(CallToolResponse::Complete(result_from_reply(
+            other,
+            outcome_in_content,
+        ))),
     }
 }
 
@@ -157,7 +165,7 @@ pub fn create_task_result(handle: Value) -> Result<CreateTaskResult, McpError> {
     })
 }
 
-pub fn result_from_reply(reply: CallReply) -> CallToolResult {
+fn result_from_reply(reply: CallReply, outcome_in_content: bool) -> CallToolResult {
     match reply {
         // Where only a tool result can go: the task named, still running.
         CallReply::Task { handle, operation } => {
@@ -183,6 +191,16 @@ pub fn result_from_reply(reply: CallReply) -> CallToolResult {
                     fallback.is_error = Some(is_error);
                     fallback
                 });
+            if operation.replayed && outcome_in_content {
+                // For clients that hand the model the content and drop
+                // `_meta`: the model must not read a replay as a new effect.
+                tool_result.content.push(ContentBlock::text(format!(
+                    "[leasegate] replayed: this is the recorded answer of an earlier identical \
+                     call (operation {}, {}); the tool was not called again",
+                    operation.operation_id,
+                    operation.status.as_str()
+                )));
+            }
             tool_result.meta = Some(operation_meta(operation.to_json()));
             tool_result.result_type = Some(ResultType::COMPLETE);
             tool_result
@@ -191,10 +209,14 @@ pub fn result_from_reply(reply: CallReply) -> CallToolResult {
             operation_id,
             reason,
         } => {
+            // In the structured content too, for clients that hand the model
+            // that alone.
             let body = json!({
                 "operation_id": operation_id.as_str(),
                 "status": "unknown",
                 "reason": reason,
+                "advice": "not reported as failed: it may have happened. Do not retry it under a \
+                           new step; the same call again answers its outcome once known",
             });
             let mut tool_result = CallToolResult::error(vec![ContentBlock::text(format!(
                 "outcome unknown for operation {operation_id}: {reason}. It was not reported as failed; \

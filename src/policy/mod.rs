@@ -31,6 +31,8 @@ pub struct RawPolicy {
     pub claim_ttl: Option<String>,
     /// How long a call waits for the same intent in flight elsewhere.
     pub in_flight_wait: Option<String>,
+    /// Whether a replayed answer also says so in its content (default true).
+    pub outcome_in_content: Option<bool>,
     /// "derived" (default: step id from tool + digest) or "explicit".
     pub step_identity: Option<String>,
     /// "full" (default), "masked" (with `masked_fields`), "digest_only" or
@@ -115,6 +117,9 @@ pub struct Policy {
     pub heartbeat_interval: Duration,
     pub claim_ttl: Duration,
     pub in_flight_wait: Duration,
+    /// A replayed answer carries a line saying so in its content, beside
+    /// `_meta`: clients that drop `_meta` still tell the model the truth.
+    pub outcome_in_content: bool,
     pub step_identity: StepIdentity,
     pub request_body: RequestBodyPolicy,
     pub result_body: ResultBodyPolicy,
@@ -332,6 +337,7 @@ impl RawPolicy {
             heartbeat_interval,
             claim_ttl,
             in_flight_wait,
+            outcome_in_content: self.outcome_in_content.unwrap_or(true),
             step_identity,
             request_body,
             result_body,

@@ -178,6 +178,19 @@ async fn a_task_made_of_a_gated_call_is_one_operation_settled_from_its_terminal_
         (note["status"].as_str(), note["replayed"].as_bool()),
         (Some("succeeded"), Some(true))
     );
+    // Said in the content too, for clients that drop `_meta`.
+    let last = replay["result"]["content"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap();
+    assert!(
+        last["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("[leasegate] replayed"),
+        "{replay}"
+    );
 
     // An agent that does not follow tasks is never handed one.
     let plain = rpc(

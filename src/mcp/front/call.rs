@@ -141,6 +141,7 @@ impl Front {
         let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
         let trace_id = credentials.trace_id().to_owned();
+        let outcome_in_content = self.state.config.policy.outcome_in_content;
         let over_http = credentials.over_http;
         let CallCredentials {
             lease: own_lease,
@@ -267,7 +268,7 @@ impl Front {
                     if let CallReply::Answer { result, .. } = &mut reply {
                         front.expose_uris(&upstream, result);
                     }
-                    convert::response_from_reply(reply)
+                    convert::response_from_reply(reply, outcome_in_content)
                 }
                 Err(error) => {
                     // The agent hears the value; the log names only where
