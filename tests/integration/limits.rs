@@ -969,3 +969,175 @@ async fn one_peer_cannot_take_the_other_peers_connections(
     .await;
     assert!(refused >= 1.0);
 }
+
+/// A `tools/call` of `tool` with `arguments` as JSON-RPC request `id`.
+fn tools_call(id: u64, tool: &str, arguments: serde_json::Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}})
+    .to_string()
+}
+
+/// One principal holds at most its share of the requests in flight: a
+/// token whose two slow calls fill its share is refused its third request
+/// at once (429, `Retry-After`, the documented JSON-RPC error under its id;
+/// nothing registered or sent), may still send notifications, and is served
+/// again once a call finishes; another token's calls are served meanwhile.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_principal_beyond_its_in_flight_share_is_refused_and_another_is_served(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use common::http::post_mcp;
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::with_adapters(&db.url, "", LONG_CALLS, MAILER_ADAPTER);
+    append_limits(
+        &scenario,
+        "max_in_flight_per_principal = 2\nrate_limit = 0\n\n[auth]\nmode = \"required\"\n",
+    );
+    let hog = create_token(&db, "tenant-a", "agent", Some("hog")).await;
+    let other = create_token(&db, "tenant-a", "agent", Some("other")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("metrics")).await;
+    let served = Served::start(&scenario, &[]).await;
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let lease_headers = |token: &str| {
+        vec![
+            ("authorization".to_owned(), format!("Bearer {token}")),
+            ("leasegate-run-id".to_owned(), lease.run_id.to_string()),
+            ("leasegate-owner".to_owned(), lease.owner.clone()),
+            ("leasegate-epoch".to_owned(), lease.epoch.to_string()),
+            (
+                "leasegate-lease-token".to_owned(),
+                lease.token.as_ref().unwrap().expose().to_owned(),
+            ),
+        ]
+    };
+    let send = |token: &str, body: String| {
+        let headers = lease_headers(token);
+        let url = served.mcp.clone();
+        async move {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect();
+            post_mcp(&url, &headers, &body).await
+        }
+    };
+
+    // The hog's two slow charges: each sends, then hangs.
+    let slow: Vec<_> = (1..=2)
+        .map(|n| {
+            tokio::spawn(send(
+                &hog,
+                tools_call(
+                    n,
+                    "payments__charge",
+                    json!({"amount": n, "currency": "eur", "hang_ms": 8000}),
+                ),
+            ))
+        })
+        .collect();
+    common::wait_until("both slow charges to be in flight", || async {
+        (scenario.side_effects("charges.jsonl").len() == 2).then_some(())
+    })
+    .await;
+    let operations_before = db.row_count("tool_operations").await;
+    assert_eq!(operations_before, 2);
+
+    // Its third request, a charge or a listing, is refused at once.
+    for (id, body) in [
+        (
+            7,
+            tools_call(
+                7,
+                "payments__charge",
+                json!({"amount": 3, "currency": "eur"}),
+            ),
+        ),
+        (
+            8,
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":{}}"#.to_owned(),
+        ),
+    ] {
+        let refused = send(&hog, body).await;
+        assert_eq!(refused.status, 429, "{}", refused.body);
+        let answer = refused.json_rpc();
+        assert_eq!(answer["id"], id, "{answer}");
+        let message = common::http::rpc_error_message(&answer, -32012, "");
+        assert!(
+            message.contains("limits.max_in_flight_per_principal"),
+            "{message}"
+        );
+        assert_eq!(
+            answer["error"]["data"]["reason"],
+            "max_in_flight_per_principal"
+        );
+        assert_eq!(answer["error"]["data"]["limit"], 2);
+    }
+    // A notification is no request: never refused (a principal at its share
+    // can still cancel).
+    let notified = send(
+        &hog,
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":99}}"#
+            .to_owned(),
+    )
+    .await;
+    assert_eq!(notified.status, 202, "{}", notified.body);
+
+    // The other token is served meanwhile: a listing and a read-only call.
+    let listed = send(
+        &other,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#.to_owned(),
+    )
+    .await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert!(
+        listed.body.contains("payments__get_charge"),
+        "{}",
+        listed.body
+    );
+    let read = send(
+        &other,
+        tools_call(
+            2,
+            "payments__get_charge",
+            json!({"idempotency_key": "none"}),
+        ),
+    )
+    .await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert!(read.json_rpc().get("result").is_some(), "{}", read.body);
+
+    // The slow calls finish; nothing of the refused charge was registered
+    // or sent, and the hog is served again.
+    for call in slow {
+        let answered = within("a slow charge to finish", call).await.unwrap();
+        assert_eq!(answered.status, 200, "{}", answered.body);
+    }
+    assert_eq!(db.row_count("tool_operations").await, operations_before);
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 2);
+    let again = send(
+        &hog,
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#.to_owned(),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let metrics = reqwest::Client::new()
+        .get(format!("{}/metrics", served.control))
+        .header("authorization", format!("Bearer {operator}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let counted = prometheus::sum(
+        &metrics,
+        "http_refused_total",
+        &[
+            ("listener", "mcp"),
+            ("reason", "max_in_flight_per_principal"),
+        ],
+    );
+    assert_eq!(counted, 2.0, "{metrics}");
+    served.stop().await;
+}
