@@ -90,6 +90,19 @@ impl Served {
         prometheus::sum(&answer.body, name, labels)
     }
 
+    /// `/metrics` read with `token` (an operator's, where tokens are
+    /// required).
+    async fn metrics_as(&self, token: &str) -> String {
+        let response = reqwest::Client::new()
+            .get(format!("{}/metrics", self.control))
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    }
+
     async fn stop(mut self) -> Vec<String> {
         let _ = self.child.start_kill();
         let _ = within("leasegate to exit", self.child.wait()).await;
@@ -1121,15 +1134,7 @@ async fn a_principal_beyond_its_in_flight_share_is_refused_and_another_is_served
     )
     .await;
     assert_eq!(again.status, 200, "{}", again.body);
-    let metrics = reqwest::Client::new()
-        .get(format!("{}/metrics", served.control))
-        .header("authorization", format!("Bearer {operator}"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = served.metrics_as(&operator).await;
     let counted = prometheus::sum(
         &metrics,
         "http_refused_total",
@@ -1139,5 +1144,185 @@ async fn a_principal_beyond_its_in_flight_share_is_refused_and_another_is_served
         ],
     );
     assert_eq!(counted, 2.0, "{metrics}");
+    served.stop().await;
+}
+
+/// The victim's view of the MCP front during a measurement: how many calls
+/// were answered and how long each took.
+struct VictimCalls {
+    answered: usize,
+    sent: usize,
+    latencies: Vec<Duration>,
+}
+
+impl VictimCalls {
+    fn quantile(&self, q: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        sorted[rank - 1]
+    }
+
+    fn report(&self, phase: &str) -> String {
+        format!(
+            "{phase}: {}/{} answered ({:.1} %), p50 {:.1} ms, p99 {:.1} ms",
+            self.answered,
+            self.sent,
+            100.0 * self.answered as f64 / self.sent as f64,
+            self.quantile(0.5).as_secs_f64() * 1000.0,
+            self.quantile(0.99).as_secs_f64() * 1000.0
+        )
+    }
+}
+
+/// `calls` requests from 127.0.0.1 with `token`, alternating `tools/list`
+/// and a read-only `tools/call`, each on a new connection (so every call is
+/// a new admission), paced under the default rate limit.
+async fn victim_calls(url: &str, token: &str, calls: usize) -> VictimCalls {
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .local_address(std::net::IpAddr::from([127, 0, 0, 1]))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut pace = tokio::time::interval(Duration::from_millis(40));
+    let mut measured = VictimCalls {
+        answered: 0,
+        sent: 0,
+        latencies: Vec::new(),
+    };
+    for n in 0..calls {
+        pace.tick().await;
+        let body = if n % 2 == 0 {
+            json!({"jsonrpc": "2.0", "id": n, "method": "tools/list", "params": {}}).to_string()
+        } else {
+            tools_call(
+                n as u64,
+                "payments__get_charge",
+                json!({"idempotency_key": "none"}),
+            )
+        };
+        let started = std::time::Instant::now();
+        let mut request = client.post(url).body(body);
+        for (name, value) in common::http::MCP_HEADERS {
+            request = request.header(name, value);
+        }
+        let answered = match request
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+            .await
+        {
+            Ok(response) if response.status() == 200 => response
+                .text()
+                .await
+                .is_ok_and(|text| text.contains("\"result\"")),
+            _ => false,
+        };
+        measured.latencies.push(started.elapsed());
+        measured.sent += 1;
+        measured.answered += usize::from(answered);
+    }
+    measured
+}
+
+/// The flood of the admission issue: one unauthenticated peer (127.0.0.2)
+/// opens as many half-open connections as the MCP listener takes — heads
+/// begun and never finished — while a client with a valid token from
+/// 127.0.0.1 keeps calling `tools/list` and a read-only `tools/call`, each
+/// on a new connection. The peer's share (`max_connections_per_peer`, a
+/// quarter of `max_connections` where tokens are required) bounds what it
+/// holds, so every victim call is admitted and answered. The victim's
+/// success rate and latency, before and during the flood, are printed
+/// (bench/results/2026-12-04-admission-flood.md), never asserted.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_flood_of_half_open_connections_from_one_peer_leaves_the_others_served(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    const FLOOD: usize = 1024;
+    const CALLS: usize = 100;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "");
+    // The flood's heads stay half-sent for the whole measurement.
+    append_limits(
+        &scenario,
+        "header_read_timeout = \"60s\"\n\n[auth]\nmode = \"required\"\n",
+    );
+    let victim = create_token(&db, "tenant-a", "agent", Some("victim")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("metrics")).await;
+    let served = Served::start(&scenario, &[]).await;
+    let address = served.mcp_address();
+
+    let baseline = within(
+        "the victim's calls before the flood",
+        victim_calls(&served.mcp, &victim, CALLS),
+    )
+    .await;
+    assert_eq!(
+        baseline.answered,
+        baseline.sent,
+        "{}",
+        baseline.report("baseline")
+    );
+
+    // The flood: every connection begins a head and never ends it.
+    let flood = within("the flood to be opened", async {
+        let mut held = Vec::new();
+        for _ in 0..FLOOD {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let Ok(mut stream) = socket.connect(address.parse().unwrap()).await else {
+                continue;
+            };
+            let half = format!("POST /mcp HTTP/1.1\r\nhost: {address}\r\ncontent-type: ");
+            if stream.write_all(half.as_bytes()).await.is_ok() {
+                held.push(stream);
+            }
+        }
+        held
+    })
+    .await;
+    // The default share: a quarter of the default max_connections.
+    let share = 1024 / 4;
+    let open = common::wait_until("the flood's share to be held", || async {
+        let open = prometheus::sum(
+            &served.metrics_as(&operator).await,
+            "http_connections_open",
+            &[("listener", "mcp")],
+        );
+        (open >= share as f64).then_some(open)
+    })
+    .await;
+
+    let during = within(
+        "the victim's calls during the flood",
+        victim_calls(&served.mcp, &victim, CALLS),
+    )
+    .await;
+    let metrics = served.metrics_as(&operator).await;
+    let refused = prometheus::sum(
+        &metrics,
+        "http_refused_total",
+        &[("listener", "mcp"), ("reason", "max_connections_per_peer")],
+    );
+    println!(
+        "admission flood: {FLOOD} half-open connections tried from 127.0.0.2, {} still open on \
+         the client, {open} open on the MCP listener, {refused} refused as beyond the peer's share; \
+         {}; {}",
+        flood.len(),
+        baseline.report("victim before the flood"),
+        during.report("victim during the flood")
+    );
+    assert_eq!(
+        during.answered,
+        during.sent,
+        "every victim call is admitted and answered: {}",
+        during.report("during the flood")
+    );
+    assert!(
+        refused >= 1.0,
+        "the flood reached the peer's share: {metrics}"
+    );
+    drop(flood);
     served.stop().await;
 }
