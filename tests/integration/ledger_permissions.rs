@@ -636,7 +636,8 @@ fn intent_row(intent: &leasegate::intent::Intent) -> String {
 /// calls every function that role may execute (enumerated from the
 /// catalog, so a function added later fails this test until the sweep
 /// covers it) with forged inputs — another holder's lease without its
-/// token (a forged, an all-zero or no hash), a wrong epoch or owner,
+/// token (a forged, an all-zero, another lease's or no hash), a wrong
+/// epoch or owner,
 /// another tenant's run, a dispatch or reconcile claim it does not hold,
 /// random operation ids — and each call is refused. Read afterwards as the
 /// superuser, no row of any ledger table moved: nothing settled, no
@@ -701,6 +702,8 @@ async fn forged_inputs_as_the_app_role_move_nothing(
     .unwrap();
 
     let real = bytea(&a.token.as_ref().unwrap().sha256());
+    // A stored hash, of another lease's token.
+    let stored = bytea(&grant_b.claim.token.as_ref().unwrap().sha256());
     let forged_hash = "sha256('forged')";
     let zeros = "decode(repeat('00', 32), 'hex')";
     let (a_run, b_run, epoch) = (a.run_id, b, a.epoch);
@@ -742,6 +745,7 @@ async fn forged_inputs_as_the_app_role_move_nothing(
         [
             (forged_hash, epoch, "worker", Ok("lease_token_invalid")),
             (zeros, epoch, "worker", Ok("lease_token_invalid")),
+            (stored.as_str(), epoch, "worker", Ok("lease_token_invalid")),
             ("NULL", epoch, "worker", Ok("lease_token_invalid")),
             (real.as_str(), epoch + 1, "worker", Ok("lease_lost")),
             (real.as_str(), epoch, "mallory", Ok("lease_lost")),
