@@ -661,10 +661,13 @@ async fn forged_inputs_as_the_app_role_move_nothing(
         .await;
     let unknown_revision = unknown.revision + 1;
     let planned = intents::planned(a.run_id, "mail", "mailer__send", &json!({"to": "x"}));
-    db.ledger
-        .operation_register(&a, std::slice::from_ref(&planned), None)
-        .await
-        .unwrap();
+    assert!(matches!(
+        db.ledger
+            .operation_register(&a, std::slice::from_ref(&planned), None)
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
     let shared = db
         .ledger
         .lease_member_join(
@@ -689,10 +692,13 @@ async fn forged_inputs_as_the_app_role_move_nothing(
         RunCreateOutcome::Created(_)
     ));
     let grant_b = db.acquire(b, "worker-b", 60_000).await;
-    db.ledger
-        .run_start(&grant_b.claim, grant_b.revision)
-        .await
-        .unwrap();
+    assert!(matches!(
+        db.ledger
+            .run_start(&grant_b.claim, grant_b.revision)
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
     sqlx::query(
         "SELECT access_token_create('00112233445566aa', sha256('s'), 'tenant-a', 'agent', NULL, \
          'x', NULL)",
