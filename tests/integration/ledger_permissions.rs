@@ -647,7 +647,7 @@ async fn forged_inputs_as_the_app_role_move_nothing(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    use leasegate::ledger::{RunCreateOutcome, RunId, TaskKind, TaskRef};
+    use leasegate::ledger::{TaskKind, TaskRef};
     let db = TestDb::new(pool, connect).await;
     // tenant-a: a running run with a dispatching, an unknown and a prepared
     // operation, and a shared lease (lease mode session); tenant-b: a
@@ -683,14 +683,7 @@ async fn forged_inputs_as_the_app_role_move_nothing(
         )
         .await
         .unwrap();
-    let b = RunId::generate();
-    assert!(matches!(
-        db.ledger
-            .run_create(b, "tenant-b", "task-b", None)
-            .await
-            .unwrap(),
-        RunCreateOutcome::Created(_)
-    ));
+    let b = db.pending_run_in("tenant-b").await;
     let grant_b = db.acquire(b, "worker-b", 60_000).await;
     assert!(matches!(
         db.ledger
