@@ -101,6 +101,13 @@ BEGIN
   IF p_new_run_id IS NULL THEN
     RAISE EXCEPTION 'run_id must be given' USING ERRCODE = '22023';
   END IF;
+  -- A retention cancels the task's live run once it is older: only a key
+  -- has one, of at least a second (the config's own rule), so a join
+  -- cannot end a session's run or every key's at once.
+  IF p_retention_ms IS NOT NULL AND (p_kind <> 'key' OR p_retention_ms < 1000) THEN
+    RAISE EXCEPTION 'a retention is for kind key and at least 1000 ms, got % ms for %', p_retention_ms, p_kind
+      USING ERRCODE = '22023';
+  END IF;
 
   FOR attempt IN 1..3 LOOP
     INSERT INTO agent_tasks (tenant_id, kind, principal, task_id)

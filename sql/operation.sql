@@ -600,10 +600,14 @@ END
 $$;
 
 -- Settle from a verified response (seed 9.3): only the live claim (same
--- dispatch owner and revision, same request digest) may settle. Anything
--- else is stored as evidence of kind 'late_response' and settles nothing:
--- 'stale_claim' (the operation moved on: unknown, re-claimed, settled,
--- cancelled) or 'digest_mismatch'.
+-- dispatch owner and revision, same request digest) may settle. An answer
+-- under a claim the operation once had is stored as evidence of kind
+-- 'late_response' and settles nothing: 'stale_claim' (the operation moved
+-- on: unknown, re-claimed, settled, cancelled) or 'digest_mismatch'. An
+-- owner and revision that never claimed the operation (no 'dispatching'
+-- event of theirs) keep nothing: 'not_claimed'. The reconciler converges
+-- an unknown operation from late_response evidence, so evidence from a
+-- claim that never was would be a convergence without any claim.
 -- The live claim settles in one guarded UPDATE (the guard is the claim
 -- itself; its row lock orders it after any concurrent change), plus its
 -- event. The answer names the operation as it is now, without the result
@@ -642,6 +646,11 @@ BEGIN
   SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
   IF NOT FOUND THEN
     RETURN _op_result('not_found', NULL, p_operation_id, NULL);
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM ledger_events e
+                  WHERE e.operation_id = p_operation_id AND e.to_status = 'dispatching'
+                    AND e.actor = p_dispatch_owner AND e.revision = p_expected_revision) THEN
+    RETURN _op_result('not_claimed', o.run_id, p_operation_id, NULL);
   END IF;
   INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome,
                                   remote_id, body)

@@ -35,6 +35,12 @@ pub struct RawLimits {
     /// a quarter of `max_sessions`); its new one beyond it evicts its own
     /// least recently used idle session, never another principal's.
     pub max_sessions_per_principal: Option<usize>,
+    /// Requests one principal may have in progress at once on the MCP
+    /// front (default a quarter of `max_connections` where tokens are
+    /// required, else no share of its own): each call holds a connection
+    /// (HTTP/1.1) or a stream, so one principal's slow calls cannot take
+    /// the room of every other principal's. More are refused at once (429).
+    pub max_in_flight_per_principal: Option<usize>,
     /// An MCP session with no message for this long ends (default "5m").
     pub session_idle_timeout: Option<String>,
     /// Requests per second per principal and listener (default 50; 0: no
@@ -61,6 +67,11 @@ pub struct Limits {
     pub max_connections_per_peer_defaulted: bool,
     pub max_sessions: usize,
     pub max_sessions_per_principal: usize,
+    /// `None`: no principal has a share of its own.
+    pub max_in_flight_per_principal: Option<usize>,
+    /// `max_in_flight_per_principal` was not set: its default applies only
+    /// where tokens are required ([`Limits::for_serving`]).
+    pub max_in_flight_per_principal_defaulted: bool,
     pub session_idle_timeout: Duration,
     /// `None`: no rate limit.
     pub rate_limit: Option<RateLimit>,
@@ -146,6 +157,12 @@ impl RawLimits {
                 "limits.max_sessions_per_principal: must be 1 to max_sessions ({max_sessions})"
             ));
         }
+        let max_in_flight_per_principal = self
+            .max_in_flight_per_principal
+            .unwrap_or((max_connections / 4).max(1));
+        if !(1..=1_000_000).contains(&max_in_flight_per_principal) {
+            return Err("limits.max_in_flight_per_principal: must be 1 to 1000000".into());
+        }
         let per_second = self.rate_limit.unwrap_or(50);
         let burst = self
             .rate_limit_burst
@@ -166,6 +183,8 @@ impl RawLimits {
             max_connections_per_peer_defaulted: self.max_connections_per_peer.is_none(),
             max_sessions,
             max_sessions_per_principal,
+            max_in_flight_per_principal: Some(max_in_flight_per_principal),
+            max_in_flight_per_principal_defaulted: self.max_in_flight_per_principal.is_none(),
             session_idle_timeout,
             rate_limit: (per_second > 0).then_some(RateLimit { per_second, burst }),
             rate_limit_defaulted: self.rate_limit.is_none(),
@@ -181,7 +200,8 @@ impl Limits {
     /// without tokens every caller is a local process sharing one address
     /// (one bucket), and a benchmark or a busy agent host would be throttled
     /// for nothing. A `rate_limit` set in the config always applies. The
-    /// default per-peer share of connections follows the same rule.
+    /// default per-peer share of connections and the default per-principal
+    /// share of requests in flight follow the same rule.
     pub fn for_serving(&self, auth_required: bool) -> Limits {
         let mut limits = self.clone();
         if limits.rate_limit_defaulted && !auth_required {
@@ -191,6 +211,9 @@ impl Limits {
         // without tokens every caller is one local address.
         if limits.max_connections_per_peer_defaulted && !auth_required {
             limits.max_connections_per_peer = None;
+        }
+        if limits.max_in_flight_per_principal_defaulted && !auth_required {
+            limits.max_in_flight_per_principal = None;
         }
         limits.verified_principals = auth_required;
         limits
@@ -232,5 +255,33 @@ mod tests {
             ..RawLimits::default()
         };
         assert!(bad.validate().unwrap_err().contains("max_connections"));
+        // The in-flight share: a quarter of the connections where tokens
+        // are required, none of its own on loopback without tokens unless
+        // set.
+        assert_eq!(
+            limits.for_serving(true).max_in_flight_per_principal,
+            Some(256)
+        );
+        assert_eq!(limits.for_serving(false).max_in_flight_per_principal, None);
+        let set = RawLimits {
+            max_in_flight_per_principal: Some(3),
+            ..RawLimits::default()
+        };
+        assert_eq!(
+            set.validate()
+                .unwrap()
+                .for_serving(false)
+                .max_in_flight_per_principal,
+            Some(3)
+        );
+        let bad = RawLimits {
+            max_in_flight_per_principal: Some(0),
+            ..RawLimits::default()
+        };
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .contains("limits.max_in_flight_per_principal")
+        );
     }
 }

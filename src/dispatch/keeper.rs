@@ -189,6 +189,7 @@ fn settled(claim: &DispatchClaim, settlement: Settlement, outcome: SettleOutcome
             "settled (an earlier try had committed)"
         }
         SettleOutcome::KeptAsEvidence { .. } => "kept as late evidence for the reconciler",
+        SettleOutcome::NotClaimed(_) => "dropped: the operation has no such claim on record",
         SettleOutcome::NotFound => "dropped: the operation is no longer on record",
     }
 }

@@ -324,5 +324,12 @@ pub(super) async fn settle(
             call: "operation_settle",
             detail: format!("operation {} vanished", claim.operation_id),
         })),
+        SettleOutcome::NotClaimed(_) => Err(CallError::Ledger(LedgerError::Protocol {
+            call: "operation_settle",
+            detail: format!(
+                "operation {} has no claim of {} at revision {} on record",
+                claim.operation_id, claim.dispatch_owner, claim.revision
+            ),
+        })),
     }
 }

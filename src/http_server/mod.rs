@@ -39,7 +39,7 @@ pub mod rate;
 pub mod serve;
 
 pub use listener::{Arrived, Listener, Peer};
-pub use serve::serve;
+pub use serve::{HeldBody, serve};
 
 use std::time::Duration;
 
@@ -82,6 +82,9 @@ pub enum Refusal {
     MaxSessions,
     /// A body above the listener's size limit (413).
     BodyTooLarge,
+    /// The principal's share of requests in flight on the MCP front
+    /// (`max_in_flight_per_principal`) reached (429).
+    MaxInFlightPerPrincipal,
     /// A `Host` the listener does not serve (403).
     Host,
     /// An `Origin` that may not call the listener (403).
@@ -98,6 +101,7 @@ impl Refusal {
             Refusal::RateLimited => "rate_limited",
             Refusal::MaxSessions => "max_sessions",
             Refusal::BodyTooLarge => "body_too_large",
+            Refusal::MaxInFlightPerPrincipal => "max_in_flight_per_principal",
             Refusal::Host => "host",
             Refusal::Origin => "origin",
         }

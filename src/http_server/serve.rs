@@ -248,12 +248,7 @@ impl Connection {
                         .oneshot(axum::extract::Request::from_parts(parts, body))
                         .await
                         .unwrap_or_else(|never| match never {});
-                    Ok::<_, Infallible>(response.map(|body| {
-                        Body::new(InFlightBody {
-                            inner: body,
-                            in_flight: Some(in_flight),
-                        })
-                    }))
+                    Ok::<_, Infallible>(response.map(|body| HeldBody::wrap(body, in_flight)))
                 }
             })
         };
@@ -416,14 +411,26 @@ impl Drop for InFlight {
     }
 }
 
-/// A response body that keeps its request in progress until its last frame
-/// is written (or it is dropped): SSE streams are never idle.
-struct InFlightBody {
+/// A response body that holds `G` until its last frame is written (or it is
+/// dropped): with an [`InFlight`], its request stays in progress, so SSE
+/// streams are never idle; the MCP front's per-principal share holds its
+/// place the same way.
+pub struct HeldBody<G> {
     inner: Body,
-    in_flight: Option<InFlight>,
+    held: Option<G>,
 }
 
-impl http_body::Body for InFlightBody {
+impl<G: Send + Unpin + 'static> HeldBody<G> {
+    /// `body`, holding `held` until its end.
+    pub fn wrap(body: Body, held: G) -> Body {
+        Body::new(HeldBody {
+            inner: body,
+            held: Some(held),
+        })
+    }
+}
+
+impl<G: Unpin> http_body::Body for HeldBody<G> {
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -434,7 +441,7 @@ impl http_body::Body for InFlightBody {
         let this = self.get_mut();
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None)) {
-            this.in_flight = None;
+            this.held = None;
         }
         polled
     }

@@ -406,6 +406,7 @@ impl Ledger {
                     evidence_id: row.evidence_id(CALL)?,
                 }
             }
+            Outcome::NotClaimed => SettleOutcome::NotClaimed(row.record(CALL, self.bodies())?),
             Outcome::NotFound => SettleOutcome::NotFound,
             other => return Err(other.unexpected(CALL)),
         };

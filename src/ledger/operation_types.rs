@@ -195,6 +195,10 @@ pub enum SettleOutcome {
         found: OperationRecord,
         evidence_id: i64,
     },
+    /// The owner and revision named never claimed the operation: nothing
+    /// kept (evidence of a claim that never was would let the reconciler
+    /// converge without one).
+    NotClaimed(OperationRecord),
     NotFound,
 }
 

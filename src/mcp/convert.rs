@@ -38,6 +38,9 @@ pub mod codes {
     /// The upstream could not be reached and provably nothing was sent; the
     /// operation is pending under the same id: call again.
     pub const NOT_SENT: i32 = -32011;
+    /// The caller's principal already has `limits.max_in_flight_per_principal`
+    /// requests in progress (HTTP 429, `Retry-After`); nothing was sent.
+    pub const TOO_MANY_IN_FLIGHT: i32 = -32012;
     /// stateless MCP: the request was cancelled by the client.
     pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,

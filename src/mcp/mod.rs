@@ -9,6 +9,7 @@ pub mod inflight;
 pub mod malformed;
 pub mod numbers;
 pub mod sessions;
+pub mod share;
 pub mod upstream;
 pub mod wire;
 
@@ -100,6 +101,17 @@ pub async fn serve_http(
             .layer(axum::middleware::from_fn(move |request, next| {
                 inflight::cancel_layer(in_flight.clone(), request, next)
             }))
+    };
+    // Each principal's share of the requests in flight, taken after the
+    // token is verified and the body read, before rmcp or a session.
+    let router = match limits.max_in_flight_per_principal {
+        Some(share) => {
+            let shares = share::Shares::new(share);
+            router.layer(axum::middleware::from_fn(move |request, next| {
+                share::layer(shares.clone(), request, next)
+            }))
+        }
+        None => router,
     };
     // Outermost: the token gate (`wrap`); then malformed bodies get
     // JSON-RPC's codes, not rmcp's 415.

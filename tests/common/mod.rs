@@ -86,11 +86,16 @@ impl TestDb {
 
     /// A fresh task with one pending run and a free lease.
     pub async fn pending_run(&self) -> RunId {
+        self.pending_run_in("tenant-a").await
+    }
+
+    /// A fresh task of `tenant` with one pending run and a free lease.
+    pub async fn pending_run_in(&self, tenant: &str) -> RunId {
         let run_id = RunId::generate();
         let task = format!("task-{run_id}");
         match self
             .ledger
-            .run_create(run_id, "tenant-a", &task, None)
+            .run_create(run_id, tenant, &task, None)
             .await
             .expect("run_create")
         {

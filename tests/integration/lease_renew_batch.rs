@@ -13,8 +13,7 @@ use common::{TestDb, applied, wait_until};
 use leasegate::control::router_for_tenant;
 use leasegate::intent::IntegerPolicy;
 use leasegate::ledger::{
-    Fenced, LeaseClaim, LeaseToken, Ledger, MAX_RENEW_BATCH, Rejection, RunCreateOutcome, RunId,
-    RunStatus,
+    Fenced, LeaseClaim, LeaseToken, Ledger, MAX_RENEW_BATCH, Rejection, RunId, RunStatus,
 };
 use leasegate::worker::{BatchHeartbeat, HeartbeatConfig, StopCause, WorkerCancellation};
 use serde_json::{Value, json};
@@ -124,14 +123,7 @@ async fn a_batch_renews_the_held_leases_and_reports_each_lost_one_with_nothing_w
     db.operator_cancels(cancelled.run_id, "ops", Some("stop"))
         .await;
     // Another tenant's run, with its genuine lease.
-    let other_run = RunId::generate();
-    assert!(matches!(
-        db.ledger
-            .run_create(other_run, "tenant-b", "other", None)
-            .await
-            .unwrap(),
-        RunCreateOutcome::Created(_)
-    ));
+    let other_run = db.pending_run_in("tenant-b").await;
     let other = db.acquire(other_run, "w-g", 30_000).await.claim;
     // A run that does not exist.
     let ghost = LeaseClaim {

@@ -583,3 +583,626 @@ async fn the_lease_holder_retires_its_run_and_a_stale_holder_cannot(
         .await;
     assert_eq!((kind.as_str(), actor.as_str()), ("worker", "worker"));
 }
+
+/// How a forged call's answer is read: the statement's one text column, or
+/// the `verdicts` of the settle batch procedure (each item's outcome).
+enum Answer {
+    Text,
+    Verdicts,
+}
+
+/// One forged call of a function the application role may execute, and
+/// what the ledger must answer: `Ok` the rendered answer, `Err` the
+/// SQLSTATE of the refusal.
+struct Forged {
+    function: &'static str,
+    sql: String,
+    answer: Answer,
+    expect: Result<&'static str, &'static str>,
+}
+
+fn forged(
+    function: &'static str,
+    sql: String,
+    expect: Result<&'static str, &'static str>,
+) -> Forged {
+    Forged {
+        function,
+        sql,
+        answer: Answer::Text,
+        expect,
+    }
+}
+
+/// A byte string as a SQL literal.
+fn bytea(bytes: &[u8]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("'\\x{hex}'::bytea")
+}
+
+/// An intent as the `operation_intent` row the register functions take.
+fn intent_row(intent: &leasegate::intent::Intent) -> String {
+    format!(
+        "ROW('{}', '{}', {}, '{}', '{}', '{{}}'::jsonb, NULL, NULL)::operation_intent",
+        intent.operation_id.as_str(),
+        intent.step_id,
+        intent.effect_version,
+        intent.tool_name,
+        intent.request_digest.as_str()
+    )
+}
+
+/// The ledger as a compromised proxy sees it: a session as `leasegate_app`
+/// calls every function that role may execute (enumerated from the
+/// catalog, so a function added later fails this test until the sweep
+/// covers it) with forged inputs — another holder's lease without its
+/// token (a forged, an all-zero, another lease's or no hash), a wrong
+/// epoch or owner,
+/// another tenant's run, a dispatch or reconcile claim it does not hold,
+/// random operation ids — and each call is refused. Read afterwards as the
+/// superuser, no row of any ledger table moved: nothing settled, no
+/// checkpoint, lease, run, operation, evidence or event written.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn forged_inputs_as_the_app_role_move_nothing(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use leasegate::ledger::{TaskKind, TaskRef};
+    let db = TestDb::new(pool, connect).await;
+    // tenant-a: a running run with a dispatching, an unknown and a prepared
+    // operation, and a shared lease (lease mode session); tenant-b: a
+    // running run of its own; one access token.
+    let (a, revision) = db.running_run("worker", 60_000).await;
+    let charge = intents::unplanned_charge(a.run_id, 5, "eur");
+    let dispatching = db.claim(&a, &charge, "proxy-1", 60_000).await;
+    let refund = intents::unplanned(a.run_id, "payments__refund", &json!({"charge": "ch_1"}));
+    let unknown = db.claim(&a, &refund, "proxy-1", 60_000).await;
+    db.holder_marks_unknown(&unknown, UnknownCause::TimedOut, &json!({}))
+        .await;
+    let unknown_revision = unknown.revision + 1;
+    let planned = intents::planned(a.run_id, "mail", "mailer__send", &json!({"to": "x"}));
+    assert!(matches!(
+        db.ledger
+            .operation_register(&a, std::slice::from_ref(&planned), None)
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
+    let shared = db
+        .ledger
+        .lease_member_join(
+            &TaskRef {
+                tenant: "tenant-a",
+                kind: TaskKind::Session,
+                principal: "alice",
+                task: "chat-1",
+            },
+            "proc-1",
+            60_000,
+            None,
+        )
+        .await
+        .unwrap();
+    let b = db.pending_run_in("tenant-b").await;
+    let grant_b = db.acquire(b, "worker-b", 60_000).await;
+    assert!(matches!(
+        db.ledger
+            .run_start(&grant_b.claim, grant_b.revision)
+            .await
+            .unwrap(),
+        Fenced::Applied(_)
+    ));
+    sqlx::query(
+        "SELECT access_token_create('00112233445566aa', sha256('s'), 'tenant-a', 'agent', NULL, \
+         'x', NULL)",
+    )
+    .execute(&db.admin)
+    .await
+    .unwrap();
+
+    let real = bytea(&a.token.as_ref().unwrap().sha256());
+    // A stored hash, of another lease's token.
+    let stored = bytea(&grant_b.claim.token.as_ref().unwrap().sha256());
+    let forged_hash = "sha256('forged')";
+    let zeros = "decode(repeat('00', 32), 'hex')";
+    let (a_run, b_run, epoch) = (a.run_id, b, a.epoch);
+    let (d, d_rev, d_dig) = (
+        dispatching.operation_id.as_str(),
+        dispatching.revision,
+        dispatching.request_digest.as_str(),
+    );
+    let u = unknown.operation_id.as_str();
+    let u_rev = unknown_revision;
+    let u_dig = unknown.request_digest.as_str();
+    let nobody = "op_0000000000000000000000000000000000000000000000000000000000000000";
+    let (s_run, s_epoch) = (shared.claim.run_id, shared.claim.epoch);
+    let fresh = intent_row(&intents::planned(
+        a_run,
+        "forged-step",
+        "payments__charge",
+        &json!({"amount": 9}),
+    ));
+    let superseding = intent_row(&intents::planned_version(
+        a_run,
+        "mail",
+        2,
+        "mailer__send",
+        &json!({"to": "y"}),
+    ));
+    let planned_id = planned.operation_id.as_str();
+    let settle_args = |id: &str, owner: &str, rev: i64, digest: &str| {
+        format!(
+            "'{id}', '{owner}', {rev}, '{digest}', 'succeeded', 'forged', '{{\"forged\": true}}'"
+        )
+    };
+    let batch_args = format!(
+        "ARRAY['{d}', '{u}'], ARRAY['mallory', 'mallory'], ARRAY[{d_rev}, {u_rev}]::bigint[], \
+         ARRAY['{d_dig}', '{u_dig}'], ARRAY['succeeded', 'succeeded'], ARRAY['f', 'f'], \
+         ARRAY['{{}}', '{{}}']::jsonb[]"
+    );
+    let fenced = |function: &'static str, tail: &str| -> Vec<Forged> {
+        [
+            (forged_hash, epoch, "worker", Ok("lease_token_invalid")),
+            (zeros, epoch, "worker", Ok("lease_token_invalid")),
+            (stored.as_str(), epoch, "worker", Ok("lease_token_invalid")),
+            ("NULL", epoch, "worker", Ok("lease_token_invalid")),
+            (real.as_str(), epoch + 1, "worker", Ok("lease_lost")),
+            (real.as_str(), epoch, "mallory", Ok("lease_lost")),
+        ]
+        .into_iter()
+        .map(|(hash, epoch, owner, expect)| {
+            forged(
+                function,
+                format!(
+                    "SELECT outcome FROM {function}('{a_run}', '{owner}', {epoch}, {hash}{tail})"
+                ),
+                expect,
+            )
+        })
+        .collect()
+    };
+
+    let mut sweep: Vec<Forged> = vec![
+        forged(
+            "access_token_verify",
+            "SELECT outcome FROM access_token_verify('00112233445566aa', sha256('forged'))".into(),
+            Ok("unknown"),
+        ),
+        forged(
+            "access_token_verify",
+            "SELECT outcome FROM access_token_verify('ffffffffffffffff', sha256('s'))".into(),
+            Ok("unknown"),
+        ),
+        forged(
+            "failover_record",
+            "SELECT failover_id::text FROM failover_record('', '1', NULL, 1, 2, NULL, '0/10')".into(),
+            Err("22023"),
+        ),
+        forged(
+            "lease_acquire",
+            format!("SELECT outcome FROM lease_acquire('{a_run}', 'mallory', 60000, {forged_hash})"),
+            Ok("busy"),
+        ),
+        forged(
+            "lease_acquire",
+            format!("SELECT outcome FROM lease_acquire('{b_run}', 'mallory', 60000, {forged_hash})"),
+            Ok("busy"),
+        ),
+        forged(
+            "lease_acquire",
+            format!(
+                "SELECT outcome FROM lease_acquire(gen_random_uuid(), 'mallory', 60000, {forged_hash})"
+            ),
+            Ok("not_found"),
+        ),
+        forged(
+            "lease_member_join",
+            format!(
+                "SELECT outcome FROM lease_member_join('tenant-a', 'worker', 'alice', 'chat-1', \
+                 gen_random_uuid(), 'mallory', 60000, {forged_hash}, NULL)"
+            ),
+            Err("22023"),
+        ),
+        forged(
+            "lease_member_join",
+            "SELECT outcome FROM lease_member_join('tenant-a', 'session', 'alice', 'chat-1', \
+             gen_random_uuid(), 'mallory', 60000, sha256('forged')::bytea || '\\x00'::bytea, NULL)"
+                .into(),
+            Err("22023"),
+        ),
+        // A session-mode task has no retention: a join naming one cannot
+        // cancel the principal's live run.
+        forged(
+            "lease_member_join",
+            format!(
+                "SELECT outcome FROM lease_member_join('tenant-a', 'session', 'alice', 'chat-1', \
+                 gen_random_uuid(), 'mallory', 60000, {forged_hash}, 0)"
+            ),
+            Err("22023"),
+        ),
+        // A task without a live run gets a new one, but not under an id
+        // another run (of another tenant) has.
+        forged(
+            "lease_member_join",
+            format!(
+                "SELECT outcome FROM lease_member_join('tenant-a', 'key', 'mallory', 'k-1', \
+                 '{b_run}', 'mallory', 60000, {forged_hash}, NULL)"
+            ),
+            Err("23505"),
+        ),
+        forged(
+            "ledger_durability",
+            "SELECT in_recovery::text FROM ledger_durability()".into(),
+            Ok("false"),
+        ),
+        forged(
+            "ledger_timeline_switch",
+            "SELECT coalesce(ledger_timeline_switch(1, 999)::text, 'none')".into(),
+            Ok("none"),
+        ),
+        forged(
+            "ledger_wal_position",
+            "SELECT (wal_lsn > 0)::text FROM ledger_wal_position()".into(),
+            Ok("true"),
+        ),
+        forged(
+            "lease_renew",
+            format!(
+                "SELECT outcome FROM lease_renew('{a_run}', 'worker', {epoch}, {real}, 60000, 'tenant-b')"
+            ),
+            Ok("not_found"),
+        ),
+        forged(
+            "lease_renew_batch",
+            format!(
+                "SELECT string_agg(outcome, ',' ORDER BY outcome) FROM lease_renew_batch(\
+                 ARRAY['{a_run}', '{b_run}']::uuid[], ARRAY['worker', 'worker-b'], ARRAY[{epoch}, 1]::bigint[], \
+                 ARRAY[{forged_hash}, {zeros}], 60000, 'tenant-a')"
+            ),
+            Ok("lease_token_invalid,not_found"),
+        ),
+        forged(
+            "operation_claim",
+            "SELECT count(*)::text FROM operation_claim('mallory', 60000, 10, ARRAY['tenant-b'], NULL)"
+                .into(),
+            Ok("0"),
+        ),
+        forged(
+            "operation_claim",
+            "SELECT count(*)::text FROM operation_claim('mallory', 60000, 0, NULL, NULL)".into(),
+            Err("22023"),
+        ),
+        forged(
+            "operation_converge",
+            format!(
+                "SELECT outcome FROM operation_converge('{u}', {u_rev}, 'succeeded', 'forged', '{{}}', \
+                 'query_result', 'mallory', NULL, '{{}}')"
+            ),
+            Ok("stale_claim"),
+        ),
+        forged(
+            "operation_converge",
+            format!(
+                "SELECT outcome FROM operation_converge('{u}', {u_rev}, 'succeeded', 'forged', '{{}}', \
+                 'operator', 'mallory', 'trust me', '{{}}')"
+            ),
+            Err("42501"),
+        ),
+        forged(
+            "operation_converge",
+            format!(
+                "SELECT outcome FROM operation_converge('{nobody}', 1, 'succeeded', NULL, '{{}}', \
+                 'late_response', 'mallory', NULL, '{{}}')"
+            ),
+            Ok("not_found"),
+        ),
+        forged(
+            "operation_mark_unknown",
+            format!(
+                "SELECT outcome FROM operation_mark_unknown('{d}', 'mallory', {d_rev}, true, 'mallory', \
+                 'timeout', '{{}}')"
+            ),
+            Ok("stale_claim"),
+        ),
+        forged(
+            "operation_mark_unknown",
+            format!(
+                "SELECT outcome FROM operation_mark_unknown('{d}', 'proxy-1', {}, true, 'mallory', \
+                 'timeout', '{{}}')",
+                d_rev + 1
+            ),
+            Ok("stale_claim"),
+        ),
+        // As the reconciler: the claim is live and its holder alive.
+        forged(
+            "operation_mark_unknown",
+            format!(
+                "SELECT outcome FROM operation_mark_unknown('{d}', 'proxy-1', {d_rev}, false, 'mallory', \
+                 'timeout', '{{}}')"
+            ),
+            Ok("claim_live"),
+        ),
+        forged(
+            "operation_note_round",
+            format!("SELECT operation_note_round('{d}', 'mallory', {d_rev}, '{{}}')::text"),
+            Ok("false"),
+        ),
+        forged(
+            "operation_reconcile_attempt",
+            format!(
+                "SELECT outcome FROM operation_reconcile_attempt('{u}', 'mallory', {u_rev}, 86400000, 3)"
+            ),
+            Ok("stale_claim"),
+        ),
+        forged(
+            "operation_reconcile_claim",
+            "SELECT count(*)::text FROM operation_reconcile_claim('mallory', 60000, 10, ARRAY['tenant-b'])"
+                .into(),
+            Ok("0"),
+        ),
+        forged(
+            "operation_reconcile_claim",
+            "SELECT count(*)::text FROM operation_reconcile_claim('mallory', 0, 10, NULL)".into(),
+            Err("22023"),
+        ),
+        forged(
+            "operation_reconcile_refund",
+            format!("SELECT outcome FROM operation_reconcile_refund('{u}', 'mallory', {u_rev})"),
+            Ok("stale_claim"),
+        ),
+        forged(
+            "operation_reconcile_release",
+            format!("SELECT outcome FROM operation_reconcile_release('{u}', 'mallory', 0)"),
+            Ok("stale_claim"),
+        ),
+        forged(
+            "operation_reconcile_resend",
+            format!(
+                "SELECT outcome FROM operation_reconcile_resend('{u}', 'mallory', {u_rev}, 0, 3, '{{}}')"
+            ),
+            Ok("stale_claim"),
+        ),
+        forged(
+            "operation_register_claim",
+            format!(
+                "SELECT outcome FROM operation_register_claim('{a_run}', 'worker', {epoch}, {real}, \
+                 {fresh}, 'mallory', 60000, 'tenant-b')"
+            ),
+            Ok("not_found"),
+        ),
+        forged(
+            "operation_register_claim_batch",
+            format!(
+                "SELECT string_agg(coalesce(outcome, error_sqlstate), ',' ORDER BY item) FROM \
+                 operation_register_claim_batch(ARRAY['{a_run}', '{a_run}']::uuid[], ARRAY['worker', 'worker'], \
+                 ARRAY[{epoch}, {}]::bigint[], ARRAY[{forged_hash}, {real}], ARRAY[{fresh}, {fresh}], \
+                 ARRAY['mallory', 'mallory'], ARRAY[60000, 60000]::bigint[], ARRAY['tenant-a', 'tenant-a'])",
+                epoch + 1
+            ),
+            Ok("lease_token_invalid,lease_lost"),
+        ),
+        forged(
+            "operation_release_unsent",
+            format!("SELECT outcome FROM operation_release_unsent('{d}', 'mallory', {d_rev}, '{{}}')"),
+            Ok("stale_claim"),
+        ),
+        // A settle by a claim the operation never had: no late_response
+        // evidence either, which the reconciler would converge from.
+        forged(
+            "operation_settle",
+            format!("SELECT outcome FROM operation_settle({})", settle_args(d, "mallory", d_rev, d_dig)),
+            Ok("not_claimed"),
+        ),
+        forged(
+            "operation_settle",
+            format!("SELECT outcome FROM operation_settle({})", settle_args(u, "mallory", u_rev, u_dig)),
+            Ok("not_claimed"),
+        ),
+        forged(
+            "operation_settle",
+            format!(
+                "SELECT outcome FROM operation_settle({})",
+                settle_args(u, "proxy-1", u_rev, u_dig)
+            ),
+            Ok("not_claimed"),
+        ),
+        forged(
+            "operation_settle",
+            format!(
+                "SELECT outcome FROM operation_settle({})",
+                settle_args(nobody, "proxy-1", 1, u_dig)
+            ),
+            Ok("not_found"),
+        ),
+        forged(
+            "operation_settle_acknowledged",
+            format!(
+                "CALL operation_settle_acknowledged({}, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, \
+                 NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)",
+                settle_args(u, "mallory", u_rev, u_dig)
+            ),
+            Ok("not_claimed"),
+        ),
+        forged(
+            "operation_settle_batch",
+            format!(
+                "SELECT string_agg(e->>'outcome', ',') FROM \
+                 jsonb_array_elements(operation_settle_batch({batch_args})) e"
+            ),
+            Ok("not_claimed,not_claimed"),
+        ),
+        Forged {
+            function: "operation_settle_acknowledged_batch",
+            sql: format!("CALL operation_settle_acknowledged_batch({batch_args}, NULL, NULL, NULL, NULL)"),
+            answer: Answer::Verdicts,
+            expect: Ok("not_claimed,not_claimed"),
+        },
+        forged(
+            "operation_wake_prepared",
+            "SELECT operation_wake_prepared('payments', ARRAY['tenant-b'])::text".into(),
+            Ok("0"),
+        ),
+        forged(
+            "process_heartbeat",
+            "SELECT process_heartbeat('', 60000)::text".into(),
+            Err("22023"),
+        ),
+        forged(
+            "process_heartbeat",
+            "SELECT process_heartbeat('proxy-1', 0)::text".into(),
+            Err("22023"),
+        ),
+        forged(
+            "process_retire",
+            "SELECT process_retire('no-such-process')::text".into(),
+            Ok(""),
+        ),
+        forged(
+            "run_create",
+            format!(
+                "SELECT outcome FROM run_create('tenant-a', 'task-{a_run}', gen_random_uuid(), 'mallory', \
+                 60000, {forged_hash})"
+            ),
+            Ok("active_run_live"),
+        ),
+        forged(
+            "run_create",
+            format!(
+                "SELECT outcome FROM run_create('tenant-a', 'mallory-task', '{b_run}', 'mallory', 60000, \
+                 {forged_hash})"
+            ),
+            Ok("run_id_taken"),
+        ),
+    ];
+    for (function, tail) in [
+        (
+            "checkpoint_save",
+            format!(", {revision}, '{{\"forged\": true}}'"),
+        ),
+        ("lease_release", String::new()),
+        ("lease_renew", ", 60000, 'tenant-a'".to_owned()),
+        (
+            "operation_register",
+            format!(", ARRAY[{fresh}], {revision}, '{{\"forged\": true}}'"),
+        ),
+        (
+            "operation_supersede",
+            format!(", '{planned_id}', {superseding}"),
+        ),
+        (
+            "run_complete",
+            format!(", {revision}, '{{\"forged\": true}}'"),
+        ),
+        ("run_fail", format!(", {revision}, '{{\"forged\": true}}'")),
+        ("run_retire", ", 'forged'".to_owned()),
+        ("run_start", format!(", {revision}")),
+    ] {
+        sweep.extend(fenced(function, &tail));
+    }
+    for function in [
+        "lease_member_leave",
+        "lease_member_ready",
+        "lease_member_renew",
+    ] {
+        let tail = if function == "lease_member_renew" {
+            ", 60000"
+        } else {
+            ""
+        };
+        for (run, member, epoch, hash, expect) in [
+            (s_run, "proc-1", s_epoch, forged_hash, "lease_token_invalid"),
+            (s_run, "proc-1", s_epoch, zeros, "lease_token_invalid"),
+            (s_run, "proc-1", s_epoch, "NULL", "lease_token_invalid"),
+            (s_run, "proc-1", s_epoch + 1, forged_hash, "lease_lost"),
+            (s_run, "mallory", s_epoch, forged_hash, "lease_lost"),
+            (a_run, "worker", epoch, real.as_str(), "not_found"),
+        ] {
+            sweep.push(forged(
+                function,
+                format!(
+                    "SELECT outcome FROM {function}('{run}', '{member}', {epoch}, {hash}{tail})"
+                ),
+                Ok(expect),
+            ));
+        }
+    }
+
+    // Every function the role may execute has forged calls, and every
+    // function swept is one it may execute.
+    let executable: std::collections::BTreeSet<String> = db
+        .query_scalars::<String>(
+            "SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+              WHERE n.nspname = 'public' AND has_function_privilege('leasegate_app', p.oid, 'EXECUTE')",
+        )
+        .await
+        .into_iter()
+        .collect();
+    let swept: std::collections::BTreeSet<String> =
+        sweep.iter().map(|call| call.function.to_owned()).collect();
+    let missing: Vec<_> = executable.difference(&swept).collect();
+    assert!(
+        missing.is_empty(),
+        "functions leasegate_app may execute without forged calls in this sweep: {missing:?}"
+    );
+    let stale: Vec<_> = swept.difference(&executable).collect();
+    assert!(
+        stale.is_empty(),
+        "swept but not executable by leasegate_app: {stale:?}"
+    );
+
+    let tables: Vec<String> = db
+        .query_scalars::<String>(
+            "SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' \
+                AND tablename NOT IN ('_sqlx_migrations', 'ledger_functions') ORDER BY 1",
+        )
+        .await;
+    let tables: Vec<&str> = tables.iter().map(String::as_str).collect();
+    let before = db.tables_digest(&tables).await;
+
+    let mut app = db.admin.acquire().await.unwrap();
+    sqlx::query("SET ROLE leasegate_app")
+        .execute(&mut *app)
+        .await
+        .unwrap();
+    let mut wrong = Vec::new();
+    for call in &sweep {
+        let found = match sqlx::query(sqlx::AssertSqlSafe(call.sql.clone()))
+            .fetch_one(&mut *app)
+            .await
+        {
+            Ok(row) => Ok(match call.answer {
+                Answer::Text => sqlx::Row::get::<Option<String>, _>(&row, 0).unwrap_or_default(),
+                Answer::Verdicts => sqlx::Row::get::<serde_json::Value, _>(&row, "verdicts")
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|item| item["outcome"].as_str().unwrap_or("?").to_owned())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            }),
+            Err(error) => Err(error
+                .as_database_error()
+                .and_then(|e| e.code().map(|c| c.into_owned()))
+                .unwrap_or_else(|| error.to_string())),
+        };
+        let expected = call.expect.map(str::to_owned).map_err(str::to_owned);
+        if found != expected {
+            wrong.push(format!(
+                "{}: expected {expected:?}, found {found:?}",
+                call.sql
+            ));
+        }
+    }
+    sqlx::query("RESET ROLE").execute(&mut *app).await.unwrap();
+    drop(app);
+    assert!(
+        wrong.is_empty(),
+        "forged calls answered otherwise:\n{}",
+        wrong.join("\n")
+    );
+    assert_eq!(
+        db.tables_digest(&tables).await,
+        before,
+        "a forged call as leasegate_app wrote to the ledger"
+    );
+}

@@ -90,6 +90,19 @@ impl Served {
         prometheus::sum(&answer.body, name, labels)
     }
 
+    /// `/metrics` read with `token` (an operator's, where tokens are
+    /// required).
+    async fn metrics_as(&self, token: &str) -> String {
+        let response = reqwest::Client::new()
+            .get(format!("{}/metrics", self.control))
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    }
+
     async fn stop(mut self) -> Vec<String> {
         let _ = self.child.start_kill();
         let _ = within("leasegate to exit", self.child.wait()).await;
@@ -968,4 +981,348 @@ async fn one_peer_cannot_take_the_other_peers_connections(
     )
     .await;
     assert!(refused >= 1.0);
+}
+
+/// A `tools/call` of `tool` with `arguments` as JSON-RPC request `id`.
+fn tools_call(id: u64, tool: &str, arguments: serde_json::Value) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}})
+    .to_string()
+}
+
+/// One principal holds at most its share of the requests in flight: a
+/// token whose two slow calls fill its share is refused its third request
+/// at once (429, `Retry-After`, the documented JSON-RPC error under its id;
+/// nothing registered or sent), may still send notifications, and is served
+/// again once a call finishes; another token's calls are served meanwhile.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_principal_beyond_its_in_flight_share_is_refused_and_another_is_served(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use common::http::post_mcp;
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::with_adapters(&db.url, "", LONG_CALLS, MAILER_ADAPTER);
+    append_limits(
+        &scenario,
+        "max_in_flight_per_principal = 2\nrate_limit = 0\n\n[auth]\nmode = \"required\"\n",
+    );
+    let hog = create_token(&db, "tenant-a", "agent", Some("hog")).await;
+    let other = create_token(&db, "tenant-a", "agent", Some("other")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("metrics")).await;
+    let served = Served::start(&scenario, &[]).await;
+    let (lease, _) = db.running_run("agent", 120_000).await;
+    let lease_headers = |token: &str| {
+        vec![
+            ("authorization".to_owned(), format!("Bearer {token}")),
+            ("leasegate-run-id".to_owned(), lease.run_id.to_string()),
+            ("leasegate-owner".to_owned(), lease.owner.clone()),
+            ("leasegate-epoch".to_owned(), lease.epoch.to_string()),
+            (
+                "leasegate-lease-token".to_owned(),
+                lease.token.as_ref().unwrap().expose().to_owned(),
+            ),
+        ]
+    };
+    let send = |token: &str, body: String| {
+        let headers = lease_headers(token);
+        let url = served.mcp.clone();
+        async move {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(name, value)| (name.as_str(), value.as_str()))
+                .collect();
+            post_mcp(&url, &headers, &body).await
+        }
+    };
+
+    // The hog's two slow charges: each sends, then hangs.
+    let slow: Vec<_> = (1..=2)
+        .map(|n| {
+            tokio::spawn(send(
+                &hog,
+                tools_call(
+                    n,
+                    "payments__charge",
+                    json!({"amount": n, "currency": "eur", "hang_ms": 8000}),
+                ),
+            ))
+        })
+        .collect();
+    common::wait_until("both slow charges to be in flight", || async {
+        (scenario.side_effects("charges.jsonl").len() == 2).then_some(())
+    })
+    .await;
+    let operations_before = db.row_count("tool_operations").await;
+    assert_eq!(operations_before, 2);
+
+    // Its third request, a charge or a listing, is refused at once.
+    for (id, body) in [
+        (
+            7,
+            tools_call(
+                7,
+                "payments__charge",
+                json!({"amount": 3, "currency": "eur"}),
+            ),
+        ),
+        (
+            8,
+            r#"{"jsonrpc":"2.0","id":8,"method":"tools/list","params":{}}"#.to_owned(),
+        ),
+    ] {
+        let refused = send(&hog, body).await;
+        assert_eq!(refused.status, 429, "{}", refused.body);
+        let answer = refused.json_rpc();
+        assert_eq!(answer["id"], id, "{answer}");
+        let message = common::http::rpc_error_message(&answer, -32012, "");
+        assert!(
+            message.contains("limits.max_in_flight_per_principal"),
+            "{message}"
+        );
+        assert_eq!(
+            answer["error"]["data"]["reason"],
+            "max_in_flight_per_principal"
+        );
+        assert_eq!(answer["error"]["data"]["limit"], 2);
+    }
+    // A notification is no request: never refused (a principal at its share
+    // can still cancel).
+    let notified = send(
+        &hog,
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":99}}"#
+            .to_owned(),
+    )
+    .await;
+    assert_eq!(notified.status, 202, "{}", notified.body);
+
+    // The other token is served meanwhile: a listing and a read-only call.
+    let listed = send(
+        &other,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#.to_owned(),
+    )
+    .await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert!(
+        listed.body.contains("payments__get_charge"),
+        "{}",
+        listed.body
+    );
+    let read = send(
+        &other,
+        tools_call(
+            2,
+            "payments__get_charge",
+            json!({"idempotency_key": "none"}),
+        ),
+    )
+    .await;
+    assert_eq!(read.status, 200, "{}", read.body);
+    assert!(read.json_rpc().get("result").is_some(), "{}", read.body);
+
+    // The slow calls finish; nothing of the refused charge was registered
+    // or sent, and the hog is served again.
+    for call in slow {
+        let answered = within("a slow charge to finish", call).await.unwrap();
+        assert_eq!(answered.status, 200, "{}", answered.body);
+    }
+    assert_eq!(db.row_count("tool_operations").await, operations_before);
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 2);
+    let again = send(
+        &hog,
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/list","params":{}}"#.to_owned(),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let metrics = served.metrics_as(&operator).await;
+    let counted = prometheus::sum(
+        &metrics,
+        "http_refused_total",
+        &[
+            ("listener", "mcp"),
+            ("reason", "max_in_flight_per_principal"),
+        ],
+    );
+    assert_eq!(counted, 2.0, "{metrics}");
+    served.stop().await;
+}
+
+/// The victim's view of the MCP front during a measurement: how many calls
+/// were answered and how long each took.
+struct VictimCalls {
+    answered: usize,
+    sent: usize,
+    latencies: Vec<Duration>,
+}
+
+impl VictimCalls {
+    fn quantile(&self, q: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort();
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        sorted[rank - 1]
+    }
+
+    fn report(&self, phase: &str) -> String {
+        format!(
+            "{phase}: {}/{} answered ({:.1} %), p50 {:.1} ms, p99 {:.1} ms",
+            self.answered,
+            self.sent,
+            100.0 * self.answered as f64 / self.sent as f64,
+            self.quantile(0.5).as_secs_f64() * 1000.0,
+            self.quantile(0.99).as_secs_f64() * 1000.0
+        )
+    }
+}
+
+/// `calls` requests from 127.0.0.1 with `token`, alternating `tools/list`
+/// and a read-only `tools/call`, each on a new connection (so every call is
+/// a new admission), paced under the default rate limit.
+async fn victim_calls(url: &str, token: &str, calls: usize) -> VictimCalls {
+    let client = reqwest::Client::builder()
+        .timeout(DEADLINE)
+        .local_address(std::net::IpAddr::from([127, 0, 0, 1]))
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let mut pace = tokio::time::interval(Duration::from_millis(40));
+    let mut measured = VictimCalls {
+        answered: 0,
+        sent: 0,
+        latencies: Vec::new(),
+    };
+    for n in 0..calls {
+        pace.tick().await;
+        let body = if n % 2 == 0 {
+            json!({"jsonrpc": "2.0", "id": n, "method": "tools/list", "params": {}}).to_string()
+        } else {
+            tools_call(
+                n as u64,
+                "payments__get_charge",
+                json!({"idempotency_key": "none"}),
+            )
+        };
+        let started = std::time::Instant::now();
+        let mut request = client.post(url).body(body);
+        for (name, value) in common::http::MCP_HEADERS {
+            request = request.header(name, value);
+        }
+        let answered = match request
+            .header("authorization", format!("Bearer {token}"))
+            .send()
+            .await
+        {
+            Ok(response) if response.status() == 200 => response
+                .text()
+                .await
+                .is_ok_and(|text| text.contains("\"result\"")),
+            _ => false,
+        };
+        measured.latencies.push(started.elapsed());
+        measured.sent += 1;
+        measured.answered += usize::from(answered);
+    }
+    measured
+}
+
+/// The flood of the admission issue: one unauthenticated peer (127.0.0.2)
+/// opens as many half-open connections as the MCP listener takes — heads
+/// begun and never finished — while a client with a valid token from
+/// 127.0.0.1 keeps calling `tools/list` and a read-only `tools/call`, each
+/// on a new connection. The peer's share (`max_connections_per_peer`, a
+/// quarter of `max_connections` where tokens are required) bounds what it
+/// holds, so every victim call is admitted and answered. The victim's
+/// success rate and latency, before and during the flood, are printed
+/// (bench/results/2026-12-04-admission-flood.md), never asserted.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_flood_of_half_open_connections_from_one_peer_leaves_the_others_served(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    const FLOOD: usize = 1024;
+    const CALLS: usize = 100;
+    let (_exclusive, db) = TestDb::new_exclusive(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "");
+    // The flood's heads stay half-sent for the whole measurement.
+    append_limits(
+        &scenario,
+        "header_read_timeout = \"60s\"\n\n[auth]\nmode = \"required\"\n",
+    );
+    let victim = create_token(&db, "tenant-a", "agent", Some("victim")).await;
+    let operator = create_token(&db, "tenant-a", "operator", Some("metrics")).await;
+    let served = Served::start(&scenario, &[]).await;
+    let address = served.mcp_address();
+
+    let baseline = within(
+        "the victim's calls before the flood",
+        victim_calls(&served.mcp, &victim, CALLS),
+    )
+    .await;
+    assert_eq!(
+        baseline.answered,
+        baseline.sent,
+        "{}",
+        baseline.report("baseline")
+    );
+
+    // The flood: every connection begins a head and never ends it.
+    let flood = within("the flood to be opened", async {
+        let mut held = Vec::new();
+        for _ in 0..FLOOD {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let Ok(mut stream) = socket.connect(address.parse().unwrap()).await else {
+                continue;
+            };
+            let half = format!("POST /mcp HTTP/1.1\r\nhost: {address}\r\ncontent-type: ");
+            if stream.write_all(half.as_bytes()).await.is_ok() {
+                held.push(stream);
+            }
+        }
+        held
+    })
+    .await;
+    // The default share: a quarter of the default max_connections.
+    let share = 1024 / 4;
+    let open = common::wait_until("the flood's share to be held", || async {
+        let open = prometheus::sum(
+            &served.metrics_as(&operator).await,
+            "http_connections_open",
+            &[("listener", "mcp")],
+        );
+        (open >= share as f64).then_some(open)
+    })
+    .await;
+
+    let during = within(
+        "the victim's calls during the flood",
+        victim_calls(&served.mcp, &victim, CALLS),
+    )
+    .await;
+    let metrics = served.metrics_as(&operator).await;
+    let refused = prometheus::sum(
+        &metrics,
+        "http_refused_total",
+        &[("listener", "mcp"), ("reason", "max_connections_per_peer")],
+    );
+    println!(
+        "admission flood: {FLOOD} half-open connections tried from 127.0.0.2, {} still open on \
+         the client, {open} open on the MCP listener, {refused} refused as beyond the peer's share; \
+         {}; {}",
+        flood.len(),
+        baseline.report("victim before the flood"),
+        during.report("victim during the flood")
+    );
+    assert_eq!(
+        during.answered,
+        during.sent,
+        "every victim call is admitted and answered: {}",
+        during.report("during the flood")
+    );
+    assert!(
+        refused >= 1.0,
+        "the flood reached the peer's share: {metrics}"
+    );
+    drop(flood);
+    served.stop().await;
 }
