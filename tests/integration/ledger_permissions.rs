@@ -928,6 +928,13 @@ async fn forged_inputs_as_the_app_role_move_nothing(
             Ok("false"),
         ),
         forged(
+            "operation_follow_task",
+            format!(
+                "SELECT operation_follow_task('{d}', 'mallory', {d_rev}, '{{\"task_id\": \"t\"}}', 3600000)::text"
+            ),
+            Ok("false"),
+        ),
+        forged(
             "operation_reconcile_attempt",
             format!(
                 "SELECT outcome FROM operation_reconcile_attempt('{u}', 'mallory', {u_rev}, 86400000, 3)"
