@@ -100,7 +100,7 @@
 //!   (`numbers`); the upstreams' tool objects kept whole
 //!   (`upstream::tool_objects`, `front::whole_tools`);
 //!   each principal's share of the requests in flight on the HTTP front
-//!   (`share`: 429 with `-32012` before rmcp);
+//!   (`share`: 429 with `-31012` before rmcp);
 //!   `inspect_upstream`, the one-off connection
 //!   and tool listing of `leasegate init`.
 //! * `reconcile`: the background services of every `serve` process —

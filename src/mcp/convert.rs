@@ -11,36 +11,41 @@ use serde_json::{Value, json};
 use crate::adapter::ToolAnswer;
 use crate::dispatch::{CallError, CallReply};
 
-/// JSON-RPC error codes of leasegate (server-defined range).
+/// JSON-RPC error codes of leasegate: application codes outside the range
+/// JSON-RPC reserves (-32768..-32000), where the MCP specification and its
+/// SDKs define theirs (-32000 connection closed and -32001 request timeout
+/// in the SDKs, -32002 resource not found, -32020.. in MCP 2026-07-28,
+/// -32042 URL elicitation), so a client never mistakes a leasegate refusal
+/// for its own failure. Stable; `data.reason` carries the meaning too.
 pub mod codes {
     /// A side-effecting call came without a lease.
-    pub const LEASE_REQUIRED: i32 = -32001;
+    pub const LEASE_REQUIRED: i32 = -31001;
     /// The lease is not the run's current one (taken over, expired,
     /// released), or (`data.reason = "lease_token_invalid"`) it is, but the
     /// call did not present its secret lease token.
-    pub const LEASE_LOST: i32 = -32002;
+    pub const LEASE_LOST: i32 = -31002;
     /// The same intent identity was sent with a different request.
-    pub const INTENT_CONFLICT: i32 = -32003;
+    pub const INTENT_CONFLICT: i32 = -31003;
     /// The run is succeeded, failed or cancelled (or not in a callable state).
-    pub const RUN_TERMINAL: i32 = -32004;
+    pub const RUN_TERMINAL: i32 = -31004;
     /// The run does not exist.
-    pub const RUN_NOT_FOUND: i32 = -32005;
+    pub const RUN_NOT_FOUND: i32 = -31005;
     /// The same intent is in flight under another claim; ask again later.
-    pub const IN_PROGRESS: i32 = -32006;
+    pub const IN_PROGRESS: i32 = -31006;
     /// The operation was cancelled (run cancelled or plan superseded).
-    pub const OPERATION_CANCELLED: i32 = -32007;
+    pub const OPERATION_CANCELLED: i32 = -31007;
     /// The ledger could not be reached or its answer was lost (the message
     /// starts "ledger unavailable" or "ledger outcome unknown"); or (with
     /// `data.reason = "durability"`, the message "durability hold") its
     /// durability contract is not met or a lossy failover is unresolved,
     /// and nothing was registered or sent.
-    pub const LEDGER_UNAVAILABLE: i32 = -32010;
+    pub const LEDGER_UNAVAILABLE: i32 = -31010;
     /// The upstream could not be reached and provably nothing was sent; the
     /// operation is pending under the same id: call again.
-    pub const NOT_SENT: i32 = -32011;
+    pub const NOT_SENT: i32 = -31011;
     /// The caller's principal already has `limits.max_in_flight_per_principal`
     /// requests in progress (HTTP 429, `Retry-After`); nothing was sent.
-    pub const TOO_MANY_IN_FLIGHT: i32 = -32012;
+    pub const TOO_MANY_IN_FLIGHT: i32 = -31012;
     /// stateless MCP: the request was cancelled by the client.
     pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
@@ -326,7 +331,7 @@ pub fn error_from_call(error: &CallError) -> McpError {
     McpError::new(ErrorCode(code), message, data)
 }
 
-/// What the -32001 answer names: the tool, and what the front knows of
+/// What the -31001 answer names: the tool, and what the front knows of
 /// how the agent could call it.
 #[derive(Debug, Clone)]
 pub struct LeaseRequired<'a> {
@@ -343,7 +348,7 @@ pub struct LeaseRequired<'a> {
     pub trust_annotations: bool,
 }
 
-/// The -32001 refusal: a side-effecting call came without a lease. The
+/// The -31001 refusal: a side-effecting call came without a lease. The
 /// message says, in a few sentences, how to get a lease for the transport
 /// in use and how to mark the tool read-only; `data` carries the same as
 /// structured hints.
@@ -435,7 +440,7 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
     McpError::new(ErrorCode(codes::LEASE_REQUIRED), message, Some(data))
 }
 
-/// -32003 says what the caller must do, and nothing of the request the
+/// -31003 says what the caller must do, and nothing of the request the
 /// step or key was first used with (its digest would let a caller test
 /// guesses of another request's arguments offline).
 fn conflict_message(rejection: &crate::ledger::Rejection) -> String {
@@ -472,6 +477,34 @@ pub fn refused(error: &McpError) -> (i32, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leasegate_codes_lie_outside_the_range_json_rpc_and_mcp_reserve() {
+        let own = [
+            codes::LEASE_REQUIRED,
+            codes::LEASE_LOST,
+            codes::INTENT_CONFLICT,
+            codes::RUN_TERMINAL,
+            codes::RUN_NOT_FOUND,
+            codes::IN_PROGRESS,
+            codes::OPERATION_CANCELLED,
+            codes::LEDGER_UNAVAILABLE,
+            codes::NOT_SENT,
+            codes::TOO_MANY_IN_FLIGHT,
+        ];
+        // What the MCP SDKs and the specification use for their own ends.
+        let theirs = [
+            -32000, -32001, -32002, -32020, -32021, -32022, -32042, -32800,
+        ];
+        for code in own {
+            assert!(!(-32768..=-32000).contains(&code), "{code} is reserved");
+            assert!(!theirs.contains(&code), "{code} is an SDK's");
+        }
+        let mut unique = own.to_vec();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), own.len(), "each refusal its own code");
+    }
 
     #[test]
     fn lease_required_names_the_tool_the_way_to_a_lease_and_to_read_only() {

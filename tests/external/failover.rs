@@ -461,7 +461,7 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
     println!("held: {}", report["reasons"]);
     let operations_before = db.row_count("tool_operations").await;
     let (code, message) = charge(&agent, &lease, 999).await.unwrap_err();
-    assert_eq!(code, -32010, "{message}");
+    assert_eq!(code, -31010, "{message}");
     assert!(message.contains("durability hold"), "{message}");
     let operations_after = db.row_count("tool_operations").await;
     assert_eq!(operations_after, operations_before, "nothing registered");
@@ -512,7 +512,7 @@ async fn sync_replica_failover_loses_no_acknowledged_settle_and_never_degrades()
     )
     .await;
     let (code, _) = charge(&agent, &lease, 101).await.unwrap_err();
-    assert_eq!(code, -32010);
+    assert_eq!(code, -31010);
 
     // Every acknowledged settle survived.
     let ids: Vec<String> = acknowledged.iter().map(|(_, id, _)| id.clone()).collect();
@@ -655,7 +655,7 @@ async fn async_failover_reports_lost_acknowledged_writes_and_holds_until_resolve
     .await;
     println!("held: {}", report["reasons"]);
     let (code, message) = charge(&agent, &lease_a, 204).await.unwrap_err();
-    assert_eq!(code, -32010, "{message}");
+    assert_eq!(code, -31010, "{message}");
     assert!(message.contains("unresolved failover"), "{message}");
 
     // The three high-water marks after the failover.

@@ -1146,13 +1146,13 @@ async fn in_key_mode_keys_belong_to_their_principal_and_a_jwt_without_a_subject_
     let conflict = call(&alice_other, "payments__charge", charge(73), None)
         .await
         .unwrap_err();
-    assert_eq!(conflict.0, -32003, "{conflict:?}");
+    assert_eq!(conflict.0, -31003, "{conflict:?}");
     let digests: Vec<String> = db
         .query_scalars("SELECT request_digest FROM tool_operations")
         .await;
     assert!(
         digests.iter().all(|d| !conflict.1.contains(d.as_str())),
-        "-32003 names no digest: {}",
+        "-31003 names no digest: {}",
         conflict.1
     );
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 4);

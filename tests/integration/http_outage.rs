@@ -154,7 +154,7 @@ async fn http_upstreams_that_refuse_connections_get_no_calls_spend_no_budget_and
             let (code, message) = call(&agent, tool, arguments.clone(), None)
                 .await
                 .expect_err("a refused connection is not an answer");
-            assert_eq!(code, -32011, "{tool} is not sent: {message}");
+            assert_eq!(code, -31011, "{tool} is not sent: {message}");
             assert!(
                 !message.contains("leasegate::"),
                 "says why without leasegate's type names: {message}"

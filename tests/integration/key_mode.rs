@@ -76,7 +76,7 @@ async fn a_key_replays_its_request_refuses_another_and_is_free_again_after_reten
         json!({"name": "payments__charge", "arguments": {"amount": 6, "currency": "eur"}}),
     )
     .await;
-    assert_eq!(other["error"]["code"], -32003, "{other}");
+    assert_eq!(other["error"]["code"], -31003, "{other}");
     let operations = db.row_count("tool_operations").await;
     assert_eq!(operations, 1);
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
@@ -84,7 +84,7 @@ async fn a_key_replays_its_request_refuses_another_and_is_free_again_after_reten
     // Without a key (and without a lease) the call needs one, and says how.
     let bare = post_call(&proxy.url, &[], charge.clone()).await;
     assert!(
-        common::http::rpc_error_message(&bare, -32001, "").contains("Idempotency-Key"),
+        common::http::rpc_error_message(&bare, -31001, "").contains("Idempotency-Key"),
         "{bare}"
     );
 

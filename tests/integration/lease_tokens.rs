@@ -173,7 +173,7 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     let (code, message) = send_email(&agent, "victim@example.com", None)
         .await
         .expect_err("no token, refused");
-    assert_eq!(code, -32002, "{message}");
+    assert_eq!(code, -31002, "{message}");
     assert!(
         message.contains("no lease token was presented"),
         "{message}"
@@ -186,7 +186,7 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
     let (code, message) = send_email(&agent, "victim@example.com", Some(lease_meta(&wrong)))
         .await
         .expect_err("a wrong token in _meta, refused");
-    assert_eq!(code, -32002, "{message}");
+    assert_eq!(code, -31002, "{message}");
     assert!(message.contains("is not this lease's"), "{message}");
     let rid = run_id.clone();
     let epoch_text = epoch.to_string();
@@ -201,7 +201,7 @@ async fn a_lease_read_from_the_api_without_its_token_is_refused_everywhere(
         json!({}),
     )
     .await;
-    assert_eq!(answer["error"]["code"], -32002, "{answer}");
+    assert_eq!(answer["error"]["code"], -31002, "{answer}");
     assert_eq!(
         (
             answer["error"]["data"]["reason"].as_str(),

@@ -595,7 +595,7 @@ async fn a_megabyte_tool_name_or_traceparent_leaves_no_long_log_line(
     let (leaseless, _) = connect_http(&served.mcp, None).await;
     let refused = charge_eur(&leaseless, 1, None).await;
     match refused {
-        Err((code, _)) => assert_eq!(code, -32001),
+        Err((code, _)) => assert_eq!(code, -31001),
         Ok(result) => panic!("a call without a lease was answered: {result:?}"),
     }
     leaseless.cancel().await.unwrap();
@@ -1075,7 +1075,7 @@ async fn a_principal_beyond_its_in_flight_share_is_refused_and_another_is_served
         assert_eq!(refused.status, 429, "{}", refused.body);
         let answer = refused.json_rpc();
         assert_eq!(answer["id"], id, "{answer}");
-        let message = common::http::rpc_error_message(&answer, -32012, "");
+        let message = common::http::rpc_error_message(&answer, -31012, "");
         assert!(
             message.contains("limits.max_in_flight_per_principal"),
             "{message}"

@@ -133,7 +133,7 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     let (agent, _) = connect_http(&proxy.url, None).await;
     let refused = send_email(&agent, "a@b.c", Some(lease_meta(&old))).await;
     let (code, message) = refused.expect_err("a stale lease is refused");
-    assert_eq!(code, -32002, "{message}");
+    assert_eq!(code, -31002, "{message}");
     assert!(
         message.starts_with(
             "lease lost: this write holds owner old-worker epoch 1, but the lease is now owner new-worker epoch 2"
@@ -153,7 +153,7 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     // No lease at all: its own error, also before the upstream, saying how
     // to get a lease over HTTP and how to mark the tool read-only.
     let (code, message) = send_email(&agent, "a@b.c", None).await.unwrap_err();
-    assert_eq!(code, -32001, "{message}");
+    assert_eq!(code, -31001, "{message}");
     for needle in [
         "tool \"mailer__send_email\" has side effects and needs a lease",
         "leasegate runs create --task <task> --owner <owner> --ttl-ms 60000",
@@ -177,7 +177,7 @@ async fn an_old_owner_is_refused_before_the_upstream_after_a_takeover(
     )
     .await;
     let answer = response.json_rpc();
-    assert_eq!(answer["error"]["code"], -32001, "{answer}");
+    assert_eq!(answer["error"]["code"], -31001, "{answer}");
     let data = &answer["error"]["data"];
     assert_eq!(
         (&data["tool"], &data["upstream"], &data["upstream_tool"]),
@@ -494,7 +494,7 @@ async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
     let (code, message) = charge_eur(&agent, 2, Some(lease_meta(&lease)))
         .await
         .unwrap_err();
-    assert_eq!(code, -32004, "{message}");
+    assert_eq!(code, -31004, "{message}");
     assert!(message.contains("run is succeeded"), "{message}");
     let stale = LeaseClaim {
         epoch: 7,
@@ -503,7 +503,7 @@ async fn a_lease_lost_mid_run_never_reads_as_a_tool_failure(
     let (code, _) = charge_eur(&agent, 1, Some(lease_meta(&stale)))
         .await
         .unwrap_err();
-    assert_eq!(code, -32002);
+    assert_eq!(code, -31002);
     assert_eq!(scenario.side_effects("charges.jsonl").len(), 1);
     let _: Value = json!(null);
     proxy.stop().await;
@@ -647,7 +647,7 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
     let (code, message) = send_email(&agent, "a@b.c", Some(step("mail-1")))
         .await
         .expect_err("nothing was sent: an error, not a result");
-    assert_eq!(code, -32011, "{message}");
+    assert_eq!(code, -31011, "{message}");
     assert!(message.contains("was not sent"), "{message}");
     let row: (String, String) = db
         .query_row("SELECT operation_id, status FROM tool_operations WHERE step_id = 'mail-1'")
@@ -675,7 +675,7 @@ async fn an_upstream_that_is_gone_before_the_send_leaves_the_operation_pending_n
     let (code, _) = send_email(&agent, "a@b.c", Some(step("mail-1")))
         .await
         .expect_err("still not sent");
-    assert_eq!(code, -32011);
+    assert_eq!(code, -31011);
     let again = db.operation_view(&OperationId::from_string(row.0)).await;
     assert_eq!(
         (again.operation.status, again.operation.dispatch_count),
@@ -872,7 +872,7 @@ async fn every_agent_call_is_counted_by_outcome(pool: PgPoolOptions, connect: Pg
         .await
         .unwrap();
     let refused = charge_eur(&agent, 4, None).await.unwrap_err();
-    assert_eq!(refused.0, -32001, "{refused:?}");
+    assert_eq!(refused.0, -31001, "{refused:?}");
     call(
         &agent,
         "payments__get_charge",

@@ -59,7 +59,7 @@ async fn stdio_in_front_of_payments_over_http(
 }
 
 /// An HTTP tool server that is gone refuses the connection: nothing left,
-/// so the call is answered "not sent" (-32011), the operation stays
+/// so the call is answered "not sent" (-31011), the operation stays
 /// sendable (`prepared`, with the refusal as evidence) instead of
 /// `unknown`, and the tool recorded nothing.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -88,7 +88,7 @@ async fn a_refused_http_connection_is_not_sent_and_leaves_the_operation_sendable
     )
     .await
     .unwrap_err();
-    assert_eq!(code, -32011, "not sent: {message}");
+    assert_eq!(code, -31011, "not sent: {message}");
     assert!(
         message.contains("could not be reached") && !message.contains("leasegate::"),
         "says why, without leasegate's type names: {message}"
@@ -153,7 +153,7 @@ async fn stdio_front_with_an_http_upstream_deduplicates_and_replays(
     )
     .await
     .unwrap_err();
-    assert_eq!(code, -32001);
+    assert_eq!(code, -31001);
 
     agent.cancel().await.unwrap();
     tools.kill().await.unwrap();

@@ -1140,7 +1140,7 @@ async fn a_claim_whose_holder_is_killed_expires_with_the_holder_not_the_claim_tt
             Ok(answer) => Some(answer),
             Err((code, message)) => {
                 assert_eq!(
-                    code, -32006,
+                    code, -31006,
                     "in progress until the holder is gone: {message}"
                 );
                 None

@@ -115,7 +115,7 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
             // Still being reconciled: an agent asks again.
             Ok(answer) if operation_note(&answer)["status"] == "unknown" => None,
             Ok(answer) => panic!("unexpected answer {answer:?}"),
-            Err((-32006, _)) => None,
+            Err((-31006, _)) => None,
             Err(other) => panic!("unexpected refusal {other:?}"),
         }
     })
@@ -151,7 +151,7 @@ async fn a_restarted_stdio_agent_fences_its_frozen_predecessor_and_the_charge_ha
     let refused = charge_eur(&first, 8, None)
         .await
         .expect_err("the stale session must not send");
-    assert_eq!(refused.0, -32002, "{refused:?}");
+    assert_eq!(refused.0, -31002, "{refused:?}");
 
     let charges = scenario.side_effects("charges.jsonl");
     assert_eq!(charges.len(), 1, "one charge in all: {charges:?}");
@@ -306,7 +306,7 @@ async fn over_http_an_agents_sessions_and_stateless_requests_share_the_tasks_lea
     // No task key anywhere: the call needs a lease, and says how to get one.
     let anonymous = connect_http_with(&proxy.url, &[]).await;
     let (code, message) = charge_eur(&anonymous, 1, None).await.unwrap_err();
-    assert_eq!(code, -32001);
+    assert_eq!(code, -31001);
     assert!(message.contains("lease_mode"), "{message}");
 
     let first = connect_http_with(&proxy.url, &[("leasegate-task", "monthly-close")]).await;

@@ -222,7 +222,7 @@ async fn calls_to_a_stdio_upstream_that_cannot_restart_fail_as_not_sent_and_stay
     let (code, message) = send_email(&agent, "a@b.c", Some(lease_meta(&lease)))
         .await
         .expect_err("nothing can be sent");
-    assert_eq!(code, -32011, "{message}");
+    assert_eq!(code, -31011, "{message}");
     let (kind, status): (String, String) = db
         .query_row(
             "SELECT e.kind, o.status FROM operation_evidence e JOIN tool_operations o USING (operation_id) \

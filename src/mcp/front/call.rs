@@ -287,7 +287,7 @@ impl Front {
 }
 
 impl Front {
-    /// The -32001 answer for `name`: how to get a lease over this
+    /// The -31001 answer for `name`: how to get a lease over this
     /// transport, and how to mark the tool read-only.
     /// Lease mode `session`: the lease a side-effecting call that brings
     /// none of its own is sent under, once this process's membership may

@@ -19,7 +19,7 @@
 //! `Leasegate-Lease-Token`; `_meta` wins (and its token is the one in
 //! `_meta`). Run id, owner and epoch are public; the token (shown once when
 //! the lease was taken) is the credential the ledger's fence checks, so a
-//! call without it is refused -32002 with `data.reason =
+//! call without it is refused -31002 with `data.reason =
 //! "lease_token_invalid"` and nothing is registered or sent. The token is
 //! never logged (it is not a span field). The step comes from
 //! `_meta["dev.leasegate/step"]` = `{step_id, effect_version}`.
