@@ -562,6 +562,16 @@ impl Proxy {
             owner,
             ..
         } = self;
+        // No new call arrives now: the ones in flight get a grace period to
+        // record their outcomes. If we are killed during it (or it runs
+        // out), their claims expire into unknown, as after a crash.
+        let left = front.calls_settled(CALLS_GRACE).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "calls still in flight after {CALLS_GRACE:?}: their claims expire into unknown"
+            );
+        }
         stop.cancel();
         // A pass checks the token between passes; one in the middle of an
         // upstream call ends within that call's timeout.
@@ -665,6 +675,11 @@ pub async fn stop_private(cluster: Option<Cluster>) {
         Err(error) => tracing::error!(%error, "could not stop the private PostgreSQL"),
     }
 }
+
+/// How long [`Proxy::shutdown`] lets the side-effecting calls in flight
+/// finish and record their outcomes (a tool's answer settled, a timeout
+/// marked unknown) before it stops the rest.
+const CALLS_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long [`Proxy::shutdown`] waits for kept tool answers to reach the
 /// ledger (`dispatch::keeper`).

@@ -19,7 +19,14 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime.block_on(leasegate::cli::run(cli)),
+        Ok(runtime) => {
+            let code = runtime.block_on(leasegate::cli::run(cli));
+            // A blocking read of stdin (`leasegate stdio` stopped by a
+            // signal while its client keeps stdin open) never ends: the
+            // process exits without waiting for it.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            code
+        }
         Err(error) => {
             eprintln!("leasegate: cannot start the async runtime: {error}");
             ExitCode::FAILURE

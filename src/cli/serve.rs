@@ -2,7 +2,7 @@
 //! URL resolved, a private PostgreSQL cluster started when none is
 //! configured and nothing answers at the default
 //! (`crate::app::provide_database`), the proxy started and served until
-//! ctrl-c or SIGTERM. The private cluster is stopped on every way out,
+//! SIGINT, SIGTERM or SIGHUP (or, for `stdio`, the end of stdin). The private cluster is stopped on every way out,
 //! including an error return (dropping it stops it).
 
 use crate::app::{Listeners, Proxy};
@@ -16,6 +16,7 @@ pub(super) async fn serve(
     database_url: Option<String>,
     database: &mut Option<DatabaseUrl>,
 ) -> anyhow::Result<()> {
+    let mut shutdown = Box::pin(shutdown_signal());
     let mut config = Config::load(config)?;
     config.database.resolve_url(database_url.as_deref());
     *database = Some(config.database.located());
@@ -30,7 +31,10 @@ pub(super) async fn serve(
     let private = crate::app::provide_database(&mut config).await?;
     *database = Some(config.database.located());
     let config_auth_required = config.auth_required();
-    let proxy = Proxy::start(config).await?;
+    let Some(proxy) = start_unless_stopped(config, &mut shutdown).await? else {
+        crate::app::stop_private(private).await;
+        return Ok(());
+    };
     // Tests read these two lines to find the ephemeral ports.
     if let Some(control) = &listeners.control {
         eprintln!(
@@ -46,7 +50,7 @@ pub(super) async fn serve(
     }
     tracing::info!(%address, "serving MCP at http://{address}/mcp");
     eprintln!("leasegate: serving MCP at http://{address}/mcp");
-    let served = crate::app::run(proxy, listeners, shutdown_signal()).await;
+    let served = crate::app::run(proxy, listeners, shutdown).await;
     crate::app::stop_private(private).await;
     served
 }
@@ -60,6 +64,7 @@ pub(super) async fn stdio(
     task: Option<String>,
     database: &mut Option<DatabaseUrl>,
 ) -> anyhow::Result<()> {
+    let mut shutdown = Box::pin(shutdown_signal());
     let mut config = Config::load(config)?;
     config.database.resolve_url(database_url.as_deref());
     *database = Some(config.database.located());
@@ -70,29 +75,62 @@ pub(super) async fn stdio(
     config.database.max_connections = Some(config.database.connections(true));
     let private = crate::app::provide_database(&mut config).await?;
     *database = Some(config.database.located());
-    let proxy = Proxy::start(config).await?;
-    let served = proxy.serve_stdio(shutdown_signal()).await;
+    let Some(proxy) = start_unless_stopped(config, &mut shutdown).await? else {
+        crate::app::stop_private(private).await;
+        return Ok(());
+    };
+    let served = proxy.serve_stdio(shutdown).await;
     proxy.shutdown().await;
     crate::app::stop_private(private).await;
     served
 }
 
-/// Completes on ctrl-c (SIGINT) or SIGTERM.
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
+/// The proxy, started — or `None` when a signal came first (start-up may
+/// wait for a database that does not answer yet).
+async fn start_unless_stopped(
+    config: Config,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> anyhow::Result<Option<Proxy>> {
+    tokio::select! {
+        started = Proxy::start(config) => Ok(Some(started?)),
+        () = shutdown => Ok(None),
+    }
+}
+
+/// Completes on SIGINT (ctrl-c), SIGTERM or SIGHUP: each ends the process
+/// as the end of stdin ends `stdio` — no new calls, the ones in flight
+/// recorded within a grace period, session leases released, exit 0. The
+/// handlers are installed when this is called, before start-up, so a
+/// signal that comes while the proxy starts ends it as soon as it serves.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    let install = |kind: SignalKind, name: &'static str| match signal(kind) {
+        Ok(signal) => Some((signal, name)),
+        Err(error) => {
+            tracing::warn!(%error, "cannot listen for {name}");
+            None
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+    let mut signals: Vec<(Signal, &'static str)> = [
+        install(SignalKind::interrupt(), "SIGINT"),
+        install(SignalKind::terminate(), "SIGTERM"),
+        install(SignalKind::hangup(), "SIGHUP"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    async move {
+        let name = if signals.is_empty() {
+            std::future::pending::<&'static str>().await
+        } else {
+            let received = signals.iter_mut().map(|(signal, name)| {
+                Box::pin(async move {
+                    signal.recv().await;
+                    *name
+                })
+            });
+            futures::future::select_all(received).await.0
+        };
+        tracing::info!(signal = name, "shutting down");
     }
-    tracing::info!("shutting down");
 }

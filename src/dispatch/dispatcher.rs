@@ -36,6 +36,36 @@ pub struct Dispatcher<U> {
     gate: Arc<DurabilityGate>,
     /// The tasks upstreams made of this process's calls, followed here.
     tasks: Arc<super::followers::TaskFollowers>,
+    /// The calls whose dispatch task runs now, for a shutdown to wait on.
+    running: Arc<Running>,
+}
+
+/// A count of running dispatch tasks, and a wake-up when it changes.
+#[derive(Default)]
+struct Running {
+    count: std::sync::atomic::AtomicUsize,
+    changed: tokio::sync::Notify,
+}
+
+/// One running dispatch task; counted down when it ends, however it ends.
+struct RunningCall(Arc<Running>);
+
+impl RunningCall {
+    fn start(running: &Arc<Running>) -> Self {
+        running
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(running.clone())
+    }
+}
+
+impl Drop for RunningCall {
+    fn drop(&mut self) {
+        self.0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
 }
 
 impl<U> Dispatcher<U> {
@@ -47,6 +77,23 @@ impl<U> Dispatcher<U> {
     /// This process's identity on the claims it takes.
     pub fn owner(&self) -> &str {
         &self.dispatch_owner
+    }
+
+    /// Waits until every call's dispatch task has ended (its outcome
+    /// recorded), at most `grace`; how many still run then. A shutdown asks
+    /// this once no new calls arrive.
+    pub async fn settled(&self, grace: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let changed = self.running.changed.notified();
+            let left = self.running.count.load(std::sync::atomic::Ordering::SeqCst);
+            if left == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.running.count.load(std::sync::atomic::Ordering::SeqCst);
+            }
+        }
     }
 
     /// The tasks this process follows (for an agent that follows tasks:
@@ -68,6 +115,7 @@ impl<U: Upstream> Dispatcher<U> {
     ) -> Self {
         Self {
             tasks: super::followers::TaskFollowers::new(policy.claim_ttl),
+            running: Arc::default(),
             ledger,
             upstream,
             policy,
@@ -101,14 +149,21 @@ impl<U: Upstream> Dispatcher<U> {
         U: 'static,
     {
         let dispatcher = self.clone();
-        tokio::spawn(async move { dispatcher.call_in_place(request).await }.in_current_span())
-            .await
-            .map_err(|e| {
-                CallError::Ledger(LedgerError::Protocol {
-                    call: "dispatch",
-                    detail: format!("dispatch task failed: {e}"),
-                })
-            })?
+        let running = RunningCall::start(&self.running);
+        tokio::spawn(
+            async move {
+                let _running = running;
+                dispatcher.call_in_place(request).await
+            }
+            .in_current_span(),
+        )
+        .await
+        .map_err(|e| {
+            CallError::Ledger(LedgerError::Protocol {
+                call: "dispatch",
+                detail: format!("dispatch task failed: {e}"),
+            })
+        })?
     }
 
     async fn call_in_place(&self, request: CallRequest) -> Result<CallReply, CallError> {

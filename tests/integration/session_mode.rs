@@ -679,3 +679,71 @@ async fn a_ledger_from_before_namespaces_moves_lease_mode_tasks_and_resumes_thei
         "{taken:?}"
     );
 }
+
+/// Whether process `pid` has exited (gone, or a zombie not yet reaped).
+fn exited(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // "pid (comm) S …": the state follows the command's closing paren.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// SIGTERM, SIGINT and SIGHUP each end `leasegate stdio` as the end of its
+/// stdin does, with a call in flight: the session's lease is free for the
+/// task's next session, the call (its tool still working when the signal
+/// came) is settled from the tool's answer rather than left `dispatching`,
+/// and the process exits. One charge per signal.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_stop_signal_with_a_call_in_flight_frees_the_lease_and_records_the_call(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, POLICY);
+    short_sessions(&scenario, "");
+    let signals = [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGINT,
+        nix::sys::signal::Signal::SIGHUP,
+    ];
+    for (n, stop) in signals.into_iter().enumerate() {
+        let task = format!("signalled-{n}");
+        let (agent, pid) = spawn_session(&scenario, &task).await;
+        let agent = std::sync::Arc::new(agent);
+        // The charge is made, then the tool takes a while to answer.
+        let amount = 100 + n as i64;
+        let in_flight = common::proxy::spawn_call(
+            &agent,
+            "payments__charge",
+            json!({"amount": amount, "currency": "eur", "hang_ms": 1200}),
+        );
+        wait_until("the tool to make the charge", || async {
+            (scenario.side_effects("charges.jsonl").len() == n + 1).then_some(())
+        })
+        .await;
+        signal(pid, stop);
+        wait_until("the signalled session to free its lease", || async {
+            (task_lease(&db, &task).await.0.is_none()).then_some(())
+        })
+        .await;
+        wait_until("the call in flight to be recorded", || async {
+            let status: Option<String> = db
+                .scalar(
+                    "SELECT status FROM tool_operations WHERE request_body->>'amount' = $1",
+                    amount.to_string(),
+                )
+                .await;
+            (status.as_deref() == Some("succeeded")).then_some(())
+        })
+        .await;
+        wait_until("leasegate stdio to exit", || async {
+            exited(pid).then_some(())
+        })
+        .await;
+        in_flight.abort();
+    }
+    assert_eq!(scenario.side_effects("charges.jsonl").len(), 3);
+}

@@ -291,6 +291,12 @@ impl Front {
         self.state.config.policy.integers
     }
 
+    /// Waits, at most `grace`, for the side-effecting calls whose dispatch
+    /// runs now to record their outcomes; how many still run then.
+    pub async fn calls_settled(&self, grace: std::time::Duration) -> usize {
+        self.state.dispatcher.settled(grace).await
+    }
+
     /// The requests in flight on the stateless HTTP front.
     pub fn in_flight(&self) -> Arc<InFlightRequests> {
         self.state.in_flight.clone()
