@@ -346,6 +346,8 @@ pub struct LeaseRequired<'a> {
     pub read_only_hint: Option<bool>,
     /// Whether the upstream's adapter honours that hint.
     pub trust_annotations: bool,
+    /// The process's lease mode: what the caller is told first.
+    pub lease_mode: crate::config::LeaseMode,
 }
 
 /// The -31001 refusal: a side-effecting call came without a lease. The
@@ -360,8 +362,10 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
         over_http,
         read_only_hint,
         trust_annotations,
+        lease_mode,
     } = call;
     let meta = super::wire::LEASE_META;
+    let key_meta = super::wire::IDEMPOTENCY_KEY_META;
     let send = if *over_http {
         format!(
             "send its run_id, owner, epoch and secret lease token (shown once when the lease is \
@@ -387,19 +391,54 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
              server's readOnlyHint)"
         )
     };
-    let session = if *over_http {
-        "Or let leasegate hold the lease: lease_mode = \"session\" with http_sessions = true and a \
-         Leasegate-Task header (or [session] task) in leasegate.toml; or, with lease_mode = \"key\", \
-         send an Idempotency-Key header or params.idempotencyKey"
+    let keys = if *over_http {
+        format!(
+            "_meta \"{key_meta}\" (the way for clients whose tool call takes _meta, such as \
+             fastmcp, pydantic-ai or the MCP SDKs), the Idempotency-Key header, or \
+             params.idempotencyKey"
+        )
     } else {
-        "Or let leasegate hold the lease: start it as `leasegate stdio --task <task>` (or set \
-         LEASEGATE_TASK); or, with lease_mode = \"key\", send params.idempotencyKey"
+        format!(
+            "_meta \"{key_meta}\" (the way for clients whose tool call takes _meta, such as \
+             fastmcp, pydantic-ai or the MCP SDKs), or params.idempotencyKey"
+        )
     };
-    let message = format!(
-        "tool {tool:?} has side effects and needs a lease. Create a run that holds one \
-         (`leasegate runs create --task <task> --owner <owner> --ttl-ms 60000`, or POST /v1/runs \
-         with owner and ttl_ms on the control API), then {send}. {session}. {read_only}."
-    );
+    let session = if *over_http {
+        format!(
+            "Or let leasegate hold the lease: lease_mode = \"session\" with http_sessions = true \
+             and a Leasegate-Task header (or [session] task) in leasegate.toml; or, with \
+             lease_mode = \"key\", send an idempotency key per call as {keys}"
+        )
+    } else {
+        format!(
+            "Or let leasegate hold the lease: start it as `leasegate stdio --task <task>` (or set \
+             LEASEGATE_TASK); or, with lease_mode = \"key\", send an idempotency key per call as \
+             {keys}"
+        )
+    };
+    let create = "Create a run that holds one (`leasegate runs create --task <task> --owner \
+                  <owner> --ttl-ms 60000`, or POST /v1/runs with owner and ttl_ms on the control \
+                  API)";
+    let message = match lease_mode {
+        crate::config::LeaseMode::Key => format!(
+            "tool {tool:?} has side effects: this leasegate holds a lease per idempotency key \
+             (lease_mode = \"key\"), and the call brought none. Nothing was sent. Send one key \
+             per intended call as {keys}: the same key again is answered from the ledger, never \
+             sent twice; a different request needs a new key. Or bring a lease of your own: \
+             {create}, then {send}. {read_only}."
+        ),
+        crate::config::LeaseMode::Session if *over_http => format!(
+            "tool {tool:?} has side effects: this leasegate holds a lease per task \
+             (lease_mode = \"session\"), and the call named no task. Nothing was sent. Send the \
+             Leasegate-Task header (any name for the job, the same on every call of it), or set \
+             [session] task in leasegate.toml. Or bring a lease of your own: {create}, then \
+             {send}. {read_only}."
+        ),
+        _ => format!(
+            "tool {tool:?} has side effects and needs a lease. Nothing was sent. {create}, then \
+             {send}. {session}. {read_only}."
+        ),
+    };
     let mut lease = json!({
         "meta": {"key": meta, "fields": ["run_id", "owner", "epoch", "token"]},
         "create_run": {
@@ -416,11 +455,14 @@ pub fn lease_required(call: &LeaseRequired<'_>) -> McpError {
         ]);
         lease["session_mode"] =
             json!("lease_mode = \"session\", http_sessions = true, Leasegate-Task header");
-        lease["key_mode"] =
-            json!("lease_mode = \"key\", Idempotency-Key header or params.idempotencyKey");
+        lease["key_mode"] = json!(format!(
+            "lease_mode = \"key\", _meta \"{key_meta}\", Idempotency-Key header or params.idempotencyKey"
+        ));
     } else {
         lease["session_mode"] = json!("leasegate stdio --task <task> (or LEASEGATE_TASK)");
-        lease["key_mode"] = json!("lease_mode = \"key\", params.idempotencyKey");
+        lease["key_mode"] = json!(format!(
+            "lease_mode = \"key\", _meta \"{key_meta}\" or params.idempotencyKey"
+        ));
     }
     let data = json!({
         "tool": tool,
@@ -515,6 +557,7 @@ mod tests {
             over_http: false,
             read_only_hint: None,
             trust_annotations: false,
+            lease_mode: crate::config::LeaseMode::Explicit,
         };
         let stdio = lease_required(&call);
         assert_eq!(stdio.code.0, codes::LEASE_REQUIRED);
@@ -570,5 +613,27 @@ mod tests {
             ])
         );
         assert_eq!(data["how"]["read_only"]["read_only_hint"], true);
+
+        // In key mode the key comes first, in the ways each transport has.
+        call.lease_mode = crate::config::LeaseMode::Key;
+        for over_http in [false, true] {
+            call.over_http = over_http;
+            let message = lease_required(&call).message.to_string();
+            assert!(
+                message.contains("lease per idempotency key")
+                    && message.contains("_meta \"dev.leasegate/idempotency_key\"")
+                    && message.contains("params.idempotencyKey")
+                    && message.contains("Nothing was sent"),
+                "{message}"
+            );
+            assert_eq!(
+                message.contains("Idempotency-Key header"),
+                over_http,
+                "{message}"
+            );
+        }
+        call.lease_mode = crate::config::LeaseMode::Session;
+        let message = lease_required(&call).message.to_string();
+        assert!(message.contains("Leasegate-Task header"), "{message}");
     }
 }

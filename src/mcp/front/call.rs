@@ -404,6 +404,7 @@ impl Front {
                 .config
                 .adapter(&resolved.upstream)
                 .trust_annotations,
+            lease_mode: self.state.config.lease.mode,
         })
     }
 }
