@@ -16,6 +16,13 @@ use crate::ledger::{ConnectFailure, LedgerError};
 /// Prints why `error` ended a command (`database`: the ledger's URL, once
 /// the command knew it) and returns the process's exit code.
 pub fn failed(error: &anyhow::Error, database: Option<&DatabaseUrl>) -> ExitCode {
+    let (message, code) = described(error, database);
+    eprintln!("leasegate: {message}");
+    code
+}
+
+/// What [`failed`] says of `error`, and the exit code.
+pub fn described(error: &anyhow::Error, database: Option<&DatabaseUrl>) -> (String, ExitCode) {
     // A ledger that cannot be opened: say which and how to fix it.
     let refusal = database.and_then(|database| {
         error
@@ -28,26 +35,25 @@ pub fn failed(error: &anyhow::Error, database: Option<&DatabaseUrl>) -> ExitCode
         .chain()
         .find_map(|cause| cause.downcast_ref::<EmbeddedError>());
     match (refusal, private) {
-        (Some((code, message)), _) => {
-            eprintln!("leasegate: {message} ({code})");
-            ExitCode::from(code.exit_code())
-        }
+        (Some((code, message)), _) => (
+            format!("{message} ({code})"),
+            ExitCode::from(code.exit_code()),
+        ),
         (None, Some(private)) => {
             let default = database.map_or_else(String::new, |d| d.url.clone());
-            eprintln!(
-                "leasegate: no database is configured and nothing answers at the \
-                 default ({default}); {private}"
-            );
-            ExitCode::from(if private.is_no_binaries() {
-                exit::NO_POSTGRES_BINARIES
-            } else {
-                exit::PRIVATE_POSTGRES_FAILED
-            })
+            (
+                format!(
+                    "no database is configured and nothing answers at the default ({default}); \
+                     {private}"
+                ),
+                ExitCode::from(if private.is_no_binaries() {
+                    exit::NO_POSTGRES_BINARIES
+                } else {
+                    exit::PRIVATE_POSTGRES_FAILED
+                }),
+            )
         }
-        (None, None) => {
-            eprintln!("leasegate: {}", error_chain(error));
-            ExitCode::FAILURE
-        }
+        (None, None) => (error_chain(error), ExitCode::FAILURE),
     }
 }
 

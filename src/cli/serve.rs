@@ -65,6 +65,32 @@ pub(super) async fn stdio(
     database: &mut Option<DatabaseUrl>,
 ) -> anyhow::Result<()> {
     let mut shutdown = Box::pin(shutdown_signal());
+    let started = start_stdio(config, database_url, task, database, &mut shutdown).await;
+    let (proxy, private) = match started {
+        Ok(Some(started)) => started,
+        Ok(None) => return Ok(()),
+        Err(error) => {
+            // The client hears why too, not only a closed pipe.
+            let (message, _) = super::failure::described(&error, database.as_ref());
+            crate::mcp::startup::refuse_startup_on_stdio(&message).await;
+            return Err(error);
+        }
+    };
+    let served = proxy.serve_stdio(shutdown).await;
+    proxy.shutdown().await;
+    crate::app::stop_private(private).await;
+    served
+}
+
+/// Everything `stdio` does before it serves: the started proxy and the
+/// private cluster it uses, if any (`None`: a signal came first).
+async fn start_stdio(
+    config: &std::path::Path,
+    database_url: Option<String>,
+    task: Option<String>,
+    database: &mut Option<DatabaseUrl>,
+    shutdown: &mut (impl std::future::Future<Output = ()> + Unpin),
+) -> anyhow::Result<Option<(Proxy, Option<crate::embedded::Cluster>)>> {
     let mut config = Config::load(config)?;
     config.database.resolve_url(database_url.as_deref());
     *database = Some(config.database.located());
@@ -75,14 +101,13 @@ pub(super) async fn stdio(
     config.database.max_connections = Some(config.database.connections(true));
     let private = crate::app::provide_database(&mut config).await?;
     *database = Some(config.database.located());
-    let Some(proxy) = start_unless_stopped(config, &mut shutdown).await? else {
-        crate::app::stop_private(private).await;
-        return Ok(());
-    };
-    let served = proxy.serve_stdio(shutdown).await;
-    proxy.shutdown().await;
-    crate::app::stop_private(private).await;
-    served
+    match start_unless_stopped(config, shutdown).await? {
+        Some(proxy) => Ok(Some((proxy, private))),
+        None => {
+            crate::app::stop_private(private).await;
+            Ok(None)
+        }
+    }
 }
 
 /// The proxy, started — or `None` when a signal came first (start-up may

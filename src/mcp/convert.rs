@@ -46,6 +46,10 @@ pub mod codes {
     /// The caller's principal already has `limits.max_in_flight_per_principal`
     /// requests in progress (HTTP 429, `Retry-After`); nothing was sent.
     pub const TOO_MANY_IN_FLIGHT: i32 = -31012;
+    /// `leasegate stdio` could not start (the ledger or an upstream cannot
+    /// be reached, a config that does not load): its one answer, to the
+    /// client's first request, before it exits.
+    pub const NOT_STARTED: i32 = -31013;
     /// stateless MCP: the request was cancelled by the client.
     pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
@@ -533,6 +537,7 @@ mod tests {
             codes::LEDGER_UNAVAILABLE,
             codes::NOT_SENT,
             codes::TOO_MANY_IN_FLIGHT,
+            codes::NOT_STARTED,
         ];
         // What the MCP SDKs and the specification use for their own ends.
         let theirs = [

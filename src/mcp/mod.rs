@@ -10,6 +10,7 @@ pub mod malformed;
 pub mod numbers;
 pub mod sessions;
 pub mod share;
+pub mod startup;
 pub mod upstream;
 pub mod wire;
 

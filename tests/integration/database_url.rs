@@ -409,3 +409,55 @@ fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
     assert!(!text.contains("sekret"), "the password leaked: {text}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `leasegate stdio` that cannot open its ledger answers the client's
+/// `initialize` with `-31013`, naming the database and the fix, before it
+/// exits 6 — the client sees the cause, not "connection closed".
+#[test]
+fn stdio_that_cannot_start_answers_the_clients_initialize_with_the_cause() {
+    use std::io::{BufRead, Write};
+    let url = silent_server_url();
+    let dir =
+        std::env::temp_dir().join(format!("leasegate-dburl-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("leasegate.toml");
+    std::fs::write(
+        &config,
+        "database_connect_timeout = \"2s\"\nmigrate = false\n\
+         [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(crate::common::proxy::LEASEGATE)
+        .args(["stdio", "--config"])
+        .arg(&config)
+        .args(["--database-url", &url])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(
+        stdin,
+        r#"{{"jsonrpc":"2.0","id":1,"method":"initialize","params":{{"protocolVersion":"2025-11-25","capabilities":{{}},"clientInfo":{{"name":"t","version":"1"}}}}}}"#
+    )
+    .unwrap();
+    let mut answer = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut answer)
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_str(&answer).expect("one JSON-RPC answer");
+    assert_eq!(answer["id"], 1, "{answer}");
+    assert_eq!(answer["error"]["code"], -31013, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("no PostgreSQL server answers")
+            && message.contains("(database_connect_timeout)")
+            && !message.contains("sekret"),
+        "{message}"
+    );
+    drop(stdin);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(6));
+    std::fs::remove_dir_all(dir).unwrap();
+}
