@@ -48,15 +48,30 @@ struct Setup {
 
 impl Setup {
     fn new(database_url: &str, integers: &str, extra_config: &str) -> Self {
+        Self::with_upstream(database_url, integers, extra_config, |state| {
+            format!(
+                "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\"]",
+                state.display()
+            )
+        })
+    }
+
+    /// As `new`, with `upstream(state dir)` as the body of `[upstreams.raw]`.
+    fn with_upstream(
+        database_url: &str,
+        integers: &str,
+        extra_config: &str,
+        upstream: impl FnOnce(&Path) -> String,
+    ) -> Self {
         let dir =
             std::env::temp_dir().join(format!("leasegate-raw-{}", uuid::Uuid::new_v4().simple()));
         for sub in ["adapters", "policies", "state"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let config = format!(
-            "{extra_config}\n{head}\n[upstreams.raw]\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{state}\"]\n",
+            "{extra_config}\n{head}\n[upstreams.raw]\n{upstream}\n",
             head = config_head(database_url, "off"),
-            state = dir.join("state").display()
+            upstream = upstream(&dir.join("state")),
         );
         std::fs::write(dir.join("leasegate.toml"), config).unwrap();
         std::fs::write(
@@ -421,6 +436,7 @@ fn declared_tools() -> Vec<Value> {
             "description": "Answers with the request line as received.",
             "inputSchema": {"type": "object"},
             "annotations": {"readOnlyHint": true},
+            "x-vendor": {"tier": "free"},
         }),
         json!({
             "name": "raw__record",
@@ -568,4 +584,70 @@ async fn tools_list_gives_the_upstreams_tool_objects_whole_on_every_front(
     stdio.stop().await;
     sessions_proxy.stop().await;
     stateless_proxy.stop().await;
+}
+
+/// `raw_tools.py --http` on an ephemeral port, recording into `state`;
+/// killed on drop.
+async fn raw_http_server(state: &Path) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new("python3")
+        .arg(RAW_TOOLS)
+        .arg(state)
+        .arg("--http")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = within("raw_tools.py to listen", lines.next_line())
+        .await
+        .unwrap()
+        .expect("raw_tools.py prints its URL");
+    let url = url
+        .strip_prefix("raw tools at ")
+        .unwrap_or_else(|| panic!("raw_tools.py's URL: {url}"))
+        .to_owned();
+    (child, url)
+}
+
+/// A Streamable HTTP upstream's tool objects are listed whole too, whether
+/// it answers a `tools/list` page as a JSON body (the first page, `echo`)
+/// or as an event stream (the second, `record`): each carries a field
+/// rmcp's model does not know.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn tools_list_gives_a_streamable_http_upstreams_tool_objects_whole(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let state = std::env::temp_dir().join(format!(
+        "leasegate-raw-http-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let (_server, upstream_url) = raw_http_server(&state).await;
+    let setup = Setup::with_upstream(&db.url, "reject", "tools_page_size = 1", |_| {
+        format!("transport = \"streamable_http\"\nurl = \"{upstream_url}\"")
+    });
+    let proxy = RunningProxy::start(&setup.config()).await;
+    let url = proxy.url.clone();
+    let listed = list_every_page(|cursor| {
+        let url = url.clone();
+        async move {
+            let answer = http::post_mcp(&url, &[], &tools_list(1, cursor)).await;
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            json_rpc(&answer.body)
+        }
+    })
+    .await;
+    assert_eq!(listed, (declared_tools(), 2), "HTTP upstream");
+
+    // The tapped client still calls: a gated call reaches the tool once.
+    let lease = db.running_run("agent-1", 60_000).await.0;
+    let call = raw_call(5, "raw__record", "7", 1, &lease);
+    let answer = http::post_mcp(&proxy.url, &[], &call).await;
+    let answer = json_rpc(&answer.body);
+    assert!(answer["result"]["isError"] != json!(true), "{answer}");
+    let calls = std::fs::read_to_string(state.join("calls.jsonl")).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 1, "{calls}");
+    proxy.stop().await;
+    let _ = std::fs::remove_dir_all(&state);
 }

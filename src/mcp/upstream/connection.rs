@@ -405,12 +405,16 @@ where
     Ok(session)
 }
 
-/// Opens a Streamable HTTP session (the `initialize` request).
+/// Opens a Streamable HTTP session (the `initialize` request); its
+/// `tools/list` answers are read by the tool objects' tap before rmcp
+/// decodes them.
 pub(super) async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, String> {
+    let client = crate::mcp::http_headers::PerCallHeaders::default()
+        .with_tool_list_tap(handler.tool_objects.http_tap());
     handshake(
         handler,
         StreamableHttpClientTransport::with_client(
-            crate::mcp::http_headers::PerCallHeaders::default(),
+            client,
             StreamableHttpClientTransportConfig::with_uri(url),
         ),
     )
