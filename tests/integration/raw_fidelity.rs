@@ -342,9 +342,15 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
             id += 1;
             tag += 1;
             let line = raw_call(id, "raw__record", token, tag, &lease);
-            let message =
-                http::rpc_error_message(&front.call(id, &line).await, -32602, "").to_owned();
+            let answer = front.call(id, &line).await;
+            let message = http::rpc_error_message(&answer, -32602, "").to_owned();
             assert!(message.contains("beyond ±2^53"), "{message}");
+            assert_eq!(
+                answer["error"]["data"],
+                json!({"reason": "unsafe_integer", "path": "$.n",
+                       "value": serde_json::from_str::<Value>(token).unwrap().to_string()}),
+                "{answer}"
+            );
         }
     }
     let calls = setup.calls();
