@@ -6,7 +6,9 @@
 //!
 //! The agents are raw (HTTP bodies and stdio lines written by hand: an SDK
 //! would re-read the numbers itself); the tool server is
-//! `tests/sdk/raw_tools.py`, which keeps each request line as received.
+//! `tests/sdk/raw_tools.py`, which keeps each request line as received (and
+//! each answer to what it asks: a `roots/list` outside any call is answered
+//! with no roots, not an error).
 
 use std::path::{Path, PathBuf};
 
@@ -656,4 +658,42 @@ async fn tools_list_gives_a_streamable_http_upstreams_tool_objects_whole(
     assert_eq!(calls.lines().count(), 1, "{calls}");
     proxy.stop().await;
     let _ = std::fs::remove_dir_all(&state);
+}
+
+/// A server that asks `roots/list` at start (as server-filesystem does),
+/// outside any agent's call, gets an empty list rather than an error; the
+/// upstream stays up and serves.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_upstreams_roots_list_outside_any_call_is_answered_with_no_roots(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let setup = Setup::with_upstream(&db.url, "reject", "", |state| {
+        format!(
+            "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\", \"--ask-roots\"]",
+            state.display()
+        )
+    });
+    let proxy = RunningProxy::start(&setup.config()).await;
+    let replies = setup.dir.join("state/replies.jsonl");
+    let reply = common::wait_until("raw_tools.py to get its roots/list answered", || async {
+        std::fs::read_to_string(&replies)
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_owned))
+    })
+    .await;
+    let reply: Value = serde_json::from_str(&reply).unwrap();
+    assert_eq!(
+        reply,
+        json!({"jsonrpc": "2.0", "id": "roots-1", "result": {"roots": []}})
+    );
+    let answer = http::post_mcp(&proxy.url, &[], &tools_list(1, None)).await;
+    assert_eq!(
+        json_rpc(&answer.body)["result"]["tools"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    proxy.stop().await;
 }

@@ -18,7 +18,11 @@ session, no GET stream, each answer as JSON except `tools/list` pages
 after the first, which come as an event stream (so that both of the ways
 an HTTP server may answer carry the tool objects).
 
-Usage: raw_tools.py STATE_DIR [--http]
+With `--ask-roots` (stdio), it asks its client `roots/list` as soon as
+the session is initialized, as servers that want roots at start do, and
+appends the answer as received to `<state dir>/replies.jsonl`.
+
+Usage: raw_tools.py STATE_DIR [--http] [--ask-roots]
 """
 
 import http.server
@@ -136,6 +140,13 @@ def main():
         if not line.strip():
             continue
         message = json.loads(line)
+        if message.get("method") == "notifications/initialized" and "--ask-roots" in sys.argv[2:]:
+            send({"jsonrpc": "2.0", "id": "roots-1", "method": "roots/list"})
+            continue
+        if "id" in message and "method" not in message:
+            with open(os.path.join(STATE, "replies.jsonl"), "a") as replies:
+                replies.write(line + "\n")
+            continue
         if "id" not in message or "method" not in message:
             continue
         result = answer(message, line)
