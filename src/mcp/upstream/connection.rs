@@ -20,7 +20,7 @@ use super::UpstreamEvent;
 use super::client::UpstreamClient;
 use super::routes::{CallRoutes, Routed};
 use crate::adapter::UpstreamError;
-use crate::config::UpstreamTransport;
+use crate::config::{EnvValue, UpstreamTransport};
 use rmcp::service::{ClientInitializeError, Peer, RunningService};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -319,12 +319,19 @@ pub(super) async fn no_cache(session: &Session) {
 pub(super) fn spawn_stdio(
     command: &std::path::Path,
     args: &[String],
-    env: &BTreeMap<String, String>,
+    env: &BTreeMap<String, EnvValue>,
     stderr: std::process::Stdio,
 ) -> Result<tokio::process::Child, String> {
+    let mut values = BTreeMap::new();
+    for (name, value) in env {
+        let value = value
+            .resolve()
+            .map_err(|why| format!("{}: env {name}: {why}", command.display()))?;
+        values.insert(name, value);
+    }
     tokio::process::Command::new(command)
         .args(args)
-        .envs(env)
+        .envs(values)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(stderr)
@@ -340,7 +347,7 @@ pub(super) async fn open_stdio(
     handler: &UpstreamClient,
     command: &std::path::Path,
     args: &[String],
-    env: &BTreeMap<String, String>,
+    env: &BTreeMap<String, EnvValue>,
 ) -> Result<(Session, tokio::process::Child), String> {
     let mut child = spawn_stdio(command, args, env, std::process::Stdio::piped())?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
