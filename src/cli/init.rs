@@ -96,7 +96,7 @@ fn init_upstreams(
             },
         ));
     }
-    if !args.env.is_empty() && !(args.name.is_some() && !args.command.is_empty()) {
+    if !args.env.is_empty() && (args.name.is_none() || args.command.is_empty()) {
         return Err(
             "--env NAME=VALUE goes with the upstream of --name NAME -- COMMAND… (stdio)".into(),
         );

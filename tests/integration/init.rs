@@ -53,6 +53,24 @@ fn section<'a>(text: &'a str, tool: &str) -> &'a str {
     &rest[..end]
 }
 
+/// `leasegate init --dir out --name shop` over the example tool server's
+/// `tools`, recording into `state`.
+fn init_shop(out: &Path, tools: &str, state: &Path) -> Output {
+    leasegate(&[
+        "init",
+        "--dir",
+        out.to_str().unwrap(),
+        "--name",
+        "shop",
+        "--",
+        TOOLS,
+        "--tools",
+        tools,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ])
+}
+
 fn check_config(dir: &Path) {
     let config = dir.join("leasegate.toml");
     let checked = leasegate(&["check-config", config.to_str().unwrap()]);
@@ -69,19 +87,7 @@ fn init_over_stdio_writes_what_check_config_accepts() {
     let dir = scratch();
     let state = dir.join("state");
     let out = dir.join("out");
-    let init = leasegate(&[
-        "init",
-        "--dir",
-        out.to_str().unwrap(),
-        "--name",
-        "shop",
-        "--",
-        TOOLS,
-        "--tools",
-        "all",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ]);
+    let init = init_shop(&out, "all", &state);
     assert_eq!(init.status.code(), Some(0), "{}", text(&init));
     let stdout = String::from_utf8_lossy(&init.stdout);
     assert!(
@@ -598,19 +604,7 @@ fn init_adds_upstreams_to_its_directory_with_secrets_as_references_and_free_port
     let state = dir.join("state");
     // 8640 is taken: by this test, or by whoever holds it already.
     let _held = std::net::TcpListener::bind("127.0.0.1:8640");
-    let first = leasegate(&[
-        "init",
-        "--dir",
-        out.to_str().unwrap(),
-        "--name",
-        "shop",
-        "--",
-        TOOLS,
-        "--tools",
-        "payments",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ]);
+    let first = init_shop(&out, "payments", &state);
     assert_eq!(first.status.code(), Some(0), "{}", text(&first));
     let config_file = out.join("leasegate.toml");
     let written = std::fs::read_to_string(&config_file).unwrap();

@@ -484,6 +484,16 @@ where
     }
 }
 
+/// Every page of `tools/list` from the stateless front at `url`.
+async fn list_stateless(url: &str) -> (Vec<Value>, usize) {
+    list_every_page(|cursor| async move {
+        let answer = http::post_mcp(url, &[], &tools_list(1, cursor)).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        json_rpc(&answer.body)
+    })
+    .await
+}
+
 fn tools_list(id: u64, cursor: Option<String>) -> String {
     let params = match cursor {
         Some(cursor) => json!({"cursor": cursor}),
@@ -522,16 +532,7 @@ async fn tools_list_gives_the_upstreams_tool_objects_whole_on_every_front(
     let mut stdio = StdioAgent::start(&stateless.config()).await;
     let expected = (declared_tools(), 2);
 
-    let url = stateless_proxy.url.clone();
-    let listed = list_every_page(|cursor| {
-        let url = url.clone();
-        async move {
-            let answer = http::post_mcp(&url, &[], &tools_list(1, cursor)).await;
-            assert_eq!(answer.status, 200, "{}", answer.body);
-            json_rpc(&answer.body)
-        }
-    })
-    .await;
+    let listed = list_stateless(&stateless_proxy.url).await;
     assert_eq!(listed, expected, "stateless HTTP");
 
     let client = reqwest::Client::new();
@@ -636,16 +637,7 @@ async fn tools_list_gives_a_streamable_http_upstreams_tool_objects_whole(
         format!("transport = \"streamable_http\"\nurl = \"{upstream_url}\"")
     });
     let proxy = RunningProxy::start(&setup.config()).await;
-    let url = proxy.url.clone();
-    let listed = list_every_page(|cursor| {
-        let url = url.clone();
-        async move {
-            let answer = http::post_mcp(&url, &[], &tools_list(1, cursor)).await;
-            assert_eq!(answer.status, 200, "{}", answer.body);
-            json_rpc(&answer.body)
-        }
-    })
-    .await;
+    let listed = list_stateless(&proxy.url).await;
     assert_eq!(listed, (declared_tools(), 2), "HTTP upstream");
 
     // The tapped client still calls: a gated call reaches the tool once.
