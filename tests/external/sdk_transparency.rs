@@ -62,7 +62,11 @@ const ASKING_TOOLS: [&str; 3] = [
 /// The adapter file of a server-everything upstream; with `gate_asking`,
 /// the [`ASKING_TOOLS`] go through the ledger.
 fn everything_adapter(upstream: &str, gate_asking: bool) -> String {
-    let mut adapter = format!("upstream = \"{upstream}\"\ntimeout = \"20s\"\n");
+    // server-everything asks roots/list at start and keeps the answer,
+    // asking again within a call only while it has none: refused at start,
+    // each call's agent is asked.
+    let mut adapter =
+        format!("upstream = \"{upstream}\"\ntimeout = \"20s\"\nroots_outside_calls = \"refuse\"\n");
     for tool in READ_ONLY_TOOLS {
         if gate_asking && ASKING_TOOLS.contains(&tool) {
             continue;

@@ -654,7 +654,7 @@ async fn tools_list_gives_a_streamable_http_upstreams_tool_objects_whole(
 
 /// A server that asks `roots/list` at start (as server-filesystem does),
 /// outside any agent's call, gets an empty list rather than an error; the
-/// upstream stays up and serves.
+/// upstream stays up and serves. Its adapter may have it refused instead.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn an_upstreams_roots_list_outside_any_call_is_answered_with_no_roots(
     pool: PgPoolOptions,
@@ -687,5 +687,33 @@ async fn an_upstreams_roots_list_outside_any_call_is_answered_with_no_roots(
             .map(Vec::len),
         Some(2)
     );
+    proxy.stop().await;
+
+    // Under the adapter's `roots_outside_calls = "refuse"`: an error saying
+    // why, for servers that ask again within a call.
+    let refusing = Setup::with_upstream(&db.url, "reject", "", |state| {
+        format!(
+            "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\", \"--ask-roots\"]",
+            state.display()
+        )
+    });
+    let adapter = refusing.dir.join("adapters/raw.toml");
+    let text = std::fs::read_to_string(&adapter).unwrap();
+    std::fs::write(
+        &adapter,
+        format!("roots_outside_calls = \"refuse\"\n{text}"),
+    )
+    .unwrap();
+    let proxy = RunningProxy::start(&refusing.config()).await;
+    let replies = refusing.dir.join("state/replies.jsonl");
+    let reply = common::wait_until("raw_tools.py to get its roots/list refused", || async {
+        std::fs::read_to_string(&replies)
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_owned))
+    })
+    .await;
+    let reply: Value = serde_json::from_str(&reply).unwrap();
+    let message = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no call is in flight"), "{reply}");
     proxy.stop().await;
 }

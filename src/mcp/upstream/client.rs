@@ -15,8 +15,8 @@ use rmcp::{RoleClient, Service};
 use super::UpstreamEvent;
 use super::routes::origin_of;
 use super::routes::{CallRoutes, NoOwner};
-use crate::adapter::PeerError;
 use crate::adapter::{AgentRequest, ToAgent};
+use crate::adapter::{PeerError, RootsOutsideCalls};
 use rmcp::ErrorData as McpError;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, oneshot};
@@ -30,6 +30,8 @@ pub(super) struct UpstreamClient {
     /// The upstream's own tool objects, kept from its stdout or its HTTP
     /// `tools/list` answers (`tool_objects`).
     pub(super) tool_objects: super::tool_objects::ToolObjects,
+    /// The adapter's answer to a `roots/list` outside any call.
+    pub(super) roots_outside_calls: RootsOutsideCalls,
 }
 
 pub(super) fn method_and_params<T: serde::Serialize>(message: &T) -> (String, Value) {
@@ -65,8 +67,12 @@ impl Service<RoleClient> for UpstreamClient {
         let agent = match self.routes.owner_soon(&origin, true).await {
             Ok(agent) => agent,
             // Servers that ask for roots at start (server-filesystem) ask
-            // outside any agent's call: there are no roots to give then.
-            Err(NoOwner::NoCall) if matches!(request, ServerRequest::ListRootsRequest(_)) => {
+            // outside any agent's call: there are no roots to give then
+            // (`RootsOutsideCalls`).
+            Err(NoOwner::NoCall)
+                if matches!(request, ServerRequest::ListRootsRequest(_))
+                    && self.roots_outside_calls == RootsOutsideCalls::Empty =>
+            {
                 tracing::debug!(upstream = %self.name, "roots/list outside any call answered with no roots");
                 let empty = serde_json::from_value(json!({"roots": []}))
                     .map_err(|e| McpError::internal_error(e.to_string(), None))?;

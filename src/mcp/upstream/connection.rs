@@ -121,6 +121,7 @@ impl Connection {
         name: &str,
         transport: UpstreamTransport,
         events: broadcast::Sender<UpstreamEvent>,
+        roots_outside_calls: crate::adapter::RootsOutsideCalls,
     ) -> Self {
         metrics::counter!("upstream_restarts_total", "upstream" => name.to_owned()).increment(0);
         Self {
@@ -131,6 +132,7 @@ impl Connection {
                 routes: CallRoutes::default(),
                 events,
                 tool_objects: Default::default(),
+                roots_outside_calls,
             },
             peer: std::sync::RwLock::new(None),
             health: Mutex::new(Health {
@@ -458,6 +460,7 @@ mod tests {
             "payments",
             UpstreamTransport::StreamableHttp { url },
             events,
+            Default::default(),
         );
         connection.set_state(UpstreamState::Up, None);
         let Err(UpstreamError::NotSent(message)) = connection

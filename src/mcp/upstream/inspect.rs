@@ -38,6 +38,7 @@ pub async fn inspect_upstream(
         routes: CallRoutes::default(),
         events,
         tool_objects: Default::default(),
+        roots_outside_calls: Default::default(),
     };
     // rmcp's transport errors start with the transport's type name.
     let connect_error = |message: String| StartError::Connect {
