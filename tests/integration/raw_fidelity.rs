@@ -661,21 +661,7 @@ async fn an_upstreams_roots_list_outside_any_call_is_answered_with_no_roots(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let setup = Setup::with_upstream(&db.url, "reject", "", |state| {
-        format!(
-            "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\", \"--ask-roots\"]",
-            state.display()
-        )
-    });
-    let proxy = RunningProxy::start(&setup.config()).await;
-    let replies = setup.dir.join("state/replies.jsonl");
-    let reply = common::wait_until("raw_tools.py to get its roots/list answered", || async {
-        std::fs::read_to_string(&replies)
-            .ok()
-            .and_then(|text| text.lines().next().map(str::to_owned))
-    })
-    .await;
-    let reply: Value = serde_json::from_str(&reply).unwrap();
+    let (setup, proxy, reply) = asking_roots(&db.url, "").await;
     assert_eq!(
         reply,
         json!({"jsonrpc": "2.0", "id": "roots-1", "result": {"roots": []}})
@@ -688,32 +674,35 @@ async fn an_upstreams_roots_list_outside_any_call_is_answered_with_no_roots(
         Some(2)
     );
     proxy.stop().await;
+    drop(setup);
 
     // Under the adapter's `roots_outside_calls = "refuse"`: an error saying
     // why, for servers that ask again within a call.
-    let refusing = Setup::with_upstream(&db.url, "reject", "", |state| {
+    let (_setup, proxy, reply) = asking_roots(&db.url, "roots_outside_calls = \"refuse\"\n").await;
+    let message = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no call is in flight"), "{reply}");
+    proxy.stop().await;
+}
+
+/// `raw_tools.py --ask-roots` behind leasegate, `adapter_head` at the top
+/// of its adapter file; the answer its `roots/list` at start got.
+async fn asking_roots(database_url: &str, adapter_head: &str) -> (Setup, RunningProxy, Value) {
+    let setup = Setup::with_upstream(database_url, "reject", "", |state| {
         format!(
             "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\", \"--ask-roots\"]",
             state.display()
         )
     });
-    let adapter = refusing.dir.join("adapters/raw.toml");
+    let adapter = setup.dir.join("adapters/raw.toml");
     let text = std::fs::read_to_string(&adapter).unwrap();
-    std::fs::write(
-        &adapter,
-        format!("roots_outside_calls = \"refuse\"\n{text}"),
-    )
-    .unwrap();
-    let proxy = RunningProxy::start(&refusing.config()).await;
-    let replies = refusing.dir.join("state/replies.jsonl");
-    let reply = common::wait_until("raw_tools.py to get its roots/list refused", || async {
+    std::fs::write(&adapter, format!("{adapter_head}{text}")).unwrap();
+    let proxy = RunningProxy::start(&setup.config()).await;
+    let replies = setup.dir.join("state/replies.jsonl");
+    let reply = common::wait_until("raw_tools.py to get its roots/list answered", || async {
         std::fs::read_to_string(&replies)
             .ok()
             .and_then(|text| text.lines().next().map(str::to_owned))
     })
     .await;
-    let reply: Value = serde_json::from_str(&reply).unwrap();
-    let message = reply["error"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("no call is in flight"), "{reply}");
-    proxy.stop().await;
+    (setup, proxy, serde_json::from_str(&reply).unwrap())
 }
