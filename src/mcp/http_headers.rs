@@ -429,9 +429,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-    /// An HTTP/1.1 server that answers every request with an empty 200 and
-    /// keeps connections open; counts the connections it accepted.
-    async fn counting_server() -> (String, Arc<AtomicUsize>) {
+    /// An HTTP/1.1 server that answers every request with `answer` (a
+    /// whole response) and keeps connections open; counts the connections
+    /// it accepted.
+    async fn answering(answer: &'static str) -> (String, Arc<AtomicUsize>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -461,7 +462,6 @@ mod tests {
                         if reader.read_exact(&mut body).await.is_err() {
                             return;
                         }
-                        let answer = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
                         if write.write_all(answer.as_bytes()).await.is_err() {
                             return;
                         }
@@ -470,6 +470,82 @@ mod tests {
             }
         });
         (url, accepted)
+    }
+
+    /// [`answering`] with an empty 200.
+    async fn counting_server() -> (String, Arc<AtomicUsize>) {
+        answering("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await
+    }
+
+    /// A `tools/list` POST sent here answers as rmcp's client would
+    /// (invariant 1) where it is not a message to tap.
+    #[tokio::test]
+    async fn a_tools_list_post_that_is_not_answered_with_a_message_reads_as_rmcp_reads_it() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = seen.clone();
+        let client = PerCallHeaders::default().with_tool_list_tap(Arc::new(move |_: &[u8]| {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }));
+        let list: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!(
+            {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}))
+        .unwrap();
+        let post = |answer: &'static str| {
+            let client = client.clone();
+            let list = list.clone();
+            async move {
+                let (url, _) = answering(answer).await;
+                client
+                    .post_message(url.into(), list, Some("s-1".into()), None, HashMap::new())
+                    .await
+            }
+        };
+        let gone = post("HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").await;
+        assert!(matches!(gone, Err(StreamableHttpError::SessionExpired)));
+        let busy =
+            post("HTTP/1.1 503 Service Unavailable\r\nretry-after: 7\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        let Err(StreamableHttpError::HttpStatus(status)) = busy else {
+            panic!("503 is an HTTP status error");
+        };
+        assert_eq!(
+            (status.status, status.retry_after.as_deref()),
+            (503, Some("7"))
+        );
+        let refused = post(
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 66\r\n\r\n\
+             {\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":-32602,\"message\":\"no\"}}   ",
+        )
+        .await;
+        assert!(
+            matches!(
+                refused,
+                Ok(StreamableHttpPostResponse::Json(
+                    JsonRpcMessage::Error(_),
+                    _
+                ))
+            ),
+            "a JSON-RPC error body is that error"
+        );
+        let text =
+            post("HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nhi")
+                .await;
+        assert!(matches!(
+            text,
+            Err(StreamableHttpError::UnexpectedContentType(Some(ref t))) if t == "text/plain"
+        ));
+        let broken = post(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+        )
+        .await;
+        assert!(matches!(
+            broken,
+            Err(StreamableHttpError::UnexpectedServerResponse(_))
+        ));
+        assert_eq!(
+            seen.load(Ordering::SeqCst),
+            1,
+            "only the 2xx JSON body is tapped"
+        );
     }
 
     /// An event stream passes unchanged while each event (the bytes
