@@ -124,16 +124,51 @@ pub struct Listeners {
     pub control: Option<tokio::net::TcpListener>,
 }
 
+/// A listener that could not be bound: the address, the setting that
+/// chose it, and why in words.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot listen on {address} ({setting}): {reason}")]
+pub struct BindError {
+    pub address: std::net::SocketAddr,
+    /// `listen`, `--listen` or `control_listen`: what to change.
+    pub setting: &'static str,
+    pub reason: String,
+}
+
 impl Listeners {
-    /// Binds the configured addresses (`listen`, `control_listen`).
-    pub async fn bind(config: &Config) -> std::io::Result<Listeners> {
-        let mcp = tokio::net::TcpListener::bind(config.http.listen).await?;
+    /// Binds the configured addresses (`listen`, `control_listen`);
+    /// `listen_setting` names where the MCP address came from (`listen`, or
+    /// `--listen` when the command line chose it).
+    pub async fn bind(
+        config: &Config,
+        listen_setting: &'static str,
+    ) -> Result<Listeners, BindError> {
+        let mcp = bind_one(config.http.listen, listen_setting).await?;
         let control = match config.http.control_listen {
-            Some(address) => Some(tokio::net::TcpListener::bind(address).await?),
+            Some(address) => Some(bind_one(address, "control_listen").await?),
             None => None,
         };
         Ok(Listeners { mcp, control })
     }
+}
+
+async fn bind_one(
+    address: std::net::SocketAddr,
+    setting: &'static str,
+) -> Result<tokio::net::TcpListener, BindError> {
+    use std::io::ErrorKind;
+    tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|error| BindError {
+            address,
+            setting,
+            reason: match error.kind() {
+                ErrorKind::AddrInUse => "address already in use".to_owned(),
+                ErrorKind::PermissionDenied => "permission denied".to_owned(),
+                ErrorKind::AddrNotAvailable => "not an address of this machine".to_owned(),
+                _ => error.to_string(),
+            },
+        })
 }
 
 /// How often freed heap is handed back while connections or sessions end

@@ -92,7 +92,7 @@
 //!   session per upstream, per-request routing of what upstreams send), the
 //!   stateless front's cancellation registry and handshake-era log levels
 //!   (`inflight`), per-call HTTP headers to Streamable HTTP upstreams
-//!   (`http_headers`), conversions and JSON-RPC codes (`convert`),
+//!   and their `tools/list` answers read raw (`http_headers`), conversions and JSON-RPC codes (`convert`),
 //!   JSON-RPC's own answers to bodies rmcp cannot read (`malformed`: 400
 //!   with -32700 or -32600, -32700 under the message's id when only its
 //!   depth or a number is at fault, 413 with -32600 for one over the limit);

@@ -9,6 +9,8 @@
 //! timeout = "30s"             # default per-call timeout
 //! on_disconnect = "finish"    # | "cancel": a `V_2026_07_28` agent closing a gated
 //!                             # call's stream (default for the file's tools)
+//! roots_outside_calls = "empty"   # | "refuse": the upstream's `roots/list`
+//!                                 # when no call is in flight
 //!
 //! [tools.charge]
 //! capability = "idempotency_key"        # | resource_id | operation_query | none
@@ -92,8 +94,26 @@ pub struct RawAdapter {
     pub trust_annotations: bool,
     pub timeout: Option<String>,
     pub on_disconnect: Option<OnDisconnect>,
+    pub roots_outside_calls: Option<RootsOutsideCalls>,
     #[serde(default)]
     pub tools: BTreeMap<String, RawToolAdapter>,
+}
+
+/// What the upstream's `roots/list` gets when it arrives outside any call
+/// (no call in flight on the upstream: servers ask at start). Roots are an
+/// agent's, and the upstream's session is shared by every agent, so there
+/// is no agent to ask.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RootsOutsideCalls {
+    /// An empty list: a server that asks at start (server-filesystem)
+    /// keeps its own configuration and stays quiet.
+    #[default]
+    Empty,
+    /// An error: for a server that keeps the answer and asks again within
+    /// a call only while it has none (server-everything), so that each
+    /// call's agent is asked.
+    Refuse,
 }
 
 /// What a side-effecting call does when an agent on MCP `V_2026_07_28` closes
@@ -249,6 +269,7 @@ pub struct Adapter {
     pub timeout: Duration,
     /// The default of the file's tools (see [`OnDisconnect`]).
     pub on_disconnect: OnDisconnect,
+    pub roots_outside_calls: RootsOutsideCalls,
     pub tools: BTreeMap<String, ToolAdapter>,
 }
 
@@ -324,6 +345,7 @@ impl RawAdapter {
             trust_annotations: self.trust_annotations,
             timeout,
             on_disconnect,
+            roots_outside_calls: self.roots_outside_calls.unwrap_or_default(),
             tools,
         })
     }

@@ -64,9 +64,12 @@ pub enum Command {
     /// `--name NAME --url URL` (Streamable HTTP). Several: repeat
     /// `--stdio 'NAME=COMMAND ARGS…'` (split at spaces) and `--http NAME=URL`.
     /// Each is started (or reached) with the same handshake `serve` uses and
-    /// its tools are listed. Exit 0: written; 2: bad arguments, or a file
-    /// would be overwritten (nothing is written); 1: an upstream could not be
-    /// started, reached or listed (nothing is written), or writing failed.
+    /// its tools are listed. Into a --dir with a leasegate.toml already, the
+    /// upstreams are added to it (a name it has is refused without
+    /// --force). Default ports that are taken are replaced by free ones.
+    /// Exit 0: written; 2: bad arguments, or a file would be overwritten
+    /// (nothing is written); 1: an upstream could not be started, reached or
+    /// listed (nothing is written), or writing failed.
     Init(InitArgs),
     #[command(flatten)]
     Operator(OperatorCommand),
@@ -122,7 +125,8 @@ pub struct InitArgs {
     /// Directory to write leasegate.toml, policies/ and adapters/ into.
     #[arg(long, default_value = ".")]
     pub dir: std::path::PathBuf,
-    /// Overwrite files that exist.
+    /// Overwrite files that exist; with a leasegate.toml there already,
+    /// replace the upstreams of the names given.
     #[arg(long)]
     pub force: bool,
     /// The name of the upstream given by `-- COMMAND…` or --url (its tools
@@ -138,6 +142,13 @@ pub struct InitArgs {
     /// A Streamable HTTP upstream, NAME=URL (repeatable).
     #[arg(long = "http", value_name = "NAME=URL")]
     pub http: Vec<String>,
+    /// An environment variable of the upstream given by --name and `--
+    /// COMMAND…` (repeatable). A name that looks secret (it contains TOKEN,
+    /// KEY, SECRET or PASSWORD) is written as a reference, { from_env =
+    /// "NAME" }, read from leasegate's environment when it starts the
+    /// server; its value here only lists the tools now.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
     /// A stdio upstream's command and arguments (with --name), after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -83,13 +83,43 @@ impl OperatorCommand {
         };
         let (status, answer) = crate::control::in_process::execute(
             ledger.clone(),
-            operator,
-            tenant,
+            operator.clone(),
+            tenant.clone(),
             method,
             &path,
             body,
         )
         .await;
+        // A resolution is shown as it now stands: the row it wrote and its
+        // history, the resolution last (read back as `ops show` reads it).
+        let shown = match self {
+            OperatorCommand::Ops {
+                command: OpsCommand::Resolve { operation_id, .. },
+                ..
+            } if status.is_success() && !common.json => {
+                let show = OpsCommand::Show {
+                    operation_id: operation_id.clone(),
+                };
+                let ApiRequest { method, path, body } = show.request();
+                let (read, row) = crate::control::in_process::execute(
+                    ledger.clone(),
+                    operator,
+                    tenant,
+                    method,
+                    &path,
+                    body,
+                )
+                .await;
+                read.is_success().then(|| {
+                    format!(
+                        "resolved {operation_id} (evidence {})\n{}",
+                        super::output::text(&answer["evidence_id"]),
+                        render(&row)
+                    )
+                })
+            }
+            _ => None,
+        };
         ledger.close().await;
         if status.is_success() {
             println!(
@@ -97,7 +127,7 @@ impl OperatorCommand {
                 if common.json {
                     answer.to_string()
                 } else {
-                    render(&answer)
+                    shown.unwrap_or_else(|| render(&answer))
                 }
             );
             return exit::OK;

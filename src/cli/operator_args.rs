@@ -120,12 +120,23 @@ pub enum LeaseCommand {
 pub enum OpsCommand {
     /// An operation's status, request, result, history and evidence.
     Show { operation_id: String },
-    /// A run's operations, optionally of one status.
+    /// Operations, newest first, a page at a time (GET /v1/operations):
+    /// of one run, status or tool when given.
     List {
+        /// Only this run's operations.
         #[arg(long)]
-        run: String,
+        run: Option<String>,
         #[arg(long)]
         status: Option<String>,
+        /// Only this exposed tool name's operations.
+        #[arg(long)]
+        tool: Option<String>,
+        /// Rows per page, 1 to 1000 (default 100).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// The page after the one that printed this cursor.
+        #[arg(long)]
+        cursor: Option<String>,
     },
     /// How many operations are unknown, and the oldest.
     Unknown,

@@ -39,8 +39,15 @@ impl OperatorCommand {
         match self {
             OperatorCommand::Runs { command, .. } => runs_request(command),
             OperatorCommand::Lease { command, .. } => lease_request(command),
-            OperatorCommand::Ops { command, .. } => ops_request(command),
+            OperatorCommand::Ops { command, .. } => command.request(),
         }
+    }
+}
+
+impl OpsCommand {
+    /// The control API request of this `ops` command.
+    pub fn request(&self) -> ApiRequest {
+        ops_request(self)
     }
 }
 
@@ -107,12 +114,29 @@ fn ops_request(command: &OpsCommand) -> ApiRequest {
         OpsCommand::Show { operation_id } => {
             ApiRequest::get(format!("/v1/operations/{}", url_segment(operation_id)))
         }
-        OpsCommand::List { run, status } => {
-            let query = status
-                .as_ref()
-                .map(|s| format!("?status={}", url_segment(s)))
-                .unwrap_or_default();
-            ApiRequest::get(format!("/v1/runs/{}/operations{query}", url_segment(run)))
+        OpsCommand::List {
+            run,
+            status,
+            tool,
+            limit,
+            cursor,
+        } => {
+            let query: Vec<String> = [
+                ("run_id", run.as_deref()),
+                ("status", status.as_deref()),
+                ("tool", tool.as_deref()),
+                ("limit", limit.map(|n| n.to_string()).as_deref()),
+                ("cursor", cursor.as_deref()),
+            ]
+            .iter()
+            .filter_map(|(name, value)| value.map(|v| format!("{name}={}", url_segment(v))))
+            .collect();
+            let query = if query.is_empty() {
+                String::new()
+            } else {
+                format!("?{}", query.join("&"))
+            };
+            ApiRequest::get(format!("/v1/operations{query}"))
         }
         OpsCommand::Unknown => ApiRequest::get("/v1/operations/unknown".to_owned()),
         OpsCommand::Resolve {

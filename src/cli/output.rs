@@ -78,10 +78,14 @@ pub fn render(value: &Value) -> String {
                 .collect()
             })
             .collect();
-        return table(
+        let listed = table(
             &["OPERATION", "STATUS", "TOOL", "STEP", "V", "REMOTE ID"],
             &rows,
         );
+        return match value.get("next_cursor").and_then(Value::as_str) {
+            Some(cursor) => format!("{listed}\nmore: the next page with --cursor {cursor}"),
+            None => listed,
+        };
     }
     if let Some(operation) = value.get("operation") {
         let mut out = Vec::new();

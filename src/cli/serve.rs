@@ -26,7 +26,12 @@ pub(super) async fn serve(
             .check_exposure()
             .map_err(|message| anyhow::anyhow!("--listen {listen}: {message}"))?;
     }
-    let listeners = Listeners::bind(&config).await?;
+    let listen_setting = if listen.is_some() {
+        "--listen"
+    } else {
+        "listen"
+    };
+    let listeners = Listeners::bind(&config, listen_setting).await?;
     // Dropped on an error return: a private cluster stops then too.
     let private = crate::app::provide_database(&mut config).await?;
     *database = Some(config.database.located());
@@ -35,20 +40,21 @@ pub(super) async fn serve(
         crate::app::stop_private(private).await;
         return Ok(());
     };
-    // Tests read these two lines to find the ephemeral ports.
+    // The banner, each address once; tests read the "control API at" and
+    // "serving MCP at" lines to find the ephemeral ports.
     if let Some(control) = &listeners.control {
+        let control = control.local_addr()?;
+        eprintln!("leasegate: control API at http://{control}/v1");
         eprintln!(
-            "leasegate: control API at http://{}/v1",
-            control.local_addr()?
+            "leasegate: web console at http://{control}/console, metrics at http://{control}/metrics"
         );
     }
-    let address = listeners.mcp.local_addr()?;
     if config_auth_required {
         eprintln!(
             "leasegate: bearer tokens required on both listeners (`leasegate tokens create`)"
         );
     }
-    tracing::info!(%address, "serving MCP at http://{address}/mcp");
+    let address = listeners.mcp.local_addr()?;
     eprintln!("leasegate: serving MCP at http://{address}/mcp");
     let served = crate::app::run(proxy, listeners, shutdown).await;
     crate::app::stop_private(private).await;

@@ -164,6 +164,7 @@ impl Config {
                 trust_annotations: false,
                 timeout: crate::adapter::DEFAULT_TIMEOUT,
                 on_disconnect: crate::adapter::OnDisconnect::default(),
+                roots_outside_calls: crate::adapter::RootsOutsideCalls::default(),
                 tools: BTreeMap::new(),
             })
     }

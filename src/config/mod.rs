@@ -95,4 +95,4 @@ pub use runtime::{
 pub use session::{RawSession, SessionConfig};
 pub use telemetry::RawTelemetry;
 pub use timings::CLAIM_MARGIN;
-pub use upstreams::{RawUpstream, UpstreamTransport, resolve_command};
+pub use upstreams::{EnvValue, RawUpstream, UpstreamTransport, resolve_command};

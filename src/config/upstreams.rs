@@ -7,6 +7,11 @@
 //! `leasegate` executable, else found on `PATH` when the child is spawned.
 //! [`check_stdio_commands`] (`leasegate check-config`) checks that each resolves
 //! to an executable file.
+//!
+//! A stdio upstream's `env` values are text, or `{ from_env = "NAME" }`:
+//! leasegate's own environment variable `NAME`, read when the child is
+//! spawned ([`EnvValue::resolve`]), so that a secret is not written in the
+//! file.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -23,11 +28,48 @@ pub enum RawUpstream {
         #[serde(default)]
         args: Vec<String>,
         #[serde(default)]
-        env: BTreeMap<String, String>,
+        env: BTreeMap<String, EnvValue>,
     },
     StreamableHttp {
         url: String,
     },
+}
+
+/// One environment variable of a stdio upstream's child.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(
+    untagged,
+    expecting = "a string, or { from_env = \"NAME\" } (an environment variable of leasegate's)"
+)]
+pub enum EnvValue {
+    Text(String),
+    /// Read from leasegate's environment when the child is spawned.
+    FromEnv(FromEnv),
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FromEnv {
+    pub from_env: String,
+}
+
+impl EnvValue {
+    pub fn from_env(name: &str) -> Self {
+        EnvValue::FromEnv(FromEnv {
+            from_env: name.to_owned(),
+        })
+    }
+
+    /// The value the child gets: the text, or leasegate's variable (an
+    /// error naming it when it is unset or not UTF-8).
+    pub fn resolve(&self) -> Result<String, String> {
+        match self {
+            EnvValue::Text(text) => Ok(text.clone()),
+            EnvValue::FromEnv(FromEnv { from_env }) => std::env::var(from_env).map_err(|_| {
+                format!("leasegate's environment variable {from_env} is not set (or not UTF-8)")
+            }),
+        }
+    }
 }
 
 /// How to reach one upstream tool server.
@@ -36,7 +78,7 @@ pub enum UpstreamTransport {
     Stdio {
         command: PathBuf,
         args: Vec<String>,
-        env: BTreeMap<String, String>,
+        env: BTreeMap<String, EnvValue>,
     },
     StreamableHttp {
         url: String,

@@ -61,6 +61,7 @@ pub const ROUTE_SCOPES: &[(&str, &str, &[Scope])] = &[
     ("POST", "/v1/runs/{run_id}/cancel", OPERATOR),
     ("POST", "/v1/leases/renew", AGENT),
     ("GET", "/v1/runs/{run_id}/operations", OPERATOR),
+    ("GET", "/v1/operations", OPERATOR),
     ("GET", "/v1/operations/unknown", OPERATOR),
     ("GET", "/v1/operations/{operation_id}", OPERATOR),
     ("POST", "/v1/operations/{operation_id}/resolve", OPERATOR),

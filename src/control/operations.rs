@@ -1,4 +1,5 @@
-//! The fate of a call: an operation, a run's operations, the unknown
+//! The fate of a call: an operation, a run's operations, the tenant's
+//! operations a page at a time (`GET /v1/operations`), the unknown
 //! summary, and the JSON face of the operator acts on an unknown operation
 //! (resolve, retry: `super::acts`).
 
@@ -27,15 +28,7 @@ pub(super) async fn list_operations(
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(&raw)?;
-    let status = match query.status.as_deref() {
-        None => None,
-        Some(text) => Some(OperationStatus::parse(text).ok_or_else(|| {
-            ApiError::new(
-                ErrorCode::InvalidStatus,
-                format!("{text:?} is not an operation status (prepared, dispatching, unknown, succeeded, failed_final, cancelled)"),
-            )
-        })?),
-    };
+    let status = query.status.as_deref().map(parse_status).transpose()?;
     if state.ledger.run_get(run).await?.is_none() {
         return Err(ApiError::not_found("run"));
     }
@@ -43,6 +36,96 @@ pub(super) async fn list_operations(
     let operations = state.ledger.operations_list(run, status).await?;
     Ok(Json(readable(
         json!({"run_id": run, "operations": operations}),
+    )))
+}
+
+/// The filters of `GET /v1/operations`: those of `leasegate ops list`, and
+/// the page.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PageQuery {
+    run_id: Option<String>,
+    status: Option<String>,
+    tool: Option<String>,
+    limit: Option<String>,
+    /// `next_cursor` of the page before.
+    cursor: Option<String>,
+}
+
+/// Rows of one page of `GET /v1/operations` unless `limit` says otherwise.
+const PAGE_DEFAULT: i64 = 100;
+/// The most rows one page holds.
+const PAGE_MAX: i64 = 1000;
+
+fn parse_status(text: &str) -> Result<OperationStatus, ApiError> {
+    OperationStatus::parse(text).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidStatus,
+            format!("{text:?} is not an operation status (prepared, dispatching, unknown, succeeded, failed_final, cancelled)"),
+        )
+    })
+}
+
+/// A page's cursor: the `created_at` (microseconds) and id of its last
+/// operation.
+fn cursor_of(created_at: chrono::DateTime<chrono::Utc>, operation: &OperationId) -> String {
+    format!("{}.{}", created_at.timestamp_micros(), operation.as_str())
+}
+
+fn parse_cursor(text: &str) -> Result<(chrono::DateTime<chrono::Utc>, &str), ApiError> {
+    text.split_once('.')
+        .and_then(|(micros, id)| {
+            let at = chrono::DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+            (!id.is_empty()).then_some((at, id))
+        })
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidInput,
+                format!("cursor {text:?} is not a next_cursor this API gave"),
+            )
+        })
+}
+
+/// `GET /v1/operations`: the operations of the caller's tenant, newest
+/// first, filtered by run, status and tool, a page at a time.
+pub(super) async fn page_operations(
+    State(state): Shared,
+    caller: Caller,
+    Query(query): Query<PageQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let run = query.run_id.as_deref().map(run_id).transpose()?;
+    let status = query.status.as_deref().map(parse_status).transpose()?;
+    let limit = match query.limit.as_deref() {
+        None => PAGE_DEFAULT,
+        Some(text) => text
+            .parse::<i64>()
+            .ok()
+            .filter(|n| (1..=PAGE_MAX).contains(n))
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidInput,
+                    format!("limit {text:?}: expected 1 to {PAGE_MAX}"),
+                )
+            })?,
+    };
+    let after = query.cursor.as_deref().map(parse_cursor).transpose()?;
+    if let Some(run) = run {
+        caller.sees_run(&state, run).await?;
+    }
+    let filter = crate::ledger::OperationFilter {
+        tenant: caller.tenant(),
+        run_id: run,
+        status,
+        tool: query.tool.as_deref(),
+    };
+    let (page, more) = state.ledger.operations_page(&filter, after, limit).await?;
+    let next_cursor = page
+        .last()
+        .filter(|_| more)
+        .map(|(operation, created_at)| cursor_of(*created_at, &operation.operation_id));
+    let operations: Vec<_> = page.into_iter().map(|(operation, _)| operation).collect();
+    Ok(Json(readable(
+        json!({"operations": operations, "next_cursor": next_cursor}),
     )))
 }
 

@@ -94,6 +94,7 @@ pub fn router_with_tools(
             "/v1/runs/{run_id}/operations",
             get(operations::list_operations),
         )
+        .route("/v1/operations", get(operations::page_operations))
         .route("/v1/operations/unknown", get(operations::unknown_summary))
         .route(
             "/v1/operations/{operation_id}",

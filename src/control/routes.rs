@@ -25,6 +25,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/runs/{run_id}/cancel"),
     ("POST", "/v1/leases/renew"),
     ("GET", "/v1/runs/{run_id}/operations"),
+    ("GET", "/v1/operations"),
     ("GET", "/v1/operations/unknown"),
     ("GET", "/v1/operations/{operation_id}"),
     ("POST", "/v1/operations/{operation_id}/resolve"),

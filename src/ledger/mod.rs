@@ -104,7 +104,7 @@ pub use operation_types::{
     RetryResetOutcome, RetryVerdict, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
     ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };
-pub use read::DbHealth;
+pub use read::{DbHealth, OperationFilter};
 pub use retention::{ArchiveBatch, MAX_ARCHIVE_BATCH};
 pub use run::InitialLease;
 pub use schema::{FUNCTION_FILES, MIGRATOR, functions_digest};

@@ -85,6 +85,17 @@ impl EventRow {
     }
 }
 
+/// Which operations [`Ledger::operations_page`] lists; `None` fields do not
+/// filter.
+#[derive(Debug, Clone, Default)]
+pub struct OperationFilter<'a> {
+    pub tenant: Option<&'a str>,
+    pub run_id: Option<RunId>,
+    pub status: Option<OperationStatus>,
+    /// Exposed tool name, exact.
+    pub tool: Option<&'a str>,
+}
+
 /// What the ledger's connection reports about itself.
 #[derive(Debug, Clone, Serialize, FromRow)]
 pub struct DbHealth {
@@ -382,6 +393,48 @@ impl Ledger {
         rows.iter()
             .map(|row| row.record(CALL, &self.options.bodies))
             .collect()
+    }
+
+    /// One page of the operations of `tenant`'s runs (`None`: every
+    /// tenant's), newest first, of `run`, `status` and `tool` when given,
+    /// after `after` (the `created_at` and id of the last operation of the
+    /// page before): at most `limit`, and whether more follow. Each with
+    /// its `created_at`, the cursor of the next page.
+    pub async fn operations_page(
+        &self,
+        filter: &OperationFilter<'_>,
+        after: Option<(DateTime<Utc>, &str)>,
+        limit: i64,
+    ) -> Result<(Vec<(OperationRecord, DateTime<Utc>)>, bool), LedgerError> {
+        const CALL: &str = "operations_page";
+        let rows: Vec<TableRow> = self
+            .invoke_all(CALL, false, || {
+                sqlx::query_as(
+                    "SELECT o.* FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
+                      WHERE ($1::text IS NULL OR r.tenant_id = $1)
+                        AND ($2::uuid IS NULL OR o.run_id = $2)
+                        AND ($3::text IS NULL OR o.status = $3)
+                        AND ($4::text IS NULL OR o.tool_name = $4)
+                        AND ($5::timestamptz IS NULL OR (o.created_at, o.operation_id) < ($5, $6::text))
+                      ORDER BY o.created_at DESC, o.operation_id DESC
+                      LIMIT $7",
+                )
+                .bind(filter.tenant)
+                .bind(filter.run_id.map(|r| r.as_uuid()))
+                .bind(filter.status.map(OperationStatus::as_str))
+                .bind(filter.tool)
+                .bind(after.map(|(at, _)| at))
+                .bind(after.map(|(_, id)| id))
+                .bind(limit + 1)
+            })
+            .await?;
+        let more = rows.len() as i64 > limit;
+        let page = rows
+            .iter()
+            .take(limit as usize)
+            .map(|row| Ok((row.record(CALL, &self.options.bodies)?, row.created_at)))
+            .collect::<Result<_, LedgerError>>()?;
+        Ok((page, more))
     }
 
     /// How many operations are `unknown` and how old the oldest is.

@@ -280,6 +280,12 @@ pub fn error_from_call(error: &CallError) -> McpError {
             codes::NOT_SENT,
             Some(json!({"operation_id": operation_id.as_str(), "status": "prepared"})),
         ),
+        // A number RFC 8785 would give a neighbour's digest: where, and
+        // what was sent, as the front's `inexact_number` refusals name it.
+        CallError::Intent(crate::intent::IntentError::UnsafeInteger { path, value }) => (
+            codes::INVALID_PARAMS,
+            Some(json!({"reason": "unsafe_integer", "path": path, "value": value})),
+        ),
         CallError::StepRequired | CallError::ArgumentsTooLarge { .. } | CallError::Intent(_) => {
             (codes::INVALID_PARAMS, None)
         }

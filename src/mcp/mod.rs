@@ -88,6 +88,7 @@ pub async fn serve_http(
             StreamableHttpService::new(move || Ok(front.for_session()), manager.clone(), config);
         axum::Router::new()
             .nest_service("/mcp", service)
+            .layer(axum::middleware::from_fn(session_deleted))
             .layer(axum::middleware::from_fn(move |request, next| {
                 session_cap(manager.clone(), request, next)
             }))
@@ -189,6 +190,24 @@ async fn session_cap(
         return sessions::creating(principal, next.run(request)).await;
     }
     next.run(request).await
+}
+
+/// A `DELETE /mcp` that ended its session is answered 204 No Content:
+/// rmcp answers 202, which the spec's clients do not expect of a DELETE
+/// (the official Python SDK logs "Session termination failed: 202").
+async fn session_deleted(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let deleting = request.method() == http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if deleting && response.status() == http::StatusCode::ACCEPTED {
+        *response.status_mut() = http::StatusCode::NO_CONTENT;
+        *response.body_mut() = axum::body::Body::empty();
+        response.headers_mut().remove(http::header::CONTENT_LENGTH);
+        response.headers_mut().remove(http::header::CONTENT_TYPE);
+    }
+    response
 }
 
 /// `TCP_NODELAY` on an accepted socket (`http_server::serve` sets it on both

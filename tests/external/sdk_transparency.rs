@@ -62,7 +62,11 @@ const ASKING_TOOLS: [&str; 3] = [
 /// The adapter file of a server-everything upstream; with `gate_asking`,
 /// the [`ASKING_TOOLS`] go through the ledger.
 fn everything_adapter(upstream: &str, gate_asking: bool) -> String {
-    let mut adapter = format!("upstream = \"{upstream}\"\ntimeout = \"20s\"\n");
+    // server-everything asks roots/list at start and keeps the answer,
+    // asking again within a call only while it has none: refused at start,
+    // each call's agent is asked.
+    let mut adapter =
+        format!("upstream = \"{upstream}\"\ntimeout = \"20s\"\nroots_outside_calls = \"refuse\"\n");
     for tool in READ_ONLY_TOOLS {
         if gate_asking && ASKING_TOOLS.contains(&tool) {
             continue;
@@ -284,6 +288,7 @@ fn expected_checks(run: &ClientRun<'_>) -> Vec<&'static str> {
         "gated_call_and_replay",
         "embedded_resources_named_as_exposed",
         "unicode_and_nul_through_the_ledger",
+        "number_arguments",
         "fifty_concurrent_gated_calls",
         "progress_all_in_order_before_the_result",
         "progress_two_sessions_no_cross_talk",
@@ -356,10 +361,22 @@ async fn assert_ledger(db: &TestDb, run_id: Uuid, tag: &str) {
         .collect();
     assert_eq!(
         echoes.len(),
-        51,
-        "{tag}: one gated echo + 50 concurrent ones, each recorded once"
+        52,
+        "{tag}: one gated echo, one with an exact number, 50 concurrent ones, each recorded once"
     );
     assert!(echoes.iter().all(|(_, status, _)| status == "succeeded"));
+    // Of the numbers' echoes only the exact one is an intent, stored with
+    // its value; the four refused ones left no row, merged or rounded.
+    let numbered: Vec<&Value> = echoes
+        .iter()
+        .map(|(_, _, body)| body)
+        .filter(|body| body.get("n").is_some())
+        .collect();
+    assert_eq!(
+        numbered,
+        [&serde_json::json!({"message": format!("numbers {tag}"), "n": 9007199254740991_u64})],
+        "{tag}: the numbers' intents"
+    );
 }
 
 /// The cancel reached the tool, and the gated operation is unknown (it may

@@ -344,6 +344,7 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
             404,
         ),
         ("GET", format!("/v1/runs/{run}/operations"), None, 404),
+        ("GET", "/v1/operations".into(), None, 200),
         ("GET", "/v1/operations/unknown".into(), None, 200),
         ("GET", path.clone(), None, 404),
         (
@@ -372,6 +373,13 @@ async fn tokens_gate_both_listeners_by_scope_and_another_tenant_finds_nothing_an
         // answered per lease as not found (checked below), nothing renewed.
         ("POST", "/v1/leases/renew".into(), Some(batch.clone()), 200),
     ];
+    // The tenant's operations list is the intruder's own tenant's: empty,
+    // and tenant-a's run is not found there.
+    let listed = request("GET", &api("/v1/operations"), Some(&intruder), None).await;
+    assert_eq!(listed.body["operations"], json!([]), "{}", listed.body);
+    let of_run = format!("/v1/operations?run_id={run}");
+    let listed = request("GET", &api(&of_run), Some(&intruder), None).await;
+    assert_eq!(listed.status, 404, "{}", listed.body);
     // Every route of the router is walked.
     for (method, route) in leasegate::control::ROUTES {
         let pattern = route

@@ -23,6 +23,14 @@ struct Api {
 }
 
 impl Api {
+    /// The routes on `db`'s ledgers, as the application and operator roles.
+    fn of(db: &TestDb) -> Self {
+        Self {
+            ledger: db.ledger.clone(),
+            operator: db.operator.clone(),
+        }
+    }
+
     async fn send(&self, method: Method, path: &str, body: Option<&str>) -> (StatusCode, Value) {
         let request = Request::builder()
             .method(method)
@@ -102,10 +110,7 @@ fn code(answer: &Value) -> &str {
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn every_endpoint_answers_its_success_path(pool: PgPoolOptions, connect: PgConnectOptions) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
 
     // Create (and replay), acquire with a generated owner, renew.
     let run_id = uuid::Uuid::now_v7().to_string();
@@ -251,10 +256,7 @@ async fn documented_error_codes_come_with_their_http_status(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let (run_id, owner, epoch, revision, token) = api.running("task", "holder").await;
     let missing = uuid::Uuid::now_v7();
 
@@ -416,10 +418,7 @@ async fn documented_error_codes_come_with_their_http_status(
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn acceptance_a_and_c_through_the_http_api(pool: PgPoolOptions, connect: PgConnectOptions) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let (run_id, owner, epoch, revision, token) = api.running("ac", "worker").await;
     let save = |expected: i64, n: i64| json!({"owner": owner, "epoch": epoch, "lease_token": token, "expected_revision": expected, "checkpoint": {"n": n}});
     // A: sequential saves, revision +1 each.
@@ -466,10 +465,7 @@ async fn after_a_takeover_the_old_owner_gets_lease_lost_and_changes_nothing(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let (status, run) = api
         .post(
             "/v1/runs",
@@ -542,10 +538,7 @@ async fn bad_input_gets_a_4xx_with_a_code_and_writes_nothing(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let huge = json!({"task_id": "x".repeat(2 * 1024 * 1024)}).to_string();
     let cases: Vec<(&str, String, StatusCode, &str)> = vec![
         (
@@ -620,10 +613,7 @@ async fn the_openapi_document_matches_the_served_routes(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let document: Value = serde_json::from_str(
         &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json")).unwrap(),
     )
@@ -714,6 +704,15 @@ async fn the_openapi_document_matches_the_served_routes(
     }
 }
 
+/// `leasegate` with `args` against the ledger at `url`.
+fn operator_cli(url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .args(args)
+        .args(["--database-url", url])
+        .output()
+        .unwrap()
+}
+
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     pool: PgPoolOptions,
@@ -726,13 +725,7 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({"error": "timeout"}))
         .await;
 
-    let cli = |args: &[&str]| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
-            .args(args)
-            .args(["--database-url", &db.url])
-            .output()
-            .unwrap()
-    };
+    let cli = |args: &[&str]| operator_cli(&db.url, args);
     let shown = cli(&["ops", "show", intent.operation_id.as_str()]);
     assert_eq!(shown.status.code(), Some(0));
     let text = String::from_utf8_lossy(&shown.stdout);
@@ -875,10 +868,7 @@ async fn an_operator_restarts_the_retry_budget_of_an_unknown_operation_only(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let (lease, _) = db.running_run("agent", 60_000).await;
     let intent = intents::unplanned(lease.run_id, "payments__charge", &json!({"amount": 3}));
     let claim = db.claim(&lease, &intent, "proxy-1", 30_000).await;
@@ -1040,10 +1030,7 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
     assert_eq!(tenants, ["tenant-a", "tenant-a"]);
 
     // The tenant-free router (the operator CLI without --config) takes any.
-    let api = Api {
-        ledger: db.ledger.clone(),
-        operator: db.operator.clone(),
-    };
+    let api = Api::of(&db);
     let (status, _) = api
         .post(
             "/v1/runs",
@@ -1051,4 +1038,132 @@ async fn a_process_serving_one_tenant_refuses_runs_of_another_and_writes_nothing
         )
         .await;
     assert_eq!(status, StatusCode::CREATED);
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn operations_are_listed_a_page_at_a_time_and_a_resolution_prints_what_it_wrote(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let api = Api::of(&db);
+    let (first, _) = db.running_run("agent-1", 60_000).await;
+    let (second, _) = db.running_run("agent-2", 60_000).await;
+    let mut ids = Vec::new();
+    for (lease, to) in [
+        (&first, "a@b.c"),
+        (&first, "d@e.f"),
+        (&first, "g@h.i"),
+        (&second, "j@k.l"),
+    ] {
+        let intent = intents::unplanned(lease.run_id, "mailer__send_email", &json!({"to": to}));
+        let claim = db.claim(lease, &intent, "proxy-1", 30_000).await;
+        db.holder_marks_unknown(&claim, UnknownCause::TimedOut, &json!({"error": "timeout"}))
+            .await;
+        ids.push(intent.operation_id.as_str().to_owned());
+    }
+
+    // Pages of two, newest first, until next_cursor is null: every one once.
+    let mut seen = Vec::new();
+    let mut path = "/v1/operations?limit=2".to_owned();
+    loop {
+        let (status, page) = api.send(Method::GET, &path, None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let rows = page["operations"].as_array().unwrap();
+        assert!(rows.len() <= 2, "{page}");
+        seen.extend(
+            rows.iter()
+                .map(|op| op["operation_id"].as_str().unwrap().to_owned()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(cursor) => path = format!("/v1/operations?limit=2&cursor={cursor}"),
+            None => break,
+        }
+    }
+    let newest_first: Vec<String> = ids.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+
+    // The CLI's filters: run, status, tool.
+    let count = |query: String| {
+        let api = &api;
+        async move {
+            let (status, page) = api
+                .send(Method::GET, &format!("/v1/operations?{query}"), None)
+                .await;
+            assert_eq!(status, StatusCode::OK, "{query}: {page}");
+            page["operations"].as_array().unwrap().len()
+        }
+    };
+    assert_eq!(count(format!("run_id={}", first.run_id)).await, 3);
+    assert_eq!(count("status=unknown".into()).await, 4);
+    assert_eq!(count("status=succeeded".into()).await, 0);
+    assert_eq!(count("tool=mailer__send_email".into()).await, 4);
+    assert_eq!(count("tool=payments__charge".into()).await, 0);
+    for (query, expected) in [
+        ("limit=0", "invalid_input"),
+        ("limit=1001", "invalid_input"),
+        ("cursor=nonsense", "invalid_input"),
+        ("status=lost", "invalid_status"),
+        ("run_id=not-a-uuid", "invalid_run_id"),
+    ] {
+        let (status, answer) = api
+            .send(Method::GET, &format!("/v1/operations?{query}"), None)
+            .await;
+        assert_eq!(
+            (status, code(&answer)),
+            (StatusCode::UNPROCESSABLE_ENTITY, expected),
+            "{query}: {answer}"
+        );
+    }
+    let (status, _) = api
+        .send(
+            Method::GET,
+            &format!("/v1/operations?run_id={}", uuid::Uuid::now_v7()),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let cli = |args: &[&str]| operator_cli(&db.url, args);
+    let listed = cli(&["ops", "list", "--limit", "3", "--status", "unknown"]);
+    assert_eq!(listed.status.code(), Some(0), "{listed:?}");
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.starts_with("OPERATION") && listed.contains("more: the next page with --cursor "),
+        "{listed}"
+    );
+    // A resolution prints the row it wrote and its history, itself last.
+    let resolved = cli(&[
+        "ops",
+        "resolve",
+        &ids[0],
+        "--succeeded",
+        "--note",
+        "checked the mailbox",
+        "--actor",
+        "ada",
+    ]);
+    assert_eq!(resolved.status.code(), Some(0), "{resolved:?}");
+    let printed = String::from_utf8_lossy(&resolved.stdout);
+    assert!(
+        printed.starts_with(&format!("resolved {} (evidence ", ids[0])),
+        "{printed}"
+    );
+    for needle in [
+        "status           succeeded",
+        "history:",
+        "dispatching -> unknown",
+        "unknown -> succeeded",
+        "ada",
+    ] {
+        assert!(
+            printed.contains(needle),
+            "missing {needle:?} in:\n{printed}"
+        );
+    }
+    let history = printed.split("history:").nth(1).unwrap();
+    assert!(
+        history.find("dispatching -> unknown") < history.find("unknown -> succeeded"),
+        "{printed}"
+    );
 }

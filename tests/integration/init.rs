@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use leasegate::adapter::{Adapter, Capability, RawAdapter};
-use leasegate::config::{Config, RawConfig, RawUpstream};
+use leasegate::config::{Config, EnvValue, RawConfig, RawUpstream};
 
 const LEASEGATE: &str = env!("CARGO_BIN_EXE_leasegate");
 const TOOLS: &str = env!("CARGO_BIN_EXE_leasegate-example-tools");
@@ -53,6 +53,24 @@ fn section<'a>(text: &'a str, tool: &str) -> &'a str {
     &rest[..end]
 }
 
+/// `leasegate init --dir out --name shop` over the example tool server's
+/// `tools`, recording into `state`.
+fn init_shop(out: &Path, tools: &str, state: &Path) -> Output {
+    leasegate(&[
+        "init",
+        "--dir",
+        out.to_str().unwrap(),
+        "--name",
+        "shop",
+        "--",
+        TOOLS,
+        "--tools",
+        tools,
+        "--state-dir",
+        state.to_str().unwrap(),
+    ])
+}
+
 fn check_config(dir: &Path) {
     let config = dir.join("leasegate.toml");
     let checked = leasegate(&["check-config", config.to_str().unwrap()]);
@@ -69,19 +87,7 @@ fn init_over_stdio_writes_what_check_config_accepts() {
     let dir = scratch();
     let state = dir.join("state");
     let out = dir.join("out");
-    let init = leasegate(&[
-        "init",
-        "--dir",
-        out.to_str().unwrap(),
-        "--name",
-        "shop",
-        "--",
-        TOOLS,
-        "--tools",
-        "all",
-        "--state-dir",
-        state.to_str().unwrap(),
-    ]);
+    let init = init_shop(&out, "all", &state);
     assert_eq!(init.status.code(), Some(0), "{}", text(&init));
     let stdout = String::from_utf8_lossy(&init.stdout);
     assert!(
@@ -554,7 +560,20 @@ fn the_readme_walkthrough_prints_what_the_readme_shows() {
         .output()
         .unwrap();
     assert_eq!(init.status.code(), Some(0), "{}", text(&init));
-    assert_eq!(String::from_utf8_lossy(&init.stdout), expected);
+    // A default port another process holds is replaced and said so (the
+    // page mentions it below the block): compare the rest.
+    let printed = String::from_utf8_lossy(&init.stdout);
+    let printed: String = printed
+        .lines()
+        .filter(|line| !line.contains(" is taken: "))
+        .map(
+            |line| match line.strip_prefix("and point your MCP client at ") {
+                Some(_) => "and point your MCP client at http://127.0.0.1:8640/mcp\n".to_owned(),
+                None => format!("{line}\n"),
+            },
+        )
+        .collect();
+    assert_eq!(printed, expected);
 
     let adapter = std::fs::read_to_string(dir.join("my-proxy/adapters/payments.toml")).unwrap();
     let shown = snippet.trim_end().trim_end_matches("# …").trim_end();
@@ -570,5 +589,115 @@ fn the_readme_walkthrough_prints_what_the_readme_shows() {
         "# prints: {}",
         String::from_utf8_lossy(&checked.stdout).trim_end()
     )));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A taken default port is replaced by a free one (said so); a second
+/// `init` into the same directory adds its upstream to the file, keeping
+/// the rest, with `--env` values written as given or, for names that look
+/// secret, as references (the value only reaches the server being
+/// listed); adding a name the file has is refused unless `--force`.
+#[test]
+fn init_adds_upstreams_to_its_directory_with_secrets_as_references_and_free_ports() {
+    let dir = scratch();
+    let out = dir.join("out");
+    let state = dir.join("state");
+    // 8640 is taken: by this test, or by whoever holds it already.
+    let _held = std::net::TcpListener::bind("127.0.0.1:8640");
+    let first = init_shop(&out, "payments", &state);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    let config_file = out.join("leasegate.toml");
+    let written = std::fs::read_to_string(&config_file).unwrap();
+    let raw: RawConfig = toml::from_str(&written).unwrap();
+    let listen = raw.listen.clone().unwrap();
+    assert_ne!(listen, "127.0.0.1:8640");
+    let stdout = String::from_utf8_lossy(&first.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "127.0.0.1:8640 is taken: listen = \"{listen}\" written instead"
+        )) && stdout.contains(&format!("and point your MCP client at http://{listen}/mcp")),
+        "{}",
+        text(&first)
+    );
+    let shop_adapter = std::fs::read_to_string(out.join("adapters/shop.toml")).unwrap();
+
+    // The second upstream lists its tools only if it got the secret's value
+    // (checked by its length, so that the command does not hold it).
+    let script = format!(
+        "test ${{#API_TOKEN}} -eq 6 && exec {TOOLS} --tools mailer --state-dir {}",
+        state.display()
+    );
+    let add = |force: bool| {
+        let mut args = vec!["init", "--dir", out.to_str().unwrap(), "--name", "mail"];
+        if force {
+            args.push("--force");
+        }
+        args.extend([
+            "--env",
+            "API_TOKEN=s3cret",
+            "--env",
+            "LOG_LEVEL=debug",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]);
+        leasegate(&args)
+    };
+    let added = add(false);
+    assert_eq!(added.status.code(), Some(0), "{}", text(&added));
+    let stdout = String::from_utf8_lossy(&added.stdout);
+    assert!(
+        stdout.contains(
+            "env API_TOKEN: not written; read from leasegate's environment variable API_TOKEN"
+        ),
+        "{}",
+        text(&added)
+    );
+    let text_after = std::fs::read_to_string(&config_file).unwrap();
+    assert!(
+        text_after.starts_with(&written),
+        "the file as it was, then:\n{text_after}"
+    );
+    assert!(!text_after.contains("s3cret"), "{text_after}");
+    let raw: RawConfig = toml::from_str(&text_after).unwrap();
+    assert_eq!(raw.upstreams.len(), 2);
+    let RawUpstream::Stdio { env, .. } = &raw.upstreams["mail"] else {
+        panic!("mail is stdio: {text_after}");
+    };
+    assert_eq!(env["API_TOKEN"], EnvValue::from_env("API_TOKEN"));
+    assert_eq!(env["LOG_LEVEL"], EnvValue::Text("debug".into()));
+    let (_, mail) = adapter(&out, "mail");
+    assert!(mail.tools.contains_key("send_email"));
+    assert_eq!(
+        std::fs::read_to_string(out.join("adapters/shop.toml")).unwrap(),
+        shop_adapter
+    );
+    check_config(&out);
+
+    // The same name again: refused, nothing changed; with --force, that
+    // upstream alone is replaced.
+    let again = add(false);
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("upstream \"mail\" already exists in"),
+        "{}",
+        text(&again)
+    );
+    assert_eq!(std::fs::read_to_string(&config_file).unwrap(), text_after);
+    let forced = add(true);
+    assert_eq!(forced.status.code(), Some(0), "{}", text(&forced));
+    let text_forced = std::fs::read_to_string(&config_file).unwrap();
+    assert_eq!(
+        text_forced.matches("[upstreams.mail]").count(),
+        1,
+        "{text_forced}"
+    );
+    assert_eq!(
+        text_forced.matches("[upstreams.shop]").count(),
+        1,
+        "{text_forced}"
+    );
+    check_config(&out);
     std::fs::remove_dir_all(&dir).unwrap();
 }

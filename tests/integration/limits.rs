@@ -433,6 +433,19 @@ async fn sessions_beyond_the_cap_evict_the_idle_ones_and_a_new_session_works(
     assert_eq!(list_in(&client, &served.mcp, &fourth).await, 200);
     assert_eq!(list_in(&client, &served.mcp, &second).await, 200);
     assert_eq!(list_in(&client, &served.mcp, &third).await, 404);
+    // A client ends its session with DELETE: 204 and no body (not rmcp's
+    // 202, which the Python SDK reports as a failed termination), and the
+    // session is gone.
+    let ended = client
+        .delete(&served.mcp)
+        .header("mcp-session-id", &second)
+        .header("mcp-protocol-version", "2025-06-18")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ended.status(), 204);
+    assert_eq!(ended.text().await.unwrap(), "");
+    assert_eq!(list_in(&client, &served.mcp, &second).await, 404);
     // An SDK client starts a new session when its own was evicted.
     let agent = connect_http_with(&served.mcp, &[]).await;
     let tools = agent.peer().list_all_tools().await.unwrap();

@@ -6,7 +6,9 @@
 //!
 //! The agents are raw (HTTP bodies and stdio lines written by hand: an SDK
 //! would re-read the numbers itself); the tool server is
-//! `tests/sdk/raw_tools.py`, which keeps each request line as received.
+//! `tests/sdk/raw_tools.py`, which keeps each request line as received (and
+//! each answer to what it asks: a `roots/list` outside any call is answered
+//! with no roots, not an error).
 
 use std::path::{Path, PathBuf};
 
@@ -48,15 +50,30 @@ struct Setup {
 
 impl Setup {
     fn new(database_url: &str, integers: &str, extra_config: &str) -> Self {
+        Self::with_upstream(database_url, integers, extra_config, |state| {
+            format!(
+                "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\"]",
+                state.display()
+            )
+        })
+    }
+
+    /// As `new`, with `upstream(state dir)` as the body of `[upstreams.raw]`.
+    fn with_upstream(
+        database_url: &str,
+        integers: &str,
+        extra_config: &str,
+        upstream: impl FnOnce(&Path) -> String,
+    ) -> Self {
         let dir =
             std::env::temp_dir().join(format!("leasegate-raw-{}", uuid::Uuid::new_v4().simple()));
         for sub in ["adapters", "policies", "state"] {
             std::fs::create_dir_all(dir.join(sub)).unwrap();
         }
         let config = format!(
-            "{extra_config}\n{head}\n[upstreams.raw]\ntransport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{state}\"]\n",
+            "{extra_config}\n{head}\n[upstreams.raw]\n{upstream}\n",
             head = config_head(database_url, "off"),
-            state = dir.join("state").display()
+            upstream = upstream(&dir.join("state")),
         );
         std::fs::write(dir.join("leasegate.toml"), config).unwrap();
         std::fs::write(
@@ -327,9 +344,15 @@ async fn numbers_parsing_would_change_are_refused_on_every_front_before_anything
             id += 1;
             tag += 1;
             let line = raw_call(id, "raw__record", token, tag, &lease);
-            let message =
-                http::rpc_error_message(&front.call(id, &line).await, -32602, "").to_owned();
+            let answer = front.call(id, &line).await;
+            let message = http::rpc_error_message(&answer, -32602, "").to_owned();
             assert!(message.contains("beyond ±2^53"), "{message}");
+            assert_eq!(
+                answer["error"]["data"],
+                json!({"reason": "unsafe_integer", "path": "$.n",
+                       "value": serde_json::from_str::<Value>(token).unwrap().to_string()}),
+                "{answer}"
+            );
         }
     }
     let calls = setup.calls();
@@ -421,6 +444,7 @@ fn declared_tools() -> Vec<Value> {
             "description": "Answers with the request line as received.",
             "inputSchema": {"type": "object"},
             "annotations": {"readOnlyHint": true},
+            "x-vendor": {"tier": "free"},
         }),
         json!({
             "name": "raw__record",
@@ -458,6 +482,16 @@ where
             None => return (tools, pages),
         }
     }
+}
+
+/// Every page of `tools/list` from the stateless front at `url`.
+async fn list_stateless(url: &str) -> (Vec<Value>, usize) {
+    list_every_page(|cursor| async move {
+        let answer = http::post_mcp(url, &[], &tools_list(1, cursor)).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        json_rpc(&answer.body)
+    })
+    .await
 }
 
 fn tools_list(id: u64, cursor: Option<String>) -> String {
@@ -498,16 +532,7 @@ async fn tools_list_gives_the_upstreams_tool_objects_whole_on_every_front(
     let mut stdio = StdioAgent::start(&stateless.config()).await;
     let expected = (declared_tools(), 2);
 
-    let url = stateless_proxy.url.clone();
-    let listed = list_every_page(|cursor| {
-        let url = url.clone();
-        async move {
-            let answer = http::post_mcp(&url, &[], &tools_list(1, cursor)).await;
-            assert_eq!(answer.status, 200, "{}", answer.body);
-            json_rpc(&answer.body)
-        }
-    })
-    .await;
+    let listed = list_stateless(&stateless_proxy.url).await;
     assert_eq!(listed, expected, "stateless HTTP");
 
     let client = reqwest::Client::new();
@@ -568,4 +593,116 @@ async fn tools_list_gives_the_upstreams_tool_objects_whole_on_every_front(
     stdio.stop().await;
     sessions_proxy.stop().await;
     stateless_proxy.stop().await;
+}
+
+/// `raw_tools.py --http` on an ephemeral port, recording into `state`;
+/// killed on drop.
+async fn raw_http_server(state: &Path) -> (tokio::process::Child, String) {
+    let mut child = tokio::process::Command::new("python3")
+        .arg(RAW_TOOLS)
+        .arg(state)
+        .arg("--http")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = within("raw_tools.py to listen", lines.next_line())
+        .await
+        .unwrap()
+        .expect("raw_tools.py prints its URL");
+    let url = url
+        .strip_prefix("raw tools at ")
+        .unwrap_or_else(|| panic!("raw_tools.py's URL: {url}"))
+        .to_owned();
+    (child, url)
+}
+
+/// A Streamable HTTP upstream's tool objects are listed whole too, whether
+/// it answers a `tools/list` page as a JSON body (the first page, `echo`)
+/// or as an event stream (the second, `record`): each carries a field
+/// rmcp's model does not know.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn tools_list_gives_a_streamable_http_upstreams_tool_objects_whole(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let state = std::env::temp_dir().join(format!(
+        "leasegate-raw-http-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let (_server, upstream_url) = raw_http_server(&state).await;
+    let setup = Setup::with_upstream(&db.url, "reject", "tools_page_size = 1", |_| {
+        format!("transport = \"streamable_http\"\nurl = \"{upstream_url}\"")
+    });
+    let proxy = RunningProxy::start(&setup.config()).await;
+    let listed = list_stateless(&proxy.url).await;
+    assert_eq!(listed, (declared_tools(), 2), "HTTP upstream");
+
+    // The tapped client still calls: a gated call reaches the tool once.
+    let lease = db.running_run("agent-1", 60_000).await.0;
+    let call = raw_call(5, "raw__record", "7", 1, &lease);
+    let answer = http::post_mcp(&proxy.url, &[], &call).await;
+    let answer = json_rpc(&answer.body);
+    assert!(answer["result"]["isError"] != json!(true), "{answer}");
+    let calls = std::fs::read_to_string(state.join("calls.jsonl")).unwrap_or_default();
+    assert_eq!(calls.lines().count(), 1, "{calls}");
+    proxy.stop().await;
+    let _ = std::fs::remove_dir_all(&state);
+}
+
+/// A server that asks `roots/list` at start (as server-filesystem does),
+/// outside any agent's call, gets an empty list rather than an error; the
+/// upstream stays up and serves. Its adapter may have it refused instead.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_upstreams_roots_list_outside_any_call_is_answered_with_no_roots(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let (setup, proxy, reply) = asking_roots(&db.url, "").await;
+    assert_eq!(
+        reply,
+        json!({"jsonrpc": "2.0", "id": "roots-1", "result": {"roots": []}})
+    );
+    let answer = http::post_mcp(&proxy.url, &[], &tools_list(1, None)).await;
+    assert_eq!(
+        json_rpc(&answer.body)["result"]["tools"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    proxy.stop().await;
+    drop(setup);
+
+    // Under the adapter's `roots_outside_calls = "refuse"`: an error saying
+    // why, for servers that ask again within a call.
+    let (_setup, proxy, reply) = asking_roots(&db.url, "roots_outside_calls = \"refuse\"\n").await;
+    let message = reply["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no call is in flight"), "{reply}");
+    proxy.stop().await;
+}
+
+/// `raw_tools.py --ask-roots` behind leasegate, `adapter_head` at the top
+/// of its adapter file; the answer its `roots/list` at start got.
+async fn asking_roots(database_url: &str, adapter_head: &str) -> (Setup, RunningProxy, Value) {
+    let setup = Setup::with_upstream(database_url, "reject", "", |state| {
+        format!(
+            "transport = \"stdio\"\ncommand = \"python3\"\nargs = [\"{RAW_TOOLS}\", \"{}\", \"--ask-roots\"]",
+            state.display()
+        )
+    });
+    let adapter = setup.dir.join("adapters/raw.toml");
+    let text = std::fs::read_to_string(&adapter).unwrap();
+    std::fs::write(&adapter, format!("{adapter_head}{text}")).unwrap();
+    let proxy = RunningProxy::start(&setup.config()).await;
+    let replies = setup.dir.join("state/replies.jsonl");
+    let reply = common::wait_until("raw_tools.py to get its roots/list answered", || async {
+        std::fs::read_to_string(&replies)
+            .ok()
+            .and_then(|text| text.lines().next().map(str::to_owned))
+    })
+    .await;
+    (setup, proxy, serde_json::from_str(&reply).unwrap())
 }

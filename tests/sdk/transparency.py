@@ -30,6 +30,7 @@ import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 # The checks' JSON lines and failure count, shared with the other SDK script.
 import report as report_module
@@ -258,6 +259,36 @@ async def main():
                 seen[repr(a)] = text
             return seen
         await check("number_edge_cases_pass_through", numbers)
+
+        async def number_arguments():
+            # Values JSON-RPC parsing or RFC 8785 would merge with a
+            # neighbour, each in a gated call with the same other arguments:
+            # refused, so that none becomes an intent (merged or rounded)
+            # and none is sent. The SDK writes 2^64 as a float,
+            # 18446744073709551616.0 in Python, as 1.8446744073709552e+19,
+            # so the last two are one spelling on the wire (the raw
+            # agents of raw_fidelity.rs send the others).
+            message = f"numbers {args.tag}"
+            refused = []
+            for value in (2**64, 2**64 + 1, 18446744073709551616.0, 1.8446744073709552e19):
+                try:
+                    result = await client.call_tool(tool("echo"), {"message": message, "n": value}, meta=LEASE)
+                except MCPError as error:
+                    assert error.code == -32602, (value, error.code, error.message)
+                    reason = (error.data or {}).get("reason")
+                    expected = "inexact_number" if isinstance(value, int) else "unsafe_integer"
+                    assert reason == expected, (value, reason, error.message)
+                    refused.append({"value": repr(value), "reason": reason})
+                    continue
+                raise AssertionError(f"{value!r} reached the tool: {dump(result)}")
+            # An exact value within ±2^53 goes through, once, unchanged.
+            exact = 9007199254740991
+            result = await client.call_tool(tool("echo"), {"message": message, "n": exact}, meta=LEASE)
+            note = dump(result).get("_meta", {}).get("dev.leasegate/operation")
+            assert not result.is_error and result.content[0].text == f"Echo: {message}", dump(result)
+            assert note and note["status"] == "succeeded" and note["replayed"] is False, note
+            return {"refused": refused, "exact": note["operation_id"]}
+        await check("number_arguments", number_arguments)
 
         async def concurrent():
             results = {}

@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::database::DEFAULT_DATABASE_URL;
 use super::http::{DEFAULT_CONTROL_LISTEN, DEFAULT_LISTEN};
-use super::upstreams::RawUpstream;
+use super::upstreams::{EnvValue, RawUpstream};
 
 /// The default policy, copied to `policies/default.toml`.
 pub const DEFAULT_POLICY: &str = include_str!("../../../policies/default.toml");
@@ -106,28 +106,166 @@ pub fn invalid_upstream_name(name: &str) -> Option<String> {
     None
 }
 
+/// Whether an environment variable's name says it holds a secret (its
+/// value is then not written: `{ from_env = "NAME" }`).
+pub fn looks_secret(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    ["TOKEN", "KEY", "SECRET", "PASSWORD"]
+        .iter()
+        .any(|word| name.contains(word))
+}
+
+/// The addresses a new `leasegate.toml` names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listen {
+    pub listen: String,
+    pub control_listen: String,
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.to_owned(),
+            control_listen: DEFAULT_CONTROL_LISTEN.to_owned(),
+        }
+    }
+}
+
 /// The files `init` writes, relative to the output directory:
 /// `leasegate.toml`, `policies/default.toml`, `adapters/<name>.toml`.
 pub fn render(upstreams: &[InitUpstream]) -> Vec<InitFile> {
+    render_with(upstreams, &Listen::default())
+}
+
+/// [`render`], with `listen` as the addresses.
+pub fn render_with(upstreams: &[InitUpstream], listen: &Listen) -> Vec<InitFile> {
     let mut files = vec![
         InitFile {
             path: PathBuf::from("leasegate.toml"),
-            contents: render_config(upstreams),
+            contents: render_config_with(upstreams, listen),
         },
         InitFile {
             path: PathBuf::from("policies/default.toml"),
             contents: DEFAULT_POLICY.to_owned(),
         },
     ];
-    files.extend(upstreams.iter().map(|upstream| InitFile {
-        path: PathBuf::from(format!("adapters/{}.toml", upstream.name)),
-        contents: render_adapter(upstream),
-    }));
+    files.extend(render_adapters(upstreams));
     files
+}
+
+/// The adapter files of `upstreams` alone (`adapters/<name>.toml`): what
+/// adding them to an existing configuration writes besides its
+/// `leasegate.toml`.
+pub fn render_adapters(upstreams: &[InitUpstream]) -> Vec<InitFile> {
+    upstreams
+        .iter()
+        .map(|upstream| InitFile {
+            path: PathBuf::from(format!("adapters/{}.toml", upstream.name)),
+            contents: render_adapter(upstream),
+        })
+        .collect()
 }
 
 /// `leasegate.toml` naming `upstreams`.
 pub fn render_config(upstreams: &[InitUpstream]) -> String {
+    render_config_with(upstreams, &Listen::default())
+}
+
+/// The `[upstreams.<name>]` table headers of a `leasegate.toml`, in order.
+pub fn upstream_names(config: &str) -> Vec<String> {
+    config
+        .lines()
+        .filter_map(|line| table_of(line.trim()))
+        .filter(|name| !name.contains('.'))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The upstream a table header line belongs to (`[upstreams.x]`,
+/// `[upstreams.x.env]`, quoted names unquoted), if it is one.
+fn table_of(header: &str) -> Option<&str> {
+    let inner = header.strip_prefix("[upstreams.")?.split(']').next()?;
+    Some(inner.trim_matches('"'))
+}
+
+/// `config` (a `leasegate.toml`) with `upstreams` in it: the tables of
+/// upstreams of the same names removed (with their sub-tables), and each
+/// upstream's table appended. The rest of the text, comments included, is
+/// kept as it is.
+pub fn with_upstreams(config: &str, upstreams: &[InitUpstream]) -> String {
+    let replaced = |line: &str| {
+        let line = line.trim();
+        line.starts_with('[').then(|| {
+            table_of(line).is_some_and(|table| {
+                let owner = table.split('.').next().unwrap_or(table);
+                upstreams.iter().any(|u| u.name == owner)
+            })
+        })
+    };
+    let mut out = String::new();
+    let mut skipping = false;
+    for line in config.lines() {
+        if let Some(replace) = replaced(line) {
+            skipping = replace;
+        }
+        if !skipping {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    while out.ends_with("\n\n") {
+        out.pop();
+    }
+    for upstream in upstreams {
+        out.push('\n');
+        out.push_str(&render_upstream(upstream));
+    }
+    out
+}
+
+/// One `[upstreams.<name>]` table.
+pub fn render_upstream(upstream: &InitUpstream) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "[upstreams.{}]", key(&upstream.name));
+    match &upstream.transport {
+        RawUpstream::Stdio { command, args, env } => {
+            out.push_str("transport = \"stdio\"\n");
+            let _ = writeln!(out, "command = {}", quote(command));
+            if !args.is_empty() {
+                let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
+                let _ = writeln!(out, "args = [{}]", args.join(", "));
+            }
+            if env.is_empty() {
+                out.push_str(
+                    "# The command inherits leasegate's environment; add more with\n\
+                     # env = { NAME = \"value\" } (or NAME = { from_env = \"VARIABLE\" })\n",
+                );
+            } else {
+                let env: Vec<String> = env
+                    .iter()
+                    .map(|(name, value)| {
+                        let value = match value {
+                            EnvValue::Text(text) => quote(text),
+                            EnvValue::FromEnv(from) => {
+                                format!("{{ from_env = {} }}", quote(&from.from_env))
+                            }
+                        };
+                        format!("{} = {value}", key(name))
+                    })
+                    .collect();
+                let _ = writeln!(out, "env = {{ {} }}", env.join(", "));
+            }
+        }
+        RawUpstream::StreamableHttp { url } => {
+            out.push_str("transport = \"streamable_http\"\n");
+            let _ = writeln!(out, "url = {}", quote(url));
+        }
+    }
+    out
+}
+
+/// `leasegate.toml` naming `upstreams` and listening on `listen`.
+pub fn render_config_with(upstreams: &[InitUpstream], listen: &Listen) -> String {
     let mut out = String::new();
     out.push_str(
         "# leasegate configuration, written by `leasegate init`.\n\
@@ -148,44 +286,20 @@ pub fn render_config(upstreams: &[InitUpstream]) -> String {
     let _ = writeln!(out, "tenant = {}", quote("default"));
     let _ = writeln!(
         out,
-        "listen = {}          # MCP front: http://{DEFAULT_LISTEN}/mcp",
-        quote(DEFAULT_LISTEN)
+        "listen = {}          # MCP front: http://{}/mcp",
+        quote(&listen.listen),
+        listen.listen
     );
     let _ = writeln!(
         out,
         "control_listen = {}  # control API (\"off\" to disable)",
-        quote(DEFAULT_CONTROL_LISTEN)
+        quote(&listen.control_listen)
     );
     out.push_str("adapters = \"adapters\"               # adapters/<upstream>.toml\n");
     out.push_str("policy = \"policies/default.toml\"\n");
     for upstream in upstreams {
-        let _ = writeln!(out, "\n[upstreams.{}]", key(&upstream.name));
-        match &upstream.transport {
-            RawUpstream::Stdio { command, args, env } => {
-                out.push_str("transport = \"stdio\"\n");
-                let _ = writeln!(out, "command = {}", quote(command));
-                if !args.is_empty() {
-                    let args: Vec<String> = args.iter().map(|a| quote(a)).collect();
-                    let _ = writeln!(out, "args = [{}]", args.join(", "));
-                }
-                if env.is_empty() {
-                    out.push_str(
-                        "# The command inherits leasegate's environment; add more with\n\
-                         # env = { NAME = \"value\" }\n",
-                    );
-                } else {
-                    let env: Vec<String> = env
-                        .iter()
-                        .map(|(name, value)| format!("{} = {}", key(name), quote(value)))
-                        .collect();
-                    let _ = writeln!(out, "env = {{ {} }}", env.join(", "));
-                }
-            }
-            RawUpstream::StreamableHttp { url } => {
-                out.push_str("transport = \"streamable_http\"\n");
-                let _ = writeln!(out, "url = {}", quote(url));
-            }
-        }
+        out.push('\n');
+        out.push_str(&render_upstream(upstream));
     }
     out
 }
@@ -583,6 +697,11 @@ pub enum InitError {
         if .0.len() == 1 { "it" } else { "them" }
     )]
     ForeignAdapters(Vec<PathBuf>),
+    #[error(
+        "upstream {name:?} already exists in {}; pass --force to replace it (its table and its adapter file), or choose another --name",
+        config.display()
+    )]
+    UpstreamExists { name: String, config: PathBuf },
     #[error("{}: {error}", path.display())]
     Io {
         path: PathBuf,
@@ -628,47 +747,81 @@ pub fn check_target(dir: &Path, files: &[InitFile], force: bool) -> Result<(), I
     Ok(())
 }
 
+/// Checks that `upstreams` can be added to the `leasegate.toml` at
+/// `config` (its text `text`, its adapters in `adapters`): none is named
+/// there already, and no adapter file of theirs exists, unless `force`.
+pub fn check_addition(
+    config: &Path,
+    text: &str,
+    adapters: &Path,
+    upstreams: &[&str],
+    force: bool,
+) -> Result<(), InitError> {
+    if force {
+        return Ok(());
+    }
+    let existing = upstream_names(text);
+    for name in upstreams {
+        if existing.iter().any(|e| e == name) {
+            return Err(InitError::UpstreamExists {
+                name: (*name).to_owned(),
+                config: config.to_owned(),
+            });
+        }
+        let adapter = adapters.join(format!("{name}.toml"));
+        if adapter.exists() {
+            return Err(InitError::WouldOverwrite(vec![adapter]));
+        }
+    }
+    Ok(())
+}
+
 /// Writes `files` into `dir` (creating directories), after
 /// [`check_target`], readable by the owner alone (mode 0600). Without
 /// `force` a file that appeared meanwhile is not overwritten. Returns the
 /// paths written.
 pub fn write_files(dir: &Path, files: &[InitFile], force: bool) -> Result<Vec<PathBuf>, InitError> {
     check_target(dir, files, force)?;
-    let mut written = Vec::new();
-    for file in files {
-        let path = dir.join(&file.path);
-        let io = |error| InitError::Io {
-            path: path.clone(),
-            error,
-        };
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io)?;
-        }
-        let mut options = std::fs::OpenOptions::new();
-        options.write(true);
-        // The owner's alone: a command's arguments or environment may hold
-        // a secret.
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        if force {
-            options.create(true).truncate(true);
-        } else {
-            options.create_new(true);
-        }
-        let mut handle = options.open(&path).map_err(|error| {
-            if error.kind() == std::io::ErrorKind::AlreadyExists {
-                InitError::WouldOverwrite(vec![path.clone()])
-            } else {
-                io(error)
-            }
-        })?;
-        std::io::Write::write_all(&mut handle, file.contents.as_bytes()).map_err(io)?;
-        // A file overwritten under --force keeps its mode otherwise.
-        handle
-            .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
-            .map_err(io)?;
-        written.push(path);
+    files
+        .iter()
+        .map(|file| write_file(dir, file, force))
+        .collect()
+}
+
+/// Writes one file into `dir` as [`write_files`] does (without its
+/// checks); `overwrite` replaces a file that exists.
+pub fn write_file(dir: &Path, file: &InitFile, overwrite: bool) -> Result<PathBuf, InitError> {
+    let path = dir.join(&file.path);
+    let io = |error| InitError::Io {
+        path: path.clone(),
+        error,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
     }
-    Ok(written)
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true);
+    // The owner's alone: a command's arguments or environment may hold
+    // a secret.
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    if overwrite {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    let mut handle = options.open(&path).map_err(|error| {
+        if error.kind() == std::io::ErrorKind::AlreadyExists {
+            InitError::WouldOverwrite(vec![path.clone()])
+        } else {
+            io(error)
+        }
+    })?;
+    std::io::Write::write_all(&mut handle, file.contents.as_bytes()).map_err(io)?;
+    // A file overwritten under --force keeps its mode otherwise.
+    handle
+        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(io)?;
+    Ok(path)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::adapter::{Capability, RawAdapter};
-use crate::config::RawConfig;
+use crate::config::{EnvValue, RawConfig};
 use serde_json::json;
 
 fn tool(name: &str, read_only: Option<bool>, schema: Value, description: &str) -> ToolSummary {
@@ -257,4 +257,61 @@ fn names_and_words() {
     assert_eq!(words("HTTPGet"), ["httpget"]);
     assert_eq!(quote("a\"b\\c\u{1}"), "\"a\\\"b\\\\c\\u0001\"");
     assert_eq!(key("a.b"), "\"a.b\"");
+}
+
+/// Adding upstreams keeps the file's text, replaces a table of the same
+/// name with its sub-tables, and writes secrets as references.
+#[test]
+fn upstreams_are_added_to_a_config_and_replace_their_namesakes() {
+    let existing = "# mine\nlisten = \"127.0.0.1:9000\"\n\n[upstreams.payments]\ntransport = \"stdio\"\ncommand = \"old\"\n\n[upstreams.payments.env]\nA = \"1\"\n\n[upstreams.mail]\ntransport = \"streamable_http\"\nurl = \"http://127.0.0.1:1/mcp\"\n";
+    assert_eq!(upstream_names(existing), ["payments", "mail"]);
+    let mut new = payments();
+    if let RawUpstream::Stdio { env, .. } = &mut new.transport {
+        env.insert("API_KEY".into(), EnvValue::from_env("API_KEY"));
+    }
+    let text = with_upstreams(existing, &[new]);
+    assert!(
+        text.starts_with("# mine\nlisten = \"127.0.0.1:9000\"\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("command = \"old\"") && !text.contains("A = \"1\""),
+        "{text}"
+    );
+    let raw: RawConfig = toml::from_str(&text).unwrap();
+    assert_eq!(raw.upstreams.len(), 2, "{text}");
+    let RawUpstream::Stdio { command, env, .. } = &raw.upstreams["payments"] else {
+        panic!("{text}");
+    };
+    assert_eq!(command, "pay-server");
+    assert_eq!(env["API_KEY"], EnvValue::from_env("API_KEY"));
+    assert!(looks_secret("GITHUB_TOKEN") && looks_secret("api_key") && looks_secret("DB_PASSWORD"));
+    assert!(!looks_secret("LOG_LEVEL"));
+}
+
+#[test]
+fn an_env_reference_reads_leasegates_environment_when_resolved() {
+    let raw: RawUpstream = toml::from_str(
+        "transport = \"stdio\"\ncommand = \"x\"\nenv = { HOME_SEEN = { from_env = \"PATH\" }, MISSING = { from_env = \"LEASEGATE_TEST_UNSET_VARIABLE\" }, PLAIN = \"v\" }\n",
+    )
+    .unwrap();
+    let RawUpstream::Stdio { env, .. } = raw else {
+        panic!("stdio");
+    };
+    assert_eq!(
+        env["HOME_SEEN"].resolve().unwrap(),
+        std::env::var("PATH").unwrap()
+    );
+    assert_eq!(env["PLAIN"].resolve().unwrap(), "v");
+    let why = env["MISSING"].resolve().unwrap_err();
+    assert!(
+        why.contains("LEASEGATE_TEST_UNSET_VARIABLE is not set"),
+        "{why}"
+    );
+    let refused = toml::from_str::<RawUpstream>(
+        "transport = \"stdio\"\ncommand = \"x\"\nenv = { A = { form_env = \"B\" } }\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(refused.contains("from_env"), "{refused}");
 }

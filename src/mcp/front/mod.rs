@@ -9,7 +9,7 @@
 //! as `<upstream>+<uri>`; upstreams listed in `unprefixed` keep their own
 //! names and URIs. Every other field of a tool, prompt or resource is passed
 //! on as the upstream sent it: as far as rmcp's model carries it, and for
-//! tools of stdio upstreams whole, unknown fields included (`whole_tools`).
+//! tools whole, unknown fields included (`whole_tools`).
 //!
 //! # Leases
 //!

@@ -18,8 +18,8 @@
 //!    the fields rmcp's model knows, one the shaped answer lacks (rmcp drops
 //!    a non-object `outputSchema` for older protocol versions) is left out.
 //!    Nothing else is changed or added.
-//! 2. A tool whose object was not kept (an HTTP upstream) is listed as
-//!    rmcp's model carries it.
+//! 2. A tool whose object was not kept is listed as rmcp's model carries
+//!    it.
 //! 3. Pages, cursors and `list_changed` are the front's own: only the tool
 //!    objects of a page differ from what `list_tools` answers.
 

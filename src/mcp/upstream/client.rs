@@ -13,10 +13,10 @@ use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{RoleClient, Service};
 
 use super::UpstreamEvent;
-use super::routes::CallRoutes;
 use super::routes::origin_of;
-use crate::adapter::PeerError;
+use super::routes::{CallRoutes, NoOwner};
 use crate::adapter::{AgentRequest, ToAgent};
+use crate::adapter::{PeerError, RootsOutsideCalls};
 use rmcp::ErrorData as McpError;
 use serde_json::{Value, json};
 use tokio::sync::{broadcast, oneshot};
@@ -27,8 +27,11 @@ pub(super) struct UpstreamClient {
     pub(super) name: String,
     pub(super) routes: CallRoutes,
     pub(super) events: broadcast::Sender<UpstreamEvent>,
-    /// The upstream's own tool objects, kept from its stdout (`tool_objects`).
+    /// The upstream's own tool objects, kept from its stdout or its HTTP
+    /// `tools/list` answers (`tool_objects`).
     pub(super) tool_objects: super::tool_objects::ToolObjects,
+    /// The adapter's answer to a `roots/list` outside any call.
+    pub(super) roots_outside_calls: RootsOutsideCalls,
 }
 
 pub(super) fn method_and_params<T: serde::Serialize>(message: &T) -> (String, Value) {
@@ -61,13 +64,28 @@ impl Service<RoleClient> for UpstreamClient {
         }
         let (method, params) = method_and_params(&request);
         let origin = origin_of(&context.extensions);
-        let agent = self.routes.owner_soon(&origin, true).await.map_err(|why| {
-            tracing::warn!(upstream = %self.name, %method, why = %crate::logfield::clip_display(&why), "upstream request not relayed");
-            McpError::internal_error(
-                format!("leasegate cannot relay {method} to an agent: {why}"),
-                None,
-            )
-        })?;
+        let agent = match self.routes.owner_soon(&origin, true).await {
+            Ok(agent) => agent,
+            // Servers that ask for roots at start (server-filesystem) ask
+            // outside any agent's call: there are no roots to give then
+            // (`RootsOutsideCalls`).
+            Err(NoOwner::NoCall)
+                if matches!(request, ServerRequest::ListRootsRequest(_))
+                    && self.roots_outside_calls == RootsOutsideCalls::Empty =>
+            {
+                tracing::debug!(upstream = %self.name, "roots/list outside any call answered with no roots");
+                let empty = serde_json::from_value(json!({"roots": []}))
+                    .map_err(|e| McpError::internal_error(e.to_string(), None))?;
+                return Ok(ClientResult::ListRootsResult(empty));
+            }
+            Err(why) => {
+                tracing::warn!(upstream = %self.name, %method, why = %crate::logfield::clip_display(&why), "upstream request not relayed");
+                return Err(McpError::internal_error(
+                    format!("leasegate cannot relay {method} to an agent: {why}"),
+                    None,
+                ));
+            }
+        };
         let (reply, answer) = oneshot::channel();
         agent
             .send(ToAgent::Request(AgentRequest {

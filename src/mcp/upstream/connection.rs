@@ -20,7 +20,7 @@ use super::UpstreamEvent;
 use super::client::UpstreamClient;
 use super::routes::{CallRoutes, Routed};
 use crate::adapter::UpstreamError;
-use crate::config::UpstreamTransport;
+use crate::config::{EnvValue, UpstreamTransport};
 use rmcp::service::{ClientInitializeError, Peer, RunningService};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -121,6 +121,7 @@ impl Connection {
         name: &str,
         transport: UpstreamTransport,
         events: broadcast::Sender<UpstreamEvent>,
+        roots_outside_calls: crate::adapter::RootsOutsideCalls,
     ) -> Self {
         metrics::counter!("upstream_restarts_total", "upstream" => name.to_owned()).increment(0);
         Self {
@@ -131,6 +132,7 @@ impl Connection {
                 routes: CallRoutes::default(),
                 events,
                 tool_objects: Default::default(),
+                roots_outside_calls,
             },
             peer: std::sync::RwLock::new(None),
             health: Mutex::new(Health {
@@ -319,12 +321,19 @@ pub(super) async fn no_cache(session: &Session) {
 pub(super) fn spawn_stdio(
     command: &std::path::Path,
     args: &[String],
-    env: &BTreeMap<String, String>,
+    env: &BTreeMap<String, EnvValue>,
     stderr: std::process::Stdio,
 ) -> Result<tokio::process::Child, String> {
+    let mut values = BTreeMap::new();
+    for (name, value) in env {
+        let value = value
+            .resolve()
+            .map_err(|why| format!("{}: env {name}: {why}", command.display()))?;
+        values.insert(name, value);
+    }
     tokio::process::Command::new(command)
         .args(args)
-        .envs(env)
+        .envs(values)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(stderr)
@@ -340,7 +349,7 @@ pub(super) async fn open_stdio(
     handler: &UpstreamClient,
     command: &std::path::Path,
     args: &[String],
-    env: &BTreeMap<String, String>,
+    env: &BTreeMap<String, EnvValue>,
 ) -> Result<(Session, tokio::process::Child), String> {
     let mut child = spawn_stdio(command, args, env, std::process::Stdio::piped())?;
     let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -405,12 +414,16 @@ where
     Ok(session)
 }
 
-/// Opens a Streamable HTTP session (the `initialize` request).
+/// Opens a Streamable HTTP session (the `initialize` request); its
+/// `tools/list` answers are read by the tool objects' tap before rmcp
+/// decodes them.
 pub(super) async fn open_http(handler: &UpstreamClient, url: &str) -> Result<Session, String> {
+    let client = crate::mcp::http_headers::PerCallHeaders::default()
+        .with_tool_list_tap(handler.tool_objects.http_tap());
     handshake(
         handler,
         StreamableHttpClientTransport::with_client(
-            crate::mcp::http_headers::PerCallHeaders::default(),
+            client,
             StreamableHttpClientTransportConfig::with_uri(url),
         ),
     )
@@ -447,6 +460,7 @@ mod tests {
             "payments",
             UpstreamTransport::StreamableHttp { url },
             events,
+            Default::default(),
         );
         connection.set_state(UpstreamState::Up, None);
         let Err(UpstreamError::NotSent(message)) = connection

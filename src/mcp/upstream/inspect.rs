@@ -7,8 +7,8 @@ use super::connection::{
     EXIT_GRACE, HANDSHAKE_TIMEOUT, Session, end_child, handshake, open_http, spawn_stdio,
 };
 use super::routes::CallRoutes;
-use crate::config::UpstreamTransport;
 use crate::config::init::ToolSummary;
+use crate::config::{EnvValue, UpstreamTransport};
 use rmcp::model::Tool;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use serde_json::Value;
@@ -38,6 +38,7 @@ pub async fn inspect_upstream(
         routes: CallRoutes::default(),
         events,
         tool_objects: Default::default(),
+        roots_outside_calls: Default::default(),
     };
     // rmcp's transport errors start with the transport's type name.
     let connect_error = |message: String| StartError::Connect {
@@ -90,7 +91,7 @@ pub(super) async fn inspect_stdio(
     handler: &UpstreamClient,
     command: &std::path::Path,
     args: &[String],
-    env: &BTreeMap<String, String>,
+    env: &BTreeMap<String, EnvValue>,
 ) -> Result<(Session, tokio::process::Child), String> {
     use tokio::io::AsyncReadExt;
     let mut child = spawn_stdio(command, args, env, std::process::Stdio::piped())?;

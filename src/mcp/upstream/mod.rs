@@ -228,7 +228,13 @@ impl Upstreams {
                 upstream: name.clone(),
                 message,
             };
-            let connection = Arc::new(Connection::new(name, transport.clone(), events.clone()));
+            let roots = config.adapter(name).roots_outside_calls;
+            let connection = Arc::new(Connection::new(
+                name,
+                transport.clone(),
+                events.clone(),
+                roots,
+            ));
             match transport {
                 UpstreamTransport::Stdio { command, args, env } => {
                     let (session, child) = open_stdio(&connection.handler, command, args, env)

@@ -86,7 +86,22 @@ pub(super) enum Origin {
 pub(super) enum NoOwner {
     /// The request id is not (yet) known: it may be registered in a moment.
     NotYet,
+    /// The transport does not say, and no call is in flight: it belongs to
+    /// no agent's call (a server asking at start).
+    NoCall,
     Refused(String),
+}
+
+impl std::fmt::Display for NoOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoOwner::NotYet => f.write_str(
+                "carried on the stream of a request that is not (or no longer) in flight",
+            ),
+            NoOwner::NoCall => f.write_str("no call is in flight on this upstream"),
+            NoOwner::Refused(why) => f.write_str(why),
+        }
+    }
 }
 
 /// Ends a call's routes when the request future ends or is dropped. A
@@ -287,7 +302,7 @@ impl CallRoutes {
                 refused("the transport does not say which call it belongs to")
             }
             Origin::Unassociated | Origin::Unknown => match state.in_flight.len() {
-                0 => refused("no call is in flight on this upstream"),
+                0 => Err(NoOwner::NoCall),
                 1 => agent_of(state.in_flight.values().next().expect("one entry")),
                 n => {
                     let mut candidates: Vec<(u64, &InFlight)> =
@@ -320,15 +335,14 @@ impl CallRoutes {
         &self,
         origin: &Origin,
         single_fallback: bool,
-    ) -> Result<AgentSink, String> {
+    ) -> Result<AgentSink, NoOwner> {
         for _ in 0..50 {
             match self.owner(origin, single_fallback) {
-                Ok(agent) => return Ok(agent),
-                Err(NoOwner::Refused(why)) => return Err(why),
                 Err(NoOwner::NotYet) => tokio::time::sleep(Duration::from_millis(10)).await,
+                found => return found,
             }
         }
-        Err("carried on the stream of a request that is not (or no longer) in flight".to_owned())
+        Err(NoOwner::NotYet)
     }
 }
 

@@ -2,22 +2,22 @@
 //! them, for the fields rmcp's typed `Tool` does not know (the `V_2025_11_25`
 //! `execution`, vendor fields such as `x-vendor`): rmcp decodes each answer
 //! into its model and drops them, so the stdio child's stdout is tapped
-//! line by line before rmcp reads it.
+//! line by line before rmcp reads it, and a Streamable HTTP upstream's
+//! `tools/list` answers (a JSON body, each SSE event's data) are tapped by
+//! its HTTP client (`mcp::http_headers::ToolListTap`) before rmcp decodes
+//! them.
 //!
 //! # Invariants
 //!
 //! 1. Every line reaches rmcp unchanged and in order; the tap only reads.
-//! 2. A tool object is kept, by its `name`, when a line answering a request
-//!    carries `result.tools`; the latest answer naming a tool wins. It is
-//!    kept before rmcp reads the line, so once rmcp's `tools/list` returns,
+//! 2. A tool object is kept, by its `name`, when a message answering a
+//!    request (a stdio line, an HTTP body or event) carries `result.tools`;
+//!    the latest answer naming a tool wins. It is kept before rmcp reads
+//!    the message, so once rmcp's `tools/list` returns,
 //!    every object of every page it read is here.
 //! 3. An object is only ever used for the tool of the same upstream and
 //!    name the typed list returned (`Upstreams::tool_object`): a tool the
 //!    upstream no longer lists is never shown because it is kept here.
-//!
-//! Streamable HTTP upstreams are not tapped (their answers are decoded by
-//! rmcp's HTTP transport): their tools are shown as rmcp's model carries
-//! them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -41,7 +41,14 @@ impl ToolObjects {
         self.0.lock().ok()?.get(name).cloned()
     }
 
-    /// Keeps the tool objects of `line` when it answers with `result.tools`
+    /// The tap of a Streamable HTTP upstream's `tools/list` answers, each
+    /// one message (invariant 2).
+    pub(super) fn http_tap(&self) -> crate::mcp::http_headers::ToolListTap {
+        let objects = self.clone();
+        Arc::new(move |message: &[u8]| objects.observe(message))
+    }
+
+    /// Keeps the tool objects of `line` (one message) when it answers with `result.tools`
     /// (invariant 2). Lines that do not name the field are not parsed.
     fn observe(&self, line: &[u8]) {
         if !line
