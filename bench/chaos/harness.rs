@@ -1192,9 +1192,11 @@ async fn monkey(
             continue;
         }
         round += 1;
+        // Not the first round: that one terminates backends, so a short
+        // soak sees every kind of fault before its intents are done.
         if let Some(http) = &http_tools
             && counts.http_outages < 3
-            && round % 4 == 1
+            && round % 4 == 2
         {
             // Down: connections refused until it is back on the same port.
             let mut http = http.lock().await;

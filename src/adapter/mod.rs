@@ -817,6 +817,22 @@ pub struct TaskPoll {
     pub poll_interval: Option<Duration>,
 }
 
+impl ToolAnswer {
+    /// The recorded answer of a call the upstream rejected by protocol
+    /// (nothing executed): `what` and its message in words, its code and
+    /// message in `structuredContent.upstream_error`.
+    pub fn refused(what: &str, code: i32, message: &str) -> Self {
+        Self {
+            is_error: true,
+            result: serde_json::json!({
+                "content": [{"type": "text", "text": format!("{what}: {message}")}],
+                "isError": true,
+                "structuredContent": {"upstream_error": {"code": code, "message": message}},
+            }),
+        }
+    }
+}
+
 /// Why an upstream call produced no answer, by what may have happened.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum UpstreamError {

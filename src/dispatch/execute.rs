@@ -220,15 +220,7 @@ async fn send_and_settle<U: Upstream>(
                     let UpstreamError::Refused { code, message, .. } = &error else {
                         unreachable!("only a refusal is rejected")
                     };
-                    let result = json!({
-                        "content": [{"type": "text", "text": format!("upstream refused the call: {message}")}],
-                        "isError": true,
-                        "structuredContent": {"upstream_error": {"code": code, "message": message}},
-                    });
-                    let answer = ToolAnswer {
-                        is_error: true,
-                        result,
-                    };
+                    let answer = ToolAnswer::refused("upstream refused the call", *code, message);
                     return settle(&ledger, &claim, &adapter, answer).await;
                 }
                 UpstreamDelivery::NotSent

@@ -69,13 +69,11 @@ pub(super) async fn follow<U: Upstream>(follower: Follower<U>) -> CallReply {
     let Follower {
         followers,
         ledger,
-        upstream,
-        dispatch_owner,
         claim,
-        adapter,
         upstream_name,
         started,
-    } = follower;
+        ..
+    } = &follower;
     let evidence = json!({
         "upstream": upstream_name,
         "task_id": started.task_id,
@@ -84,7 +82,7 @@ pub(super) async fn follow<U: Upstream>(follower: Follower<U>) -> CallReply {
     // If we crash before this commits, the claim expires into unknown and
     // the tool's capability decides (crash points above).
     match ledger
-        .operation_follow_task(&claim, Some(&evidence), followers.claim_ttl)
+        .operation_follow_task(claim, Some(&evidence), followers.claim_ttl)
         .await
     {
         Ok(true) => {}
@@ -116,16 +114,6 @@ pub(super) async fn follow<U: Upstream>(follower: Follower<U>) -> CallReply {
             status: OperationStatus::Dispatching,
             replayed: false,
         },
-    };
-    let follower = Follower {
-        followers,
-        ledger,
-        upstream,
-        dispatch_owner,
-        claim,
-        adapter,
-        upstream_name,
-        started,
     };
     let span = tracing::info_span!("task.follow", operation_id = %follower.claim.operation_id,
         task_id = %crate::logfield::clip(&follower.started.task_id));
@@ -217,14 +205,11 @@ impl<U: Upstream> Follower<U> {
             }
             Ok(TaskState::Failed(error)) if (-32602..=-32600).contains(&error.code) => {
                 // By protocol nothing executed: a final failure.
-                let answer = crate::adapter::ToolAnswer {
-                    is_error: true,
-                    result: json!({
-                        "content": [{"type": "text", "text": format!("the task failed: {}", error.message)}],
-                        "isError": true,
-                        "structuredContent": {"upstream_error": {"code": error.code, "message": error.message}},
-                    }),
-                };
+                let answer = crate::adapter::ToolAnswer::refused(
+                    "the task failed",
+                    error.code,
+                    &error.message,
+                );
                 let _ = settle(&self.ledger, &self.claim, &self.adapter, answer).await;
                 return;
             }

@@ -235,11 +235,7 @@ pub fn judge_task(
             Some(Judgement::Converge(RemoteFact {
                 settlement: Settlement::FailedFinal,
                 remote_id: None,
-                result: json!({
-                    "content": [{"type": "text", "text": format!("the task failed: {}", error.message)}],
-                    "isError": true,
-                    "structuredContent": {"upstream_error": {"code": error.code, "message": error.message}},
-                }),
+                result: ToolAnswer::refused("the task failed", error.code, &error.message).result,
                 kind: ConvergeEvidence::QueryResult,
                 evidence: evidence("failed"),
             }))

@@ -51,18 +51,19 @@ fn assert_mentions(text: &str, needles: &[&str]) {
 /// A valid leasegate.toml (its upstream is never started by the operator
 /// commands) in a fresh directory.
 fn config_file(database_url: &str) -> PathBuf {
+    write_config(&format!(
+        "database_url = \"{database_url}\"\ntenant = \"tenant-a\"\n\
+         [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n"
+    ))
+}
+
+/// `text` as the leasegate.toml of a fresh directory.
+fn write_config(text: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("leasegate-dburl-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("leasegate.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "database_url = \"{database_url}\"\ntenant = \"tenant-a\"\n\
-             [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n"
-        ),
-    )
-    .unwrap();
+    std::fs::write(&path, text).unwrap();
     path
 }
 
@@ -417,16 +418,10 @@ fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
 fn stdio_that_cannot_start_answers_the_clients_initialize_with_the_cause() {
     use std::io::{BufRead, Write};
     let url = silent_server_url();
-    let dir =
-        std::env::temp_dir().join(format!("leasegate-dburl-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("leasegate.toml");
-    std::fs::write(
-        &config,
+    let config = write_config(
         "database_connect_timeout = \"2s\"\nmigrate = false\n\
          [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n",
-    )
-    .unwrap();
+    );
     let mut child = std::process::Command::new(crate::common::proxy::LEASEGATE)
         .args(["stdio", "--config"])
         .arg(&config)
@@ -459,5 +454,5 @@ fn stdio_that_cannot_start_answers_the_clients_initialize_with_the_cause() {
     drop(stdin);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(6));
-    std::fs::remove_dir_all(dir).unwrap();
+    remove_config(&config);
 }

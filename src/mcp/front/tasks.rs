@@ -184,13 +184,8 @@ impl Front {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let task_id = request.task_id.clone();
-        self.to_task_upstream(
-            &task_id,
-            &context,
-            ClientRequest::UpdateTaskRequest(UpdateTaskRequest::new(request)),
-        )
-        .await
-        .map(|_| ())
+        let request = ClientRequest::UpdateTaskRequest(UpdateTaskRequest::new(request));
+        self.acknowledged(&task_id, &context, request).await
     }
 
     /// `tasks/cancel`: passed on. A gated call's operation then ends as
@@ -201,12 +196,19 @@ impl Front {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let task_id = request.task_id.clone();
-        self.to_task_upstream(
-            &task_id,
-            &context,
-            ClientRequest::CancelTaskRequest(CancelTaskRequest::new(request)),
-        )
-        .await
-        .map(|_| ())
+        let request = ClientRequest::CancelTaskRequest(CancelTaskRequest::new(request));
+        self.acknowledged(&task_id, &context, request).await
+    }
+
+    /// A tasks request whose answer is an empty acknowledgement.
+    async fn acknowledged(
+        &self,
+        task_id: &str,
+        context: &RequestContext<RoleServer>,
+        request: ClientRequest,
+    ) -> Result<(), McpError> {
+        self.to_task_upstream(task_id, context, request)
+            .await
+            .map(|_| ())
     }
 }
