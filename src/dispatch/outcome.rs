@@ -50,16 +50,7 @@ pub(super) async fn record_failure(
             // The ledger could not take the proof: it is kept and written
             // when the ledger is back (marking the claim unknown now would
             // only make that write stale).
-            Err(error)
-                if keeper::keep(
-                    ledger.clone(),
-                    claim.clone(),
-                    Fact::NotSent {
-                        evidence: evidence.clone(),
-                    },
-                    &error,
-                ) =>
-            {
+            Err(error) if keep_not_sent(ledger, &claim, &evidence, &error) => {
                 tracing::warn!(error = %crate::logfield::clip_display(&failure), ledger = %crate::logfield::clip_display(&error),
                     "nothing was sent, but the ledger cannot record it yet: kept until it can");
                 return Ok((
@@ -188,16 +179,7 @@ pub(super) async fn settle(
                 };
                 return Ok((reply, None));
             }
-            Err(error)
-                if keeper::keep(
-                    ledger.clone(),
-                    claim.clone(),
-                    Fact::NotSent {
-                        evidence: evidence.clone(),
-                    },
-                    &error,
-                ) =>
-            {
+            Err(error) if keep_not_sent(ledger, claim, &evidence, &error) => {
                 let reply = CallReply::Unknown {
                     operation_id: claim.operation_id.clone(),
                     reason: format!(
@@ -332,4 +314,22 @@ pub(super) async fn settle(
             ),
         })),
     }
+}
+
+/// Keeps a "nothing was sent" proof the ledger could not take, to be
+/// written when it can (`keeper`); whether it was kept.
+fn keep_not_sent(
+    ledger: &Ledger,
+    claim: &DispatchClaim,
+    evidence: &Value,
+    error: &LedgerError,
+) -> bool {
+    keeper::keep(
+        ledger.clone(),
+        claim.clone(),
+        Fact::NotSent {
+            evidence: evidence.clone(),
+        },
+        error,
+    )
 }
