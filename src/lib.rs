@@ -180,7 +180,8 @@
 //!   the functions beside the rows they name; `0012`: single-column rules
 //!   as domains; `0013`: task namespaces — the tenant's shared one and one
 //!   per principal for the lease modes — and `lease_members`, the members
-//!   of a shared lease) and the
+//!   of a shared lease; `0014`: `input_round` evidence; `0015`: lease token
+//!   hashes hidden from the app role; `0016`: `task` evidence) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
