@@ -299,3 +299,79 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     assert_eq!(records[0]["line"], "chatty {\"not\": json", "{records:?}");
     assert_eq!(records[1]["line"], "second line", "{records:?}");
 }
+
+/// Every side-effecting call the dispatcher saw logs exactly one `gated
+/// call` line at info naming its operation, run, step, tool, outcome,
+/// whether it was replayed and how long it took; a read-only call logs none
+/// at info.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn every_gated_call_logs_one_line_naming_its_operation(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = common::proxy::Scenario::new(&db.url, "");
+    let served = common::proxy::ServedChild::spawn(common::proxy::ServedChild::command(
+        &scenario,
+        &[("LEASEGATE_LOG_FORMAT", "json")],
+    ))
+    .await;
+    let (lease, _) = db.running_run("logged-agent", 60_000).await;
+    let (agent, _) = connect_http(&served.mcp, None).await;
+    let mut meta = common::proxy::lease_meta(&lease);
+    meta.insert(
+        "dev.leasegate/step".into(),
+        json!({"step_id": "charge-once", "effect_version": 1}),
+    );
+    let charged = charge_eur(&agent, 5, Some(meta.clone())).await.unwrap();
+    charge_eur(&agent, 5, Some(meta)).await.unwrap();
+    let operation_id = operation_note(&charged)["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    common::proxy::call(
+        &agent,
+        "payments__get_charge",
+        json!({"idempotency_key": operation_id}),
+        None,
+    )
+    .await
+    .unwrap();
+    let gated_lines = || {
+        served
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|line| !line.starts_with("leasegate: "))
+            .map(|line| {
+                serde_json::from_str::<Value>(line)
+                    .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
+            })
+            .filter(|record| record["message"] == "gated call")
+            .collect::<Vec<Value>>()
+    };
+    let lines = wait_until("a gated call line for each charge", || async {
+        let lines = gated_lines();
+        (lines.len() >= 2).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    for (line, replayed) in lines.iter().zip(["false", "true"]) {
+        assert_eq!(line["level"], "INFO", "{line}");
+        assert_eq!(line["operation_id"], operation_id.as_str(), "{line}");
+        assert_eq!(line["run_id"], lease.run_id.to_string().as_str(), "{line}");
+        assert_eq!(line["step_id"], "charge-once", "{line}");
+        assert_eq!(line["tool"], "payments__charge", "{line}");
+        assert_eq!(line["outcome"], "succeeded", "{line}");
+        assert_eq!(line["replayed"], replayed, "{line}");
+        assert!(line["duration_ms"].is_u64(), "{line}");
+    }
+    // The read-only call was answered before this read: no line of its own.
+    assert!(
+        gated_lines()
+            .iter()
+            .all(|line| line["tool"] != "payments__get_charge"),
+        "{lines:#?}"
+    );
+}
