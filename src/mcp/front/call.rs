@@ -34,8 +34,8 @@ impl Front {
         credentials: CallCredentials<'_>,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
-        tally: Tally,
     ) -> ToolCall {
+        let tally = Tally::new(context, "read_only", &request.name);
         let upstream = resolved.upstream;
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), false, watch.detach.clone());
@@ -130,8 +130,8 @@ impl Front {
         credentials: CallCredentials<'_>,
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
-        mut tally: Tally,
     ) -> Result<ToolCall, McpError> {
+        let mut tally = Tally::new(context, "gated", &request.name);
         let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
         let trace_id = credentials.trace_id().to_owned();

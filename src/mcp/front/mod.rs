@@ -773,13 +773,8 @@ impl ServerHandler for Front {
         }
 
         let mut credentials = CallCredentials::read(&context);
-        let path = if resolved.adapter.read_only {
-            "read_only"
-        } else {
-            "gated"
-        };
-        let tally = tally::Tally::new(&context, path, &name);
         if !resolved.adapter.read_only {
+            let tally = tally::Tally::new(&context, "gated", &name);
             // Refused before a lease carried it: which mode was to lend one.
             let lending = match self.state.config.lease.mode {
                 crate::config::LeaseMode::Session => "session",
@@ -808,25 +803,9 @@ impl ServerHandler for Front {
             CallWatch::side_effecting(&context, resolved.adapter.on_disconnect)
         };
         let call = if resolved.adapter.read_only {
-            self.read_only(
-                resolved,
-                request,
-                &context,
-                credentials,
-                agent,
-                &watch,
-                tally,
-            )
+            self.read_only(resolved, request, &context, credentials, agent, &watch)
         } else {
-            self.gated(
-                resolved,
-                request,
-                &context,
-                credentials,
-                agent,
-                &watch,
-                tally,
-            )?
+            self.gated(resolved, request, &context, credentials, agent, &watch)?
         };
         let response = if is_modern(&context) {
             let pending = PendingCall::start(name, call, from_upstream, watch);
