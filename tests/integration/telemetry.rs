@@ -236,6 +236,19 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
     proxy.stop().await;
 }
 
+/// A JSON log's records: every line but the startup banners (plain
+/// `leasegate: …` lines) must be one JSON object.
+fn json_records(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|line| !line.starts_with("leasegate: "))
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
+        })
+        .collect()
+}
+
 /// A stdio upstream that writes to its stderr (as most servers do at start
 /// and on errors) does not break the JSON log: each of its lines becomes a
 /// record of its own naming the upstream, and every record leasegate
@@ -279,16 +292,7 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     ))
     .await;
     let records = wait_until("the upstream's stderr lines as records", || async {
-        let lines = served.log.lock().unwrap().clone();
-        let records: Vec<Value> = lines
-            .iter()
-            .filter(|line| !line.starts_with("leasegate: "))
-            .map(|line| {
-                serde_json::from_str(line)
-                    .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
-            })
-            .collect();
-        let chatty: Vec<Value> = records
+        let chatty: Vec<Value> = json_records(&served.log.lock().unwrap())
             .into_iter()
             .filter(|r| r["target"] == "leasegate::upstream_stderr")
             .collect();
@@ -338,16 +342,8 @@ async fn every_gated_call_logs_one_line_naming_its_operation(
     .await
     .unwrap();
     let gated_lines = || {
-        served
-            .log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|line| !line.starts_with("leasegate: "))
-            .map(|line| {
-                serde_json::from_str::<Value>(line)
-                    .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
-            })
+        json_records(&served.log.lock().unwrap())
+            .into_iter()
             .filter(|record| record["message"] == "gated call")
             .collect::<Vec<Value>>()
     };
