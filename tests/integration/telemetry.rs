@@ -304,10 +304,10 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     assert_eq!(records[1]["line"], "second line", "{records:?}");
 }
 
-/// Every side-effecting call the dispatcher saw logs exactly one `gated
-/// call` line at info naming its operation, run, step, tool, outcome,
-/// whether it was replayed and how long it took; a read-only call logs none
-/// at info.
+/// Every side-effecting call logs exactly one `gated call` line at info
+/// naming its operation, run, step, tool, outcome, whether it was replayed
+/// and how long it took (a call refused for want of a lease: its tool and
+/// why); a read-only call logs none at info.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn every_gated_call_logs_one_line_naming_its_operation(
     pool: PgPoolOptions,
@@ -329,6 +329,8 @@ async fn every_gated_call_logs_one_line_naming_its_operation(
     );
     let charged = charge_eur(&agent, 5, Some(meta.clone())).await.unwrap();
     charge_eur(&agent, 5, Some(meta)).await.unwrap();
+    let (code, _) = charge_eur(&agent, 6, None).await.unwrap_err();
+    assert_eq!(code, -31001);
     let operation_id = operation_note(&charged)["operation_id"]
         .as_str()
         .unwrap()
@@ -349,10 +351,10 @@ async fn every_gated_call_logs_one_line_naming_its_operation(
     };
     let lines = wait_until("a gated call line for each charge", || async {
         let lines = gated_lines();
-        (lines.len() >= 2).then_some(lines)
+        (lines.len() >= 3).then_some(lines)
     })
     .await;
-    assert_eq!(lines.len(), 2, "{lines:#?}");
+    assert_eq!(lines.len(), 3, "{lines:#?}");
     for (line, replayed) in lines.iter().zip(["false", "true"]) {
         assert_eq!(line["level"], "INFO", "{line}");
         assert_eq!(line["operation_id"], operation_id.as_str(), "{line}");
@@ -363,6 +365,15 @@ async fn every_gated_call_logs_one_line_naming_its_operation(
         assert_eq!(line["replayed"], replayed, "{line}");
         assert!(line["duration_ms"].is_u64(), "{line}");
     }
+    // Refused before a lease carried it: no run, no operation, the reason.
+    let refused = &lines[2];
+    assert_eq!(refused["level"], "INFO", "{refused}");
+    assert_eq!(refused["tool"], "payments__charge", "{refused}");
+    assert_eq!(refused["outcome"], "refused", "{refused}");
+    assert_eq!(refused["detail"], "lease_missing", "{refused}");
+    assert_eq!(refused["run_id"], "", "{refused}");
+    assert_eq!(refused["operation_id"], "", "{refused}");
+    assert!(refused["duration_ms"].is_u64(), "{refused}");
     // The read-only call was answered before this read: no line of its own.
     assert!(
         gated_lines()

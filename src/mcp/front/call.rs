@@ -158,6 +158,14 @@ impl Front {
             (Err(CallError::LeaseRequired), None, None) => "none",
             _ => "explicit",
         };
+        // The run is known once a lease carries the call.
+        let mut answered = Answered {
+            run_id: String::new(),
+            step_id: String::new(),
+            effect_version: 1,
+            tool: name.clone(),
+            started,
+        };
         let lease =
             match (own_lease, session_lease) {
                 // A lease the agent sent wins; without one, its idempotency
@@ -185,6 +193,7 @@ impl Front {
                 metrics::counter!("protected_write_rejected_total", "reason" => reason, "call" => "mcp_tools_call")
                     .increment(1);
                 tally.refused(reason);
+                answered.log("refused", Replayed::No, None, reason);
                 match error {
                     CallError::LeaseRequired => {
                         self.lease_required(&name, &resolved, over_http)
@@ -192,13 +201,26 @@ impl Front {
                     other => convert::error_from_call(&other),
                 }
             })?;
-        let mut step = step.map_err(|e| tally.refused_with(convert::error_from_call(&e)))?;
+        answered.run_id = lease.run_id.to_string();
+        let mut step = step.map_err(|error| {
+            answered.log(
+                "refused",
+                Replayed::No,
+                None,
+                &crate::logfield::clip_display(&error).to_string(),
+            );
+            tally.refused_with(convert::error_from_call(&error))
+        })?;
         if keyed.is_some() && step.is_none() {
             // The key stands for one request: one step per key's run.
             step = Some(StepRef {
                 step_id: KEY_STEP.to_owned(),
                 effect_version: 1,
             });
+        }
+        if let Some(step) = &step {
+            answered.step_id = step.step_id.clone();
+            answered.effect_version = step.effect_version;
         }
         let cancel = watch.cancel.clone();
         self.watch_request(
@@ -219,17 +241,6 @@ impl Front {
                 cancel: cancel.clone(),
                 tasks: agent_follows_tasks(context).then(|| self.state.dispatcher.tasks().clone()),
             },
-        };
-        let answered = Answered {
-            run_id: call.lease.run_id.to_string(),
-            step_id: call
-                .step
-                .as_ref()
-                .map(|s| s.step_id.clone())
-                .unwrap_or_default(),
-            effect_version: call.step.as_ref().map_or(1, |s| s.effect_version),
-            tool: call.exposed_name.clone(),
-            started,
         };
         let span = tracing::info_span!("tools/call", tool = %crate::logfield::clip(&call.exposed_name), run_id = %call.lease.run_id,
             owner = %crate::logfield::clip(&call.lease.owner), epoch = call.lease.epoch, trace_id = %crate::logfield::clip(&trace_id),
@@ -314,9 +325,10 @@ impl Front {
     }
 }
 
-/// The one info line of a gated call that reached the dispatcher
-/// (`gated call`): what the front knows of it, and how long it took.
+/// The one info line of a gated call (`gated call`): what the front knows
+/// of it, and how long it took.
 struct Answered {
+    /// Empty until a lease carries the call.
     run_id: String,
     /// The agent's step, or empty when the ledger derives it from the request.
     step_id: String,
