@@ -59,6 +59,10 @@ pub struct OperationNote {
     pub operation_id: OperationId,
     pub status: OperationStatus,
     pub replayed: bool,
+    /// The answer came from a call still in flight when this one arrived,
+    /// after this one waited for it (`policy.in_flight_wait`): the front
+    /// counts it apart from an answer already on record.
+    pub waited: bool,
 }
 
 impl OperationNote {

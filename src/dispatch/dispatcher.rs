@@ -315,6 +315,8 @@ impl<U: Upstream> Dispatcher<U> {
     ) -> Result<CallReply, CallError> {
         let deadline = tokio::time::Instant::now() + self.policy.in_flight_wait;
         let mut pause = Duration::from_millis(25);
+        // Whether the intent was still in flight when this call found it.
+        let mut waited = false;
         loop {
             match record.status {
                 OperationStatus::Succeeded | OperationStatus::FailedFinal => {
@@ -331,6 +333,7 @@ impl<U: Upstream> Dispatcher<U> {
                             operation_id: record.operation_id.clone(),
                             status: record.status,
                             replayed: true,
+                            waited,
                         },
                     });
                 }
@@ -355,6 +358,7 @@ impl<U: Upstream> Dispatcher<U> {
                                 operation_id: record.operation_id,
                                 status: record.status,
                                 replayed: true,
+                                waited,
                             },
                         });
                     }
@@ -391,6 +395,7 @@ impl<U: Upstream> Dispatcher<U> {
                     operation_id: record.operation_id,
                 });
             }
+            waited = true;
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(250));
             record = match self.ledger.operation_record(&record.operation_id).await? {

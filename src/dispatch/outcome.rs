@@ -175,6 +175,7 @@ pub(super) async fn settle(
                         operation_id: operation.operation_id,
                         status: operation.status,
                         replayed: false,
+                        waited: false,
                     },
                 };
                 return Ok((reply, None));
@@ -265,6 +266,7 @@ pub(super) async fn settle(
                     operation_id: record.operation_id,
                     status: record.status,
                     replayed: false,
+                    waited: false,
                 },
             },
             sampled,
@@ -287,6 +289,7 @@ pub(super) async fn settle(
                         operation_id: found.operation_id,
                         status: found.status,
                         replayed: false,
+                        waited: false,
                     },
                 },
                 sampled,

@@ -113,6 +113,7 @@ pub(super) async fn follow<U: Upstream>(follower: Follower<U>) -> CallReply {
             operation_id: claim.operation_id.clone(),
             status: OperationStatus::Dispatching,
             replayed: false,
+            waited: false,
         },
     };
     let span = tracing::info_span!("task.follow", operation_id = %follower.claim.operation_id,

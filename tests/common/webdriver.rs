@@ -177,6 +177,37 @@ impl Browser {
             .to_owned()
     }
 
+    /// The attribute `name` of the element matching `css` (empty if none).
+    pub async fn attribute(&self, css: &str, name: &str) -> String {
+        let id = self.find(css).await;
+        self.command(
+            "GET",
+            &format!("/element/{id}/attribute/{name}"),
+            Value::Null,
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+    }
+
+    /// Whether the element matching `css` is cut on screen: its content is
+    /// wider than the box that shows it.
+    pub async fn is_clipped(&self, css: &str) -> bool {
+        self.find(css).await;
+        self.command(
+            "POST",
+            "/execute/sync",
+            json!({
+                "script": "const e = document.querySelector(arguments[0]); return e.scrollWidth > e.clientWidth;",
+                "args": [css],
+            }),
+        )
+        .await
+        .as_bool()
+        .unwrap_or(false)
+    }
+
     pub async fn type_into(&self, css: &str, text: &str) {
         let id = self.find(css).await;
         self.command("POST", &format!("/element/{id}/clear"), json!({}))

@@ -183,6 +183,22 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     assert!(browser.text("#viewer").await.contains(token_id(&operator)));
     screenshot(&browser, "overview").await;
 
+    // The operations list: long ids cut on screen, whole in their title
+    // and text (selecting one copies all of it).
+    browser.goto(&format!("{control}/console/operations")).await;
+    let row = format!("#operations tr[data-operation='{unknown_id}']");
+    for (cell, full) in [
+        ("td.operation code.id", unknown_id.clone()),
+        ("td.run code.id", lease.run_id.to_string()),
+        ("td.step code.id", email.step_id.clone()),
+    ] {
+        let css = format!("{row} {cell}");
+        assert_eq!(browser.attribute(&css, "title").await, full, "{cell}");
+        assert_eq!(browser.text(&css).await, full, "{cell}");
+        assert!(browser.is_clipped(&css).await, "{cell} is shown whole");
+    }
+    screenshot(&browser, "operations").await;
+
     // Runs: search by task; the run's page shows the lease and the
     // timeline, never the lease secret.
     let task: String = db
@@ -221,6 +237,15 @@ async fn an_operator_sees_the_fate_of_calls_and_resolves_an_unknown_one_in_the_b
     assert!(browser.text("#history").await.contains("unknown"));
     assert_eq!(browser.count("#attempts tbody tr").await, 1);
     let rendered_revision: i64 = browser.text("#revision").await.parse().unwrap();
+    // The mailer promises nothing: no retry can follow, so none is offered;
+    // resolving is.
+    assert!(browser.exists("#resolve-form").await);
+    assert!(!browser.exists("#retry-form").await);
+    assert!(
+        browser.text("#no-retry").await.contains("Not offered"),
+        "{}",
+        browser.text("#no-retry").await
+    );
     screenshot(&browser, "operation").await;
 
     // No note: refused, nothing written.

@@ -826,33 +826,51 @@ async fn an_error_the_provider_documents_as_nothing_done_leaves_the_operation_se
     proxy.stop().await;
 }
 
-/// Every agent call is counted by how it ended, and the console's calls
-/// per second reads that count: a first call, its replay, a refusal and a
-/// read-only call each move their own series.
+/// Every agent call is counted by how it ended, over which front, for
+/// which tool and under which lease, and the console's calls per second
+/// reads that count: a first call, its replay, a refusal (with its reason)
+/// and a read-only call each move their own series.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn every_agent_call_is_counted_by_outcome(pool: PgPoolOptions, connect: PgConnectOptions) {
     let db = TestDb::new(pool, connect).await;
     let (_scenario, proxy) = RunningProxy::serve(&db.url, POLICY).await;
     let (lease, _) = db.running_run("counted-agent", 60_000).await;
     let (agent, _) = connect_http(&proxy.url, None).await;
+    let gated = [
+        ("front", "http_stateless"),
+        ("path", "gated"),
+        ("tool", "payments__charge"),
+    ];
     let series = [
         [
-            ("path", "gated"),
+            gated[0],
+            gated[1],
+            gated[2],
+            ("mode", "explicit"),
             ("outcome", "succeeded"),
             ("replayed", "false"),
         ],
         [
-            ("path", "gated"),
+            gated[0],
+            gated[1],
+            gated[2],
+            ("mode", "explicit"),
             ("outcome", "succeeded"),
             ("replayed", "true"),
         ],
         [
-            ("path", "gated"),
+            gated[0],
+            gated[1],
+            gated[2],
+            ("mode", "none"),
             ("outcome", "refused"),
-            ("replayed", "false"),
+            ("reason", "lease_missing"),
         ],
         [
+            gated[0],
             ("path", "read_only"),
+            ("tool", "payments__get_charge"),
+            ("mode", "none"),
             ("outcome", "answered"),
             ("replayed", "false"),
         ],

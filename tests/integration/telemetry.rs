@@ -236,6 +236,19 @@ async fn one_trace_spans_agent_leasegate_and_tool(pool: PgPoolOptions, connect: 
     proxy.stop().await;
 }
 
+/// A JSON log's records: every line but the startup banners (plain
+/// `leasegate: …` lines) must be one JSON object.
+fn json_records(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|line| !line.starts_with("leasegate: "))
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
+        })
+        .collect()
+}
+
 /// A stdio upstream that writes to its stderr (as most servers do at start
 /// and on errors) does not break the JSON log: each of its lines becomes a
 /// record of its own naming the upstream, and every record leasegate
@@ -279,16 +292,7 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     ))
     .await;
     let records = wait_until("the upstream's stderr lines as records", || async {
-        let lines = served.log.lock().unwrap().clone();
-        let records: Vec<Value> = lines
-            .iter()
-            .filter(|line| !line.starts_with("leasegate: "))
-            .map(|line| {
-                serde_json::from_str(line)
-                    .unwrap_or_else(|e| panic!("not one JSON object per line ({e}): {line}"))
-            })
-            .collect();
-        let chatty: Vec<Value> = records
+        let chatty: Vec<Value> = json_records(&served.log.lock().unwrap())
             .into_iter()
             .filter(|r| r["target"] == "leasegate::upstream_stderr")
             .collect();
@@ -298,4 +302,83 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     assert_eq!(records[0]["upstream"], "mailer", "{records:?}");
     assert_eq!(records[0]["line"], "chatty {\"not\": json", "{records:?}");
     assert_eq!(records[1]["line"], "second line", "{records:?}");
+}
+
+/// Every side-effecting call logs exactly one `gated call` line at info
+/// naming its operation, run, step, tool, outcome, whether it was replayed
+/// and how long it took (a call refused for want of a lease: its tool and
+/// why); a read-only call logs none at info.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn every_gated_call_logs_one_line_naming_its_operation(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = common::proxy::Scenario::new(&db.url, "");
+    let served = common::proxy::ServedChild::spawn(common::proxy::ServedChild::command(
+        &scenario,
+        &[("LEASEGATE_LOG_FORMAT", "json")],
+    ))
+    .await;
+    let (lease, _) = db.running_run("logged-agent", 60_000).await;
+    let (agent, _) = connect_http(&served.mcp, None).await;
+    let mut meta = common::proxy::lease_meta(&lease);
+    meta.insert(
+        "dev.leasegate/step".into(),
+        json!({"step_id": "charge-once", "effect_version": 1}),
+    );
+    let charged = charge_eur(&agent, 5, Some(meta.clone())).await.unwrap();
+    charge_eur(&agent, 5, Some(meta)).await.unwrap();
+    let (code, _) = charge_eur(&agent, 6, None).await.unwrap_err();
+    assert_eq!(code, -31001);
+    let operation_id = operation_note(&charged)["operation_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    common::proxy::call(
+        &agent,
+        "payments__get_charge",
+        json!({"idempotency_key": operation_id}),
+        None,
+    )
+    .await
+    .unwrap();
+    let gated_lines = || {
+        json_records(&served.log.lock().unwrap())
+            .into_iter()
+            .filter(|record| record["message"] == "gated call")
+            .collect::<Vec<Value>>()
+    };
+    let lines = wait_until("a gated call line for each charge", || async {
+        let lines = gated_lines();
+        (lines.len() >= 3).then_some(lines)
+    })
+    .await;
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    for (line, replayed) in lines.iter().zip(["false", "true"]) {
+        assert_eq!(line["level"], "INFO", "{line}");
+        assert_eq!(line["operation_id"], operation_id.as_str(), "{line}");
+        assert_eq!(line["run_id"], lease.run_id.to_string().as_str(), "{line}");
+        assert_eq!(line["step_id"], "charge-once", "{line}");
+        assert_eq!(line["tool"], "payments__charge", "{line}");
+        assert_eq!(line["outcome"], "succeeded", "{line}");
+        assert_eq!(line["replayed"], replayed, "{line}");
+        assert!(line["duration_ms"].is_u64(), "{line}");
+    }
+    // Refused before a lease carried it: no run, no operation, the reason.
+    let refused = &lines[2];
+    assert_eq!(refused["level"], "INFO", "{refused}");
+    assert_eq!(refused["tool"], "payments__charge", "{refused}");
+    assert_eq!(refused["outcome"], "refused", "{refused}");
+    assert_eq!(refused["detail"], "lease_missing", "{refused}");
+    assert_eq!(refused["run_id"], "", "{refused}");
+    assert_eq!(refused["operation_id"], "", "{refused}");
+    assert!(refused["duration_ms"].is_u64(), "{refused}");
+    // The read-only call was answered before this read: no line of its own.
+    assert!(
+        gated_lines()
+            .iter()
+            .all(|line| line["tool"] != "payments__get_charge"),
+        "{lines:#?}"
+    );
 }

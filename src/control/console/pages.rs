@@ -114,6 +114,18 @@ fn operation_link(id: &str) -> Markup {
     html! { a.mono href=(format!("/console/operations/{}", path_segment(id))) { (id) } }
 }
 
+/// A long id (operation, run, step) as the lists show it: cut to its first
+/// characters on screen (`code.id`), whole in its `title` and in its text,
+/// so selecting it copies all of it.
+fn short_id(id: &str) -> Markup {
+    html! { code.id title=(id) { (id) } }
+}
+
+/// A list's link to a page named by a long id, shown as [`short_id`].
+fn short_link(href: String, id: &str) -> Markup {
+    html! { a href=(href) { (short_id(id)) } }
+}
+
 fn run_link(run: &str) -> Markup {
     html! { a.mono href=(format!("/console/runs/{}", path_segment(run))) { (run) } }
 }
@@ -462,9 +474,11 @@ pub fn operations(banner: &Banner, q: &OperationQuery, rows: &[OperationRowSumma
                     @for row in rows {
                         @let op = &row.operation;
                         tr data-operation=(op.operation_id.as_str()) data-status=(op.status.as_str()) {
-                            td { (operation_link(op.operation_id.as_str())) }
-                            td.small { (run_link(&op.run_id.to_string())) }
-                            td.step { (op.step_id) " v" (op.effect_version) }
+                            @let id = op.operation_id.as_str();
+                            @let run = op.run_id.to_string();
+                            td.operation { (short_link(format!("/console/operations/{}", path_segment(id)), id)) }
+                            td.run { (short_link(format!("/console/runs/{}", path_segment(&run)), &run)) }
+                            td.step { (short_id(&op.step_id)) " v" (op.effect_version) }
                             td { code { (op.tool_name) } }
                             td { (op.route.as_ref().map(|r| r.upstream.as_str()).unwrap_or("—")) }
                             td { (badge(op.status.as_str())) }
@@ -483,6 +497,9 @@ pub fn operations(banner: &Banner, q: &OperationQuery, rows: &[OperationRowSumma
 pub struct OperationPage<'a> {
     pub view: &'a OperationView,
     pub reconcile_attempts: Option<i32>,
+    /// Why resetting the retry budget can change nothing (`None`: it can, or
+    /// not judged): the retry action is not offered then.
+    pub no_retry: Option<&'static str>,
     pub plan: Option<(&'static str, String)>,
     pub form_token: String,
     pub done: Option<&'a str>,
@@ -612,6 +629,12 @@ pub fn operation(banner: &Banner, page: &OperationPage<'_>) -> Markup {
                         button #resolve-submit type="submit" { "Resolve" }
                     }
                 }
+                @if let Some(why) = page.no_retry {
+                    section.card #no-retry {
+                        h2 { "Retry" }
+                        p.hint { "Not offered: " (why) "." }
+                    }
+                } @else {
                 section.card.action #retry {
                     h2 { "Retry" }
                     p.hint { "Starts the same-key retry budget over (after the upstream was fixed): the reconciler tries again under the same operation id." }
@@ -622,6 +645,7 @@ pub fn operation(banner: &Banner, page: &OperationPage<'_>) -> Markup {
                         textarea #retry-note name="note" rows="2" {}
                         button #retry-submit type="submit" { "Reset the retry budget" }
                     }
+                }
                 }
             }
             (PreEscaped(""))

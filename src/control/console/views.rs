@@ -296,6 +296,12 @@ pub(super) async fn operation_response(
     } else {
         None
     };
+    // The rule `ops retry` refuses by: no retry action where none can
+    // follow (not judged without the serving process's tools).
+    let no_retry = state.sources.tools.as_deref().and_then(|tools| {
+        let tool = crate::dispatch::recorded_tool(tools, &view.operation);
+        crate::adapter::retry_budget_matters(tool.as_ref().map(|t| &t.adapter)).err()
+    });
     let status = refused
         .as_ref()
         .map(|(status, _)| *status)
@@ -305,6 +311,7 @@ pub(super) async fn operation_response(
         &pages::OperationPage {
             view: &view,
             reconcile_attempts: attempts,
+            no_retry,
             plan,
             form_token: viewer.form_token(&state.form_key),
             done,

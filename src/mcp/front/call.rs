@@ -6,6 +6,7 @@
 
 use super::cancel::{CallWatch, cancelled_by_the_agent};
 use super::request::{CallCredentials, invalid_params, session_refusal};
+use super::tally::{Replayed, Tally};
 use super::tasks::agent_follows_tasks;
 use super::{Front, ToolCall, upstream_failure};
 use crate::adapter::{PeerError, ToolReply, Upstream, UpstreamCall};
@@ -34,6 +35,7 @@ impl Front {
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
     ) -> ToolCall {
+        let tally = Tally::new(context, "read_only", &request.name);
         let upstream = resolved.upstream;
         let cancel = watch.cancel.clone();
         self.watch_request(context, cancel.clone(), false, watch.detach.clone());
@@ -55,7 +57,7 @@ impl Front {
                 biased;
                 answer = front.state.upstreams.call(call) => answer,
                 _ = cancel.cancelled() => {
-                    count_call("read_only", "cancelled", false);
+                    tally.ended("cancelled", Replayed::No);
                     return Err(cancelled_by_the_agent());
                 }
             };
@@ -66,7 +68,7 @@ impl Front {
                 Ok(_) => "answered",
                 Err(_) => "upstream_error",
             };
-            count_call("read_only", outcome, false);
+            tally.ended(outcome, Replayed::No);
             tracing::debug!(upstream = %crate::logfield::clip(&upstream), outcome, "read-only call");
             match answer {
                 Ok(ToolReply::Answer(mut answer)) => {
@@ -80,15 +82,6 @@ impl Front {
             }
         })
     }
-}
-
-/// Counts one agent call by how it ended (`leasegate_agent_calls_total`):
-/// `path` is `gated` or `read_only`; `replayed` marks a gated answer the
-/// ledger gave from an earlier call.
-fn count_call(path: &'static str, outcome: &'static str, replayed: bool) {
-    metrics::counter!("leasegate_agent_calls_total", "path" => path, "outcome" => outcome,
-        "replayed" => if replayed { "true" } else { "false" })
-    .increment(1);
 }
 
 pub(super) fn refusal(message: String) -> PeerError {
@@ -138,11 +131,13 @@ impl Front {
         agent: crate::adapter::AgentSink,
         watch: &CallWatch,
     ) -> Result<ToolCall, McpError> {
+        let mut tally = Tally::new(context, "gated", &request.name);
         let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
         let trace_id = credentials.trace_id().to_owned();
         let outcome_in_content = self.state.config.policy.outcome_in_content;
         let over_http = credentials.over_http;
+        let started = credentials.arrived.unwrap_or_else(std::time::Instant::now);
         let CallCredentials {
             lease: own_lease,
             keyed,
@@ -157,6 +152,20 @@ impl Front {
             .lease
             .get()
             .or_else(|| self.state.session_lease.get());
+        tally.mode = match (&own_lease, &keyed, session_lease) {
+            (Err(CallError::LeaseRequired), Some(_), _) => "key",
+            (Err(CallError::LeaseRequired), None, Some(_)) => "session",
+            (Err(CallError::LeaseRequired), None, None) => "none",
+            _ => "explicit",
+        };
+        // The run is known once a lease carries the call.
+        let mut answered = Answered {
+            run_id: String::new(),
+            step_id: String::new(),
+            effect_version: 1,
+            tool: name.clone(),
+            started,
+        };
         let lease =
             match (own_lease, session_lease) {
                 // A lease the agent sent wins; without one, its idempotency
@@ -183,7 +192,8 @@ impl Front {
                 };
                 metrics::counter!("protected_write_rejected_total", "reason" => reason, "call" => "mcp_tools_call")
                     .increment(1);
-                count_call("gated", "refused", false);
+                tally.refused(reason);
+                answered.log("refused", Replayed::No, None, reason);
                 match error {
                     CallError::LeaseRequired => {
                         self.lease_required(&name, &resolved, over_http)
@@ -191,13 +201,26 @@ impl Front {
                     other => convert::error_from_call(&other),
                 }
             })?;
-        let mut step = step.map_err(|e| convert::error_from_call(&e))?;
+        answered.run_id = lease.run_id.to_string();
+        let mut step = step.map_err(|error| {
+            answered.log(
+                "refused",
+                Replayed::No,
+                None,
+                &crate::logfield::clip_display(&error).to_string(),
+            );
+            tally.refused_with(convert::error_from_call(&error))
+        })?;
         if keyed.is_some() && step.is_none() {
             // The key stands for one request: one step per key's run.
             step = Some(StepRef {
                 step_id: KEY_STEP.to_owned(),
                 effect_version: 1,
             });
+        }
+        if let Some(step) = &step {
+            answered.step_id = step.step_id.clone();
+            answered.effect_version = step.effect_version;
         }
         let cancel = watch.cancel.clone();
         self.watch_request(
@@ -233,35 +256,43 @@ impl Front {
                 biased;
                 outcome = front.state.dispatcher.call(call).instrument(span.clone()) => outcome,
                 _ = cancel.cancelled() => {
-                    count_call("gated", "cancelled", false);
-                    span.in_scope(|| tracing::info!("call cancelled by the agent; its dispatch runs on and records the outcome"));
+                    tally.ended("cancelled", Replayed::No);
+                    span.in_scope(|| answered.log("cancelled", Replayed::No, None,
+                        "cancelled by the agent; its dispatch runs on and records the outcome"));
                     return Err(cancelled_by_the_agent());
                 }
             };
             // The call is over: release the cancel watcher.
             cancel.cancel();
             let traced = crate::dispatch::trace_outcome(outcome.as_ref());
-            let replayed =
-                matches!(&outcome, Ok(CallReply::Answer { operation, .. }) if operation.replayed);
-            count_call("gated", traced, replayed);
+            let replayed = match &outcome {
+                Ok(CallReply::Answer { operation, .. } | CallReply::Task { operation, .. }) => {
+                    Replayed::of(operation)
+                }
+                _ => Replayed::No,
+            };
             span.record("outcome", traced);
-            match &outcome {
-                Ok(CallReply::Answer { operation, .. }) => {
-                    span.record("operation_id", operation.operation_id.as_str());
+            let operation_id = match &outcome {
+                Ok(CallReply::Answer { operation, .. } | CallReply::Task { operation, .. }) => {
+                    Some(operation.operation_id.as_str().to_owned())
                 }
-                Ok(CallReply::Unknown { operation_id, .. }) => {
-                    span.record("operation_id", operation_id.as_str());
-                }
-                Ok(CallReply::Task { operation, .. }) => {
-                    span.record("operation_id", operation.operation_id.as_str());
-                }
-                Err(_) => {}
+                Ok(CallReply::Unknown { operation_id, .. })
+                | Err(
+                    CallError::InProgress { operation_id }
+                    | CallError::Cancelled { operation_id }
+                    | CallError::NotSent { operation_id, .. },
+                ) => Some(operation_id.as_str().to_owned()),
+                Err(_) => None,
+            };
+            if let Some(operation_id) = &operation_id {
+                span.record("operation_id", operation_id.as_str());
             }
             // No guard held in this future: the span is entered for the
             // synchronous rest only.
             span.in_scope(|| match outcome {
                 Ok(mut reply) => {
-                    tracing::info!(outcome = traced, replayed, "call answered");
+                    tally.ended(traced, replayed);
+                    answered.log(traced, replayed, operation_id.as_deref(), "");
                     // Resource links in the (recorded) result name the
                     // upstream's URIs; the agent reads them under their
                     // exposed names.
@@ -271,18 +302,56 @@ impl Front {
                     convert::response_from_reply(reply, outcome_in_content)
                 }
                 Err(error) => {
+                    let answer = convert::error_from_call(&error);
+                    if traced == "refused" {
+                        tally.refused(super::tally::reason_of(&answer));
+                    } else {
+                        tally.ended(traced, Replayed::No);
+                    }
                     // The agent hears the value; the log names only where
                     // it is (argument values never reach the log).
-                    match &error {
-                        crate::dispatch::CallError::Intent(
-                            crate::intent::IntentError::UnsafeInteger { path, .. },
-                        ) => tracing::info!(%path, "call refused: integer beyond ±2^53"),
-                        _ => tracing::info!(error = %crate::logfield::clip_display(&error), "call refused"),
-                    }
-                    Err(convert::error_from_call(&error))
+                    let detail = match &error {
+                        CallError::Intent(crate::intent::IntentError::UnsafeInteger {
+                            path,
+                            ..
+                        }) => format!("integer beyond ±2^53 at {}", crate::logfield::clip(path)),
+                        _ => crate::logfield::clip_display(&error).to_string(),
+                    };
+                    answered.log(traced, Replayed::No, operation_id.as_deref(), &detail);
+                    Err(answer)
                 }
             })
         }))
+    }
+}
+
+/// The one info line of a gated call (`gated call`): what the front knows
+/// of it, and how long it took.
+struct Answered {
+    /// Empty until a lease carries the call.
+    run_id: String,
+    /// The agent's step, or empty when the ledger derives it from the request.
+    step_id: String,
+    effect_version: i32,
+    tool: String,
+    started: std::time::Instant,
+}
+
+impl Answered {
+    fn log(&self, outcome: &str, replayed: Replayed, operation_id: Option<&str>, detail: &str) {
+        let duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        tracing::info!(
+            operation_id = operation_id.unwrap_or(""),
+            run_id = %self.run_id,
+            step_id = %crate::logfield::clip(&self.step_id),
+            effect_version = self.effect_version,
+            tool = %crate::logfield::clip(&self.tool),
+            outcome,
+            replayed = replayed.as_str(),
+            duration_ms,
+            detail,
+            "gated call"
+        );
     }
 }
 

@@ -83,7 +83,8 @@
 //! (read-only or gated, in each lease mode); `catalog.rs` the exposed
 //! names, the merged lists and `initialize` answer; `relay.rs` what the
 //! upstreams send outside a call's answer; `cancel.rs` an agent's cancel;
-//! `parked.rs` stateless-MCP calls waiting for the agent's input.
+//! `parked.rs` stateless-MCP calls waiting for the agent's input;
+//! `tally.rs` how every call is counted.
 
 // Logging (`logging/setLevel`, `notifications/message`) is deprecated by
 // SEP-2577 but still part of every handshake-era protocol version leasegate
@@ -121,6 +122,7 @@ mod catalog;
 mod parked;
 mod relay;
 mod request;
+mod tally;
 mod tasks;
 mod whole_tools;
 pub use call::{lease_meta, operation_of};
@@ -729,15 +731,16 @@ impl ServerHandler for Front {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let unresolved = tally::Tally::new(&context, "unresolved", "");
         if let Some((header, count)) = duplicated_header(&context) {
-            return Err(McpError::new(
+            return Err(unresolved.refused_with(McpError::new(
                 ErrorCode(codes::INVALID_PARAMS),
                 format!(
                     "header {header} is given {count} times: send each Leasegate-* header (and \
                      Idempotency-Key) once. Nothing was recorded or sent"
                 ),
                 Some(json!({"reason": "duplicate_header", "header": header, "count": count})),
-            ));
+            )));
         }
         let name = request.name.to_string();
         let mut resolved = self.state.directory.get(&name);
@@ -750,8 +753,12 @@ impl ServerHandler for Front {
                 resolved = self.state.directory.get(&name);
             }
         }
-        let resolved = resolved
-            .ok_or_else(|| invalid_params(format!("unknown tool {name:?}: see tools/list")))?;
+        let Some(resolved) = resolved else {
+            unresolved.refused("unknown_tool");
+            return Err(invalid_params(format!(
+                "unknown tool {name:?}: see tools/list"
+            )));
+        };
         let upstream = resolved.upstream.clone();
         if let Some(handle) = request.request_state.clone() {
             // stateless MCP: the agent answers what the upstream asked.
@@ -767,8 +774,27 @@ impl ServerHandler for Front {
 
         let mut credentials = CallCredentials::read(&context);
         if !resolved.adapter.read_only {
-            self.begin_session_lease(&credentials).await?;
-            credentials.keyed = self.key_lease(&credentials).await?;
+            let tally = tally::Tally::new(&context, "gated", &name);
+            // Refused before a lease carried it: which mode was to lend one.
+            let lending = match self.state.config.lease.mode {
+                crate::config::LeaseMode::Session => "session",
+                crate::config::LeaseMode::Key => "key",
+                crate::config::LeaseMode::Explicit => "none",
+            };
+            let lend = |error| {
+                let mode = if credentials.brings_no_lease() {
+                    lending
+                } else {
+                    "explicit"
+                };
+                tally::Tally {
+                    mode,
+                    ..tally.clone()
+                }
+                .refused_with(error)
+            };
+            self.begin_session_lease(&credentials).await.map_err(lend)?;
+            credentials.keyed = self.key_lease(&credentials).await.map_err(lend)?;
         }
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = if resolved.adapter.read_only {
