@@ -14,7 +14,7 @@ use crate::dispatch::{CallError, CallReply};
 /// JSON-RPC error codes of leasegate: application codes outside the range
 /// JSON-RPC reserves (-32768..-32000), where the MCP specification and its
 /// SDKs define theirs (-32000 connection closed and -32001 request timeout
-/// in the SDKs, -32002 resource not found, -32020.. in MCP 2026-07-28,
+/// in the SDKs, -32002 resource not found, -32020.. in the stateless protocol (`V_2026_07_28`),
 /// -32042 URL elicitation), so a client never mistakes a leasegate refusal
 /// for its own failure. Stable; `data.reason` carries the meaning too.
 pub mod codes {

@@ -37,6 +37,7 @@
 //! between claim and send leaves a `dispatching` row whose claim expires
 //! into `unknown`.
 
+pub mod judge;
 pub mod plan;
 
 use std::sync::Arc;
@@ -57,7 +58,8 @@ use crate::ledger::{
     ResendVerdict, RetryVerdict, UnknownBy, UnknownCause,
 };
 use crate::policy::Policy;
-use plan::{Judgement, RemoteFact, Step, judge_query, judge_retry};
+use judge::{Judgement, RemoteFact, judge_query, judge_retry};
+use plan::Step;
 
 /// How many passes a service has completed; tests await it instead of
 /// sleeping.

@@ -1,5 +1,6 @@
 //! `init`'s rendering and heuristics, checked on tool lists like real servers'.
 
+use super::adapter_file::words;
 use super::*;
 use crate::adapter::{Capability, RawAdapter};
 use crate::config::{EnvValue, RawConfig};

@@ -97,11 +97,10 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CancelledNotificationParam, ClientRequest,
     CompleteRequestParams, CompleteResult, CustomRequest, CustomResult, ErrorCode,
-    GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, LoggingLevel,
-    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    ServerConfig, ServerNotification, ServerResult, SetLevelRequestParams, SubscribeRequestParams,
-    Tool, UnsubscribeRequestParams,
+    GetPromptRequestParams, GetPromptResponse, ListPromptsResult, ListResourceTemplatesResult,
+    ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ServerConfig, ServerNotification,
+    ServerResult, SetLevelRequestParams, SubscribeRequestParams, Tool, UnsubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, Peer, RequestContext};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -122,6 +121,7 @@ mod catalog;
 mod parked;
 mod relay;
 mod request;
+mod surface;
 mod tally;
 mod tasks;
 mod whole_tools;
@@ -129,7 +129,7 @@ pub use call::{lease_meta, operation_of};
 use cancel::CallWatch;
 use catalog::{CATALOG_MAX_AGE, Catalog, merged_info};
 use parked::PendingCall;
-use relay::{level_rank, relay_events};
+use relay::relay_events;
 
 pub use super::wire::*;
 use request::{CallCredentials, duplicated_header, invalid_params, is_modern, request_key};
@@ -448,28 +448,7 @@ impl ServerHandler for Front {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
-        let (upstream, uri) = self.resolve_uri(&request.uri).ok_or_else(|| {
-            McpError::new(
-                ErrorCode::RESOURCE_NOT_FOUND,
-                format!("unknown resource {:?}: see resources/list", request.uri),
-                None,
-            )
-        })?;
-        let result = self
-            .forward(&upstream, "resources/read", json!({"uri": uri}), &context)
-            .await?;
-        let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
-        self.expose_uris(&upstream, &mut value);
-        let mut result: ReadResourceResult = serde_json::from_value(value).map_err(|e| {
-            McpError::internal_error(
-                format!("upstream answer to resources/read unreadable: {e}"),
-                None,
-            )
-        })?;
-        result
-            .result_type
-            .get_or_insert(rmcp::model::ResultType::COMPLETE);
-        Ok(ReadResourceResponse::Complete(result))
+        self.serve_read_resource(request, context).await
     }
 
     #[allow(deprecated)]
@@ -478,21 +457,7 @@ impl ServerHandler for Front {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let (upstream, uri) = self
-            .resolve_uri(&request.uri)
-            .ok_or_else(|| invalid_params(format!("unknown resource {:?}", request.uri)))?;
-        self.register_session(context.peer.clone());
-        self.forward(
-            &upstream,
-            "resources/subscribe",
-            json!({"uri": uri}),
-            &context,
-        )
-        .await?;
-        if let Ok(mut subscriptions) = self.session.subscriptions.lock() {
-            subscriptions.insert(request.uri);
-        }
-        Ok(())
+        self.serve_subscribe(request, context).await
     }
 
     #[allow(deprecated)]
@@ -501,28 +466,7 @@ impl ServerHandler for Front {
         request: UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        let (upstream, uri) = self
-            .resolve_uri(&request.uri)
-            .ok_or_else(|| invalid_params(format!("unknown resource {:?}", request.uri)))?;
-        if let Ok(mut subscriptions) = self.session.subscriptions.lock() {
-            subscriptions.remove(&request.uri);
-        }
-        // Other sessions may still want updates of this resource.
-        let still_wanted = self.live_sessions().iter().any(|(s, _)| {
-            s.subscriptions
-                .lock()
-                .is_ok_and(|set| set.contains(&request.uri))
-        });
-        if !still_wanted {
-            self.forward(
-                &upstream,
-                "resources/unsubscribe",
-                json!({"uri": uri}),
-                &context,
-            )
-            .await?;
-        }
-        Ok(())
+        self.serve_unsubscribe(request, context).await
     }
 
     async fn list_prompts(
@@ -540,31 +484,7 @@ impl ServerHandler for Front {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, McpError> {
-        let (upstream, name) = self.resolve_name(&request.name).ok_or_else(|| {
-            invalid_params(format!(
-                "unknown prompt {:?}: see prompts/list",
-                request.name
-            ))
-        })?;
-        let mut params = json!({"name": name});
-        if let Some(arguments) = request.arguments {
-            params["arguments"] = Value::Object(arguments);
-        }
-        let result = self
-            .forward(&upstream, "prompts/get", params, &context)
-            .await?;
-        let mut value = serde_json::to_value(&result).unwrap_or(Value::Null);
-        self.expose_uris(&upstream, &mut value);
-        let mut result: GetPromptResult = serde_json::from_value(value).map_err(|e| {
-            McpError::internal_error(
-                format!("upstream answer to prompts/get unreadable: {e}"),
-                None,
-            )
-        })?;
-        result
-            .result_type
-            .get_or_insert(rmcp::model::ResultType::COMPLETE);
-        Ok(GetPromptResponse::Complete(result))
+        self.serve_get_prompt(request, context).await
     }
 
     async fn complete(
@@ -572,42 +492,7 @@ impl ServerHandler for Front {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, McpError> {
-        let mut params = serde_json::to_value(&request)
-            .map_err(|e| McpError::internal_error(e.to_string(), None))?;
-        let reference = params.get_mut("ref").and_then(Value::as_object_mut);
-        let Some(reference) = reference else {
-            return Err(invalid_params("completion/complete needs a ref"));
-        };
-        let target = match reference.get("type").and_then(Value::as_str) {
-            Some("ref/prompt") => reference
-                .get("name")
-                .and_then(Value::as_str)
-                .and_then(|n| self.resolve_name(n))
-                .map(|(u, n)| (u, "name", n)),
-            Some("ref/resource") => reference
-                .get("uri")
-                .and_then(Value::as_str)
-                .and_then(|uri| self.resolve_uri(uri))
-                .map(|(u, uri)| (u, "uri", uri)),
-            _ => None,
-        };
-        let Some((upstream, field, own)) = target else {
-            return Err(invalid_params(
-                "completion/complete: unknown prompt or resource in ref",
-            ));
-        };
-        reference.insert(field.to_owned(), Value::String(own));
-        if let Some(map) = params.as_object_mut() {
-            map.remove("_meta");
-        }
-        let result = self
-            .forward(&upstream, "completion/complete", params, &context)
-            .await?;
-        let mut result: CompleteResult = typed(result, "completion/complete")?;
-        result
-            .result_type
-            .get_or_insert(rmcp::model::ResultType::COMPLETE);
-        Ok(result)
+        self.serve_complete(request, context).await
     }
 
     async fn set_level(
@@ -615,38 +500,7 @@ impl ServerHandler for Front {
         request: SetLevelRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.register_session(context.peer.clone());
-        if let Ok(mut level) = self.session.log_level.lock() {
-            *level = Some(request.level);
-        }
-        // A handshake-era stateless client has no session to keep it in:
-        // kept by its client identity, for its later calls (`relay`).
-        if relay::stateless_level(&context, &self.state.in_flight.log_levels).is_some()
-            && let Some(parts) = context.extensions.get::<http::request::Parts>()
-        {
-            self.state
-                .in_flight
-                .log_levels
-                .set(&parts.headers, request.level);
-        }
-        // The upstream sessions are shared: ask them for everything at the
-        // lowest level any session wants; leasegate filters per session.
-        let lowest = self
-            .live_sessions()
-            .iter()
-            .filter_map(|(s, _)| s.log_level.lock().ok().and_then(|l| *l))
-            .min_by_key(|l| level_rank(*l))
-            .unwrap_or(request.level);
-        for upstream in self.upstreams_with(|c| c.logging.is_some()) {
-            self.forward(
-                &upstream,
-                "logging/setLevel",
-                json!({"level": lowest}),
-                &context,
-            )
-            .await?;
-        }
-        Ok(())
+        self.serve_set_level(request, context).await
     }
 
     async fn on_cancelled(

@@ -139,7 +139,7 @@ pub struct UpstreamEvent {
 const EARLY_KEEP: Duration = Duration::from_secs(10);
 const EARLY_MAX: usize = 1024;
 
-/// The `_meta` key of a request's own client capabilities (MCP 2026-07-28),
+/// The `_meta` key of a request's own client capabilities (the stateless protocol, rmcp's `V_2026_07_28`),
 /// which an upstream reads before the session's.
 const CLIENT_CAPABILITIES_META: &str = "io.modelcontextprotocol/clientCapabilities";
 
