@@ -232,6 +232,16 @@ async fn http_upstreams_that_refuse_connections_get_no_calls_spend_no_budget_and
         proofs, EMAIL_TRIES,
         "only the agent's own calls met the outage: the outbox left the down upstream alone"
     );
+    // Each charge converges on its own path (the crashed one by the
+    // reconciler's same-key retry, the agent's by its call or the outbox):
+    // wait for both, not for whichever the status probe reads first.
+    wait_until("every intent to converge", || async {
+        let now = operations(&db).await;
+        now.iter()
+            .all(|(_, status, _)| status == "succeeded")
+            .then_some(())
+    })
+    .await;
     let after = operations(&db).await;
     assert!(
         after.iter().all(|(_, status, _)| status == "succeeded"),
