@@ -28,8 +28,8 @@ use common::proxy::{LEASEGATE, Scenario};
 use tokio::io::AsyncBufReadExt;
 
 /// Starting includes initdb on a loaded machine.
-const START_DEADLINE: Duration = Duration::from_secs(180);
-const STOP_DEADLINE: Duration = Duration::from_secs(90);
+pub(crate) const START_DEADLINE: Duration = Duration::from_secs(180);
+pub(crate) const STOP_DEADLINE: Duration = Duration::from_secs(90);
 
 /// The newest PostgreSQL's binaries (only the guard uses them; leasegate
 /// finds its own).
@@ -42,8 +42,8 @@ fn pg_bin() -> PathBuf {
 
 /// Stops the private cluster in `dir` (immediate) if it still runs, even on
 /// panic; printing the server log's tail when panicking.
-struct ClusterGuard {
-    dir: PathBuf,
+pub(crate) struct ClusterGuard {
+    pub(crate) dir: PathBuf,
 }
 
 impl ClusterGuard {
@@ -52,7 +52,7 @@ impl ClusterGuard {
     }
 
     /// The postmaster's pid, from `postmaster.pid`.
-    fn postmaster_pid(&self) -> Option<i32> {
+    pub(crate) fn postmaster_pid(&self) -> Option<i32> {
         let text = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
         text.lines().next()?.trim().parse().ok()
     }
@@ -119,13 +119,13 @@ fn processes_of(needle: &str, parent: Option<i32>) -> Vec<String> {
 }
 
 /// A leasegate process with its stderr collected line by line.
-struct Leasegate {
-    child: tokio::process::Child,
-    lines: Arc<Mutex<Vec<String>>>,
+pub(crate) struct Leasegate {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) lines: Arc<Mutex<Vec<String>>>,
 }
 
 /// A URL on 127.0.0.1 where nothing listens.
-fn closed_port_url() -> String {
+pub(crate) fn closed_port_url() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     drop(listener);
@@ -153,28 +153,33 @@ fn serve(config: &Path, default_url: &str, state: &Path, env: &[(&str, &str)]) -
     for (name, value) in env {
         command.env(name, value);
     }
-    let mut child = command.spawn().expect("spawn leasegate");
-    let lines = Arc::new(Mutex::new(Vec::new()));
-    let stderr = child.stderr.take().unwrap();
-    {
-        let lines = lines.clone();
-        tokio::spawn(async move {
-            let mut reader = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = reader.next_line().await {
-                lines.lock().unwrap().push(line);
-            }
-        });
-    }
-    Leasegate { child, lines }
+    Leasegate::spawn(command)
 }
 
 impl Leasegate {
-    fn stderr(&self) -> String {
+    /// Spawns `command` (stderr piped) and collects its stderr lines.
+    pub(crate) fn spawn(mut command: tokio::process::Command) -> Leasegate {
+        let mut child = command.spawn().expect("spawn leasegate");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().unwrap();
+        {
+            let lines = lines.clone();
+            tokio::spawn(async move {
+                let mut reader = tokio::io::BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Leasegate { child, lines }
+    }
+
+    pub(crate) fn stderr(&self) -> String {
         self.lines.lock().unwrap().join("\n")
     }
 
     /// The first stderr line containing `needle`, within `deadline`.
-    async fn line(&mut self, needle: &str, deadline: Duration) -> String {
+    pub(crate) async fn line(&mut self, needle: &str, deadline: Duration) -> String {
         let until = tokio::time::Instant::now() + deadline;
         loop {
             if let Some(line) = self
@@ -214,12 +219,12 @@ impl Leasegate {
             .to_owned()
     }
 
-    fn signal(&self, signal: nix::sys::signal::Signal) {
+    pub(crate) fn signal(&self, signal: nix::sys::signal::Signal) {
         let pid = self.child.id().expect("still running") as i32;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).unwrap();
     }
 
-    async fn exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
+    pub(crate) async fn exit(&mut self, deadline: Duration) -> std::process::ExitStatus {
         match tokio::time::timeout(deadline, self.child.wait()).await {
             Ok(status) => status.unwrap(),
             Err(_) => panic!(
@@ -232,7 +237,7 @@ impl Leasegate {
 
 /// Waits until the cluster's postmaster (`pid`) and its children are gone
 /// and `postmaster.pid` is removed.
-async fn assert_stopped(guard: &ClusterGuard, pid: i32) {
+pub(crate) async fn assert_stopped(guard: &ClusterGuard, pid: i32) {
     let data = guard.data();
     let needle = data.to_string_lossy().into_owned();
     let until = tokio::time::Instant::now() + STOP_DEADLINE;

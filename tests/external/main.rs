@@ -12,6 +12,7 @@ mod conformance;
 mod console;
 mod embedded_pg;
 mod failover;
+mod pasted_commands;
 mod postgres_binaries;
 mod python_agent;
 mod sdk_transparency;
