@@ -287,3 +287,380 @@ async fn the_quickstart_worker_loses_its_lease_as_the_page_shows(
     }
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Each line of docs/operating.md's operator command list (a synopsis:
+/// `[optional]`, `a|b`, `<placeholders>`), the commands the test runs for
+/// it with every flag the line names, and the exit status each must end
+/// with. The variables come from the seeded ledger: `$RUN` holds `$OP`, an
+/// unknown charge, and `$SETTLED`, a succeeded one; `$SPARE` and `$FREE`
+/// are runs nobody leases; `$FAILOVER` is a recorded failover.
+const OPERATOR_COMMANDS: &[(&str, &str, i32)] = &[
+    (
+        "leasegate ops show <operation_id>",
+        "leasegate ops show $OP && leasegate ops show $SETTLED",
+        0,
+    ),
+    (
+        "leasegate ops list [--run <run_id>] [--status unknown] [--tool T] [--limit 100] [--cursor C]",
+        "leasegate ops list --run $RUN --status unknown --tool payments__charge --limit 100 && \
+         C=$(leasegate ops list --run $RUN --limit 1 --json | grep -o '\"next_cursor\":\"[^\"]*\"' | cut -d'\"' -f4) && \
+         test -n \"$C\" && leasegate ops list --run $RUN --limit 1 --cursor \"$C\"",
+        0,
+    ),
+    ("leasegate ops unknown", "leasegate ops unknown", 0),
+    (
+        "leasegate ops retry <operation_id> --note \"…\" [--actor …]",
+        "leasegate ops retry $OP --note 'checked: not at the provider' --actor alice",
+        0,
+    ),
+    (
+        "leasegate ops resolve <operation_id> --succeeded|--failed-final --note \"…\" [--remote-id …] [--actor …]",
+        "leasegate ops resolve $OP --succeeded --note 'found at the provider' --remote-id ch_42 --actor alice",
+        0,
+    ),
+    (
+        "leasegate ops failovers [--unresolved]",
+        "leasegate ops failovers --unresolved",
+        0,
+    ),
+    (
+        "leasegate ops failover-resolve <failover_id> --reason \"…\" [--by …]",
+        "leasegate ops failover-resolve $FAILOVER --reason 'compared the standby' --by alice",
+        0,
+    ),
+    (
+        "leasegate ops archive --older-than 30d [--delete] [--batch 1000] [--max-batches N]",
+        "leasegate ops archive --older-than 30d --delete --batch 1000 --max-batches 2",
+        0,
+    ),
+    (
+        "leasegate runs create --task T [--tenant X] [--owner O --ttl-ms N]",
+        "leasegate runs create --task order-7 --tenant tenant-a --owner worker-9 --ttl-ms 30000",
+        0,
+    ),
+    (
+        "leasegate runs show <run_id>",
+        "leasegate runs show $RUN",
+        0,
+    ),
+    (
+        "leasegate runs cancel <run_id> [--reason \"…\"] [--actor …]",
+        "leasegate runs cancel $SPARE --reason 'order withdrawn' --actor alice",
+        0,
+    ),
+    (
+        "leasegate lease acquire|renew|release <run_id> …",
+        "OUT=$(leasegate lease acquire $FREE --ttl-ms 30000 --owner worker-2) && \
+         T=$(echo \"$OUT\" | awk '$1 == \"lease_token\" { print $2 }') && \
+         E=$(echo \"$OUT\" | awk '$1 == \"epoch\" { print $2 }') && \
+         leasegate lease renew $FREE --owner worker-2 --epoch \"$E\" --lease-token \"$T\" --ttl-ms 30000 && \
+         leasegate lease release $FREE --owner worker-2 --epoch \"$E\" --lease-token \"$T\"",
+        0,
+    ),
+];
+
+/// A shell block's commands: continuation lines joined, comments and
+/// blank lines dropped.
+fn commands_of(block: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut current = String::new();
+    for line in block.lines() {
+        let line = match line.find("   #") {
+            Some(at) => &line[..at],
+            None => line,
+        }
+        .trim_end();
+        if let Some(continued) = line.strip_suffix('\\') {
+            current.push_str(continued);
+            continue;
+        }
+        current.push_str(line);
+        if !current.trim().is_empty() {
+            commands.push(current.split_whitespace().collect::<Vec<_>>().join(" "));
+        }
+        current.clear();
+    }
+    commands
+}
+
+/// docs/operating.md's operator command list, every line run with each
+/// flag it names against a seeded ledger, through the CLI the page
+/// documents (the default database URL is the test's).
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_operator_commands_the_docs_list_run_with_every_flag_they_name(
+    pool: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    use leasegate::ledger::UnknownCause;
+    let db = common::TestDb::new(pool, connect).await;
+    let (lease, _) = db.running_run("worker-1", 600_000).await;
+    let unknown = db
+        .claim(
+            &lease,
+            &common::intents::unplanned_charge(lease.run_id, 500, "eur"),
+            "proxy-1",
+            60_000,
+        )
+        .await;
+    db.holder_marks_unknown(&unknown, UnknownCause::TimedOut, &serde_json::json!({}))
+        .await;
+    let settled = db
+        .claim(
+            &lease,
+            &common::intents::unplanned_charge(lease.run_id, 700, "eur"),
+            "proxy-1",
+            60_000,
+        )
+        .await;
+    db.settle_succeeded(&settled, Some("ch_7"), &serde_json::json!({"content": []}))
+        .await;
+    let (failover,): (i64,) = sqlx::query_as(
+        "SELECT failover_id FROM failover_record('test', '1', NULL, 1, 2, NULL, '0/10')",
+    )
+    .fetch_one(&db.admin)
+    .await
+    .unwrap();
+    let spare = db.pending_run().await;
+    let free = db.pending_run().await;
+
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/operating.md")).unwrap();
+    let (block, _) = common::files::block_and_next(&page, "sh", "leasegate ops show");
+    // Compared as sets: the test runs them in an order that leaves each
+    // something to act on (a retry before the resolution).
+    let mut documented = commands_of(&block);
+    documented.sort();
+    let mut listed: Vec<&str> = OPERATOR_COMMANDS.iter().map(|(line, _, _)| *line).collect();
+    listed.sort();
+    assert_eq!(
+        documented, listed,
+        "docs/operating.md's operator commands changed: update OPERATOR_COMMANDS to run each"
+    );
+    let binaries = Path::new(common::proxy::LEASEGATE).parent().unwrap();
+    let path = format!("{}:{}", binaries.display(), std::env::var("PATH").unwrap());
+    for (line, run, expected) in OPERATOR_COMMANDS {
+        // Each flag the line names (of `--a|--b`, one of them) is run.
+        for word in line
+            .split([' ', '[', ']'])
+            .filter(|word| word.starts_with("--"))
+        {
+            assert!(
+                word.split('|')
+                    .any(|flag| run.split_whitespace().any(|w| w == flag)),
+                "{line}: the test runs no {word}"
+            );
+        }
+        let output = tokio::time::timeout(
+            common::DEADLINE,
+            tokio::process::Command::new("bash")
+                .args(["-euo", "pipefail", "-c", run])
+                .env_remove("DATABASE_URL")
+                .env_remove("LEASEGATE_DATABASE_URL")
+                .env("LEASEGATE_DEFAULT_DATABASE_URL", &db.url)
+                .env("PATH", &path)
+                .env("RUN", lease.run_id.to_string())
+                .env("OP", unknown.operation_id.as_str())
+                .env("SETTLED", settled.operation_id.as_str())
+                .env("SPARE", spare.to_string())
+                .env("FREE", free.to_string())
+                .env("FAILOVER", failover.to_string())
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{line}: did not finish"))
+        .unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(*expected),
+            "{line}\nran: {run}\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let resolved = db.operation_view(&unknown.operation_id).await;
+    assert_eq!(
+        resolved.operation.status.as_str(),
+        "succeeded",
+        "{resolved:?}"
+    );
+}
+
+/// docs/operating.md's token commands, as written, against a leasegate
+/// whose control API requires tokens (the page's address and database are
+/// the test's): the minted token reads a run of its tenant, the listing
+/// names it without its secret, and once revoked it is refused.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_token_commands_the_docs_give_mint_use_list_and_revoke(
+    pool: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let db = common::TestDb::new(pool, connect).await;
+    let scenario = common::proxy::Scenario::new(&db.url, "");
+    let config = std::fs::read_to_string(scenario.config_path()).unwrap();
+    std::fs::write(
+        scenario.config_path(),
+        common::replace_exactly(&config, "tenant = \"tenant-a\"", "tenant = \"quickstart\""),
+    )
+    .unwrap();
+    scenario.surround_config("", "[auth]\nmode = \"required\"\n");
+    let proxy = common::proxy::RunningProxy::start(&scenario.config_path()).await;
+    let run = db.pending_run_in("quickstart").await;
+
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/operating.md")).unwrap();
+    let (block, _) = common::files::block_and_next(&page, "sh", "TOKEN=$(leasegate tokens create");
+    let script = common::replace_exactly(
+        &common::replace_exactly(
+            &block,
+            "postgres://postgres@127.0.0.1:5432/leasegate",
+            &db.url,
+        ),
+        "http://10.0.0.5:8641",
+        &proxy.control_url,
+    );
+    // After the page's commands: the revoked token, tried again.
+    let script = format!(
+        "{script}echo\ncurl -s -o /dev/null -w '%{{http_code}}' {}/v1/runs/$RUN -H \"authorization: Bearer $TOKEN\"\n",
+        proxy.control_url
+    );
+    let binaries = Path::new(common::proxy::LEASEGATE).parent().unwrap();
+    let output = tokio::time::timeout(
+        common::DEADLINE,
+        tokio::process::Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &script])
+            .env_remove("DATABASE_URL")
+            .env_remove("LEASEGATE_DATABASE_URL")
+            .env(
+                "PATH",
+                format!("{}:{}", binaries.display(), std::env::var("PATH").unwrap()),
+            )
+            .env("RUN", run.to_string())
+            .output(),
+    )
+    .await
+    .expect("the page's token commands finish")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The run, read with the new token (curl prints no newline after it).
+    assert!(
+        lines[0].starts_with("{\"active\":true,")
+            && lines[0].contains(&format!("\"run_id\":\"{run}\"")),
+        "{stdout}"
+    );
+    // The listing: a header and the token, named, without its secret.
+    assert!(lines[0].ends_with("REVOKED"), "{stdout}");
+    let row = lines[1].split_whitespace().collect::<Vec<_>>();
+    assert_eq!(&row[1..4], ["quickstart", "agent", "worker-1"], "{stdout}");
+    assert!(!stdout.contains("lgt_"), "a secret was printed: {stdout}");
+    assert_eq!(lines[2], format!("token {} revoked", row[0]), "{stdout}");
+    // Revoked: refused.
+    assert_eq!(lines.last().unwrap().trim(), "401", "{stdout}");
+    proxy.stop().await;
+}
+
+/// docs/adapters-and-policies.md's "Front your own MCP server": `init`
+/// in front of the example tools, `check-config` and `serve` of what it
+/// wrote (on the test's database), the served tools listed through it;
+/// then `init` in front of the pinned server-everything (the page's `npx`
+/// line, with the suite's installed copy of that version) reports what the
+/// page says it reports.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn the_front_your_own_server_commands_init_check_and_serve(
+    pool: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let _exclusive = common::exclusive().await;
+    let db = common::TestDb::new(pool, connect).await;
+    let page =
+        std::fs::read_to_string(Path::new(ROOT).join("docs/adapters-and-policies.md")).unwrap();
+    let (init, _) = common::files::block_and_next(&page, "sh", "leasegate init --dir my-proxy");
+    let (check_and_serve, _) =
+        common::files::block_and_next(&page, "sh", "leasegate check-config my-proxy");
+    let (everything, _) =
+        common::files::block_and_next(&page, "sh", "leasegate init --dir everything");
+    let root = scratch_root();
+    let binaries = Path::new(common::proxy::LEASEGATE).parent().unwrap();
+    let path = format!("{}:{}", binaries.display(), std::env::var("PATH").unwrap());
+    let bash = |script: &str| {
+        let mut command = tokio::process::Command::new("bash");
+        command
+            .args(["-euo", "pipefail", "-c", script])
+            .current_dir(&root)
+            .env_remove("DATABASE_URL")
+            .env_remove("LEASEGATE_DATABASE_URL")
+            .env_remove("RUST_LOG")
+            .env("LEASEGATE_DEFAULT_DATABASE_URL", &db.url)
+            .env("PATH", &path);
+        command
+    };
+    let run = |script: String| {
+        let mut command = bash(&script);
+        async move {
+            let output =
+                tokio::time::timeout(std::time::Duration::from_secs(120), command.output())
+                    .await
+                    .unwrap_or_else(|_| panic!("{script}: did not finish"))
+                    .unwrap();
+            let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+            assert!(
+                output.status.success(),
+                "{script}\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            stdout
+        }
+    };
+    run(init).await;
+    let mut commands = commands_of(&check_and_serve).into_iter();
+    let check = commands.next().unwrap();
+    let serve = commands.next().unwrap();
+    assert_eq!(commands.next(), None, "{check_and_serve}");
+    let checked = run(check).await;
+    assert!(checked.starts_with("ok "), "{checked}");
+
+    let mut command = bash(&format!("exec {serve}"));
+    command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut served = Leasegate::spawn(command);
+    let line = served.line("serving MCP at ", START_DEADLINE).await;
+    let url = line
+        .split("serving MCP at ")
+        .nth(1)
+        .unwrap()
+        .trim()
+        .to_owned();
+    let (agent, _) = common::proxy::connect_http(&url, None).await;
+    let mut tools = common::proxy::tool_names(&agent).await;
+    tools.sort();
+    assert_eq!(tools, ["payments__charge", "payments__get_charge"]);
+    drop(agent);
+    served.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = served.exit(STOP_DEADLINE).await;
+    assert!(status.success(), "{status}: {}", served.stderr());
+
+    // The suite's copy of the pinned server-everything stands for `npx -y`.
+    let pinned = "npx -y @modelcontextprotocol/server-everything@2026.8.31";
+    let installed = format!("node {}", common::peers::server_everything().display());
+    let printed = run(common::replace_exactly(&everything, pinned, &installed)).await;
+    let reported = page
+        .split("```sh\nleasegate init --dir everything")
+        .nth(1)
+        .and_then(|rest| rest.split("reports `").nth(1))
+        .and_then(|rest| rest.split('`').next())
+        .expect("the page says what the everything init reports")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        printed.contains(&format!("): {reported}\n")),
+        "the page says {reported:?}; init printed:\n{printed}"
+    );
+    let _ = std::fs::remove_dir_all(&root);
+}
