@@ -6,5 +6,6 @@ mod common;
 
 mod alerts;
 mod config_reference;
+mod doc_commands;
 mod layering;
 mod readme_walkthrough;

@@ -664,3 +664,153 @@ async fn the_front_your_own_server_commands_init_check_and_serve(
     );
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Each command line of docs/benchmarks.md's block and of docs/testing.md's
+/// chaos block, and the short round the test runs for it: the same program
+/// and every flag the line names, with small numbers (`$DB` is a database
+/// name of the test's, `$ADMIN` the server's admin URL). The release build
+/// the lines start with is the suite's debug build (`target/release` links
+/// to it, as in the quickstart test).
+const BENCHMARK_COMMANDS: &[(&str, &str)] = &[
+    (
+        "cargo build --release --bins --example bench_gateway && target/release/examples/bench_gateway",
+        "target/release/examples/bench_gateway --quick --callers 1 --duration 1 \
+         --upstream example-tools --db-prefix ${DB}_gateway",
+    ),
+    (
+        "cargo run --release --example bench_ledger",
+        "target/release/examples/bench_ledger 20 ${ADMIN%/*}/${DB}_ledger",
+    ),
+    (
+        "cargo run --release --example bench_operations",
+        "LEASEGATE_BENCH_DB=${DB}_operations target/release/examples/bench_operations 1 $ADMIN",
+    ),
+    (
+        "cargo build --release --bins --example bench_latency && target/release/examples/bench_latency",
+        "target/release/examples/bench_latency 20 $ADMIN 2",
+    ),
+    (
+        "bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]",
+        "bench/sql-ab.sh . . 1 1 1",
+    ),
+    (
+        "bench/pinned.sh target/release/examples/bench_gateway …",
+        "bench/pinned.sh true",
+    ),
+    (
+        "cargo run --release --example bench_scale -- scale --rows 10000,10000000",
+        "target/release/examples/bench_scale scale --rows 100 --clients 1 --seconds 1 --repeat 1 \
+         --db ${DB}_scale --url $ADMIN",
+    ),
+    (
+        "cargo run --release --example bench_scale -- renew --leases 10000 --hosts 4",
+        "target/release/examples/bench_scale renew --leases 10 --rounds 1 --hosts 2 \
+         --db ${DB}_renew --url $ADMIN",
+    ),
+    ("cargo build --release --bins --example chaos", ""),
+    (
+        "target/release/examples/chaos --intents 10000 --proxies 3 --agents 12 --seed 10",
+        "target/release/examples/chaos --intents 30 --proxies 1 --agents 2 --seed 10",
+    ),
+];
+
+/// Every benchmark command the docs give, a short round each: they start,
+/// measure and finish (their figures are not judged here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_benchmark_command_the_docs_give_runs_a_short_round() {
+    let _exclusive = common::exclusive().await;
+    let mut documented = Vec::new();
+    for (page, starts) in [
+        (
+            "docs/benchmarks.md",
+            "cargo build --release --bins --example bench_gateway",
+        ),
+        (
+            "docs/testing.md",
+            "cargo build --release --bins --example chaos",
+        ),
+    ] {
+        let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
+        let (block, _) = common::files::block_and_next(&text, "sh", starts);
+        documented.extend(commands_of(&block));
+    }
+    // The lines without their trailing comments' alignment.
+    let documented: Vec<String> = documented
+        .iter()
+        .map(|line| match line.split_once(" # ") {
+            Some((command, _)) => command.trim_end().to_owned(),
+            None => line.clone(),
+        })
+        .collect();
+    let listed: Vec<&str> = BENCHMARK_COMMANDS.iter().map(|(line, _)| *line).collect();
+    assert_eq!(
+        documented, listed,
+        "the docs' benchmark commands changed: update BENCHMARK_COMMANDS to run each"
+    );
+
+    let root = scratch_root();
+    std::os::unix::fs::symlink(Path::new(ROOT).join("bench"), root.join("bench")).unwrap();
+    for tree in ["migrations", "sql", "src"] {
+        std::os::unix::fs::symlink(Path::new(ROOT).join(tree), root.join(tree)).unwrap();
+    }
+    let database = format!("bench_docs_{}", uuid::Uuid::new_v4().simple());
+    let admin = "postgres://postgres@127.0.0.1:5432/postgres";
+    for (line, run) in BENCHMARK_COMMANDS {
+        // The program's own flags, not cargo's.
+        let program = match (line.split_once(" && "), line.split_once(" -- ")) {
+            (Some((_, program)), _) | (None, Some((_, program))) => program,
+            _ if line.starts_with("cargo ") => "",
+            _ => line,
+        };
+        for word in program
+            .split([' ', '[', ']'])
+            .filter(|w| w.starts_with("--"))
+        {
+            assert!(
+                run.split_whitespace().any(|w| w == word),
+                "{line}: the test runs no {word}"
+            );
+        }
+        if run.is_empty() {
+            continue;
+        }
+        let output = tokio::time::timeout(
+            std::time::Duration::from_secs(300),
+            tokio::process::Command::new("bash")
+                .args(["-euo", "pipefail", "-c", run])
+                .current_dir(&root)
+                .env("DB", &database)
+                .env("ADMIN", admin)
+                .env_remove("RUST_LOG")
+                .stdin(Stdio::null())
+                .output(),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{run}: did not finish"))
+        .unwrap();
+        assert!(
+            output.status.success(),
+            "{line}\nran: {run}\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(admin)
+        .await
+        .unwrap();
+    let left: Vec<(String,)> =
+        sqlx::query_as("SELECT datname FROM pg_database WHERE datname LIKE $1 || '%'")
+            .bind(&database)
+            .fetch_all(&mut admin)
+            .await
+            .unwrap();
+    for (name,) in left {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
