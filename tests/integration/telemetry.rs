@@ -253,7 +253,9 @@ fn json_records(lines: &[String]) -> Vec<Value> {
 /// and on errors) does not break the JSON log: each of its lines becomes a
 /// record of its own naming the upstream, and every record leasegate
 /// writes is one JSON object per line (the startup banners, plain
-/// `leasegate: …` lines, aside).
+/// `leasegate: …` lines, aside) — also under load, with both upstreams
+/// logging every message they handle while gated and read-only calls run
+/// concurrently.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     pool: PgPoolOptions,
@@ -275,17 +277,22 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let chatty = format!("command = \"{}\"\nargs = []", script.display());
+    // Both upstreams log each message they handle (rmcp at debug, with
+    // bodies): many lines, some of them JSON-like, while calls run.
+    let talkative = "env = { RUST_LOG = \"debug\", LEASEGATE_LOG_BODIES = \"1\" }";
+    let chatty = format!("command = \"{}\"\nargs = []\n{talkative}", script.display());
     let mailer = format!(
         "command = \"{}\"\nargs = [\"--tools\", \"mailer\", \"--state-dir\", \"{}\"]",
         common::proxy::EXAMPLE_TOOLS,
         scenario.dir.join("state").display()
     );
-    std::fs::write(
-        scenario.config_path(),
-        common::replace_exactly(&config, &mailer, &chatty),
-    )
-    .unwrap();
+    let payments = format!(
+        "args = [\"--tools\", \"payments\", \"--state-dir\", \"{}\"]",
+        scenario.dir.join("state").display()
+    );
+    let config = common::replace_exactly(&config, &mailer, &chatty);
+    let config = common::replace_exactly(&config, &payments, &format!("{payments}\n{talkative}"));
+    std::fs::write(scenario.config_path(), config).unwrap();
     let served = common::proxy::ServedChild::spawn(common::proxy::ServedChild::command(
         &scenario,
         &[("LEASEGATE_LOG_FORMAT", "json")],
@@ -302,6 +309,54 @@ async fn an_upstreams_stderr_becomes_log_records_of_its_own(
     assert_eq!(records[0]["upstream"], "mailer", "{records:?}");
     assert_eq!(records[0]["line"], "chatty {\"not\": json", "{records:?}");
     assert_eq!(records[1]["line"], "second line", "{records:?}");
+
+    // Under load: 24 gated charges and 24 read-only reads at once.
+    let (lease, _) = db.running_run("busy-agent", 60_000).await;
+    let (agent, _) = connect_http(&served.mcp, None).await;
+    let meta = common::proxy::lease_meta(&lease);
+    let charges = (1..=24).map(|amount| charge_eur(&agent, amount, Some(meta.clone())));
+    let reads = (1..=24).map(|n| {
+        common::proxy::call(
+            &agent,
+            "payments__get_charge",
+            json!({"idempotency_key": format!("none-{n}")}),
+            None,
+        )
+    });
+    let (charged, read) = tokio::join!(
+        futures::future::join_all(charges),
+        futures::future::join_all(reads)
+    );
+    assert!(charged.iter().all(Result::is_ok), "{charged:?}");
+    assert!(read.iter().all(Result::is_ok), "{read:?}");
+    // Every line parses (`json_records` fails the test on one that does
+    // not): the 24 gated calls' lines and the upstreams' own among them.
+    let (gated, upstream) = wait_until("a gated call line for each charge", || async {
+        let records = json_records(&served.log.lock().unwrap());
+        let gated = records
+            .iter()
+            .filter(|r| r["message"] == "gated call")
+            .count();
+        let upstream: Vec<String> = records
+            .iter()
+            .filter(|r| r["target"] == "leasegate::upstream_stderr")
+            .map(|r| r["upstream"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        (gated >= 24).then_some((gated, upstream))
+    })
+    .await;
+    assert_eq!(gated, 24);
+    for name in ["payments", "mailer"] {
+        assert!(
+            upstream.iter().filter(|u| *u == name).count() >= 2,
+            "{name} logged too little to test anything: {upstream:?}"
+        );
+    }
+    assert!(
+        upstream.iter().filter(|u| *u == "payments").count() >= 48,
+        "the payments upstream logs each call it handles: {upstream:?}"
+    );
+    json_records(&served.log.lock().unwrap());
 }
 
 /// Every side-effecting call logs exactly one `gated call` line at info
