@@ -7,6 +7,7 @@ mod common;
 
 mod acceptance_b_process;
 mod auth;
+mod call_counts;
 mod config_files;
 mod control_api;
 mod database_url;
