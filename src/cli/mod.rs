@@ -92,7 +92,12 @@ pub async fn run(cli: Cli) -> ExitCode {
                 None
             }
         });
-    logging::init_logging("info,rmcp=warn", traces.as_ref());
+    // The server's NOTICEs ("relation ... already exists, skipping" at
+    // every start) say nothing an operator acts on.
+    logging::init_logging(
+        "info,rmcp=warn,sqlx::postgres::notice=warn",
+        traces.as_ref(),
+    );
     let mut database = None;
     let outcome = run_logged(cli.command, &mut database).await;
     if let Some(traces) = &traces {
