@@ -23,7 +23,7 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, DatabaseUrlSource};
+use crate::config::{Config, DatabaseUrl, DatabaseUrlSource};
 use crate::dispatch::Dispatcher;
 use crate::durability::{DurabilityGate, liveness};
 use crate::embedded::Cluster;
@@ -646,27 +646,35 @@ impl Proxy {
 /// embedded default starts a private cluster.
 const DEFAULT_PROBE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// The embedded default (`crate::embedded`): when the ledger's URL is the
-/// default (no `--database-url`, `LEASEGATE_DATABASE_URL` or config
-/// `database_url`) and nothing accepts a connection there, starts (or
-/// reuses) the private PostgreSQL cluster in the state directory, points
+/// The private PostgreSQL cluster (`crate::embedded`), for `serve` and
+/// `stdio`: when the ledger's URL is `"embedded"` (from any source), or
+/// when it is the default (no `--database-url`, `LEASEGATE_DATABASE_URL`
+/// or config `database_url`) and nothing accepts a connection there,
+/// starts (or reuses) the private cluster in the state directory, points
 /// `config` at its socket (source [`DatabaseUrlSource::Private`]) with
 /// `migrate` on, and returns it: the caller stops it on exit
 /// ([`stop_private`]; dropping it stops it too). `None`: the configured or
 /// default server is used as before.
 pub async fn provide_database(config: &mut Config) -> anyhow::Result<Option<Cluster>> {
-    if config.database.url_source != DatabaseUrlSource::Default
-        || Ledger::server_answers(&config.database.url, DEFAULT_PROBE).await
+    let asked = config.database.located();
+    if !asked.is_embedded()
+        && (asked.source != DatabaseUrlSource::Default
+            || Ledger::server_answers(&asked.url, DEFAULT_PROBE).await)
     {
         return Ok(None);
     }
     let (dir, chosen) = crate::embedded::state_dir()?;
-    tracing::info!(
-        default = %config.database.url,
-        dir = %dir.display(),
-        chosen_by = chosen,
-        "no database configured and nothing answers at the default: starting a private PostgreSQL"
-    );
+    if asked.is_embedded() {
+        tracing::info!(asked_by = %asked.source, dir = %dir.display(), chosen_by = chosen,
+            "database_url = \"embedded\": starting a private PostgreSQL");
+    } else {
+        tracing::info!(
+            default = %asked.url,
+            dir = %dir.display(),
+            chosen_by = chosen,
+            "no database configured and nothing answers at the default: starting a private PostgreSQL"
+        );
+    }
     let cluster = {
         let dir = dir.clone();
         tokio::task::spawn_blocking(move || Cluster::start(&dir)).await??
@@ -698,6 +706,21 @@ pub async fn provide_database(config: &mut Config) -> anyhow::Result<Option<Clus
         config.database.url
     );
     Ok(Some(cluster))
+}
+
+/// The ledger's URL for a command that connects to the ledger without
+/// starting it (the operator commands, `migrate`, `secrets rotate`):
+/// `"embedded"` becomes the socket URL of the private cluster in the state
+/// directory, which a running `serve` or `stdio` keeps up.
+pub fn client_database(database: DatabaseUrl) -> anyhow::Result<DatabaseUrl> {
+    if !database.is_embedded() {
+        return Ok(database);
+    }
+    let (dir, _) = crate::embedded::state_dir()?;
+    Ok(DatabaseUrl {
+        url: crate::embedded::socket_url(&dir, crate::embedded::DATABASE),
+        source: DatabaseUrlSource::Private(dir),
+    })
 }
 
 /// Stops the private cluster [`provide_database`] started (`pg_ctl stop -m

@@ -149,6 +149,12 @@ pub struct InitArgs {
     /// server; its value here only lists the tools now.
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
+    /// The ledger the new leasegate.toml names: a PostgreSQL URL, or
+    /// "embedded" for leasegate's private PostgreSQL in its state
+    /// directory. Unset: the default (a server at 127.0.0.1:5432 when one
+    /// answers, else the private one), said in a comment.
+    #[arg(long, value_name = "URL|embedded")]
+    pub database_url: Option<String>,
     /// A stdio upstream's command and arguments (with --name), after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

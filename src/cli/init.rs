@@ -101,6 +101,15 @@ fn init_upstreams(
             "--env NAME=VALUE goes with the upstream of --name NAME -- COMMAND… (stdio)".into(),
         );
     }
+    if let Some(url) = args.database_url.as_deref()
+        && url != crate::config::EMBEDDED_DATABASE
+        && let Some(why) = crate::ledger::url_problem(url)
+    {
+        return Err(format!(
+            "--database-url {:?} {why} (or \"embedded\" for leasegate's private PostgreSQL)",
+            crate::ledger::redacted_url(url)
+        ));
+    }
     if upstreams.is_empty() {
         return Err("no upstream given: `--name NAME -- COMMAND [ARGS…]`, `--name NAME --url URL`, --stdio NAME=COMMAND or --http NAME=URL".into());
     }
@@ -159,6 +168,13 @@ pub(super) async fn init(args: InitArgs) -> Result<(), (u8, String)> {
     let values = given_env(&args).map_err(usage)?;
     let config = args.dir.join("leasegate.toml");
     if config.exists() {
+        if args.database_url.is_some() {
+            return Err(usage(format!(
+                "--database-url names the ledger of a new leasegate.toml; {} exists: edit its \
+                 database_url instead",
+                config.display()
+            )));
+        }
         return add(&args, given, &values, &config).await;
     }
     // Refuse before starting anything when a file is in the way.
@@ -174,7 +190,8 @@ pub(super) async fn init(args: InitArgs) -> Result<(), (u8, String)> {
     skeleton::check_target(&args.dir, &skeleton::render(&planned), args.force).map_err(refusal)?;
 
     let found = inspect(given, &values, &args.dir).await?;
-    let (listen, moved) = free_listen();
+    let (mut listen, moved) = free_listen();
+    listen.database_url = args.database_url.clone();
     let written = skeleton::write_files(
         &args.dir,
         &skeleton::render_with(&found, &listen),

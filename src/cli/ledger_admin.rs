@@ -17,7 +17,9 @@ pub(super) async fn secrets_rotate(
 ) -> anyhow::Result<()> {
     let mut config = Config::load(config)?;
     config.database.resolve_url(database_url.as_deref());
-    *database = Some(config.database.located());
+    let located = crate::app::client_database(config.database.located())?;
+    config.database.url = located.url.clone();
+    *database = Some(located);
     // As the operator role: the proxy's role cannot rewrite bodies.
     let options = LedgerOptions {
         max_connections: 2,
@@ -75,6 +77,7 @@ pub(super) async fn migrate(
         }
         None => DatabaseUrl::from_environment(database_url.as_deref(), None),
     };
+    let resolved = crate::app::client_database(resolved)?;
     let url = resolved.url.clone();
     *database = Some(resolved);
     // A spinner on a terminal; nothing in CI or a pipe.

@@ -35,8 +35,11 @@ impl Target {
                     // The policy's keys: sealed bodies are opened for the
                     // reader (`control::operations::readable`).
                     let bodies = config.policy.bodies();
+                    let database = crate::app::client_database(config.database.located()).map_err(
+                        |error| report(common.json, ErrorCode::InvalidInput, &error.to_string()),
+                    )?;
                     Ok(Self {
-                        database: config.database.located(),
+                        database,
                         tenant: Some(config.tenant),
                         bodies,
                         adapters: config.adapters,
@@ -49,7 +52,13 @@ impl Target {
                 )),
             },
             None => Ok(Self {
-                database: DatabaseUrl::from_environment(common.database_url.as_deref(), None),
+                database: crate::app::client_database(DatabaseUrl::from_environment(
+                    common.database_url.as_deref(),
+                    None,
+                ))
+                .map_err(|error| {
+                    report(common.json, ErrorCode::InvalidInput, &error.to_string())
+                })?,
                 tenant: None,
                 bodies: Default::default(),
                 adapters: BTreeMap::new(),

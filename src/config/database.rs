@@ -36,6 +36,11 @@ pub struct DatabaseConfig {
 }
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/leasegate";
+/// The value of `database_url` (or `--database-url`, or
+/// [`DATABASE_URL_ENV`]) that asks for leasegate's private PostgreSQL
+/// cluster in its state directory, whether or not a server answers at the
+/// default.
+pub const EMBEDDED_DATABASE: &str = "embedded";
 /// The environment variable of the ledger's URL. `DATABASE_URL` is never
 /// read: it belongs to the test suite (`.cargo/config.toml`) and to sqlx's
 /// tools, and would silently point the CLI at another database.
@@ -47,7 +52,8 @@ pub const DEFAULT_DATABASE_URL_ENV: &str = "LEASEGATE_DEFAULT_DATABASE_URL";
 /// What `--help` says about `--database-url`.
 pub const DATABASE_URL_HELP: &str = "PostgreSQL URL of the ledger. Found in this order: \
 --database-url, then $LEASEGATE_DATABASE_URL, then database_url in the --config file, then \
-postgres://postgres@127.0.0.1:5432/leasegate ($DATABASE_URL is not read)";
+postgres://postgres@127.0.0.1:5432/leasegate ($DATABASE_URL is not read). \"embedded\": \
+leasegate's private PostgreSQL in its state directory (.leasegate/pg, or $LEASEGATE_STATE_DIR/pg)";
 
 /// Where the ledger's URL came from, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +92,11 @@ pub struct DatabaseUrl {
 }
 
 impl DatabaseUrl {
+    /// Whether this asks for the private cluster ([`EMBEDDED_DATABASE`]).
+    pub fn is_embedded(&self) -> bool {
+        self.url.trim() == EMBEDDED_DATABASE
+    }
+
     /// The one order every command resolves the ledger's URL in: the
     /// `--database-url` flag, then [`DATABASE_URL_ENV`], then `database_url`
     /// of the config file (`file`: its path and value), then
@@ -170,7 +181,10 @@ impl DatabaseConfig {
         if !(Duration::from_secs(1)..=Duration::from_secs(600)).contains(&connect_timeout) {
             return Err(err("database_connect_timeout: must be 1s to 10m".into()));
         }
-        if let Some(url) = raw.database_url.as_deref().filter(|u| !u.trim().is_empty())
+        if let Some(url) = raw
+            .database_url
+            .as_deref()
+            .filter(|u| !u.trim().is_empty() && u.trim() != EMBEDDED_DATABASE)
             && let Some(why) = crate::ledger::url_problem(url)
         {
             return Err(ConfigError::of(

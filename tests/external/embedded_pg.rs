@@ -612,3 +612,64 @@ async fn a_second_leasegate_shares_the_server_and_the_first_one_stops_it() {
     assert!(status.success(), "{status}:\n{}", owner.stderr());
     assert_stopped(&guard, postmaster).await;
 }
+
+/// `database_url = "embedded"` asks for the private cluster even where a
+/// server answers at the default (the machine's PostgreSQL here): `serve`
+/// starts it, and an operator command given the same config reaches the
+/// ledger in it over its socket while `serve` runs; SIGTERM stops both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_url_embedded_starts_the_private_cluster_where_a_server_answers() {
+    let _exclusive = common::exclusive().await;
+    let scenario = scenario_without_database();
+    scenario.prepend_config("database_url = \"embedded\"");
+    let state = scenario.dir.join("lg-state");
+    let guard = ClusterGuard {
+        dir: state.join("pg"),
+    };
+    // The machine's PostgreSQL answers at this default.
+    let answering = "postgres://postgres@127.0.0.1:5432/leasegate_not_used";
+    let mut leasegate = serve(&scenario.config_path(), answering, &state, &[]);
+    leasegate
+        .line("private PostgreSQL at", START_DEADLINE)
+        .await;
+    let control = leasegate.control().await;
+    let postmaster = guard.postmaster_pid().expect("the private cluster runs");
+    let created = http::post(
+        &format!("{control}/runs"),
+        &[("content-type", "application/json")],
+        r#"{"tenant_id":"tenant-a","task_id":"embedded-task"}"#,
+    )
+    .await;
+    assert!(
+        created.status == 200 || created.status == 201,
+        "{}",
+        created.body
+    );
+    let run_id = serde_json::from_str::<serde_json::Value>(&created.body).unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let shown = std::process::Command::new(LEASEGATE)
+        .args(["runs", "show", &run_id, "--json", "--config"])
+        .arg(scenario.config_path())
+        .env_remove("DATABASE_URL")
+        .env_remove("LEASEGATE_DATABASE_URL")
+        .env("LEASEGATE_DEFAULT_DATABASE_URL", answering)
+        .env("LEASEGATE_STATE_DIR", &state)
+        .output()
+        .unwrap();
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains("embedded-task"),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+    leasegate.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = leasegate.exit(STOP_DEADLINE).await;
+    assert!(status.success(), "{status}: {}", leasegate.stderr());
+    assert_stopped(&guard, postmaster).await;
+}

@@ -701,3 +701,77 @@ fn init_adds_upstreams_to_its_directory_with_secrets_as_references_and_free_port
     check_config(&out);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `--database-url` names the new config's ledger: `embedded` (the
+/// private cluster always) or a PostgreSQL URL, written uncommented and
+/// accepted by `check-config`; anything else, or the flag when adding to
+/// an existing config, is refused (exit 2) with nothing written.
+#[test]
+fn init_writes_the_ledger_it_is_given_embedded_or_a_url() {
+    let dir = scratch();
+    let state = dir.join("state");
+    for (sub, url) in [
+        ("private", "embedded"),
+        ("server", "postgres://ledger@db.internal:5432/leasegate"),
+    ] {
+        let out = dir.join(sub);
+        let init = leasegate(&[
+            "init",
+            "--dir",
+            out.to_str().unwrap(),
+            "--database-url",
+            url,
+            "--name",
+            "shop",
+            "--",
+            TOOLS,
+            "--tools",
+            "payments",
+            "--state-dir",
+            state.to_str().unwrap(),
+        ]);
+        assert_eq!(init.status.code(), Some(0), "{}", text(&init));
+        let written = std::fs::read_to_string(out.join("leasegate.toml")).unwrap();
+        assert!(
+            written
+                .lines()
+                .any(|line| line == format!("database_url = \"{url}\"")),
+            "{written}"
+        );
+        let raw: RawConfig = toml::from_str(&written).unwrap();
+        assert_eq!(raw.database_url.as_deref(), Some(url));
+        let checked = leasegate(&["check-config", out.join("leasegate.toml").to_str().unwrap()]);
+        assert_eq!(checked.status.code(), Some(0), "{}", text(&checked));
+    }
+    // Adding to an existing config: its database_url is the file's to say.
+    let again = leasegate(&[
+        "init",
+        "--dir",
+        dir.join("private").to_str().unwrap(),
+        "--database-url",
+        "embedded",
+        "--stdio",
+        &format!("mail={TOOLS} --tools mailer"),
+    ]);
+    assert_eq!(again.status.code(), Some(2), "{}", text(&again));
+    assert!(
+        text(&again).contains("edit its database_url"),
+        "{}",
+        text(&again)
+    );
+    // Not PostgreSQL's: refused before anything starts.
+    let out = dir.join("mysql");
+    let wrong = leasegate(&[
+        "init",
+        "--dir",
+        out.to_str().unwrap(),
+        "--database-url",
+        "mysql://root@127.0.0.1/ledger",
+        "--stdio",
+        &format!("mail={TOOLS} --tools mailer"),
+    ]);
+    assert_eq!(wrong.status.code(), Some(2), "{}", text(&wrong));
+    assert!(text(&wrong).contains("embedded"), "{}", text(&wrong));
+    assert!(!out.exists(), "nothing written");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

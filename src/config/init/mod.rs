@@ -25,7 +25,7 @@ mod adapter_file;
 use adapter_file::{key, quote};
 pub use adapter_file::{key_argument, query_candidates, render_adapter};
 
-use super::database::DEFAULT_DATABASE_URL;
+use super::database::{DEFAULT_DATABASE_URL, EMBEDDED_DATABASE};
 use super::http::{DEFAULT_CONTROL_LISTEN, DEFAULT_LISTEN};
 use super::upstreams::{EnvValue, RawUpstream};
 
@@ -119,11 +119,16 @@ pub fn looks_secret(name: &str) -> bool {
         .any(|word| name.contains(word))
 }
 
-/// The addresses a new `leasegate.toml` names.
+/// The addresses a new `leasegate.toml` names: its listeners and, when
+/// given, its ledger.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Listen {
     pub listen: String,
     pub control_listen: String,
+    /// `database_url`: a PostgreSQL URL or `"embedded"`; `None`: left
+    /// unset (the default, or the private cluster where none answers), as
+    /// a comment says.
+    pub database_url: Option<String>,
 }
 
 impl Default for Listen {
@@ -131,6 +136,7 @@ impl Default for Listen {
         Self {
             listen: DEFAULT_LISTEN.to_owned(),
             control_listen: DEFAULT_CONTROL_LISTEN.to_owned(),
+            database_url: None,
         }
     }
 }
@@ -277,16 +283,35 @@ pub fn render_config_with(upstreams: &[InitUpstream], listen: &Listen) -> String
          #   leasegate check-config leasegate.toml\n\
          #   leasegate serve --config leasegate.toml\n\n",
     );
-    let _ = writeln!(
-        out,
-        "# The ledger. Unset: PostgreSQL at {url} when a server answers there,\n\
-         # else a private PostgreSQL leasegate starts in its state directory\n\
-         # (PostgreSQL's programs must be installed). Set it (or --database-url,\n\
-         # LEASEGATE_DATABASE_URL) to use a server of yours:\n\
-         # database_url = {quoted}",
-        url = DEFAULT_DATABASE_URL,
-        quoted = quote(DEFAULT_DATABASE_URL)
-    );
+    match listen.database_url.as_deref() {
+        None => {
+            let _ = writeln!(
+                out,
+                "# The ledger. Unset: PostgreSQL at {url} when a server answers there,\n\
+                 # else a private PostgreSQL leasegate starts in its state directory\n\
+                 # (PostgreSQL's programs must be installed). Set it (or --database-url,\n\
+                 # LEASEGATE_DATABASE_URL) to use a server of yours, or to \"embedded\" for\n\
+                 # the private one always:\n\
+                 # database_url = {quoted}",
+                url = DEFAULT_DATABASE_URL,
+                quoted = quote(DEFAULT_DATABASE_URL)
+            );
+        }
+        Some(EMBEDDED_DATABASE) => {
+            let _ = writeln!(
+                out,
+                "# The ledger: leasegate's private PostgreSQL in its state directory\n\
+                 # (.leasegate/pg where leasegate runs, or $LEASEGATE_STATE_DIR/pg;\n\
+                 # PostgreSQL's programs must be installed), whether or not a server\n\
+                 # answers elsewhere.\n\
+                 database_url = {}",
+                quote(EMBEDDED_DATABASE)
+            );
+        }
+        Some(url) => {
+            let _ = writeln!(out, "# The ledger.\ndatabase_url = {}", quote(url));
+        }
+    }
     let _ = writeln!(out, "tenant = {}", quote("default"));
     let _ = writeln!(
         out,
