@@ -2,8 +2,10 @@
 //! agent leasegate holds the lease for (a task key over MCP sessions, an
 //! idempotency key over stateless HTTP) are counted under their mode and
 //! front, and an answer that waited on the same call in flight is counted
-//! apart from a replay of a call that had ended. (Explicit leases and
-//! refusals: `proxy_e2e::every_agent_call_is_counted_by_outcome`.)
+//! apart from a replay of a call that had ended; the console's overview
+//! shows the calls per second and the answers from the ledger from those
+//! counts. (Explicit leases and refusals:
+//! `proxy_e2e::every_agent_call_is_counted_by_outcome`.)
 
 use crate::common;
 
@@ -22,6 +24,16 @@ async fn counts<const N: usize>(control: &str, series: &[Vec<(&str, &str)>; N]) 
     std::array::from_fn(|index| {
         common::prometheus::sum(&text, "leasegate_agent_calls_total", &series[index])
     })
+}
+
+/// The number in the console overview's tile `id` (`None`: "—").
+fn tile(page: &str, id: &str) -> Option<f64> {
+    let at = page
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no tile {id}: {page}"));
+    let value = &page[at..];
+    let value = &value[value.find("class=\"value\">").unwrap() + "class=\"value\">".len()..];
+    value[..value.find('<').unwrap()].trim().parse().ok()
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -73,6 +85,10 @@ async fn lease_mode_calls_are_counted_by_mode_and_front_and_a_waited_on_answer_a
         ),
     ];
     let before = counts(&session_proxy.control_url, &series).await;
+    let console = format!("{}/console", session_proxy.control_url);
+    let first_page = http::get(&console).await;
+    assert_eq!(first_page.status, 200, "{}", first_page.body);
+    let replays_before = tile(&first_page.body, "replays").expect("metrics on the console");
 
     // Session mode over MCP sessions: a slow charge, the same call again
     // while it is in flight (it waits for the first's answer), then once
@@ -125,6 +141,17 @@ async fn lease_mode_calls_are_counted_by_mode_and_front_and_a_waited_on_answer_a
             after[index]
         );
     }
+    // The overview: calls since its last load, and the three answers from
+    // the ledger (the waited one, the session replay, the key replay).
+    let page = http::get(&console).await.body;
+    assert!(
+        tile(&page, "calls-per-second").is_some_and(|rate| rate > 0.0),
+        "{page}"
+    );
+    assert!(
+        tile(&page, "replays").is_some_and(|replays| replays >= replays_before + 3.0),
+        "{replays_before}: {page}"
+    );
     drop(agent);
     session_proxy.stop().await;
     key_proxy.stop().await;

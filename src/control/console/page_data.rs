@@ -17,6 +17,9 @@ pub(crate) struct Overview {
     pub(super) upstreams: Option<Value>,
     pub(super) calls_per_second: Option<f64>,
     pub(super) calls_total: Option<f64>,
+    /// Agent calls answered from the ledger instead of the tool: (after the
+    /// call had ended, after waiting on it in flight).
+    pub(super) replays: Option<(f64, f64)>,
     pub(super) takeovers_total: Option<f64>,
     pub(super) rejections: Vec<(String, f64)>,
     pub(super) refusals: Vec<(String, f64)>,

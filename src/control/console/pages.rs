@@ -202,6 +202,14 @@ pub fn overview(banner: &Banner, o: &Overview) -> Markup {
                     div.value { @match o.calls_per_second { Some(rate) => (format!("{rate:.2}")), None => "—" } }
                     div.sub { @match o.calls_total { Some(total) => { (total) " agent calls since start; rate since the last load" } None => "no metrics" } }
                 }
+                div.tile #replays {
+                    div.label { "Answered from the ledger" }
+                    div.value { @match o.replays { Some((ended, waited)) => (ended + waited), None => "—" } }
+                    div.sub { @match o.replays {
+                        Some((_, waited)) => { "repeated calls the tool never saw again, since start (" (waited) " waited on the call in flight)" }
+                        None => "no metrics"
+                    } }
+                }
                 div.tile #takeovers {
                     div.label { "Lease takeovers" }
                     div.value { (o.counts.takeovers_last_hour) }

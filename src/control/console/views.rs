@@ -83,6 +83,7 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
         .filter(|_| sees_process)
         .map(|render| render());
     let (mut calls_per_second, mut calls_total, mut takeovers_total) = (None, None, None);
+    let mut replays = None;
     let (mut rejections, mut refusals) = (Vec::new(), Vec::new());
     if let Some(text) = &metrics {
         // Every agent call, gated or read-only, replays and refusals
@@ -91,6 +92,14 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
             .iter()
             .fold(0.0, |sum, (_, v)| sum + v);
         calls_total = Some(total);
+        let replayed = counter_by(text, "leasegate_agent_calls_total", "replayed");
+        let of = |value: &str| {
+            replayed
+                .iter()
+                .find(|(v, _)| v == value)
+                .map_or(0.0, |(_, n)| *n)
+        };
+        replays = Some((of("true"), of("waited")));
         let now = Instant::now();
         let mut last = state.last_calls.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((at, before)) = *last {
@@ -123,6 +132,7 @@ pub(super) async fn overview(State(state): Shared, viewer: Viewer) -> PageResult
             upstreams,
             calls_per_second,
             calls_total,
+            replays,
             takeovers_total,
             rejections,
             refusals,
