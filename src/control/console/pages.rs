@@ -187,7 +187,7 @@ pub fn overview(banner: &Banner, o: &Overview) -> Markup {
                     div.value { (o.unknown.count) }
                     div.sub {
                         @match (&o.unknown.oldest_operation_id, o.unknown.oldest_age_seconds) {
-                            (Some(id), Some(seconds)) => { "oldest " (age(seconds)) ": " (operation_link(id.as_str())) }
+                            (Some(id), Some(seconds)) => { "oldest " (age(seconds)) ": " (short_link(format!("/console/operations/{}", path_segment(id.as_str())), id.as_str())) }
                             _ => "none waiting",
                         }
                     }
