@@ -36,15 +36,19 @@ seconds=${5:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 here=$(cd "$(dirname "$0")" && pwd)
 script=${SCRIPT:-"$here/leasegate/register_claim_settle.sql"}
-functions=(common process lease run operation durability secrets token retention)
+functions=(common process lease run members operation durability secrets access_token retention)
 
 build() { # build <dir> <database>
   local dir=$1 db=$2 f
   PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
   {
     echo "SET client_min_messages = warning;"
-    for f in "$dir"/migrations/*.sql; do cat "$f"; echo; done
+    # Each migration in its own transaction, the functions in one, as
+    # sqlx and src/ledger/schema.rs apply them (0013 needs it).
+    for f in "$dir"/migrations/*.sql; do echo "BEGIN;"; cat "$f"; echo; echo "COMMIT;"; done
+    echo "BEGIN;"
     for f in "${functions[@]}"; do cat "$dir/sql/$f.sql"; echo; done
+    echo "COMMIT;"
     # 64 runs, each leased at epoch 1 by bench-<n>, for ten hours.
     echo "SELECT run_create('bench', 'task-' || n,
             ('00000000-0000-7000-8000-' || lpad(n::text, 12, '0'))::uuid,

@@ -99,8 +99,8 @@ pub use members::{MEMBER_PROBE_CHANNEL, MemberJoin, MemberProbes, Readiness, Tas
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
-    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
-    OperationView, ReconcileItem, Registered, ReleaseUnsentOutcome, ResendVerdict,
+    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationClaim, OperationRecord,
+    OperationStatus, OperationView, ReconcileItem, Registered, ReleaseUnsentOutcome, ResendVerdict,
     RetryResetOutcome, RetryVerdict, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
     ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };
