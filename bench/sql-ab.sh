@@ -24,6 +24,9 @@
 # read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b.
 # SCRIPT=<pgbench script> measures another statement than register-claim +
 # settle (e.g. bench/leasegate/renew.sql, the single lease renew).
+# ONLY_BACKENDS=1 counts only the benchmark's own backends (see
+# measure_backends): for a server other work shares. Calls are then the
+# operations written, so it measures scripts that write one per call.
 # With CEILING=1 each round also measures the minimal ceiling
 # (bench/ceiling: schema.sql, fn.sql, hotpath_fn.sql) in sql_ab_ceiling.
 set -euo pipefail
@@ -73,7 +76,44 @@ pg_ticks() {
   echo "$total"
 }
 
+# CPU ticks of the given processes.
+pid_ticks() {
+  local total=0 pid f
+  for pid in "$@"; do
+    [ -r "/proc/$pid/stat" ] || continue
+    f=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) || continue
+    set -- $f
+    total=$((total + ${12} + ${13}))
+  done
+  echo "$total"
+}
+
+rows() { psql -qtAX -d "$1" -c "SELECT count(*) FROM tool_operations"; }
+
+# ONLY_BACKENDS=1: the CPU of the benchmark's own backends only, over a
+# window inside the pgbench run, divided by the operations written in it
+# (one per call). For a PostgreSQL server that other work shares (other
+# databases' backends would count in pg_ticks); it leaves out the shared
+# background processes (WAL writer, checkpointer, autovacuum).
+measure_backends() { # measure_backends <database> [script] -> "tps cpu_ms_per_call"
+  local db=$1 script=${2:-$script} hz pids t0 t1 n0 n1 pg
+  hz=$(getconf CLK_TCK)
+  pgbench -n -M prepared -c "$clients" -j 2 -T $((seconds + 3)) -f "$script" "$db" >/dev/null 2>&1 &
+  pg=$!
+  sleep 1
+  pids=$(psql -qtAX -d postgres -c "SELECT pid FROM pg_stat_activity
+                                     WHERE datname = '$db' AND application_name = 'pgbench'")
+  n0=$(rows "$db"); t0=$(pid_ticks $pids)
+  sleep "$seconds"
+  t1=$(pid_ticks $pids); n1=$(rows "$db")
+  wait "$pg" || { echo "pgbench failed on $db" >&2; exit 1; }
+  [ $((n1 - n0)) -gt 0 ] || { echo "no calls on $db" >&2; exit 1; }
+  awk -v n=$((n1 - n0)) -v s="$seconds" -v t=$((t1 - t0)) -v hz="$hz" \
+    'BEGIN { printf "%.0f %.3f\n", n / s, t * 1000 / hz / n }'
+}
+
 measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
+  if [ "${ONLY_BACKENDS:-0}" = 1 ]; then measure_backends "$@"; return; fi
   local db=$1 script=${2:-$script} before after out tx hz
   hz=$(getconf CLK_TCK)
   before=$(pg_ticks)

@@ -97,6 +97,18 @@ BEGIN
 END
 $$;
 
+-- The facts of the claim row o is under (status dispatching), as the event
+-- that ends the claim carries them in detail.claim (migrations/0017). The
+-- settles build the same object inline (their row is the one after the
+-- update), without dispatch_until.
+CREATE OR REPLACE FUNCTION _op_claim_facts(o tool_operations) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT jsonb_build_object('dispatch_owner', o.dispatch_owner, 'worker', o.claim_worker,
+                            'at', o.claimed_at, 'epoch', o.claim_epoch,
+                            'dispatch_count', o.dispatch_count, 'revision', o.revision,
+                            'dispatch_until', o.dispatch_until, 'inline', o.claim_worker IS NOT NULL)
+$$;
+
 -- "Step planned" (seed 9.1): registers intents (prepared) under the current
 -- lease, optionally together with a checkpoint CAS, all or nothing. One row
 -- per intent comes back (registered | exists). On any conflict nothing is
@@ -889,12 +901,7 @@ BEGIN
           CASE WHEN p_holder THEN 'dispatcher' ELSE 'reconciler' END, p_actor, o.claim_epoch, o.revision + 1,
           jsonb_build_object('evidence_id', ev, 'dispatch_owner', o.dispatch_owner,
                              'dispatch_until', o.dispatch_until, 'claim_expired', NOT p_holder,
-                             'claim', jsonb_build_object(
-                               'dispatch_owner', o.dispatch_owner, 'worker', o.claim_worker,
-                               'at', o.claimed_at, 'epoch', o.claim_epoch,
-                               'dispatch_count', o.dispatch_count, 'revision', o.revision,
-                               'dispatch_until', o.dispatch_until,
-                               'inline', o.claim_worker IS NOT NULL)));
+                             'claim', _op_claim_facts(o)));
   RETURN _op_result('marked_unknown', o.run_id, p_operation_id, ev);
 END
 $$;
@@ -996,12 +1003,7 @@ BEGIN
   VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', 'prepared', 'dispatcher',
           p_dispatch_owner, o.claim_epoch, o.revision + 1,
           jsonb_build_object('evidence_id', ev, 'not_sent', true,
-                             'claim', jsonb_build_object(
-                               'dispatch_owner', o.dispatch_owner, 'worker', o.claim_worker,
-                               'at', o.claimed_at, 'epoch', o.claim_epoch,
-                               'dispatch_count', o.dispatch_count, 'revision', o.revision,
-                               'dispatch_until', o.dispatch_until,
-                               'inline', o.claim_worker IS NOT NULL)));
+                             'claim', _op_claim_facts(o)));
   RETURN _op_result('released', o.run_id, p_operation_id, ev);
 END
 $$;
@@ -1378,6 +1380,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION
   _op_upsert(uuid, operation_intent, text, bigint),
   _op_claim(text, text, bigint),
+  _op_claim_facts(tool_operations),
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
   operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),

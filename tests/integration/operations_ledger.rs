@@ -76,16 +76,20 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
             c.ended.clone(),
         )
     };
-    assert_eq!(
-        in_flight.claims.iter().map(facts).collect::<Vec<_>>(),
+    // Who, for whom, which epoch, which dispatch, under which revision, how it ended.
+    let expected = |ended: Option<&str>| {
         vec![(
             Some("proxy-1".to_owned()),
             Some("agent-1".to_owned()),
             Some(lease.epoch),
             Some(1),
             Some(1),
-            None
+            ended.map(str::to_owned),
         )]
+    };
+    assert_eq!(
+        in_flight.claims.iter().map(facts).collect::<Vec<_>>(),
+        expected(None)
     );
     let claimed_at = in_flight.claims[0].at.expect("claimed at");
     let settled = match db
@@ -157,14 +161,7 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
     assert_eq!(settle.detail["remote_id"], "ch_1");
     assert_eq!(
         view.claims.iter().map(facts).collect::<Vec<_>>(),
-        vec![(
-            Some("proxy-1".to_owned()),
-            Some("agent-1".to_owned()),
-            Some(lease.epoch),
-            Some(1),
-            Some(1),
-            Some("succeeded".to_owned())
-        )]
+        expected(Some("succeeded"))
     );
     assert_eq!(view.claims[0].at, Some(claimed_at));
     assert_eq!(view.claims[0].ended_by_event, Some(settle.event_id));
