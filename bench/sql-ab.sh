@@ -24,6 +24,10 @@
 # read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b.
 # SCRIPT=<pgbench script> measures another statement than register-claim +
 # settle (e.g. bench/leasegate/renew.sql, the single lease renew).
+# PGBENCH_ARGS adds arguments to every pgbench, e.g.
+# SCRIPT=bench/leasegate/register_claim_settle_batch.sql PGBENCH_ARGS='-D k=8'
+# (k calls per batch, so CLIENTS × k callers); CEILING_CLIENTS runs the
+# ceiling with that many clients instead of CLIENTS.
 # ONLY_BACKENDS=1 counts only the benchmark's own backends (see
 # measure_backends): for a server other work shares. Calls are then the
 # operations written, so it measures scripts that write one per call.
@@ -98,7 +102,7 @@ rows() { psql -qtAX -d "$1" -c "SELECT count(*) FROM tool_operations"; }
 measure_backends() { # measure_backends <database> [script] -> "tps cpu_ms_per_call"
   local db=$1 script=${2:-$script} hz pids t0 t1 n0 n1 pg
   hz=$(getconf CLK_TCK)
-  pgbench -n -M prepared -c "$clients" -j 2 -T $((seconds + 3)) -f "$script" "$db" >/dev/null 2>&1 &
+  pgbench -n -M prepared -c "$clients" -j 2 -T $((seconds + 3)) ${PGBENCH_ARGS:-} -f "$script" "$db" >/dev/null 2>&1 &
   pg=$!
   sleep 1
   pids=$(psql -qtAX -d postgres -c "SELECT pid FROM pg_stat_activity
@@ -117,7 +121,7 @@ measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
   local db=$1 script=${2:-$script} before after out tx hz
   hz=$(getconf CLK_TCK)
   before=$(pg_ticks)
-  out=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$script" "$db" 2>&1)
+  out=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" ${PGBENCH_ARGS:-} -f "$script" "$db" 2>&1)
   after=$(pg_ticks)
   tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
   [ -n "$tx" ] && [ "$tx" -gt 0 ] || { echo "pgbench failed on $db:" >&2; echo "$out" >&2; exit 1; }
@@ -144,7 +148,7 @@ for ((r = 1; r <= rounds; r++)); do
   printf "%5d  %9s  %16s  %9s  %16s  %7.3f" "$r" "$a_tps" "$a_cpu" "$b_tps" "$b_cpu" \
     "$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN { print b / a }')"
   if [ "${CEILING:-0}" = 1 ]; then
-    read -r c_tps c_cpu <<<"$(measure sql_ab_ceiling "$here/ceiling/hotpath_fn.sql")"
+    read -r c_tps c_cpu <<<"$(clients=${CEILING_CLIENTS:-$clients}; measure sql_ab_ceiling "$here/ceiling/hotpath_fn.sql")"
     printf "  %15s  %15s" "$c_tps" "$c_cpu"
   fi
   echo
