@@ -102,7 +102,9 @@ rows() { psql -qtAX -d "$1" -c "SELECT count(*) FROM tool_operations"; }
 measure_backends() { # measure_backends <database> [script] -> "tps cpu_ms_per_call"
   local db=$1 script=${2:-$script} hz pids t0 t1 n0 n1 pg
   hz=$(getconf CLK_TCK)
-  pgbench -n -M prepared -c "$clients" -j 2 -T $((seconds + 3)) ${PGBENCH_ARGS:-} -f "$script" "$db" >/dev/null 2>&1 &
+  local out
+  out=$(mktemp)
+  pgbench -n -M prepared -c "$clients" -j 2 -T $((seconds + 3)) ${PGBENCH_ARGS:-} -f "$script" "$db" >"$out" 2>&1 &
   pg=$!
   sleep 1
   pids=$(psql -qtAX -d postgres -c "SELECT pid FROM pg_stat_activity
@@ -110,7 +112,12 @@ measure_backends() { # measure_backends <database> [script] -> "tps cpu_ms_per_c
   n0=$(rows "$db"); t0=$(pid_ticks $pids)
   sleep "$seconds"
   t1=$(pid_ticks $pids); n1=$(rows "$db")
-  wait "$pg" || { echo "pgbench failed on $db" >&2; exit 1; }
+  # Every client connected at the start and none ended early: otherwise a
+  # backend's CPU would be missing from one of the two samples.
+  if ! wait "$pg" || grep -q "aborted\|error" "$out" || [ "$(wc -w <<<"$pids")" -ne "$clients" ]; then
+    echo "pgbench failed on $db ($(wc -w <<<"$pids") of $clients backends):" >&2; cat "$out" >&2; exit 1
+  fi
+  rm -f "$out"
   [ $((n1 - n0)) -gt 0 ] || { echo "no calls on $db" >&2; exit 1; }
   awk -v n=$((n1 - n0)) -v s="$seconds" -v t=$((t1 - t0)) -v hz="$hz" \
     'BEGIN { printf "%.0f %.3f\n", n / s, t * 1000 / hz / n }'
@@ -133,6 +140,9 @@ measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
 postmaster=$(pgrep -o -x postgres) || { echo "no postgres process on this host" >&2; exit 1; }
 build "$a_dir" sql_ab_a
 build "$b_dir" sql_ab_b
+# AFTER_BUILD: a command run once both databases are built, e.g. to set a
+# database-level setting on one of them for a variant of the same tree.
+if [ -n "${AFTER_BUILD:-}" ]; then eval "$AFTER_BUILD"; fi
 if [ "${CEILING:-0}" = 1 ]; then
   PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres \
     -c "DROP DATABASE IF EXISTS sql_ab_ceiling" -c "CREATE DATABASE sql_ab_ceiling" >/dev/null
