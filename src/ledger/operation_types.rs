@@ -573,7 +573,16 @@ pub(super) fn claims_of(
             }
         }
     }
-    claims.extend(live);
+    // The row and the events are read apart: a claim that ended in
+    // between is in both, and counts once, as ended.
+    if let Some(live) = live {
+        if !claims
+            .iter()
+            .any(|c| c.revision == live.revision && c.dispatch_owner == live.dispatch_owner)
+        {
+            claims.push(live);
+        }
+    }
     claims
 }
 
@@ -718,6 +727,13 @@ mod tests {
             ]
         );
         assert_eq!(claims[0].dispatch_until, Some(at.parse().unwrap()));
+        // The row read before the settle, its events after: one claim, ended.
+        let settled_meanwhile = OperationClaim {
+            dispatch_owner: Some("p2".into()),
+            revision: Some(5),
+            ..live
+        };
+        assert_eq!(claims_of(&events, Some(settled_meanwhile)), claims[..3]);
         assert_eq!(claims[2].at, Some(at.parse().unwrap()));
         assert_eq!(claims_of(&events[..0], None), vec![]);
     }
