@@ -575,13 +575,12 @@ pub(super) fn claims_of(
     }
     // The row and the events are read apart: a claim that ended in
     // between is in both, and counts once, as ended.
-    if let Some(live) = live {
-        if !claims
+    if let Some(live) = live
+        && !claims
             .iter()
             .any(|c| c.revision == live.revision && c.dispatch_owner == live.dispatch_owner)
-        {
-            claims.push(live);
-        }
+    {
+        claims.push(live);
     }
     claims
 }
