@@ -24,6 +24,13 @@
 # read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b.
 # SCRIPT=<pgbench script> measures another statement than register-claim +
 # settle (e.g. bench/leasegate/renew.sql, the single lease renew).
+# PGBENCH_ARGS adds arguments to every pgbench, e.g.
+# SCRIPT=bench/leasegate/register_claim_settle_batch.sql PGBENCH_ARGS='-D k=8'
+# (k calls per batch, so CLIENTS × k callers); CEILING_CLIENTS runs the
+# ceiling with that many clients instead of CLIENTS.
+# ONLY_BACKENDS=1 counts only the benchmark's own backends (see
+# measure_backends): for a server other work shares. Calls are then the
+# operations written, so it measures scripts that write one per call.
 # With CEILING=1 each round also measures the minimal ceiling
 # (bench/ceiling: schema.sql, fn.sql, hotpath_fn.sql) in sql_ab_ceiling.
 set -euo pipefail
@@ -36,15 +43,19 @@ seconds=${5:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 here=$(cd "$(dirname "$0")" && pwd)
 script=${SCRIPT:-"$here/leasegate/register_claim_settle.sql"}
-functions=(common process lease run operation durability secrets token retention)
+functions=(common process lease run members operation durability secrets access_token retention)
 
 build() { # build <dir> <database>
   local dir=$1 db=$2 f
   PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
   {
     echo "SET client_min_messages = warning;"
-    for f in "$dir"/migrations/*.sql; do cat "$f"; echo; done
+    # Each migration in its own transaction, the functions in one, as
+    # sqlx and src/ledger/schema.rs apply them (0013 needs it).
+    for f in "$dir"/migrations/*.sql; do echo "BEGIN;"; cat "$f"; echo; echo "COMMIT;"; done
+    echo "BEGIN;"
     for f in "${functions[@]}"; do cat "$dir/sql/$f.sql"; echo; done
+    echo "COMMIT;"
     # 64 runs, each leased at epoch 1 by bench-<n>, for ten hours.
     echo "SELECT run_create('bench', 'task-' || n,
             ('00000000-0000-7000-8000-' || lpad(n::text, 12, '0'))::uuid,
@@ -69,11 +80,55 @@ pg_ticks() {
   echo "$total"
 }
 
+# CPU ticks of the given processes.
+pid_ticks() {
+  local total=0 pid f
+  for pid in "$@"; do
+    [ -r "/proc/$pid/stat" ] || continue
+    f=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null) || continue
+    set -- $f
+    total=$((total + ${12} + ${13}))
+  done
+  echo "$total"
+}
+
+rows() { psql -qtAX -d "$1" -c "SELECT count(*) FROM tool_operations"; }
+
+# ONLY_BACKENDS=1: the CPU of the benchmark's own backends only, over a
+# window inside the pgbench run, divided by the operations written in it
+# (one per call). For a PostgreSQL server that other work shares (other
+# databases' backends would count in pg_ticks); it leaves out the shared
+# background processes (WAL writer, checkpointer, autovacuum).
+measure_backends() { # measure_backends <database> [script] -> "tps cpu_ms_per_call"
+  local db=$1 script=${2:-$script} hz pids t0 t1 n0 n1 pg
+  hz=$(getconf CLK_TCK)
+  local out
+  out=$(mktemp)
+  pgbench -n -M prepared -c "$clients" -j 2 -T $((seconds + 3)) ${PGBENCH_ARGS:-} -f "$script" "$db" >"$out" 2>&1 &
+  pg=$!
+  sleep 1
+  pids=$(psql -qtAX -d postgres -c "SELECT pid FROM pg_stat_activity
+                                     WHERE datname = '$db' AND application_name = 'pgbench'")
+  n0=$(rows "$db"); t0=$(pid_ticks $pids)
+  sleep "$seconds"
+  t1=$(pid_ticks $pids); n1=$(rows "$db")
+  # Every client connected at the start and none ended early: otherwise a
+  # backend's CPU would be missing from one of the two samples.
+  if ! wait "$pg" || grep -q "aborted\|error" "$out" || [ "$(wc -w <<<"$pids")" -ne "$clients" ]; then
+    echo "pgbench failed on $db ($(wc -w <<<"$pids") of $clients backends):" >&2; cat "$out" >&2; exit 1
+  fi
+  rm -f "$out"
+  [ $((n1 - n0)) -gt 0 ] || { echo "no calls on $db" >&2; exit 1; }
+  awk -v n=$((n1 - n0)) -v s="$seconds" -v t=$((t1 - t0)) -v hz="$hz" \
+    'BEGIN { printf "%.0f %.3f\n", n / s, t * 1000 / hz / n }'
+}
+
 measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
+  if [ "${ONLY_BACKENDS:-0}" = 1 ]; then measure_backends "$@"; return; fi
   local db=$1 script=${2:-$script} before after out tx hz
   hz=$(getconf CLK_TCK)
   before=$(pg_ticks)
-  out=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" -f "$script" "$db" 2>&1)
+  out=$(pgbench -n -M prepared -c "$clients" -j 2 -T "$seconds" ${PGBENCH_ARGS:-} -f "$script" "$db" 2>&1)
   after=$(pg_ticks)
   tx=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
   [ -n "$tx" ] && [ "$tx" -gt 0 ] || { echo "pgbench failed on $db:" >&2; echo "$out" >&2; exit 1; }
@@ -85,6 +140,9 @@ measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
 postmaster=$(pgrep -o -x postgres) || { echo "no postgres process on this host" >&2; exit 1; }
 build "$a_dir" sql_ab_a
 build "$b_dir" sql_ab_b
+# AFTER_BUILD: a command run once both databases are built, e.g. to set a
+# database-level setting on one of them for a variant of the same tree.
+if [ -n "${AFTER_BUILD:-}" ]; then eval "$AFTER_BUILD"; fi
 if [ "${CEILING:-0}" = 1 ]; then
   PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres \
     -c "DROP DATABASE IF EXISTS sql_ab_ceiling" -c "CREATE DATABASE sql_ab_ceiling" >/dev/null
@@ -100,7 +158,7 @@ for ((r = 1; r <= rounds; r++)); do
   printf "%5d  %9s  %16s  %9s  %16s  %7.3f" "$r" "$a_tps" "$a_cpu" "$b_tps" "$b_cpu" \
     "$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN { print b / a }')"
   if [ "${CEILING:-0}" = 1 ]; then
-    read -r c_tps c_cpu <<<"$(measure sql_ab_ceiling "$here/ceiling/hotpath_fn.sql")"
+    read -r c_tps c_cpu <<<"$(clients=${CEILING_CLIENTS:-$clients}; measure sql_ab_ceiling "$here/ceiling/hotpath_fn.sql")"
     printf "  %15s  %15s" "$c_tps" "$c_cpu"
   fi
   echo

@@ -55,11 +55,21 @@ $$;
 -- session. timeline and wal_lsn are NULL on a standby. Read by the hot
 -- path's own statements (operation_settle_acknowledged after its commit,
 -- operation_register_claim on a replay), so the sample costs no round trip.
+-- The system identifier is read from the control file (pg_control_system
+-- reads and checks the file on every call) once per session and kept in
+-- the session setting leasegate.system_identifier: a session belongs to
+-- one server for its life, and a server's identifier never changes (a
+-- promoted standby has its primary's), so the kept value is the one the
+-- file holds. A RESET or DISCARD only makes the next call read it again.
 CREATE OR REPLACE FUNCTION ledger_wal_position(OUT system_identifier text, OUT timeline bigint,
                                                OUT wal_lsn bigint)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 BEGIN
-  system_identifier := (SELECT c.system_identifier::text FROM pg_control_system() c);
+  system_identifier := current_setting('leasegate.system_identifier', true);
+  IF system_identifier IS NULL OR system_identifier = '' THEN
+    system_identifier := (SELECT c.system_identifier::text FROM pg_control_system() c);
+    PERFORM set_config('leasegate.system_identifier', system_identifier, false);
+  END IF;
   IF NOT pg_is_in_recovery() THEN
     wal_lsn := (CASE WHEN current_setting('synchronous_commit') = 'off' THEN pg_current_wal_insert_lsn()
                      ELSE pg_current_wal_flush_lsn() END - '0/0'::pg_lsn)::bigint;

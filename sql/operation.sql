@@ -73,11 +73,14 @@ BEGIN
 END
 $$;
 
--- prepared -> dispatching: the one home of this transition (inline claims
--- and the dispatcher's batch claims). The caller holds the row lock.
--- Returns the claimed row, or a row of NULLs if it was not prepared.
-CREATE OR REPLACE FUNCTION _op_claim(p_operation_id text, p_dispatch_owner text, p_claim_ttl_ms bigint,
-                                     p_epoch bigint, p_detail jsonb) RETURNS tool_operations
+-- prepared -> dispatching by the dispatcher (the outbox's claims). The
+-- caller holds the row lock. Returns the claimed row, or a row of NULLs if
+-- it was not prepared. A claim writes no event: its facts (claimed_at;
+-- no epoch and no worker, the outbox holds no lease) stay on the row until
+-- the event that ends the claim carries them (migrations/0017).
+DROP FUNCTION IF EXISTS _op_claim(text, text, bigint, bigint, jsonb);
+CREATE OR REPLACE FUNCTION _op_claim(p_operation_id text, p_dispatch_owner text, p_claim_ttl_ms bigint)
+RETURNS tool_operations
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
   o tool_operations;
@@ -86,18 +89,24 @@ BEGIN
      SET status = 'dispatching', dispatch_owner = p_dispatch_owner,
          dispatch_until = clock_timestamp() + (p_claim_ttl_ms * interval '1 millisecond'),
          dispatch_count = dispatch_count + 1, revision = revision + 1, updated_at = clock_timestamp(),
-         first_dispatched_at = COALESCE(first_dispatched_at, clock_timestamp())
+         first_dispatched_at = COALESCE(first_dispatched_at, clock_timestamp()),
+         claimed_at = clock_timestamp(), claim_epoch = NULL, claim_worker = NULL
    WHERE operation_id = p_operation_id AND status = 'prepared'
   RETURNING * INTO o;
-  IF FOUND THEN
-    INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                               actor, epoch, revision, detail)
-    VALUES (o.run_id, o.operation_id, 'operation', 'prepared', 'dispatching', 'dispatcher',
-            p_dispatch_owner, p_epoch, o.revision,
-            p_detail || jsonb_build_object('dispatch_until', o.dispatch_until));
-  END IF;
   RETURN o;
 END
+$$;
+
+-- The facts of the claim row o is under (status dispatching), as the event
+-- that ends the claim carries them in detail.claim (migrations/0017). The
+-- settles build the same object inline (their row is the one after the
+-- update), without dispatch_until.
+CREATE OR REPLACE FUNCTION _op_claim_facts(o tool_operations) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+  SELECT jsonb_build_object('dispatch_owner', o.dispatch_owner, 'worker', o.claim_worker,
+                            'at', o.claimed_at, 'epoch', o.claim_epoch,
+                            'dispatch_count', o.dispatch_count, 'revision', o.revision,
+                            'dispatch_until', o.dispatch_until, 'inline', o.claim_worker IS NOT NULL)
 $$;
 
 -- "Step planned" (seed 9.1): registers intents (prepared) under the current
@@ -192,16 +201,18 @@ $$;
 --      waits for this transaction (invariant 1), while parallel calls of
 --      one run do not queue behind each other.
 --   2. a new intent is inserted directly as 'dispatching' under the claim
---      (revision 1, dispatch_count 1), with ONE event (NULL -> dispatching,
---      detail: inline, worker, dispatch_until): the 'prepared' state of an
---      inline call was never visible outside this transaction.
+--      (revision 1, dispatch_count 1, claimed_at, claim_epoch = p_epoch,
+--      claim_worker = p_owner), with no event: the claim's facts are on
+--      the row, and the event that ends the claim carries them
+--      (migrations/0017). The 'prepared' state of an inline call was
+--      never visible outside this transaction.
 --   3. an existing one (same operation_id, or same run/step/effect_version:
 --      ON CONFLICT DO NOTHING covers both keys) is locked FOR UPDATE and
 --      compared on run, step, version, tool and digest: any difference is
 --      'intent_conflict' and nothing is written (invariant 3, on every
 --      path, the concurrent-insert one included). If it is 'prepared'
---      (planned by a checkpoint, released unsent) it is claimed here with
---      its prepared -> dispatching event; anything else is 'exists'.
+--      (planned by a checkpoint, released unsent) it is claimed here, its
+--      claim's facts on the row as in 2; anything else is 'exists'.
 -- On 'exists' the answer also carries the WAL position read after the row
 -- was (system_identifier, timeline, wal_lsn: ledger_wal_position()): every
 -- commit visible to that read, the settle being replayed included, ends at
@@ -294,18 +305,14 @@ BEGIN
     INSERT INTO tool_operations AS t (operation_id, run_id, step_id, effect_version, tool_name,
                                       request_digest, request_body, status, upstream, upstream_tool,
                                       dispatch_owner, dispatch_until, dispatch_count, revision,
-                                      first_dispatched_at)
+                                      first_dispatched_at, claimed_at, claim_epoch, claim_worker)
     VALUES (v_id, p_run_id, p_intent.step_id, p_intent.effect_version, p_intent.tool_name,
             p_intent.request_digest, COALESCE(p_intent.request_body, 'null'::jsonb), 'dispatching',
             p_intent.upstream, p_intent.upstream_tool, p_dispatch_owner,
-            db_now + (p_claim_ttl_ms * interval '1 millisecond'), 1, 1, db_now)
+            db_now + (p_claim_ttl_ms * interval '1 millisecond'), 1, 1, db_now, db_now, p_epoch, p_owner)
     ON CONFLICT DO NOTHING
     RETURNING t.* INTO o;
     IF FOUND THEN
-      INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                                 actor, epoch, revision, detail)
-      VALUES (p_run_id, v_id, 'operation', NULL, 'dispatching', 'dispatcher', p_dispatch_owner, p_epoch, 1,
-              jsonb_build_object('inline', true, 'worker', p_owner, 'dispatch_until', o.dispatch_until));
       outcome := 'claimed';
       EXIT;
     END IF;
@@ -331,14 +338,10 @@ BEGIN
                dispatch_until = clock_timestamp() + (p_claim_ttl_ms * interval '1 millisecond'),
                dispatch_count = t.dispatch_count + 1, revision = t.revision + 1,
                updated_at = clock_timestamp(),
-               first_dispatched_at = COALESCE(t.first_dispatched_at, clock_timestamp())
+               first_dispatched_at = COALESCE(t.first_dispatched_at, clock_timestamp()),
+               claimed_at = clock_timestamp(), claim_epoch = p_epoch, claim_worker = p_owner
          WHERE t.operation_id = o.operation_id
         RETURNING t.* INTO o;
-        INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                                   actor, epoch, revision, detail)
-        VALUES (o.run_id, o.operation_id, 'operation', 'prepared', 'dispatching', 'dispatcher',
-                p_dispatch_owner, p_epoch, o.revision,
-                jsonb_build_object('inline', true, 'worker', p_owner, 'dispatch_until', o.dispatch_until));
         outcome := 'claimed';
       ELSE
         outcome := 'exists';
@@ -377,8 +380,8 @@ $$;
 --    terminal, arguments well formed, first item of its operation_id and
 --    of its (run, step, effect_version) in the batch) and inserts their
 --    dispatching rows (INSERT ... ON CONFLICT DO NOTHING, in (run, step)
---    order) and their NULL -> dispatching events, exactly the rows and
---    event the single function writes. An item whose insert met an
+--    order) with the claim's facts, exactly the rows the single function
+--    writes (and, as it, no event). An item whose insert met an
 --    existing row is not claimed here. The whole phase runs in one
 --    subtransaction: if it raises (a check constraint, a deadlock), it is
 --    rolled back and every item goes to phase 2.
@@ -471,25 +474,19 @@ BEGIN
       INSERT INTO tool_operations AS t (operation_id, run_id, step_id, effect_version, tool_name,
                                         request_digest, request_body, status, upstream, upstream_tool,
                                         dispatch_owner, dispatch_until, dispatch_count, revision,
-                                        first_dispatched_at)
+                                        first_dispatched_at, claimed_at, claim_epoch, claim_worker)
       SELECT f.operation_id, f.run_id, f.step_id, f.effect_version, f.tool_name, f.request_digest,
              COALESCE(f.request_body, 'null'::jsonb), 'dispatching', f.upstream, f.upstream_tool,
-             f.dispatch_owner, v_now + (f.claim_ttl_ms * interval '1 millisecond'), 1, 1, v_now
+             f.dispatch_owner, v_now + (f.claim_ttl_ms * interval '1 millisecond'), 1, 1, v_now,
+             v_now, f.epoch, f.owner
         FROM fenced f
        WHERE f.nth_of_id = 1 AND f.nth_of_step = 1
        ORDER BY f.run_id, f.step_id, f.k
       ON CONFLICT DO NOTHING
-      RETURNING t.operation_id, t.dispatch_until
+      RETURNING t.operation_id
     ), claimed AS (
-      SELECT f.*, ins.dispatch_until
+      SELECT f.*
         FROM inserted ins JOIN fenced f ON f.operation_id = ins.operation_id AND f.nth_of_id = 1
-    ), events AS (
-      INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                                 actor, epoch, revision, detail)
-      SELECT c.run_id, c.operation_id, 'operation', NULL, 'dispatching', 'dispatcher',
-             c.dispatch_owner, c.epoch, 1,
-             jsonb_build_object('inline', true, 'worker', c.owner, 'dispatch_until', c.dispatch_until)
-        FROM claimed c
     )
     SELECT COALESCE(array_agg(c.k ORDER BY c.k), '{}'), array_agg(c.run_status ORDER BY c.k),
            array_agg(c.run_revision ORDER BY c.k), array_agg(c.expires_at ORDER BY c.k)
@@ -568,7 +565,7 @@ BEGIN
      LIMIT p_limit
        FOR UPDATE OF o SKIP LOCKED
   LOOP
-    claimed := _op_claim(candidate, p_dispatch_owner, p_claim_ttl_ms, NULL, '{}'::jsonb);
+    claimed := _op_claim(candidate, p_dispatch_owner, p_claim_ttl_ms);
     IF claimed.operation_id IS NOT NULL THEN
       RETURN NEXT claimed;
     END IF;
@@ -604,15 +601,20 @@ $$;
 -- under a claim the operation once had is stored as evidence of kind
 -- 'late_response' and settles nothing: 'stale_claim' (the operation moved
 -- on: unknown, re-claimed, settled, cancelled) or 'digest_mismatch'. An
--- owner and revision that never claimed the operation (no 'dispatching'
--- event of theirs) keep nothing: 'not_claimed'. The reconciler converges
--- an unknown operation from late_response evidence, so evidence from a
--- claim that never was would be a convergence without any claim.
+-- owner and revision that never claimed the operation keep nothing:
+-- 'not_claimed'. A claim was the operation's if it is the row's live claim,
+-- or an event that ended a claim carries it ("claim" in its detail,
+-- migrations/0017), or, for a claim taken before 0017, its own
+-- 'dispatching' event exists. The reconciler converges an unknown
+-- operation from late_response evidence, so evidence from a claim that
+-- never was would be a convergence without any claim.
 -- The live claim settles in one guarded UPDATE (the guard is the claim
 -- itself; its row lock orders it after any concurrent change), plus its
--- event. The answer names the operation as it is now, without the result
--- (the caller sent it) and without the run and lease (settling has no
--- fence verdicts).
+-- event: the one event of the claim, carrying the claim's facts from the
+-- row (who, when, the epoch, the dispatch number, the claim's revision)
+-- and its epoch. The answer names the operation as it is now, without the
+-- result (the caller sent it) and without the run and lease (settling has
+-- no fence verdicts).
 CREATE OR REPLACE FUNCTION operation_settle(
   p_operation_id text, p_dispatch_owner text, p_expected_revision bigint,
   p_request_digest text, p_status text, p_remote_id text, p_result jsonb
@@ -633,11 +635,15 @@ BEGIN
   RETURNING * INTO o;
   IF FOUND THEN
     INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                               actor, revision, detail)
+                               actor, epoch, revision, detail)
     VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
-            p_dispatch_owner, o.revision,
-            CASE WHEN p_remote_id IS NULL THEN '{}'::jsonb
-                 ELSE jsonb_build_object('remote_id', p_remote_id) END);
+            p_dispatch_owner, o.claim_epoch, o.revision,
+            jsonb_build_object('claim', jsonb_build_object(
+                'dispatch_owner', p_dispatch_owner, 'worker', o.claim_worker, 'at', o.claimed_at,
+                'epoch', o.claim_epoch, 'dispatch_count', o.dispatch_count, 'revision', p_expected_revision,
+                'inline', o.claim_worker IS NOT NULL))
+              || CASE WHEN p_remote_id IS NULL THEN '{}'::jsonb
+                      ELSE jsonb_build_object('remote_id', p_remote_id) END);
     RETURN ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), o.operation_id, o.run_id,
                o.step_id, o.effect_version, o.tool_name, o.request_digest, o.status, o.revision,
                o.dispatch_owner, o.dispatch_until, o.dispatch_count, o.remote_id, NULL, NULL,
@@ -647,9 +653,14 @@ BEGIN
   IF NOT FOUND THEN
     RETURN _op_result('not_found', NULL, p_operation_id, NULL);
   END IF;
-  IF NOT EXISTS (SELECT 1 FROM ledger_events e
-                  WHERE e.operation_id = p_operation_id AND e.to_status = 'dispatching'
-                    AND e.actor = p_dispatch_owner AND e.revision = p_expected_revision) THEN
+  IF NOT (o.status = 'dispatching' AND o.dispatch_owner = p_dispatch_owner
+          AND o.revision = p_expected_revision)
+     AND NOT EXISTS (SELECT 1 FROM ledger_events e
+                      WHERE e.operation_id = p_operation_id
+                        AND ((e.to_status = 'dispatching' AND e.actor = p_dispatch_owner
+                              AND e.revision = p_expected_revision)
+                             OR (e.detail->'claim'->>'dispatch_owner' = p_dispatch_owner
+                                 AND (e.detail->'claim'->>'revision')::bigint = p_expected_revision))) THEN
     RETURN _op_result('not_claimed', o.run_id, p_operation_id, NULL);
   END IF;
   INSERT INTO operation_evidence (operation_id, kind, source, claim_owner, claim_revision, outcome,
@@ -718,8 +729,8 @@ $$;
 --    that is the live claim (status dispatching, same dispatch owner,
 --    revision and request digest; a valid status; the first item of its
 --    operation_id in the batch) with operation_settle's guarded UPDATE
---    and writes the same dispatching -> status event; its answer is the
---    one operation_settle gives ('settled'). If the phase raises, it is
+--    and writes the same dispatching -> status event, with the claim's
+--    facts; its answer is the one operation_settle gives ('settled'). If the phase raises, it is
 --    rolled back and every item goes to phase 2.
 -- 2. Every other item (a stale claim, a digest mismatch, a second settle
 --    of one claim in the batch, a bad status) runs through
@@ -777,11 +788,15 @@ BEGIN
       RETURNING it.k, t.*
     ), events AS (
       INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                                 actor, revision, detail)
+                                 actor, epoch, revision, detail)
       SELECT st.run_id, st.operation_id, 'operation', 'dispatching', st.status, 'dispatcher',
-             p_dispatch_owners[st.k], st.revision,
-             CASE WHEN p_remote_ids[st.k] IS NULL THEN '{}'::jsonb
-                  ELSE jsonb_build_object('remote_id', p_remote_ids[st.k]) END
+             p_dispatch_owners[st.k], st.claim_epoch, st.revision,
+             jsonb_build_object('claim', jsonb_build_object(
+                 'dispatch_owner', p_dispatch_owners[st.k], 'worker', st.claim_worker,
+                 'at', st.claimed_at, 'epoch', st.claim_epoch, 'dispatch_count', st.dispatch_count,
+                 'revision', p_expected_revisions[st.k], 'inline', st.claim_worker IS NOT NULL))
+               || CASE WHEN p_remote_ids[st.k] IS NULL THEN '{}'::jsonb
+                       ELSE jsonb_build_object('remote_id', p_remote_ids[st.k]) END
         FROM settled st
        ORDER BY st.operation_id
     )
@@ -881,11 +896,12 @@ BEGIN
          revision = revision + 1, updated_at = clock_timestamp()
    WHERE operation_id = p_operation_id;
   INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                             actor, revision, detail)
+                             actor, epoch, revision, detail)
   VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', 'unknown',
-          CASE WHEN p_holder THEN 'dispatcher' ELSE 'reconciler' END, p_actor, o.revision + 1,
+          CASE WHEN p_holder THEN 'dispatcher' ELSE 'reconciler' END, p_actor, o.claim_epoch, o.revision + 1,
           jsonb_build_object('evidence_id', ev, 'dispatch_owner', o.dispatch_owner,
-                             'dispatch_until', o.dispatch_until, 'claim_expired', NOT p_holder));
+                             'dispatch_until', o.dispatch_until, 'claim_expired', NOT p_holder,
+                             'claim', _op_claim_facts(o)));
   RETURN _op_result('marked_unknown', o.run_id, p_operation_id, ev);
 END
 $$;
@@ -983,10 +999,11 @@ BEGIN
          revision = revision + 1, updated_at = clock_timestamp()
    WHERE operation_id = p_operation_id;
   INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
-                             actor, revision, detail)
+                             actor, epoch, revision, detail)
   VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', 'prepared', 'dispatcher',
-          p_dispatch_owner, o.revision + 1,
-          jsonb_build_object('evidence_id', ev, 'not_sent', true));
+          p_dispatch_owner, o.claim_epoch, o.revision + 1,
+          jsonb_build_object('evidence_id', ev, 'not_sent', true,
+                             'claim', _op_claim_facts(o)));
   RETURN _op_result('released', o.run_id, p_operation_id, ev);
 END
 $$;
@@ -1264,10 +1281,10 @@ $$;
 -- found" (operation_query / resource_id tools, whose adapter opts in with
 -- resend_after_not_found): unknown -> prepared, where the dispatcher (or the
 -- agent's re-call) sends it again. Only once p_settle_ms have passed since
--- the operation was last sent (its last prepared -> dispatching, on the
--- database clock), so a first request still in flight has had time to land;
--- counted against the same budget as same-key retries. The query answer is
--- kept as evidence.
+-- the operation was last sent (its last claim, on the database clock), so
+-- a first request still in flight has had time to land; counted against
+-- the same budget as same-key retries. The query answer is kept as
+-- evidence.
 -- outcome: resent | settling | budget_spent | stale_claim.
 CREATE OR REPLACE FUNCTION operation_reconcile_resend(
   p_operation_id text, p_owner text, p_expected_revision bigint, p_settle_ms bigint,
@@ -1289,8 +1306,13 @@ BEGIN
     RETURN;
   END IF;
   revision := o.revision;
-  SELECT max(e.at) INTO last_sent FROM ledger_events e
-   WHERE e.run_id = o.run_id AND e.operation_id = p_operation_id AND e.to_status = 'dispatching';
+  -- The last claim's time is on the row (migrations/0017); a claim taken
+  -- before that has its own 'dispatching' event.
+  last_sent := o.claimed_at;
+  IF last_sent IS NULL THEN
+    SELECT max(e.at) INTO last_sent FROM ledger_events e
+     WHERE e.run_id = o.run_id AND e.operation_id = p_operation_id AND e.to_status = 'dispatching';
+  END IF;
   IF COALESCE(last_sent, o.first_dispatched_at, o.updated_at)
        + (p_settle_ms * interval '1 millisecond') > clock_timestamp() THEN
     outcome := 'settling';
@@ -1357,7 +1379,8 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION
   _op_upsert(uuid, operation_intent, text, bigint),
-  _op_claim(text, text, bigint, bigint, jsonb),
+  _op_claim(text, text, bigint),
+  _op_claim_facts(tool_operations),
   operation_register(uuid, text, bigint, bytea, operation_intent[], bigint, jsonb),
   operation_register_claim(uuid, text, bigint, bytea, operation_intent, text, bigint, text),
   operation_register_claim_batch(uuid[], text[], bigint[], bytea[], operation_intent[], text[], bigint[], text[]),

@@ -181,7 +181,9 @@
 //!   as domains; `0013`: task namespaces — the tenant's shared one and one
 //!   per principal for the lease modes — and `lease_members`, the members
 //!   of a shared lease; `0014`: `input_round` evidence; `0015`: lease token
-//!   hashes hidden from the app role; `0016`: `task` evidence) and the
+//!   hashes hidden from the app role; `0016`: `task` evidence; `0017`: a
+//!   claim's facts on the operation row, told by the event that ends the
+//!   claim) and the
 //!   `leasegate_app` role that may only execute the functions and read (not
 //!   the token hashes). `sql/`: every protected
 //!   transition as one SQL function, each in one current home per entity
@@ -233,7 +235,9 @@
 //! 6. A retry is a new run; terminal runs are never reused — `run_create`.
 //! 7. Lease time is the database's `clock_timestamp()`.
 //! 8. Nothing is deleted; every status change is in `ledger_events`, which
-//!    refuses UPDATE, DELETE and TRUNCATE.
+//!    refuses UPDATE, DELETE and TRUNCATE. A claim (→ `dispatching`) is
+//!    told by the event that ends it, with the claim's facts; until then
+//!    the operation row is its record (migration `0017`).
 
 pub mod adapter;
 pub mod agent_leases;

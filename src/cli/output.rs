@@ -129,6 +129,35 @@ pub fn render(value: &Value) -> String {
             })
             .unwrap_or_default();
         out.push(table(&["AT", "CHANGE", "BY", "DETAIL"], &rows));
+        let claims = value["claims"].as_array().cloned().unwrap_or_default();
+        if !claims.is_empty() {
+            out.push(String::new());
+            out.push("claims:".to_owned());
+            let rows: Vec<Vec<String>> = claims
+                .iter()
+                .map(|c| {
+                    vec![
+                        text(&c["dispatch_count"]),
+                        text(&c["at"]),
+                        text(&c["dispatch_owner"]),
+                        text(&c["worker"]),
+                        text(&c["epoch"]),
+                        text(&c["revision"]),
+                        if c["ended"].is_null() {
+                            "in flight".to_owned()
+                        } else {
+                            text(&c["ended"])
+                        },
+                    ]
+                })
+                .collect();
+            out.push(table(
+                &[
+                    "DISPATCH", "AT", "BY", "WORKER", "EPOCH", "REVISION", "ENDED",
+                ],
+                &rows,
+            ));
+        }
         let evidence = value["evidence"].as_array().cloned().unwrap_or_default();
         if !evidence.is_empty() {
             out.push(String::new());

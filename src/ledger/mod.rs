@@ -17,7 +17,12 @@
 //! 5. No transaction spans a network call: the transaction is the statement.
 //! 6. A retry of a task is a new run; terminal runs are never reused.
 //! 7. Lease time is the database's `clock_timestamp()`, never this host's.
-//! 8. Every status change is appended to `ledger_events` with its actor.
+//! 8. Every status change is appended to `ledger_events` with its actor. A
+//!    claim (→ `dispatching`) writes its facts (who, when, which epoch and
+//!    worker, which dispatch) on the operation row and is told by the one
+//!    event that ends it (settle, mark unknown, not-sent release), which
+//!    carries them (`detail.claim`); [`OperationView::claims`] reads them
+//!    back.
 //!
 //! Bodies (request arguments, results, evidence) are written only in the
 //! form [`LedgerOptions::bodies`] keeps (as sent, masked, digest only, or
@@ -99,8 +104,8 @@ pub use members::{MEMBER_PROBE_CHANNEL, MemberJoin, MemberProbes, Readiness, Tas
 pub use operation::PlannedCheckpoint;
 pub use operation_types::{
     ClaimedOperation, Converge, ConvergeEvidence, ConvergeOutcome, DispatchClaim, Evidence,
-    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationRecord, OperationStatus,
-    OperationView, ReconcileItem, Registered, ReleaseUnsentOutcome, ResendVerdict,
+    EvidenceKind, InlineClaim, MarkUnknown, MarkUnknownOutcome, OperationClaim, OperationRecord,
+    OperationStatus, OperationView, ReconcileItem, Registered, ReleaseUnsentOutcome, ResendVerdict,
     RetryResetOutcome, RetryVerdict, SettleOutcome, Settlement, StaleReason, SupersedeOutcome,
     ToolRoute, UnknownBy, UnknownCause, UnknownSummary,
 };

@@ -143,6 +143,14 @@ pub(super) struct TableRow {
     pub(super) first_dispatched_at: Option<DateTime<Utc>>,
     pub(super) upstream: Option<String>,
     pub(super) upstream_tool: Option<String>,
+    /// The last claim's facts (migration 0017); absent from the rows of
+    /// statements that name their columns.
+    #[sqlx(default)]
+    pub(super) claimed_at: Option<DateTime<Utc>>,
+    #[sqlx(default)]
+    pub(super) claim_epoch: Option<i64>,
+    #[sqlx(default)]
+    pub(super) claim_worker: Option<String>,
 }
 
 #[derive(Debug, FromRow)]

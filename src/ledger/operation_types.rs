@@ -481,11 +481,108 @@ pub struct OperationView {
     pub updated_at: DateTime<Utc>,
     pub superseded_by: Option<OperationId>,
     pub events: Vec<super::LedgerEvent>,
+    /// Every claim the operation had, oldest first: who took it, when,
+    /// under which lease epoch, with which dispatch number, and how it
+    /// ended. A claim writes no event of its own; its facts are on the
+    /// operation row while it is in flight and in the event that ends it
+    /// (see [`OperationClaim`]).
+    #[serde(default)]
+    pub claims: Vec<OperationClaim>,
     pub evidence: Vec<Evidence>,
     /// Read from the archive: retention moved this settled operation of a
     /// terminal run out of the live tables (`leasegate ops archive`).
     #[serde(default)]
     pub archived: bool,
+}
+
+/// One claim of an operation (a dispatch handed out). Read from the event
+/// that ended it (its `detail.claim`), from the operation row while it is
+/// in flight, or, for a claim taken before the ledger kept claims on the
+/// row (migration 0017), from the claim's own `dispatching` event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OperationClaim {
+    /// The dispatcher (leasegate process) that held the claim.
+    pub dispatch_owner: Option<String>,
+    /// The lease owner whose call it was; `None` for the outbox's claims,
+    /// which hold no lease.
+    pub worker: Option<String>,
+    pub at: Option<DateTime<Utc>>,
+    /// The lease epoch the claim was taken under (`None`: the outbox).
+    pub epoch: Option<i64>,
+    /// Which dispatch of the operation this was (1 for the first). `None`
+    /// for a claim recorded only by its own event.
+    pub dispatch_count: Option<i64>,
+    /// The operation's revision under the claim: what its settle is guarded by.
+    pub revision: Option<i64>,
+    pub dispatch_until: Option<DateTime<Utc>>,
+    /// The status the claim ended in (`succeeded`, `failed_final`,
+    /// `unknown`, `prepared` when released unsent); `None` while in flight.
+    pub ended: Option<String>,
+    /// The event that ended it.
+    pub ended_by_event: Option<i64>,
+}
+
+/// The claims of an operation from its events and, for a claim in flight,
+/// the row's claim columns (`live`: status dispatching and `claimed_at`
+/// set). Pure, so the rule is unit-tested without a database.
+pub(super) fn claims_of(
+    events: &[super::LedgerEvent],
+    live: Option<OperationClaim>,
+) -> Vec<OperationClaim> {
+    let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
+    let time = |v: &serde_json::Value| serde_json::from_value::<DateTime<Utc>>(v.clone()).ok();
+    let mut claims: Vec<OperationClaim> = Vec::new();
+    for e in events.iter().filter(|e| e.subject == "operation") {
+        if e.to_status == "dispatching" {
+            // A claim of its own event (taken before migration 0017).
+            claims.push(OperationClaim {
+                dispatch_owner: e.actor.clone(),
+                worker: text(&e.detail["worker"]),
+                at: Some(e.at),
+                epoch: e.epoch,
+                dispatch_count: None,
+                revision: e.revision,
+                dispatch_until: time(&e.detail["dispatch_until"]),
+                ended: None,
+                ended_by_event: None,
+            });
+            continue;
+        }
+        if e.from_status.as_deref() != Some("dispatching") {
+            continue;
+        }
+        let facts = &e.detail["claim"];
+        if facts.is_object() && !facts["at"].is_null() {
+            claims.push(OperationClaim {
+                dispatch_owner: text(&facts["dispatch_owner"]),
+                worker: text(&facts["worker"]),
+                at: time(&facts["at"]),
+                epoch: facts["epoch"].as_i64(),
+                dispatch_count: facts["dispatch_count"].as_i64(),
+                revision: facts["revision"].as_i64(),
+                dispatch_until: time(&facts["dispatch_until"])
+                    .or_else(|| time(&e.detail["dispatch_until"])),
+                ended: Some(e.to_status.clone()),
+                ended_by_event: Some(e.event_id),
+            });
+        } else if let Some(open) = claims.iter_mut().rev().find(|c| c.ended.is_none()) {
+            open.ended = Some(e.to_status.clone());
+            open.ended_by_event = Some(e.event_id);
+            if open.dispatch_count.is_none() {
+                open.dispatch_count = facts["dispatch_count"].as_i64();
+            }
+        }
+    }
+    // The row and the events are read apart: a claim that ended in
+    // between is in both, and counts once, as ended.
+    if let Some(live) = live
+        && !claims
+            .iter()
+            .any(|c| c.revision == live.revision && c.dispatch_owner == live.dispatch_owner)
+    {
+        claims.push(live);
+    }
+    claims
 }
 
 /// How many operations are `unknown`, and for how long the oldest has been.
@@ -495,4 +592,148 @@ pub struct UnknownSummary {
     pub oldest_operation_id: Option<OperationId>,
     /// Seconds since the oldest unknown operation last changed (database clock).
     pub oldest_age_seconds: Option<f64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::RunId;
+    use serde_json::json;
+
+    fn event(
+        id: i64,
+        from: Option<&str>,
+        to: &str,
+        actor: &str,
+        detail: serde_json::Value,
+    ) -> super::super::LedgerEvent {
+        super::super::LedgerEvent {
+            event_id: id,
+            at: DateTime::from_timestamp(1_700_000_000 + id, 0).unwrap(),
+            run_id: RunId::from_uuid(uuid::Uuid::nil()),
+            operation_id: Some("op".into()),
+            subject: "operation".into(),
+            from_status: from.map(str::to_owned),
+            to_status: to.into(),
+            actor_kind: "dispatcher".into(),
+            actor: Some(actor.into()),
+            epoch: Some(7),
+            revision: Some(id),
+            detail,
+        }
+    }
+
+    #[test]
+    fn claims_come_from_the_events_that_end_them_the_row_and_legacy_claim_events() {
+        let at = "2026-01-02T03:04:05Z";
+        let facts = |owner: &str, n: i64, rev: i64| {
+            json!({"dispatch_owner": owner, "worker": "w", "at": at, "epoch": 3,
+                   "dispatch_count": n, "revision": rev, "inline": true})
+        };
+        let events = vec![
+            // A claim taken before the row kept claims: its own event, ended by
+            // an unknown whose claim object has no time.
+            event(
+                1,
+                None,
+                "dispatching",
+                "p0",
+                json!({"worker": "w0", "dispatch_until": at}),
+            ),
+            event(
+                2,
+                Some("dispatching"),
+                "unknown",
+                "p0",
+                json!({"claim": {"at": null, "dispatch_count": 1}}),
+            ),
+            // Not a claim's end.
+            event(3, Some("unknown"), "prepared", "r", json!({})),
+            // A claim that wrote no event, ended by a not-sent release.
+            event(
+                4,
+                Some("dispatching"),
+                "prepared",
+                "p1",
+                json!({"claim": facts("p1", 2, 4)}),
+            ),
+            // Settled: the one event of the claim.
+            event(
+                5,
+                Some("dispatching"),
+                "succeeded",
+                "p2",
+                json!({"claim": facts("p2", 3, 5)}),
+            ),
+        ];
+        let live = OperationClaim {
+            dispatch_owner: Some("p3".into()),
+            worker: None,
+            at: None,
+            epoch: None,
+            dispatch_count: Some(4),
+            revision: Some(9),
+            dispatch_until: None,
+            ended: None,
+            ended_by_event: None,
+        };
+        let claims = claims_of(&events, Some(live.clone()));
+        let summary: Vec<_> = claims
+            .iter()
+            .map(|c| {
+                (
+                    c.dispatch_owner.as_deref(),
+                    c.worker.as_deref(),
+                    c.epoch,
+                    c.dispatch_count,
+                    c.revision,
+                    c.ended.as_deref(),
+                    c.ended_by_event,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (
+                    Some("p0"),
+                    Some("w0"),
+                    Some(7),
+                    Some(1),
+                    Some(1),
+                    Some("unknown"),
+                    Some(2)
+                ),
+                (
+                    Some("p1"),
+                    Some("w"),
+                    Some(3),
+                    Some(2),
+                    Some(4),
+                    Some("prepared"),
+                    Some(4)
+                ),
+                (
+                    Some("p2"),
+                    Some("w"),
+                    Some(3),
+                    Some(3),
+                    Some(5),
+                    Some("succeeded"),
+                    Some(5)
+                ),
+                (Some("p3"), None, None, Some(4), Some(9), None, None),
+            ]
+        );
+        assert_eq!(claims[0].dispatch_until, Some(at.parse().unwrap()));
+        // The row read before the settle, its events after: one claim, ended.
+        let settled_meanwhile = OperationClaim {
+            dispatch_owner: Some("p2".into()),
+            revision: Some(5),
+            ..live
+        };
+        assert_eq!(claims_of(&events, Some(settled_meanwhile)), claims[..3]);
+        assert_eq!(claims[2].at, Some(at.parse().unwrap()));
+        assert_eq!(claims_of(&events[..0], None), vec![]);
+    }
 }

@@ -9,9 +9,10 @@ use uuid::Uuid;
 
 use super::error::protocol;
 use super::operation_rows::{EvidenceRow, TableRow};
+use super::operation_types::claims_of;
 use super::{
-    Evidence, EvidenceKind, LeaseState, Ledger, LedgerError, LedgerEvent, OperationRecord,
-    OperationStatus, OperationView, RunId, RunView, UnknownSummary,
+    Evidence, EvidenceKind, LeaseState, Ledger, LedgerError, LedgerEvent, OperationClaim,
+    OperationRecord, OperationStatus, OperationView, RunId, RunView, UnknownSummary,
 };
 use crate::intent::OperationId;
 
@@ -242,8 +243,9 @@ impl Ledger {
 
     // Operations: the fate of a call.
 
-    /// The fate of a call: the operation, its request, every status change
-    /// and every piece of evidence. `None` when no such operation exists.
+    /// The fate of a call: the operation, its request, every status change,
+    /// every claim (who, when, which epoch and dispatch, how it ended) and
+    /// every piece of evidence. `None` when no such operation exists.
     /// An operation moved to the archive by retention
     /// (`operations_archive`, migration 0009) is read from there, whole,
     /// and marked `archived`.
@@ -288,13 +290,29 @@ impl Ledger {
                 self.operation_evidence(operation_id).await?,
             )
         };
+        let operation = row.record(CALL, &self.options.bodies)?;
+        // A claim in flight has no event yet: the row is its record.
+        let live = (operation.status == OperationStatus::Dispatching && row.claimed_at.is_some())
+            .then(|| OperationClaim {
+                dispatch_owner: operation.dispatch_owner.clone(),
+                worker: row.claim_worker.clone(),
+                at: row.claimed_at,
+                epoch: row.claim_epoch,
+                dispatch_count: Some(i64::from(operation.dispatch_count)),
+                revision: Some(operation.revision),
+                dispatch_until: operation.dispatch_until,
+                ended: None,
+                ended_by_event: None,
+            });
+        let claims = claims_of(&events, live);
         Ok(Some(OperationView {
-            operation: row.record(CALL, &self.options.bodies)?,
+            operation,
             request_body: row.request(&self.options.bodies)?,
             created_at: row.created_at,
             updated_at: row.updated_at,
             superseded_by: row.superseded_by.clone().map(OperationId::from_string),
             events,
+            claims,
             evidence,
             archived,
         }))

@@ -731,15 +731,44 @@ async fn operator_cli_prints_the_fate_of_a_call_and_exits_by_outcome(
     let text = String::from_utf8_lossy(&shown.stdout);
     for needle in [
         "status           unknown",
-        // An inline call's history starts at its claim: one event.
-        "- -> dispatching",
+        // An inline call's claim writes no event: its history is the one
+        // event that ended the claim, and the claims table says who held
+        // it, under which epoch, and how it ended.
         "dispatching -> unknown",
         "timeout",
         "history:",
+        "claims:",
+        "DISPATCH",
+        "WORKER",
         "evidence:",
     ] {
         assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
     }
+    assert!(!text.contains("- -> dispatching"), "{text}");
+    let claim_line = text
+        .lines()
+        .skip_while(|l| !l.starts_with("claims:"))
+        .nth(2)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect::<Vec<_>>();
+    assert_eq!(
+        (
+            claim_line.first().copied(),
+            claim_line.get(2).copied(),
+            claim_line.get(3).copied(),
+            claim_line.get(4).map(|e| e.to_string()),
+            claim_line.last().copied()
+        ),
+        (
+            Some("1"),
+            Some("proxy-1"),
+            Some("agent"),
+            Some(lease.epoch.to_string()),
+            Some("unknown")
+        ),
+        "{text}"
+    );
     let listed = cli(&[
         "ops",
         "list",

@@ -526,8 +526,9 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
             (2, Some("23514".to_owned()), "item_error".to_owned())
         ]
     );
-    let written: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT o.operation_id, (SELECT count(*) FROM ledger_events e WHERE e.operation_id = o.operation_id)
+    let written: Vec<(String, Option<i64>, i64)> = sqlx::query_as(
+        "SELECT o.operation_id, o.claim_epoch,
+                (SELECT count(*) FROM ledger_events e WHERE e.operation_id = o.operation_id)
            FROM tool_operations o WHERE o.run_id = ANY ($1) ORDER BY 1",
     )
     .bind(vec![c.run_id.as_uuid(), d.run_id.as_uuid()])
@@ -536,8 +537,8 @@ async fn an_item_that_raises_is_rolled_back_alone_and_the_batch_commits_the_othe
     .unwrap();
     assert_eq!(
         written,
-        [(call_c.operation_id.as_str().to_owned(), 1)],
-        "the good item's row and one event, once; nothing of the bad one"
+        [(call_c.operation_id.as_str().to_owned(), Some(c.epoch), 0)],
+        "the good item's row under its claim (a claim writes no event), once; nothing of the bad one"
     );
     // Two settles of one claim in one batch: the first settles (set-based),
     // the repeat goes through operation_settle and is kept as evidence.
@@ -669,11 +670,14 @@ async fn the_common_case_is_answered_set_based_and_writes_the_single_functions_r
             sqlx::query_scalar::<_, Value>(
                 "SELECT jsonb_build_object(
                    'op', (SELECT to_jsonb(o) - 'operation_id' - 'run_id' - 'request_digest' - 'created_at'
-                                 - 'updated_at' - 'first_dispatched_at'
+                                 - 'updated_at' - 'first_dispatched_at' - 'claimed_at'
+                                 || jsonb_build_object('has_claimed_at', o.claimed_at IS NOT NULL)
                             FROM tool_operations o WHERE o.run_id = $1),
                    'events', (SELECT jsonb_agg(jsonb_set(to_jsonb(e) - 'event_id' - 'at' - 'run_id' - 'operation_id',
-                                                         '{detail}', (e.detail - 'dispatch_until')
-                                                           || jsonb_build_object('has_until', e.detail ? 'dispatch_until'))
+                                                         '{detail}', (e.detail - 'dispatch_until' - 'claim')
+                                                           || jsonb_build_object('has_until', e.detail ? 'dispatch_until',
+                                                                                 'claim', (e.detail->'claim') - 'at',
+                                                                                 'has_claim_at', e.detail->'claim'->'at' <> 'null'))
                                                ORDER BY e.event_id)
                                 FROM ledger_events e WHERE e.run_id = $1 AND e.subject = 'operation'))",
             )
@@ -689,7 +693,21 @@ async fn the_common_case_is_answered_set_based_and_writes_the_single_functions_r
     failed["op"]["status"] = json!("failed_final");
     failed["op"]["remote_id"] = Value::Null;
     failed["op"]["result"] = json!({"ok": false});
-    failed["events"][1]["to_status"] = json!("failed_final");
-    failed["events"][1]["detail"] = json!({"has_until": false});
+    // One event per call, the settle's, with the claim's facts.
+    assert_eq!(reference["events"].as_array().map(Vec::len), Some(1));
+    assert_eq!(reference["events"][0]["epoch"], json!(c.epoch));
+    assert_eq!(
+        reference["events"][0]["detail"],
+        json!({"claim": {"dispatch_owner": "proxy-1", "worker": "agent-1", "epoch": c.epoch,
+                         "dispatch_count": 1, "revision": 1, "inline": true},
+               "has_claim_at": true, "has_until": false, "remote_id": "r-1"})
+    );
+    assert_eq!(reference["op"]["has_claimed_at"], json!(true));
+    assert_eq!(reference["op"]["claim_worker"], json!("agent-1"));
+    failed["events"][0]["to_status"] = json!("failed_final");
+    failed["events"][0]["detail"]
+        .as_object_mut()
+        .unwrap()
+        .remove("remote_id");
     assert_eq!(rows(b.run_id).await, failed);
 }

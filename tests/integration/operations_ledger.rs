@@ -62,6 +62,36 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
         (claim.dispatch_owner.as_str(), claim.revision),
         ("proxy-1", 1)
     );
+    // In flight, the claim wrote no event: the row is its record, and the
+    // fate query reads who, which epoch and which dispatch from it.
+    let in_flight = db.operation_view(&charge.operation_id).await;
+    assert!(in_flight.events.is_empty(), "{:?}", in_flight.events);
+    let facts = |c: &leasegate::ledger::OperationClaim| {
+        (
+            c.dispatch_owner.clone(),
+            c.worker.clone(),
+            c.epoch,
+            c.dispatch_count,
+            c.revision,
+            c.ended.clone(),
+        )
+    };
+    // Who, for whom, which epoch, which dispatch, under which revision, how it ended.
+    let expected = |ended: Option<&str>| {
+        vec![(
+            Some("proxy-1".to_owned()),
+            Some("agent-1".to_owned()),
+            Some(lease.epoch),
+            Some(1),
+            Some(1),
+            ended.map(str::to_owned),
+        )]
+    };
+    assert_eq!(
+        in_flight.claims.iter().map(facts).collect::<Vec<_>>(),
+        expected(None)
+    );
+    let claimed_at = in_flight.claims[0].at.expect("claimed at");
     let settled = match db
         .settle_succeeded(
             &claim,
@@ -118,13 +148,24 @@ async fn inline_call_is_claimed_settled_and_then_replayed_without_a_new_claim(
         .collect();
     assert_eq!(
         history,
-        // An inline call is registered and claimed in one row and one
-        // event: its 'prepared' state never existed outside that transaction.
-        vec![
-            (None, "dispatching", "dispatcher"),
-            (Some("dispatching"), "succeeded", "dispatcher"),
-        ]
+        // An inline call is registered and claimed in one row (its
+        // 'prepared' state never existed outside that transaction) and
+        // writes one event, the settle's, which carries the claim's facts.
+        vec![(Some("dispatching"), "succeeded", "dispatcher")]
     );
+    let settle = &view.events[0];
+    assert_eq!(
+        (settle.actor.as_deref(), settle.epoch, settle.revision),
+        (Some("proxy-1"), Some(lease.epoch), Some(2))
+    );
+    assert_eq!(settle.detail["remote_id"], "ch_1");
+    assert_eq!(
+        view.claims.iter().map(facts).collect::<Vec<_>>(),
+        expected(Some("succeeded"))
+    );
+    assert_eq!(view.claims[0].at, Some(claimed_at));
+    assert_eq!(view.claims[0].ended_by_event, Some(settle.event_id));
+    assert!(claimed_at <= settle.at);
     assert_eq!(view.request_body, json!({"amount": 500, "currency": "eur"}));
     assert!(view.evidence.is_empty());
 }
@@ -392,12 +433,16 @@ async fn sixteen_concurrent_claimers_claim_each_of_a_thousand_intents_exactly_on
             Some(&owner)
         );
     }
-    let claim_events: i64 = db
-        .query_scalar(
-            "SELECT count(*) FROM ledger_events WHERE subject = 'operation' AND to_status = 'dispatching'",
+    // A claim writes no event; its facts are on the row, once per claim.
+    let (claim_events, claims_on_rows): (i64, i64) = db
+        .query_row(
+            "SELECT (SELECT count(*) FROM ledger_events WHERE subject = 'operation'
+                       AND to_status = 'dispatching'),
+                    (SELECT count(*) FROM tool_operations WHERE claimed_at IS NOT NULL
+                       AND claim_epoch IS NULL AND claim_worker IS NULL)",
         )
         .await;
-    assert_eq!(claim_events, 1_000);
+    assert_eq!((claim_events, claims_on_rows), (0, 1_000));
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
@@ -529,7 +574,25 @@ async fn acceptance_e_late_success_after_claim_expiry_is_evidence_until_converge
         ]
     );
     let statuses: Vec<&str> = view.events.iter().map(|e| e.to_status.as_str()).collect();
-    assert_eq!(statuses, vec!["dispatching", "unknown", "succeeded"]);
+    assert_eq!(statuses, vec!["unknown", "succeeded"]);
+    // The claim that lapsed is told by the event that ended it.
+    let lapsed = &view.claims[..];
+    assert_eq!(lapsed.len(), 1, "{lapsed:?}");
+    assert_eq!(
+        (
+            lapsed[0].epoch,
+            lapsed[0].dispatch_count,
+            lapsed[0].ended.as_deref(),
+            lapsed[0].ended_by_event
+        ),
+        (
+            Some(lease.epoch),
+            Some(1),
+            Some("unknown"),
+            Some(view.events[0].event_id)
+        )
+    );
+    assert_eq!(view.events[0].epoch, Some(lease.epoch));
     // The run itself was never advanced by any of this.
     let (status, _, _, _, _) = db.run_row(lease.run_id).await;
     assert_eq!(status, "running");
@@ -1553,7 +1616,10 @@ async fn a_ledger_holding_rows_moves_to_the_column_domains_without_a_rewrite(poo
     let files = "SELECT c.relname::text, c.relfilenode::bigint FROM pg_class c
                   WHERE c.relname LIKE 'tool_operations%' OR c.relname LIKE 'ledger_events%'
                   ORDER BY 1";
-    let rows = "SELECT (SELECT md5(string_agg(o::text, ',' ORDER BY o.operation_id)) FROM tool_operations o),
+    // The columns later migrations add (0017's claim facts, NULL on these
+    // rows) left out, so the rows compare across them.
+    let rows = "SELECT (SELECT md5(string_agg((to_jsonb(o) - ARRAY['claimed_at', 'claim_epoch', 'claim_worker'])::text,
+                                              ',' ORDER BY o.operation_id)) FROM tool_operations o),
                        (SELECT md5(string_agg(e::text, ',' ORDER BY e.event_id)) FROM ledger_events e)";
     let files_before: Vec<(String, i64)> = sqlx::query_as(files).fetch_all(&pool).await.unwrap();
     let rows_before: (String, String) = sqlx::query_as(rows).fetch_one(&pool).await.unwrap();
@@ -1646,7 +1712,8 @@ async fn a_ledger_holding_rows_moves_to_the_column_domains_without_a_rewrite(poo
         assert_eq!(refused.constraint(), Some(rule), "{write}");
     }
     let (still,): (String,) = sqlx::query_as(
-        "SELECT md5(string_agg(o::text, ',' ORDER BY o.operation_id)) FROM tool_operations o",
+        "SELECT md5(string_agg((to_jsonb(o) - ARRAY['claimed_at', 'claim_epoch', 'claim_worker'])::text,
+                               ',' ORDER BY o.operation_id)) FROM tool_operations o",
     )
     .fetch_one(&pool)
     .await

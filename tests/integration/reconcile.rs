@@ -663,7 +663,22 @@ async fn the_dispatcher_sends_planned_intents_without_any_agent_call(
             1
         );
         let view = db.operation_view(&intent.operation_id).await;
-        assert_eq!(view.events[1].actor_kind, "dispatcher");
+        assert_eq!(view.events.last().unwrap().actor_kind, "dispatcher");
+        // Sent by the outbox: one claim, holding no lease (no worker, no
+        // epoch), told by the settle that ended it.
+        let claims: Vec<_> = view
+            .claims
+            .iter()
+            .map(|c| {
+                (
+                    c.worker.as_deref(),
+                    c.epoch,
+                    c.dispatch_count,
+                    c.ended.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(claims, [(None, None, Some(1), Some("succeeded"))]);
     }
     proxy.stop().await;
 }

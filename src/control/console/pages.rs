@@ -520,11 +520,7 @@ pub fn operation(banner: &Banner, page: &OperationPage<'_>) -> Markup {
     let op = &view.operation;
     let id = op.operation_id.as_str();
     let unknown = op.status == OperationStatus::Unknown;
-    let attempts: Vec<_> = view
-        .events
-        .iter()
-        .filter(|e| e.to_status == "dispatching")
-        .collect();
+    let attempts = &view.claims;
     let asked = &page.asked;
     layout(
         &format!("Operation {id}"),
@@ -584,10 +580,10 @@ pub fn operation(banner: &Banner, page: &OperationPage<'_>) -> Markup {
                 h2 { "Dispatch attempts" }
                 @if attempts.is_empty() { p.muted { "Never dispatched." } } @else {
                     table #attempts.list {
-                        thead { tr { th { "#" } th { "at" } th { "by" } th { "epoch" } th { "revision" } } }
+                        thead { tr { th { "#" } th { "at" } th { "by" } th { "for" } th { "epoch" } th { "revision" } th { "ended" } } }
                         tbody {
-                            @for (n, e) in attempts.iter().enumerate() {
-                                tr { td.num { (n + 1) } td.small { (time(&e.at)) } td { (e.actor_kind) " " code { (e.actor.as_deref().unwrap_or("")) } } td.num { (e.epoch.map(|v| v.to_string()).unwrap_or_default()) } td.num { (e.revision.map(|v| v.to_string()).unwrap_or_default()) } }
+                            @for (n, c) in attempts.iter().enumerate() {
+                                tr { td.num { (c.dispatch_count.unwrap_or(n as i64 + 1)) } td.small { @if let Some(at) = &c.at { (time(at)) } } td { "dispatcher " code { (c.dispatch_owner.as_deref().unwrap_or("")) } } td { @if let Some(worker) = &c.worker { code { (worker) } } @else { "outbox" } } td.num { (c.epoch.map(|v| v.to_string()).unwrap_or_default()) } td.num { (c.revision.map(|v| v.to_string()).unwrap_or_default()) } td { @match &c.ended { Some(to) => (badge(to)), None => "in flight" } } }
                             }
                         }
                     }
