@@ -146,14 +146,28 @@ fn operation_meta(note: Value) -> MetaObject {
     meta
 }
 
-/// What the agent receives for a reply.
+/// The key of a replayed answer's structured content that says it is a
+/// replay ([`OutcomeShown::structured`]).
+pub const OUTCOME_KEY: &str = "dev.leasegate/outcome";
+
+/// Where a replayed answer says so besides `_meta`, for clients that hand
+/// the model only part of a tool result.
+#[derive(Debug, Clone, Copy)]
+pub struct OutcomeShown {
+    /// A last text block (policy `outcome_in_content`).
+    pub content: bool,
+    /// The key [`OUTCOME_KEY`] in an object `structuredContent`, for
+    /// clients that give the model that alone (pydantic-ai). Only for tools
+    /// that declare no `outputSchema`: a key the schema does not name could
+    /// fail a strict client's validation of the tool's own answer.
+    pub structured: bool,
+}
+
 /// The agent's answer to a gated call: a tool result, or the handle of
 /// the task the upstream made of it (with the operation in its `_meta`).
-/// `outcome_in_content`: a replayed answer also says so in its content
-/// (policy `outcome_in_content`).
 pub fn response_from_reply(
     reply: CallReply,
-    outcome_in_content: bool,
+    outcome: OutcomeShown,
 ) -> Result<CallToolResponse, McpError> {
     match reply {
         CallReply::Task { handle, operation } => {
@@ -164,8 +178,7 @@ pub fn response_from_reply(
             Ok(CallToolResponse::Task(task))
         }
         other => Ok(CallToolResponse::Complete(result_from_reply(
-            other,
-            outcome_in_content,
+            other, outcome,
         ))),
     }
 }
@@ -177,7 +190,7 @@ pub fn create_task_result(handle: Value) -> Result<CreateTaskResult, McpError> {
     })
 }
 
-fn result_from_reply(reply: CallReply, outcome_in_content: bool) -> CallToolResult {
+fn result_from_reply(reply: CallReply, outcome: OutcomeShown) -> CallToolResult {
     match reply {
         // Where only a tool result can go: the task named, still running.
         CallReply::Task { handle, operation } => {
@@ -203,15 +216,24 @@ fn result_from_reply(reply: CallReply, outcome_in_content: bool) -> CallToolResu
                     fallback.is_error = Some(is_error);
                     fallback
                 });
-            if operation.replayed && outcome_in_content {
+            if operation.replayed && outcome.content {
                 // For clients that hand the model the content and drop
                 // `_meta`: the model must not read a replay as a new effect.
-                tool_result.content.push(ContentBlock::text(format!(
+                let said = format!(
                     "[leasegate] replayed: this is the recorded answer of an earlier identical \
                      call (operation {}, {}); the tool was not called again",
                     operation.operation_id,
                     operation.status.as_str()
-                )));
+                );
+                // A client that prefers structured content reads this
+                // instead of the text block; the tool's own keys stay as
+                // they are.
+                if outcome.structured
+                    && let Some(Value::Object(fields)) = &mut tool_result.structured_content
+                {
+                    fields.insert(OUTCOME_KEY.to_owned(), Value::String(said.clone()));
+                }
+                tool_result.content.push(ContentBlock::text(said));
             }
             tool_result.meta = Some(operation_meta(operation.to_json()));
             tool_result.result_type = Some(ResultType::COMPLETE);
