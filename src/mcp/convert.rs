@@ -15,8 +15,9 @@ use crate::dispatch::{CallError, CallReply};
 /// JSON-RPC reserves (-32768..-32000), where the MCP specification and its
 /// SDKs define theirs (-32000 connection closed and -32001 request timeout
 /// in the SDKs, -32002 resource not found, -32020.. in the stateless protocol (`V_2026_07_28`),
-/// -32042 URL elicitation), so a client never mistakes a leasegate refusal
-/// for its own failure. Stable; `data.reason` carries the meaning too.
+/// -32042 URL elicitation) and the agent frameworks' MCP clients raise
+/// theirs (fastmcp, pydantic-ai, the Vercel AI SDK), so a client never
+/// mistakes a leasegate refusal for its own failure. Stable; `data.reason` carries the meaning too.
 pub mod codes {
     /// A side-effecting call came without a lease.
     pub const LEASE_REQUIRED: i32 = -31001;
@@ -567,13 +568,26 @@ mod tests {
             codes::TOO_MANY_IN_FLIGHT,
             codes::NOT_STARTED,
         ];
-        // What the MCP SDKs and the specification use for their own ends.
+        // What the MCP SDKs, the specification and the agent frameworks'
+        // MCP clients raise or compare against, as read in their sources:
+        // the official Python SDK (`mcp_types`: -32000 connection closed,
+        // -32001 request timeout, -32020..-32022, -32042 URL elicitation,
+        // the JSON-RPC five); fastmcp (-32000 permission denied and timeout,
+        // -32001 not found, -32002 resource not found, -32021, -32602,
+        // -32603); pydantic-ai (-32601, -32602, and whatever its fastmcp
+        // client raises); the Vercel AI SDK's `@ai-sdk/mcp` (-32002,
+        // -32020..-32022 it retries a protocol version on, -32601..-32603);
+        // stateless MCP's -32800 request cancelled.
         let theirs = [
-            -32000, -32001, -32002, -32020, -32021, -32022, -32042, -32800,
+            -32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32020, -32021, -32022,
+            -32042, -32800,
         ];
         for code in own {
             assert!(!(-32768..=-32000).contains(&code), "{code} is reserved");
-            assert!(!theirs.contains(&code), "{code} is an SDK's");
+            assert!(
+                !theirs.contains(&code),
+                "{code} is an SDK's or a framework's"
+            );
         }
         let mut unique = own.to_vec();
         unique.sort();
