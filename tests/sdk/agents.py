@@ -146,7 +146,7 @@ async def replay_pydantic_ai():
 
     for run in range(2):
         await agent.run("charge 5 eur")
-        report(run=run, model_read=read[-1]["content"], kind=read[-1]["kind"])
+        report(run=str(run), model_read=read[-1]["content"], kind=read[-1]["kind"])
 
 
 async def refused_pydantic_ai():
