@@ -49,8 +49,8 @@ const modelRead = (tool, output) =>
 
 async function replay() {
   const url = option('url');
-  let key; // the key of the charge being made
   // docs/clients.md, Vercel AI SDK: these lines as written there.
+  let key; // the Idempotency-Key of the call being made
   const client = await createMCPClient({
     transport: {
       type: 'http',
