@@ -1,7 +1,8 @@
 //! The MCP clients of fastmcp, pydantic-ai and the Vercel AI SDK
 //! (`@ai-sdk/mcp`), in their default settings and with no LLM, against real
 //! leasegate processes and the example tool server: what their user or
-//! model reads of a replay, a refusal and a start-up failure, how a
+//! model reads of a replay, a refusal, an unknown outcome and a start-up
+//! failure, how a
 //! pydantic-ai agent run ends when leasegate refuses its calls, and a stdio
 //! session the Vercel client ends with SIGTERM. The clients are driven by
 //! `tests/sdk/agents.py` (venv `target/agents-venv`) and
@@ -81,6 +82,13 @@ fn says_replayed(value: &Value) -> bool {
     value.as_str().is_some_and(|s| s.starts_with(REPLAYED))
 }
 
+fn says_unknown(value: &Value) -> bool {
+    value.as_str().is_some_and(|s| {
+        s.starts_with("outcome unknown for operation")
+            && s.contains("do not retry it under a new step")
+    })
+}
+
 /// `leasegate serve` in lease mode `key` in front of the example tools.
 async fn key_mode_proxy(db: &TestDb) -> (Scenario, ServedChild) {
     let scenario = Scenario::new(&db.url, "claim_ttl = \"4s\"\n");
@@ -91,13 +99,15 @@ async fn key_mode_proxy(db: &TestDb) -> (Scenario, ServedChild) {
 
 /// Each client's user or model reads, in what the client hands on by
 /// default, that a repeated call was answered from the ledger and not sent
-/// again, and why a call without a key was refused: fastmcp (its
-/// `CallToolResult`: content and structured content), pydantic-ai (what
-/// its model is handed: the structured content alone, so the sentence must
-/// be there) and the Vercel AI SDK (the tool's `toModelOutput`: the content
-/// blocks). Refusals carry leasegate's own code. One charge per key.
+/// again, why a call without a key was refused, and that a call whose tool
+/// did not answer in time has an unknown outcome not to be retried under a
+/// new step: fastmcp (its `CallToolResult`: content and structured content;
+/// a tool error raised with its text), pydantic-ai (what its model is
+/// handed: the structured content alone, so the sentences must be there)
+/// and the Vercel AI SDK (the tool's `toModelOutput`: the content blocks).
+/// Refusals carry leasegate's own code. One charge per key.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
-async fn each_clients_model_reads_a_replay_and_a_refusal_for_what_they_are(
+async fn each_clients_model_reads_a_replay_a_refusal_and_an_unknown_outcome(
     pool: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
@@ -130,6 +140,9 @@ async fn each_clients_model_reads_a_replay_and_a_refusal_for_what_they_are(
         "{refused}"
     );
 
+    let unknown = line(&fastmcp, "call", "unknown");
+    assert!(says_unknown(&unknown["error"]), "{unknown}");
+
     let pydantic = agents_py(&["--url", url, "--key", "pydantic-1", "replay-pydantic-ai"]).await;
     let (first, again) = (line(&pydantic, "run", "0"), line(&pydantic, "run", "1"));
     // What the model was handed: the structured content, as a dict.
@@ -137,6 +150,14 @@ async fn each_clients_model_reads_a_replay_and_a_refusal_for_what_they_are(
     assert!(first["model_read"][OUTCOME_KEY].is_null(), "{first}");
     assert!(says_replayed(&again["model_read"][OUTCOME_KEY]), "{again}");
     assert_eq!(own_fields(&again["model_read"]), first["model_read"]);
+    // An error's structured content, as the retry text the model reads.
+    let unknown = line(&pydantic, "run", "2");
+    let read = unknown["model_read"].as_str().unwrap();
+    assert!(
+        read.contains("\"status\":\"unknown\"")
+            && read.contains("Do not retry it under a new step"),
+        "{unknown}"
+    );
 
     let vercel = vercel_mjs(&["replay", "--url", url, "--key", "vercel-1"]).await;
     let read = |call: &str| -> Vec<Value> {
@@ -148,6 +169,8 @@ async fn each_clients_model_reads_a_replay_and_a_refusal_for_what_they_are(
     assert_eq!(first.len(), 1, "{first:?}");
     assert!(says_replayed(&again.last().unwrap()["text"]), "{again:?}");
     assert_eq!(again[0], first[0], "the tool's own answer first");
+    let unknown = read("unknown");
+    assert!(says_unknown(&unknown[0]["text"]), "{unknown:?}");
     let refused = line(&vercel, "call", "unkeyed");
     assert_eq!(refused["error_code"], codes::LEASE_REQUIRED, "{refused}");
     assert!(
@@ -160,10 +183,9 @@ async fn each_clients_model_reads_a_replay_and_a_refusal_for_what_they_are(
 
     assert_eq!(
         scenario.side_effects("charges.jsonl").len(),
-        3,
+        6,
         "one charge per key, none for the refused calls"
     );
-    assert_eq!(scenario.side_effects("calls.jsonl").len(), 3);
 }
 
 // A counter's value in a Prometheus text page: the sum over the lines of

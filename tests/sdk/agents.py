@@ -10,12 +10,15 @@ FunctionModel is handed) gets back:
       The docs/clients.md fastmcp lines, twice with one key, then once with
       no key. One JSON line per call:
       {"call": "first"|"again", "structured", "texts", "note", "data"} and
-      {"call": "unkeyed", "error_code", "error"}.
+      {"call": "unkeyed", "error_code", "error"}; then a charge under the key
+      KEY-unknown that hangs past the tool's timeout (its outcome unknown):
+      {"call": "unknown", "error"} (fastmcp raises a tool error's text).
 
   agents.py --url URL --key KEY replay-pydantic-ai
       The docs/clients.md pydantic-ai lines: two agent runs whose model asks
-      for the same charge. One line per run: {"run", "model_read"}, what the
-      model was handed as the tool's return.
+      for the same charge, then a run whose charge (key KEY-unknown) hangs
+      past the tool's timeout. One line per run: {"run", "model_read",
+      "kind"}, what the model was handed as the tool's return (or retry).
 
   agents.py --url URL --key KEY refused-pydantic-ai
       An agent with default retries whose model asks, every turn, for two
@@ -79,9 +82,13 @@ def error_code(error):
     return None
 
 
-async def charge_with_fastmcp(key):
+async def charge_with_fastmcp(key, hang_ms=None):
     import fastmcp
 
+    if hang_ms is not None:
+        async with fastmcp.Client(url) as client:
+            return await client.call_tool("payments__charge", {"amount": 6, "currency": "eur", "hang_ms": hang_ms},
+                                          meta={"dev.leasegate/idempotency_key": key})
     # docs/clients.md, fastmcp: these lines as written there.
     async with fastmcp.Client(url) as client:
         result = await client.call_tool("payments__charge", {"amount": 5, "currency": "eur"},
@@ -102,6 +109,11 @@ async def replay_fastmcp():
             report(call="unkeyed", error_code=None, error=None)
         except Exception as error:  # noqa: BLE001 - reported
             report(call="unkeyed", error_code=error_code(error), error=str(error))
+    try:
+        result = await charge_with_fastmcp(f"{opts.key}-unknown", hang_ms=3000)
+        report(call="unknown", error=None, texts=texts(result))
+    except Exception as error:  # noqa: BLE001 - reported
+        report(call="unknown", error=str(error))
 
 
 def tool_returns(messages):
@@ -124,15 +136,17 @@ async def replay_pydantic_ai():
     from pydantic_ai.models.function import FunctionModel
 
     def key_for(ctx, name, tool_args):
-        # One intended charge per run of this test: the same key each run.
-        return opts.key
+        # The same charge in the first two runs: the same key.
+        return f"{opts.key}-unknown" if "hang_ms" in tool_args else opts.key
 
     read = []
+    charges = [{"amount": 5, "currency": "eur"}, {"amount": 5, "currency": "eur"},
+               {"amount": 6, "currency": "eur", "hang_ms": 3000}]
 
     def charge_once(messages, info):
         handed = tool_returns(messages)
         if not handed:
-            return ModelResponse(parts=[ToolCallPart("payments__charge", {"amount": 5, "currency": "eur"})])
+            return ModelResponse(parts=[ToolCallPart("payments__charge", charges[len(read)])])
         read.append(handed[-1])
         return ModelResponse(parts=[TextPart("charged")])
 
@@ -144,8 +158,8 @@ async def replay_pydantic_ai():
 
     agent = Agent(model, toolsets=[MCPToolset(url, process_tool_call=keyed)])
 
-    for run in range(2):
-        await agent.run("charge 5 eur")
+    for run in range(len(charges)):
+        await agent.run("charge")
         report(run=str(run), model_read=read[-1]["content"], kind=read[-1]["kind"])
 
 

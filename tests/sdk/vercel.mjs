@@ -11,7 +11,8 @@
 //       again, then one with no key. One JSON line per call:
 //       {"call": "first"|"again", "model_read"} and
 //       {"call": "unkeyed", "error_code", "error"} (the AI SDK hands the model
-//       a failed tool's error message).
+//       a failed tool's error message); then a charge under KEY-unknown that
+//       hangs past the tool's timeout: {"call": "unknown", "model_read"}.
 //
 //   vercel.mjs sigterm --stdio-command JSON_ARGV --charges FILE --amount N
 //       Spawns JSON_ARGV (`leasegate stdio --task …`) through the SDK's stdio
@@ -76,6 +77,9 @@ async function replay() {
   } catch (error) {
     report({ call: 'unkeyed', error_code: error.code ?? null, error: error.message });
   }
+  key = `${option('key')}-unknown`;
+  const output = await charge.execute({ amount: 6, currency: 'eur', hang_ms: 3000 }, { toolCallId: 'call-3', messages: [] });
+  report({ call: 'unknown', model_read: await modelRead(charge, output) });
   await client.close();
 }
 
