@@ -2,9 +2,8 @@
 //! (`@ai-sdk/mcp`), in their default settings and with no LLM, against real
 //! leasegate processes and the example tool server: what their user or
 //! model reads of a replay, a refusal, an unknown outcome and a start-up
-//! failure, how a
-//! pydantic-ai agent run ends when leasegate refuses its calls, and a stdio
-//! session the Vercel client ends with SIGTERM. The clients are driven by
+//! failure, how a pydantic-ai agent run ends when leasegate refuses its
+//! calls, and a stdio session the Vercel client ends with SIGTERM. The clients are driven by
 //! `tests/sdk/agents.py` (venv `target/agents-venv`) and
 //! `tests/sdk/vercel.mjs` (`target/sdk-node`), provisioned by
 //! `common::peers`; the side effects and ledger rows are counted here.
