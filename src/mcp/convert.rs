@@ -17,7 +17,8 @@ use crate::dispatch::{CallError, CallReply};
 /// in the SDKs, -32002 resource not found, -32020.. in the stateless protocol (`V_2026_07_28`),
 /// -32042 URL elicitation) and the agent frameworks' MCP clients raise
 /// theirs (fastmcp, pydantic-ai, the Vercel AI SDK), so a client never
-/// mistakes a leasegate refusal for its own failure. Stable; `data.reason` carries the meaning too.
+/// mistakes a leasegate refusal for its own failure. Stable; `data.reason`
+/// carries the meaning too.
 pub mod codes {
     /// A side-effecting call came without a lease.
     pub const LEASE_REQUIRED: i32 = -31001;
@@ -552,6 +553,64 @@ pub fn refused(error: &McpError) -> (i32, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answer(structured: Value, replayed: bool, shown: OutcomeShown) -> CallToolResult {
+        let reply = CallReply::Answer {
+            result: json!({"content": [{"type": "text", "text": "charged"}],
+                           "structuredContent": structured}),
+            is_error: false,
+            operation: crate::dispatch::OperationNote {
+                operation_id: crate::intent::OperationId::from_string("op-1".into()),
+                status: crate::ledger::OperationStatus::Succeeded,
+                replayed,
+                waited: false,
+            },
+        };
+        result_from_reply(reply, shown)
+    }
+
+    #[test]
+    fn a_replay_says_so_in_free_form_structured_content_and_nowhere_else() {
+        let both = OutcomeShown {
+            content: true,
+            structured: true,
+        };
+        let replayed = answer(json!({"charge_id": "ch_1"}), true, both);
+        let said = replayed.structured_content.as_ref().unwrap()[OUTCOME_KEY].clone();
+        assert!(said.as_str().unwrap().starts_with("[leasegate] replayed: "));
+        assert_eq!(
+            replayed.structured_content.as_ref().unwrap()["charge_id"],
+            "ch_1"
+        );
+        assert_eq!(replayed.content.len(), 2);
+        assert_eq!(
+            replayed.content[1].as_text().unwrap().text,
+            said.as_str().unwrap()
+        );
+        // A fresh answer, a tool with an output schema, a structured
+        // content that is not an object, the policy off: as the tool wrote it.
+        let fresh = answer(json!({"charge_id": "ch_1"}), false, both);
+        assert_eq!(fresh.structured_content, Some(json!({"charge_id": "ch_1"})));
+        let declared = OutcomeShown {
+            content: true,
+            structured: false,
+        };
+        let schema = answer(json!({"charge_id": "ch_1"}), true, declared);
+        assert_eq!(
+            schema.structured_content,
+            Some(json!({"charge_id": "ch_1"}))
+        );
+        assert_eq!(schema.content.len(), 2, "the text block still says it");
+        let list = answer(json!([1, 2]), true, both);
+        assert_eq!(list.structured_content, Some(json!([1, 2])));
+        let off = OutcomeShown {
+            content: false,
+            structured: true,
+        };
+        let quiet = answer(json!({"charge_id": "ch_1"}), true, off);
+        assert_eq!(quiet.structured_content, Some(json!({"charge_id": "ch_1"})));
+        assert_eq!(quiet.content.len(), 1);
+    }
 
     #[test]
     fn leasegate_codes_lie_outside_the_range_json_rpc_and_mcp_reserve() {
