@@ -294,6 +294,45 @@ async fn a_pydantic_ai_run_whose_calls_are_refused_fails_and_nothing_is_sent_aft
     assert_eq!(operations, charged.len() as i64, "one operation per charge");
 }
 
+/// A pydantic-ai agent with default settings whose calls carry a lease
+/// another worker has taken over: each is refused `-31002` before the tool,
+/// pydantic-ai treats it as it treats `-31001` (a retry prompt the model
+/// reads, then the run fails at the retry limit), and nothing is
+/// registered or sent.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_pydantic_ai_run_with_a_lost_lease_fails_and_nothing_is_sent(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let scenario = Scenario::new(&db.url, "claim_ttl = \"4s\"\n");
+    let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
+    let (old, _) = db.running_run("old-worker", 300).await;
+    db.wait_lease_expired(old.run_id).await;
+    db.acquire(old.run_id, "new-worker", 60_000).await;
+    let lease = leasegate::mcp::front::lease_meta(&old).to_string();
+
+    let lines = agents_py(&[
+        "--url",
+        &served.mcp,
+        "--lease-json",
+        &lease,
+        "lost-lease-pydantic-ai",
+    ])
+    .await;
+    let run = line(&lines, "run", "failed");
+    assert_eq!(run["error_type"], "UnexpectedModelBehavior", "{run}");
+    let asked = lines.iter().find(|l| l["model_turns"].is_number()).unwrap();
+    assert_eq!(asked["model_turns"], 2, "{asked}");
+    let read = asked["model_read"].to_string();
+    assert!(
+        read.contains("lease lost: this write holds owner old-worker epoch 1"),
+        "the model reads why: {read}"
+    );
+    assert!(scenario.side_effects("calls.jsonl").is_empty());
+    assert_eq!(db.row_count("tool_operations").await, 0);
+}
+
 /// The Vercel AI SDK's stdio transport closes its server with SIGTERM. A
 /// `leasegate stdio --task` session it closes with a charge in flight frees
 /// the task's lease, settles the call from the tool's answer (not

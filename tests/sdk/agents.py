@@ -28,6 +28,12 @@ FunctionModel is handed) gets back:
       {"model_turns", "keyed", "unkeyed", "model_read"}: the calls the model
       asked for and the retry texts it was handed.
 
+  agents.py --url URL --lease-json LEASE lost-lease-pydantic-ai
+      An agent with default retries whose calls carry LEASE (a
+      `dev.leasegate/lease` object another worker has since taken over) in
+      `_meta`; its model asks for a charge every turn. Prints the same two
+      lines as refused-pydantic-ai (its calls under "keyed").
+
   agents.py --stdio-command JSON_ARGV unstarted-pydantic-ai
       An agent whose toolset spawns JSON_ARGV (a `leasegate stdio` that
       cannot start) as its stdio MCP server: {"run", "error_type", "error"}.
@@ -50,11 +56,12 @@ KEY_META = "dev.leasegate/idempotency_key"
 NOTE_META = "dev.leasegate/operation"
 
 parser = argparse.ArgumentParser()
-parser.add_argument("scenario", choices=["replay-fastmcp", "replay-pydantic-ai",
-                                         "refused-pydantic-ai", "unstarted-pydantic-ai"])
+parser.add_argument("scenario", choices=["replay-fastmcp", "replay-pydantic-ai", "refused-pydantic-ai",
+                                         "lost-lease-pydantic-ai", "unstarted-pydantic-ai"])
 parser.add_argument("--url")
 parser.add_argument("--key", default="order-42-charge")
 parser.add_argument("--stdio-command", default="[]")
+parser.add_argument("--lease-json", default="null")
 opts = parser.parse_args()
 url = opts.url
 
@@ -202,6 +209,34 @@ async def refused_pydantic_ai():
            model_read=[h["text"] or h["content"] for h in handed])
 
 
+async def lost_lease_pydantic_ai():
+    from pydantic_ai import Agent
+    from pydantic_ai.mcp import MCPToolset
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+    from pydantic_ai.models.function import FunctionModel
+
+    lease = json.loads(opts.lease_json)
+    asked, turns = [], []
+
+    def a_charge_a_turn(messages, info):
+        turns.append(tool_returns(messages))
+        asked.append(300 + len(turns))
+        return ModelResponse(parts=[ToolCallPart("payments__charge", {"amount": asked[-1], "currency": "eur"})])
+
+    async def with_lease(ctx, call_tool, name, tool_args):
+        return await call_tool(name, tool_args, metadata={"dev.leasegate/lease": lease})
+
+    agent = Agent(FunctionModel(a_charge_a_turn), toolsets=[MCPToolset(url, process_tool_call=with_lease)])
+    try:
+        await agent.run("charge")
+        report(run="ended", error_type=None, error=None)
+    except Exception as error:  # noqa: BLE001 - reported
+        report(run="failed", error_type=type(error).__name__, error=str(error))
+    handed = [h for turn in turns for h in turn]
+    report(model_turns=len(turns), keyed=asked, unkeyed=[],
+           model_read=[h["text"] or h["content"] for h in handed])
+
+
 async def unstarted_pydantic_ai():
     from fastmcp.client.transports import StdioTransport
     from pydantic_ai import Agent
@@ -248,6 +283,7 @@ asyncio.run({
     "replay-fastmcp": replay_fastmcp,
     "replay-pydantic-ai": replay_pydantic_ai,
     "refused-pydantic-ai": refused_pydantic_ai,
+    "lost-lease-pydantic-ai": lost_lease_pydantic_ai,
     "unstarted-pydantic-ai": unstarted_pydantic_ai,
 }[opts.scenario]())
 sys.stdout.flush()
