@@ -35,6 +35,7 @@ pub(super) async fn open_operator(
         application_name: "leasegate-operator".to_owned(),
         // The operator routes are not the hot path.
         group_commit: None,
+        connect_timeout: config.database.connect_timeout,
         ..options
     };
     let (url, explicit) = match &config.database.operator_url {
@@ -99,6 +100,10 @@ pub(super) async fn open_ledger(config: &Config, options: LedgerOptions) -> anyh
     // idempotent. Why a first connection fails (nothing answers, the login
     // or the database refused) is reported at once.
     let last_broken = std::sync::Mutex::new(None::<String>);
+    // No step gives up before the budget: each may wait a second past it,
+    // so the budget's own timeout below ends first, and its message names
+    // the wait applied and tells a silent server from none.
+    let step_wait = limit + std::time::Duration::from_secs(1);
     let open = retry_within(
         "opening the ledger",
         limit,
@@ -111,10 +116,14 @@ pub(super) async fn open_ledger(config: &Config, options: LedgerOptions) -> anyh
         },
         || async {
             if config.database.migrate {
-                Ledger::create_database_if_missing(url).await?;
-                Ledger::migrate(url).await?;
+                Ledger::create_database_if_missing_within(url, step_wait).await?;
+                Ledger::migrate_within(url, step_wait).await?;
             }
-            Ledger::connect(url, options.clone()).await
+            let options = LedgerOptions {
+                connect_timeout: step_wait,
+                ..options.clone()
+            };
+            Ledger::connect(url, options).await
         },
     );
     match tokio::time::timeout(limit, open).await {

@@ -157,6 +157,11 @@ pub struct LedgerOptions {
     /// How long to wait for a pooled connection before reporting
     /// [`LedgerError::Unavailable`].
     pub acquire_timeout: Duration,
+    /// How long connecting waits for the server's first answer before
+    /// reporting it unreachable: `serve` and `stdio` give it their whole
+    /// `database_connect_timeout`, so the wait they report is the one
+    /// applied.
+    pub connect_timeout: Duration,
     pub application_name: String,
     /// Every pooled session sets `synchronous_commit` to at least `on`
     /// (`remote_apply` is kept), so that no role or database default can
@@ -185,6 +190,7 @@ impl Default for LedgerOptions {
             retry_attempts: 5,
             max_connections: 10,
             acquire_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
             application_name: "leasegate".to_owned(),
             synchronous_commit_at_least_on: false,
             bodies: crate::policy::Bodies::default(),
@@ -258,12 +264,17 @@ impl Ledger {
     /// (which must own the schema, and create the application role if it is
     /// missing). Running it again is a no-op.
     pub async fn migrate(url: &str) -> Result<(), LedgerError> {
+        Self::migrate_within(url, CONNECT_TIMEOUT).await
+    }
+
+    /// [`Ledger::migrate`], waiting up to `wait` for the server to answer.
+    pub async fn migrate_within(url: &str, wait: Duration) -> Result<(), LedgerError> {
         let target = redacted_url(url);
         let connect =
             PgConnectOptions::from_str(url).map_err(|source| connect_error(&target, source))?;
         let pool = PgPoolOptions::new()
             .max_connections(1)
-            .acquire_timeout(CONNECT_TIMEOUT)
+            .acquire_timeout(wait)
             .connect_with(connect)
             .await
             .map_err(|source| connect_error(&target, source))?;
@@ -304,6 +315,15 @@ impl Ledger {
     /// Creates the database named in `url` if it does not exist yet.
     /// Returns whether it was created.
     pub async fn create_database_if_missing(url: &str) -> Result<bool, LedgerError> {
+        Self::create_database_if_missing_within(url, CONNECT_TIMEOUT).await
+    }
+
+    /// [`Ledger::create_database_if_missing`], waiting up to `wait` for
+    /// each answer of the server.
+    pub async fn create_database_if_missing_within(
+        url: &str,
+        wait: Duration,
+    ) -> Result<bool, LedgerError> {
         use sqlx::migrate::MigrateDatabase;
         let target = redacted_url(url);
         // Both connect to the server's maintenance database (`postgres`).
@@ -314,16 +334,16 @@ impl Ledger {
                 source,
             },
         };
-        let exists = tokio::time::timeout(CONNECT_TIMEOUT, Postgres::database_exists(url))
+        let exists = tokio::time::timeout(wait, Postgres::database_exists(url))
             .await
-            .map_err(|_| timed_out(&target))?
+            .map_err(|_| timed_out(&target, wait))?
             .map_err(failed)?;
         if exists {
             return Ok(false);
         }
-        tokio::time::timeout(CONNECT_TIMEOUT, Postgres::create_database(url))
+        tokio::time::timeout(wait, Postgres::create_database(url))
             .await
-            .map_err(|_| timed_out(&target))?
+            .map_err(|_| timed_out(&target, wait))?
             .map_err(failed)?;
         Ok(true)
     }
@@ -523,7 +543,9 @@ pub fn url_problem(url: &str) -> Option<String> {
     }
 }
 
-/// How long `migrate` and `create_database_if_missing` wait for a server.
+/// How long `migrate` and `create_database_if_missing` wait for a server
+/// (`leasegate migrate`); `serve` and `stdio` wait their
+/// `database_connect_timeout` instead.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A connect-phase driver error as a [`LedgerError`]: a [`ConnectError`]
@@ -546,11 +568,12 @@ fn connect_error(target: &str, source: sqlx::Error) -> LedgerError {
     }
 }
 
-fn timed_out(target: &str) -> LedgerError {
+/// The wait that ran out is named: it is what the operator can change.
+fn timed_out(target: &str, wait: Duration) -> LedgerError {
     LedgerError::Connect(ConnectError {
         failure: ConnectFailure::Unreachable,
         target: target.to_owned(),
-        detail: "timed out".to_owned(),
+        detail: format!("no answer within {wait:?}"),
     })
 }
 
@@ -578,11 +601,11 @@ async fn preflight(connect: &PgConnectOptions, options: &LedgerOptions) -> Resul
     use sqlx::Connection;
     let target = target_of(connect);
     let mut conn = tokio::time::timeout(
-        options.acquire_timeout,
+        options.connect_timeout,
         sqlx::PgConnection::connect_with(connect),
     )
     .await
-    .map_err(|_| timed_out(&target))?
+    .map_err(|_| timed_out(&target, options.connect_timeout))?
     .map_err(|source| connect_error(&target, source))?;
     let checked: Result<(bool, bool, bool, bool, String), sqlx::Error> = sqlx::query_as(
         "SELECT to_regclass('ledger_functions') IS NOT NULL, \

@@ -15,8 +15,10 @@ use crate::dispatch::{CallError, CallReply};
 /// JSON-RPC reserves (-32768..-32000), where the MCP specification and its
 /// SDKs define theirs (-32000 connection closed and -32001 request timeout
 /// in the SDKs, -32002 resource not found, -32020.. in the stateless protocol (`V_2026_07_28`),
-/// -32042 URL elicitation), so a client never mistakes a leasegate refusal
-/// for its own failure. Stable; `data.reason` carries the meaning too.
+/// -32042 URL elicitation) and the agent frameworks' MCP clients raise
+/// theirs (fastmcp, pydantic-ai, the Vercel AI SDK), so a client never
+/// mistakes a leasegate refusal for its own failure. Stable; `data.reason`
+/// carries the meaning too.
 pub mod codes {
     /// A side-effecting call came without a lease.
     pub const LEASE_REQUIRED: i32 = -31001;
@@ -146,14 +148,28 @@ fn operation_meta(note: Value) -> MetaObject {
     meta
 }
 
-/// What the agent receives for a reply.
+/// The key of a replayed answer's structured content that says it is a
+/// replay ([`OutcomeShown::structured`]).
+pub const OUTCOME_KEY: &str = "dev.leasegate/outcome";
+
+/// Where a replayed answer says so besides `_meta`, for clients that hand
+/// the model only part of a tool result.
+#[derive(Debug, Clone, Copy)]
+pub struct OutcomeShown {
+    /// A last text block (policy `outcome_in_content`).
+    pub content: bool,
+    /// The key [`OUTCOME_KEY`] in an object `structuredContent`, for
+    /// clients that give the model that alone (pydantic-ai). Only for tools
+    /// that declare no `outputSchema`: a key the schema does not name could
+    /// fail a strict client's validation of the tool's own answer.
+    pub structured: bool,
+}
+
 /// The agent's answer to a gated call: a tool result, or the handle of
 /// the task the upstream made of it (with the operation in its `_meta`).
-/// `outcome_in_content`: a replayed answer also says so in its content
-/// (policy `outcome_in_content`).
 pub fn response_from_reply(
     reply: CallReply,
-    outcome_in_content: bool,
+    outcome: OutcomeShown,
 ) -> Result<CallToolResponse, McpError> {
     match reply {
         CallReply::Task { handle, operation } => {
@@ -164,8 +180,7 @@ pub fn response_from_reply(
             Ok(CallToolResponse::Task(task))
         }
         other => Ok(CallToolResponse::Complete(result_from_reply(
-            other,
-            outcome_in_content,
+            other, outcome,
         ))),
     }
 }
@@ -177,7 +192,7 @@ pub fn create_task_result(handle: Value) -> Result<CreateTaskResult, McpError> {
     })
 }
 
-fn result_from_reply(reply: CallReply, outcome_in_content: bool) -> CallToolResult {
+fn result_from_reply(reply: CallReply, outcome: OutcomeShown) -> CallToolResult {
     match reply {
         // Where only a tool result can go: the task named, still running.
         CallReply::Task { handle, operation } => {
@@ -203,15 +218,24 @@ fn result_from_reply(reply: CallReply, outcome_in_content: bool) -> CallToolResu
                     fallback.is_error = Some(is_error);
                     fallback
                 });
-            if operation.replayed && outcome_in_content {
+            if operation.replayed && outcome.content {
                 // For clients that hand the model the content and drop
                 // `_meta`: the model must not read a replay as a new effect.
-                tool_result.content.push(ContentBlock::text(format!(
+                let said = format!(
                     "[leasegate] replayed: this is the recorded answer of an earlier identical \
                      call (operation {}, {}); the tool was not called again",
                     operation.operation_id,
                     operation.status.as_str()
-                )));
+                );
+                // A client that prefers structured content reads this
+                // instead of the text block; the tool's own keys stay as
+                // they are.
+                if outcome.structured
+                    && let Some(Value::Object(fields)) = &mut tool_result.structured_content
+                {
+                    fields.insert(OUTCOME_KEY.to_owned(), Value::String(said.clone()));
+                }
+                tool_result.content.push(ContentBlock::text(said));
             }
             tool_result.meta = Some(operation_meta(operation.to_json()));
             tool_result.result_type = Some(ResultType::COMPLETE);
@@ -530,6 +554,64 @@ pub fn refused(error: &McpError) -> (i32, String) {
 mod tests {
     use super::*;
 
+    fn answer(structured: Value, replayed: bool, shown: OutcomeShown) -> CallToolResult {
+        let reply = CallReply::Answer {
+            result: json!({"content": [{"type": "text", "text": "charged"}],
+                           "structuredContent": structured}),
+            is_error: false,
+            operation: crate::dispatch::OperationNote {
+                operation_id: crate::intent::OperationId::from_string("op-1".into()),
+                status: crate::ledger::OperationStatus::Succeeded,
+                replayed,
+                waited: false,
+            },
+        };
+        result_from_reply(reply, shown)
+    }
+
+    #[test]
+    fn a_replay_says_so_in_free_form_structured_content_and_nowhere_else() {
+        let both = OutcomeShown {
+            content: true,
+            structured: true,
+        };
+        let replayed = answer(json!({"charge_id": "ch_1"}), true, both);
+        let said = replayed.structured_content.as_ref().unwrap()[OUTCOME_KEY].clone();
+        assert!(said.as_str().unwrap().starts_with("[leasegate] replayed: "));
+        assert_eq!(
+            replayed.structured_content.as_ref().unwrap()["charge_id"],
+            "ch_1"
+        );
+        assert_eq!(replayed.content.len(), 2);
+        assert_eq!(
+            replayed.content[1].as_text().unwrap().text,
+            said.as_str().unwrap()
+        );
+        // A fresh answer, a tool with an output schema, a structured
+        // content that is not an object, the policy off: as the tool wrote it.
+        let fresh = answer(json!({"charge_id": "ch_1"}), false, both);
+        assert_eq!(fresh.structured_content, Some(json!({"charge_id": "ch_1"})));
+        let declared = OutcomeShown {
+            content: true,
+            structured: false,
+        };
+        let schema = answer(json!({"charge_id": "ch_1"}), true, declared);
+        assert_eq!(
+            schema.structured_content,
+            Some(json!({"charge_id": "ch_1"}))
+        );
+        assert_eq!(schema.content.len(), 2, "the text block still says it");
+        let list = answer(json!([1, 2]), true, both);
+        assert_eq!(list.structured_content, Some(json!([1, 2])));
+        let off = OutcomeShown {
+            content: false,
+            structured: true,
+        };
+        let quiet = answer(json!({"charge_id": "ch_1"}), true, off);
+        assert_eq!(quiet.structured_content, Some(json!({"charge_id": "ch_1"})));
+        assert_eq!(quiet.content.len(), 1);
+    }
+
     #[test]
     fn leasegate_codes_lie_outside_the_range_json_rpc_and_mcp_reserve() {
         let own = [
@@ -545,13 +627,26 @@ mod tests {
             codes::TOO_MANY_IN_FLIGHT,
             codes::NOT_STARTED,
         ];
-        // What the MCP SDKs and the specification use for their own ends.
+        // What the MCP SDKs, the specification and the agent frameworks'
+        // MCP clients raise or compare against, as read in their sources:
+        // the official Python SDK (`mcp_types`: -32000 connection closed,
+        // -32001 request timeout, -32020..-32022, -32042 URL elicitation,
+        // the JSON-RPC five); fastmcp (-32000 permission denied and timeout,
+        // -32001 not found, -32002 resource not found, -32021, -32602,
+        // -32603); pydantic-ai (-32601, -32602, and whatever its fastmcp
+        // client raises); the Vercel AI SDK's `@ai-sdk/mcp` (-32002,
+        // -32020..-32022 it retries a protocol version on, -32601..-32603);
+        // stateless MCP's -32800 request cancelled.
         let theirs = [
-            -32000, -32001, -32002, -32020, -32021, -32022, -32042, -32800,
+            -32700, -32600, -32601, -32602, -32603, -32000, -32001, -32002, -32020, -32021, -32022,
+            -32042, -32800,
         ];
         for code in own {
             assert!(!(-32768..=-32000).contains(&code), "{code} is reserved");
-            assert!(!theirs.contains(&code), "{code} is an SDK's");
+            assert!(
+                !theirs.contains(&code),
+                "{code} is an SDK's or a framework's"
+            );
         }
         let mut unique = own.to_vec();
         unique.sort();

@@ -118,7 +118,9 @@ pub struct Policy {
     pub claim_ttl: Duration,
     pub in_flight_wait: Duration,
     /// A replayed answer carries a line saying so in its content, beside
-    /// `_meta`: clients that drop `_meta` still tell the model the truth.
+    /// `_meta`, and the same sentence in a free-form object structured
+    /// content (`mcp::convert::OutcomeShown`): clients that drop `_meta`, or
+    /// show the model the structured content alone, still tell it the truth.
     pub outcome_in_content: bool,
     pub step_identity: StepIdentity,
     pub request_body: RequestBodyPolicy,

@@ -411,6 +411,21 @@ pub fn database_url(connect: &PgConnectOptions) -> String {
     )
 }
 
+/// A TCP listener on 127.0.0.1 that accepts connections and never says a
+/// word (a wrong port, a stuck proxy): its URL, with a password.
+pub fn silent_server_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        // Held open, never answered, until the test process ends.
+        let mut held = Vec::new();
+        for stream in listener.incoming().flatten() {
+            held.push(stream);
+        }
+    });
+    format!("postgres://postgres:sekret@127.0.0.1:{port}/leasegate")
+}
+
 /// Whether process `pid` has exited (a zombie not reaped yet counts).
 pub fn process_exited(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

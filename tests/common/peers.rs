@@ -7,7 +7,10 @@
 //!   `examples/python_agent/requirements.txt` pins the same);
 //! * `target/frameworks-venv`: the agent frameworks' MCP clients pinned in
 //!   `tests/sdk/frameworks-requirements.txt`;
-//! * `target/sdk-node`: `@modelcontextprotocol/server-everything` pinned in
+//! * `target/agents-venv`: fastmcp and pydantic-ai pinned in
+//!   `tests/sdk/agents-requirements.txt`;
+//! * `target/sdk-node`: `@modelcontextprotocol/server-everything` and the
+//!   Vercel AI SDK's MCP client (`@ai-sdk/mcp`) pinned in
 //!   `tests/sdk/package.json` and its lock file (`npm ci`).
 //!
 //! Each is rebuilt only when its pin files change (a stamp holds their
@@ -62,6 +65,25 @@ pub fn frameworks_python() -> PathBuf {
         .clone()
 }
 
+/// A Python interpreter with fastmcp and pydantic-ai pinned in
+/// `tests/sdk/agents-requirements.txt`. Override:
+/// `LEASEGATE_TEST_AGENTS_PYTHON`.
+pub fn agents_python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON
+        .get_or_init(|| {
+            if let Some(python) = std::env::var_os("LEASEGATE_TEST_AGENTS_PYTHON") {
+                return PathBuf::from(python);
+            }
+            pinned_venv(
+                "target/agents-venv",
+                &["tests/sdk/agents-requirements.txt"],
+                "pip install of the pinned fastmcp and pydantic-ai",
+            )
+        })
+        .clone()
+}
+
 /// server-everything's entry point (`node <it>` serves MCP over stdio).
 pub fn server_everything() -> PathBuf {
     static ENTRY: OnceLock<PathBuf> = OnceLock::new();
@@ -70,23 +92,33 @@ pub fn server_everything() -> PathBuf {
             if let Some(path) = std::env::var_os("LEASEGATE_SERVER_EVERYTHING") {
                 return PathBuf::from(path);
             }
-            let dir = Path::new(ROOT).join("target/sdk-node");
-            let pins = ["tests/sdk/package.json", "tests/sdk/package-lock.json"];
-            provision(&dir, &pins, |dir| {
-                for pin in pins {
-                    let name = Path::new(pin).file_name().unwrap();
-                    std::fs::copy(Path::new(ROOT).join(pin), dir.join(name)).unwrap();
-                }
-                run(
-                    Command::new("npm")
-                        .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-                        .current_dir(dir),
-                    "npm ci of the pinned server-everything (install Node >= 18 with npm)",
-                );
-            });
-            dir.join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
+            sdk_node().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js")
         })
         .clone()
+}
+
+/// `target/sdk-node`, with the packages of `tests/sdk/package.json`
+/// installed: a script there imports them (`node <dir>/<script>.mjs`).
+pub fn sdk_node() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(ROOT).join("target/sdk-node");
+        let pins = ["tests/sdk/package.json", "tests/sdk/package-lock.json"];
+        provision(&dir, &pins, |dir| {
+            for pin in pins {
+                let name = Path::new(pin).file_name().unwrap();
+                std::fs::copy(Path::new(ROOT).join(pin), dir.join(name)).unwrap();
+            }
+            run(
+                Command::new("npm")
+                    .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                    .current_dir(dir),
+                "npm ci of the pinned Node packages (install Node >= 18 with npm)",
+            );
+        });
+        dir
+    })
+    .clone()
 }
 
 /// The Python of a venv at `venv` (under the repository) with the

@@ -395,6 +395,17 @@ pub fn lease_meta(lease: &LeaseClaim) -> Map<String, Value> {
     meta
 }
 
+/// A result's structured content as the tool wrote it: without the
+/// sentence leasegate adds to a replay's (`convert::OUTCOME_KEY`).
+pub fn tool_fields(structured: Option<&Value>) -> Option<Value> {
+    structured.cloned().map(|mut value| {
+        if let Some(fields) = value.as_object_mut() {
+            fields.remove(leasegate::mcp::convert::OUTCOME_KEY);
+        }
+        value
+    })
+}
+
 /// The `dev.leasegate/operation` note of a result.
 pub fn operation_note(result: &CallToolResult) -> Value {
     leasegate::mcp::front::operation_of(result).unwrap_or(json!(null))

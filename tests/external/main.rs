@@ -1,11 +1,12 @@
 //! The suites that drive programs leasegate does not ship: a headless
 //! browser, a PostgreSQL standby, the MCP conformance suite, the official
-//! SDKs and server-everything, the chaos and gateway harnesses. Each
+//! SDKs and server-everything, the agent frameworks' MCP clients, the chaos and gateway harnesses. Each
 //! provisions or finds what it needs (docs/testing.md).
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod agent_frameworks;
 mod bench_gateway;
 mod chaos;
 mod conformance;

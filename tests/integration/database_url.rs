@@ -301,21 +301,6 @@ fn help_says_the_order_in_which_the_database_is_found() {
     }
 }
 
-/// A TCP listener on 127.0.0.1 that accepts connections and never says a
-/// word (a wrong port, a stuck proxy): its URL, with a password.
-fn silent_server_url() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        // Held open, never answered, until the test process ends.
-        let mut held = Vec::new();
-        for stream in listener.incoming().flatten() {
-            held.push(stream);
-        }
-    });
-    format!("postgres://postgres:sekret@127.0.0.1:{port}/leasegate")
-}
-
 /// Runs `leasegate` (environment as [`leasegate`]), killing it if it has
 /// not exited within the test deadline.
 fn leasegate_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32>, String) {
@@ -350,7 +335,7 @@ fn leasegate_within(args: &[&str], deadline: std::time::Duration) -> (Option<i32
 
 #[test]
 fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
-    let url = silent_server_url();
+    let url = crate::common::silent_server_url();
     let target = url.replace(":sekret@", "@");
     let dir =
         std::env::temp_dir().join(format!("leasegate-dburl-{}", uuid::Uuid::new_v4().simple()));
@@ -381,9 +366,11 @@ fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
         ],
     );
     assert!(!text.contains("sekret"), "the password leaked: {text}");
+    // Longer than the pool's own wait for a connection (5 s): the wait
+    // applied and reported is still the one configured.
     std::fs::write(
         dir.join("leasegate.toml"),
-        "database_connect_timeout = \"2s\"\nmigrate = false\nlisten = \"127.0.0.1:0\"\n\
+        "database_connect_timeout = \"6s\"\nmigrate = false\nlisten = \"127.0.0.1:0\"\n\
          control_listen = \"off\"\n[upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n",
     )
     .unwrap();
@@ -392,7 +379,7 @@ fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
         std::time::Duration::from_secs(30),
     );
     assert_eq!(code, Some(6), "{text}");
-    assert_mentions(&text, &["did not answer as PostgreSQL within 2s"]);
+    assert_mentions(&text, &["did not answer as PostgreSQL within 6s"]);
 
     // A URL that is not PostgreSQL's is refused before anything is tried.
     let (code, text) = leasegate_within(
@@ -417,7 +404,7 @@ fn serve_gives_up_on_a_database_that_never_answers_and_says_which_and_why() {
 #[test]
 fn stdio_that_cannot_start_answers_the_clients_initialize_with_the_cause() {
     use std::io::{BufRead, Write};
-    let url = silent_server_url();
+    let url = crate::common::silent_server_url();
     let config = write_config(
         "database_connect_timeout = \"2s\"\nmigrate = false\n\
          [upstreams.tools]\ntransport = \"stdio\"\ncommand = \"/bin/true\"\n",
@@ -447,7 +434,7 @@ fn stdio_that_cannot_start_answers_the_clients_initialize_with_the_cause() {
     let message = answer["error"]["message"].as_str().unwrap();
     assert!(
         message.contains("no PostgreSQL server answers")
-            && message.contains("(database_connect_timeout)")
+            && message.contains("within 2s (database_connect_timeout)")
             && !message.contains("sekret"),
         "{message}"
     );

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::proxy::{LEASEGATE, RunningProxy, Scenario, call, operation_note};
+use common::proxy::{LEASEGATE, RunningProxy, Scenario, call, operation_note, tool_fields};
 use common::{TestDb, http, wait_until, within};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -59,8 +59,14 @@ async fn a_key_replays_its_request_refuses_another_and_is_free_again_after_reten
     .await;
     assert_eq!(note(&again)["replayed"], true, "{again}");
     assert_eq!(
-        again["result"]["structuredContent"],
-        first["result"]["structuredContent"]
+        tool_fields(Some(&again["result"]["structuredContent"])),
+        Some(first["result"]["structuredContent"].clone())
+    );
+    assert!(
+        again["result"]["structuredContent"][leasegate::mcp::convert::OUTCOME_KEY]
+            .as_str()
+            .is_some_and(|s| s.starts_with("[leasegate] replayed")),
+        "{again}"
     );
     // The draft field params.idempotencyKey names the same key.
     let mut drafted = charge.clone();

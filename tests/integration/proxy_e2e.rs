@@ -6,7 +6,9 @@ use crate::common;
 use crate::common::proxy::charge_eur;
 use crate::common::proxy::send_email;
 
-use common::proxy::{RunningProxy, Scenario, call, connect_http, lease_meta, operation_note};
+use common::proxy::{
+    RunningProxy, Scenario, call, connect_http, lease_meta, operation_note, tool_fields,
+};
 use common::{TestDb, http, replace_exactly};
 use leasegate::intent::OperationId;
 use leasegate::ledger::{LeaseClaim, OperationStatus};
@@ -52,8 +54,20 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
     assert_eq!(operation_note(&first)["replayed"], false);
     assert_eq!(operation_note(&again)["replayed"], true);
     assert_eq!(
-        first.structured_content, again.structured_content,
+        tool_fields(first.structured_content.as_ref()),
+        tool_fields(again.structured_content.as_ref()),
         "the recorded answer is replayed"
+    );
+    // What a client that reads only the structured content sees of it.
+    let said = &again.structured_content.as_ref().unwrap()[leasegate::mcp::convert::OUTCOME_KEY];
+    assert!(
+        said.as_str()
+            .is_some_and(|s| s.starts_with("[leasegate] replayed")),
+        "{again:?}"
+    );
+    assert!(
+        first.structured_content.as_ref().unwrap()[leasegate::mcp::convert::OUTCOME_KEY].is_null(),
+        "a fresh answer is the tool's own: {first:?}"
     );
     // The operation id reached the tool as its idempotency key.
     let charge = &scenario.side_effects("charges.jsonl")[0];
@@ -86,7 +100,10 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
         1,
         "one email although two agents called"
     );
-    assert_eq!(ra.structured_content, rb.structured_content);
+    assert_eq!(
+        tool_fields(ra.structured_content.as_ref()),
+        tool_fields(rb.structured_content.as_ref())
+    );
     let replays = [&ra, &rb]
         .iter()
         .filter(|r| operation_note(r)["replayed"] == true)
@@ -104,8 +121,9 @@ async fn the_same_call_twice_and_from_two_concurrent_agents_has_one_side_effect(
             view.operation
                 .result
                 .as_ref()
-                .and_then(|r| r.get("structuredContent")),
-            result.structured_content.as_ref()
+                .and_then(|r| r.get("structuredContent"))
+                .cloned(),
+            tool_fields(result.structured_content.as_ref())
         );
     }
     assert_eq!(

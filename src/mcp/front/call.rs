@@ -135,7 +135,16 @@ impl Front {
         let name = request.name.to_string();
         let upstream = resolved.upstream.clone();
         let trace_id = credentials.trace_id().to_owned();
-        let outcome_in_content = self.state.config.policy.outcome_in_content;
+        // A tool with an output schema keeps its structured content exactly
+        // as declared (`convert::OutcomeShown`); one not in the catalog too.
+        let shown = convert::OutcomeShown {
+            content: self.state.config.policy.outcome_in_content,
+            structured: self
+                .catalog()
+                .entries
+                .get(request.name.as_ref())
+                .is_some_and(|entry| entry.tool.output_schema.is_none()),
+        };
         let over_http = credentials.over_http;
         let started = credentials.arrived.unwrap_or_else(std::time::Instant::now);
         let CallCredentials {
@@ -299,7 +308,7 @@ impl Front {
                     if let CallReply::Answer { result, .. } = &mut reply {
                         front.expose_uris(&upstream, result);
                     }
-                    convert::response_from_reply(reply, outcome_in_content)
+                    convert::response_from_reply(reply, shown)
                 }
                 Err(error) => {
                     let answer = convert::error_from_call(&error);
