@@ -92,10 +92,8 @@ pub async fn run(cli: Cli) -> ExitCode {
                 None
             }
         });
-    // The server's NOTICEs ("relation ... already exists, skipping" at
-    // every start) say nothing an operator acts on.
     logging::init_logging(
-        "info,rmcp=warn,sqlx::postgres::notice=warn",
+        &format!("info,rmcp=warn,{}", crate::ledger::SERVER_NOTICES_FILTER),
         traces.as_ref(),
     );
     let mut database = None;

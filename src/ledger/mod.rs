@@ -515,6 +515,11 @@ impl Ledger {
     }
 }
 
+/// A log filter directive that keeps the server's NOTICEs (sqlx logs them
+/// at info: "relation … already exists, skipping" at every start) out of
+/// the default log; they say nothing an operator acts on.
+pub const SERVER_NOTICES_FILTER: &str = "sqlx::postgres::notice=warn";
+
 /// Why `url` cannot be a ledger URL, if it cannot: it must be a
 /// `postgres://` or `postgresql://` URL that the driver parses (what
 /// [`Ledger::connect`] would refuse, said before anything is tried). The

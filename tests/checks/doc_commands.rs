@@ -18,7 +18,8 @@ enum RunBy {
     Ci,
 }
 
-/// (page, the block's first line, who runs it).
+/// (page, the block's first line (its comment is not compared), who runs
+/// it).
 const BLOCKS: &[(&str, &str, RunBy)] = &[
     (
         "README.md",
@@ -94,7 +95,15 @@ const BLOCKS: &[(&str, &str, RunBy)] = &[
     ),
 ];
 
-/// (page, first line) of every shell block of README.md and docs/*.md.
+/// A command line without its trailing `# comment`.
+fn without_comment(line: &str) -> String {
+    match line.find(" #") {
+        Some(at) => line[..at].trim_end().to_owned(),
+        None => line.to_owned(),
+    }
+}
+
+/// (page, first line without its comment) of every shell block of README.md and docs/*.md.
 fn shell_blocks() -> Vec<(String, String)> {
     let mut pages = vec![Path::new(ROOT).join("README.md")];
     crate::common::files::with_extension(&Path::new(ROOT).join("docs"), "md", &mut pages);
@@ -110,7 +119,7 @@ fn shell_blocks() -> Vec<(String, String)> {
         let text = std::fs::read_to_string(&page).unwrap();
         for block in crate::common::files::fenced_blocks(&text) {
             if crate::common::files::is_shell(&block.lang) {
-                let first = block.body.lines().next().unwrap_or("").to_owned();
+                let first = without_comment(block.body.lines().next().unwrap_or(""));
                 blocks.push((name.clone(), first));
             }
         }
@@ -145,14 +154,20 @@ fn every_shell_block_of_the_readme_and_docs_is_run_by_a_named_test() {
     let functions = test_functions();
     let mut problems = Vec::new();
     for (page, first) in &blocks {
-        if !BLOCKS.iter().any(|(p, f, _)| p == page && f == first) {
+        if !BLOCKS
+            .iter()
+            .any(|(p, f, _)| p == page && without_comment(f) == *first)
+        {
             problems.push(format!(
                 "{page}: the block starting {first:?} is run by no test (add one, and name it in tests/checks/doc_commands.rs)"
             ));
         }
     }
     for (page, first, run_by) in BLOCKS {
-        if !blocks.iter().any(|(p, f)| p == page && f == first) {
+        if !blocks
+            .iter()
+            .any(|(p, f)| p == page && *f == without_comment(first))
+        {
             problems.push(format!(
                 "{page}: no block starts {first:?} any more: update tests/checks/doc_commands.rs"
             ));
