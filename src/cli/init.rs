@@ -228,7 +228,10 @@ async fn add(
             ),
         )
     })?;
-    let adapters = args.dir.join(raw.adapters.as_deref().unwrap_or("adapters"));
+    // The adapters' directory as the config names it, relative to `--dir`
+    // (where the files are written) and as a path from here (to check it).
+    let adapters_in_dir = std::path::PathBuf::from(raw.adapters.as_deref().unwrap_or("adapters"));
+    let adapters = args.dir.join(&adapters_in_dir);
     let names: Vec<&str> = given.iter().map(|(name, _)| name.as_str()).collect();
     skeleton::check_addition(config, &text, &adapters, &names, args.force).map_err(refusal)?;
 
@@ -236,7 +239,7 @@ async fn add(
     let mut written = Vec::new();
     for file in skeleton::render_adapters(&found) {
         let file = InitFile {
-            path: adapters.join(file.path.file_name().unwrap_or_default()),
+            path: adapters_in_dir.join(file.path.file_name().unwrap_or_default()),
             contents: file.contents,
         };
         written.push(skeleton::write_file(&args.dir, &file, true).map_err(refusal)?);

@@ -775,3 +775,33 @@ fn init_writes_the_ledger_it_is_given_embedded_or_a_url() {
     assert!(!out.exists(), "nothing written");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `init` twice into a directory named relative to where it runs, as a
+/// user types it: the second upstream's adapter lands beside the first one
+/// in that directory's `adapters/`, nowhere else.
+#[test]
+fn init_adds_an_upstream_to_a_relative_directory_beside_the_first() {
+    let dir = scratch();
+    let state = dir.join("state");
+    for (name, tools) in [("shop", "payments"), ("mail", "mailer")] {
+        let init = Command::new(LEASEGATE)
+            .args(["init", "--dir", "proxy", "--name", name, "--", TOOLS])
+            .args(["--tools", tools, "--state-dir", state.to_str().unwrap()])
+            .current_dir(&dir)
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap();
+        assert_eq!(init.status.code(), Some(0), "{}", text(&init));
+    }
+    let mut adapters: Vec<String> = std::fs::read_dir(dir.join("proxy/adapters"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    adapters.sort();
+    assert_eq!(adapters, ["mail.toml", "shop.toml"]);
+    assert!(
+        !dir.join("proxy/proxy").exists(),
+        "written under proxy/proxy"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
