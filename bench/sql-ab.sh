@@ -21,7 +21,8 @@
 #
 # Needs: psql and pgbench, a local PostgreSQL reachable as PGHOST/PGPORT/
 # PGUSER (default 127.0.0.1:5432, postgres) whose processes this user can
-# read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b.
+# read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b (SQL_AB_DB_PREFIX=x: x_a and x_b,
+# so that two runs on one server do not clobber each other).
 # SCRIPT=<pgbench script> measures another statement than register-claim +
 # settle (e.g. bench/leasegate/renew.sql, the single lease renew).
 # PGBENCH_ARGS adds arguments to every pgbench, e.g.
@@ -32,7 +33,7 @@
 # measure_backends): for a server other work shares. Calls are then the
 # operations written, so it measures scripts that write one per call.
 # With CEILING=1 each round also measures the minimal ceiling
-# (bench/ceiling: schema.sql, fn.sql, hotpath_fn.sql) in sql_ab_ceiling.
+# (bench/ceiling: schema.sql, fn.sql, hotpath_fn.sql) in sql_ab_ceiling (x_ceiling).
 set -euo pipefail
 
 a_dir=${1:?usage: bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]}
@@ -42,6 +43,7 @@ clients=${4:-32}
 seconds=${5:-10}
 export PGHOST=${PGHOST:-127.0.0.1} PGPORT=${PGPORT:-5432} PGUSER=${PGUSER:-postgres}
 here=$(cd "$(dirname "$0")" && pwd)
+prefix=${SQL_AB_DB_PREFIX:-sql_ab}
 script=${SCRIPT:-"$here/leasegate/register_claim_settle.sql"}
 functions=(common process lease run members operation durability secrets access_token retention)
 
@@ -138,27 +140,27 @@ measure() { # measure <database> [script] -> "tps cpu_ms_per_call"
 
 # The postmaster: the oldest process named postgres.
 postmaster=$(pgrep -o -x postgres) || { echo "no postgres process on this host" >&2; exit 1; }
-build "$a_dir" sql_ab_a
-build "$b_dir" sql_ab_b
+build "$a_dir" ${prefix}_a
+build "$b_dir" ${prefix}_b
 # AFTER_BUILD: a command run once both databases are built, e.g. to set a
 # database-level setting on one of them for a variant of the same tree.
 if [ -n "${AFTER_BUILD:-}" ]; then eval "$AFTER_BUILD"; fi
 if [ "${CEILING:-0}" = 1 ]; then
   PGOPTIONS='-c client_min_messages=warning' psql -qX -d postgres \
-    -c "DROP DATABASE IF EXISTS sql_ab_ceiling" -c "CREATE DATABASE sql_ab_ceiling" >/dev/null
-  PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 -d sql_ab_ceiling \
+    -c "DROP DATABASE IF EXISTS ${prefix}_ceiling" -c "CREATE DATABASE ${prefix}_ceiling" >/dev/null
+  PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 -d ${prefix}_ceiling \
     -f "$here/ceiling/schema.sql" -f "$here/ceiling/fn.sql" >/dev/null
 fi
 echo "A = $a_dir, B = $b_dir; $clients clients, ${seconds} s per cell, $rounds rounds"
 echo "round  A calls/s  A PG CPU ms/call  B calls/s  B PG CPU ms/call  B/A CPU${CEILING:+  ceiling calls/s  ceiling ms/call}"
 for ((r = 1; r <= rounds; r++)); do
-  if ((r % 2)); then a=$(measure sql_ab_a); b=$(measure sql_ab_b)
-  else b=$(measure sql_ab_b); a=$(measure sql_ab_a); fi
+  if ((r % 2)); then a=$(measure ${prefix}_a); b=$(measure ${prefix}_b)
+  else b=$(measure ${prefix}_b); a=$(measure ${prefix}_a); fi
   read -r a_tps a_cpu <<<"$a"; read -r b_tps b_cpu <<<"$b"
   printf "%5d  %9s  %16s  %9s  %16s  %7.3f" "$r" "$a_tps" "$a_cpu" "$b_tps" "$b_cpu" \
     "$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN { print b / a }')"
   if [ "${CEILING:-0}" = 1 ]; then
-    read -r c_tps c_cpu <<<"$(clients=${CEILING_CLIENTS:-$clients}; measure sql_ab_ceiling "$here/ceiling/hotpath_fn.sql")"
+    read -r c_tps c_cpu <<<"$(clients=${CEILING_CLIENTS:-$clients}; measure ${prefix}_ceiling "$here/ceiling/hotpath_fn.sql")"
     printf "  %15s  %15s" "$c_tps" "$c_cpu"
   fi
   echo

@@ -691,7 +691,7 @@ const BENCHMARK_COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]",
-        "bench/sql-ab.sh . . 1 1 1",
+        "SQL_AB_DB_PREFIX=${DB}_sqlab bench/sql-ab.sh . . 1 1 1",
     ),
     (
         "bench/pinned.sh target/release/examples/bench_gateway …",
