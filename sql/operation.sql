@@ -702,17 +702,15 @@ CREATE OR REPLACE PROCEDURE operation_settle_acknowledged(
   INOUT system_identifier text DEFAULT NULL, INOUT timeline bigint DEFAULT NULL,
   INOUT wal_lsn bigint DEFAULT NULL)
 LANGUAGE plpgsql AS $$
-DECLARE
-  s public.operation_result;
 BEGIN
-  s := public.operation_settle(p_operation_id, p_dispatch_owner, p_expected_revision, p_request_digest,
-                               p_status, p_remote_id, p_result);
-  outcome := s.outcome; db_now := s.db_now; operation_id := s.operation_id; run_id := s.run_id;
-  step_id := s.step_id; effect_version := s.effect_version; tool_name := s.tool_name;
-  request_digest := s.request_digest; status := s.status; revision := s.revision;
-  dispatch_owner := s.dispatch_owner; dispatch_until := s.dispatch_until;
-  dispatch_count := s.dispatch_count; remote_id := s.remote_id; evidence_id := s.evidence_id;
-  upstream := s.upstream; upstream_tool := s.upstream_tool;
+  SELECT s.outcome, s.db_now, s.operation_id, s.run_id, s.step_id, s.effect_version, s.tool_name,
+         s.request_digest, s.status, s.revision, s.dispatch_owner, s.dispatch_until,
+         s.dispatch_count, s.remote_id, s.evidence_id, s.upstream, s.upstream_tool
+    INTO outcome, db_now, operation_id, run_id, step_id, effect_version, tool_name,
+         request_digest, status, revision, dispatch_owner, dispatch_until,
+         dispatch_count, remote_id, evidence_id, upstream, upstream_tool
+    FROM public.operation_settle(p_operation_id, p_dispatch_owner, p_expected_revision,
+                                 p_request_digest, p_status, p_remote_id, p_result) s;
   COMMIT;
   SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
     FROM public.ledger_wal_position() w;
