@@ -311,10 +311,17 @@ BEGIN
             p_intent.upstream, p_intent.upstream_tool, p_dispatch_owner,
             db_now + (p_claim_ttl_ms * interval '1 millisecond'), 1, 1, db_now, db_now, p_epoch, p_owner)
     ON CONFLICT DO NOTHING
-    RETURNING t.* INTO o;
+    RETURNING t.operation_id, t.run_id, t.step_id, t.effect_version, t.tool_name, t.request_digest,
+              t.status, t.revision, t.dispatch_owner, t.dispatch_until, t.dispatch_count, t.remote_id,
+              t.upstream, t.upstream_tool
+         INTO operation_id, run_id, step_id, effect_version, tool_name, request_digest,
+              status, revision, dispatch_owner, dispatch_until, dispatch_count, remote_id,
+              upstream, upstream_tool;
     IF FOUND THEN
+      -- The answer is the new row's, read straight into the answer's
+      -- fields (not through a copy of the whole row, arguments included).
       outcome := 'claimed';
-      EXIT;
+      RETURN;
     END IF;
     -- 3. It exists (or a concurrent transaction inserted a key of it and
     -- committed: this statement's snapshot sees it).
