@@ -629,6 +629,7 @@ CREATE OR REPLACE FUNCTION operation_settle(
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
   o  tool_operations;
+  c  record;
   ev bigint;
 BEGIN
   IF p_status IS NULL OR p_status NOT IN ('succeeded', 'failed_final') THEN
@@ -639,22 +640,27 @@ BEGIN
          revision = revision + 1, updated_at = clock_timestamp()
    WHERE operation_id = p_operation_id AND status = 'dispatching' AND dispatch_owner = p_dispatch_owner
      AND revision = p_expected_revision AND request_digest = p_request_digest
-  RETURNING * INTO o;
+  RETURNING operation_id, run_id, step_id, effect_version, tool_name, request_digest, status, revision,
+            dispatch_owner, dispatch_until, dispatch_count, remote_id, upstream, upstream_tool,
+            claim_epoch, claim_worker, claimed_at
+       INTO c;
   IF FOUND THEN
+    -- The settled row's answer and claim facts only (the whole row would
+    -- carry the request's arguments and the result along).
     INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
                                actor, epoch, revision, detail)
-    VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
-            p_dispatch_owner, o.claim_epoch, o.revision,
+    VALUES (c.run_id, c.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
+            p_dispatch_owner, c.claim_epoch, c.revision,
             jsonb_build_object('claim', jsonb_build_object(
-                'dispatch_owner', p_dispatch_owner, 'worker', o.claim_worker, 'at', o.claimed_at,
-                'epoch', o.claim_epoch, 'dispatch_count', o.dispatch_count, 'revision', p_expected_revision,
-                'inline', o.claim_worker IS NOT NULL))
+                'dispatch_owner', p_dispatch_owner, 'worker', c.claim_worker, 'at', c.claimed_at,
+                'epoch', c.claim_epoch, 'dispatch_count', c.dispatch_count, 'revision', p_expected_revision,
+                'inline', c.claim_worker IS NOT NULL))
               || CASE WHEN p_remote_id IS NULL THEN '{}'::jsonb
                       ELSE jsonb_build_object('remote_id', p_remote_id) END);
-    RETURN ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), o.operation_id, o.run_id,
-               o.step_id, o.effect_version, o.tool_name, o.request_digest, o.status, o.revision,
-               o.dispatch_owner, o.dispatch_until, o.dispatch_count, o.remote_id, NULL, NULL,
-               o.upstream, o.upstream_tool)::operation_result;
+    RETURN ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), c.operation_id, c.run_id,
+               c.step_id, c.effect_version, c.tool_name, c.request_digest, c.status, c.revision,
+               c.dispatch_owner, c.dispatch_until, c.dispatch_count, c.remote_id, NULL, NULL,
+               c.upstream, c.upstream_tool)::operation_result;
   END IF;
   SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
   IF NOT FOUND THEN
