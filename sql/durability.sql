@@ -57,7 +57,7 @@ $$;
 -- path's own statements (operation_settle_acknowledged after its commit,
 -- operation_register_claim on a replay), so the sample costs no round trip.
 -- The system identifier is read once per session, through
--- ledger_durability (which may read the control file), and kept in the
+-- ledger_durability (which reads the control file), and kept in the
 -- session setting leasegate.system_identifier: a session belongs to one
 -- server for its life, and a server's identifier never changes (a
 -- promoted standby has its primary's), so the kept value is the one the
