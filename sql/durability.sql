@@ -65,10 +65,10 @@ $$;
 -- Not SECURITY DEFINER, and no SET clause: it writes no table, and what it
 -- reads after the first call (the session setting, the recovery state,
 -- the WAL positions and file name) every role may read; the functions it
--- calls are pg_catalog's, which every search_path searches first, and
--- ledger_durability, schema-qualified. So the settle's sample after its
--- commit runs in the caller's setting, with no search_path of its own to
--- set and restore.
+-- calls are pg_catalog's and ledger_durability, schema-qualified. Running
+-- as its caller, in the caller's search_path, it can mislead no one but
+-- the caller, whose own high-water it is. So the settle's sample after its
+-- commit sets and restores no search_path of its own.
 CREATE OR REPLACE FUNCTION ledger_wal_position(OUT system_identifier text, OUT timeline bigint,
                                                OUT wal_lsn bigint)
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
