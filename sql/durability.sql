@@ -5,8 +5,9 @@
 --
 -- SECURITY DEFINER so that the application role sees what only privileged
 -- roles may (pg_stat_replication's sync_state, pg_control_system(), the
--- timeline history files); the functions only read, except failover_record
--- and failover_resolve.
+-- timeline history files), all but ledger_wal_position, which needs none
+-- of it (see there); the functions only read, except failover_record and
+-- failover_resolve.
 
 -- The facts leasegate judges its durability policy by, in one snapshot.
 -- synchronous_commit is the calling session's (what its commits wait for).
@@ -55,19 +56,26 @@ $$;
 -- session. timeline and wal_lsn are NULL on a standby. Read by the hot
 -- path's own statements (operation_settle_acknowledged after its commit,
 -- operation_register_claim on a replay), so the sample costs no round trip.
--- The system identifier is read from the control file (pg_control_system
--- reads and checks the file on every call) once per session and kept in
--- the session setting leasegate.system_identifier: a session belongs to
--- one server for its life, and a server's identifier never changes (a
+-- The system identifier is read once per session, through
+-- ledger_durability (which reads the control file), and kept in the
+-- session setting leasegate.system_identifier: a session belongs to one
+-- server for its life, and a server's identifier never changes (a
 -- promoted standby has its primary's), so the kept value is the one the
 -- file holds. A RESET or DISCARD only makes the next call read it again.
+-- Not SECURITY DEFINER, and no SET clause: it writes no table, and what it
+-- reads after the first call (the session setting, the recovery state,
+-- the WAL positions and file name) every role may read; the functions it
+-- calls are pg_catalog's and ledger_durability, schema-qualified. Running
+-- as its caller, in the caller's search_path, it can mislead no one but
+-- the caller, whose own high-water it is. So the settle's sample after its
+-- commit sets and restores no search_path of its own.
 CREATE OR REPLACE FUNCTION ledger_wal_position(OUT system_identifier text, OUT timeline bigint,
                                                OUT wal_lsn bigint)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER AS $$
 BEGIN
   system_identifier := current_setting('leasegate.system_identifier', true);
   IF system_identifier IS NULL OR system_identifier = '' THEN
-    system_identifier := (SELECT c.system_identifier::text FROM pg_control_system() c);
+    system_identifier := (SELECT d.system_identifier FROM public.ledger_durability() d);
     PERFORM set_config('leasegate.system_identifier', system_identifier, false);
   END IF;
   IF NOT pg_is_in_recovery() THEN

@@ -311,10 +311,17 @@ BEGIN
             p_intent.upstream, p_intent.upstream_tool, p_dispatch_owner,
             db_now + (p_claim_ttl_ms * interval '1 millisecond'), 1, 1, db_now, db_now, p_epoch, p_owner)
     ON CONFLICT DO NOTHING
-    RETURNING t.* INTO o;
+    RETURNING t.operation_id, t.run_id, t.step_id, t.effect_version, t.tool_name, t.request_digest,
+              t.status, t.revision, t.dispatch_owner, t.dispatch_until, t.dispatch_count, t.remote_id,
+              t.upstream, t.upstream_tool
+         INTO operation_id, run_id, step_id, effect_version, tool_name, request_digest,
+              status, revision, dispatch_owner, dispatch_until, dispatch_count, remote_id,
+              upstream, upstream_tool;
     IF FOUND THEN
+      -- The answer is the new row's, read straight into the answer's
+      -- fields (not through a copy of the whole row, arguments included).
       outcome := 'claimed';
-      EXIT;
+      RETURN;
     END IF;
     -- 3. It exists (or a concurrent transaction inserted a key of it and
     -- committed: this statement's snapshot sees it).
@@ -622,6 +629,7 @@ CREATE OR REPLACE FUNCTION operation_settle(
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
   o  tool_operations;
+  c  record;
   ev bigint;
 BEGIN
   IF p_status IS NULL OR p_status NOT IN ('succeeded', 'failed_final') THEN
@@ -632,22 +640,27 @@ BEGIN
          revision = revision + 1, updated_at = clock_timestamp()
    WHERE operation_id = p_operation_id AND status = 'dispatching' AND dispatch_owner = p_dispatch_owner
      AND revision = p_expected_revision AND request_digest = p_request_digest
-  RETURNING * INTO o;
+  RETURNING operation_id, run_id, step_id, effect_version, tool_name, request_digest, status, revision,
+            dispatch_owner, dispatch_until, dispatch_count, remote_id, upstream, upstream_tool,
+            claim_epoch, claim_worker, claimed_at
+       INTO c;
   IF FOUND THEN
+    -- The settled row's answer and claim facts only (the whole row would
+    -- carry the request's arguments and the result along).
     INSERT INTO ledger_events (run_id, operation_id, subject, from_status, to_status, actor_kind,
                                actor, epoch, revision, detail)
-    VALUES (o.run_id, o.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
-            p_dispatch_owner, o.claim_epoch, o.revision,
+    VALUES (c.run_id, c.operation_id, 'operation', 'dispatching', p_status, 'dispatcher',
+            p_dispatch_owner, c.claim_epoch, c.revision,
             jsonb_build_object('claim', jsonb_build_object(
-                'dispatch_owner', p_dispatch_owner, 'worker', o.claim_worker, 'at', o.claimed_at,
-                'epoch', o.claim_epoch, 'dispatch_count', o.dispatch_count, 'revision', p_expected_revision,
-                'inline', o.claim_worker IS NOT NULL))
+                'dispatch_owner', p_dispatch_owner, 'worker', c.claim_worker, 'at', c.claimed_at,
+                'epoch', c.claim_epoch, 'dispatch_count', c.dispatch_count, 'revision', p_expected_revision,
+                'inline', c.claim_worker IS NOT NULL))
               || CASE WHEN p_remote_id IS NULL THEN '{}'::jsonb
                       ELSE jsonb_build_object('remote_id', p_remote_id) END);
-    RETURN ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), o.operation_id, o.run_id,
-               o.step_id, o.effect_version, o.tool_name, o.request_digest, o.status, o.revision,
-               o.dispatch_owner, o.dispatch_until, o.dispatch_count, o.remote_id, NULL, NULL,
-               o.upstream, o.upstream_tool)::operation_result;
+    RETURN ROW('settled', NULL, NULL, NULL, NULL, NULL, clock_timestamp(), c.operation_id, c.run_id,
+               c.step_id, c.effect_version, c.tool_name, c.request_digest, c.status, c.revision,
+               c.dispatch_owner, c.dispatch_until, c.dispatch_count, c.remote_id, NULL, NULL,
+               c.upstream, c.upstream_tool)::operation_result;
   END IF;
   SELECT * INTO o FROM tool_operations WHERE operation_id = p_operation_id FOR UPDATE;
   IF NOT FOUND THEN
@@ -702,17 +715,15 @@ CREATE OR REPLACE PROCEDURE operation_settle_acknowledged(
   INOUT system_identifier text DEFAULT NULL, INOUT timeline bigint DEFAULT NULL,
   INOUT wal_lsn bigint DEFAULT NULL)
 LANGUAGE plpgsql AS $$
-DECLARE
-  s public.operation_result;
 BEGIN
-  s := public.operation_settle(p_operation_id, p_dispatch_owner, p_expected_revision, p_request_digest,
-                               p_status, p_remote_id, p_result);
-  outcome := s.outcome; db_now := s.db_now; operation_id := s.operation_id; run_id := s.run_id;
-  step_id := s.step_id; effect_version := s.effect_version; tool_name := s.tool_name;
-  request_digest := s.request_digest; status := s.status; revision := s.revision;
-  dispatch_owner := s.dispatch_owner; dispatch_until := s.dispatch_until;
-  dispatch_count := s.dispatch_count; remote_id := s.remote_id; evidence_id := s.evidence_id;
-  upstream := s.upstream; upstream_tool := s.upstream_tool;
+  SELECT s.outcome, s.db_now, s.operation_id, s.run_id, s.step_id, s.effect_version, s.tool_name,
+         s.request_digest, s.status, s.revision, s.dispatch_owner, s.dispatch_until,
+         s.dispatch_count, s.remote_id, s.evidence_id, s.upstream, s.upstream_tool
+    INTO outcome, db_now, operation_id, run_id, step_id, effect_version, tool_name,
+         request_digest, status, revision, dispatch_owner, dispatch_until,
+         dispatch_count, remote_id, evidence_id, upstream, upstream_tool
+    FROM public.operation_settle(p_operation_id, p_dispatch_owner, p_expected_revision,
+                                 p_request_digest, p_status, p_remote_id, p_result) s;
   COMMIT;
   SELECT w.system_identifier, w.timeline, w.wal_lsn INTO system_identifier, timeline, wal_lsn
     FROM public.ledger_wal_position() w;
