@@ -10,6 +10,7 @@ mod bench_gateway;
 mod chaos;
 mod conformance;
 mod console;
+mod duplicates;
 mod embedded_pg;
 mod failover;
 mod postgres_binaries;
