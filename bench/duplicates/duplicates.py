@@ -57,10 +57,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
 
+MCP_PROXY_PATH = "/"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LEASEGATE_PATHS = ("explicit", "session", "key")
-ALL_PATHS = ("direct", "resilient", *LEASEGATE_PATHS)
+ALL_PATHS = ("direct", "resilient", "mcp-proxy", *LEASEGATE_PATHS)
 KINDS = ("charge", "create_bucket", "submit_job", "send_email")
 CAPABILITY = {"charge": "idempotency_key", "create_bucket": "resource_id",
               "submit_job": "operation_query", "send_email": "none"}
@@ -83,6 +84,8 @@ parser.add_argument("--proxy-kills", type=int, default=-1, help="leasegate SIGKI
 parser.add_argument("--db-terminations", type=int, default=-1, help="pg_terminate_backend rounds (default as kills)")
 parser.add_argument("--settle", type=float, default=90.0, help="seconds the unknowns get to converge or reach an operator")
 parser.add_argument("--leasegate", default=os.path.join(ROOT, "target/debug/leasegate"))
+parser.add_argument("--mcp-proxy", default=os.path.join(ROOT, "target/mcp-proxy/bin/mcp-proxy"),
+                    help="the mcp-proxy binary (`run.sh` installs the pinned one)")
 parser.add_argument("--tools", default=os.path.join(ROOT, "target/debug/leasegate-example-tools"))
 parser.add_argument("--admin-url", default=os.environ.get("DUPLICATES_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
 parser.add_argument("--out", default=None, help="where the work dirs, summary.json and table.md go (default: a temp dir)")
@@ -235,6 +238,44 @@ class Leasegate:
             headers={"content-type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as answer:
             return json.loads(answer.read() or b"null")
+
+
+class McpProxy:
+    """`mcp-proxy` (crates.io) in front of the four tool servers, with its
+    per-backend retry on and request coalescing on; killed and restarted
+    like leasegate."""
+
+    def __init__(self, work, tool_ports):
+        self.work = work
+        self.port = free_port()
+        backends = "".join(
+            f'[[backends]]\nname = "{name}"\ntransport = "http"\nurl = "http://127.0.0.1:{port}/mcp"\n'
+            f'[backends.timeout]\nseconds = 5\n'
+            f'[backends.retry]\nmax_retries = 3\ninitial_backoff_ms = 100\nmax_backoff_ms = 5000\n\n'
+            for name, port in tool_ports.items())
+        self.config = os.path.join(work, "mcp-proxy.toml")
+        with open(self.config, "w") as file:
+            file.write(f'[proxy]\nname = "bench"\nseparator = "__"\n[proxy.listen]\nhost = "127.0.0.1"\n'
+                       f'port = {self.port}\n\n[performance]\ncoalesce_requests = true\n\n{backends}')
+        self.process = None
+
+    def start(self):
+        out = open(os.path.join(self.work, "mcp-proxy.log"), "ab")
+        self.process = subprocess.Popen([args.mcp_proxy, "--config", self.config], stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=out, cwd=self.work)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"mcp-proxy exited at start; see {self.work}/mcp-proxy.log")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/admin/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("mcp-proxy did not answer within 60 s")
+
+    kill = Leasegate.kill
+    stop = Leasegate.stop
 
 
 def psql(url, sql):
@@ -450,9 +491,17 @@ async def run_path(path, intents, plan, process_faults, work):
                      "role": "tool", "server": name,
                      "effect_tools": list(KINDS)} for name, port in servers.items()],
     }
-    lg = None
-    if path in LEASEGATE_PATHS:
-        lg = Leasegate(work, path, tool_side)
+    lg = gateway = None
+    if path == "mcp-proxy":
+        gateway = McpProxy(work, tool_side)
+        entry_port = free_port()
+        faults_config["proxies"].append({"listen": ["127.0.0.1", entry_port],
+                                         "upstream": ["127.0.0.1", gateway.port], "role": "client"})
+
+        def entry(kind):
+            return f"http://127.0.0.1:{entry_port}{MCP_PROXY_PATH}", f"{SERVER_OF[kind]}__{kind}"
+    elif path in LEASEGATE_PATHS:
+        lg = gateway = Leasegate(work, path, tool_side)
         entry_port = free_port()
         faults_config["proxies"].append({"listen": ["127.0.0.1", entry_port],
                                          "upstream": ["127.0.0.1", lg.mcp_port], "role": "client"})
@@ -479,9 +528,10 @@ async def run_path(path, intents, plan, process_faults, work):
 
     leases = {}
     try:
-        if lg:
-            lg.create_database()
-            lg.start()
+        if gateway:
+            if lg:
+                lg.create_database()
+            gateway.start()
             if path == "explicit":
                 # One run per intent (a task of its own), leased before the burst.
                 for intent in intents:
@@ -493,13 +543,15 @@ async def run_path(path, intents, plan, process_faults, work):
         started = time.monotonic()
         counter = {"next": 0}
         injected_process = []
-        pending = list(process_faults) if lg else []
+        # A proxy process is killed on every path that has one; backends
+        # terminated where there is a database.
+        pending = [f for f in process_faults if (f[1] == "proxy_kill" and gateway) or lg]
 
         async def process_fault(kind):
             at = time.monotonic() - started
             if kind == "proxy_kill":
-                lg.kill()
-                await asyncio.to_thread(lg.start)
+                gateway.kill()
+                await asyncio.to_thread(gateway.start)
                 injected_process.append({"fault": kind, "at_s": round(at, 2)})
             else:
                 out = await asyncio.to_thread(
@@ -540,8 +592,8 @@ async def run_path(path, intents, plan, process_faults, work):
         burst = time.monotonic() - started
         convergence = await settle(lg, intents, records, started, first_seen) if lg else None
     finally:
-        if lg:
-            lg.stop()
+        if gateway:
+            gateway.stop()
         injector.send_signal(signal.SIGTERM)
         await injector.wait()
     effects = effects_per_label(state)
@@ -726,7 +778,10 @@ def versions():
             found[package] = version(package)
         except Exception:  # noqa: BLE001 - a package this run does not use
             pass
-    for name, binary in (("leasegate", args.leasegate), ("leasegate-example-tools", args.tools)):
+    for name, binary in (("leasegate", args.leasegate), ("leasegate-example-tools", args.tools),
+                         ("mcp-proxy", args.mcp_proxy)):
+        if not os.path.exists(binary):
+            continue
         out = subprocess.run([binary, "--version"], capture_output=True, text=True)
         found[name] = out.stdout.strip() or out.stderr.strip()
     found["postgresql"] = psql(args.admin_url, "SHOW server_version").strip()
