@@ -76,7 +76,7 @@ parser.add_argument("--agents", type=int, default=16, help="concurrent agents pe
 parser.add_argument("--seed", type=int, default=7)
 parser.add_argument("--paths", default=",".join(ALL_PATHS))
 parser.add_argument("--timeout", type=float, default=2.0, help="the agent's timeout per call, seconds")
-parser.add_argument("--attempts", type=int, default=6, help="calls per intent, the first included")
+parser.add_argument("--attempts", type=int, default=4, help="calls per intent, the first included")
 parser.add_argument("--cut", type=float, default=0.08, help="share of intents whose first answer stream is cut")
 parser.add_argument("--crash", type=float, default=0.04, help="share whose tool server dies after the effect")
 parser.add_argument("--slow", type=float, default=0.06, help="share whose tool answers past the agent's timeout")
@@ -262,7 +262,8 @@ class McpProxy:
     def start(self):
         out = open(os.path.join(self.work, "mcp-proxy.log"), "ab")
         self.process = subprocess.Popen([args.mcp_proxy, "--config", self.config], stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=out, cwd=self.work)
+                                        stdout=out, stderr=out, cwd=self.work,
+                                        env={**os.environ, "RUST_LOG": "warn"})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -427,7 +428,7 @@ async def framework_retry(agent, intent, lease):
                 record["answer"] = "in_flight"
             else:
                 record.pop("answer", None)
-            await asyncio.sleep(min(4.0, 0.25 * 2 ** attempt))
+            await asyncio.sleep(min(1.0, 0.25 * 2 ** attempt))
     if "answer" not in record:
         record["answer"] = "failed"
         record["gave_up"] = True
@@ -783,7 +784,14 @@ def versions():
         if not os.path.exists(binary):
             continue
         out = subprocess.run([binary, "--version"], capture_output=True, text=True)
-        found[name] = out.stdout.strip() or out.stderr.strip()
+        found[name] = out.stdout.strip() if out.returncode == 0 else "?"
+    crates = os.path.join(os.path.dirname(os.path.dirname(args.mcp_proxy)), ".crates.toml")
+    if os.path.exists(crates):
+        with open(crates) as file:
+            # cargo install's record: `"mcp-proxy 0.4.3 (registry+…)" = [...]`
+            for line in file:
+                if line.startswith('"mcp-proxy '):
+                    found["mcp-proxy"] = line.split('"')[1].split(" (")[0]
     found["postgresql"] = psql(args.admin_url, "SHOW server_version").strip()
     found["leasegate_commit"] = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                                                capture_output=True, text=True).stdout.strip()
