@@ -75,7 +75,7 @@ parser.add_argument("--intents", type=int, default=2000, help="intended calls pe
 parser.add_argument("--agents", type=int, default=16, help="concurrent agents per path")
 parser.add_argument("--seed", type=int, default=7)
 parser.add_argument("--paths", default=",".join(ALL_PATHS))
-parser.add_argument("--timeout", type=float, default=2.0, help="the agent's timeout per call, seconds")
+parser.add_argument("--timeout", type=float, default=5.0, help="the agent's timeout per call, seconds")
 parser.add_argument("--attempts", type=int, default=4, help="calls per intent, the first included")
 parser.add_argument("--cut", type=float, default=0.08, help="share of intents whose first answer stream is cut")
 parser.add_argument("--crash", type=float, default=0.04, help="share whose tool server dies after the effect")
@@ -180,7 +180,9 @@ class Leasegate:
             with open(os.path.join(work, "adapters", name), "w") as file:
                 file.write(text)
         with open(os.path.join(work, "policy.toml"), "w") as file:
-            file.write(POLICY)
+            # A re-issue waiting for its first call hears "in flight, call
+            # again" before the agent's own timeout.
+            file.write(POLICY.format(in_flight_ms=int(min(args.timeout * 750, 5000))))
         upstreams = "".join(
             f'[upstreams.{name}]\ntransport = "streamable_http"\nurl = "http://127.0.0.1:{port}/mcp"\n\n'
             for name, port in tool_ports.items())
@@ -338,7 +340,7 @@ read_only = true
 
 POLICY = """lease_ttl_ceiling = "1h"
 claim_ttl = "8s"
-in_flight_wait = "1500ms"
+in_flight_wait = "{in_flight_ms}ms"
 dispatch_interval = "250ms"
 claim_expiry_interval = "250ms"
 reconcile_interval = "500ms"
@@ -712,7 +714,7 @@ def record_kind(label):
 def count(path, intents, records, effects, convergence, burst):
     row = {"path": path, "intended": len(intents), "effects": 0, "duplicates": 0, "lost": 0,
            "unknown": 0, "unknown_with_effect": 0, "not_sent": 0, "told_failed_happened": 0,
-           "told_succeeded_did_not": 0, "calls": 0, "burst_s": round(burst, 1)}
+           "told_succeeded_did_not": 0, "gave_up_happened": 0, "calls": 0, "burst_s": round(burst, 1)}
     unknown_labels = []
     for intent, record in zip(intents, records):
         n = effects.get(intent["label"], 0)
@@ -732,6 +734,8 @@ def count(path, intents, records, effects, convergence, burst):
             row["lost"] += 1
         if answer == "failed" and n:
             row["told_failed_happened"] += 1
+            if record.get("gave_up"):
+                row["gave_up_happened"] += 1
         if answer == "succeeded" and not n:
             row["told_succeeded_did_not"] += 1
     row["wrong"] = row["told_failed_happened"] + row["told_succeeded_did_not"]
@@ -815,7 +819,7 @@ def machine():
 COLUMNS = [("path", "path"), ("intended", "intended"), ("effects", "effects"),
            ("duplicates", "duplicate effects"), ("lost", "lost intents"),
            ("wrong", "wrong answers"), ("told_failed_happened", "told failed, happened"),
-           ("told_succeeded_did_not", "told succeeded, did not"), ("unknown", "answered unknown"),
+           ("gave_up_happened", "of which the agent gave up"), ("told_succeeded_did_not", "told succeeded, did not"), ("unknown", "answered unknown"),
            ("unknown_with_effect", "unknown with effect"), ("unknown_converged", "unknown converged"),
            ("unknown_to_operator", "unknown to operator"), ("converge_max_s", "longest convergence (s)"),
            ("calls", "calls sent by the agent"), ("burst_s", "burst (s)")]
