@@ -166,6 +166,25 @@ def effects_per_label(state):
 
 # ---------------------------------------------------------------- processes
 
+def spawn_ready(name, command, work, ready_url):
+    """Starts a proxy process (its output in `<work>/<name>.log`) and waits,
+    up to 60 s, until `ready_url` answers."""
+    out = open(os.path.join(work, f"{name}.log"), "ab")
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=work,
+                               env={**os.environ, "RUST_LOG": "warn"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited at start; see {work}/{name}.log")
+        try:
+            with urllib.request.urlopen(ready_url, timeout=2):
+                return process
+        except OSError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"{name} did not answer within 60 s")
+
+
 class Leasegate:
     def __init__(self, work, mode, tool_ports):
         self.work = work
@@ -176,9 +195,9 @@ class Leasegate:
         self.database_url = f"{base}/{self.database}"
         self.process = None
         os.makedirs(os.path.join(work, "adapters"), exist_ok=True)
-        for name, text in ADAPTERS.items():
-            with open(os.path.join(work, "adapters", name), "w") as file:
-                file.write(text)
+        # The four tools' adapter files, upstream timeout 5 s.
+        for name in os.listdir(os.path.join(HERE, "adapters")):
+            shutil.copy(os.path.join(HERE, "adapters", name), os.path.join(work, "adapters", name))
         with open(os.path.join(work, "policy.toml"), "w") as file:
             # A re-issue waiting for its first call hears "in flight, call
             # again" before the agent's own timeout.
@@ -205,20 +224,8 @@ class Leasegate:
         psql(args.admin_url, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
 
     def start(self):
-        out = open(os.path.join(self.work, "leasegate.log"), "ab")
-        self.process = subprocess.Popen([args.leasegate, "serve", "--config", self.config],
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                        env={**os.environ, "RUST_LOG": "warn"}, cwd=self.work)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"leasegate exited at start; see {self.work}/leasegate.log")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.control_port}/metrics", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("leasegate did not answer within 60 s")
+        self.process = spawn_ready("leasegate", [args.leasegate, "serve", "--config", self.config],
+                                   self.work, f"http://127.0.0.1:{self.control_port}/metrics")
 
     def kill(self):
         if self.process and self.process.poll() is None:
@@ -262,20 +269,8 @@ class McpProxy:
         self.process = None
 
     def start(self):
-        out = open(os.path.join(self.work, "mcp-proxy.log"), "ab")
-        self.process = subprocess.Popen([args.mcp_proxy, "--config", self.config], stdin=subprocess.DEVNULL,
-                                        stdout=out, stderr=out, cwd=self.work,
-                                        env={**os.environ, "RUST_LOG": "warn"})
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"mcp-proxy exited at start; see {self.work}/mcp-proxy.log")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/admin/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("mcp-proxy did not answer within 60 s")
+        self.process = spawn_ready("mcp-proxy", [args.mcp_proxy, "--config", self.config],
+                                   self.work, f"http://127.0.0.1:{self.port}/admin/health")
 
     kill = Leasegate.kill
     stop = Leasegate.stop
@@ -288,55 +283,6 @@ def psql(url, sql):
         raise RuntimeError(f"psql: {out.stderr.strip()}")
     return out.stdout
 
-
-ADAPTERS = {
-    "payments.toml": """upstream = "payments"
-timeout = "5s"
-[tools.charge]
-capability = "idempotency_key"
-operation_id_argument = "idempotency_key"
-key_retention = "24h"
-remote_id_pointer = "/charge_id"
-[tools.get_charge]
-read_only = true
-""",
-    "mailer.toml": """upstream = "mailer"
-timeout = "5s"
-[tools.send_email]
-capability = "none"
-remote_id_pointer = "/message_id"
-[tools.mail_stats]
-read_only = true
-""",
-    "provisioner.toml": """upstream = "provisioner"
-timeout = "5s"
-[tools.create_bucket]
-capability = "resource_id"
-resource_id_pointer = "/name"
-resend_after_not_found = "10s"
-query_tool = "get_bucket"
-query_argument = "name"
-query_resource_pointer = "/bucket"
-query_remote_id_pointer = "/bucket/bucket_id"
-match_fields = ["region", "size"]
-remote_id_pointer = "/bucket_id"
-[tools.get_bucket]
-read_only = true
-""",
-    "jobs.toml": """upstream = "jobs"
-timeout = "5s"
-[tools.submit_job]
-capability = "operation_query"
-operation_id_meta = "example.dev/job_id"
-query_tool = "get_job"
-query_argument = "job_id"
-query_remote_id_pointer = "/job/job_seq"
-resend_after_not_found = "10s"
-remote_id_pointer = "/job_seq"
-[tools.get_job]
-read_only = true
-""",
-}
 
 POLICY = """lease_ttl_ceiling = "1h"
 claim_ttl = "8s"
