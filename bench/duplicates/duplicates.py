@@ -406,6 +406,7 @@ async def resilient_retry(agent, intent):
     except Exception as error:  # noqa: BLE001
         record["errors"].append("gave up: " + describe(error))
         record["answer"] = "failed"
+        record["gave_up"] = True
     return record
 
 
