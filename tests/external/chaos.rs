@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// `DATABASE_URL` with its database replaced by `postgres`, or the local default.
-fn admin_url() -> String {
+pub(crate) fn admin_url() -> String {
     match std::env::var("DATABASE_URL") {
         Ok(url) => {
             let (base, query) = match url.split_once('?') {

@@ -11,6 +11,7 @@ mod bench_gateway;
 mod chaos;
 mod conformance;
 mod console;
+mod duplicates;
 mod embedded_pg;
 mod failover;
 mod pasted_commands;
