@@ -82,6 +82,11 @@ const BLOCKS: &[(&str, &str, RunBy)] = &[
         "cargo build --release --bins --example bench_gateway && target/release/examples/bench_gateway   # the gateway benchmark, one table",
         RunBy::Test("every_benchmark_command_the_docs_give_runs_a_short_round"),
     ),
+    (
+        "docs/benchmarks.md",
+        "cargo build --bins",
+        RunBy::Test("retries_under_faults_duplicate_no_effect_through_leasegate_in_any_lease_mode"),
+    ),
     ("docs/testing.md", ".ci/run", RunBy::Ci),
     (
         "docs/testing.md",
