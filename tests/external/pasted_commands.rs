@@ -707,12 +707,39 @@ const BENCHMARK_COMMANDS: &[(&str, &str)] = &[
         "target/release/examples/bench_scale renew --leases 10 --rounds 1 --hosts 2 \
          --db ${DB}_renew --url $ADMIN",
     ),
+    // Run with small counts by `duplicates::retries_under_faults_…`.
+    ("bench/duplicates/run.sh --intents 2000 --seed 7", ""),
     ("cargo build --release --bins --example chaos", ""),
     (
         "target/release/examples/chaos --intents 10000 --proxies 3 --agents 12 --seed 10",
         "target/release/examples/chaos --intents 30 --proxies 1 --agents 2 --seed 10",
     ),
 ];
+
+/// Drops, when dropped (also when the test fails), every database whose
+/// name starts with its prefix: what the benchmarks made.
+struct DropDatabases(String);
+
+impl Drop for DropDatabases {
+    fn drop(&mut self) {
+        let sql = format!(
+            "SELECT format('DROP DATABASE IF EXISTS %I WITH (FORCE)', datname) \
+               FROM pg_database WHERE datname LIKE '{}%' \\gexec\n",
+            self.0
+        );
+        let _ = std::process::Command::new("psql")
+            .args(["-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qX"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .and_then(|mut child| {
+                use std::io::Write as _;
+                child.stdin.take().unwrap().write_all(sql.as_bytes())?;
+                child.wait()
+            });
+    }
+}
 
 /// Every benchmark command the docs give, a short round each: they start,
 /// measure and finish (their figures are not judged here).
@@ -754,6 +781,7 @@ async fn every_benchmark_command_the_docs_give_runs_a_short_round() {
         std::os::unix::fs::symlink(Path::new(ROOT).join(tree), root.join(tree)).unwrap();
     }
     let database = format!("bench_docs_{}", uuid::Uuid::new_v4().simple());
+    let _dropped = DropDatabases(database.clone());
     let admin = "postgres://postgres@127.0.0.1:5432/postgres";
     for (line, run) in BENCHMARK_COMMANDS {
         // The program's own flags, not cargo's.
@@ -762,6 +790,10 @@ async fn every_benchmark_command_the_docs_give_runs_a_short_round() {
             _ if line.starts_with("cargo ") => "",
             _ => line,
         };
+        // An empty entry: a build line, or a command another test runs.
+        if run.is_empty() {
+            continue;
+        }
         for word in program
             .split([' ', '[', ']'])
             .filter(|w| w.starts_with("--"))
@@ -770,9 +802,6 @@ async fn every_benchmark_command_the_docs_give_runs_a_short_round() {
                 run.split_whitespace().any(|w| w == word),
                 "{line}: the test runs no {word}"
             );
-        }
-        if run.is_empty() {
-            continue;
         }
         let output = tokio::time::timeout(
             std::time::Duration::from_secs(300),
@@ -794,23 +823,6 @@ async fn every_benchmark_command_the_docs_give_runs_a_short_round() {
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         );
-    }
-    let mut admin = <sqlx::PgConnection as sqlx::Connection>::connect(admin)
-        .await
-        .unwrap();
-    let left: Vec<(String,)> =
-        sqlx::query_as("SELECT datname FROM pg_database WHERE datname LIKE $1 || '%'")
-            .bind(&database)
-            .fetch_all(&mut admin)
-            .await
-            .unwrap();
-    for (name,) in left {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await
-        .unwrap();
     }
     let _ = std::fs::remove_dir_all(&root);
 }
