@@ -1,7 +1,7 @@
 //! The snippets of `docs/clients.md` for the clients the suite drives
 //! (fastmcp, pydantic-ai, the Vercel AI SDK) are the lines the suite runs:
 //! each fenced block of those sections appears, line by line (indentation
-//! aside), in `tests/sdk/agents.py` or `tests/sdk/vercel.mjs`.
+//! aside), in `tests/sdk/agent_clients.py` or `tests/sdk/vercel.mjs`.
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -46,7 +46,7 @@ fn holds(script: &str, snippet: &[String]) -> bool {
 #[test]
 fn the_client_snippets_in_the_docs_are_the_lines_the_suite_runs() {
     let page = std::fs::read_to_string(format!("{ROOT}/docs/clients.md")).unwrap();
-    let agents = std::fs::read_to_string(format!("{ROOT}/tests/sdk/agents.py")).unwrap();
+    let agents = std::fs::read_to_string(format!("{ROOT}/tests/sdk/agent_clients.py")).unwrap();
     let vercel = std::fs::read_to_string(format!("{ROOT}/tests/sdk/vercel.mjs")).unwrap();
     for heading in ["fastmcp", "pydantic-ai", "Vercel AI SDK"] {
         let found = blocks(&page, heading);

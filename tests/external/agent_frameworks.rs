@@ -4,7 +4,7 @@
 //! model reads of a replay, a refusal, an unknown outcome and a start-up
 //! failure, how a pydantic-ai agent run ends when leasegate refuses its
 //! calls, and a stdio session the Vercel client ends with SIGTERM. The clients are driven by
-//! `tests/sdk/agents.py` (venv `target/agents-venv`) and
+//! `tests/sdk/agent_clients.py` (venv `target/agents-venv`) and
 //! `tests/sdk/vercel.mjs` (`target/sdk-node`), provisioned by
 //! `common::peers`; the side effects and ledger rows are counted here.
 
@@ -47,7 +47,7 @@ async fn run_script(
 
 async fn agents_py(args: &[&str]) -> Vec<Value> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    run_script(common::peers::agents_python(), "agents.py", &args, &[]).await
+    run_script(common::peers::agents_python(), "agent_clients.py", &args, &[]).await
 }
 
 async fn vercel_mjs(args: &[&str]) -> Vec<Value> {

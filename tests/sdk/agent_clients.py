@@ -1,4 +1,6 @@
 """fastmcp's client and a pydantic-ai agent against leasegate, with no LLM.
+(Not named agents.py: scripts in this directory import the OpenAI Agents
+SDK's `agents` package, which that name would shadow.)
 
 Run by the Rust suite (tests/external/agent_frameworks.rs) as a child
 process; the suite counts side effects and ledger rows itself. This script
@@ -6,7 +8,7 @@ drives each client the way a user's code does, in its default settings, and
 reports what the user (fastmcp) or the model (pydantic-ai: what its
 FunctionModel is handed) gets back:
 
-  agents.py --url URL --key KEY replay-fastmcp
+  agent_clients.py --url URL --key KEY replay-fastmcp
       The docs/clients.md fastmcp lines, twice with one key, then once with
       no key. One JSON line per call:
       {"call": "first"|"again", "structured", "texts", "note", "data"} and
@@ -14,13 +16,13 @@ FunctionModel is handed) gets back:
       KEY-unknown that hangs past the tool's timeout (its outcome unknown):
       {"call": "unknown", "error"} (fastmcp raises a tool error's text).
 
-  agents.py --url URL --key KEY replay-pydantic-ai
+  agent_clients.py --url URL --key KEY replay-pydantic-ai
       The docs/clients.md pydantic-ai lines: two agent runs whose model asks
       for the same charge, then a run whose charge (key KEY-unknown) hangs
       past the tool's timeout. One line per run: {"run", "model_read",
       "kind"}, what the model was handed as the tool's return (or retry).
 
-  agents.py --url URL --key KEY refused-pydantic-ai
+  agent_clients.py --url URL --key KEY refused-pydantic-ai
       An agent with default retries whose model asks, every turn, for two
       charges at once: one with an idempotency key (hanging a while after it
       charged), one without (which leasegate refuses). Prints
@@ -28,13 +30,13 @@ FunctionModel is handed) gets back:
       {"model_turns", "keyed", "unkeyed", "model_read"}: the calls the model
       asked for and the retry texts it was handed.
 
-  agents.py --url URL --lease-json LEASE lost-lease-pydantic-ai
+  agent_clients.py --url URL --lease-json LEASE lost-lease-pydantic-ai
       An agent with default retries whose calls carry LEASE (a
       `dev.leasegate/lease` object another worker has since taken over) in
       `_meta`; its model asks for a charge every turn. Prints the same two
       lines as refused-pydantic-ai (its calls under "keyed").
 
-  agents.py --stdio-command JSON_ARGV unstarted-pydantic-ai
+  agent_clients.py --stdio-command JSON_ARGV unstarted-pydantic-ai
       An agent whose toolset spawns JSON_ARGV (a `leasegate stdio` that
       cannot start) as its stdio MCP server: {"run", "error_type", "error"}.
 
