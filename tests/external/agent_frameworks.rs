@@ -47,7 +47,13 @@ async fn run_script(
 
 async fn agents_py(args: &[&str]) -> Vec<Value> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    run_script(common::peers::agents_python(), "agent_clients.py", &args, &[]).await
+    run_script(
+        common::peers::agents_python(),
+        "agent_clients.py",
+        &args,
+        &[],
+    )
+    .await
 }
 
 async fn vercel_mjs(args: &[&str]) -> Vec<Value> {
