@@ -44,6 +44,8 @@ class ToolServer:
         self.process = None
         self.restarts = 0
         self.lock = asyncio.Lock()
+        # Set by stop(): from then on nothing restarts the server.
+        self.stopping = False
 
     async def start(self):
         log = open(os.path.join(self.state, f"tools-{self.name}.log"), "ab")
@@ -57,6 +59,8 @@ class ToolServer:
             if self.process and self.process.returncode is None:
                 self.process.send_signal(signal.SIGKILL)
                 await self.process.wait()
+            if self.stopping:
+                return
             self.restarts += 1
             await self.start()
 
@@ -64,9 +68,24 @@ class ToolServer:
         while True:
             await asyncio.sleep(0.2)
             async with self.lock:
+                if self.stopping:
+                    return
                 if self.process and self.process.returncode is not None:
                     self.restarts += 1
                     await self.start()
+
+    async def stop(self):
+        """Ends the server for good (SIGTERM, then SIGKILL after 5 s); the
+        supervisor and a crash fault in progress restart it no more."""
+        async with self.lock:
+            self.stopping = True
+            if self.process and self.process.returncode is None:
+                self.process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(self.process.wait(), 5)
+                except asyncio.TimeoutError:
+                    self.process.kill()
+                    await self.process.wait()
 
 
 async def wait_port(port, deadline):
@@ -195,12 +214,7 @@ async def main(path):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     for server in servers.values():
-        if server.process and server.process.returncode is None:
-            server.process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(server.process.wait(), 5)
-            except asyncio.TimeoutError:
-                server.process.kill()
+        await server.stop()
     with open(os.path.join(state, "restarts.json"), "w") as file:
         json.dump({name: s.restarts for name, s in servers.items()}, file)
 
