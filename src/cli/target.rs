@@ -28,41 +28,30 @@ impl Target {
     /// one, from the environment; a config that does not load is reported
     /// and its exit code returned.
     pub fn of(common: &Common) -> Result<Self, u8> {
-        match &common.config {
-            Some(path) => match Config::load(path) {
-                Ok(mut config) => {
-                    config.database.resolve_url(common.database_url.as_deref());
+        let refused = |error: String| report(common.json, ErrorCode::InvalidInput, &error);
+        let mut target = match &common.config {
+            Some(path) => {
+                let mut config = Config::load(path).map_err(|e| refused(e.to_string()))?;
+                config.database.resolve_url(common.database_url.as_deref());
+                Self {
+                    database: config.database.located(),
+                    tenant: Some(config.tenant),
                     // The policy's keys: sealed bodies are opened for the
                     // reader (`control::operations::readable`).
-                    let bodies = config.policy.bodies();
-                    let database = crate::app::client_database(config.database.located()).map_err(
-                        |error| report(common.json, ErrorCode::InvalidInput, &error.to_string()),
-                    )?;
-                    Ok(Self {
-                        database,
-                        tenant: Some(config.tenant),
-                        bodies,
-                        adapters: config.adapters,
-                    })
+                    bodies: config.policy.bodies(),
+                    adapters: config.adapters,
                 }
-                Err(error) => Err(report(
-                    common.json,
-                    ErrorCode::InvalidInput,
-                    &error.to_string(),
-                )),
-            },
-            None => Ok(Self {
-                database: crate::app::client_database(DatabaseUrl::from_environment(
-                    common.database_url.as_deref(),
-                    None,
-                ))
-                .map_err(|error| {
-                    report(common.json, ErrorCode::InvalidInput, &error.to_string())
-                })?,
+            }
+            None => Self {
+                database: DatabaseUrl::from_environment(common.database_url.as_deref(), None),
                 tenant: None,
                 bodies: Default::default(),
                 adapters: BTreeMap::new(),
-            }),
-        }
+            },
+        };
+        // "embedded": the private cluster's socket in the state directory.
+        target.database =
+            crate::app::client_database(target.database).map_err(|e| refused(e.to_string()))?;
+        Ok(target)
     }
 }

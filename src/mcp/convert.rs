@@ -52,6 +52,20 @@ pub mod codes {
     /// be reached, a config that does not load): its one answer, to the
     /// client's first request, before it exits.
     pub const NOT_STARTED: i32 = -31013;
+    /// Every code of leasegate's own above (not the protocol's below).
+    pub const OWN: [i32; 11] = [
+        LEASE_REQUIRED,
+        LEASE_LOST,
+        INTENT_CONFLICT,
+        RUN_TERMINAL,
+        RUN_NOT_FOUND,
+        IN_PROGRESS,
+        OPERATION_CANCELLED,
+        LEDGER_UNAVAILABLE,
+        NOT_SENT,
+        TOO_MANY_IN_FLIGHT,
+        NOT_STARTED,
+    ];
     /// stateless MCP: the request was cancelled by the client.
     pub const REQUEST_CANCELLED: i32 = -32800;
     /// Standard JSON-RPC: invalid params (unknown tool, bad lease fields,
@@ -614,19 +628,7 @@ mod tests {
 
     #[test]
     fn leasegate_codes_lie_outside_the_range_json_rpc_and_mcp_reserve() {
-        let own = [
-            codes::LEASE_REQUIRED,
-            codes::LEASE_LOST,
-            codes::INTENT_CONFLICT,
-            codes::RUN_TERMINAL,
-            codes::RUN_NOT_FOUND,
-            codes::IN_PROGRESS,
-            codes::OPERATION_CANCELLED,
-            codes::LEDGER_UNAVAILABLE,
-            codes::NOT_SENT,
-            codes::TOO_MANY_IN_FLIGHT,
-            codes::NOT_STARTED,
-        ];
+        let own = codes::OWN;
         // What the MCP SDKs, the specification and the agent frameworks'
         // MCP clients raise or compare against, as read in their sources:
         // the official Python SDK (`mcp_types`: -32000 connection closed,

@@ -24,24 +24,20 @@ use std::sync::OnceLock;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-/// A Python interpreter with the pinned MCP SDK.
+/// A Python interpreter with the pinned MCP SDK. Override:
+/// `LEASEGATE_TEST_PYTHON`.
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            if let Some(python) = std::env::var_os("LEASEGATE_TEST_PYTHON") {
-                return PathBuf::from(python);
-            }
-            pinned_venv(
-                "target/sdk-venv",
-                &[
-                    "tests/sdk/requirements.txt",
-                    "examples/python_agent/requirements.txt",
-                ],
-                "pip install of the pinned MCP Python SDK",
-            )
-        })
-        .clone()
+    venv_python(
+        &PYTHON,
+        "LEASEGATE_TEST_PYTHON",
+        "target/sdk-venv",
+        &[
+            "tests/sdk/requirements.txt",
+            "examples/python_agent/requirements.txt",
+        ],
+        "pip install of the pinned MCP Python SDK",
+    )
 }
 
 /// A Python interpreter with the agent frameworks' MCP clients pinned in
@@ -51,18 +47,13 @@ pub fn python() -> PathBuf {
 /// `LEASEGATE_TEST_FRAMEWORKS_PYTHON`.
 pub fn frameworks_python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            if let Some(python) = std::env::var_os("LEASEGATE_TEST_FRAMEWORKS_PYTHON") {
-                return PathBuf::from(python);
-            }
-            pinned_venv(
-                "target/frameworks-venv",
-                &["tests/sdk/frameworks-requirements.txt"],
-                "pip install of the pinned agent frameworks",
-            )
-        })
-        .clone()
+    venv_python(
+        &PYTHON,
+        "LEASEGATE_TEST_FRAMEWORKS_PYTHON",
+        "target/frameworks-venv",
+        &["tests/sdk/frameworks-requirements.txt"],
+        "pip install of the pinned agent frameworks",
+    )
 }
 
 /// A Python interpreter with fastmcp and pydantic-ai pinned in
@@ -70,18 +61,29 @@ pub fn frameworks_python() -> PathBuf {
 /// `LEASEGATE_TEST_AGENTS_PYTHON`.
 pub fn agents_python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON
-        .get_or_init(|| {
-            if let Some(python) = std::env::var_os("LEASEGATE_TEST_AGENTS_PYTHON") {
-                return PathBuf::from(python);
-            }
-            pinned_venv(
-                "target/agents-venv",
-                &["tests/sdk/agents-requirements.txt"],
-                "pip install of the pinned fastmcp and pydantic-ai",
-            )
-        })
-        .clone()
+    venv_python(
+        &PYTHON,
+        "LEASEGATE_TEST_AGENTS_PYTHON",
+        "target/agents-venv",
+        &["tests/sdk/agents-requirements.txt"],
+        "pip install of the pinned fastmcp and pydantic-ai",
+    )
+}
+
+/// The Python of `cell`: the interpreter `override_env` names, else that of
+/// the venv at `venv` with `pins` installed (made once per pin change).
+fn venv_python(
+    cell: &OnceLock<PathBuf>,
+    override_env: &str,
+    venv: &str,
+    pins: &[&str],
+    what: &str,
+) -> PathBuf {
+    cell.get_or_init(|| match std::env::var_os(override_env) {
+        Some(python) => PathBuf::from(python),
+        None => pinned_venv(venv, pins, what),
+    })
+    .clone()
 }
 
 /// server-everything's entry point (`node <it>` serves MCP over stdio).

@@ -85,6 +85,21 @@ pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Each counter of `series` (read into `before`, then `after`) moved by at
+/// least one: the process's recorder is shared with other tests, so a test
+/// judges deltas, never totals.
+#[track_caller]
+pub fn assert_each_grew<L: std::fmt::Debug>(series: &[L], before: &[f64], after: &[f64]) {
+    for (index, labels) in series.iter().enumerate() {
+        assert!(
+            after[index] >= before[index] + 1.0,
+            "{labels:?}: {} -> {}",
+            before[index],
+            after[index]
+        );
+    }
+}
+
 /// Whether a sample named `name` with every label in `labels` is present.
 pub fn has(text: &str, name: &str, labels: &[(&str, &str)]) -> bool {
     parse(text).iter().any(|s| {

@@ -133,14 +133,7 @@ async fn lease_mode_calls_are_counted_by_mode_and_front_and_a_waited_on_answer_a
     }
 
     let after = counts(&session_proxy.control_url, &series).await;
-    for (index, labels) in series.iter().enumerate() {
-        assert!(
-            after[index] >= before[index] + 1.0,
-            "{labels:?}: {} -> {}",
-            before[index],
-            after[index]
-        );
-    }
+    common::prometheus::assert_each_grew(&series, &before, &after);
     // The overview: calls since its last load, and the three answers from
     // the ledger (the waited one, the session replay, the key replay).
     let page = http::get(&console).await.body;

@@ -918,13 +918,6 @@ async fn every_agent_call_is_counted_by_outcome(pool: PgPoolOptions, connect: Pg
     .await
     .unwrap();
     let after = read().await;
-    for (index, labels) in series.iter().enumerate() {
-        assert!(
-            after[index] >= before[index] + 1.0,
-            "{labels:?}: {} -> {}",
-            before[index],
-            after[index]
-        );
-    }
+    common::prometheus::assert_each_grew(&series, &before, &after);
     proxy.stop().await;
 }
