@@ -169,26 +169,35 @@ impl Browser {
 
     /// The visible text of the element matching `css`.
     pub async fn text(&self, css: &str) -> String {
-        let id = self.find(css).await;
-        self.command("GET", &format!("/element/{id}/text"), Value::Null)
-            .await
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        let text = self.on_element(css, "GET", "text", Value::Null).await;
+        text.as_str().unwrap_or_default().to_owned()
     }
 
     /// The attribute `name` of the element matching `css` (empty if none).
     pub async fn attribute(&self, css: &str, name: &str) -> String {
-        let id = self.find(css).await;
-        self.command(
-            "GET",
-            &format!("/element/{id}/attribute/{name}"),
-            Value::Null,
+        let path = format!("attribute/{name}");
+        let value = self.on_element(css, "GET", &path, Value::Null).await;
+        value.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// `{method} /element/{id}/{what}` on the element matching `css`, found
+    /// again when the page replaced it between finding and acting (a
+    /// navigation still landing, a panel refreshed): WebDriver then answers
+    /// "stale element reference", which is not the test's failure.
+    async fn on_element(&self, css: &str, method: &str, what: &str, body: Value) -> Value {
+        super::wait_until(
+            &format!("{method} {what} on {css:?} at {}", self.url().await),
+            || async {
+                let id = self.element(css).await?;
+                let path = format!("/element/{id}/{what}");
+                match self.try_command(method, &path, body.clone()).await {
+                    Ok(value) => Some(value),
+                    Err(error) if error["error"] == "stale element reference" => None,
+                    Err(error) => panic!("WebDriver {method} {path}: {error}"),
+                }
+            },
         )
         .await
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
     }
 
     /// Whether the element matching `css` is cut on screen: its content is
@@ -209,21 +218,13 @@ impl Browser {
     }
 
     pub async fn type_into(&self, css: &str, text: &str) {
-        let id = self.find(css).await;
-        self.command("POST", &format!("/element/{id}/clear"), json!({}))
+        self.on_element(css, "POST", "clear", json!({})).await;
+        self.on_element(css, "POST", "value", json!({ "text": text }))
             .await;
-        self.command(
-            "POST",
-            &format!("/element/{id}/value"),
-            json!({ "text": text }),
-        )
-        .await;
     }
 
     pub async fn click(&self, css: &str) {
-        let id = self.find(css).await;
-        self.command("POST", &format!("/element/{id}/click"), json!({}))
-            .await;
+        self.on_element(css, "POST", "click", json!({})).await;
     }
 
     /// Accepts the open `confirm()` dialog (the console asks before
