@@ -202,8 +202,9 @@
 //!   `ops archive`: straight to the ledger as `leasegate_operator`), and
 //!   how a failed command is told and which exit code it gets (`failure`:
 //!   ledger refusals with their fixes).
-//! * `src/main.rs`: the `leasegate` binary — parses arguments, builds the
-//!   runtime and hands over to `cli`; it alone chooses the allocator.
+//! * `src/main.rs`: the `leasegate` binary — chooses the allocator (it
+//!   alone does) and hands over to `cli::main`, which parses arguments and
+//!   builds the runtime in this crate, so the async tree compiles once.
 //! * Not part of the library, binaries under `examples/`:
 //!   `leasegate-example-worker` (`examples/worker/`: lease, heartbeat,
 //!   checkpoint loop, frozen with SIGSTOP by the process-level tests) and

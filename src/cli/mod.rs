@@ -1,6 +1,10 @@
 //! The `leasegate` command line: every command the binary runs, from the
-//! parsed arguments to the exit code. `src/main.rs` only parses
-//! ([`Cli::from_args`]), builds the runtime and calls [`run`].
+//! process's arguments to the exit code. `src/main.rs` only chooses the
+//! allocator and calls [`main`], which parses ([`Cli::from_args`]),
+//! builds the runtime and runs [`run`] on it. The runtime is built here,
+//! not in the binary, so that the whole async call tree is compiled once,
+//! in this crate: a binary that blocked on [`run`] itself would compile
+//! every future under it again.
 //!
 //! * `args`: the clap definitions of the top-level commands;
 //!   `operator_args`: those of the operator commands (`runs`, `lease`,
@@ -54,6 +58,31 @@ pub use output::{exit_code, render};
 
 use crate::config::DatabaseUrl;
 use crate::telemetry::Tracing;
+
+/// The `leasegate` process: parses the command line, runs the command on
+/// a multi-threaded runtime of [`Cli::worker_threads`] threads, and
+/// answers the exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::from_args();
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.worker_threads())
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => {
+            let code = runtime.block_on(run(cli));
+            // A blocking read of stdin (`leasegate stdio` stopped by a
+            // signal while its client keeps stdin open) never ends: the
+            // process exits without waiting for it.
+            runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+            code
+        }
+        Err(error) => {
+            eprintln!("leasegate: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
 
 /// Runs the parsed command; returns the process's exit code.
 pub async fn run(cli: Cli) -> ExitCode {
