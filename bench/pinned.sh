@@ -6,7 +6,7 @@
 # when the command ends, however it ends.
 #
 #   bench/pinned.sh COMMAND [ARGS...]
-#   DB_CPUS=0 CLIENT_CPUS=1 bench/pinned.sh target/release/examples/bench_gateway --group-commit ...
+#   DB_CPUS=0 CLIENT_CPUS=1 bench/pinned.sh target/release/examples/bench_gateway --single-path ...
 #
 # What it is for: on a host where the database shares its cores with
 # leasegate, the upstream and the load generator, a ratio to the pgbench

@@ -196,7 +196,7 @@ impl Settings {
             repeat: 1,
             upstream: UpstreamChoice::Auto,
             db_pool: 20,
-            group_commit: false,
+            group_commit: true,
             config_lines: Vec::new(),
             sessions: 1000,
             growth_cells: 3,

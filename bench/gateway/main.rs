@@ -64,9 +64,11 @@ struct Cli {
     /// leasegate's database_max_connections.
     #[arg(long)]
     db_pool: Option<u32>,
-    /// Serve with `group_commit = true`.
+    /// Serve with `group_commit = false` (every gated call its own
+    /// statement); by default the served config keeps group commit on, as
+    /// leasegate does.
     #[arg(long)]
-    group_commit: bool,
+    single_path: bool,
     /// A top-level line of the served config, `key = value` (repeatable), e.g.
     /// `--config 'group_commit_in_flight = 2'`.
     #[arg(long = "config")]
@@ -145,7 +147,7 @@ async fn main() -> anyhow::Result<()> {
     if let Some(pool) = cli.db_pool {
         settings.db_pool = pool;
     }
-    settings.group_commit = cli.group_commit;
+    settings.group_commit = !cli.single_path;
     settings.config_lines = cli.config_lines.clone();
     if let Some(sessions) = cli.sessions {
         settings.sessions = sessions;

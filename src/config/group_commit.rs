@@ -49,7 +49,6 @@ pub(super) fn group_commit_settings(
         }
         settings.in_flight = in_flight;
     }
-    let on =
-        crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(false));
+    let on = crate::ledger::group_commit_env_override().unwrap_or(raw.group_commit.unwrap_or(true));
     Ok(on.then_some(settings))
 }

@@ -34,7 +34,7 @@ pub struct RawConfig {
     /// (default "15s"): a server that never answers is reported and the
     /// process exits 6 instead of hanging.
     pub database_connect_timeout: Option<String>,
-    /// Group commit of gated calls (default false; `LEASEGATE_GROUP_COMMIT`
+    /// Group commit of gated calls (default true; `LEASEGATE_GROUP_COMMIT`
     /// overrides): concurrent register-claims, and settles, of different
     /// runs share one statement and commit (docs/operating.md).
     pub group_commit: Option<bool>,

@@ -174,9 +174,9 @@ pub struct LedgerOptions {
     /// read opens (`stored_json::open`).
     pub bodies: crate::policy::Bodies,
     /// Group commit of register-claims and settles (`group/`): `None`
-    /// sends each call alone. The default is `None` unless
-    /// `LEASEGATE_GROUP_COMMIT` is on ([`group::env_override`]), which
-    /// gives the default window and batch size.
+    /// sends each call alone. The default is on, with the default window
+    /// and batch size, unless `LEASEGATE_GROUP_COMMIT` is off
+    /// ([`group::env_override`]).
     pub group_commit: Option<GroupCommitSettings>,
 }
 
@@ -195,7 +195,7 @@ impl Default for LedgerOptions {
             synchronous_commit_at_least_on: false,
             bodies: crate::policy::Bodies::default(),
             group_commit: group::env_override()
-                .unwrap_or(false)
+                .unwrap_or(true)
                 .then(GroupCommitSettings::default),
         }
     }

@@ -1,7 +1,9 @@
 //! Group commit of the proxy's hot path: concurrent
 //! `operation_register_claim` calls (and, separately, concurrent settles)
 //! of different runs share one statement, one transaction and one WAL
-//! flush. Off by default ([`super::LedgerOptions::group_commit`] `None`).
+//! flush. On by default ([`super::LedgerOptions::group_commit`]); off,
+//! every call is its own statement (the single path), which a batch of one
+//! also is.
 //!
 //! A caller enqueues its item and awaits a oneshot. One drainer task per
 //! kind takes the first queued item, then everything already queued and,
@@ -74,7 +76,8 @@ pub(super) use settle::SettleArgs;
 /// The environment variable that turns group commit on (`1`, `true`,
 /// `on`) or off (`0`, `false`, `off`) over the configuration, for the
 /// config file's `serve`/`stdio` and for every [`super::LedgerOptions::default`]
-/// (so `LEASEGATE_GROUP_COMMIT=1 cargo test` runs the suite batched).
+/// (so `LEASEGATE_GROUP_COMMIT=0 cargo test` runs the suite on the single
+/// path).
 pub const GROUP_COMMIT_ENV: &str = "LEASEGATE_GROUP_COMMIT";
 
 /// Largest batch: each item is one writing subtransaction, and a
