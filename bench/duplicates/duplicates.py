@@ -53,6 +53,7 @@ import warnings
 
 import httpx2
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
@@ -62,13 +63,19 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LEASEGATE_PATHS = ("explicit", "session", "key")
 ALL_PATHS = ("direct", "resilient", "mcp-proxy", *LEASEGATE_PATHS)
-KINDS = ("charge", "create_bucket", "submit_job", "send_email")
+# The intents' kinds: the four tools over Streamable HTTP, and `create_bucket`
+# once more from a tool server over stdio (`storage`), the one a stdio kill hits.
+KINDS = ("charge", "create_bucket", "submit_job", "send_email", "stdio_bucket")
+STDIO_KINDS = ("stdio_bucket",)
+TOOL_OF = {"charge": "charge", "create_bucket": "create_bucket", "submit_job": "submit_job",
+           "send_email": "send_email", "stdio_bucket": "create_bucket"}
 CAPABILITY = {"charge": "idempotency_key", "create_bucket": "resource_id",
-              "submit_job": "operation_query", "send_email": "none"}
+              "submit_job": "operation_query", "send_email": "none", "stdio_bucket": "resource_id"}
 SERVER_OF = {"charge": "payments", "send_email": "mailer", "create_bucket": "provisioner",
-             "submit_job": "jobs"}
-EFFECTS_FILE = {"charge": "charges.jsonl", "create_bucket": "buckets.jsonl",
-                "submit_job": "jobs.jsonl", "send_email": "emails.jsonl"}
+             "submit_job": "jobs", "stdio_bucket": "storage"}
+# The HTTP tool servers (`--tools` of the example tool server: themselves).
+HTTP_SERVERS = ("payments", "mailer", "provisioner", "jobs")
+EFFECTS_FILES = ("charges.jsonl", "buckets.jsonl", "jobs.jsonl", "emails.jsonl")
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--intents", type=int, default=2000, help="intended calls per path")
@@ -80,6 +87,8 @@ parser.add_argument("--attempts", type=int, default=4, help="calls per intent, t
 parser.add_argument("--cut", type=float, default=0.08, help="share of intents whose first answer stream is cut")
 parser.add_argument("--crash", type=float, default=0.04, help="share whose tool server dies after the effect")
 parser.add_argument("--slow", type=float, default=0.06, help="share whose tool answers past the agent's timeout")
+parser.add_argument("--stdio-kill", type=float, default=0.10,
+                    help="share of the stdio tool's intents whose first delivery kills the stdio server after it acted")
 parser.add_argument("--proxy-kills", type=int, default=-1, help="leasegate SIGKILL+restart (default: 1 per 500 intents, at least 1)")
 parser.add_argument("--db-terminations", type=int, default=-1, help="pg_terminate_backend rounds (default as kills)")
 parser.add_argument("--settle", type=float, default=90.0, help="seconds the unknowns get to converge or reach an operator")
@@ -114,7 +123,11 @@ def make_schedule():
         label = f"dupbench-{i:06d}"
         draw = rng.random()
         fault = None
-        if draw < args.cut:
+        if kind in STDIO_KINDS:
+            # No HTTP between the caller and a stdio server: its fault is the kill.
+            if draw < args.stdio_kill:
+                fault = {"stdio": "kill"}
+        elif draw < args.cut:
             fault = {"client": "cut"}
         elif draw < args.cut + args.crash:
             fault = {"tool": "crash"}
@@ -134,7 +147,7 @@ def arguments(kind, i, label):
     if kind == "charge":
         # The amount names the intent in charges.jsonl; the memo names it in the request.
         return {"amount": 100000 + i, "currency": "eur", "memo": label}
-    if kind == "create_bucket":
+    if kind in ("create_bucket", "stdio_bucket"):
         # The agent names its bucket, as `create_bucket(name="invoices-2026")` does.
         return {"name": label, "region": ["eu", "us", "ap"][i % 3], "size": 1 + i % 7}
     if kind == "submit_job":
@@ -144,7 +157,7 @@ def arguments(kind, i, label):
 
 def effects_per_label(state):
     counts = {}
-    for kind, file in EFFECTS_FILE.items():
+    for file in EFFECTS_FILES:
         path = os.path.join(state, file)
         if not os.path.exists(path):
             continue
@@ -154,9 +167,9 @@ def effects_per_label(state):
                     effect = json.loads(line)
                 except ValueError:
                     continue
-                if kind == "charge":
+                if file == "charges.jsonl":
                     label = f"dupbench-{int(effect.get('amount', 0)) - 100000:06d}"
-                elif kind == "send_email":
+                elif file == "emails.jsonl":
                     label = effect.get("subject")
                 else:
                     label = effect.get("name")
@@ -186,7 +199,7 @@ def spawn_ready(name, command, work, ready_url):
 
 
 class Leasegate:
-    def __init__(self, work, mode, tool_ports):
+    def __init__(self, work, mode, tool_ports, stdio_servers):
         self.work = work
         self.mode = mode
         self.mcp_port, self.control_port = free_port(), free_port()
@@ -205,6 +218,11 @@ class Leasegate:
         upstreams = "".join(
             f'[upstreams.{name}]\ntransport = "streamable_http"\nurl = "http://127.0.0.1:{port}/mcp"\n\n'
             for name, port in tool_ports.items())
+        # The stdio tool server: leasegate's child, restarted by its supervisor.
+        upstreams += "".join(
+            f'[upstreams.{name}]\ntransport = "stdio"\ncommand = {json.dumps(command[0])}\n'
+            f'args = {json.dumps(command[1:])}\n\n'
+            for name, command in stdio_servers.items())
         self.config = os.path.join(work, "leasegate.toml")
         with open(self.config, "w") as file:
             file.write(
@@ -254,14 +272,18 @@ class McpProxy:
     per-backend retry on and request coalescing on; killed and restarted
     like leasegate."""
 
-    def __init__(self, work, tool_ports):
+    def __init__(self, work, tool_ports, stdio_servers):
         self.work = work
         self.port = free_port()
+        settings = ('[backends.timeout]\nseconds = 5\n'
+                    '[backends.retry]\nmax_retries = 3\ninitial_backoff_ms = 100\nmax_backoff_ms = 5000\n\n')
         backends = "".join(
-            f'[[backends]]\nname = "{name}"\ntransport = "http"\nurl = "http://127.0.0.1:{port}/mcp"\n'
-            f'[backends.timeout]\nseconds = 5\n'
-            f'[backends.retry]\nmax_retries = 3\ninitial_backoff_ms = 100\nmax_backoff_ms = 5000\n\n'
+            f'[[backends]]\nname = "{name}"\ntransport = "http"\nurl = "http://127.0.0.1:{port}/mcp"\n{settings}'
             for name, port in tool_ports.items())
+        backends += "".join(
+            f'[[backends]]\nname = "{name}"\ntransport = "stdio"\ncommand = {json.dumps(command[0])}\n'
+            f'args = {json.dumps(command[1:])}\n{settings}'
+            for name, command in stdio_servers.items())
         self.config = os.path.join(work, "mcp-proxy.toml")
         with open(self.config, "w") as file:
             file.write(f'[proxy]\nname = "bench"\nseparator = "__"\n[proxy.listen]\nhost = "127.0.0.1"\n'
@@ -309,25 +331,49 @@ class Agent:
     """One agent. Each call opens its own SDK client (a new session, a new
     request id), as an agent re-issuing a call after a failure does."""
 
-    def __init__(self, path, number, entry, task_key):
+    def __init__(self, path, number, entry, task_key, errlog):
         self.path = path
+        self.errlog = errlog
         self.mode = "auto" if number % 2 == 0 else "legacy"
         self.entry = entry
         self.headers = {"Leasegate-Task": task_key} if path == "session" else {}
+        self.phases = {}
 
     async def once(self, intent, lease):
         """One call: its classified answer, or an exception (timeout, broken stream, error)."""
         import anyio
-        url, name = self.entry(intent["kind"])
+        target, name = self.entry(intent["kind"])
+        if isinstance(target, StdioServerParameters):
+            # The agent spawns the stdio tool server itself, one per client.
+            opened = stdio_client(target, errlog=self.errlog)
+        else:
+            opened = transport(target, self.headers)
         meta = None
         if self.path == "explicit":
             meta = {"dev.leasegate/lease": lease}
         elif self.path == "key":
             meta = {"dev.leasegate/idempotency_key": intent["label"]}
-        with anyio.fail_after(args.timeout * 3):
-            async with Client(transport(url, self.headers), mode=self.mode) as client:
-                with anyio.fail_after(args.timeout):
-                    result = await client.call_tool(name, intent["arguments"], meta=meta)
+        # Where each call's time went (connect, the call, closing), for the
+        # records: a call that took longer than the agent's timeout says why.
+        phases = self.phases = {}
+        begin = time.monotonic()
+        marks = {}
+        try:
+            with anyio.fail_after(args.timeout * 3):
+                async with Client(opened, mode=self.mode) as client:
+                    marks["called"] = time.monotonic()
+                    try:
+                        with anyio.fail_after(args.timeout):
+                            result = await client.call_tool(name, intent["arguments"], meta=meta)
+                    finally:
+                        marks["closing"] = time.monotonic()
+        finally:
+            end = time.monotonic()
+            points = [begin, marks.get("called"), marks.get("closing"), end]
+            for key, (a, b) in zip(("connect_s", "call_s", "close_s"), zip(points, points[1:])):
+                if a is not None and b is not None:
+                    phases[key] = round(b - a, 2)
+            phases["total_s"] = round(end - begin, 2)
         return classify(result)
 
     async def close(self):
@@ -363,8 +409,10 @@ async def framework_retry(agent, intent, lease):
         record["calls"] += 1
         try:
             record.update(await agent.once(intent, lease))
+            record.setdefault("phases", []).append(agent.phases)
             return record
         except Exception as error:  # noqa: BLE001 - what the agent does with any failure is the measure
+            record.setdefault("phases", []).append(agent.phases)
             record["errors"].append(describe(error))
             code = error_code(leaf(error))
             data = getattr(getattr(leaf(error), "error", None), "data", None)
@@ -430,8 +478,15 @@ async def run_path(path, intents, plan, process_faults, work):
     os.makedirs(work, exist_ok=True)
     state = os.path.join(work, "state")
     os.makedirs(state, exist_ok=True)
-    servers = {name: free_port() for name in ("payments", "mailer", "provisioner", "jobs")}
+    servers = {name: free_port() for name in HTTP_SERVERS}
     tool_side = {name: free_port() for name in servers}
+    # The stdio tool server, as its caller spawns it: through the stdio fault
+    # point (stdio_fault.py), which kills it after it acted for a doomed intent.
+    stdio_config = os.path.join(work, "stdio-faults.json")
+    with open(stdio_config, "w") as file:
+        json.dump({"state": state, "kill": [label for label, fault in plan.items() if "stdio" in fault]}, file)
+    stdio_servers = {"storage": [sys.executable, os.path.join(HERE, "stdio_fault.py"), stdio_config, "--",
+                                 args.tools, "--tools", "provisioner", "--state-dir", state]}
     faults_config = {
         "state": state, "plan": plan, "slow_ms": int(args.timeout * 1000 + 1500),
         "servers": [{"name": name, "port": port,
@@ -439,25 +494,26 @@ async def run_path(path, intents, plan, process_faults, work):
                                  "--http", f"127.0.0.1:{port}"]} for name, port in servers.items()],
         "proxies": [{"listen": ["127.0.0.1", tool_side[name]], "upstream": ["127.0.0.1", port],
                      "role": "tool", "server": name,
-                     "effect_tools": list(KINDS)} for name, port in servers.items()],
+                     "effect_tools": sorted({TOOL_OF[k] for k in KINDS if k not in STDIO_KINDS})}
+                    for name, port in servers.items()],
     }
     lg = gateway = None
     if path == "mcp-proxy":
-        gateway = McpProxy(work, tool_side)
+        gateway = McpProxy(work, tool_side, stdio_servers)
         entry_port = free_port()
         faults_config["proxies"].append({"listen": ["127.0.0.1", entry_port],
                                          "upstream": ["127.0.0.1", gateway.port], "role": "client"})
 
         def entry(kind):
-            return f"http://127.0.0.1:{entry_port}{MCP_PROXY_PATH}", f"{SERVER_OF[kind]}__{kind}"
+            return f"http://127.0.0.1:{entry_port}{MCP_PROXY_PATH}", f"{SERVER_OF[kind]}__{TOOL_OF[kind]}"
     elif path in LEASEGATE_PATHS:
-        lg = gateway = Leasegate(work, path, tool_side)
+        lg = gateway = Leasegate(work, path, tool_side, stdio_servers)
         entry_port = free_port()
         faults_config["proxies"].append({"listen": ["127.0.0.1", entry_port],
                                          "upstream": ["127.0.0.1", lg.mcp_port], "role": "client"})
 
         def entry(kind):
-            return f"http://127.0.0.1:{entry_port}/mcp", f"{SERVER_OF[kind]}__{kind}"
+            return f"http://127.0.0.1:{entry_port}/mcp", f"{SERVER_OF[kind]}__{TOOL_OF[kind]}"
     else:
         client_side = {name: free_port() for name in servers}
         for name in servers:
@@ -465,6 +521,9 @@ async def run_path(path, intents, plan, process_faults, work):
                                              "upstream": ["127.0.0.1", tool_side[name]], "role": "client"})
 
         def entry(kind):
+            if kind in STDIO_KINDS:
+                command = stdio_servers[SERVER_OF[kind]]
+                return StdioServerParameters(command=command[0], args=command[1:]), TOOL_OF[kind]
             return f"http://127.0.0.1:{client_side[SERVER_OF[kind]]}/mcp", kind
     config_path = os.path.join(work, "faults.json")
     with open(config_path, "w") as file:
@@ -510,9 +569,11 @@ async def run_path(path, intents, plan, process_faults, work):
                 injected_process.append({"fault": kind, "at_s": round(at, 2), "backends": int(out.strip() or 0)})
 
         fault_tasks = []
+        # What the stdio tool servers the agents spawn print on stderr.
+        stdio_errlog = open(os.path.join(work, "stdio-servers.log"), "a")
 
         async def work_loop(number):
-            agent = Agent(path, number, entry, f"bench-task-{number}")
+            agent = Agent(path, number, entry, f"bench-task-{number}", stdio_errlog)
             try:
                 while counter["next"] < len(intents):
                     i = counter["next"]
@@ -795,9 +856,9 @@ async def main():
     header = {
         "seed": args.seed, "intents_per_path": args.intents, "agents": args.agents,
         "agent_timeout_s": args.timeout, "attempts": args.attempts,
-        "fault_shares": {"cut": args.cut, "crash": args.crash, "slow": args.slow},
+        "fault_shares": {"cut": args.cut, "crash": args.crash, "slow": args.slow, "stdio_kill": args.stdio_kill},
         "slow_ms": int(args.timeout * 1000 + 1500),
-        "faults_planned": {kind: sum(1 for f in plan.values() if kind in f.values()) for kind in ("cut", "crash", "slow")},
+        "faults_planned": {kind: sum(1 for f in plan.values() if kind in f.values()) for kind in ("cut", "crash", "slow", "kill")},
         "process_faults_planned": [{"before_intent": at, "fault": kind} for at, kind in process_faults],
         "versions": versions(), "machine": machine(),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
