@@ -322,7 +322,9 @@ reconcile_retries = 20
 @contextlib.asynccontextmanager
 async def transport(url, headers):
     timeout = httpx2.Timeout(30.0, read=60.0)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+    # Plain HTTP on loopback: no TLS, so no certificate store to load for
+    # each client (it cost the agents more CPU than their MCP sessions).
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout, verify=False) as http:
         async with streamable_http_client(url, http_client=http) as streams:
             yield streams
 
