@@ -77,6 +77,15 @@ SERVER_OF = {"charge": "payments", "send_email": "mailer", "create_bucket": "pro
 HTTP_SERVERS = ("payments", "mailer", "provisioner", "jobs")
 EFFECTS_FILES = ("charges.jsonl", "buckets.jsonl", "jobs.jsonl", "emails.jsonl")
 
+
+
+def built(name):
+    """A binary of this checkout: the release build when there is one (what
+    the full run measures), else the debug build."""
+    release = os.path.join(ROOT, "target/release", name)
+    return release if os.path.exists(release) else os.path.join(ROOT, "target/debug", name)
+
+
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--intents", type=int, default=2000, help="intended calls per path")
 parser.add_argument("--agents", type=int, default=16, help="concurrent agents per path")
@@ -92,20 +101,40 @@ parser.add_argument("--stdio-kill", type=float, default=0.10,
 parser.add_argument("--proxy-kills", type=int, default=-1, help="leasegate SIGKILL+restart (default: 1 per 500 intents, at least 1)")
 parser.add_argument("--db-terminations", type=int, default=-1, help="pg_terminate_backend rounds (default as kills)")
 parser.add_argument("--settle", type=float, default=90.0, help="seconds the unknowns get to converge or reach an operator")
-parser.add_argument("--leasegate", default=os.path.join(ROOT, "target/debug/leasegate"))
+parser.add_argument("--leasegate", default=built("leasegate"),
+                    help="the leasegate binary (default: target/release's, else target/debug's)")
 parser.add_argument("--mcp-proxy", default=os.path.join(ROOT, "target/mcp-proxy/bin/mcp-proxy"),
                     help="the mcp-proxy binary (`run.sh` installs the pinned one)")
-parser.add_argument("--tools", default=os.path.join(ROOT, "target/debug/leasegate-example-tools"))
+parser.add_argument("--tools", default=built("leasegate-example-tools"),
+                    help="the example tool server (default: target/release's, else target/debug's)")
 parser.add_argument("--admin-url", default=os.environ.get("DUPLICATES_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
 parser.add_argument("--out", default=None, help="where the work dirs, summary.json and table.md go (default: a temp dir)")
 parser.add_argument("--keep", action="store_true", help="keep the databases")
 args = parser.parse_args()
 
 
+PORTS = random.Random(os.getpid())
+HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, below the kernel's ephemeral range: a port
+    the kernel hands out (bind to 0) may be taken by one of the burst's own
+    outgoing connections before the process it is meant for binds it."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/net/ipv4/ip_local_port_range") as file:
+        low = int(file.read().split()[0])
+    while True:
+        port = PORTS.randrange(max(1024, low - 12000), low)
+        if port in HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            HANDED_OUT.add(port)
+            return port
 
 
 def log(message):
@@ -208,13 +237,16 @@ class Leasegate:
         self.database_url = f"{base}/{self.database}"
         self.process = None
         os.makedirs(os.path.join(work, "adapters"), exist_ok=True)
-        # The four tools' adapter files, upstream timeout 5 s.
+        # The five tool servers' adapter files, upstream timeout 5 s.
         for name in os.listdir(os.path.join(HERE, "adapters")):
             shutil.copy(os.path.join(HERE, "adapters", name), os.path.join(work, "adapters", name))
         with open(os.path.join(work, "policy.toml"), "w") as file:
             # A re-issue waiting for its first call hears "in flight, call
-            # again" before the agent's own timeout.
-            file.write(POLICY.format(in_flight_ms=int(min(args.timeout * 750, 5000))))
+            # again" well before the agent's own timeout: the wait is half of
+            # it, the other half the agent's connect and the answer's way
+            # back (a wait of three quarters left agents on a loaded machine
+            # timing out while leasegate was about to answer).
+            file.write(POLICY.format(in_flight_ms=int(min(args.timeout * 500, 5000))))
         upstreams = "".join(
             f'[upstreams.{name}]\ntransport = "streamable_http"\nurl = "http://127.0.0.1:{port}/mcp"\n\n'
             for name, port in tool_ports.items())
@@ -486,7 +518,8 @@ async def run_path(path, intents, plan, process_faults, work):
     # point (stdio_fault.py), which kills it after it acted for a doomed intent.
     stdio_config = os.path.join(work, "stdio-faults.json")
     with open(stdio_config, "w") as file:
-        json.dump({"state": state, "kill": [label for label, fault in plan.items() if "stdio" in fault]}, file)
+        json.dump({"state": state, "kill": [label for label, fault in plan.items() if "stdio" in fault],
+                   "effect_tools": sorted({TOOL_OF[k] for k in STDIO_KINDS})}, file)
     stdio_servers = {"storage": [sys.executable, os.path.join(HERE, "stdio_fault.py"), stdio_config, "--",
                                  args.tools, "--tools", "provisioner", "--state-dir", state]}
     faults_config = {
@@ -799,6 +832,7 @@ def versions():
             continue
         out = subprocess.run([binary, "--version"], capture_output=True, text=True)
         found[name] = out.stdout.strip() if out.returncode == 0 else "?"
+        found[f"{name}_binary"] = os.path.relpath(binary, ROOT) if binary.startswith(ROOT) else binary
     crates = os.path.join(os.path.dirname(os.path.dirname(args.mcp_proxy)), ".crates.toml")
     if os.path.exists(crates):
         with open(crates) as file:

@@ -6,16 +6,18 @@ that is killed after it acted.
 Whoever spawns a stdio tool server — the agent on the direct paths, the
 gateway (leasegate's stdio upstream, mcp-proxy's stdio backend) — spawns
 this in its place. It starts COMMAND (the example tool server over stdio)
-and relays its stdin and stdout line by line. The first `tools/call` of an
-intent the plan in CONFIG.json dooms (`kill`, by its label
-`dupbench-NNNNNN`), whichever process of whichever path delivers it, is
-forwarded; once the tool's answer to it is read (the tool acted), the tool
-server is SIGKILLed and this process kills itself the same way, before a
-byte of that answer reaches the caller: to the caller, the stdio server
-died with the call in flight, as a crashed server does. Which intents were
-delivered is kept across processes as one file per label under
-`<state>/stdio-seen/` (created exclusively), so a restarted server, a
-re-issue or a reconciler's query never meets the fault again.
+and relays its stdin and stdout line by line. The first call of the
+side-effecting tool (`effect_tools`) for an intent the plan in CONFIG.json
+dooms (`kill`, by its label `dupbench-NNNNNN`), whichever process of
+whichever path delivers it, is forwarded; once the tool's answer to it is
+read (the tool acted), the tool server is SIGKILLed and this process kills
+itself the same way, before a byte of that answer reaches the caller: to
+the caller, the stdio server died with the call in flight, as a crashed
+server does (and so did every other call in flight on it). Which intents
+were delivered is kept across processes as one file per label under
+`<state>/stdio-seen/` (created exclusively), so a restarted server or a
+re-issue never meets the fault again; a query naming the intent (the
+reconciler's `get_bucket`) is no delivery.
 
 Every kill is a line of `<state>/injected.jsonl`, as the HTTP fault points'.
 """
@@ -46,6 +48,7 @@ def main():
         config = json.load(file)
     command = sys.argv[separator + 1:]
     doomed_labels = set(config["kill"])
+    effect_tools = set(config["effect_tools"])
     seen = os.path.join(config["state"], "stdio-seen")
     os.makedirs(seen, exist_ok=True)
     child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -56,12 +59,15 @@ def main():
     def pump_in():
         try:
             for line in sys.stdin.buffer:
-                if b'"tools/call"' in line:
-                    match = LABEL.search(line)
-                    label = match.group(1).decode() if match else None
-                    if label in doomed_labels and first_delivery(seen, label):
+                match = LABEL.search(line) if b'"tools/call"' in line else None
+                label = match.group(1).decode() if match else None
+                if label in doomed_labels:
+                    request = json.loads(line)
+                    # The side-effecting tool's call, not a query naming the same intent.
+                    if request.get("params", {}).get("name") in effect_tools \
+                            and first_delivery(seen, label):
                         with lock:
-                            doomed[json.dumps(json.loads(line).get("id"))] = label
+                            doomed[json.dumps(request.get("id"))] = label
                 child.stdin.write(line)
                 child.stdin.flush()
         except (OSError, ValueError):
