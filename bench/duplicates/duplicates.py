@@ -1,6 +1,6 @@
 """The duplicate-effect benchmark: what retries do to real side effects.
 
-    python bench/duplicates/duplicates.py --intents 2000 --seed 7 [--paths direct,resilient,explicit,session,key]
+    python bench/duplicates/duplicates.py --intents 2000 --agents 48 --seed 7 [--paths direct,resilient,mcp-proxy,explicit,session,key]
 
 (`bench/duplicates/run.sh` makes its pinned virtual environment first.)
 
@@ -11,6 +11,8 @@ counts the side effects the tool servers recorded:
 - `resilient`: the agent through `mcp-resilient`'s `@mcp_reliable` retry
   (its defaults: 3 attempts, decorrelated jitter; its per-attempt timeout set
   to the agent's, its circuit breaker off so that every call is tried);
+- `mcp-proxy`: the agent through `mcp-proxy` (crates.io) with its retry and
+  request coalescing on;
 - `explicit`, `session`, `key`: the agent through `leasegate serve` in each
   lease mode.
 
@@ -23,10 +25,12 @@ that ends in a JSON-RPC error, is issued again as a new request with a new
 request id on a new client, up to `--attempts` times. The tools are the
 example tool server's four, one per capability (`charge`: provider
 idempotency key; `create_bucket`: resource id + query; `submit_job`:
-operation query; `send_email`: none); every effect is a line in its state
-dir. `faults.py` injects the per-intent faults; this script kills and
-restarts the leasegate process and terminates its database backends at
-seeded points of the burst.
+operation query; `send_email`: none) over Streamable HTTP, and
+`create_bucket` once more from a server over stdio (`storage`, every fifth
+intent), spawned by its caller; every effect is a line in its state dir.
+`faults.py` injects the per-intent faults on HTTP, `stdio_fault.py` the
+stdio kill; this script kills and restarts the proxy process and
+terminates leasegate's database backends at seeded points of the burst.
 
 Prints the table (paths × counts) and writes `summary.json` and `table.md`
 under `--out`. Exit 1 if a leasegate path shows a duplicate effect, a lost
@@ -76,7 +80,6 @@ SERVER_OF = {"charge": "payments", "send_email": "mailer", "create_bucket": "pro
 # The HTTP tool servers (`--tools` of the example tool server: themselves).
 HTTP_SERVERS = ("payments", "mailer", "provisioner", "jobs")
 EFFECTS_FILES = ("charges.jsonl", "buckets.jsonl", "jobs.jsonl", "emails.jsonl")
-
 
 
 def built(name):
@@ -571,6 +574,8 @@ async def run_path(path, intents, plan, process_faults, work):
         raise RuntimeError(f"the fault injector did not start; see {work}/faults.log")
 
     leases = {}
+    # What the stdio tool servers the agents spawn print on stderr.
+    stdio_errlog = open(os.path.join(work, "stdio-servers.log"), "a")
     try:
         if gateway:
             if lg:
@@ -604,8 +609,6 @@ async def run_path(path, intents, plan, process_faults, work):
                 injected_process.append({"fault": kind, "at_s": round(at, 2), "backends": int(out.strip() or 0)})
 
         fault_tasks = []
-        # What the stdio tool servers the agents spawn print on stderr.
-        stdio_errlog = open(os.path.join(work, "stdio-servers.log"), "a")
 
         async def work_loop(number):
             agent = Agent(path, number, entry, f"bench-task-{number}", stdio_errlog)
@@ -642,6 +645,7 @@ async def run_path(path, intents, plan, process_faults, work):
             gateway.stop()
         injector.send_signal(signal.SIGTERM)
         await injector.wait()
+        stdio_errlog.close()
     effects = effects_per_label(state)
     row = count(path, intents, records, effects, convergence, burst)
     row["process_faults"] = injected_process
