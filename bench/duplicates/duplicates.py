@@ -99,7 +99,7 @@ parser.add_argument("--attempts", type=int, default=4, help="calls per intent, t
 parser.add_argument("--cut", type=float, default=0.08, help="share of intents whose first answer stream is cut")
 parser.add_argument("--crash", type=float, default=0.04, help="share whose tool server dies after the effect")
 parser.add_argument("--slow", type=float, default=0.06, help="share whose tool answers past the agent's timeout")
-parser.add_argument("--stdio-kill", type=float, default=0.10,
+parser.add_argument("--stdio-kill", type=float, default=0.05,
                     help="share of the stdio tool's intents whose first delivery kills the stdio server after it acted")
 parser.add_argument("--proxy-kills", type=int, default=-1, help="leasegate SIGKILL+restart (default: 1 per 500 intents, at least 1)")
 parser.add_argument("--db-terminations", type=int, default=-1, help="pg_terminate_backend rounds (default as kills)")
@@ -868,7 +868,8 @@ COLUMNS = [("path", "path"), ("intended", "intended"), ("effects", "effects"),
            ("duplicates", "duplicate effects"), ("lost", "lost intents"),
            ("wrong", "wrong answers"), ("told_failed_happened", "told failed, happened"),
            ("gave_up_happened", "of which the agent gave up"), ("told_succeeded_did_not", "told succeeded, did not"), ("unknown", "answered unknown"),
-           ("unknown_with_effect", "unknown with effect"), ("unknown_converged", "unknown converged"),
+           ("unknown_with_effect", "unknown with effect"), ("not_sent", "answered not sent (pending)"),
+           ("unknown_converged", "unknown or not sent, converged"),
            ("unknown_to_operator", "unknown to operator"), ("converge_max_s", "longest convergence (s)"),
            ("calls", "calls sent by the agent"), ("burst_s", "burst (s)")]
 
