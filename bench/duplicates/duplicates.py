@@ -1,6 +1,6 @@
 """The duplicate-effect benchmark: what retries do to real side effects.
 
-    python bench/duplicates/duplicates.py --intents 2000 --seed 7 [--paths direct,resilient,explicit,session,key]
+    python bench/duplicates/duplicates.py --intents 2000 --agents 48 --seed 7 [--paths direct,resilient,mcp-proxy,explicit,session,key]
 
 (`bench/duplicates/run.sh` makes its pinned virtual environment first.)
 
@@ -11,6 +11,8 @@ counts the side effects the tool servers recorded:
 - `resilient`: the agent through `mcp-resilient`'s `@mcp_reliable` retry
   (its defaults: 3 attempts, decorrelated jitter; its per-attempt timeout set
   to the agent's, its circuit breaker off so that every call is tried);
+- `mcp-proxy`: the agent through `mcp-proxy` (crates.io) with its retry and
+  request coalescing on;
 - `explicit`, `session`, `key`: the agent through `leasegate serve` in each
   lease mode.
 
@@ -23,10 +25,12 @@ that ends in a JSON-RPC error, is issued again as a new request with a new
 request id on a new client, up to `--attempts` times. The tools are the
 example tool server's four, one per capability (`charge`: provider
 idempotency key; `create_bucket`: resource id + query; `submit_job`:
-operation query; `send_email`: none); every effect is a line in its state
-dir. `faults.py` injects the per-intent faults; this script kills and
-restarts the leasegate process and terminates its database backends at
-seeded points of the burst.
+operation query; `send_email`: none) over Streamable HTTP, and
+`create_bucket` once more from a server over stdio (`storage`, every fifth
+intent), spawned by its caller; every effect is a line in its state dir.
+`faults.py` injects the per-intent faults on HTTP, `stdio_fault.py` the
+stdio kill; this script kills and restarts the proxy process and
+terminates leasegate's database backends at seeded points of the burst.
 
 Prints the table (paths × counts) and writes `summary.json` and `table.md`
 under `--out`. Exit 1 if a leasegate path shows a duplicate effect, a lost
@@ -53,6 +57,7 @@ import warnings
 
 import httpx2
 from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 warnings.simplefilter("ignore")
@@ -62,13 +67,27 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 LEASEGATE_PATHS = ("explicit", "session", "key")
 ALL_PATHS = ("direct", "resilient", "mcp-proxy", *LEASEGATE_PATHS)
-KINDS = ("charge", "create_bucket", "submit_job", "send_email")
+# The intents' kinds: the four tools over Streamable HTTP, and `create_bucket`
+# once more from a tool server over stdio (`storage`), the one a stdio kill hits.
+KINDS = ("charge", "create_bucket", "submit_job", "send_email", "stdio_bucket")
+STDIO_KINDS = ("stdio_bucket",)
+TOOL_OF = {"charge": "charge", "create_bucket": "create_bucket", "submit_job": "submit_job",
+           "send_email": "send_email", "stdio_bucket": "create_bucket"}
 CAPABILITY = {"charge": "idempotency_key", "create_bucket": "resource_id",
-              "submit_job": "operation_query", "send_email": "none"}
+              "submit_job": "operation_query", "send_email": "none", "stdio_bucket": "resource_id"}
 SERVER_OF = {"charge": "payments", "send_email": "mailer", "create_bucket": "provisioner",
-             "submit_job": "jobs"}
-EFFECTS_FILE = {"charge": "charges.jsonl", "create_bucket": "buckets.jsonl",
-                "submit_job": "jobs.jsonl", "send_email": "emails.jsonl"}
+             "submit_job": "jobs", "stdio_bucket": "storage"}
+# The HTTP tool servers (`--tools` of the example tool server: themselves).
+HTTP_SERVERS = ("payments", "mailer", "provisioner", "jobs")
+EFFECTS_FILES = ("charges.jsonl", "buckets.jsonl", "jobs.jsonl", "emails.jsonl")
+
+
+def built(name):
+    """A binary of this checkout: the release build when there is one (what
+    the full run measures), else the debug build."""
+    release = os.path.join(ROOT, "target/release", name)
+    return release if os.path.exists(release) else os.path.join(ROOT, "target/debug", name)
+
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--intents", type=int, default=2000, help="intended calls per path")
@@ -80,23 +99,45 @@ parser.add_argument("--attempts", type=int, default=4, help="calls per intent, t
 parser.add_argument("--cut", type=float, default=0.08, help="share of intents whose first answer stream is cut")
 parser.add_argument("--crash", type=float, default=0.04, help="share whose tool server dies after the effect")
 parser.add_argument("--slow", type=float, default=0.06, help="share whose tool answers past the agent's timeout")
+parser.add_argument("--stdio-kill", type=float, default=0.05,
+                    help="share of the stdio tool's intents whose first delivery kills the stdio server after it acted")
 parser.add_argument("--proxy-kills", type=int, default=-1, help="leasegate SIGKILL+restart (default: 1 per 500 intents, at least 1)")
 parser.add_argument("--db-terminations", type=int, default=-1, help="pg_terminate_backend rounds (default as kills)")
 parser.add_argument("--settle", type=float, default=90.0, help="seconds the unknowns get to converge or reach an operator")
-parser.add_argument("--leasegate", default=os.path.join(ROOT, "target/debug/leasegate"))
+parser.add_argument("--leasegate", default=built("leasegate"),
+                    help="the leasegate binary (default: target/release's, else target/debug's)")
 parser.add_argument("--mcp-proxy", default=os.path.join(ROOT, "target/mcp-proxy/bin/mcp-proxy"),
                     help="the mcp-proxy binary (`run.sh` installs the pinned one)")
-parser.add_argument("--tools", default=os.path.join(ROOT, "target/debug/leasegate-example-tools"))
+parser.add_argument("--tools", default=built("leasegate-example-tools"),
+                    help="the example tool server (default: target/release's, else target/debug's)")
 parser.add_argument("--admin-url", default=os.environ.get("DUPLICATES_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres"))
 parser.add_argument("--out", default=None, help="where the work dirs, summary.json and table.md go (default: a temp dir)")
 parser.add_argument("--keep", action="store_true", help="keep the databases")
 args = parser.parse_args()
 
 
+PORTS = random.Random(os.getpid())
+HANDED_OUT = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on, below the kernel's ephemeral range: a port
+    the kernel hands out (bind to 0) may be taken by one of the burst's own
+    outgoing connections before the process it is meant for binds it."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError), open("/proc/sys/net/ipv4/ip_local_port_range") as file:
+        low = int(file.read().split()[0])
+    while True:
+        port = PORTS.randrange(max(1024, low - 12000), low)
+        if port in HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            HANDED_OUT.add(port)
+            return port
 
 
 def log(message):
@@ -114,7 +155,11 @@ def make_schedule():
         label = f"dupbench-{i:06d}"
         draw = rng.random()
         fault = None
-        if draw < args.cut:
+        if kind in STDIO_KINDS:
+            # No HTTP between the caller and a stdio server: its fault is the kill.
+            if draw < args.stdio_kill:
+                fault = {"stdio": "kill"}
+        elif draw < args.cut:
             fault = {"client": "cut"}
         elif draw < args.cut + args.crash:
             fault = {"tool": "crash"}
@@ -134,7 +179,7 @@ def arguments(kind, i, label):
     if kind == "charge":
         # The amount names the intent in charges.jsonl; the memo names it in the request.
         return {"amount": 100000 + i, "currency": "eur", "memo": label}
-    if kind == "create_bucket":
+    if kind in ("create_bucket", "stdio_bucket"):
         # The agent names its bucket, as `create_bucket(name="invoices-2026")` does.
         return {"name": label, "region": ["eu", "us", "ap"][i % 3], "size": 1 + i % 7}
     if kind == "submit_job":
@@ -144,7 +189,7 @@ def arguments(kind, i, label):
 
 def effects_per_label(state):
     counts = {}
-    for kind, file in EFFECTS_FILE.items():
+    for file in EFFECTS_FILES:
         path = os.path.join(state, file)
         if not os.path.exists(path):
             continue
@@ -154,9 +199,9 @@ def effects_per_label(state):
                     effect = json.loads(line)
                 except ValueError:
                     continue
-                if kind == "charge":
+                if file == "charges.jsonl":
                     label = f"dupbench-{int(effect.get('amount', 0)) - 100000:06d}"
-                elif kind == "send_email":
+                elif file == "emails.jsonl":
                     label = effect.get("subject")
                 else:
                     label = effect.get("name")
@@ -186,7 +231,7 @@ def spawn_ready(name, command, work, ready_url):
 
 
 class Leasegate:
-    def __init__(self, work, mode, tool_ports):
+    def __init__(self, work, mode, tool_ports, stdio_servers):
         self.work = work
         self.mode = mode
         self.mcp_port, self.control_port = free_port(), free_port()
@@ -195,16 +240,24 @@ class Leasegate:
         self.database_url = f"{base}/{self.database}"
         self.process = None
         os.makedirs(os.path.join(work, "adapters"), exist_ok=True)
-        # The four tools' adapter files, upstream timeout 5 s.
+        # The five tool servers' adapter files, upstream timeout 5 s.
         for name in os.listdir(os.path.join(HERE, "adapters")):
             shutil.copy(os.path.join(HERE, "adapters", name), os.path.join(work, "adapters", name))
         with open(os.path.join(work, "policy.toml"), "w") as file:
             # A re-issue waiting for its first call hears "in flight, call
-            # again" before the agent's own timeout.
-            file.write(POLICY.format(in_flight_ms=int(min(args.timeout * 750, 5000))))
+            # again" well before the agent's own timeout: the wait is half of
+            # it, the other half the agent's connect and the answer's way
+            # back (a wait of three quarters left agents on a loaded machine
+            # timing out while leasegate was about to answer).
+            file.write(POLICY.format(in_flight_ms=int(min(args.timeout * 500, 5000))))
         upstreams = "".join(
             f'[upstreams.{name}]\ntransport = "streamable_http"\nurl = "http://127.0.0.1:{port}/mcp"\n\n'
             for name, port in tool_ports.items())
+        # The stdio tool server: leasegate's child, restarted by its supervisor.
+        upstreams += "".join(
+            f'[upstreams.{name}]\ntransport = "stdio"\ncommand = {json.dumps(command[0])}\n'
+            f'args = {json.dumps(command[1:])}\n\n'
+            for name, command in stdio_servers.items())
         self.config = os.path.join(work, "leasegate.toml")
         with open(self.config, "w") as file:
             file.write(
@@ -254,14 +307,18 @@ class McpProxy:
     per-backend retry on and request coalescing on; killed and restarted
     like leasegate."""
 
-    def __init__(self, work, tool_ports):
+    def __init__(self, work, tool_ports, stdio_servers):
         self.work = work
         self.port = free_port()
+        settings = ('[backends.timeout]\nseconds = 5\n'
+                    '[backends.retry]\nmax_retries = 3\ninitial_backoff_ms = 100\nmax_backoff_ms = 5000\n\n')
         backends = "".join(
-            f'[[backends]]\nname = "{name}"\ntransport = "http"\nurl = "http://127.0.0.1:{port}/mcp"\n'
-            f'[backends.timeout]\nseconds = 5\n'
-            f'[backends.retry]\nmax_retries = 3\ninitial_backoff_ms = 100\nmax_backoff_ms = 5000\n\n'
+            f'[[backends]]\nname = "{name}"\ntransport = "http"\nurl = "http://127.0.0.1:{port}/mcp"\n{settings}'
             for name, port in tool_ports.items())
+        backends += "".join(
+            f'[[backends]]\nname = "{name}"\ntransport = "stdio"\ncommand = {json.dumps(command[0])}\n'
+            f'args = {json.dumps(command[1:])}\n{settings}'
+            for name, command in stdio_servers.items())
         self.config = os.path.join(work, "mcp-proxy.toml")
         with open(self.config, "w") as file:
             file.write(f'[proxy]\nname = "bench"\nseparator = "__"\n[proxy.listen]\nhost = "127.0.0.1"\n'
@@ -300,7 +357,9 @@ reconcile_retries = 20
 @contextlib.asynccontextmanager
 async def transport(url, headers):
     timeout = httpx2.Timeout(30.0, read=60.0)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+    # Plain HTTP on loopback: no TLS, so no certificate store to load for
+    # each client (it cost the agents more CPU than their MCP sessions).
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout, verify=False) as http:
         async with streamable_http_client(url, http_client=http) as streams:
             yield streams
 
@@ -309,25 +368,49 @@ class Agent:
     """One agent. Each call opens its own SDK client (a new session, a new
     request id), as an agent re-issuing a call after a failure does."""
 
-    def __init__(self, path, number, entry, task_key):
+    def __init__(self, path, number, entry, task_key, errlog):
         self.path = path
+        self.errlog = errlog
         self.mode = "auto" if number % 2 == 0 else "legacy"
         self.entry = entry
         self.headers = {"Leasegate-Task": task_key} if path == "session" else {}
+        self.phases = {}
 
     async def once(self, intent, lease):
         """One call: its classified answer, or an exception (timeout, broken stream, error)."""
         import anyio
-        url, name = self.entry(intent["kind"])
+        target, name = self.entry(intent["kind"])
+        if isinstance(target, StdioServerParameters):
+            # The agent spawns the stdio tool server itself, one per client.
+            opened = stdio_client(target, errlog=self.errlog)
+        else:
+            opened = transport(target, self.headers)
         meta = None
         if self.path == "explicit":
             meta = {"dev.leasegate/lease": lease}
         elif self.path == "key":
             meta = {"dev.leasegate/idempotency_key": intent["label"]}
-        with anyio.fail_after(args.timeout * 3):
-            async with Client(transport(url, self.headers), mode=self.mode) as client:
-                with anyio.fail_after(args.timeout):
-                    result = await client.call_tool(name, intent["arguments"], meta=meta)
+        # Where each call's time went (connect, the call, closing), for the
+        # records: a call that took longer than the agent's timeout says why.
+        phases = self.phases = {}
+        begin = time.monotonic()
+        marks = {}
+        try:
+            with anyio.fail_after(args.timeout * 3):
+                async with Client(opened, mode=self.mode) as client:
+                    marks["called"] = time.monotonic()
+                    try:
+                        with anyio.fail_after(args.timeout):
+                            result = await client.call_tool(name, intent["arguments"], meta=meta)
+                    finally:
+                        marks["closing"] = time.monotonic()
+        finally:
+            end = time.monotonic()
+            points = [begin, marks.get("called"), marks.get("closing"), end]
+            for key, (a, b) in zip(("connect_s", "call_s", "close_s"), zip(points, points[1:])):
+                if a is not None and b is not None:
+                    phases[key] = round(b - a, 2)
+            phases["total_s"] = round(end - begin, 2)
         return classify(result)
 
     async def close(self):
@@ -363,8 +446,10 @@ async def framework_retry(agent, intent, lease):
         record["calls"] += 1
         try:
             record.update(await agent.once(intent, lease))
+            record.setdefault("phases", []).append(agent.phases)
             return record
         except Exception as error:  # noqa: BLE001 - what the agent does with any failure is the measure
+            record.setdefault("phases", []).append(agent.phases)
             record["errors"].append(describe(error))
             code = error_code(leaf(error))
             data = getattr(getattr(leaf(error), "error", None), "data", None)
@@ -430,8 +515,16 @@ async def run_path(path, intents, plan, process_faults, work):
     os.makedirs(work, exist_ok=True)
     state = os.path.join(work, "state")
     os.makedirs(state, exist_ok=True)
-    servers = {name: free_port() for name in ("payments", "mailer", "provisioner", "jobs")}
+    servers = {name: free_port() for name in HTTP_SERVERS}
     tool_side = {name: free_port() for name in servers}
+    # The stdio tool server, as its caller spawns it: through the stdio fault
+    # point (stdio_fault.py), which kills it after it acted for a doomed intent.
+    stdio_config = os.path.join(work, "stdio-faults.json")
+    with open(stdio_config, "w") as file:
+        json.dump({"state": state, "kill": [label for label, fault in plan.items() if "stdio" in fault],
+                   "effect_tools": sorted({TOOL_OF[k] for k in STDIO_KINDS})}, file)
+    stdio_servers = {"storage": [sys.executable, os.path.join(HERE, "stdio_fault.py"), stdio_config, "--",
+                                 args.tools, "--tools", "provisioner", "--state-dir", state]}
     faults_config = {
         "state": state, "plan": plan, "slow_ms": int(args.timeout * 1000 + 1500),
         "servers": [{"name": name, "port": port,
@@ -439,25 +532,26 @@ async def run_path(path, intents, plan, process_faults, work):
                                  "--http", f"127.0.0.1:{port}"]} for name, port in servers.items()],
         "proxies": [{"listen": ["127.0.0.1", tool_side[name]], "upstream": ["127.0.0.1", port],
                      "role": "tool", "server": name,
-                     "effect_tools": list(KINDS)} for name, port in servers.items()],
+                     "effect_tools": sorted({TOOL_OF[k] for k in KINDS if k not in STDIO_KINDS})}
+                    for name, port in servers.items()],
     }
     lg = gateway = None
     if path == "mcp-proxy":
-        gateway = McpProxy(work, tool_side)
+        gateway = McpProxy(work, tool_side, stdio_servers)
         entry_port = free_port()
         faults_config["proxies"].append({"listen": ["127.0.0.1", entry_port],
                                          "upstream": ["127.0.0.1", gateway.port], "role": "client"})
 
         def entry(kind):
-            return f"http://127.0.0.1:{entry_port}{MCP_PROXY_PATH}", f"{SERVER_OF[kind]}__{kind}"
+            return f"http://127.0.0.1:{entry_port}{MCP_PROXY_PATH}", f"{SERVER_OF[kind]}__{TOOL_OF[kind]}"
     elif path in LEASEGATE_PATHS:
-        lg = gateway = Leasegate(work, path, tool_side)
+        lg = gateway = Leasegate(work, path, tool_side, stdio_servers)
         entry_port = free_port()
         faults_config["proxies"].append({"listen": ["127.0.0.1", entry_port],
                                          "upstream": ["127.0.0.1", lg.mcp_port], "role": "client"})
 
         def entry(kind):
-            return f"http://127.0.0.1:{entry_port}/mcp", f"{SERVER_OF[kind]}__{kind}"
+            return f"http://127.0.0.1:{entry_port}/mcp", f"{SERVER_OF[kind]}__{TOOL_OF[kind]}"
     else:
         client_side = {name: free_port() for name in servers}
         for name in servers:
@@ -465,6 +559,9 @@ async def run_path(path, intents, plan, process_faults, work):
                                              "upstream": ["127.0.0.1", tool_side[name]], "role": "client"})
 
         def entry(kind):
+            if kind in STDIO_KINDS:
+                command = stdio_servers[SERVER_OF[kind]]
+                return StdioServerParameters(command=command[0], args=command[1:]), TOOL_OF[kind]
             return f"http://127.0.0.1:{client_side[SERVER_OF[kind]]}/mcp", kind
     config_path = os.path.join(work, "faults.json")
     with open(config_path, "w") as file:
@@ -477,6 +574,8 @@ async def run_path(path, intents, plan, process_faults, work):
         raise RuntimeError(f"the fault injector did not start; see {work}/faults.log")
 
     leases = {}
+    # What the stdio tool servers the agents spawn print on stderr.
+    stdio_errlog = open(os.path.join(work, "stdio-servers.log"), "a")
     try:
         if gateway:
             if lg:
@@ -512,7 +611,7 @@ async def run_path(path, intents, plan, process_faults, work):
         fault_tasks = []
 
         async def work_loop(number):
-            agent = Agent(path, number, entry, f"bench-task-{number}")
+            agent = Agent(path, number, entry, f"bench-task-{number}", stdio_errlog)
             try:
                 while counter["next"] < len(intents):
                     i = counter["next"]
@@ -546,6 +645,7 @@ async def run_path(path, intents, plan, process_faults, work):
             gateway.stop()
         injector.send_signal(signal.SIGTERM)
         await injector.wait()
+        stdio_errlog.close()
     effects = effects_per_label(state)
     row = count(path, intents, records, effects, convergence, burst)
     row["process_faults"] = injected_process
@@ -736,6 +836,7 @@ def versions():
             continue
         out = subprocess.run([binary, "--version"], capture_output=True, text=True)
         found[name] = out.stdout.strip() if out.returncode == 0 else "?"
+        found[f"{name}_binary"] = os.path.relpath(binary, ROOT) if binary.startswith(ROOT) else binary
     crates = os.path.join(os.path.dirname(os.path.dirname(args.mcp_proxy)), ".crates.toml")
     if os.path.exists(crates):
         with open(crates) as file:
@@ -767,7 +868,8 @@ COLUMNS = [("path", "path"), ("intended", "intended"), ("effects", "effects"),
            ("duplicates", "duplicate effects"), ("lost", "lost intents"),
            ("wrong", "wrong answers"), ("told_failed_happened", "told failed, happened"),
            ("gave_up_happened", "of which the agent gave up"), ("told_succeeded_did_not", "told succeeded, did not"), ("unknown", "answered unknown"),
-           ("unknown_with_effect", "unknown with effect"), ("unknown_converged", "unknown converged"),
+           ("unknown_with_effect", "unknown with effect"), ("not_sent", "answered not sent (pending)"),
+           ("unknown_converged", "unknown or not sent, converged"),
            ("unknown_to_operator", "unknown to operator"), ("converge_max_s", "longest convergence (s)"),
            ("calls", "calls sent by the agent"), ("burst_s", "burst (s)")]
 
@@ -795,9 +897,9 @@ async def main():
     header = {
         "seed": args.seed, "intents_per_path": args.intents, "agents": args.agents,
         "agent_timeout_s": args.timeout, "attempts": args.attempts,
-        "fault_shares": {"cut": args.cut, "crash": args.crash, "slow": args.slow},
+        "fault_shares": {"cut": args.cut, "crash": args.crash, "slow": args.slow, "stdio_kill": args.stdio_kill},
         "slow_ms": int(args.timeout * 1000 + 1500),
-        "faults_planned": {kind: sum(1 for f in plan.values() if kind in f.values()) for kind in ("cut", "crash", "slow")},
+        "faults_planned": {kind: sum(1 for f in plan.values() if kind in f.values()) for kind in ("cut", "crash", "slow", "kill")},
         "process_faults_planned": [{"before_intent": at, "fault": kind} for at, kind in process_faults],
         "versions": versions(), "machine": machine(),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

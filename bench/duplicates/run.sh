@@ -3,7 +3,8 @@
 # change) the virtual environment target/duplicates-venv from
 # bench/duplicates/requirements.txt, then runs duplicates.py in it with the
 # arguments given (`--help` lists them), after installing the pinned mcp-proxy
-# once. Needs `cargo build --bins` first.
+# once. Needs `cargo build --release --bins` first (the full run's binaries; the
+# debug build runs when there is no release build).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 venv="$root/target/duplicates-venv"

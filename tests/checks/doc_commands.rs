@@ -84,7 +84,7 @@ const BLOCKS: &[(&str, &str, RunBy)] = &[
     ),
     (
         "docs/benchmarks.md",
-        "cargo build --bins",
+        "cargo build --release --bins",
         RunBy::Test("retries_under_faults_duplicate_no_effect_through_leasegate_in_any_lease_mode"),
     ),
     ("docs/testing.md", ".ci/run", RunBy::Ci),

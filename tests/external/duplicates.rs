@@ -1,8 +1,9 @@
 //! The duplicate-effect benchmark in reduced form (`bench/duplicates/`):
 //! the same 48 intents under the same seeded faults (answer streams cut
-//! after the tool acted, tool servers killed after the effect, tools slower
-//! than the agent's timeout, the leasegate process killed and restarted,
-//! its database backends terminated) straight to the tool servers and
+//! after the tool acted, tool servers killed after the effect — over
+//! Streamable HTTP and over stdio —, tools slower than the agent's timeout,
+//! the leasegate process killed and restarted, its database backends
+//! terminated) straight to the tool servers and
 //! through leasegate in each lease mode, driven by the official Python
 //! SDK's clients with an agent framework's retry, through `run.sh` as the
 //! docs give it. Every path but the one that needs mcp-proxy built runs;
@@ -29,6 +30,8 @@ async fn retries_under_faults_duplicate_no_effect_through_leasegate_in_any_lease
     .env("DUPLICATES_MCP_PROXY", "0")
     .args(["--intents", &INTENTS.to_string(), "--agents", "6"])
     .args(["--seed", "5", "--settle", "60"])
+    // Enough of the stdio tool's few intents doomed that its server is killed.
+    .args(["--stdio-kill", "0.3"])
     .args(["--paths", "direct,explicit,session,key"])
     .args(["--leasegate", env!("CARGO_BIN_EXE_leasegate")])
     .args(["--tools", env!("CARGO_BIN_EXE_leasegate-example-tools")])
@@ -63,7 +66,7 @@ async fn retries_under_faults_duplicate_no_effect_through_leasegate_in_any_lease
         let row = row(mode);
         assert_eq!(number(row, "intended"), INTENTS, "{row}");
         // The faults happened on this path too.
-        for fault in ["cut", "crash", "slow"] {
+        for fault in ["cut", "crash", "slow", "kill"] {
             assert!(
                 number(&row["tool_faults"], fault) > 0,
                 "{mode}: no {fault}: {row}"

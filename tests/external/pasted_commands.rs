@@ -708,7 +708,10 @@ const BENCHMARK_COMMANDS: &[(&str, &str)] = &[
          --db ${DB}_renew --url $ADMIN",
     ),
     // Run with small counts by `duplicates::retries_under_faults_…`.
-    ("bench/duplicates/run.sh --intents 2000 --seed 7", ""),
+    (
+        "bench/duplicates/run.sh --intents 2000 --agents 48 --seed 7",
+        "",
+    ),
     ("cargo build --release --bins --example chaos", ""),
     (
         "target/release/examples/chaos --intents 10000 --proxies 3 --agents 12 --seed 10",
