@@ -8,7 +8,7 @@ use crate::common::intents;
 
 use std::time::Duration;
 
-use common::{TestDb, applied, within};
+use common::{TestDb, applied, wait_until, within};
 use futures::future::join_all;
 use leasegate::intent::Intent;
 use leasegate::ledger::{
@@ -275,20 +275,54 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
     let db = TestDb::with_options(pool, connect, batched_options()).await;
     let (lease, _) = db.running_run("agent-1", 30_000).await;
     let call = intent(lease.run_id, "charge", json!({"amount": 1}));
+    // A lone caller on an idle committer sends its call itself; to put the
+    // two calls in one batch, another run's call goes first and waits on
+    // its lease row, locked here, so that both queue behind it.
+    let (blocker, _) = db.running_run("agent-2", 30_000).await;
+    let blocker_call = intent(blocker.run_id, "charge", json!({"amount": 2}));
+    let mut lock = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
+        .bind(blocker.run_id.as_uuid())
+        .execute(&mut *lock)
+        .await
+        .unwrap();
     let before = db.ledger.group_commit_counts().unwrap();
-    let answers = within(
-        "two calls of one step",
-        join_all((0..2).map(|_| {
-            db.ledger
-                .operation_register_claim(&lease, &call, None, "proxy-1", 30_000)
-        })),
-    )
+    let release = async {
+        wait_until("the first call waiting on its lease row", || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%operation_register_claim%'",
+            )
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        })
+        .await;
+        lock.commit().await.unwrap();
+    };
+    let first =
+        db.ledger
+            .operation_register_claim(&blocker, &blocker_call, None, "proxy-1", 30_000);
+    let pair = join_all((0..2).map(|_| {
+        db.ledger
+            .operation_register_claim(&lease, &call, None, "proxy-1", 30_000)
+    }));
+    let (first, answers, ()) = within("two calls of one step behind a third", async {
+        tokio::join!(first, pair, release)
+    })
     .await;
+    let InlineClaim::Claimed {
+        claim: first_claim, ..
+    } = applied(first.unwrap())
+    else {
+        panic!("the first call is claimed");
+    };
     let after = db.ledger.group_commit_counts().unwrap();
     assert_eq!(
         after.register_batches - before.register_batches,
-        1,
-        "one batch"
+        2,
+        "the first call alone, then the two calls of one step in one batch"
     );
     let mut claims = Vec::new();
     let mut existing = Vec::new();
@@ -303,17 +337,49 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
     assert_eq!(existing[0].status, OperationStatus::Dispatching);
     assert_eq!(existing[0].operation_id, call.operation_id);
     let rows = db.row_count("tool_operations").await;
-    assert_eq!(rows, 1);
-    // Settled twice in one batch: the second is stale evidence.
+    assert_eq!(rows, 2, "the step's one operation and the first call's");
+    // Settled twice in one batch (behind the first call's settle, waiting
+    // on its operation row): the second is stale evidence.
     let result = json!({"ok": 1});
-    let settles = within(
-        "two settles of one claim",
-        join_all((0..2).map(|_| {
-            db.ledger
-                .operation_settle(&claims[0], Settlement::Succeeded, None, &result)
-        })),
-    )
+    let mut lock = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM tool_operations WHERE operation_id = $1 FOR UPDATE")
+        .bind(first_claim.operation_id.as_str())
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let before = db.ledger.group_commit_counts().unwrap();
+    let release = async {
+        wait_until("the first settle waiting on its operation row", || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                  WHERE wait_event_type = 'Lock' AND query LIKE '%operation_settle%'",
+            )
+            .fetch_one(&db.admin)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        })
+        .await;
+        lock.commit().await.unwrap();
+    };
+    let first = db
+        .ledger
+        .operation_settle(&first_claim, Settlement::Succeeded, None, &result);
+    let pair = join_all((0..2).map(|_| {
+        db.ledger
+            .operation_settle(&claims[0], Settlement::Succeeded, None, &result)
+    }));
+    let (first, settles, ()) = within("two settles of one claim behind a third", async {
+        tokio::join!(first, pair, release)
+    })
     .await;
+    assert!(matches!(first.unwrap(), SettleOutcome::Settled(_)));
+    let after = db.ledger.group_commit_counts().unwrap();
+    assert_eq!(
+        after.settle_batches - before.settle_batches,
+        2,
+        "the first settle alone, then the two settles of one claim in one batch"
+    );
     let mut settled = 0;
     let mut evidence = 0;
     for settle in settles {
@@ -325,7 +391,7 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
     }
     assert_eq!((settled, evidence), (1, 1));
     let counts = db.ledger.group_commit_counts().unwrap();
-    assert_eq!((counts.settle_items, counts.settle_alone), (2, 0));
+    assert_eq!((counts.settle_items, counts.settle_alone), (3, 0));
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

@@ -5,8 +5,10 @@
 //! every call is its own statement (the single path), which a batch of one
 //! also is.
 //!
-//! A caller enqueues its item and awaits a oneshot. One drainer task per
-//! kind takes the first queued item, then everything already queued and,
+//! A caller that finds its kind idle (nothing queued, no batch in flight)
+//! sends its item as a batch of one from its own task (the single
+//! statement, no hop); otherwise it enqueues the item and awaits a
+//! oneshot. One drainer task per kind takes the first queued item, then everything already queued and,
 //! (with a [`GroupCommitSettings::window`], while another batch of its
 //! kind is in flight) what arrives within it, up to
 //! [`GroupCommitSettings::max_batch`], and sends the batch as ONE
@@ -59,7 +61,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -156,6 +158,14 @@ type Reply<A> = oneshot::Sender<Result<ItemAnswer<A>, LedgerError>>;
 pub(super) struct Batcher<F: Flush> {
     queue: mpsc::UnboundedSender<(F::Item, Reply<F::Answer>)>,
     counts: Arc<Counts>,
+    /// The ledger batches are sent on (it holds no group).
+    ledger: Ledger,
+    /// Batches of this kind in flight, shared with the drainer.
+    in_flight: Arc<Semaphore>,
+    /// Items sent to the queue and not yet taken by the drainer.
+    queued: Arc<AtomicUsize>,
+    /// `group_commit_in_flight`: the semaphore's permits when idle.
+    limit: usize,
 }
 
 /// Batches answered by the database and the items they answered with a
@@ -192,8 +202,26 @@ impl<F: Flush> Batcher<F> {
     pub(super) fn start(ledger: Ledger, settings: GroupCommitSettings) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let counts = Arc::new(Counts::default());
-        tokio::spawn(drain::<F>(ledger, receiver, settings, counts.clone()));
-        Self { queue, counts }
+        let limit = settings.in_flight.clamp(1, MAX_IN_FLIGHT);
+        let in_flight = Arc::new(Semaphore::new(limit));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let drainer = Drainer {
+            ledger: ledger.clone(),
+            receiver,
+            settings,
+            counts: counts.clone(),
+            in_flight: in_flight.clone(),
+            queued: queued.clone(),
+        };
+        tokio::spawn(drain::<F>(drainer));
+        Self {
+            queue,
+            counts,
+            ledger,
+            in_flight,
+            queued,
+            limit,
+        }
     }
 
     /// Enqueues `item` and waits for its batch: the item's verdict, or
@@ -205,11 +233,29 @@ impl<F: Flush> Batcher<F> {
         })
     }
 
-    /// Enqueues `item` and waits for its batch's answer.
+    /// Sends `item` as a batch of one from the caller's own task when its
+    /// kind is idle, nothing queued and no batch in flight (a lone caller
+    /// pays no hop through the drainer; calls arriving meanwhile queue and
+    /// go as the next batch); otherwise enqueues it and waits for its
+    /// batch's answer.
     async fn submit(&self, item: F::Item) -> Result<ItemAnswer<F::Answer>, LedgerError> {
+        if self.queued.load(Ordering::Acquire) == 0
+            && self.in_flight.available_permits() == self.limit
+            && let Ok(permit) = self.in_flight.clone().try_acquire_owned()
+        {
+            let (reply, answer) = oneshot::channel();
+            send_batch::<F>(&self.ledger, &self.counts, vec![(item, reply)]).await;
+            drop(permit);
+            return answer.await.unwrap_or(Err(LedgerError::OutcomeUnknown {
+                call: F::CALL,
+                source: sqlx::Error::WorkerCrashed,
+            }));
+        }
         let (reply, answer) = oneshot::channel();
+        self.queued.fetch_add(1, Ordering::AcqRel);
         if self.queue.send((item, reply)).is_err() {
             // No drainer (its runtime is gone): nothing was sent.
+            self.queued.fetch_sub(1, Ordering::AcqRel);
             return Ok(ItemAnswer::Alone);
         }
         answer.await.unwrap_or(Err(LedgerError::OutcomeUnknown {
@@ -246,30 +292,50 @@ impl Group {
     }
 }
 
-async fn drain<F: Flush>(
+/// The drainer's half of a [`Batcher`].
+struct Drainer<F: Flush> {
     ledger: Ledger,
-    mut receiver: mpsc::UnboundedReceiver<(F::Item, Reply<F::Answer>)>,
+    receiver: mpsc::UnboundedReceiver<(F::Item, Reply<F::Answer>)>,
     settings: GroupCommitSettings,
     counts: Arc<Counts>,
-) {
+    in_flight: Arc<Semaphore>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl<F: Flush> Drainer<F> {
+    async fn recv(&mut self) -> Option<(F::Item, Reply<F::Answer>)> {
+        let next = self.receiver.recv().await;
+        self.took(next.is_some());
+        next
+    }
+
+    fn took(&self, one: bool) {
+        if one {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+async fn drain<F: Flush>(mut drainer: Drainer<F>) {
+    let settings = drainer.settings;
     let max_batch = settings.max_batch.clamp(1, MAX_BATCH_LIMIT);
     let limit = settings.in_flight.clamp(1, MAX_IN_FLIGHT);
-    let in_flight = Arc::new(Semaphore::new(limit));
-    while let Some(first) = receiver.recv().await {
+    while let Some(first) = drainer.recv().await {
         // Idle (no batch of this kind in flight) or no window: send what is
         // queued once a batch may go (what queued while the batches in
         // flight were, up to max_batch); a lone caller waits for nothing.
         // Busy with a window: wait up to it for more (tokio's timer rounds
         // it up to its 1 ms tick).
-        let no_wait = in_flight.available_permits() == limit || settings.window.is_zero();
-        let Ok(permit) = in_flight.clone().acquire_owned().await else {
+        let no_wait = drainer.in_flight.available_permits() == limit || settings.window.is_zero();
+        let Ok(permit) = drainer.in_flight.clone().acquire_owned().await else {
             return;
         };
         let mut batch = vec![first];
         let deadline = Instant::now() + settings.window;
         while batch.len() < max_batch {
-            match receiver.try_recv() {
+            match drainer.receiver.try_recv() {
                 Ok(next) => {
+                    drainer.took(true);
                     batch.push(next);
                     continue;
                 }
@@ -279,50 +345,59 @@ async fn drain<F: Flush>(
                 Err(mpsc::error::TryRecvError::Empty) if no_wait => break,
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
-            match tokio::time::timeout_at(deadline, receiver.recv()).await {
+            match tokio::time::timeout_at(deadline, drainer.recv()).await {
                 Ok(Some(next)) => batch.push(next),
                 Ok(None) | Err(_) => break,
             }
         }
-        let ledger = ledger.clone();
-        let counts = counts.clone();
+        let ledger = drainer.ledger.clone();
+        let counts = drainer.counts.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-            metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
-                .record(items.len() as f64);
-            match F::flush(&ledger, &items).await {
-                Ok(answers) if answers.len() == replies.len() => {
-                    counts.batches.fetch_add(1, Ordering::Relaxed);
-                    for (reply, answer) in replies.into_iter().zip(answers) {
-                        let counter = match answer {
-                            ItemAnswer::Verdict(_) => &counts.items,
-                            ItemAnswer::Alone => &counts.alone,
-                        };
-                        counter.fetch_add(1, Ordering::Relaxed);
-                        let _ = reply.send(Ok(answer));
-                    }
-                }
-                Ok(answers) => {
-                    let detail = format!("{} answers for {} items", answers.len(), replies.len());
-                    for reply in replies {
-                        let _ = reply.send(Err(LedgerError::Protocol {
-                            call: F::CALL,
-                            detail: detail.clone(),
-                        }));
-                    }
-                }
-                Err(error) => {
-                    tracing::warn!(call = F::CALL, %error, "group commit batch failed");
-                    counts
-                        .alone
-                        .fetch_add(replies.len() as u64, Ordering::Relaxed);
-                    for reply in replies {
-                        let _ = reply.send(fan_out(&error));
-                    }
-                }
-            }
+            send_batch::<F>(&ledger, &counts, batch).await;
         });
+    }
+}
+
+/// Sends one batch and answers each of its callers.
+async fn send_batch<F: Flush>(
+    ledger: &Ledger,
+    counts: &Counts,
+    batch: Vec<(F::Item, Reply<F::Answer>)>,
+) {
+    let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+    metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
+        .record(items.len() as f64);
+    match F::flush(ledger, &items).await {
+        Ok(answers) if answers.len() == replies.len() => {
+            counts.batches.fetch_add(1, Ordering::Relaxed);
+            for (reply, answer) in replies.into_iter().zip(answers) {
+                let counter = match answer {
+                    ItemAnswer::Verdict(_) => &counts.items,
+                    ItemAnswer::Alone => &counts.alone,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                let _ = reply.send(Ok(answer));
+            }
+        }
+        Ok(answers) => {
+            let detail = format!("{} answers for {} items", answers.len(), replies.len());
+            for reply in replies {
+                let _ = reply.send(Err(LedgerError::Protocol {
+                    call: F::CALL,
+                    detail: detail.clone(),
+                }));
+            }
+        }
+        Err(error) => {
+            tracing::warn!(call = F::CALL, %error, "group commit batch failed");
+            counts
+                .alone
+                .fetch_add(replies.len() as u64, Ordering::Relaxed);
+            for reply in replies {
+                let _ = reply.send(fan_out(&error));
+            }
+        }
     }
 }
 
