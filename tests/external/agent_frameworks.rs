@@ -232,9 +232,6 @@ async fn a_pydantic_ai_run_whose_calls_are_refused_fails_and_nothing_is_sent_aft
             .any(|r| r.contains("has side effects") && r.contains("Nothing was sent")),
         "the model reads why its call was refused: {read:?}"
     );
-    // The calls reaching the tool when the agent's process has ended.
-    let sent_when_ended = scenario.side_effects("calls.jsonl").len();
-
     let settled = wait_until("every operation settled", || async {
         let (open,): (i64,) = db
             .query_row("SELECT count(*) FROM tool_operations WHERE status <> 'succeeded'")
@@ -253,14 +250,13 @@ async fn a_pydantic_ai_run_whose_calls_are_refused_fails_and_nothing_is_sent_aft
         "each refused call the model asked for reached leasegate once: pydantic-ai does not retry it on its own"
     );
     let calls = scenario.side_effects("calls.jsonl");
-    assert_eq!(
-        calls.len(),
-        sent_when_ended,
-        "no call reached the tool after the run ended: {calls:?}"
-    );
     // The first turn's keyed call is answered before the model's second
     // turn; the second turn's is cancelled by pydantic-ai once its sibling
-    // failed the run, normally after it was sent.
+    // failed the run. A disconnect is not a cancel before MCP 2026-07-28,
+    // and `on_disconnect = "finish"` otherwise: leasegate runs that call
+    // to its end, so it may reach the tool after the agent's process
+    // ended. What may reach the tool is only what the model asked with a
+    // key, each once.
     let charged: Vec<i64> = scenario
         .side_effects("charges.jsonl")
         .iter()
