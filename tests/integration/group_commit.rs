@@ -49,6 +49,22 @@ async fn single_path(connect: &PgConnectOptions) -> Ledger {
     .unwrap()
 }
 
+/// Waits until a statement calling `function` waits on a row lock.
+async fn waiting_on_a_lock(db: &TestDb, function: &str) {
+    wait_until(&format!("{function} waiting on a row lock"), || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+              WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'",
+        )
+        .bind(function)
+        .fetch_one(&db.admin)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+}
+
 /// Claims and settles one call of a fresh run through `ledger`.
 async fn gated_call(ledger: &Ledger, lease: LeaseClaim) -> RunId {
     let call = intent(lease.run_id, "charge", json!({"amount": 1}));
@@ -288,17 +304,7 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
         .unwrap();
     let before = db.ledger.group_commit_counts().unwrap();
     let release = async {
-        wait_until("the first call waiting on its lease row", || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%operation_register_claim%'",
-            )
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        })
-        .await;
+        waiting_on_a_lock(&db, "operation_register_claim").await;
         lock.commit().await.unwrap();
     };
     let first =
@@ -349,17 +355,7 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
         .unwrap();
     let before = db.ledger.group_commit_counts().unwrap();
     let release = async {
-        wait_until("the first settle waiting on its operation row", || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                  WHERE wait_event_type = 'Lock' AND query LIKE '%operation_settle%'",
-            )
-            .fetch_one(&db.admin)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        })
-        .await;
+        waiting_on_a_lock(&db, "operation_settle").await;
         lock.commit().await.unwrap();
     };
     let first = db
