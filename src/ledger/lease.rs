@@ -3,6 +3,10 @@
 //! transaction, one round trip once prepared on the pooled connection (the
 //! first use on a new connection adds one Parse/Describe round trip).
 //!
+//! With group commit on, concurrent single renews of different runs share
+//! one `lease_renew_batch` statement (`group/renew.rs`): each is judged and
+//! answered exactly as its own `lease_renew`.
+//!
 //! [`Ledger::lease_renew_batch`] renews many leases (one worker host's) in
 //! one call: each lease is judged by the same fence as `lease_renew` and
 //! answered on its own, in the order given; a crash mid-call leaves either
@@ -10,6 +14,7 @@
 //! with the connection is `Delivery::Unknown` for the whole batch, which a
 //! heartbeat treats as unconfirmed (stop, let the leases expire).
 
+use super::group::RenewArgs;
 use super::lease_token::bind_hash;
 use super::verdict::{Expected, Outcome, WriteRow, missing};
 use super::{
@@ -152,24 +157,32 @@ impl Ledger {
     ) -> Result<Fenced<Applied>, LedgerError> {
         const CALL: &str = "lease_renew";
         self.check_ttl(ttl_ms)?;
-        let row: WriteRow = self
-            .invoke(CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4, $5, $6)")
-                    .bind(claim.run_id.as_uuid())
-                    .bind(claim.owner.as_str())
-                    .bind(claim.epoch)
-                    .bind(bind_hash(claim.token.as_ref()))
-                    .bind(ttl_ms)
-                    .bind(tenant)
-            })
-            .await
-            .inspect_err(|error| {
-                let outcome = match error.delivery() {
-                    super::Delivery::Unknown => "result_unknown",
-                    _ => "db_error",
-                };
-                metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
-            })?;
+        let token_sha256 = bind_hash(claim.token.as_ref());
+        let args = RenewArgs {
+            run_id: claim.run_id.as_uuid(),
+            owner: claim.owner.as_str(),
+            epoch: claim.epoch,
+            token_sha256: token_sha256.as_deref(),
+            ttl_ms,
+            tenant,
+        };
+        let answer = async {
+            let batched = match &self.group {
+                Some(group) => group.renews.verdict(args.queued()).await?,
+                None => None,
+            };
+            match batched {
+                Some(row) => Ok(row),
+                None => args.alone(self).await,
+            }
+        };
+        let row: WriteRow = answer.await.inspect_err(|error| {
+            let outcome = match error.delivery() {
+                super::Delivery::Unknown => "result_unknown",
+                _ => "db_error",
+            };
+            metrics::counter!("lease_renew_total", "outcome" => outcome).increment(1);
+        })?;
         let fenced = row.into_fenced(CALL, Expected::claim(claim))?;
         let outcome = match &fenced {
             Fenced::Applied(_) => "success",

@@ -773,3 +773,185 @@ async fn the_common_case_is_answered_set_based_and_writes_the_single_functions_r
         .remove("remote_id");
     assert_eq!(rows(b.run_id).await, failed);
 }
+
+/// What a renew answered, without times.
+fn renew_kind(outcome: &Fenced<leasegate::ledger::Applied>) -> &'static str {
+    match outcome {
+        Fenced::Applied(_) => "applied",
+        Fenced::Rejected(Rejection::LeaseLost { .. }) => "lease_lost",
+        Fenced::Rejected(Rejection::LeaseTokenInvalid { .. }) => "lease_token_invalid",
+        Fenced::Rejected(Rejection::Terminal { .. }) => "terminal",
+        Fenced::Rejected(Rejection::NotFound) => "not_found",
+        Fenced::Rejected(other) => panic!("unexpected rejection {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_renews_verdict(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect.clone(), batched_options()).await;
+    let single = single_path(&connect).await;
+    let (ok_a, _) = db.running_run("agent-1", 30_000).await;
+    let (ok_b, _) = db.running_run("agent-1", 30_000).await;
+    let (stale, _) = db.running_run("agent-1", 30_000).await;
+    let (tokenless, _) = db.running_run("agent-1", 30_000).await;
+    // A running run of another tenant, renewed as this tenant's.
+    let foreign = db
+        .acquire(db.pending_run_in("tenant-b").await, "agent-1", 30_000)
+        .await;
+    applied(
+        db.ledger
+            .run_start(&foreign.claim, foreign.revision)
+            .await
+            .unwrap(),
+    );
+    let foreign = foreign.claim;
+    let (finished, revision) = db.running_run("agent-1", 30_000).await;
+    db.complete_run(&finished, revision, None).await;
+    let (expired, _) = db.running_run("agent-1", 30_000).await;
+    sqlx::query("UPDATE worker_leases SET expires_at = clock_timestamp() WHERE run_id = $1")
+        .bind(expired.run_id.as_uuid())
+        .execute(&db.admin)
+        .await
+        .unwrap();
+    db.wait_lease_expired(expired.run_id).await;
+    let missing = LeaseClaim {
+        run_id: RunId::generate(),
+        ..ok_a.clone()
+    };
+    // (tenant, claim, ttl): the last two differ from the first item's ttl
+    // and repeat its run, so they go alone.
+    let renews: Vec<(Option<&str>, LeaseClaim, i64)> = vec![
+        (Some(TENANT), ok_a.clone(), 30_000),
+        (
+            Some(TENANT),
+            LeaseClaim {
+                epoch: stale.epoch - 1,
+                ..stale.clone()
+            },
+            30_000,
+        ),
+        (
+            Some(TENANT),
+            LeaseClaim {
+                token: None,
+                ..tokenless.clone()
+            },
+            30_000,
+        ),
+        (Some(TENANT), foreign.clone(), 30_000),
+        (Some(TENANT), finished.clone(), 30_000),
+        (Some(TENANT), expired.clone(), 30_000),
+        (Some(TENANT), missing, 30_000),
+        (Some(TENANT), ok_b.clone(), 30_000),
+        (Some(TENANT), ok_b.clone(), 45_000),
+        (Some(TENANT), ok_a.clone(), 30_000),
+    ];
+    let expected = [
+        "applied",
+        "lease_lost",
+        "lease_token_invalid",
+        "not_found",
+        "terminal",
+        "lease_lost",
+        "not_found",
+        "applied",
+        "applied",
+        "applied",
+    ];
+    let refused: Vec<uuid::Uuid> = [&stale, &tokenless, &foreign, &finished, &expired]
+        .iter()
+        .map(|c| c.run_id.as_uuid())
+        .collect();
+    let refused_leases = || async {
+        db.scalar::<Value>(
+            "SELECT jsonb_agg(to_jsonb(l) ORDER BY run_id) FROM worker_leases l
+              WHERE run_id = ANY ($1)",
+            refused.clone(),
+        )
+        .await
+    };
+    let untouched = refused_leases().await;
+
+    // A lone renew on an idle committer is sent by its caller; to put the
+    // others in one batch, a renew of another run goes first and waits on
+    // its lease row, locked here, so that they all queue behind it.
+    let (blocker, _) = db.running_run("agent-2", 30_000).await;
+    let mut lock = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
+        .bind(blocker.run_id.as_uuid())
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let before = db.ledger.group_commit_counts().unwrap();
+    let first = db.ledger.lease_renew(&blocker, 30_000);
+    let answers = |ledger: Ledger| {
+        let renews = renews.clone();
+        async move {
+            join_all(renews.into_iter().map(|(tenant, claim, ttl)| {
+                let ledger = ledger.clone();
+                async move {
+                    ledger
+                        .lease_renew_for_tenant(&claim, ttl, tenant)
+                        .await
+                        .unwrap()
+                }
+            }))
+            .await
+        }
+    };
+    let batch = async {
+        waiting_on_a_lock(&db, "lease_renew").await;
+        let answers = answers(db.ledger.clone()).await;
+        lock.commit().await.unwrap();
+        answers
+    };
+    let (first, batched) = within("renews behind a blocked one", async {
+        tokio::join!(first, batch)
+    })
+    .await;
+    assert_eq!(renew_kind(&first.unwrap()), "applied");
+    let after = db.ledger.group_commit_counts().unwrap();
+    let kinds: Vec<&str> = batched.iter().map(renew_kind).collect();
+    assert_eq!(kinds, expected);
+    assert_eq!(
+        (
+            after.renew_batches - before.renew_batches,
+            after.renew_items - before.renew_items,
+            after.renew_alone - before.renew_alone,
+        ),
+        (2, 1 + 8, 2),
+        "the blocked renew alone, then one statement for eight renews; the other ttl and \
+         the repeated run sent alone"
+    );
+    // Nothing of a refused lease was written.
+    assert_eq!(refused_leases().await, untouched);
+    // The renewed leases' expiry is what their answers say.
+    for (claim, answer) in [(&ok_a, &batched[9]), (&ok_b, &batched[8])] {
+        let Fenced::Applied(applied) = answer else {
+            unreachable!()
+        };
+        let stored: chrono::DateTime<chrono::Utc> = db
+            .scalar(
+                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
+                claim.run_id.as_uuid(),
+            )
+            .await;
+        assert!(stored >= applied.lease_expires_at);
+    }
+    // The single path answers the same renews with the same verdicts.
+    let alone = within("the single renews", answers(single)).await;
+    let kinds_alone: Vec<&str> = alone.iter().map(renew_kind).collect();
+    assert_eq!(kinds_alone, expected);
+    for (batched, alone) in batched.iter().zip(&alone) {
+        if let (Fenced::Rejected(b), Fenced::Rejected(a)) = (batched, alone) {
+            assert_eq!(
+                std::mem::discriminant(b),
+                std::mem::discriminant(a),
+                "{b:?} / {a:?}"
+            );
+        }
+    }
+}

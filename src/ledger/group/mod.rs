@@ -1,6 +1,7 @@
-//! Group commit of the proxy's hot path: concurrent
-//! `operation_register_claim` calls (and, separately, concurrent settles)
-//! of different runs share one statement, one transaction and one WAL
+//! Group commit of the proxy's hot path and of lease heartbeats:
+//! concurrent `operation_register_claim` calls (and, separately,
+//! concurrent settles, and concurrent single lease renews, `renew.rs`) of
+//! different runs share one statement, one transaction and one WAL
 //! flush. On by default ([`super::LedgerOptions::group_commit`]); off,
 //! every call is its own statement (the single path), which a batch of one
 //! also is.
@@ -23,7 +24,7 @@
 //! # Invariants
 //!
 //! - Every item's verdict is the single call's (`operation_register_claim`
-//!   / `operation_settle`): fencing, lease tokens, tenants, the digest
+//!   / `operation_settle` / `lease_renew`): fencing, lease tokens, tenants, the digest
 //!   comparison and the event rows are the single path's. The batch
 //!   functions answer the common case set-based (a new intent of a fenced
 //!   run inserted as `dispatching`; a live claim settled) in one statement
@@ -37,7 +38,10 @@
 //!   (run, step) order, the single-function items applied in (run, step)
 //!   order (settles: operation id order). A set-based phase that still
 //!   deadlocks (a foreign lock order, e.g. a replay's row locks) is rolled
-//!   back as a whole and its items go the per-item way.
+//!   back as a whole and its items go the per-item way. A renew batch
+//!   locks its leases `FOR UPDATE` in run order in one statement and has
+//!   no per-item phase: it fails as a whole (after the retries of
+//!   40001/40P01) and its items then go alone.
 //!
 //! # Failure handling
 //!
@@ -68,11 +72,13 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 mod register;
+mod renew;
 mod settle;
 
 use super::error::protocol;
 use super::{Ledger, LedgerError};
 pub(super) use register::RegisterArgs;
+pub(super) use renew::RenewArgs;
 pub(super) use settle::SettleArgs;
 
 /// The environment variable that turns group commit on (`1`, `true`,
@@ -188,6 +194,9 @@ pub struct GroupCommitCounts {
     pub settle_batches: u64,
     pub settle_items: u64,
     pub settle_alone: u64,
+    pub renew_batches: u64,
+    pub renew_items: u64,
+    pub renew_alone: u64,
 }
 
 impl<F: Flush> std::fmt::Debug for Batcher<F> {
@@ -265,11 +274,13 @@ impl<F: Flush> Batcher<F> {
     }
 }
 
-/// Both batchers of a ledger.
+/// The batchers of a ledger: the hot path's two statements and the
+/// single lease renew.
 #[derive(Debug)]
 pub(super) struct Group {
     pub(super) registers: Batcher<register::RegisterBatch>,
     pub(super) settles: Batcher<settle::SettleBatch>,
+    pub(super) renews: Batcher<renew::RenewBatch>,
 }
 
 impl Group {
@@ -281,6 +292,9 @@ impl Group {
             settle_batches: self.settles.counts.batches.load(Ordering::Relaxed),
             settle_items: self.settles.counts.items.load(Ordering::Relaxed),
             settle_alone: self.settles.counts.alone.load(Ordering::Relaxed),
+            renew_batches: self.renews.counts.batches.load(Ordering::Relaxed),
+            renew_items: self.renews.counts.items.load(Ordering::Relaxed),
+            renew_alone: self.renews.counts.alone.load(Ordering::Relaxed),
         }
     }
 
@@ -288,6 +302,7 @@ impl Group {
         Arc::new(Self {
             registers: Batcher::start(plain.clone(), settings),
             settles: Batcher::start(plain.clone(), settings),
+            renews: Batcher::start(plain.clone(), settings),
         })
     }
 }
