@@ -13,7 +13,7 @@ use futures::future::join_all;
 use leasegate::intent::Intent;
 use leasegate::ledger::{
     AcquireOutcome, Fenced, GroupCommitSettings, InlineClaim, LeaseClaim, Ledger, LedgerOptions,
-    OperationStatus, Rejection, RunId, SettleOutcome, Settlement,
+    OperationStatus, Rejection, RunId, SettleOutcome, Settlement, TokenFault,
 };
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -779,7 +779,10 @@ fn renew_kind(outcome: &Fenced<leasegate::ledger::Applied>) -> &'static str {
     match outcome {
         Fenced::Applied(_) => "applied",
         Fenced::Rejected(Rejection::LeaseLost { .. }) => "lease_lost",
-        Fenced::Rejected(Rejection::LeaseTokenInvalid { .. }) => "lease_token_invalid",
+        Fenced::Rejected(Rejection::LeaseTokenInvalid { fault, .. }) => match fault {
+            TokenFault::Unset => "lease_token_unset",
+            TokenFault::Missing | TokenFault::Wrong => "lease_token_invalid",
+        },
         Fenced::Rejected(Rejection::Terminal { .. }) => "terminal",
         Fenced::Rejected(Rejection::NotFound) => "not_found",
         Fenced::Rejected(other) => panic!("unexpected rejection {other:?}"),
@@ -811,8 +814,15 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
     let (finished, revision) = db.running_run("agent-1", 30_000).await;
     db.complete_run(&finished, revision, None).await;
     let (expired, _) = db.running_run("agent-1", 30_000).await;
+    let (unset, _) = db.running_run("agent-1", 30_000).await;
+    // An expired lease, and one taken before leases had tokens.
     sqlx::query("UPDATE worker_leases SET expires_at = clock_timestamp() WHERE run_id = $1")
         .bind(expired.run_id.as_uuid())
+        .execute(&db.admin)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE worker_leases SET token_sha256 = NULL WHERE run_id = $1")
+        .bind(unset.run_id.as_uuid())
         .execute(&db.admin)
         .await
         .unwrap();
@@ -821,8 +831,8 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
         run_id: RunId::generate(),
         ..ok_a.clone()
     };
-    // (tenant, claim, ttl): the last two differ from the first item's ttl
-    // and repeat its run, so they go alone.
+    // (tenant, claim, ttl): the last two have another ttl than the rest,
+    // and repeat a run, so they go alone.
     let renews: Vec<(Option<&str>, LeaseClaim, i64)> = vec![
         (Some(TENANT), ok_a.clone(), 30_000),
         (
@@ -844,6 +854,7 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
         (Some(TENANT), foreign.clone(), 30_000),
         (Some(TENANT), finished.clone(), 30_000),
         (Some(TENANT), expired.clone(), 30_000),
+        (Some(TENANT), unset.clone(), 30_000),
         (Some(TENANT), missing, 30_000),
         (Some(TENANT), ok_b.clone(), 30_000),
         (Some(TENANT), ok_b.clone(), 45_000),
@@ -856,12 +867,22 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
         "not_found",
         "terminal",
         "lease_lost",
+        "lease_token_unset",
         "not_found",
         "applied",
         "applied",
         "applied",
     ];
-    let refused: Vec<uuid::Uuid> = [&stale, &tokenless, &foreign, &finished, &expired]
+    let reader = &db;
+    let expiry = |run_id: RunId| async move {
+        reader
+            .scalar::<chrono::DateTime<chrono::Utc>>(
+                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
+                run_id.as_uuid(),
+            )
+            .await
+    };
+    let refused: Vec<uuid::Uuid> = [&stale, &tokenless, &foreign, &finished, &expired, &unset]
         .iter()
         .map(|c| c.run_id.as_uuid())
         .collect();
@@ -874,6 +895,8 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
         .await
     };
     let untouched = refused_leases().await;
+    let before_a = expiry(ok_a.run_id).await;
+    let before_b = expiry(ok_b.run_id).await;
 
     // A lone renew on an idle committer is sent by its caller; to put the
     // others in one batch, a renew of another run goes first and waits on
@@ -922,36 +945,120 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
             after.renew_items - before.renew_items,
             after.renew_alone - before.renew_alone,
         ),
-        (2, 1 + 8, 2),
-        "the blocked renew alone, then one statement for eight renews; the other ttl and \
+        (2, 1 + 9, 2),
+        "the blocked renew alone, then one statement for nine renews; the other ttl and \
          the repeated run sent alone"
     );
     // Nothing of a refused lease was written.
     assert_eq!(refused_leases().await, untouched);
-    // The renewed leases' expiry is what their answers say.
-    for (claim, answer) in [(&ok_a, &batched[9]), (&ok_b, &batched[8])] {
-        let Fenced::Applied(applied) = answer else {
-            unreachable!()
-        };
-        let stored: chrono::DateTime<chrono::Utc> = db
-            .scalar(
-                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
-                claim.run_id.as_uuid(),
-            )
-            .await;
-        assert!(stored >= applied.lease_expires_at);
-    }
-    // The single path answers the same renews with the same verdicts.
+    // The batch renewed its two leases: each answer's expiry is later than
+    // the lease's before, and the one the repeated renews found.
+    let Fenced::Applied(a) = &batched[0] else {
+        unreachable!()
+    };
+    let Fenced::Applied(b) = &batched[8] else {
+        unreachable!()
+    };
+    assert!(a.lease_expires_at > before_a && b.lease_expires_at > before_b);
+    let (Fenced::Applied(b_again), Fenced::Applied(a_again)) = (&batched[9], &batched[10]) else {
+        unreachable!()
+    };
+    assert!(b_again.lease_expires_at > b.lease_expires_at);
+    assert!(a_again.lease_expires_at > a.lease_expires_at);
+    assert_eq!(expiry(ok_a.run_id).await, a_again.lease_expires_at);
+    assert_eq!(expiry(ok_b.run_id).await, b_again.lease_expires_at);
+    // The single path answers the same renews with the same verdicts, and
+    // the refusals with the same lease found.
     let alone = within("the single renews", answers(single)).await;
     let kinds_alone: Vec<&str> = alone.iter().map(renew_kind).collect();
     assert_eq!(kinds_alone, expected);
     for (batched, alone) in batched.iter().zip(&alone) {
         if let (Fenced::Rejected(b), Fenced::Rejected(a)) = (batched, alone) {
-            assert_eq!(
-                std::mem::discriminant(b),
-                std::mem::discriminant(a),
-                "{b:?} / {a:?}"
-            );
+            assert_eq!(b, a);
         }
     }
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_renew_left_out_of_a_batch_lost_in_flight_is_still_sent_and_the_batchs_are_unknown(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (a, _) = db.running_run("agent-1", 30_000).await;
+    let (b, _) = db.running_run("agent-1", 30_000).await;
+    // Another ttl than the other two: left out of their statement.
+    let (c, _) = db.running_run("agent-1", 30_000).await;
+    let (blocker, _) = db.running_run("agent-2", 30_000).await;
+    let expiry_of = |run_id: RunId| {
+        let admin = db.admin.clone();
+        async move {
+            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
+            )
+            .bind(run_id.as_uuid())
+            .fetch_one(&admin)
+            .await
+            .unwrap()
+        }
+    };
+    let (a_before, b_before) = (expiry_of(a.run_id).await, expiry_of(b.run_id).await);
+    // The blocker's renew waits on its lease (so the others queue behind it
+    // into one batch), and the batch statement then waits on b's.
+    let mut locks = db.admin.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = ANY ($1) FOR UPDATE")
+        .bind(vec![blocker.run_id.as_uuid(), b.run_id.as_uuid()])
+        .execute(&mut *locks)
+        .await
+        .unwrap();
+    let first = db.ledger.lease_renew(&blocker, 30_000);
+    let queued = async {
+        waiting_on_a_lock(&db, "lease_renew").await;
+        let renews = join_all(
+            [(&a, 30_000), (&b, 30_000), (&c, 45_000)].map(|(claim, ttl)| {
+                let ledger = db.ledger.clone();
+                async move { ledger.lease_renew(claim, ttl).await }
+            }),
+        );
+        let kill = async {
+            // The batch statement's connection is lost while it waits.
+            let pids = db.wait_lock_waiters("lease_renew_batch", 1).await;
+            sqlx::query("SELECT pg_terminate_backend($1)")
+                .bind(pids[0])
+                .execute(&db.admin)
+                .await
+                .unwrap();
+        };
+        let (answers, ()) = tokio::join!(renews, kill);
+        locks.commit().await.unwrap();
+        answers
+    };
+    let (first, answers) = within("a batch lost in flight", async {
+        tokio::join!(first, queued)
+    })
+    .await;
+    assert!(matches!(first.unwrap(), Fenced::Applied(_)));
+    let Ok([a_answer, b_answer, c_answer]) = <[_; 3]>::try_from(answers) else {
+        unreachable!("three renews, three answers")
+    };
+    for answer in [a_answer, b_answer] {
+        match answer {
+            Err(error) => assert_eq!(
+                error.delivery(),
+                leasegate::ledger::Delivery::Unknown,
+                "{error}"
+            ),
+            Ok(outcome) => panic!("a renew of the lost statement answered {outcome:?}"),
+        }
+    }
+    // The renew left out of the statement was sent alone and renewed.
+    let Fenced::Applied(renewed) = c_answer.unwrap() else {
+        panic!("the left-out renew was not renewed");
+    };
+    assert_eq!(expiry_of(c.run_id).await, renewed.lease_expires_at);
+    // The lost statement committed nothing.
+    assert_eq!(
+        (expiry_of(a.run_id).await, expiry_of(b.run_id).await),
+        (a_before, b_before)
+    );
 }

@@ -144,6 +144,12 @@ pub(super) enum ItemAnswer<T> {
     Verdict(T),
     /// Send this item alone through the single path (see the module docs).
     Alone,
+    /// This item's statement failed the way a whole batch's does when the
+    /// commit may have happened or the answer was unreadable
+    /// (`OutcomeUnknown`, `Protocol`); the caller gets the error. For a
+    /// kind whose items may be left out of the statement
+    /// (`renew.rs`), which are then `Alone` whatever became of it.
+    Failed(LedgerError),
 }
 
 /// One kind of batch: how N items become one statement.
@@ -236,10 +242,11 @@ impl<F: Flush> Batcher<F> {
     /// Enqueues `item` and waits for its batch: the item's verdict, or
     /// `None` when the caller is to send it alone (the single path).
     pub(super) async fn verdict(&self, item: F::Item) -> Result<Option<F::Answer>, LedgerError> {
-        Ok(match self.submit(item).await? {
-            ItemAnswer::Verdict(answer) => Some(answer),
-            ItemAnswer::Alone => None,
-        })
+        match self.submit(item).await? {
+            ItemAnswer::Verdict(answer) => Ok(Some(answer)),
+            ItemAnswer::Alone => Ok(None),
+            ItemAnswer::Failed(error) => Err(error),
+        }
     }
 
     /// Sends `item` as a batch of one from the caller's own task when its
@@ -387,11 +394,11 @@ async fn send_batch<F: Flush>(
         Ok(answers) if answers.len() == replies.len() => {
             counts.batches.fetch_add(1, Ordering::Relaxed);
             for (reply, answer) in replies.into_iter().zip(answers) {
-                let counter = match answer {
-                    ItemAnswer::Verdict(_) => &counts.items,
-                    ItemAnswer::Alone => &counts.alone,
+                match answer {
+                    ItemAnswer::Verdict(_) => counts.items.fetch_add(1, Ordering::Relaxed),
+                    ItemAnswer::Alone => counts.alone.fetch_add(1, Ordering::Relaxed),
+                    ItemAnswer::Failed(_) => 0,
                 };
-                counter.fetch_add(1, Ordering::Relaxed);
                 let _ = reply.send(Ok(answer));
             }
         }
@@ -414,6 +421,11 @@ async fn send_batch<F: Flush>(
             }
         }
     }
+}
+
+/// [`fan_out`] as one item's answer.
+fn failed_item<T>(error: &LedgerError) -> ItemAnswer<T> {
+    fan_out(error).unwrap_or_else(ItemAnswer::Failed)
 }
 
 /// What one caller of a failed batch is answered (module docs).

@@ -5,9 +5,16 @@
 //! each on its own (a batch of one is the single statement).
 //!
 //! `lease_renew_batch` takes one ttl and one tenant for the whole batch and
-//! each run once: the items that share the first item's ttl and tenant, a
-//! run at most once, are the batch; every other item is answered
-//! [`ItemAnswer::Alone`] and its caller sends the single statement.
+//! each run once: the items with the ttl and tenant most of them share, a
+//! run at most once, are the statement; every other item is answered
+//! [`ItemAnswer::Alone`] and its caller sends the single statement (also
+//! when the statement failed: those items were never sent).
+//!
+//! One difference from the single renew, by construction: the batch judges
+//! every lease on the database clock read once its locks are all held, so a
+//! lease that expires while the batch waits for another lease's row lock
+//! is answered lease lost, where its own renew, not waiting, would have
+//! renewed it. A lease is never renewed after it expired.
 
 use std::collections::HashSet;
 
@@ -110,77 +117,109 @@ impl Flush for RenewBatch {
             .zip(&batched)
             .filter_map(|(item, &batched)| batched.then_some(item))
             .collect();
-        if let [item] = members[..] {
-            // A batch of one is the single function's statement; the items
-            // left out go alone.
-            let mut row = Some(item.args().alone(ledger).await?);
-            return Ok(batched
-                .iter()
-                .map(|&b| match row.take_if(|_| b) {
-                    Some(row) => ItemAnswer::Verdict(row),
-                    None => ItemAnswer::Alone,
-                })
-                .collect());
-        }
-        let first = members[0];
-        let run_ids: Vec<Uuid> = members.iter().map(|i| i.run_id).collect();
-        let owners: Vec<&str> = members.iter().map(|i| i.owner.as_str()).collect();
-        let epochs: Vec<i64> = members.iter().map(|i| i.epoch).collect();
-        let tokens: Vec<Option<&[u8]>> =
-            members.iter().map(|i| i.token_sha256.as_deref()).collect();
-        let rows: Vec<BatchRenewRow> = ledger
-            .invoke_all(Self::CALL, true, || {
-                sqlx::query_as("SELECT * FROM lease_renew_batch($1, $2, $3, $4, $5, $6)")
-                    .bind(&run_ids[..])
-                    .bind(&owners[..])
-                    .bind(&epochs[..])
-                    .bind(&tokens[..])
-                    .bind(first.ttl_ms)
-                    .bind(first.tenant.as_deref())
-            })
-            .await?;
-        if rows.len() != members.len() {
-            return Err(super::protocol(
-                Self::CALL,
-                format!("{} answers for {} leases", rows.len(), members.len()),
-            ));
-        }
-        // The function answers in the order asked.
-        let mut rows = rows.into_iter();
-        let mut answers = Vec::with_capacity(items.len());
-        for (item, batched) in items.iter().zip(batched) {
-            if !batched {
-                answers.push(ItemAnswer::Alone);
-                continue;
+        let rows = match send(ledger, &members).await {
+            Ok(rows) => rows,
+            // Nothing left out: the whole batch's failure (`send_batch`).
+            Err(error) if members.len() == items.len() => return Err(error),
+            Err(error) => {
+                tracing::warn!(call = Self::CALL, %error, "group commit batch failed");
+                // The items left out were never sent: they go alone.
+                return Ok(batched
+                    .iter()
+                    .map(|&b| {
+                        if b {
+                            super::failed_item(&error)
+                        } else {
+                            ItemAnswer::Alone
+                        }
+                    })
+                    .collect());
             }
-            let answer = rows.next().expect("one row per member, counted above");
-            if answer.run_id != item.run_id {
-                return Err(super::protocol(
-                    Self::CALL,
+        };
+        let mut rows = rows.into_iter().peekable();
+        // One row per member, in their order (`send` checked).
+        Ok(batched
+            .iter()
+            .map(|&b| match rows.next_if(|_| b) {
+                Some(row) => ItemAnswer::Verdict(row),
+                None => ItemAnswer::Alone,
+            })
+            .collect())
+    }
+}
+
+/// One statement for `members` (1 or more, sharing a ttl and a tenant, each
+/// run once): their answers in their order.
+async fn send(ledger: &Ledger, members: &[&RenewItem]) -> Result<Vec<WriteRow>, LedgerError> {
+    const CALL: &str = RenewBatch::CALL;
+    if let [item] = members {
+        // A batch of one is the single function's statement.
+        return Ok(vec![item.args().alone(ledger).await?]);
+    }
+    let first = members[0];
+    let run_ids: Vec<Uuid> = members.iter().map(|i| i.run_id).collect();
+    let owners: Vec<&str> = members.iter().map(|i| i.owner.as_str()).collect();
+    let epochs: Vec<i64> = members.iter().map(|i| i.epoch).collect();
+    let tokens: Vec<Option<&[u8]>> = members.iter().map(|i| i.token_sha256.as_deref()).collect();
+    let rows: Vec<BatchRenewRow> = ledger
+        .invoke_all(CALL, true, || {
+            sqlx::query_as("SELECT * FROM lease_renew_batch($1, $2, $3, $4, $5, $6)")
+                .bind(&run_ids[..])
+                .bind(&owners[..])
+                .bind(&epochs[..])
+                .bind(&tokens[..])
+                .bind(first.ttl_ms)
+                .bind(first.tenant.as_deref())
+        })
+        .await?;
+    if rows.len() != members.len() {
+        return Err(super::protocol(
+            CALL,
+            format!("{} answers for {} leases", rows.len(), members.len()),
+        ));
+    }
+    // The function answers in the order asked.
+    rows.into_iter()
+        .zip(members)
+        .map(|(answer, item)| {
+            if answer.run_id == item.run_id {
+                Ok(answer.row)
+            } else {
+                Err(super::protocol(
+                    CALL,
                     format!(
                         "answer for run {} where run {} was asked",
                         answer.run_id, item.run_id
                     ),
-                ));
+                ))
             }
-            answers.push(ItemAnswer::Verdict(answer.row));
-        }
-        Ok(answers)
-    }
+        })
+        .collect()
 }
 
-/// Which items go in the batch statement: those with the first item's ttl
-/// and tenant, each run once (the first of its run).
+/// Which items go in the statement: those with the ttl and tenant most
+/// items share (on a tie, the earliest item's), each run once (the first
+/// of its run).
 fn batchable(items: &[RenewItem]) -> Vec<bool> {
-    let Some(first) = items.first() else {
+    fn key(item: &RenewItem) -> (i64, Option<&str>) {
+        (item.ttl_ms, item.tenant.as_deref())
+    }
+    // Keys in order of first appearance, with how many items have each.
+    let mut keys: Vec<((i64, Option<&str>), usize)> = Vec::new();
+    for item in items {
+        match keys.iter_mut().find(|(k, _)| *k == key(item)) {
+            Some((_, count)) => *count += 1,
+            None => keys.push((key(item), 1)),
+        }
+    }
+    // `max_by_key` keeps the last of equals: reversed, the earliest.
+    let Some(&(chosen, _)) = keys.iter().rev().max_by_key(|(_, count)| *count) else {
         return Vec::new();
     };
     let mut runs = HashSet::with_capacity(items.len());
     items
         .iter()
-        .map(|item| {
-            item.ttl_ms == first.ttl_ms && item.tenant == first.tenant && runs.insert(item.run_id)
-        })
+        .map(|item| key(item) == chosen && runs.insert(item.run_id))
         .collect()
 }
 
@@ -215,5 +254,16 @@ mod tests {
             [true, true, false, false, false, false, true]
         );
         assert!(batchable(&[]).is_empty());
+        // The ttl and tenant most items share, not the first item's.
+        let items = [
+            item(1, 60_000, Some("a")),
+            item(2, 30_000, None),
+            item(3, 30_000, None),
+            item(2, 30_000, None),
+        ];
+        assert_eq!(batchable(&items), [false, true, true, false]);
+        // On a tie, the earliest item's.
+        let items = [item(1, 60_000, None), item(2, 30_000, None)];
+        assert_eq!(batchable(&items), [true, false]);
     }
 }
