@@ -296,12 +296,7 @@ async fn the_same_step_twice_in_one_batch_is_one_operation_and_an_in_flight_answ
     // its lease row, locked here, so that both queue behind it.
     let (blocker, _) = db.running_run("agent-2", 30_000).await;
     let blocker_call = intent(blocker.run_id, "charge", json!({"amount": 2}));
-    let mut lock = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(blocker.run_id.as_uuid())
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let lock = db.hold_lease_row(blocker.run_id).await;
     let before = db.ledger.group_commit_counts().unwrap();
     let release = async {
         waiting_on_a_lock(&db, "operation_register_claim").await;
@@ -816,16 +811,16 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
     let (expired, _) = db.running_run("agent-1", 30_000).await;
     let (unset, _) = db.running_run("agent-1", 30_000).await;
     // An expired lease, and one taken before leases had tokens.
-    sqlx::query("UPDATE worker_leases SET expires_at = clock_timestamp() WHERE run_id = $1")
-        .bind(expired.run_id.as_uuid())
-        .execute(&db.admin)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE worker_leases SET token_sha256 = NULL WHERE run_id = $1")
-        .bind(unset.run_id.as_uuid())
-        .execute(&db.admin)
-        .await
-        .unwrap();
+    db.execute_with(
+        "UPDATE worker_leases SET expires_at = clock_timestamp() WHERE run_id = $1",
+        (expired.run_id.as_uuid(),),
+    )
+    .await;
+    db.execute_with(
+        "UPDATE worker_leases SET token_sha256 = NULL WHERE run_id = $1",
+        (unset.run_id.as_uuid(),),
+    )
+    .await;
     db.wait_lease_expired(expired.run_id).await;
     let missing = LeaseClaim {
         run_id: RunId::generate(),
@@ -873,15 +868,6 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
         "applied",
         "applied",
     ];
-    let reader = &db;
-    let expiry = |run_id: RunId| async move {
-        reader
-            .scalar::<chrono::DateTime<chrono::Utc>>(
-                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
-                run_id.as_uuid(),
-            )
-            .await
-    };
     let refused: Vec<uuid::Uuid> = [&stale, &tokenless, &foreign, &finished, &expired, &unset]
         .iter()
         .map(|c| c.run_id.as_uuid())
@@ -895,19 +881,14 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
         .await
     };
     let untouched = refused_leases().await;
-    let before_a = expiry(ok_a.run_id).await;
-    let before_b = expiry(ok_b.run_id).await;
+    let before_a = db.lease_expiry(ok_a.run_id).await;
+    let before_b = db.lease_expiry(ok_b.run_id).await;
 
     // A lone renew on an idle committer is sent by its caller; to put the
     // others in one batch, a renew of another run goes first and waits on
     // its lease row, locked here, so that they all queue behind it.
     let (blocker, _) = db.running_run("agent-2", 30_000).await;
-    let mut lock = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = $1 FOR UPDATE")
-        .bind(blocker.run_id.as_uuid())
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let lock = db.hold_lease_row(blocker.run_id).await;
     let before = db.ledger.group_commit_counts().unwrap();
     let first = db.ledger.lease_renew(&blocker, 30_000);
     let answers = |ledger: Ledger| {
@@ -965,8 +946,8 @@ async fn concurrent_single_renews_share_a_statement_and_each_gets_the_single_ren
     };
     assert!(b_again.lease_expires_at > b.lease_expires_at);
     assert!(a_again.lease_expires_at > a.lease_expires_at);
-    assert_eq!(expiry(ok_a.run_id).await, a_again.lease_expires_at);
-    assert_eq!(expiry(ok_b.run_id).await, b_again.lease_expires_at);
+    assert_eq!(db.lease_expiry(ok_a.run_id).await, a_again.lease_expires_at);
+    assert_eq!(db.lease_expiry(ok_b.run_id).await, b_again.lease_expires_at);
     // The single path answers the same renews with the same verdicts, and
     // the refusals with the same lease found.
     let alone = within("the single renews", answers(single)).await;
@@ -990,27 +971,14 @@ async fn a_renew_left_out_of_a_batch_lost_in_flight_is_still_sent_and_the_batchs
     // Another ttl than the other two: left out of their statement.
     let (c, _) = db.running_run("agent-1", 30_000).await;
     let (blocker, _) = db.running_run("agent-2", 30_000).await;
-    let expiry_of = |run_id: RunId| {
-        let admin = db.admin.clone();
-        async move {
-            sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
-                "SELECT expires_at FROM worker_leases WHERE run_id = $1",
-            )
-            .bind(run_id.as_uuid())
-            .fetch_one(&admin)
-            .await
-            .unwrap()
-        }
-    };
-    let (a_before, b_before) = (expiry_of(a.run_id).await, expiry_of(b.run_id).await);
+    let (a_before, b_before) = (
+        db.lease_expiry(a.run_id).await,
+        db.lease_expiry(b.run_id).await,
+    );
     // The blocker's renew waits on its lease (so the others queue behind it
     // into one batch), and the batch statement then waits on b's.
-    let mut locks = db.admin.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM worker_leases WHERE run_id = ANY ($1) FOR UPDATE")
-        .bind(vec![blocker.run_id.as_uuid(), b.run_id.as_uuid()])
-        .execute(&mut *locks)
-        .await
-        .unwrap();
+    let blocked = db.hold_lease_row(blocker.run_id).await;
+    let b_locked = db.hold_lease_row(b.run_id).await;
     let first = db.ledger.lease_renew(&blocker, 30_000);
     let queued = async {
         waiting_on_a_lock(&db, "lease_renew").await;
@@ -1030,7 +998,8 @@ async fn a_renew_left_out_of_a_batch_lost_in_flight_is_still_sent_and_the_batchs
                 .unwrap();
         };
         let (answers, ()) = tokio::join!(renews, kill);
-        locks.commit().await.unwrap();
+        blocked.commit().await.unwrap();
+        b_locked.commit().await.unwrap();
         answers
     };
     let (first, answers) = within("a batch lost in flight", async {
@@ -1055,10 +1024,13 @@ async fn a_renew_left_out_of_a_batch_lost_in_flight_is_still_sent_and_the_batchs
     let Fenced::Applied(renewed) = c_answer.unwrap() else {
         panic!("the left-out renew was not renewed");
     };
-    assert_eq!(expiry_of(c.run_id).await, renewed.lease_expires_at);
+    assert_eq!(db.lease_expiry(c.run_id).await, renewed.lease_expires_at);
     // The lost statement committed nothing.
     assert_eq!(
-        (expiry_of(a.run_id).await, expiry_of(b.run_id).await),
+        (
+            db.lease_expiry(a.run_id).await,
+            db.lease_expiry(b.run_id).await
+        ),
         (a_before, b_before)
     );
 }
