@@ -207,6 +207,8 @@ enum Lease<'a> {
 /// One run of the Python client.
 #[derive(Clone, Copy)]
 struct ClientRun<'a> {
+    /// `stateless`, `sessions` or `stdio`.
+    front: &'a str,
     /// The front's MCP URL, or "stdio" (then `stdio_command` is spawned).
     server: &'a str,
     stdio_command: Option<&'a [String]>,
@@ -222,6 +224,7 @@ struct ClientRun<'a> {
 /// Runs the Python client once; returns the checks it reported.
 async fn run_client(run: &ClientRun<'_>, lease: Lease<'_>) -> Vec<Value> {
     let ClientRun {
+        front,
         server,
         stdio_command,
         mode,
@@ -233,7 +236,8 @@ async fn run_client(run: &ClientRun<'_>, lease: Lease<'_>) -> Vec<Value> {
     let mut command = tokio::process::Command::new(common::peers::python());
     command
         .arg(SCRIPT)
-        .args(["--server", server, "--mode", mode, "--upstream", upstream])
+        .args(["--front", front, "--server", server, "--mode", mode])
+        .args(["--upstream", upstream])
         .args(["--interactive", if interactive { "yes" } else { "no" }])
         .args(["--tag", tag]);
     match lease {
@@ -455,6 +459,7 @@ async fn the_python_sdk_sees_server_everything_through_every_front(
             &db,
             &setup,
             ClientRun {
+                front,
                 server: &server,
                 stdio_command,
                 mode,
@@ -522,6 +527,7 @@ async fn the_python_sdk_passes_through_session_mode_on_stdio_and_stateless_http(
             &db,
             &setup,
             ClientRun {
+                front,
                 server: &server,
                 stdio_command,
                 mode: "auto",

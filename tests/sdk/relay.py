@@ -28,6 +28,7 @@ import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
 
+import late_answers
 import report as report_module
 from report import report
 
@@ -273,6 +274,7 @@ async def cancel_of_a_reused_request_id():
     async with Client(args.server, mode="legacy") as first:
         await first.call_tool(tool("get-sum"), {"a": 1, "b": 2})
     async with Client(args.server, mode="legacy") as second:
+        answered_before = late_answers.received
         scope = anyio.CancelScope()
 
         async def call():
@@ -289,6 +291,12 @@ async def cancel_of_a_reused_request_id():
             return any('"cancelled":true' in line.replace(" ", "") for line in lines("calls.jsonl"))
 
         await wait_for("the cancel to reach the tool", lambda: anyio.to_thread.run_sync(cancelled), deadline=15.0)
+        # leasegate answers the cancelled call at once; close only after
+        # that answer arrived (see late_answers).
+        async def answered():
+            return late_answers.received > answered_before
+
+        await wait_for("the cancelled call's answer", answered)
     return {"cancelled": to}
 
 

@@ -10,7 +10,8 @@ gated call's `_meta`; with `--lease session` the client sends no lease at all
 its task in a `Leasegate-Task` header on its HTTP client, over stdio the task
 is on leasegate's command line. Everything else is plain SDK usage.
 
-usage: transparency.py --server URL|stdio --stdio-command JSON --mode auto|legacy
+usage: transparency.py --front stateless|sessions|stdio --server URL|stdio
+       --stdio-command JSON --mode auto|legacy
        --upstream NAME [--lease explicit --run-id ID --owner O --epoch N]
        [--lease session --task KEY] --interactive yes|no
        --mailer-state DIR --tag TAG
@@ -32,6 +33,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+import late_answers
 # The checks' JSON lines and failure count, shared with the other SDK script.
 import report as report_module
 from report import report
@@ -40,6 +42,7 @@ warnings.simplefilter("ignore")
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--server", required=True)
+parser.add_argument("--front", choices=["stateless", "sessions", "stdio"], required=True)
 parser.add_argument("--stdio-command", default="[]")
 parser.add_argument("--mode", default="auto")
 parser.add_argument("--upstream", default="everything")
@@ -374,6 +377,7 @@ async def main():
             async def cancellation():
                 state = args.mailer_state
                 to = f"cancel-{args.tag}@example.com"
+                answered_before = late_answers.received
 
                 def emails():
                     try:
@@ -405,7 +409,14 @@ async def main():
                 # Stay connected until the tool saw the cancel (the SDK sends
                 # notifications/cancelled in the background).
                 await wait_for("the cancel to reach the tool", lambda: anyio.to_thread.run_sync(cancel_seen))
-                return {"cancelled": to}
+                # On the stateless front a handshake-era client keeps the
+                # cancelled request's POST open, and leasegate answers it at
+                # once (-32800): wait until that answer was received. A
+                # 2026-07-28 client aborts the POST instead, and with a
+                # session (or over stdio) a cancelled request gets no answer.
+                if args.front == "stateless" and not modern:
+                    await wait_for("the cancelled call's answer", lambda: value_of(late_answers.received > answered_before))
+                return {"cancelled": to, "late_answers": late_answers.received - answered_before}
             await check("cancellation_reaches_the_upstream", cancellation)
 
         if args.interactive == "yes":
