@@ -166,17 +166,8 @@ impl Ledger {
             ttl_ms,
             tenant,
         };
-        let answer = async {
-            let batched = match &self.group {
-                Some(group) => group.renews.verdict(args.queued()).await?,
-                None => None,
-            };
-            match batched {
-                Some(row) => Ok(row),
-                None => args.alone(self).await,
-            }
-        };
-        let row: WriteRow = answer.await.inspect_err(|error| {
+        let answer = self.grouped(|group| &group.renews, &args).await;
+        let row: WriteRow = answer.inspect_err(|error| {
             let outcome = match error.delivery() {
                 super::Delivery::Unknown => "result_unknown",
                 _ => "db_error",

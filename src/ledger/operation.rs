@@ -243,14 +243,7 @@ impl Ledger {
             claim_ttl_ms,
             tenant,
         };
-        let batched = match &self.group {
-            Some(group) => group.registers.verdict(args.queued()).await?,
-            None => None,
-        };
-        let ClaimRow { row, wal } = match batched {
-            Some(row) => row,
-            None => args.alone(self).await?,
-        };
+        let ClaimRow { row, wal } = self.grouped(|group| &group.registers, &args).await?;
         let expected = Expected::claim(claim);
         if let Some(rejection) = row.rejection(CALL, expected, Some(intent), self.bodies())? {
             return Ok((Fenced::Rejected(rejection), None));
@@ -374,14 +367,7 @@ impl Ledger {
             remote_id,
             result: &result,
         };
-        let batched = match &self.group {
-            Some(group) => group.settles.verdict(args.queued()).await?,
-            None => None,
-        };
-        let answer: SettleRow = match batched {
-            Some(row) => row,
-            None => args.alone(self).await?,
-        };
+        let answer: SettleRow = self.grouped(|group| &group.settles, &args).await?;
         let position = answer.wal.position(CALL)?;
         let row = answer.into_op_row();
         let outcome = match row.outcome(CALL)? {

@@ -1034,3 +1034,59 @@ async fn a_renew_left_out_of_a_batch_lost_in_flight_is_still_sent_and_the_batchs
         (a_before, b_before)
     );
 }
+
+/// A lone call on an idle committer is the single statement, sent once:
+/// when the database refuses it, its caller gets that refusal, and the
+/// statement is not sent a second time.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_lone_call_the_database_refuses_is_sent_once_and_its_caller_gets_the_refusal(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::with_options(pool, connect, batched_options()).await;
+    let (lease, _) = db.running_run("agent-1", 30_000).await;
+    // Every insert of an operation row counts itself (a sequence is not
+    // rolled back) and is refused.
+    sqlx::raw_sql(
+        "CREATE SEQUENCE insert_attempts;
+         GRANT USAGE ON SEQUENCE insert_attempts TO PUBLIC;
+         CREATE FUNCTION refuse_operation_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           PERFORM nextval('insert_attempts');
+           RAISE EXCEPTION 'operation inserts are refused by this test';
+         END $$;
+         CREATE TRIGGER refuse_operation_insert BEFORE INSERT ON tool_operations
+           FOR EACH ROW EXECUTE FUNCTION refuse_operation_insert();",
+    )
+    .execute(&db.admin)
+    .await
+    .unwrap();
+    let before = db.ledger.group_commit_counts().unwrap();
+    let call = intent(lease.run_id, "charge", json!({"amount": 1}));
+    let error = db
+        .ledger
+        .operation_register_claim(&lease, &call, None, "proxy-1", 30_000)
+        .await
+        .expect_err("the insert is refused");
+    let sqlstate = match &error {
+        leasegate::ledger::LedgerError::Database { source, .. } => source
+            .as_database_error()
+            .and_then(|e| e.code())
+            .map(|code| code.into_owned()),
+        other => panic!("expected the database's refusal, got {other:?}"),
+    };
+    assert_eq!(sqlstate.as_deref(), Some("P0001"), "{error}");
+    let attempts: i64 = db
+        .query_scalar("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM insert_attempts")
+        .await;
+    assert_eq!(
+        attempts, 1,
+        "the refused statement was sent {attempts} times"
+    );
+    let after = db.ledger.group_commit_counts().unwrap();
+    assert_eq!(after, before, "a refused lone call answers no batch");
+    let operations: i64 = db
+        .query_scalar("SELECT count(*) FROM tool_operations")
+        .await;
+    assert_eq!(operations, 0);
+}

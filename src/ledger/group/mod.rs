@@ -7,9 +7,9 @@
 //! also is.
 //!
 //! A caller that finds its kind idle (nothing queued, no batch in flight)
-//! sends its item as a batch of one from its own task (the single
-//! statement, no hop); otherwise it enqueues the item and awaits a
-//! oneshot. One drainer task per kind takes the first queued item, then everything already queued and,
+//! sends its call from its own task as the single statement, with its
+//! borrowed arguments ([`Ledger::grouped`]: no copy, no hop); otherwise it
+//! enqueues an owned copy of them and awaits a oneshot. One drainer task per kind takes the first queued item, then everything already queued and,
 //! (with a [`GroupCommitSettings::window`], while another batch of its
 //! kind is in flight) what arrives within it, up to
 //! [`GroupCommitSettings::max_batch`], and sends the batch as ONE
@@ -45,6 +45,8 @@
 //!
 //! # Failure handling
 //!
+//! - A call sent alone from an idle kind is the single path: its error is
+//!   the single call's, and it is not sent again.
 //! - An item that raises in SQL is rolled back alone (its own
 //!   subtransaction) and answered [`ItemAnswer::Alone`]: the caller sends
 //!   it again through the single path, which answers or fails exactly as
@@ -68,7 +70,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 mod register;
@@ -170,8 +172,6 @@ type Reply<A> = oneshot::Sender<Result<ItemAnswer<A>, LedgerError>>;
 pub(super) struct Batcher<F: Flush> {
     queue: mpsc::UnboundedSender<(F::Item, Reply<F::Answer>)>,
     counts: Arc<Counts>,
-    /// The ledger batches are sent on (it holds no group).
-    ledger: Ledger,
     /// Batches of this kind in flight, shared with the drainer.
     in_flight: Arc<Semaphore>,
     /// Items sent to the queue and not yet taken by the drainer.
@@ -221,7 +221,7 @@ impl<F: Flush> Batcher<F> {
         let in_flight = Arc::new(Semaphore::new(limit));
         let queued = Arc::new(AtomicUsize::new(0));
         let drainer = Drainer {
-            ledger: ledger.clone(),
+            ledger,
             receiver,
             settings,
             counts: counts.clone(),
@@ -232,41 +232,27 @@ impl<F: Flush> Batcher<F> {
         Self {
             queue,
             counts,
-            ledger,
             in_flight,
             queued,
             limit,
         }
     }
 
-    /// Enqueues `item` and waits for its batch: the item's verdict, or
-    /// `None` when the caller is to send it alone (the single path).
-    pub(super) async fn verdict(&self, item: F::Item) -> Result<Option<F::Answer>, LedgerError> {
-        match self.submit(item).await? {
-            ItemAnswer::Verdict(answer) => Ok(Some(answer)),
-            ItemAnswer::Alone => Ok(None),
-            ItemAnswer::Failed(error) => Err(error),
+    /// A permit to send one call as a statement of its own from the
+    /// caller's task: granted when the kind is idle, nothing queued and no
+    /// batch in flight (a lone caller pays no hop through the drainer;
+    /// calls arriving meanwhile queue and go as the next batch).
+    fn idle_permit(&self) -> Option<OwnedSemaphorePermit> {
+        if self.queued.load(Ordering::Acquire) != 0
+            || self.in_flight.available_permits() != self.limit
+        {
+            return None;
         }
+        self.in_flight.clone().try_acquire_owned().ok()
     }
 
-    /// Sends `item` as a batch of one from the caller's own task when its
-    /// kind is idle, nothing queued and no batch in flight (a lone caller
-    /// pays no hop through the drainer; calls arriving meanwhile queue and
-    /// go as the next batch); otherwise enqueues it and waits for its
-    /// batch's answer.
-    async fn submit(&self, item: F::Item) -> Result<ItemAnswer<F::Answer>, LedgerError> {
-        if self.queued.load(Ordering::Acquire) == 0
-            && self.in_flight.available_permits() == self.limit
-            && let Ok(permit) = self.in_flight.clone().try_acquire_owned()
-        {
-            let (reply, answer) = oneshot::channel();
-            send_batch::<F>(&self.ledger, &self.counts, vec![(item, reply)]).await;
-            drop(permit);
-            return answer.await.unwrap_or(Err(LedgerError::OutcomeUnknown {
-                call: F::CALL,
-                source: sqlx::Error::WorkerCrashed,
-            }));
-        }
+    /// Enqueues `item` and waits for its batch's answer.
+    async fn enqueue(&self, item: F::Item) -> Result<ItemAnswer<F::Answer>, LedgerError> {
         let (reply, answer) = oneshot::channel();
         self.queued.fetch_add(1, Ordering::AcqRel);
         if self.queue.send((item, reply)).is_err() {
@@ -278,6 +264,54 @@ impl<F: Flush> Batcher<F> {
             call: F::CALL,
             source: sqlx::Error::WorkerCrashed,
         }))
+    }
+}
+
+/// The borrowed arguments of one call of a batched kind: sent as a
+/// statement of its own (the single path, and a batch of one), or owned
+/// and queued for a batch.
+pub(super) trait Call: Sync {
+    type Batch: Flush;
+    /// The single function's statement, with these arguments.
+    fn alone(
+        &self,
+        ledger: &Ledger,
+    ) -> impl Future<Output = Result<<Self::Batch as Flush>::Answer, LedgerError>> + Send;
+    /// The arguments owned, to wait in the queue.
+    fn queued(&self) -> <Self::Batch as Flush>::Item;
+}
+
+impl Ledger {
+    /// One call of a batched kind, answered as the single function answers
+    /// it: its own statement when group commit is off or `batcher` is idle
+    /// (no copy of the arguments), else its item's verdict from a batch,
+    /// or its own statement after all when the batch says so
+    /// ([`ItemAnswer::Alone`]).
+    pub(super) async fn grouped<C: Call>(
+        &self,
+        batcher: impl FnOnce(&Group) -> &Batcher<C::Batch>,
+        call: &C,
+    ) -> Result<<C::Batch as Flush>::Answer, LedgerError> {
+        let Some(group) = &self.group else {
+            return call.alone(self).await;
+        };
+        let batcher = batcher(group);
+        if let Some(permit) = batcher.idle_permit() {
+            let answer = call.alone(self).await;
+            drop(permit);
+            metrics::histogram!("leasegate_group_commit_batch_size", "call" => C::Batch::CALL)
+                .record(1.0);
+            if answer.is_ok() {
+                batcher.counts.batches.fetch_add(1, Ordering::Relaxed);
+                batcher.counts.items.fetch_add(1, Ordering::Relaxed);
+            }
+            return answer;
+        }
+        match batcher.enqueue(call.queued()).await? {
+            ItemAnswer::Verdict(answer) => Ok(answer),
+            ItemAnswer::Alone => call.alone(self).await,
+            ItemAnswer::Failed(error) => Err(error),
+        }
     }
 }
 

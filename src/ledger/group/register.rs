@@ -10,7 +10,7 @@ use sqlx::FromRow;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::{Flush, ItemAnswer, in_item_order};
+use super::{Call, Flush, ItemAnswer, in_item_order};
 use crate::ledger::operation_rows::{ClaimRow, IntentParams};
 use crate::ledger::{Ledger, LedgerError};
 
@@ -70,9 +70,11 @@ pub(in crate::ledger) struct RegisterArgs<'a, 'p> {
     pub(in crate::ledger) tenant: Option<&'a str>,
 }
 
-impl RegisterArgs<'_, '_> {
+impl Call for RegisterArgs<'_, '_> {
+    type Batch = RegisterBatch;
+
     /// One `operation_register_claim` statement of its own.
-    pub(in crate::ledger) async fn alone(&self, ledger: &Ledger) -> Result<ClaimRow, LedgerError> {
+    async fn alone(&self, ledger: &Ledger) -> Result<ClaimRow, LedgerError> {
         ledger
             .invoke("operation_register_claim", true, || {
                 sqlx::query_as(
@@ -90,7 +92,7 @@ impl RegisterArgs<'_, '_> {
             .await
     }
 
-    pub(in crate::ledger) fn queued(&self) -> RegisterItem {
+    fn queued(&self) -> RegisterItem {
         RegisterItem {
             run_id: self.run_id,
             owner: self.owner.to_owned(),

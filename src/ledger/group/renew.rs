@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use sqlx::FromRow;
 use uuid::Uuid;
 
-use super::{Flush, ItemAnswer};
+use super::{Call, Flush, ItemAnswer};
 use crate::ledger::verdict::WriteRow;
 use crate::ledger::{Ledger, LedgerError};
 
@@ -37,9 +37,11 @@ pub(in crate::ledger) struct RenewArgs<'a> {
     pub(in crate::ledger) tenant: Option<&'a str>,
 }
 
-impl RenewArgs<'_> {
+impl Call for RenewArgs<'_> {
+    type Batch = RenewBatch;
+
     /// One `lease_renew` statement of its own.
-    pub(in crate::ledger) async fn alone(&self, ledger: &Ledger) -> Result<WriteRow, LedgerError> {
+    async fn alone(&self, ledger: &Ledger) -> Result<WriteRow, LedgerError> {
         ledger
             .invoke("lease_renew", true, || {
                 sqlx::query_as("SELECT * FROM lease_renew($1, $2, $3, $4, $5, $6)")
@@ -53,7 +55,7 @@ impl RenewArgs<'_> {
             .await
     }
 
-    pub(in crate::ledger) fn queued(&self) -> RenewItem {
+    fn queued(&self) -> RenewItem {
         RenewItem {
             run_id: self.run_id,
             owner: self.owner.to_owned(),

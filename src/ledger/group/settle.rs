@@ -9,7 +9,7 @@ use sqlx::FromRow;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use super::{Flush, ItemAnswer, in_item_order};
+use super::{Call, Flush, ItemAnswer, in_item_order};
 use crate::ledger::durability::WalColumns;
 use crate::ledger::operation_rows::SettleRow;
 use crate::ledger::{Ledger, LedgerError};
@@ -52,9 +52,11 @@ pub(in crate::ledger) struct SettleArgs<'a> {
     pub(in crate::ledger) result: &'a Value,
 }
 
-impl SettleArgs<'_> {
+impl Call for SettleArgs<'_> {
+    type Batch = SettleBatch;
+
     /// One `CALL operation_settle_acknowledged` of its own.
-    pub(in crate::ledger) async fn alone(&self, ledger: &Ledger) -> Result<SettleRow, LedgerError> {
+    async fn alone(&self, ledger: &Ledger) -> Result<SettleRow, LedgerError> {
         ledger
             .invoke("operation_settle", true, || {
                 sqlx::query_as("CALL operation_settle_acknowledged($1, $2, $3, $4, $5, $6, $7)")
@@ -69,7 +71,7 @@ impl SettleArgs<'_> {
             .await
     }
 
-    pub(in crate::ledger) fn queued(&self) -> SettleItem {
+    fn queued(&self) -> SettleItem {
         SettleItem {
             operation_id: self.operation_id.to_owned(),
             dispatch_owner: self.dispatch_owner.to_owned(),
