@@ -4,7 +4,8 @@
 
 use crate::control::exit;
 
-/// `leasegate check-config`: one line per file; the exit code is the first
+/// `leasegate check-config`: one line per file (and a `note` line for what
+/// a valid file leaves to defaults worth knowing); the exit code is the first
 /// failing file's problem (`config::Problem::exit_code`: 1 invalid, 12
 /// upstream command, 13 database URL, 14 timeouts out of order), 0 when
 /// every file is valid.
@@ -17,7 +18,12 @@ pub(super) fn check_config(files: &[std::path::PathBuf]) -> u8 {
             Ok(kind)
         });
         match checked {
-            Ok(kind) => println!("ok   {} ({kind})", file.display()),
+            Ok(kind) => {
+                println!("ok   {} ({kind})", file.display());
+                for note in crate::config::notes(file, kind) {
+                    println!("note {}: {note}", file.display());
+                }
+            }
             Err(error) => {
                 failed += 1;
                 first.get_or_insert(error.problem.exit_code());

@@ -67,3 +67,27 @@ pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
     }
     check_commands(&Config::load(path)?, path)
 }
+
+/// What `leasegate check-config` tells about a valid main configuration
+/// beyond "ok": each upstream without an adapter file, whose tools are
+/// then all side-effecting with capability `none` (valid, and the safe
+/// default, but easy to miss: an adapter file not written, or named for
+/// another upstream). Other kinds of file have none.
+pub fn notes(path: &Path, kind: &str) -> Vec<String> {
+    if kind != "config" {
+        return Vec::new();
+    }
+    let Ok(config) = Config::load(path) else {
+        return Vec::new();
+    };
+    config
+        .upstreams
+        .keys()
+        .filter(|name| !config.adapters.contains_key(*name))
+        .map(|name| {
+            format!(
+                "upstream {name:?} has no adapter file: each of its tools is side-effecting with capability \"none\" (every call gated; an unknown outcome waits for an operator)"
+            )
+        })
+        .collect()
+}

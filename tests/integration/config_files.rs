@@ -437,6 +437,25 @@ fn check_config_refuses_missing_commands_bad_database_urls_and_claims_shorter_th
         stdout.contains("no-adapter.toml: upstreams.mail (no adapter file: the default tool timeout): 30s plus a margin of 1s does not fit in the policy's reconcile_claim_ttl (20s"),
         "{stdout}"
     );
+    // With claims long enough it is valid, and said to gate every tool.
+    std::fs::write(
+        dir.join("policies/p.toml"),
+        "claim_ttl = \"60s\"\nreconcile_claim_ttl = \"60s\"\n",
+    )
+    .unwrap();
+    let (code, stdout, _) = check_config(std::slice::from_ref(&no_adapter));
+    assert_eq!(code, Some(0), "{stdout}");
+    assert_eq!(
+        stdout,
+        format!(
+            "ok   {path} (config)\nnote {path}: upstream \"mail\" has no adapter file: each of its tools is side-effecting with capability \"none\" (every call gated; an unknown outcome waits for an operator)\n",
+            path = no_adapter.display()
+        )
+    );
+    // A config whose upstreams all have adapter files gets no note.
+    let (code, stdout, _) = check_config(&[dir.join("ok.toml")]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(!stdout.contains("note "), "{stdout}");
     // In key mode the key's lease lasts claim_ttl: within the ceiling.
     std::fs::write(
         dir.join("policies/p.toml"),
