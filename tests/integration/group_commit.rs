@@ -1035,9 +1035,11 @@ async fn a_renew_left_out_of_a_batch_lost_in_flight_is_still_sent_and_the_batchs
     );
 }
 
-/// A lone call on an idle committer is the single statement, sent once:
-/// when the database refuses it, its caller gets that refusal, and the
-/// statement is not sent a second time.
+/// A lone call is the single statement, sent once, whether it found the
+/// committer idle (sent from its own task) or queued behind a batch in
+/// flight (sent by the drainer as a batch of one): when the database
+/// refuses it, its caller gets that refusal, and the statement is not sent
+/// a second time.
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
 async fn a_lone_call_the_database_refuses_is_sent_once_and_its_caller_gets_the_refusal(
     pool: PgPoolOptions,
@@ -1045,15 +1047,18 @@ async fn a_lone_call_the_database_refuses_is_sent_once_and_its_caller_gets_the_r
 ) {
     let db = TestDb::with_options(pool, connect, batched_options()).await;
     let (lease, _) = db.running_run("agent-1", 30_000).await;
-    // Every insert of an operation row counts itself (a sequence is not
-    // rolled back) and is refused.
+    // Every insert of an operation of step "refused" counts itself (a
+    // sequence is not rolled back) and is refused.
     sqlx::raw_sql(
         "CREATE SEQUENCE insert_attempts;
          GRANT USAGE ON SEQUENCE insert_attempts TO PUBLIC;
          CREATE FUNCTION refuse_operation_insert() RETURNS trigger LANGUAGE plpgsql AS $$
          BEGIN
-           PERFORM nextval('insert_attempts');
-           RAISE EXCEPTION 'operation inserts are refused by this test';
+           IF NEW.step_id = 'refused' THEN
+             PERFORM nextval('insert_attempts');
+             RAISE EXCEPTION 'operation inserts of step refused are refused by this test';
+           END IF;
+           RETURN NEW;
          END $$;
          CREATE TRIGGER refuse_operation_insert BEFORE INSERT ON tool_operations
            FOR EACH ROW EXECUTE FUNCTION refuse_operation_insert();",
@@ -1061,14 +1066,78 @@ async fn a_lone_call_the_database_refuses_is_sent_once_and_its_caller_gets_the_r
     .execute(&db.admin)
     .await
     .unwrap();
+    let attempts = || async {
+        db.query_scalar::<i64>(
+            "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM insert_attempts",
+        )
+        .await
+    };
+    let refused_call = intent(lease.run_id, "refused", json!({"amount": 1}));
+
+    // Idle: the caller sends it itself.
     let before = db.ledger.group_commit_counts().unwrap();
-    let call = intent(lease.run_id, "charge", json!({"amount": 1}));
     let error = db
         .ledger
-        .operation_register_claim(&lease, &call, None, "proxy-1", 30_000)
+        .operation_register_claim(&lease, &refused_call, None, "proxy-1", 30_000)
         .await
         .expect_err("the insert is refused");
-    let sqlstate = match &error {
+    assert_refused(&error);
+    assert_eq!(attempts().await, 1, "the refused statement was sent again");
+    let after = db.ledger.group_commit_counts().unwrap();
+    assert_eq!(after, before, "a refused lone call answers no batch");
+
+    // Queued: another run's call is in flight, waiting on its lease row
+    // (locked here), so the refused call queues and the drainer sends it
+    // as a batch of one.
+    let (blocker, _) = db.running_run("agent-2", 30_000).await;
+    let blocker_call = intent(blocker.run_id, "charge", json!({"amount": 2}));
+    let lock = db.hold_lease_row(blocker.run_id).await;
+    let before = db.ledger.group_commit_counts().unwrap();
+    let first =
+        db.ledger
+            .operation_register_claim(&blocker, &blocker_call, None, "proxy-1", 30_000);
+    let queued = async {
+        waiting_on_a_lock(&db, "operation_register_claim").await;
+        let refused = db
+            .ledger
+            .operation_register_claim(&lease, &refused_call, None, "proxy-1", 30_000)
+            .await;
+        lock.commit().await.unwrap();
+        refused
+    };
+    let (first, refused) = within("a refused call queued behind another", async {
+        tokio::join!(first, queued)
+    })
+    .await;
+    assert!(
+        matches!(applied(first.unwrap()), InlineClaim::Claimed { .. }),
+        "the call in flight is claimed"
+    );
+    assert_refused(&refused.expect_err("the insert is refused"));
+    assert_eq!(
+        attempts().await,
+        2,
+        "the queued refused statement was sent again"
+    );
+    let after = db.ledger.group_commit_counts().unwrap();
+    assert_eq!(
+        (
+            after.register_batches - before.register_batches,
+            after.register_alone - before.register_alone
+        ),
+        (1, 0),
+        "the call in flight answered; the refused one neither answered nor sent again alone"
+    );
+    let operations: Vec<String> = db
+        .query_scalars("SELECT step_id FROM tool_operations")
+        .await;
+    assert_eq!(operations, ["charge"]);
+}
+
+/// `error` is the test trigger's refusal (`P0001`), as the single path
+/// reports it.
+fn assert_refused(error: &leasegate::ledger::LedgerError) {
+    let sqlstate = match error {
         leasegate::ledger::LedgerError::Database { source, .. } => source
             .as_database_error()
             .and_then(|e| e.code())
@@ -1076,17 +1145,4 @@ async fn a_lone_call_the_database_refuses_is_sent_once_and_its_caller_gets_the_r
         other => panic!("expected the database's refusal, got {other:?}"),
     };
     assert_eq!(sqlstate.as_deref(), Some("P0001"), "{error}");
-    let attempts: i64 = db
-        .query_scalar("SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM insert_attempts")
-        .await;
-    assert_eq!(
-        attempts, 1,
-        "the refused statement was sent {attempts} times"
-    );
-    let after = db.ledger.group_commit_counts().unwrap();
-    assert_eq!(after, before, "a refused lone call answers no batch");
-    let operations: i64 = db
-        .query_scalar("SELECT count(*) FROM tool_operations")
-        .await;
-    assert_eq!(operations, 0);
 }

@@ -274,7 +274,7 @@ async def cancel_of_a_reused_request_id():
     async with Client(args.server, mode="legacy") as first:
         await first.call_tool(tool("get-sum"), {"a": 1, "b": 2})
     async with Client(args.server, mode="legacy") as second:
-        answered_before = late_answers.received
+        answered_before = late_answers.cancelled_answers()
         scope = anyio.CancelScope()
 
         async def call():
@@ -294,9 +294,9 @@ async def cancel_of_a_reused_request_id():
         # leasegate answers the cancelled call at once; close only after
         # that answer arrived (see late_answers).
         async def answered():
-            return late_answers.received > answered_before
+            return late_answers.cancelled_answers() > answered_before
 
-        await wait_for("the cancelled call's answer", answered)
+        await wait_for("leasegate's -32800 to the cancelled call", answered)
     return {"cancelled": to}
 
 

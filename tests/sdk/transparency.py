@@ -377,7 +377,7 @@ async def main():
             async def cancellation():
                 state = args.mailer_state
                 to = f"cancel-{args.tag}@example.com"
-                answered_before = late_answers.received
+                answered_before = late_answers.cancelled_answers()
 
                 def emails():
                     try:
@@ -415,8 +415,9 @@ async def main():
                 # 2026-07-28 client aborts the POST instead, and with a
                 # session (or over stdio) a cancelled request gets no answer.
                 if args.front == "stateless" and not modern:
-                    await wait_for("the cancelled call's answer", lambda: value_of(late_answers.received > answered_before))
-                return {"cancelled": to, "late_answers": late_answers.received - answered_before}
+                    await wait_for("leasegate's -32800 to the cancelled call",
+                                   lambda: value_of(late_answers.cancelled_answers() > answered_before))
+                return {"cancelled": to, "late_answers": late_answers.cancelled_answers() - answered_before}
             await check("cancellation_reaches_the_upstream", cancellation)
 
         if args.interactive == "yes":

@@ -45,8 +45,9 @@
 //!
 //! # Failure handling
 //!
-//! - A call sent alone from an idle kind is the single path: its error is
-//!   the single call's, and it is not sent again.
+//! - A call sent alone (from an idle kind, or as a batch of one: the single
+//!   statement either way) is the single path: its error is the single
+//!   call's, and it is not sent again.
 //! - An item that raises in SQL is rolled back alone (its own
 //!   subtransaction) and answered [`ItemAnswer::Alone`]: the caller sends
 //!   it again through the single path, which answers or fails exactly as
@@ -159,7 +160,9 @@ pub(super) trait Flush: Send + Sync + 'static {
     type Item: Send + 'static;
     type Answer: Send + 'static;
     const CALL: &'static str;
-    /// The answers in item order, one per item.
+    /// The answers in item order, one per item. A batch of one must be
+    /// sent as the single function's statement (its error is then the
+    /// single call's, and the caller does not send it again).
     fn flush(
         ledger: &Ledger,
         items: &[Self::Item],
@@ -297,10 +300,10 @@ impl Ledger {
         };
         let batcher = batcher(group);
         if let Some(permit) = batcher.idle_permit() {
-            let answer = call.alone(self).await;
-            drop(permit);
             metrics::histogram!("leasegate_group_commit_batch_size", "call" => C::Batch::CALL)
                 .record(1.0);
+            let answer = call.alone(self).await;
+            drop(permit);
             if answer.is_ok() {
                 batcher.counts.batches.fetch_add(1, Ordering::Relaxed);
                 batcher.counts.items.fetch_add(1, Ordering::Relaxed);
@@ -443,6 +446,13 @@ async fn send_batch<F: Flush>(
                     call: F::CALL,
                     detail: detail.clone(),
                 }));
+            }
+        }
+        // A batch of one was the single statement (every `Flush`): its
+        // error is the single call's, and it is not sent again.
+        Err(error) if replies.len() == 1 => {
+            if let Some(reply) = replies.into_iter().next() {
+                let _ = reply.send(Err(error));
             }
         }
         Err(error) => {
