@@ -231,6 +231,71 @@ pub struct Cell {
     pub rss_kib: Option<u64>,
     /// Where the machine's CPU went during the window, per call.
     pub cpu: Option<cpu::CpuPerCall>,
+    /// The served process's group-commit statements during the window.
+    pub batches: Option<BatchSizes>,
+}
+
+/// Mean calls per group-commit statement of each kind over a window (from
+/// `leasegate_group_commit_batch_size` on the control API's `/metrics`);
+/// `None` for a kind that sent no statement in it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BatchSizes {
+    pub register: Option<f64>,
+    pub settle: Option<f64>,
+    pub renew: Option<f64>,
+}
+
+/// The group-commit statement kinds as `/metrics` labels them.
+const BATCH_CALLS: [&str; 3] = [
+    "operation_register_claim_batch",
+    "operation_settle_batch",
+    "lease_renew_batch",
+];
+
+/// (sum, count) of `leasegate_group_commit_batch_size` per kind, in
+/// [`BATCH_CALLS`] order; `None` when `/metrics` cannot be read.
+async fn batch_totals(control: &str) -> Option<[(f64, f64); 3]> {
+    let text = client()
+        .ok()?
+        .get(format!("{control}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let mut totals = [(0.0, 0.0); 3];
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("leasegate_group_commit_batch_size_") else {
+            continue;
+        };
+        let (series, value) = rest.rsplit_once(' ')?;
+        let value: f64 = value.parse().ok()?;
+        for (slot, call) in totals.iter_mut().zip(BATCH_CALLS) {
+            if series.contains(&format!("call=\"{call}\"")) {
+                if series.starts_with("sum{") {
+                    slot.0 = value;
+                } else if series.starts_with("count{") {
+                    slot.1 = value;
+                }
+            }
+        }
+    }
+    Some(totals)
+}
+
+impl BatchSizes {
+    fn between(before: &[(f64, f64); 3], after: &[(f64, f64); 3]) -> Self {
+        let mean = |i: usize| {
+            let (calls, statements) = (after[i].0 - before[i].0, after[i].1 - before[i].1);
+            (statements > 0.0).then(|| calls / statements)
+        };
+        Self {
+            register: mean(0),
+            settle: mean(1),
+            renew: mean(2),
+        }
+    }
 }
 
 impl Cell {
@@ -245,6 +310,7 @@ impl Cell {
             p99_ms: stats::percentile_ms(samples, 0.99, Rank::Round),
             rss_kib: None,
             cpu: None,
+            batches: None,
         }
     }
 }
@@ -302,7 +368,13 @@ pub(super) async fn cell(
     let end = start + duration;
     window_tx.send(Some((start, end)))?;
     let leasegate_pid = served.and_then(|served| served.child.id());
+    let control = served.map(|served| served.control.as_str()).unwrap_or("");
     tokio::time::sleep_until(start.into()).await;
+    let batches_start = if control.is_empty() {
+        None
+    } else {
+        batch_totals(control).await
+    };
     let cpu_start = cpu::CpuSample::take(leasegate_pid);
     // Resident memory with every caller in flight: sampled at 90% of the window.
     let mut rss_kib = None;
@@ -312,6 +384,12 @@ pub(super) async fn cell(
     }
     tokio::time::sleep_until(end.into()).await;
     let cpu_end = cpu::CpuSample::take(leasegate_pid);
+    let batches = match batches_start {
+        Some(before) => batch_totals(control)
+            .await
+            .map(|after| BatchSizes::between(&before, &after)),
+        None => None,
+    };
     let mut samples = Vec::new();
     for task in tasks {
         match task.await? {
@@ -325,6 +403,7 @@ pub(super) async fn cell(
     let calls = samples.len() as u64;
     Ok(Cell {
         rss_kib,
+        batches,
         cpu: cpu_start.per_call(&cpu_end, calls, cpu::Load::ThisProcess),
         ..Cell::of_samples(&mut samples, calls, calls as f64 / duration.as_secs_f64())
     })

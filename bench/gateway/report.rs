@@ -480,6 +480,7 @@ impl Report {
             }
         }
         self.cpu_markdown(&mut out);
+        self.batch_markdown(&mut out);
         out
     }
 
@@ -505,6 +506,57 @@ impl Report {
             other_ms: pick(|c| c.other_ms),
             busy: pick(|c| c.busy),
         })
+    }
+
+    /// The third table: how many calls each group-commit statement carried
+    /// during the gated cells (medians of the repetitions).
+    fn batch_markdown(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let rows: Vec<(usize, [Option<f64>; 3])> = self
+            .cells
+            .iter()
+            .filter(|((measure, _), _)| *measure == Measure::Leasegate(Kind::Gated))
+            .filter_map(|((_, callers), cells)| {
+                let sizes: Vec<_> = cells.iter().filter_map(|cell| cell.batches).collect();
+                if sizes.is_empty() {
+                    return None;
+                }
+                let median = |pick: fn(&load::BatchSizes) -> Option<f64>| {
+                    let values: Vec<f64> = sizes.iter().filter_map(pick).collect();
+                    stats::upper_median(&values)
+                };
+                Some((
+                    *callers,
+                    [
+                        median(|b| b.register),
+                        median(|b| b.settle),
+                        median(|b| b.renew),
+                    ],
+                ))
+            })
+            .collect();
+        if rows.is_empty() {
+            return;
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "Group commit during the gated cells: calls per statement (`leasegate_group_commit_batch_size` \
+             on `/metrics` over the measured window, a lone call counting as a statement of one; medians of \
+             the repetitions; renews are the keep-alive heartbeats)."
+        );
+        let _ = writeln!(out, "| callers | register-claim | settle | lease renew |");
+        let _ = writeln!(out, "|---|---|---|---|");
+        let shown = |value: Option<f64>| value.map_or("–".to_owned(), |v| format!("{v:.1}"));
+        for (callers, [register, settle, renew]) in rows {
+            let _ = writeln!(
+                out,
+                "| {callers} | {} | {} | {} |",
+                shown(register),
+                shown(settle),
+                shown(renew)
+            );
+        }
     }
 
     /// The second table: where the machine's CPU went per call, and the two

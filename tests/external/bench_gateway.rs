@@ -185,6 +185,28 @@ async fn a_quick_run_measures_every_cell_round_trips_and_memory() {
                     "pgbench's cells cost the database, not the proxy: {cpu:?}"
                 ),
             }
+            // The group-commit statements of a gated cell, read from the
+            // served process's /metrics (group commit on, as served by
+            // default): every call registered and settled through them.
+            if measure == Measure::Leasegate(Kind::Gated)
+                && leasegate::ledger::group_commit_env_override() != Some(false)
+            {
+                let batches = cells[0]
+                    .batches
+                    .unwrap_or_else(|| panic!("gated at {callers}: /metrics not read"));
+                for (kind, mean) in [
+                    ("register-claim", batches.register),
+                    ("settle", batches.settle),
+                ] {
+                    let mean = mean.unwrap_or_else(|| {
+                        panic!("gated at {callers}: no {kind} statement counted: {batches:?}")
+                    });
+                    assert!(
+                        (1.0..=64.0).contains(&mean),
+                        "gated at {callers}: {mean} {kind} calls per statement"
+                    );
+                }
+            }
         }
     }
     for measure in [
