@@ -14,13 +14,13 @@ pub(super) fn check_config(files: &[std::path::PathBuf]) -> u8 {
     let mut failed = 0;
     for file in files {
         let checked = crate::config::check_file(file).and_then(|kind| {
-            crate::config::check_runnable(file, kind)?;
-            Ok(kind)
+            let notes = crate::config::check_runnable(file, kind)?;
+            Ok((kind, notes))
         });
         match checked {
-            Ok(kind) => {
+            Ok((kind, notes)) => {
                 println!("ok   {} ({kind})", file.display());
-                for note in crate::config::notes(file, kind) {
+                for note in notes {
                     println!("note {}: {note}", file.display());
                 }
             }

@@ -60,26 +60,22 @@ pub fn check_file(path: &Path) -> Result<&'static str, ConfigError> {
 /// What `leasegate check-config` checks beyond [`check_file`]: a main
 /// configuration's stdio commands are there to run ([`check_commands`],
 /// resolved beside the running executable as `serve` would resolve them).
-/// Other kinds of file pass.
-pub fn check_runnable(path: &Path, kind: &str) -> Result<(), ConfigError> {
+/// Other kinds of file pass. Returns what a valid main configuration
+/// leaves to defaults worth knowing ([`notes`]).
+pub fn check_runnable(path: &Path, kind: &str) -> Result<Vec<String>, ConfigError> {
     if kind != "config" {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    check_commands(&Config::load(path)?, path)
+    let config = Config::load(path)?;
+    check_commands(&config, path)?;
+    Ok(notes(&config))
 }
 
-/// What `leasegate check-config` tells about a valid main configuration
-/// beyond "ok": each upstream without an adapter file, whose tools are
-/// then all side-effecting with capability `none` (valid, and the safe
-/// default, but easy to miss: an adapter file not written, or named for
-/// another upstream). Other kinds of file have none.
-pub fn notes(path: &Path, kind: &str) -> Vec<String> {
-    if kind != "config" {
-        return Vec::new();
-    }
-    let Ok(config) = Config::load(path) else {
-        return Vec::new();
-    };
+/// Each upstream of `config` without an adapter file, whose tools are then
+/// all side-effecting with capability `none` (valid, and the safe default,
+/// but easy to miss: an adapter file not written, or named for another
+/// upstream).
+fn notes(config: &Config) -> Vec<String> {
     config
         .upstreams
         .keys()

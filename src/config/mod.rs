@@ -75,7 +75,7 @@ mod timings;
 mod upstreams;
 
 pub use auth::{AuthConfig, AuthMode, JwtConfig, RawAuth, RawJwt};
-pub use check::{check_commands, check_file, check_runnable, notes};
+pub use check::{check_commands, check_file, check_runnable};
 pub use database::{
     DATABASE_URL_ENV, DATABASE_URL_HELP, DEFAULT_DATABASE_CONNECT_TIMEOUT, DEFAULT_DATABASE_URL,
     DEFAULT_DATABASE_URL_ENV, DatabaseConfig, DatabaseUrl, DatabaseUrlSource, EMBEDDED_DATABASE,

@@ -300,8 +300,7 @@ impl Ledger {
         };
         let batcher = batcher(group);
         if let Some(permit) = batcher.idle_permit() {
-            metrics::histogram!("leasegate_group_commit_batch_size", "call" => C::Batch::CALL)
-                .record(1.0);
+            record_batch_size::<C::Batch>(1);
             let answer = call.alone(self).await;
             drop(permit);
             if answer.is_ok() {
@@ -418,6 +417,13 @@ async fn drain<F: Flush>(mut drainer: Drainer<F>) {
     }
 }
 
+/// `leasegate_group_commit_batch_size`: the calls one statement of `F`
+/// carries (a lone call counts one).
+fn record_batch_size<F: Flush>(calls: usize) {
+    metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
+        .record(calls as f64);
+}
+
 /// Sends one batch and answers each of its callers.
 async fn send_batch<F: Flush>(
     ledger: &Ledger,
@@ -425,8 +431,7 @@ async fn send_batch<F: Flush>(
     batch: Vec<(F::Item, Reply<F::Answer>)>,
 ) {
     let (items, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
-    metrics::histogram!("leasegate_group_commit_batch_size", "call" => F::CALL)
-        .record(items.len() as f64);
+    record_batch_size::<F>(items.len());
     match F::flush(ledger, &items).await {
         Ok(answers) if answers.len() == replies.len() => {
             counts.batches.fetch_add(1, Ordering::Relaxed);
