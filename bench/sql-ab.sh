@@ -24,7 +24,9 @@
 # read in /proc (same host). Drops and recreates sql_ab_a and sql_ab_b (SQL_AB_DB_PREFIX=x: x_a and x_b,
 # so that two runs on one server do not clobber each other).
 # SCRIPT=<pgbench script> measures another statement than register-claim +
-# settle (e.g. bench/leasegate/renew.sql, the single lease renew).
+# settle (e.g. bench/leasegate/renew.sql, the single lease renew);
+# SCRIPT_B=<pgbench script> runs B with its own script (the same tree twice
+# with two scripts: a variant of the statements, e.g. bench/leasegate/settle/).
 # PGBENCH_ARGS adds arguments to every pgbench, e.g.
 # SCRIPT=bench/leasegate/register_claim_settle_batch.sql PGBENCH_ARGS='-D k=8'
 # (k calls per batch, so CLIENTS × k callers); CEILING_CLIENTS runs the
@@ -151,11 +153,11 @@ if [ "${CEILING:-0}" = 1 ]; then
   PGOPTIONS='-c client_min_messages=warning' psql -qX -v ON_ERROR_STOP=1 -d ${prefix}_ceiling \
     -f "$here/ceiling/schema.sql" -f "$here/ceiling/fn.sql" >/dev/null
 fi
-echo "A = $a_dir, B = $b_dir; $clients clients, ${seconds} s per cell, $rounds rounds"
+echo "A = $a_dir, B = $b_dir${SCRIPT_B:+ with $SCRIPT_B}; $clients clients, ${seconds} s per cell, $rounds rounds"
 echo "round  A calls/s  A PG CPU ms/call  B calls/s  B PG CPU ms/call  B/A CPU${CEILING:+  ceiling calls/s  ceiling ms/call}"
 for ((r = 1; r <= rounds; r++)); do
-  if ((r % 2)); then a=$(measure ${prefix}_a); b=$(measure ${prefix}_b)
-  else b=$(measure ${prefix}_b); a=$(measure ${prefix}_a); fi
+  if ((r % 2)); then a=$(measure ${prefix}_a); b=$(measure ${prefix}_b "${SCRIPT_B:-$script}")
+  else b=$(measure ${prefix}_b "${SCRIPT_B:-$script}"); a=$(measure ${prefix}_a); fi
   read -r a_tps a_cpu <<<"$a"; read -r b_tps b_cpu <<<"$b"
   printf "%5d  %9s  %16s  %9s  %16s  %7.3f" "$r" "$a_tps" "$a_cpu" "$b_tps" "$b_cpu" \
     "$(awk -v a="$a_cpu" -v b="$b_cpu" 'BEGIN { print b / a }')"

@@ -4,7 +4,7 @@
 //! the same upstream process. Numbers are reported, never asserted.
 //!
 //! ```text
-//! cargo run --release --example bench_latency -- [calls] [admin-database-url] [callers,…]
+//! cargo run --release --example bench_latency -- [calls] [admin-database-url] [callers,…] [rounds]
 //! ```
 //!
 //! The upstream is `@modelcontextprotocol/server-everything` over Streamable
@@ -27,6 +27,12 @@
 //! for 5 s after 1 s of warm-up, straight to the upstream and through
 //! leasegate's pass-through, and the calls completed per second are
 //! compared (`0`: none).
+//!
+//! Both are measured in rounds (fourth argument, default 3), the order of
+//! the paths reversed every other round, so a machine whose speed drifts
+//! during the run moves every path alike: each comparison (added p50,
+//! pass-through / direct) is taken within a round, and the report gives
+//! every round's and their median.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -153,27 +159,40 @@ async fn measure(
     Ok(samples)
 }
 
-fn report(label: &str, samples: &[Duration], base: Option<&[Duration]>) {
-    let percentile =
-        |sorted, p| stats::percentile(sorted, p, Rank::Round).expect("at least one sample");
-    let p50 = percentile(samples, 0.5);
-    let p99 = percentile(samples, 0.99);
-    let total: Duration = samples.iter().sum();
-    let rate = samples.len() as f64 / total.as_secs_f64();
-    let added = base
-        .map(|b| {
-            format!(
-                "{:+.3} ms",
-                (p50.as_secs_f64() - percentile(b, 0.5).as_secs_f64()) * 1000.0
-            )
-        })
-        .unwrap_or_else(|| "—".to_owned());
-    println!(
-        "| {label:<40} | {:>8.3} | {:>8.3} | {:>9.0} | {added:>11} |",
-        p50.as_secs_f64() * 1000.0,
-        p99.as_secs_f64() * 1000.0,
-        rate
-    );
+/// One path's latency in one round: p50 and p99, ms.
+#[derive(Clone, Copy)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+}
+
+impl Latency {
+    fn of(sorted: &[Duration]) -> Self {
+        Self {
+            p50: stats::percentile_ms(sorted, 0.5, Rank::Round),
+            p99: stats::percentile_ms(sorted, 0.99, Rank::Round),
+        }
+    }
+}
+
+/// The paths of the latency table, in the order of an odd round.
+const PATHS: [(&str, &str); 3] = [
+    ("direct", "echo"),
+    ("pass", "ro__echo"),
+    ("gated", "fx__echo"),
+];
+
+/// `order` reversed in every even round (1-based).
+fn round_order<T: Copy>(order: &[T], round: usize) -> Vec<T> {
+    let mut order = order.to_vec();
+    if round % 2 == 0 {
+        order.reverse();
+    }
+    order
+}
+
+fn median_of(values: impl Iterator<Item = f64>) -> f64 {
+    stats::median(&mut values.collect::<Vec<_>>())
 }
 
 #[tokio::main]
@@ -192,6 +211,8 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .filter(|&c| c > 0) // "0": no throughput section
         .collect();
+    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(3);
+    anyhow::ensure!(rounds > 0, "rounds must be at least 1");
     let url = common::database::with_database(&admin_url, "leasegate_bench_latency");
     common::database::recreate(&url).await?;
     Ledger::migrate(&url).await?;
@@ -375,49 +396,89 @@ url = "{upstream_url}"
         ],
     };
 
-    let direct_samples = measure(&direct, "echo", calls, "direct").await?;
-    let pass_samples = measure(&pass_through, "ro__echo", calls, "pass").await?;
-    let gated_samples = measure(&gated, "fx__echo", calls, "gated").await?;
+    let endpoints = [&direct, &pass_through, &gated];
+    // latencies[round][path], paths in PATHS order.
+    let mut latencies = Vec::with_capacity(rounds);
+    for round in 1..=rounds {
+        let mut row = [Latency { p50: 0.0, p99: 0.0 }; 3];
+        for path in round_order(&[0, 1, 2], round) {
+            let (label, tool) = PATHS[path];
+            let label = format!("{label} (round {round} of {rounds})");
+            row[path] = Latency::of(&measure(endpoints[path], tool, calls, &label).await?);
+        }
+        latencies.push(row);
+    }
 
     println!(
-        "\n{calls} sequential tools/call (echo) per row, one kept-alive HTTP/1.1 connection, after {} warm-up calls\n",
+        "\n{calls} sequential tools/call (echo) per path and round, one kept-alive HTTP/1.1 \
+         connection, after {} warm-up calls; {rounds} rounds, the paths' order reversed every \
+         other round; ms\n",
         calls.min(200)
     );
     println!(
-        "| path                                     | p50 (ms) | p99 (ms) | calls/s   | added p50   |"
+        "| round | direct p50 | pass-through p50 | gated p50 | pass-through added p50 | gated added p50 | direct p99 | pass-through p99 | gated p99 |"
     );
-    println!(
-        "|------------------------------------------|----------|----------|-----------|-------------|"
-    );
-    report("server-everything directly", &direct_samples, None);
-    report(
-        "leasegate, read-only pass-through",
-        &pass_samples,
-        Some(&direct_samples),
-    );
-    report(
-        "leasegate, gated (new intent per call)",
-        &gated_samples,
-        Some(&direct_samples),
-    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let cells = |row: &[Latency; 3]| {
+        [
+            row[0].p50,
+            row[1].p50,
+            row[2].p50,
+            row[1].p50 - row[0].p50,
+            row[2].p50 - row[0].p50,
+            row[0].p99,
+            row[1].p99,
+            row[2].p99,
+        ]
+    };
+    let print_row = |name: &str, values: [f64; 8]| {
+        let [d, p, g, pa, ga, d99, p99, g99] = values;
+        println!(
+            "| {name} | {d:.3} | {p:.3} | {g:.3} | {pa:+.3} | {ga:+.3} | {d99:.3} | {p99:.3} | {g99:.3} |"
+        );
+    };
+    for (round, row) in latencies.iter().enumerate() {
+        print_row(&(round + 1).to_string(), cells(row));
+    }
+    if rounds > 1 {
+        let medians: [f64; 8] =
+            std::array::from_fn(|column| median_of(latencies.iter().map(|row| cells(row)[column])));
+        print_row("median", medians);
+    }
 
     if !caller_counts.is_empty() {
         println!(
-            "\nthroughput: each caller on its own kept-alive connection, echo in a loop, {} s measured after {} s of warm-up\n",
+            "\nthroughput: each caller on its own kept-alive connection, echo in a loop, {} s \
+             measured after {} s of warm-up, direct and pass-through alternating ({rounds} \
+             rounds, the first path reversed every other round)\n",
             THROUGHPUT_WINDOW.as_secs(),
             THROUGHPUT_WARMUP.as_secs()
         );
         println!(
-            "| callers | server-everything directly, calls/s | leasegate pass-through, calls/s | pass-through / direct |"
+            "| callers | round | server-everything directly, calls/s | leasegate pass-through, calls/s | pass-through / direct |"
         );
-        println!("|---|---|---|---|");
+        println!("|---|---|---|---|---|");
         for &callers in &caller_counts {
-            let direct_rate = throughput(&direct, "echo", callers, &client).await?;
-            let pass_rate = throughput(&pass_through, "ro__echo", callers, &client).await?;
-            println!(
-                "| {callers} | {direct_rate:.0} | {pass_rate:.0} | {:.2} |",
-                pass_rate / direct_rate
-            );
+            let mut ratios = Vec::with_capacity(rounds);
+            for round in 1..=rounds {
+                let mut rates = [0.0; 2];
+                for path in round_order(&[0, 1], round) {
+                    let (_, tool) = PATHS[path];
+                    rates[path] = throughput(endpoints[path], tool, callers, &client).await?;
+                }
+                let [direct_rate, pass_rate] = rates;
+                ratios.push(pass_rate / direct_rate);
+                println!(
+                    "| {callers} | {round} | {direct_rate:.0} | {pass_rate:.0} | {:.2} |",
+                    pass_rate / direct_rate
+                );
+            }
+            if rounds > 1 {
+                println!(
+                    "| {callers} | median | | | {:.2} |",
+                    stats::median(&mut ratios)
+                );
+            }
         }
     }
 

@@ -687,7 +687,7 @@ const BENCHMARK_COMMANDS: &[(&str, &str)] = &[
     ),
     (
         "cargo build --release --bins --example bench_latency && target/release/examples/bench_latency",
-        "target/release/examples/bench_latency 20 $ADMIN 2",
+        "target/release/examples/bench_latency 20 $ADMIN 2 2",
     ),
     (
         "bench/sql-ab.sh A_DIR B_DIR [ROUNDS] [CLIENTS] [SECONDS]",
