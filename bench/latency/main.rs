@@ -185,7 +185,7 @@ const PATHS: [(&str, &str); 3] = [
 /// `order` reversed in every even round (1-based).
 fn round_order<T: Copy>(order: &[T], round: usize) -> Vec<T> {
     let mut order = order.to_vec();
-    if round % 2 == 0 {
+    if round.is_multiple_of(2) {
         order.reverse();
     }
     order
