@@ -117,7 +117,7 @@ pub const MAX_IN_FLIGHT: usize = 8;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupCommitSettings {
     /// How long the drainer waits for more items once the first arrived,
-    /// while `in_flight` batches of its kind are already under way. Zero
+    /// while `in_flight` batches are already under way on its slots. Zero
     /// (the default): never; a batch is what queued while the previous
     /// ones were in flight.
     pub window: Duration,
