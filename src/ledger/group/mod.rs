@@ -363,8 +363,8 @@ impl Group {
     }
 
     pub(super) fn start(plain: &Ledger, settings: GroupCommitSettings) -> Arc<Self> {
-        // The hot path's two kinds take turns: each batch of one is what
-        // queued during the other's flight too, so it is fuller.
+        // The hot path's two kinds take turns: each kind's batch is what
+        // queued during the other kind's flight too, so it is fuller.
         let hot_path = Arc::new(Semaphore::new(settings.in_flight.clamp(1, MAX_IN_FLIGHT)));
         Arc::new(Self {
             registers: Batcher::start_with(plain.clone(), settings, hot_path.clone()),
