@@ -368,12 +368,11 @@ pub(super) async fn cell(
     let end = start + duration;
     window_tx.send(Some((start, end)))?;
     let leasegate_pid = served.and_then(|served| served.child.id());
-    let control = served.map(|served| served.control.as_str()).unwrap_or("");
+    let control = served.map(|served| served.control.as_str());
     tokio::time::sleep_until(start.into()).await;
-    let batches_start = if control.is_empty() {
-        None
-    } else {
-        batch_totals(control).await
+    let batches_start = match control {
+        Some(control) => batch_totals(control).await,
+        None => None,
     };
     let cpu_start = cpu::CpuSample::take(leasegate_pid);
     // Resident memory with every caller in flight: sampled at 90% of the window.
@@ -384,11 +383,11 @@ pub(super) async fn cell(
     }
     tokio::time::sleep_until(end.into()).await;
     let cpu_end = cpu::CpuSample::take(leasegate_pid);
-    let batches = match batches_start {
-        Some(before) => batch_totals(control)
+    let batches = match (control, batches_start) {
+        (Some(control), Some(before)) => batch_totals(control)
             .await
             .map(|after| BatchSizes::between(&before, &after)),
-        None => None,
+        _ => None,
     };
     let mut samples = Vec::new();
     for task in tasks {

@@ -3,6 +3,8 @@
 -- statement, then the WAL sample as a statement of its own after that
 -- commit (three statements, three round trips: the contract kept, the
 -- procedure gone).
+-- pgbench scripts cannot include one another: the register-claim is a copy
+-- of ../register_claim_settle.sql's; keep them in step.
 \set n random(1, 900000000000000)
 SELECT operation_id AS op, revision AS rev, request_digest AS dg
   FROM operation_register_claim(

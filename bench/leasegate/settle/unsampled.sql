@@ -5,6 +5,8 @@
 -- operation_settle_acknowledged calls it), with NO durability sample. Not a
 -- behaviour leasegate has: the sample is what lets a failover to a standby
 -- that lacks an acknowledged settle be detected (src/durability).
+-- pgbench scripts cannot include one another: the register-claim is a copy
+-- of ../register_claim_settle.sql's; keep them in step.
 \set n random(1, 900000000000000)
 SELECT operation_id AS op, revision AS rev, request_digest AS dg
   FROM operation_register_claim(

@@ -141,6 +141,18 @@ impl Default for GroupCommitSettings {
     }
 }
 
+impl GroupCommitSettings {
+    /// [`GroupCommitSettings::in_flight`] within 1..=[`MAX_IN_FLIGHT`].
+    fn in_flight_limit(&self) -> usize {
+        self.in_flight.clamp(1, MAX_IN_FLIGHT)
+    }
+
+    /// A fresh set of in-flight slots: one permit per batch in flight.
+    fn slots(&self) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(self.in_flight_limit()))
+    }
+}
+
 /// What [`GROUP_COMMIT_ENV`] says: `Some(on)`, or `None` when unset or
 /// not one of the accepted words.
 pub fn env_override() -> Option<bool> {
@@ -226,23 +238,18 @@ impl<F: Flush> std::fmt::Debug for Batcher<F> {
 }
 
 impl<F: Flush> Batcher<F> {
-    /// Starts the drainer on the current runtime. `ledger` must not itself
-    /// hold a group (it would keep the queue open forever).
-    pub(super) fn start(ledger: Ledger, settings: GroupCommitSettings) -> Self {
-        let limit = settings.in_flight.clamp(1, MAX_IN_FLIGHT);
-        Self::start_with(ledger, settings, Arc::new(Semaphore::new(limit)))
-    }
-
-    /// [`Batcher::start`] with the in-flight slots `in_flight` (of
-    /// `settings.in_flight` permits), which other batchers may share.
-    fn start_with(
+    /// Starts the drainer on the current runtime, sending batches on the
+    /// in-flight slots `in_flight` ([`GroupCommitSettings::slots`]), which
+    /// other batchers may share. `ledger` must not itself hold a group (it
+    /// would keep the queue open forever).
+    pub(super) fn start(
         ledger: Ledger,
         settings: GroupCommitSettings,
         in_flight: Arc<Semaphore>,
     ) -> Self {
         let (queue, receiver) = mpsc::unbounded_channel();
         let counts = Arc::new(Counts::default());
-        let limit = settings.in_flight.clamp(1, MAX_IN_FLIGHT);
+        let limit = settings.in_flight_limit();
         let queued = Arc::new(AtomicUsize::new(0));
         let drainer = Drainer {
             ledger,
@@ -365,11 +372,11 @@ impl Group {
     pub(super) fn start(plain: &Ledger, settings: GroupCommitSettings) -> Arc<Self> {
         // The hot path's two kinds take turns: each kind's batch is what
         // queued during the other kind's flight too, so it is fuller.
-        let hot_path = Arc::new(Semaphore::new(settings.in_flight.clamp(1, MAX_IN_FLIGHT)));
+        let hot_path = settings.slots();
         Arc::new(Self {
-            registers: Batcher::start_with(plain.clone(), settings, hot_path.clone()),
-            settles: Batcher::start_with(plain.clone(), settings, hot_path),
-            renews: Batcher::start(plain.clone(), settings),
+            registers: Batcher::start(plain.clone(), settings, hot_path.clone()),
+            settles: Batcher::start(plain.clone(), settings, hot_path),
+            renews: Batcher::start(plain.clone(), settings, settings.slots()),
         })
     }
 }
@@ -401,7 +408,7 @@ impl<F: Flush> Drainer<F> {
 async fn drain<F: Flush>(mut drainer: Drainer<F>) {
     let settings = drainer.settings;
     let max_batch = settings.max_batch.clamp(1, MAX_BATCH_LIMIT);
-    let limit = settings.in_flight.clamp(1, MAX_IN_FLIGHT);
+    let limit = settings.in_flight_limit();
     while let Some(first) = drainer.recv().await {
         // Idle (no batch in flight on these slots) or no window: send what is
         // queued once a batch may go (what queued while the batches in
