@@ -80,6 +80,31 @@ pub enum SessionError {
     Ledger(#[from] LedgerError),
 }
 
+/// Idempotency keys leasegate keeps for itself: an agent's key never
+/// starts so, so no agent key names a run of leasegate's own.
+pub const RESERVED_KEY_PREFIX: &str = "leasegate:";
+
+/// The key of the run that holds, in lease mode `key`, the calls of tools
+/// with a declared identity: one per principal and task key (`None`: the
+/// principal's calls without a task key). A task key too long to carry
+/// whole is named by its SHA-256.
+pub fn identity_scope_key(task: Option<&str>) -> String {
+    const PREFIX: &str = "leasegate:identity:";
+    match task {
+        None => "leasegate:identity".to_owned(),
+        Some(task) if PREFIX.len() + task.len() <= MAX_IDEMPOTENCY_KEY_LEN => {
+            format!("{PREFIX}{task}")
+        }
+        Some(task) => {
+            use sha2::Digest;
+            format!(
+                "{PREFIX}sha256:{}",
+                hex::encode(sha2::Sha256::digest(task.as_bytes()))
+            )
+        }
+    }
+}
+
 /// The namespace of callers without authentication (loopback, stdio).
 pub const ANONYMOUS: &str = "anonymous";
 

@@ -441,9 +441,11 @@ impl Proxy {
             tracing::error!(reasons = %report.reasons.join("; "), "starting with dispatch held");
         }
         let upstreams = Arc::new(Upstreams::connect(&config).await?);
-        let catalog = upstreams
+        let mut catalog = upstreams
             .catalog(&config.naming.separator, &config.naming.unprefixed)
             .await?;
+        let tool_directory = crate::mcp::upstream::directory(&catalog, &config);
+        crate::mcp::upstream::hide_filled_arguments(&mut catalog, &tool_directory);
         tracing::info!(
             tools = catalog.len(),
             upstreams = config.upstreams.len(),
@@ -457,9 +459,7 @@ impl Proxy {
             owner.clone(),
         )
         .with_gate(gate.clone());
-        let directory = Arc::new(crate::adapter::SharedDirectory::new(
-            crate::mcp::upstream::directory(&catalog, &config),
-        ));
+        let directory = Arc::new(crate::adapter::SharedDirectory::new(tool_directory));
         let front = Front::new(
             catalog,
             directory.clone(),

@@ -35,6 +35,11 @@
 //!                                       # (at least the policy's claim_ttl):
 //!                                       # send again under the same operation id
 //!
+//! [tools.send_email]
+//! capability = "none"
+//! identity = ["/to", "/subject"]       # the fields that make two calls the same effect
+//! on_rephrase = "replay"                # | "conflict": same identity, other words
+//!
 //! [tools.get_charge]
 //! read_only = true
 //! ```
@@ -81,6 +86,24 @@ pub enum OperationIdPlacement {
     /// Into an HTTP header of the one `tools/call` POST (Streamable HTTP
     /// upstreams only), e.g. `Idempotency-Key`.
     Header(String),
+}
+
+/// What a call whose declared identity (`identity`) matches a recorded
+/// intent's, but whose full request differs, gets: a re-planned retry whose
+/// model reworded a free-text field or added an optional one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnRephrase {
+    /// The recorded outcome (or the earlier call's fate while it is in
+    /// flight or unknown), with a note naming the fields that differed.
+    /// Nothing is sent. The default: the agent wanted the effect once, and
+    /// its model learns what happened instead of a refusal it would re-plan
+    /// around again.
+    #[default]
+    Replay,
+    /// `-31003` intent conflict naming the fields that differed; nothing is
+    /// sent.
+    Conflict,
 }
 
 /// The `_meta` key through which dispatch asks the Streamable HTTP client for
@@ -176,6 +199,11 @@ pub struct RawToolAdapter {
     pub timeout: Option<String>,
     /// Overrides the file's `on_disconnect` for this tool.
     pub on_disconnect: Option<OnDisconnect>,
+    /// JSON pointers into the arguments: the fields that make two calls the
+    /// same effect. A derived step hashes only these.
+    pub identity: Option<Vec<String>>,
+    /// See [`OnRephrase`]; only with `identity`.
+    pub on_rephrase: Option<OnRephrase>,
 }
 
 /// One "nothing was done" rule of an adapter file.
@@ -210,6 +238,11 @@ pub struct ToolAdapter {
     pub remote_id_pointer: Option<String>,
     /// See [`OnDisconnect`].
     pub on_disconnect: OnDisconnect,
+    /// The declared identity fields (JSON pointers into the arguments);
+    /// `None`: the whole request is the identity.
+    pub identity: Option<Vec<String>>,
+    /// See [`OnRephrase`].
+    pub on_rephrase: OnRephrase,
 }
 
 /// How to ask the upstream about an operation (reconciler).
@@ -320,6 +353,18 @@ impl ToolAdapter {
             query: None,
             remote_id_pointer: None,
             on_disconnect: OnDisconnect::Finish,
+            identity: None,
+            on_rephrase: OnRephrase::default(),
+        }
+    }
+
+    /// The argument leasegate fills with the operation id, which is never
+    /// the agent's to choose: hidden from the tool's schema, left out of
+    /// the intent's identity, overwritten when sent.
+    pub fn filled_argument(&self) -> Option<&str> {
+        match &self.placement {
+            OperationIdPlacement::Argument(name) if !self.read_only => Some(name),
+            _ => None,
         }
     }
 }
@@ -385,6 +430,8 @@ impl RawToolAdapter {
                     self.resend_after_not_found.is_some(),
                 ),
                 ("on_disconnect", self.on_disconnect.is_some()),
+                ("identity", self.identity.is_some()),
+                ("on_rephrase", self.on_rephrase.is_some()),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
                 return Err(FieldError::new(
@@ -591,8 +638,48 @@ impl RawToolAdapter {
                 "a JSON pointer starts with '/'",
             ));
         }
+        let identity = match &self.identity {
+            None => None,
+            Some(pointers) if pointers.is_empty() => {
+                return Err(FieldError::new(
+                    "identity",
+                    "name at least one field (a JSON pointer such as \"/to\"), or leave identity out: \
+                     then the whole request is the identity",
+                ));
+            }
+            Some(pointers) => {
+                if let Some(bad) = pointers.iter().find(|p| !p.starts_with('/')) {
+                    return Err(FieldError::new(
+                        "identity",
+                        format!("{bad:?} is not a JSON pointer into the arguments (\"/to\")"),
+                    ));
+                }
+                if let OperationIdPlacement::Argument(filled) = &placement
+                    && let Some(bad) = pointers.iter().find(|p| {
+                        p.trim_start_matches('/').split('/').next() == Some(filled.as_str())
+                    })
+                {
+                    return Err(FieldError::new(
+                        "identity",
+                        format!(
+                            "{bad:?} is the operation id argument leasegate fills ({filled:?}); \
+                             it is never part of an identity"
+                        ),
+                    ));
+                }
+                Some(pointers.clone())
+            }
+        };
+        if self.on_rephrase.is_some() && identity.is_none() {
+            return Err(FieldError::new(
+                "on_rephrase",
+                "only with identity: without it every different request is a different intent",
+            ));
+        }
         Ok(ToolAdapter {
             read_only: false,
+            identity,
+            on_rephrase: self.on_rephrase.unwrap_or_default(),
             capability,
             placement,
             timeout,

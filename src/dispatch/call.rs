@@ -63,15 +63,79 @@ pub struct OperationNote {
     /// after this one waited for it (`policy.in_flight_wait`): the front
     /// counts it apart from an answer already on record.
     pub waited: bool,
+    /// What leasegate did to the request or decided about it that the
+    /// agent should be told.
+    pub remarks: Remarks,
+}
+
+/// What an answer says beyond its operation: leasegate's own changes to
+/// the request, and why a call was answered from another one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Remarks {
+    /// The argument leasegate fills with the operation id, when the agent
+    /// sent a value there: that value was not used.
+    pub filled_argument: Option<String>,
+    /// The `_meta` key leasegate fills with the operation id, when the
+    /// agent sent a value there: that value was not used.
+    pub filled_meta: Option<String>,
+    /// The call matched a recorded intent by the tool's declared identity
+    /// and was answered from it: the argument fields (JSON pointers) in
+    /// which it differed (`None` when the recorded request is not kept in
+    /// full, so which fields is not known).
+    pub rephrased: Option<Rephrased>,
+}
+
+/// A call answered from an earlier one with the same declared identity.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rephrased {
+    /// The identity fields (as declared).
+    pub identity: Vec<String>,
+    /// The fields that differed; `None`: unknown (the recorded request is
+    /// masked, digest only or sealed).
+    pub differs: Option<Vec<String>>,
+}
+
+impl Rephrased {
+    /// One sentence for the model.
+    pub fn said(&self) -> String {
+        let identity = self.identity.join(", ");
+        match &self.differs {
+            Some(fields) if !fields.is_empty() => format!(
+                "this call has the same {identity} as the earlier one and differs only in {}",
+                fields.join(", ")
+            ),
+            _ => format!("this call has the same {identity} as the earlier one"),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({"identity": self.identity, "differs": self.differs})
+    }
 }
 
 impl OperationNote {
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut note = json!({
             "operation_id": self.operation_id.as_str(),
             "status": self.status.as_str(),
             "replayed": self.replayed,
-        })
+        });
+        if let Some(argument) = &self.remarks.filled_argument {
+            note["replaced_argument"] = json!({
+                "name": argument,
+                "reason": "leasegate fills this argument with the operation id; the value sent was not used",
+            });
+        }
+        if let Some(key) = &self.remarks.filled_meta {
+            note["replaced_meta"] = json!({
+                "key": key,
+                "reason": "leasegate fills this _meta key with the operation id; the value sent was not used",
+            });
+        }
+        if let Some(rephrased) = &self.remarks.rephrased {
+            note["rephrased"] = rephrased.to_json();
+        }
+        note
     }
 }
 
@@ -131,6 +195,19 @@ pub enum CallError {
     RunNotFound,
     #[error("{0}")]
     IntentConflict(Box<Rejection>),
+    /// The tool's declared identity matches a recorded intent whose request
+    /// differs, and the tool's `on_rephrase` is `conflict`.
+    #[error(
+        "intent conflict: {} (operation {operation_id}, {status}); nothing was sent. Call again \
+         with the earlier call's arguments to get its outcome, or change one of the identity \
+         fields if this is a different effect",
+        rephrased.said()
+    )]
+    Rephrased {
+        operation_id: OperationId,
+        status: OperationStatus,
+        rephrased: Rephrased,
+    },
     #[error("operation {operation_id} is in progress under another claim; ask again later")]
     InProgress { operation_id: OperationId },
     #[error("operation {operation_id} was cancelled (its run was cancelled or its plan changed)")]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
-use super::call::{CallError, CallReply, CallRequest, OperationNote};
+use super::call::{CallError, CallReply, CallRequest, OperationNote, Rephrased};
 use super::execute::{Claimed, execute_claim_acknowledged};
 use crate::adapter::Upstream;
 use crate::durability::{DurabilityGate, Hold};
@@ -204,14 +204,42 @@ impl<U: Upstream> Dispatcher<U> {
         &self,
         request: CallRequest,
     ) -> Result<(CallReply, Option<WalPosition>), CallError> {
-        let arguments = Value::Object(request.arguments);
-        let mut intent = Intent::identify(
+        let CallRequest {
+            lease,
+            step,
+            exposed_name,
+            tool,
+            mut arguments,
+            context,
+        } = request;
+        // The operation id argument is leasegate's to fill: a value the
+        // agent sent there is neither part of the identity nor sent.
+        let filled_argument = tool
+            .adapter
+            .filled_argument()
+            .filter(|name| arguments.remove(*name).is_some())
+            .map(str::to_owned);
+        let filled_meta = match &tool.adapter.placement {
+            crate::adapter::OperationIdPlacement::Meta(key) if context.meta.contains_key(key) => {
+                Some(key.clone())
+            }
+            _ => None,
+        };
+        let arguments = Value::Object(arguments);
+        // Explicit steps keep their own identity; a derived step hashes the
+        // declared identity fields when the tool has them.
+        let identity = match &step {
+            None => tool.adapter.identity.as_deref(),
+            Some(_) => None,
+        };
+        let mut intent = Intent::identify_by(
             &self.tenant,
-            request.lease.run_id,
-            request.step,
-            &request.exposed_name,
+            lease.run_id,
+            step,
+            &exposed_name,
             &arguments,
             self.policy.integers,
+            identity,
         )?;
         // As sent: the ledger stores what the policy keeps of it (masked,
         // digest only, sealed; `LedgerOptions::bodies`).
@@ -220,66 +248,165 @@ impl<U: Upstream> Dispatcher<U> {
         intent.request_body = arguments;
         let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
         let route = ToolRoute {
-            upstream: request.tool.upstream.clone(),
-            tool: request.tool.tool.clone(),
+            upstream: tool.upstream.clone(),
+            tool: tool.tool.clone(),
         };
-        // Runs of other tenants are not found (their existence is not this
-        // tenant's business; operation ids derive from the run's tenant):
-        // judged by the same statement.
-        let registered = self
-            .register_claim(&request.lease, &intent, &route, claim_ttl_ms)
-            .await;
-        let (outcome, sampled) = match registered {
-            // The session broke under the statement (a terminated backend,
-            // a dropped connection): nothing was sent upstream, and the
-            // claim may or may not be committed. Sent once more, on a
-            // fresh session, after the gate re-checked the server it now
-            // reaches: a claim the first statement committed is answered
-            // `exists` (in flight), never claimed twice, so this cannot
-            // send the call twice. If we crash in between, a committed
-            // claim lapses into `unknown` as any other.
-            Err(error) if error.connection_lost() => {
-                self.gate.suspect(&error.to_string());
-                if let Some(hold) = self.gate.admit(&self.ledger).await {
-                    return Err(held(hold));
+        let mut context = Some(context);
+        let (mut reply, sampled) = loop {
+            // Runs of other tenants are not found (their existence is not this
+            // tenant's business; operation ids derive from the run's tenant):
+            // judged by the same statement.
+            let registered = self
+                .register_claim(&lease, &intent, &route, claim_ttl_ms)
+                .await;
+            let (outcome, sampled) = match registered {
+                // The session broke under the statement (a terminated backend,
+                // a dropped connection): nothing was sent upstream, and the
+                // claim may or may not be committed. Sent once more, on a
+                // fresh session, after the gate re-checked the server it now
+                // reaches: a claim the first statement committed is answered
+                // `exists` (in flight), never claimed twice, so this cannot
+                // send the call twice. If we crash in between, a committed
+                // claim lapses into `unknown` as any other.
+                Err(error) if error.connection_lost() => {
+                    self.gate.suspect(&error.to_string());
+                    if let Some(hold) = self.gate.admit(&self.ledger).await {
+                        return Err(held(hold));
+                    }
+                    self.register_claim(&lease, &intent, &route, claim_ttl_ms)
+                        .await?
                 }
-                self.register_claim(&request.lease, &intent, &route, claim_ttl_ms)
-                    .await?
-            }
-            registered => registered?,
-        };
-        match outcome {
-            Fenced::Rejected(rejection) => Err(refusal(rejection)),
-            Fenced::Applied(InlineClaim::Existing(record)) => {
-                // The position covers the row as this statement read it: only
-                // an answer from that row (not one polled later) may use it.
-                let as_read = matches!(
-                    record.status,
-                    OperationStatus::Succeeded
-                        | OperationStatus::FailedFinal
-                        | OperationStatus::Unknown
-                );
-                let reply = self
-                    .existing(record, request.context.tasks.as_deref())
+                registered => registered?,
+            };
+            let tasks = context.as_ref().and_then(|c| c.tasks.clone());
+            let agent = context.as_ref().and_then(|c| c.agent.clone());
+            match outcome {
+                // The declared identity matches a recorded intent of this
+                // run whose request differs: a rephrased call.
+                Fenced::Rejected(Rejection::IntentConflict {
+                    operation_id,
+                    found_step,
+                    found_effect_version,
+                    ..
+                }) if identity.is_some() && found_step == intent.step_id => {
+                    match self
+                        .rephrased(
+                            &operation_id,
+                            &intent,
+                            &tool,
+                            tasks.as_deref(),
+                            agent.as_ref(),
+                        )
+                        .await?
+                    {
+                        Rephrase::Answered(reply) => break (reply, None),
+                        // The earlier call ended without an effect: this one
+                        // is the corrected plan, the step's next version.
+                        Rephrase::NextVersion => {
+                            intent.effect_version = found_effect_version + 1;
+                            intent.operation_id = crate::intent::operation_id(
+                                &self.tenant,
+                                lease.run_id,
+                                &intent.step_id,
+                                intent.effect_version,
+                            );
+                            continue;
+                        }
+                    }
+                }
+                Fenced::Rejected(rejection) => return Err(refusal(rejection)),
+                Fenced::Applied(InlineClaim::Existing(record)) => {
+                    // The position covers the row as this statement read it: only
+                    // an answer from that row (not one polled later) may use it.
+                    let as_read = matches!(
+                        record.status,
+                        OperationStatus::Succeeded
+                            | OperationStatus::FailedFinal
+                            | OperationStatus::Unknown
+                    );
+                    let reply = self
+                        .existing(record, tasks.as_deref(), agent.as_ref())
+                        .await?;
+                    break (reply, sampled.filter(|_| as_read));
+                }
+                Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
+                    let Value::Object(arguments) = std::mem::take(&mut intent.request_body) else {
+                        unreachable!("built from an object above")
+                    };
+                    break execute_claim_acknowledged(
+                        self.ledger.clone(),
+                        self.upstream.clone(),
+                        self.dispatch_owner.clone(),
+                        claim,
+                        Claimed {
+                            tool,
+                            arguments,
+                            context: context.take().unwrap_or_default(),
+                        },
+                    )
                     .await?;
-                Ok((reply, sampled.filter(|_| as_read)))
+                }
             }
-            Fenced::Applied(InlineClaim::Claimed { claim, .. }) => {
-                let Value::Object(arguments) = std::mem::take(&mut intent.request_body) else {
-                    unreachable!("built from an object above")
-                };
-                execute_claim_acknowledged(
-                    self.ledger.clone(),
-                    self.upstream.clone(),
-                    self.dispatch_owner.clone(),
-                    claim,
-                    Claimed {
-                        tool: request.tool,
-                        arguments,
-                        context: request.context,
-                    },
-                )
-                .await
+        };
+        remark(&mut reply, |remarks| {
+            remarks.filled_argument = filled_argument;
+            remarks.filled_meta = filled_meta;
+        });
+        Ok((reply, sampled))
+    }
+
+    /// A call whose declared identity matches the recorded operation
+    /// `operation_id` but whose request differs: answered from it by the
+    /// tool's `on_rephrase`, or, when the earlier call ended without an
+    /// effect (failed, cancelled), sent as the step's next version.
+    async fn rephrased(
+        &self,
+        operation_id: &crate::intent::OperationId,
+        intent: &Intent,
+        tool: &crate::adapter::ResolvedTool,
+        tasks: Option<&super::followers::TaskFollowers>,
+        agent: Option<&crate::adapter::AgentSink>,
+    ) -> Result<Rephrase, CallError> {
+        let Some((record, recorded)) = self
+            .ledger
+            .operation_record_with_request(operation_id)
+            .await?
+        else {
+            // Archived since (retention): nothing to answer from.
+            return Err(CallError::InProgress {
+                operation_id: operation_id.clone(),
+            });
+        };
+        if matches!(
+            record.status,
+            OperationStatus::FailedFinal | OperationStatus::Cancelled
+        ) {
+            return Ok(Rephrase::NextVersion);
+        }
+        let rephrased = Rephrased {
+            identity: tool.adapter.identity.clone().unwrap_or_default(),
+            // Only a request kept in full says which fields differ.
+            differs: super::outbox::is_original(&record, &recorded)
+                .then(|| crate::intent::differing_fields(&recorded, &intent.request_body)),
+        };
+        metrics::counter!("leasegate_rephrased_calls_total", "policy" => match tool.adapter.on_rephrase {
+            crate::adapter::OnRephrase::Replay => "replay",
+            crate::adapter::OnRephrase::Conflict => "conflict",
+        })
+        .increment(1);
+        match tool.adapter.on_rephrase {
+            crate::adapter::OnRephrase::Conflict => Err(CallError::Rephrased {
+                operation_id: record.operation_id,
+                status: record.status,
+                rephrased,
+            }),
+            crate::adapter::OnRephrase::Replay => {
+                let mut reply = self.existing(record, tasks, agent).await?;
+                if let CallReply::Unknown { reason, .. } = &mut reply {
+                    *reason = format!("{}; {reason}", rephrased.said());
+                }
+                remark(&mut reply, |remarks| remarks.rephrased = Some(rephrased));
+                Ok(Rephrase::Answered(reply))
             }
         }
     }
@@ -308,12 +435,20 @@ impl<U: Upstream> Dispatcher<U> {
     /// The intent exists: replay, wait for it, or report it. An agent that
     /// follows tasks gets the handle of the task this process follows for
     /// it (`tasks`), rather than waiting for the task to end.
+    ///
+    /// While it waits for a call in flight, the agent hears progress
+    /// (when its request carries a progress token): a client whose own
+    /// timeout resets on progress keeps waiting, and one that shows it
+    /// tells its user why.
     async fn existing(
         &self,
         mut record: OperationRecord,
         tasks: Option<&super::followers::TaskFollowers>,
+        agent: Option<&crate::adapter::AgentSink>,
     ) -> Result<CallReply, CallError> {
-        let deadline = tokio::time::Instant::now() + self.policy.in_flight_wait;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.policy.in_flight_wait;
+        let mut told = None::<tokio::time::Instant>;
         let mut pause = Duration::from_millis(25);
         // Whether the intent was still in flight when this call found it.
         let mut waited = false;
@@ -334,6 +469,7 @@ impl<U: Upstream> Dispatcher<U> {
                             status: record.status,
                             replayed: true,
                             waited,
+                            remarks: Default::default(),
                         },
                     });
                 }
@@ -359,6 +495,7 @@ impl<U: Upstream> Dispatcher<U> {
                                 status: record.status,
                                 replayed: true,
                                 waited,
+                                remarks: Default::default(),
                             },
                         });
                     }
@@ -396,6 +533,20 @@ impl<U: Upstream> Dispatcher<U> {
                 });
             }
             waited = true;
+            if let Some(agent) = agent
+                && told.is_none_or(|at| at.elapsed() >= PROGRESS_EVERY)
+            {
+                told = Some(tokio::time::Instant::now());
+                let _ = agent.send(crate::adapter::ToAgent::Progress(crate::adapter::Progress {
+                    progress: started.elapsed().as_millis() as f64,
+                    total: Some(self.policy.in_flight_wait.as_millis() as f64),
+                    message: Some(format!(
+                        "leasegate: an earlier call of this intent (operation {}) is in flight; \
+                         waiting for its answer instead of sending it again",
+                        record.operation_id
+                    )),
+                }));
+            }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(250));
             record = match self.ledger.operation_record(&record.operation_id).await? {
@@ -407,6 +558,22 @@ impl<U: Upstream> Dispatcher<U> {
                 }
             };
         }
+    }
+}
+
+/// How often a call waiting for the same intent in flight tells its agent.
+const PROGRESS_EVERY: Duration = Duration::from_millis(250);
+
+/// What a rephrased call gets (`Dispatcher::rephrased`).
+enum Rephrase {
+    Answered(CallReply),
+    NextVersion,
+}
+
+/// Adds to the remarks of `reply`'s operation (an answer or a task handle).
+fn remark(reply: &mut CallReply, add: impl FnOnce(&mut super::call::Remarks)) {
+    if let CallReply::Answer { operation, .. } | CallReply::Task { operation, .. } = reply {
+        add(&mut operation.remarks);
     }
 }
 

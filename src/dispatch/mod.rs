@@ -68,8 +68,8 @@ mod rounds;
 mod tasks;
 
 pub use call::{
-    CallContext, CallError, CallReply, CallRequest, OPERATION_ID_META, OperationNote,
-    process_owner, trace_outcome,
+    CallContext, CallError, CallReply, CallRequest, OPERATION_ID_META, OperationNote, Remarks,
+    Rephrased, process_owner, trace_outcome,
 };
 pub use dispatcher::Dispatcher;
 pub use execute::{Claimed, execute_claim, execute_claim_acknowledged, inject_operation_id};

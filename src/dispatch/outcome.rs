@@ -176,6 +176,7 @@ pub(super) async fn settle(
                         status: operation.status,
                         replayed: false,
                         waited: false,
+                        remarks: Default::default(),
                     },
                 };
                 return Ok((reply, None));
@@ -267,6 +268,7 @@ pub(super) async fn settle(
                     status: record.status,
                     replayed: false,
                     waited: false,
+                    remarks: Default::default(),
                 },
             },
             sampled,
@@ -290,6 +292,7 @@ pub(super) async fn settle(
                         status: found.status,
                         replayed: false,
                         waited: false,
+                        remarks: Default::default(),
                     },
                 },
                 sampled,

@@ -114,6 +114,7 @@ pub(super) async fn follow<U: Upstream>(follower: Follower<U>) -> CallReply {
             status: OperationStatus::Dispatching,
             replayed: false,
             waited: false,
+            remarks: Default::default(),
         },
     };
     let span = tracing::info_span!("task.follow", operation_id = %follower.claim.operation_id,

@@ -15,6 +15,16 @@
 //!   digits come from (tenant, run_id) alone, so a run's operations are
 //!   neighbours in the ledger's indexes ([`operation_id`]).
 //!
+//! # Declared identity
+//!
+//! A tool's adapter may name the fields that make two calls the same effect
+//! (`identity`, JSON pointers into the arguments). A derived step then
+//! hashes only those fields ([`identity_digest`], step
+//! `auto:<tool>:identity:<digest>`), so a model that re-plans a call with a
+//! reworded free-text field or an added optional one lands on the same
+//! step; the full request digest is still what the ledger records and
+//! compares, so the difference is seen, never silently sent.
+//!
 //! # Integers beyond 2^53
 //!
 //! RFC 8785 prints numbers as IEEE doubles, so `9007199254740993` and
@@ -192,6 +202,71 @@ pub fn default_step_id(tool: &str, digest: &RequestDigest) -> String {
     format!("auto:{tool}:{digest}")
 }
 
+/// The step id derived from a declared identity: the same tool and the same
+/// values at the identity's pointers (an absent field counts as absent, not
+/// as `null`) in the same run are the same intent, whatever else differs.
+pub fn identity_step_id(
+    tool: &str,
+    arguments: &Value,
+    pointers: &[String],
+    policy: IntegerPolicy,
+) -> Result<String, IntentError> {
+    Ok(format!(
+        "auto:{tool}:identity:{}",
+        identity_digest(tool, arguments, pointers, policy)?
+    ))
+}
+
+/// Hex SHA-256 of the canonical `{"tool", "identity": {pointer: value}}`,
+/// absent fields left out.
+pub fn identity_digest(
+    tool: &str,
+    arguments: &Value,
+    pointers: &[String],
+    policy: IntegerPolicy,
+) -> Result<RequestDigest, IntentError> {
+    check_text("tool_name", tool, MAX_TOOL_NAME_LEN)?;
+    let fields: serde_json::Map<String, Value> = pointers
+        .iter()
+        .filter_map(|pointer| {
+            arguments
+                .pointer(pointer)
+                .map(|value| (pointer.clone(), value.clone()))
+        })
+        .collect();
+    let fields = Value::Object(fields);
+    canonical::check_policy(&fields, policy)?;
+    let request = json!({ "tool": tool, "identity": fields });
+    let bytes = canonical_bytes(&request, IntegerPolicy::AsDouble)?;
+    Ok(RequestDigest(hex::encode(Sha256::digest(&bytes))))
+}
+
+/// The top-level argument fields (as JSON pointers) in which two requests
+/// differ, in order: what a rephrased call is told it changed.
+pub fn differing_fields(recorded: &Value, sent: &Value) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let (recorded, sent) = (
+        recorded.as_object().unwrap_or(&empty),
+        sent.as_object().unwrap_or(&empty),
+    );
+    let mut keys: Vec<&String> = recorded.keys().chain(sent.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|key| {
+            match (recorded.get(*key), sent.get(*key)) {
+                (Some(a), Some(b)) => {
+                    // Equal numbers spelt differently are equal (RFC 8785).
+                    canonical_bytes(a, IntegerPolicy::AsDouble).ok()
+                        != canonical_bytes(b, IntegerPolicy::AsDouble).ok()
+                }
+                _ => true,
+            }
+        })
+        .map(|key| format!("/{}", key.replace('~', "~0").replace('/', "~1")))
+        .collect()
+}
+
 /// Where a call sits in the run's plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepRef {
@@ -239,11 +314,34 @@ impl Intent {
         arguments: &Value,
         policy: IntegerPolicy,
     ) -> Result<Self, IntentError> {
+        Self::identify_by(tenant_id, run_id, step, tool, arguments, policy, None)
+    }
+
+    /// [`Intent::identify`] with the tool's declared identity: without a
+    /// step, the step is derived from those fields alone
+    /// ([`identity_step_id`]); the request digest is always the whole
+    /// request's.
+    pub fn identify_by(
+        tenant_id: &str,
+        run_id: RunId,
+        step: Option<StepRef>,
+        tool: &str,
+        arguments: &Value,
+        policy: IntegerPolicy,
+        identity: Option<&[String]>,
+    ) -> Result<Self, IntentError> {
         let digest = request_digest(tool, arguments, policy)?;
-        let step = step.unwrap_or_else(|| StepRef {
-            step_id: default_step_id(tool, &digest),
-            effect_version: 1,
-        });
+        let step = match (step, identity) {
+            (Some(step), _) => step,
+            (None, Some(pointers)) => StepRef {
+                step_id: identity_step_id(tool, arguments, pointers, policy)?,
+                effect_version: 1,
+            },
+            (None, None) => StepRef {
+                step_id: default_step_id(tool, &digest),
+                effect_version: 1,
+            },
+        };
         check_text("step_id", &step.step_id, MAX_STEP_ID_LEN)?;
         if step.effect_version < 1 {
             return Err(IntentError::EffectVersion(step.effect_version.into()));

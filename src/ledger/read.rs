@@ -335,6 +335,29 @@ impl Ledger {
             .transpose()
     }
 
+    /// The operation row and its stored request, opened (as the ledger
+    /// keeps it: in full, masked, digest only), in one statement: what a
+    /// call answered from another intent compares itself with.
+    pub async fn operation_record_with_request(
+        &self,
+        operation_id: &OperationId,
+    ) -> Result<Option<(OperationRecord, serde_json::Value)>, LedgerError> {
+        const CALL: &str = "operation_record_with_request";
+        let row: Option<TableRow> = self
+            .invoke_optional(CALL, false, || {
+                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
+                    .bind(operation_id.as_str())
+            })
+            .await?;
+        row.map(|row| {
+            Ok((
+                row.record(CALL, &self.options.bodies)?,
+                row.request(&self.options.bodies)?,
+            ))
+        })
+        .transpose()
+    }
+
     /// Every piece of evidence kept for an operation, oldest first.
     pub async fn operation_evidence(
         &self,

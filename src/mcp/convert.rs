@@ -235,12 +235,22 @@ fn result_from_reply(reply: CallReply, outcome: OutcomeShown) -> CallToolResult 
             if operation.replayed && outcome.content {
                 // For clients that hand the model the content and drop
                 // `_meta`: the model must not read a replay as a new effect.
-                let said = format!(
-                    "[leasegate] replayed: this is the recorded answer of an earlier identical \
-                     call (operation {}, {}); the tool was not called again",
-                    operation.operation_id,
-                    operation.status.as_str()
-                );
+                let said = match &operation.remarks.rephrased {
+                    None => format!(
+                        "[leasegate] replayed: this is the recorded answer of an earlier identical \
+                         call (operation {}, {}); the tool was not called again",
+                        operation.operation_id,
+                        operation.status.as_str()
+                    ),
+                    Some(rephrased) => format!(
+                        "[leasegate] replayed: {}, so it is the same effect: this is the recorded \
+                         answer of that earlier call (operation {}, {}); the tool was not called \
+                         again",
+                        rephrased.said(),
+                        operation.operation_id,
+                        operation.status.as_str()
+                    ),
+                };
                 // A client that prefers structured content reads this
                 // instead of the text block; the tool's own keys stay as
                 // they are.
@@ -306,6 +316,20 @@ pub fn error_from_call(error: &CallError) -> McpError {
         CallError::IntentConflict(rejection) => {
             (codes::INTENT_CONFLICT, Some(conflict_data(rejection)))
         }
+        CallError::Rephrased {
+            operation_id,
+            status,
+            rephrased,
+        } => (
+            codes::INTENT_CONFLICT,
+            Some(json!({
+                "reason": "rephrased",
+                "operation_id": operation_id.as_str(),
+                "status": status.as_str(),
+                "identity": rephrased.identity,
+                "differs": rephrased.differs,
+            })),
+        ),
         CallError::InProgress { operation_id } => (
             codes::IN_PROGRESS,
             Some(json!({"operation_id": operation_id.as_str(), "status": "dispatching"})),
@@ -578,6 +602,7 @@ mod tests {
                 status: crate::ledger::OperationStatus::Succeeded,
                 replayed,
                 waited: false,
+                remarks: Default::default(),
             },
         };
         result_from_reply(reply, shown)

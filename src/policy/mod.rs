@@ -188,7 +188,7 @@ impl RawPolicy {
         let lease_ttl_ceiling = duration("lease_ttl_ceiling", &self.lease_ttl_ceiling, "10m")?;
         let heartbeat_interval = duration("heartbeat_interval", &self.heartbeat_interval, "5s")?;
         let claim_ttl = duration("claim_ttl", &self.claim_ttl, "2m")?;
-        let in_flight_wait = duration("in_flight_wait", &self.in_flight_wait, "5s")?;
+        let in_flight_wait = duration("in_flight_wait", &self.in_flight_wait, "1s")?;
         if heartbeat_interval >= lease_ttl_ceiling {
             return Err(FieldError::new(
                 "heartbeat_interval",

@@ -159,6 +159,50 @@ fn broken_files_name_the_file_and_the_field() {
                 ("c.toml", MAIN),
                 (
                     "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\nidentity = [\"to\"]\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.identity: \"to\" is not a JSON pointer into the arguments",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"idempotency_key\"\noperation_id_argument = \"key\"\nkey_retention = \"1h\"\nidentity = [\"/to\", \"/key\"]\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.identity: \"/key\" is the operation id argument leasegate fills",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\non_rephrase = \"conflict\"\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.on_rephrase: only with identity",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
+                    "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\nidentity = []\n",
+                ),
+            ],
+            "adapters/mail.toml",
+            "tools.send.identity: name at least one field",
+        ),
+        (
+            &[
+                ("c.toml", MAIN),
+                (
+                    "adapters/mail.toml",
                     "upstream = \"mail\"\n[tools.send]\ncapability = \"none\"\nresource_id_pointer = \"/name\"\n",
                 ),
             ],

@@ -36,6 +36,7 @@ mod proxy_stdio;
 mod raw_fidelity;
 mod reconcile;
 mod reissue;
+mod replanned_retries;
 mod retention;
 mod run_lifecycle;
 mod run_state_machine;

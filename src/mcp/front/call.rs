@@ -220,8 +220,10 @@ impl Front {
             );
             tally.refused_with(convert::error_from_call(&error))
         })?;
-        if keyed.is_some() && step.is_none() {
-            // The key stands for one request: one step per key's run.
+        if keyed.is_some() && step.is_none() && resolved.adapter.identity.is_none() {
+            // The key stands for one request: one step per key's run. (A
+            // tool with a declared identity derives its step from those
+            // fields, in the run of the caller's identity scope.)
             step = Some(StepRef {
                 step_id: KEY_STEP.to_owned(),
                 effect_version: 1,
@@ -425,9 +427,16 @@ impl Front {
     /// Lease mode `key`: the lease of the run that stands for this call's
     /// idempotency key (`_meta`, else the `Idempotency-Key` header), when
     /// the call brings no lease of its own. `None`: no key, or not key mode.
+    ///
+    /// A tool with a declared identity (`identity_scope`) is not identified
+    /// by the key, which an agent framework mints anew on every model turn:
+    /// its calls go to the run of the caller's identity scope (the
+    /// principal, and the task key when one is given), where the declared
+    /// fields name the step.
     pub(super) async fn key_lease(
         &self,
         credentials: &CallCredentials<'_>,
+        identity_scope: bool,
     ) -> Result<Option<LeaseClaim>, McpError> {
         let config = &self.state.config;
         if config.lease.mode != crate::config::LeaseMode::Key || !credentials.brings_no_lease() {
@@ -438,6 +447,26 @@ impl Front {
         };
         check_identifier("idempotency key", &key, MAX_IDEMPOTENCY_KEY_LEN)
             .map_err(|e| invalid_params(e.to_string()))?;
+        if key.starts_with(crate::agent_leases::RESERVED_KEY_PREFIX) {
+            return Err(invalid_params(format!(
+                "idempotency keys starting {:?} are leasegate's own; choose another key. \
+                 Nothing was recorded or sent",
+                crate::agent_leases::RESERVED_KEY_PREFIX
+            )));
+        }
+        let key = if identity_scope {
+            let task = credentials
+                .task
+                .clone()
+                .or_else(|| config.session.task.clone());
+            if let Some(task) = &task {
+                check_identifier("Leasegate-Task", task, MAX_TASK_LEN)
+                    .map_err(|e| invalid_params(e.to_string()))?;
+            }
+            crate::agent_leases::identity_scope_key(task.as_deref())
+        } else {
+            key
+        };
         let dispatcher = &self.state.dispatcher;
         crate::agent_leases::key_lease(
             dispatcher.ledger(),

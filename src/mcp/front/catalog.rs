@@ -257,6 +257,7 @@ impl Front {
             );
         }
         let directory = crate::mcp::upstream::directory(&entries, &self.state.config);
+        crate::mcp::upstream::hide_filled_arguments(&mut entries, &directory);
         self.state.directory.replace(directory);
         if let Ok(mut catalog) = self.state.catalog.write() {
             *catalog = Arc::new(Catalog::new(entries));

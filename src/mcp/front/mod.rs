@@ -648,7 +648,10 @@ impl ServerHandler for Front {
                 .refused_with(error)
             };
             self.begin_session_lease(&credentials).await.map_err(lend)?;
-            credentials.keyed = self.key_lease(&credentials).await.map_err(lend)?;
+            credentials.keyed = self
+                .key_lease(&credentials, resolved.adapter.identity.is_some())
+                .await
+                .map_err(lend)?;
         }
         let (agent, from_upstream) = mpsc::unbounded_channel();
         let watch = if resolved.adapter.read_only {

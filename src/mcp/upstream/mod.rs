@@ -188,6 +188,45 @@ pub fn directory(
         .collect()
 }
 
+/// Removes from each tool's input schema the argument its adapter fills
+/// with the operation id (`operation_id_argument`): the agent's model must
+/// not see a key it could re-mint on a retry. The upstream's own schema is
+/// untouched (it is only the agent's view that changes); a value an agent
+/// sends there anyway is dropped before the intent is identified and
+/// replaced when sent (`dispatch`).
+pub fn hide_filled_arguments(
+    catalog: &mut BTreeMap<String, CatalogEntry>,
+    directory: &crate::adapter::ToolDirectory,
+) {
+    for (name, entry) in catalog.iter_mut() {
+        let Some(argument) = directory
+            .get(name)
+            .and_then(|resolved| resolved.adapter.filled_argument())
+        else {
+            continue;
+        };
+        without_property(
+            std::sync::Arc::make_mut(&mut entry.tool.input_schema),
+            argument,
+        );
+        if let Some(object) = entry.object.as_mut()
+            && let Some(Value::Object(schema)) = Arc::make_mut(object).get_mut("inputSchema")
+        {
+            without_property(schema, argument);
+        }
+    }
+}
+
+/// `schema` without `property` in `properties` and `required`.
+fn without_property(schema: &mut Map<String, Value>, property: &str) {
+    if let Some(Value::Object(properties)) = schema.get_mut("properties") {
+        properties.remove(property);
+    }
+    if let Some(Value::Array(required)) = schema.get_mut("required") {
+        required.retain(|name| name.as_str() != Some(property));
+    }
+}
+
 /// All upstream connections, by name.
 pub struct Upstreams {
     connections: BTreeMap<String, Arc<Connection>>,
