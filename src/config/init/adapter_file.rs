@@ -273,7 +273,8 @@ fn render_tool(out: &mut String, tool: &ToolSummary, tools: &[ToolSummary]) {
             out.push_str("# capability = \"idempotency_key\"\n");
             let _ = writeln!(
                 out,
-                "# operation_id_argument = {}   # leasegate sends its operation id here",
+                "# operation_id_argument = {}   # leasegate sends its operation id here and hides {} from the agent's tools/list",
+                quote(argument),
                 quote(argument)
             );
             out.push_str("# key_retention = \"24h\"         # the server's key retention window\n");
@@ -282,7 +283,7 @@ fn render_tool(out: &mut String, tool: &ToolSummary, tools: &[ToolSummary]) {
             out.push_str(
                 "# - idempotency_key: the server deduplicates on a key leasegate sends:\n\
                  # capability = \"idempotency_key\"\n\
-                 # operation_id_argument = \"<key argument>\"   # or operation_id_meta = \"<_meta key>\",\n\
+                 # operation_id_argument = \"<key argument>\"   # hidden from the agent; or operation_id_meta = \"<_meta key>\",\n\
                  #                       # or operation_id_header = \"Idempotency-Key\" (HTTP upstreams)\n\
                  # key_retention = \"24h\"         # the server's key retention window\n",
             );

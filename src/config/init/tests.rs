@@ -114,6 +114,10 @@ fn an_obvious_key_argument_is_recognised_and_prefilled() {
         text.contains("# operation_id_argument = \"idempotency_key\""),
         "{text}"
     );
+    assert!(
+        text.contains("hides \"idempotency_key\" from the agent's tools/list"),
+        "{text}"
+    );
     // Uncommenting the suggestion gives a valid adapter.
     let section = text
         .split("[tools.charge]")

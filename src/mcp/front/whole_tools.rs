@@ -17,6 +17,8 @@
 //! 1. A listed tool is the upstream's object with `name` as exposed; of
 //!    the fields rmcp's model knows, one the shaped answer lacks (rmcp drops
 //!    a non-object `outputSchema` for older protocol versions) is left out.
+//!    The one other change: the argument the tool's adapter fills with the
+//!    operation id is not in its `inputSchema` (`upstream::hide_filled_arguments`).
 //!    Nothing else is changed or added.
 //! 2. A tool whose object was not kept is listed as rmcp's model carries
 //!    it.
