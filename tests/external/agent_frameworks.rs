@@ -3,8 +3,11 @@
 //! leasegate processes and the example tool server: what their user or
 //! model reads of a replay, a refusal, an unknown outcome and a start-up
 //! failure, how a pydantic-ai agent run ends when leasegate refuses its
-//! calls, and a stdio session the Vercel client ends with SIGTERM. The clients are driven by
-//! `tests/sdk/agent_clients.py` (venv `target/agents-venv`) and
+//! calls, and a stdio session the Vercel client ends with SIGTERM. LangGraph
+//! and OpenAI Agents SDK runs whose task key is their own thread or group id,
+//! going on after a run died past its charge. The clients are driven by
+//! `tests/sdk/agent_clients.py` (venv `target/agents-venv`),
+//! `tests/sdk/frameworks.py` (`target/frameworks-venv`) and
 //! `tests/sdk/vercel.mjs` (`target/sdk-node`), provisioned by
 //! `common::peers`; the side effects and ledger rows are counted here.
 
@@ -56,6 +59,17 @@ async fn agents_py(args: &[&str]) -> Vec<Value> {
     .await
 }
 
+async fn frameworks_py(args: &[&str]) -> Vec<Value> {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    run_script(
+        common::peers::frameworks_python(),
+        "frameworks.py",
+        &args,
+        &[],
+    )
+    .await
+}
+
 async fn vercel_mjs(args: &[&str]) -> Vec<Value> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let node_packages = common::peers::sdk_node();
@@ -100,6 +114,167 @@ async fn key_mode_proxy(db: &TestDb) -> (Scenario, ServedChild) {
     scenario.surround_config("lease_mode = \"key\"", "");
     let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
     (scenario, served)
+}
+
+/// `leasegate serve` in lease mode `session` in front of the example tools:
+/// a call's task is its `Leasegate-Task` header.
+async fn session_mode_proxy(db: &TestDb) -> (Scenario, ServedChild) {
+    let scenario = Scenario::new(&db.url, "claim_ttl = \"4s\"\n");
+    scenario.surround_config("lease_mode = \"session\"", "");
+    let served = ServedChild::spawn(ServedChild::command(&scenario, &[])).await;
+    (scenario, served)
+}
+
+/// One conversation of `framework` (`langgraph-thread`, `openai-group` of
+/// `tests/sdk/frameworks.py`) under the thread or group id `identity`,
+/// which is also its `Leasegate-Task`: a run that dies after its charge of
+/// 500 was answered, then the run that goes on and asks for the charge
+/// again (`replan`: with another `idempotency_key`). Returns the two calls,
+/// (first, again), once the second was answered from the ledger: the first
+/// call's operation, replayed, and the model reads that it was.
+async fn conversation(framework: &str, url: &str, identity: &str, replan: bool) -> (Value, Value) {
+    let mut args = vec![
+        framework, "--url", url, "--thread", identity, "--amount", "500",
+    ];
+    if replan {
+        args.push("--replan");
+    }
+    let lines = frameworks_py(&args).await;
+    let [first, again] = <[Value; 2]>::try_from(lines).expect("two charge calls");
+    let (sent, replayed) = (&first["operation"], &again["operation"]);
+    assert_eq!(sent["replayed"], false, "{first}");
+    assert_eq!(replayed["replayed"], true, "{identity}: {again}");
+    assert_eq!(replayed["operation_id"], sent["operation_id"], "{again}");
+    let read = again["model_read"].as_str().unwrap_or_default();
+    assert!(
+        read.lines().any(|l| l.starts_with(REPLAYED)),
+        "the model reads that the charge was not made again: {again}"
+    );
+    (first, again)
+}
+
+/// The tool's charges: its record of each, by leasegate's operation id
+/// (sent as the charge's `idempotency_key`).
+fn charged_operations(scenario: &Scenario) -> Vec<Value> {
+    scenario
+        .side_effects("charges.jsonl")
+        .iter()
+        .map(|charge| charge["idempotency_key"].clone())
+        .collect()
+}
+
+/// A run per conversation of `framework` under two thread or group ids,
+/// each dying after its charge and going on with the same arguments: one
+/// charge per id, the second call of each answered from the ledger, and
+/// one session task per id, named by it.
+async fn one_charge_per_conversation(db: &TestDb, framework: &str, identities: [&str; 2]) {
+    let (scenario, served) = session_mode_proxy(db).await;
+    let (first, _) = conversation(framework, &served.mcp, identities[0], false).await;
+    assert_eq!(
+        charged_operations(&scenario),
+        [first["operation"]["operation_id"].clone()],
+        "one charge for {}",
+        identities[0]
+    );
+    let (other, _) = conversation(framework, &served.mcp, identities[1], false).await;
+    assert_eq!(
+        charged_operations(&scenario),
+        [
+            first["operation"]["operation_id"].clone(),
+            other["operation"]["operation_id"].clone()
+        ],
+        "another id, another task: its charge is made"
+    );
+    let tasks: Vec<String> = db
+        .query_scalars("SELECT task_id FROM agent_tasks WHERE kind = 'session' ORDER BY task_id")
+        .await;
+    let mut named = identities.map(str::to_owned).to_vec();
+    named.sort();
+    assert_eq!(tasks, named, "the task keys are the framework's ids");
+    assert_eq!(db.row_count("tool_operations").await, 2);
+    let calls = scenario.side_effects("calls.jsonl");
+    assert_eq!(calls.len(), 2, "the tool was called once per id: {calls:?}");
+}
+
+/// A conversation of `framework` whose run dies after its charge and whose
+/// model, in the run that goes on, asks for the charge again with another
+/// `idempotency_key` (the argument the payments adapter writes its
+/// operation id to, so not part of the call's identity): the same intent,
+/// answered from the ledger, one charge.
+async fn one_charge_for_a_replanned_call(db: &TestDb, framework: &str, identity: &str) {
+    let (scenario, served) = session_mode_proxy(db).await;
+    let (first, again) = conversation(framework, &served.mcp, identity, true).await;
+    let (mut planned, mut replanned) = (first["arguments"].clone(), again["arguments"].clone());
+    let keys = (
+        planned.as_object_mut().unwrap().remove("idempotency_key"),
+        replanned.as_object_mut().unwrap().remove("idempotency_key"),
+    );
+    assert!(keys.0.is_some() && keys.0 != keys.1, "{first} {again}");
+    assert_eq!(planned, replanned, "the calls differ only in their key");
+    assert_eq!(
+        charged_operations(&scenario),
+        [first["operation"]["operation_id"].clone()],
+        "one charge"
+    );
+    let calls = scenario.side_effects("calls.jsonl");
+    assert_eq!(calls.len(), 1, "the tool was called once: {calls:?}");
+}
+
+/// A LangGraph agent graph (checkpointer, `ToolNode` of the adapters'
+/// tools) whose tool interceptor sends the run's `thread_id` as
+/// `Leasegate-Task`: the worker dies after the charge was answered, before
+/// the tool step is checkpointed; a new client and graph resume the thread
+/// from its checkpoint and run the tool step again. One charge per thread.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_langgraph_thread_resumed_from_its_checkpoint_is_charged_once_and_another_thread_again(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    one_charge_per_conversation(
+        &db,
+        "langgraph-thread",
+        ["thread-order-42", "thread-order-43"],
+    )
+    .await;
+}
+
+/// A LangGraph thread whose run died after its charge, taken up again with
+/// the user's message: the planner asks for the charge anew with another
+/// `idempotency_key`, and the call is answered from the ledger.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_langgraph_thread_whose_model_asks_again_with_another_idempotency_key_is_charged_once(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    one_charge_for_a_replanned_call(&db, "langgraph-thread", "thread-order-44").await;
+}
+
+/// OpenAI Agents SDK runs (the SDK's scripted model) under
+/// `RunConfig(group_id)`, whose MCP server sends that group id as
+/// `Leasegate-Task`: the model provider fails after the charge was
+/// answered, the app runs the turn again under the same group id with a new
+/// server connection, and the model asks for the charge again. One charge
+/// per group.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_agents_sdk_turn_run_again_under_its_group_id_is_charged_once_and_another_group_again(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    one_charge_per_conversation(&db, "openai-group", ["chat-order-42", "chat-order-43"]).await;
+}
+
+/// An Agents SDK turn run again under its group id whose model asks for the
+/// charge with another `idempotency_key`: answered from the ledger.
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn an_agents_sdk_turn_whose_model_asks_again_with_another_idempotency_key_is_charged_once(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    one_charge_for_a_replanned_call(&db, "openai-group", "chat-order-44").await;
 }
 
 /// Each client's user or model reads, in what the client hands on by

@@ -25,6 +25,24 @@ where operation is leasegate's `_meta["dev.leasegate/operation"]` note when
 the framework lets us see the raw CallToolResult. Exit 0 when every call was
 ok, 1 otherwise, 2 when the 60 s deadline passed.
 
+The task key from the framework's own run identity (lease mode session, over
+HTTP):
+
+  frameworks.py langgraph-thread|openai-group --url URL --thread ID --amount N
+                [--replan]
+
+One conversation under ID, a LangGraph `thread_id` or an Agents SDK
+`group_id`, which also becomes its `Leasegate-Task` header: a first run asks
+for a charge of N and dies after the tool answered, before it could use the
+answer; a second run, with a new MCP client and a new graph or runner call
+under the same ID, asks for the charge again: with the same arguments (a
+LangGraph checkpoint resume, an Agents SDK run retried), or, with --replan,
+with another `idempotency_key` argument (what a model planning the call anew
+picks). Prints one JSON line per charge call:
+  {"attempt", "arguments", "operation", "model_read"}
+where model_read is what the model was handed of an answer it got (null for
+the lost one). Exit 0 when both runs went as described, 1 otherwise.
+
 Pins: tests/sdk/frameworks-requirements.txt, a venv of its own (the adapters
 need mcp<2; the suite's SDK venv has mcp 2.x), so both frameworks speak the
 handshake-era protocol. langchain over stdio spawns one `leasegate stdio` per
@@ -48,20 +66,31 @@ KEY_META = "dev.leasegate/idempotency_key"
 NOTE_META = "dev.leasegate/operation"
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--framework", choices=["langchain", "openai"], required=True)
-parser.add_argument("--transport", choices=["stdio", "http"], required=True)
-parser.add_argument("--mode", choices=["session", "key"], required=True)
+parser.add_argument("scenario", nargs="?", choices=["langgraph-thread", "openai-group"])
+parser.add_argument("--framework", choices=["langchain", "openai"])
+parser.add_argument("--transport", choices=["stdio", "http"])
+parser.add_argument("--mode", choices=["session", "key"])
 parser.add_argument("--calls", type=int, default=16)
-parser.add_argument("--tool", required=True)
-parser.add_argument("--arguments-json", required=True)
+parser.add_argument("--tool")
+parser.add_argument("--arguments-json")
 parser.add_argument("--url")
 parser.add_argument("--stdio-command", default="[]")
 parser.add_argument("--header", action="append", default=[])
 parser.add_argument("--key-prefix", default="fw")
 parser.add_argument("--repeat", type=int, default=1)
+parser.add_argument("--thread")
+parser.add_argument("--amount", type=int, default=5)
+parser.add_argument("--replan", action="store_true")
 args = parser.parse_args()
+if args.scenario is None:
+    missing = [f"--{name.replace('_', '-')}" for name in ("framework", "transport", "mode", "tool", "arguments_json")
+               if getattr(args, name) is None]
+    if missing:
+        parser.error(f"the parallel calls need {', '.join(missing)}")
+elif not (args.url and args.thread):
+    parser.error(f"{args.scenario} needs --url and --thread")
 
-TEMPLATE = json.loads(args.arguments_json)
+TEMPLATE = json.loads(args.arguments_json or "null")
 HEADERS = dict(h.split("=", 1) for h in args.header)
 ARGV = json.loads(args.stdio_command)
 if args.transport == "http" and not args.url:
@@ -228,6 +257,150 @@ async def openai_calls():
         yield invoke
 
 
+CHARGE = "payments__charge"
+
+
+def planned_charge(attempt):
+    """The charge the model asks for on an attempt: the same amount each time;
+    with --replan, a model that plans the call anew picks another key."""
+    arguments = {"amount": args.amount, "currency": "eur"}
+    if args.replan:
+        arguments["idempotency_key"] = f"picked-by-the-model-{attempt}"
+    return arguments
+
+
+def text_of(content):
+    """A tool answer as the model reads it: the text of its content blocks."""
+    if isinstance(content, str):
+        return content
+    return "\n".join(block.get("text", "") if isinstance(block, dict) else str(block) for block in content)
+
+
+async def langgraph_thread():
+    """A LangGraph agent graph (a planner node standing in for the model, then
+    a ToolNode of the adapters' tools) with a checkpointer, under thread_id
+    --thread. The first run's charge is answered, then the run dies before the
+    tool step is checkpointed. A new client and a newly compiled graph on the
+    same checkpointer go on with the thread: resumed from the checkpoint (the
+    tool step again, the same call), or with --replan the user's message again,
+    for which the planner plans the charge anew."""
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_mcp_adapters.client import MultiServerMCPClient
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+    from mcp.types import CallToolResult
+
+    async def task_from_thread(request, handler):
+        thread_id = request.runtime.config["configurable"]["thread_id"]
+        return await handler(request.override(headers={"Leasegate-Task": thread_id}))
+
+    answers = []
+
+    async def record(request, handler):
+        # The adapters drop the result's `_meta`; the raw result is seen here.
+        result = await handler(request)
+        if isinstance(result, CallToolResult):
+            answers.append(result)
+        return result
+
+    async def die_after_the_answer(request, handler):
+        await handler(request)
+        raise ConnectionError("the worker died before the tool step was checkpointed")
+
+    def planner(attempt):
+        def plan(state):
+            if isinstance(state["messages"][-1], ToolMessage):
+                return {"messages": [AIMessage("charged")]}
+            call = {"name": CHARGE, "args": planned_charge(attempt), "id": f"call-{attempt}"}
+            return {"messages": [AIMessage("", tool_calls=[call])]}
+        return plan
+
+    # A durable checkpointer shared by the worker that died and the one that
+    # goes on; in memory here, as both runs are in this process.
+    checkpointer = InMemorySaver()
+    url, config = args.url, {"configurable": {"thread_id": args.thread}}
+    ask = {"messages": [HumanMessage(f"charge {args.amount} eur")]}
+    lines = []
+    for attempt, interceptors in enumerate([[task_from_thread, die_after_the_answer, record],
+                                            [task_from_thread, record]]):
+        client = MultiServerMCPClient({"leasegate": {"transport": "streamable_http", "url": url}},
+                                      tool_interceptors=interceptors)
+        builder = StateGraph(MessagesState)
+        builder.add_node("model", planner(attempt))
+        builder.add_node("tools", ToolNode(await client.get_tools()))
+        builder.add_edge(START, "model")
+        builder.add_conditional_edges("model", tools_condition)
+        builder.add_edge("tools", "model")
+        graph = builder.compile(checkpointer=checkpointer)
+        resumed = attempt > 0 and not args.replan
+        try:
+            state = await graph.ainvoke(None if resumed else ask, config)
+        except ConnectionError:
+            if attempt > 0:
+                raise
+            state = None
+        replies = [m for m in (state or {}).get("messages", []) if isinstance(m, ToolMessage)]
+        messages = (await graph.aget_state(config)).values["messages"]
+        asked = [m for m in messages if isinstance(m, AIMessage) and m.tool_calls][-1].tool_calls[0]
+        answer = answers[attempt] if attempt < len(answers) else None
+        meta = (answer.meta or {}) if answer is not None else {}
+        lines.append({"attempt": attempt, "arguments": asked["args"], "operation": meta.get(NOTE_META),
+                      "model_read": text_of(replies[-1].content) if replies else None})
+    return lines
+
+
+async def openai_group():
+    """OpenAI Agents SDK runs under RunConfig(group_id=--thread), with the SDK's
+    scripted model (agents.testing) standing in for the LLM. The first run's
+    charge is answered, then the model provider fails and so does the run; the
+    app runs the turn again under the same group_id, with a new MCP server
+    connection, and the model asks for the charge again."""
+    from agents import Agent, RunConfig, Runner, set_tracing_disabled
+    from agents.mcp import MCPServerStreamableHttp
+    from agents.testing import ScriptedModel, assistant_message, function_call
+
+    # No trace exporter in the suite; the group id is used here as the app
+    # gives it to the SDK.
+    set_tracing_disabled(True)
+    url, conversation_id = args.url, args.thread
+    lines = []
+    for attempt in range(2):
+        arguments = planned_charge(attempt)
+        after_the_charge = (ConnectionError("the model provider went away") if attempt == 0
+                            else [assistant_message("charged")])
+        model = ScriptedModel([[function_call(CHARGE, arguments, call_id=f"call-{attempt}")], after_the_charge])
+        seen = {}
+
+        def extract(ctx):
+            # The one place the raw result's `_meta` is still visible.
+            seen["operation"] = (ctx.result_meta or {}).get(NOTE_META)
+            return None
+
+        run_config = RunConfig(group_id=conversation_id)
+        async with MCPServerStreamableHttp({"url": url, "headers": {"Leasegate-Task": run_config.group_id}},
+                                           custom_data_extractor=extract, client_session_timeout_seconds=30) as server:
+            agent = Agent(name="payments", model=model, mcp_servers=[server])
+            try:
+                await Runner.run(agent, f"charge {args.amount} eur", run_config=run_config)
+            except ConnectionError:
+                if attempt > 0:
+                    raise
+        # What the model was handed of the charge: its next call's input.
+        outputs = [item["output"] for call in model.calls[1:] for item in call.input
+                   if isinstance(item, dict) and item.get("type") == "function_call_output"]
+        lines.append({"attempt": attempt, "arguments": arguments, "operation": seen.get("operation"),
+                      "model_read": text_of(outputs[-1]) if attempt > 0 and outputs else None})
+    return lines
+
+
+async def run_identity():
+    lines = await (langgraph_thread() if args.scenario == "langgraph-thread" else openai_group())
+    for line in lines:
+        print(json.dumps(line, default=str), flush=True)
+    return 0 if len(lines) == 2 and all(line["operation"] for line in lines) else 1
+
+
 async def main():
     failures = 0
     calls = langchain_calls() if args.framework == "langchain" else openai_calls()
@@ -266,6 +439,6 @@ def timed_out():
 watchdog = threading.Timer(DEADLINE, timed_out)
 watchdog.daemon = True
 watchdog.start()
-failed = asyncio.run(main())
+failed = asyncio.run(main() if args.scenario is None else run_identity())
 sys.stdout.flush()
 os._exit(1 if failed else 0)
