@@ -29,6 +29,15 @@ fn mailer_with_identity(on_rephrase: &str) -> String {
     )
 }
 
+/// leasegate in lease mode `session` over HTTP, with `mailer` as the
+/// example mailer's adapter.
+async fn session_proxy(db: &TestDb, mailer: &str) -> (Scenario, RunningProxy) {
+    let scenario = Scenario::with_adapters(&db.url, POLICY, PAYMENTS_ADAPTER, mailer);
+    scenario.prepend_config("lease_mode = \"session\"");
+    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    (scenario, proxy)
+}
+
 /// One JSON-RPC `tools/call` over plain HTTP with `headers`; the parsed answer.
 async fn post_call(url: &str, headers: &[(&str, &str)], name: &str, arguments: Value) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
@@ -263,14 +272,7 @@ async fn on_rephrase_conflict_refuses_naming_the_fields_and_sends_nothing(
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::with_adapters(
-        &db.url,
-        POLICY,
-        PAYMENTS_ADAPTER,
-        &mailer_with_identity("conflict"),
-    );
-    scenario.prepend_config("lease_mode = \"session\"");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = session_proxy(&db, &mailer_with_identity("conflict")).await;
     let task = [("leasegate-task", "mail-2")];
     let first = post_call(
         &proxy.url,
@@ -327,9 +329,7 @@ async fn a_corrected_call_after_a_failure_with_the_same_identity_is_sent_once(
     // The subject alone names the e-mail: the model fixes the recipient.
     let mailer = "upstream = \"mailer\"\ntrust_annotations = true\ntimeout = \"30s\"\n\
                   [tools.send_email]\ncapability = \"none\"\nidentity = [\"/subject\"]\n";
-    let scenario = Scenario::with_adapters(&db.url, POLICY, PAYMENTS_ADAPTER, mailer);
-    scenario.prepend_config("lease_mode = \"session\"");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = session_proxy(&db, mailer).await;
     let task = [("leasegate-task", "mail-3")];
     let failed = post_call(
         &proxy.url,
@@ -383,14 +383,7 @@ async fn a_client_with_a_three_second_timeout_hears_of_the_call_in_flight_before
     connect: PgConnectOptions,
 ) {
     let db = TestDb::new(pool, connect).await;
-    let scenario = Scenario::with_adapters(
-        &db.url,
-        POLICY,
-        PAYMENTS_ADAPTER,
-        &mailer_with_identity("replay"),
-    );
-    scenario.prepend_config("lease_mode = \"session\"");
-    let proxy = RunningProxy::start(&scenario.config_path()).await;
+    let (scenario, proxy) = session_proxy(&db, &mailer_with_identity("replay")).await;
     let task = [("leasegate-task", "mail-4")];
     let hanging = json!({"to": "ann@example.com", "subject": "Receipt", "body": "v1",
                          "hang_ms": 4000});
