@@ -251,6 +251,8 @@ impl<U: Upstream> Dispatcher<U> {
             upstream: tool.upstream.clone(),
             tool: tool.tool.clone(),
         };
+        // Taken by the claimed branch, which ends the loop.
+        let (tasks, agent) = (context.tasks.clone(), context.agent.clone());
         let mut context = Some(context);
         let (mut reply, sampled) = loop {
             // Runs of other tenants are not found (their existence is not this
@@ -278,8 +280,6 @@ impl<U: Upstream> Dispatcher<U> {
                 }
                 registered => registered?,
             };
-            let tasks = context.as_ref().and_then(|c| c.tasks.clone());
-            let agent = context.as_ref().and_then(|c| c.agent.clone());
             match outcome {
                 // The declared identity matches a recorded intent of this
                 // run whose request differs: a rephrased call.

@@ -19,7 +19,7 @@
 //!
 //! A tool's adapter may name the fields that make two calls the same effect
 //! (`identity`, JSON pointers into the arguments). A derived step then
-//! hashes only those fields ([`identity_digest`], step
+//! hashes only those fields ([`identity_step_id`], step
 //! `auto:<tool>:identity:<digest>`), so a model that re-plans a call with a
 //! reworded free-text field or an added optional one lands on the same
 //! step; the full request digest is still what the ledger records and
@@ -131,8 +131,13 @@ pub fn request_digest(
     // Checked on the arguments themselves, so that paths in errors read as
     // the caller wrote them.
     canonical::check_policy(arguments, policy)?;
-    let request = json!({ "tool": tool, "arguments": arguments });
-    let bytes = canonical_bytes(&request, IntegerPolicy::AsDouble)?;
+    digest_of(&json!({ "tool": tool, "arguments": arguments }))
+}
+
+/// Hex SHA-256 of `value`'s canonical bytes, its integers already checked
+/// against the caller's policy.
+fn digest_of(value: &Value) -> Result<RequestDigest, IntentError> {
+    let bytes = canonical_bytes(value, IntegerPolicy::AsDouble)?;
     Ok(RequestDigest(hex::encode(Sha256::digest(&bytes))))
 }
 
@@ -219,7 +224,7 @@ pub fn identity_step_id(
 
 /// Hex SHA-256 of the canonical `{"tool", "identity": {pointer: value}}`,
 /// absent fields left out.
-pub fn identity_digest(
+fn identity_digest(
     tool: &str,
     arguments: &Value,
     pointers: &[String],
@@ -236,9 +241,7 @@ pub fn identity_digest(
         .collect();
     let fields = Value::Object(fields);
     canonical::check_policy(&fields, policy)?;
-    let request = json!({ "tool": tool, "identity": fields });
-    let bytes = canonical_bytes(&request, IntegerPolicy::AsDouble)?;
-    Ok(RequestDigest(hex::encode(Sha256::digest(&bytes))))
+    digest_of(&json!({ "tool": tool, "identity": fields }))
 }
 
 /// The top-level argument fields (as JSON pointers) in which two requests

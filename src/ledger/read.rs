@@ -325,13 +325,9 @@ impl Ledger {
         operation_id: &OperationId,
     ) -> Result<Option<OperationRecord>, LedgerError> {
         const CALL: &str = "operation_record";
-        let row: Option<TableRow> = self
-            .invoke_optional(CALL, false, || {
-                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
-                    .bind(operation_id.as_str())
-            })
-            .await?;
-        row.map(|row| row.record(CALL, &self.options.bodies))
+        self.operation_row(CALL, operation_id)
+            .await?
+            .map(|row| row.record(CALL, &self.options.bodies))
             .transpose()
     }
 
@@ -343,19 +339,28 @@ impl Ledger {
         operation_id: &OperationId,
     ) -> Result<Option<(OperationRecord, serde_json::Value)>, LedgerError> {
         const CALL: &str = "operation_record_with_request";
-        let row: Option<TableRow> = self
-            .invoke_optional(CALL, false, || {
-                sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
-                    .bind(operation_id.as_str())
+        self.operation_row(CALL, operation_id)
+            .await?
+            .map(|row| {
+                Ok((
+                    row.record(CALL, &self.options.bodies)?,
+                    row.request(&self.options.bodies)?,
+                ))
             })
-            .await?;
-        row.map(|row| {
-            Ok((
-                row.record(CALL, &self.options.bodies)?,
-                row.request(&self.options.bodies)?,
-            ))
+            .transpose()
+    }
+
+    /// The live row of one operation (`call` names the caller in errors).
+    async fn operation_row(
+        &self,
+        call: &'static str,
+        operation_id: &OperationId,
+    ) -> Result<Option<TableRow>, LedgerError> {
+        self.invoke_optional(call, false, || {
+            sqlx::query_as("SELECT * FROM tool_operations WHERE operation_id = $1")
+                .bind(operation_id.as_str())
         })
-        .transpose()
+        .await
     }
 
     /// Every piece of evidence kept for an operation, oldest first.

@@ -396,15 +396,9 @@ impl Front {
                 if !credentials.over_http {
                     return Ok(());
                 }
-                let task = credentials
-                    .task
-                    .clone()
-                    .or_else(|| config.session.task.clone());
-                let Some(task) = task else {
+                let Some(task) = self.task_key(credentials)? else {
                     return Ok(());
                 };
-                check_identifier("Leasegate-Task", &task, MAX_TASK_LEN)
-                    .map_err(|e| invalid_params(e.to_string()))?;
                 let namespace = credentials.lease_namespace("session")?;
                 let arrived = credentials.arrived.unwrap_or_else(std::time::Instant::now);
                 self.session
@@ -455,15 +449,7 @@ impl Front {
             )));
         }
         let key = if identity_scope {
-            let task = credentials
-                .task
-                .clone()
-                .or_else(|| config.session.task.clone());
-            if let Some(task) = &task {
-                check_identifier("Leasegate-Task", task, MAX_TASK_LEN)
-                    .map_err(|e| invalid_params(e.to_string()))?;
-            }
-            crate::agent_leases::identity_scope_key(task.as_deref())
+            crate::agent_leases::identity_scope_key(self.task_key(credentials)?.as_deref())
         } else {
             key
         };
@@ -486,6 +472,20 @@ impl Front {
             }
             other => invalid_params(other.to_string()),
         })
+    }
+
+    /// The caller's task key: the `Leasegate-Task` header, else the
+    /// configuration's `[session] task`; checked as an identifier.
+    fn task_key(&self, credentials: &CallCredentials<'_>) -> Result<Option<String>, McpError> {
+        let task = credentials
+            .task
+            .clone()
+            .or_else(|| self.state.config.session.task.clone());
+        if let Some(task) = &task {
+            check_identifier("Leasegate-Task", task, MAX_TASK_LEN)
+                .map_err(|e| invalid_params(e.to_string()))?;
+        }
+        Ok(task)
     }
 
     pub(super) fn lease_required(
