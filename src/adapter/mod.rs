@@ -39,6 +39,8 @@
 //! capability = "none"
 //! identity = ["/to", "/subject"]       # the fields that make two calls the same effect
 //! on_rephrase = "replay"                # | "conflict": same identity, other words
+//! after_undelivered = "show"            # | "send": an outcome the agent never received
+//!                                       # is shown before a different call is sent
 //!
 //! [tools.get_charge]
 //! read_only = true
@@ -104,6 +106,23 @@ pub enum OnRephrase {
     /// `-31003` intent conflict naming the fields that differed; nothing is
     /// sent.
     Conflict,
+}
+
+/// What the next call to a tool with a *different* request gets while an
+/// earlier call of the same run to that tool has an outcome its agent never
+/// received (it cancelled, its SDK timed out and cancelled, its request was
+/// dropped, or the outcome is `unknown`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterUndelivered {
+    /// Not sent: answered with the earlier call's arguments and outcome (or
+    /// fate), which delivers it; calling again sends it. The default: the
+    /// commonest duplicate is a model re-planning a call whose answer it
+    /// never saw, and a legitimate different call pays one extra round trip.
+    #[default]
+    Show,
+    /// Sent as any other call.
+    Send,
 }
 
 /// The `_meta` key through which dispatch asks the Streamable HTTP client for
@@ -204,6 +223,8 @@ pub struct RawToolAdapter {
     pub identity: Option<Vec<String>>,
     /// See [`OnRephrase`]; only with `identity`.
     pub on_rephrase: Option<OnRephrase>,
+    /// See [`AfterUndelivered`].
+    pub after_undelivered: Option<AfterUndelivered>,
 }
 
 /// One "nothing was done" rule of an adapter file.
@@ -243,6 +264,8 @@ pub struct ToolAdapter {
     pub identity: Option<Vec<String>>,
     /// See [`OnRephrase`].
     pub on_rephrase: OnRephrase,
+    /// See [`AfterUndelivered`].
+    pub after_undelivered: AfterUndelivered,
 }
 
 /// How to ask the upstream about an operation (reconciler).
@@ -355,6 +378,7 @@ impl ToolAdapter {
             on_disconnect: OnDisconnect::Finish,
             identity: None,
             on_rephrase: OnRephrase::default(),
+            after_undelivered: AfterUndelivered::default(),
         }
     }
 
@@ -432,6 +456,7 @@ impl RawToolAdapter {
                 ("on_disconnect", self.on_disconnect.is_some()),
                 ("identity", self.identity.is_some()),
                 ("on_rephrase", self.on_rephrase.is_some()),
+                ("after_undelivered", self.after_undelivered.is_some()),
             ];
             if let Some((field, _)) = extra.iter().find(|(_, set)| *set) {
                 return Err(FieldError::new(
@@ -680,6 +705,7 @@ impl RawToolAdapter {
             read_only: false,
             identity,
             on_rephrase: self.on_rephrase.unwrap_or_default(),
+            after_undelivered: self.after_undelivered.unwrap_or_default(),
             capability,
             placement,
             timeout,

@@ -37,6 +37,9 @@ pub struct CallContext {
     pub agent: Option<AgentSink>,
     /// Fired when the agent explicitly cancels; forwarded upstream.
     pub cancel: CancellationToken,
+    /// Fired when the agent stops waiting for this call (cancelled or went
+    /// away), whether or not the call goes on: its outcome is undelivered.
+    pub gone: CancellationToken,
     /// The agent follows tasks (it declared the MCP Tasks extension): a
     /// task the upstream makes of the call is answered with its handle and
     /// followed here. `None`: the upstream is not offered tasks.
@@ -160,6 +163,32 @@ pub enum CallReply {
         operation_id: OperationId,
         reason: String,
     },
+    /// Not sent: earlier calls of this tool in this run have outcomes their
+    /// agent never received (adapter `after_undelivered = "show"`); these
+    /// are they, shown instead. Calling again sends the call.
+    Shown { tool: String, calls: Vec<ShownCall> },
+}
+
+/// An earlier call shown to an agent that never received its outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShownCall {
+    pub operation_id: OperationId,
+    pub status: OperationStatus,
+    /// Its request as the ledger keeps it (masked or digest only per policy).
+    pub arguments: Value,
+    /// Its recorded answer, when it has one.
+    pub result: Option<Value>,
+}
+
+impl ShownCall {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "operation_id": self.operation_id.as_str(),
+            "status": self.status.as_str(),
+            "arguments": self.arguments,
+            "result": self.result,
+        })
+    }
 }
 
 /// Why a call was refused; nothing reached the upstream.
@@ -259,6 +288,7 @@ pub fn trace_outcome(result: Result<&CallReply, &CallError>) -> &'static str {
             other => other.as_str(),
         },
         Ok(CallReply::Unknown { .. }) => "unknown",
+        Ok(CallReply::Shown { .. }) => "shown",
         Ok(CallReply::Task { .. }) => "task",
         Err(CallError::NotSent { .. }) => "not_sent",
         Err(_) => "refused",

@@ -12,8 +12,10 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
-use super::call::{CallError, CallReply, CallRequest, OperationNote, Rephrased};
+use super::call::{CallError, CallReply, CallRequest, OperationNote, Rephrased, ShownCall};
 use super::execute::{Claimed, execute_claim_acknowledged};
+use super::undelivered::{AbandonGuard, CallPlace, Delivery, Undelivered};
+use crate::adapter::AfterUndelivered;
 use crate::adapter::Upstream;
 use crate::durability::{DurabilityGate, Hold};
 use crate::intent::Intent;
@@ -38,6 +40,8 @@ pub struct Dispatcher<U> {
     tasks: Arc<super::followers::TaskFollowers>,
     /// The calls whose dispatch task runs now, for a shutdown to wait on.
     running: Arc<Running>,
+    /// Outcomes this process's agents never received (`undelivered`).
+    undelivered: Arc<Undelivered>,
 }
 
 /// A count of running dispatch tasks, and a wake-up when it changes.
@@ -116,6 +120,7 @@ impl<U: Upstream> Dispatcher<U> {
         Self {
             tasks: super::followers::TaskFollowers::new(policy.claim_ttl),
             running: Arc::default(),
+            undelivered: Arc::default(),
             ledger,
             upstream,
             policy,
@@ -150,23 +155,45 @@ impl<U: Upstream> Dispatcher<U> {
     {
         let dispatcher = self.clone();
         let running = RunningCall::start(&self.running);
-        tokio::spawn(
+        let delivery = Delivery::new(self.undelivered.clone(), self.policy.undelivered_hold);
+        // Dropped with this future when the agent cancels or goes away.
+        let abandon = AbandonGuard::new(delivery.clone());
+        let watched = delivery.clone();
+        let gone = request.context.gone.clone();
+        let mut task = tokio::spawn(
             async move {
                 let _running = running;
-                dispatcher.call_in_place(request).await
+                dispatcher.call_in_place(request, &watched).await
             }
             .in_current_span(),
-        )
-        .await
-        .map_err(|e| {
+        );
+        // An agent that went away without dropping this future (a call
+        // that runs on for it) has not received the outcome either.
+        let joined = tokio::select! {
+            joined = &mut task => joined,
+            _ = gone.cancelled() => {
+                delivery.abandoned();
+                task.await
+            }
+        };
+        let reply = joined.map_err(|e| {
             CallError::Ledger(LedgerError::Protocol {
                 call: "dispatch",
                 detail: format!("dispatch task failed: {e}"),
             })
-        })?
+        })?;
+        abandon.delivered();
+        if let Ok(CallReply::Answer { .. }) = &reply {
+            delivery.answered();
+        }
+        reply
     }
 
-    async fn call_in_place(&self, request: CallRequest) -> Result<CallReply, CallError> {
+    async fn call_in_place(
+        &self,
+        request: CallRequest,
+        delivery: &Delivery,
+    ) -> Result<CallReply, CallError> {
         if self.policy.step_identity == StepIdentity::Explicit && request.step.is_none() {
             return Err(CallError::StepRequired);
         }
@@ -182,7 +209,10 @@ impl<U: Upstream> Dispatcher<U> {
         }
         // The high-water before this call's reading began (DurabilityGate::acknowledged_at).
         let baseline = self.gate.baseline();
-        let reply = self.call_unchecked(request).await;
+        let reply = self.call_unchecked(request, delivery).await;
+        if let Ok((CallReply::Unknown { .. }, _)) = &reply {
+            delivery.unknown();
+        }
         match &reply {
             Ok((_, sampled)) => {
                 self.gate
@@ -203,6 +233,7 @@ impl<U: Upstream> Dispatcher<U> {
     async fn call_unchecked(
         &self,
         request: CallRequest,
+        delivery: &Delivery,
     ) -> Result<(CallReply, Option<WalPosition>), CallError> {
         let CallRequest {
             lease,
@@ -246,6 +277,23 @@ impl<U: Upstream> Dispatcher<U> {
         // Moved, not copied: it comes back out for the upstream once the
         // claim is written.
         intent.request_body = arguments;
+        // An outcome this run's agent never received from this tool is shown
+        // before a different call to it is sent.
+        let place = (tool.adapter.after_undelivered == AfterUndelivered::Show).then(|| CallPlace {
+            run_id: lease.run_id,
+            tool: exposed_name.clone(),
+        });
+        if let Some(place) = &place {
+            let earlier = self.undelivered.take_others(
+                place,
+                &intent.operation_id,
+                self.policy.undelivered_hold,
+            );
+            if let Some(shown) = self.shown(&exposed_name, earlier).await? {
+                return Ok((shown, None));
+            }
+            delivery.identified(place.clone(), intent.operation_id.clone());
+        }
         let claim_ttl_ms = i64::try_from(self.policy.claim_ttl.as_millis()).unwrap_or(i64::MAX);
         let route = ToolRoute {
             upstream: tool.upstream.clone(),
@@ -310,6 +358,9 @@ impl<U: Upstream> Dispatcher<U> {
                                 &intent.step_id,
                                 intent.effect_version,
                             );
+                            if let Some(place) = &place {
+                                delivery.identified(place.clone(), intent.operation_id.clone());
+                            }
                             continue;
                         }
                     }
@@ -353,6 +404,40 @@ impl<U: Upstream> Dispatcher<U> {
             remarks.filled_meta = filled_meta;
         });
         Ok((reply, sampled))
+    }
+
+    /// The answer to a call that is not sent because the earlier calls
+    /// `earlier` of its tool in its run have outcomes their agent never
+    /// received: those calls, as recorded. `None` when none of them is on
+    /// record any more (archived): the call goes on.
+    async fn shown(
+        &self,
+        tool: &str,
+        earlier: Vec<crate::intent::OperationId>,
+    ) -> Result<Option<CallReply>, CallError> {
+        let mut calls = Vec::with_capacity(earlier.len());
+        for operation_id in earlier {
+            if let Some((record, arguments)) = self
+                .ledger
+                .operation_record_with_request(&operation_id)
+                .await?
+            {
+                calls.push(ShownCall {
+                    operation_id: record.operation_id,
+                    status: record.status,
+                    arguments,
+                    result: record.result,
+                });
+            }
+        }
+        if calls.is_empty() {
+            return Ok(None);
+        }
+        metrics::counter!("leasegate_undelivered_shown_total").increment(1);
+        Ok(Some(CallReply::Shown {
+            tool: tool.to_owned(),
+            calls,
+        }))
     }
 
     /// A call whose declared identity matches the recorded operation

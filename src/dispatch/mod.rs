@@ -15,6 +15,8 @@
 //! - `tasks`: calls an upstream made a task of (MCP Tasks extension),
 //!   followed under their claim until the task is terminal (`followers`:
 //!   the ones this process follows);
+//! - `undelivered`: outcomes this process's agents never received, shown
+//!   before a different call to the same tool is sent;
 //! - `outbox`: [`Outbox`], one pass over planned operations (scheduled by
 //!   `crate::reconcile`), and [`is_original`], the check every sender of a
 //!   stored request makes.
@@ -66,10 +68,11 @@ mod outbox;
 mod outcome;
 mod rounds;
 mod tasks;
+mod undelivered;
 
 pub use call::{
     CallContext, CallError, CallReply, CallRequest, OPERATION_ID_META, OperationNote, Remarks,
-    Rephrased, process_owner, trace_outcome,
+    Rephrased, ShownCall, process_owner, trace_outcome,
 };
 pub use dispatcher::Dispatcher;
 pub use execute::{Claimed, execute_claim, execute_claim_acknowledged, inject_operation_id};

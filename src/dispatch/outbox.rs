@@ -170,8 +170,10 @@ impl<U: Upstream> Outbox<U> {
             let outcome = match send.await {
                 Ok(Ok(CallReply::Answer { .. })) => "settled",
                 Ok(Ok(CallReply::Unknown { .. })) => "unknown",
-                // The outbox offers no tasks; listed for completeness.
+                // The outbox offers no tasks and shows nothing; listed for
+                // completeness.
                 Ok(Ok(CallReply::Task { .. })) => "task",
+                Ok(Ok(CallReply::Shown { .. })) => "shown",
                 Ok(Err(_)) | Err(_) => "error",
             };
             metrics::counter!("dispatch_total", "outcome" => outcome).increment(1);

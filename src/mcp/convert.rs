@@ -265,6 +265,7 @@ fn result_from_reply(reply: CallReply, outcome: OutcomeShown) -> CallToolResult 
             tool_result.result_type = Some(ResultType::COMPLETE);
             tool_result
         }
+        CallReply::Shown { tool, calls } => shown_result(&tool, &calls),
         CallReply::Unknown {
             operation_id,
             reason,
@@ -292,6 +293,76 @@ fn result_from_reply(reply: CallReply, outcome: OutcomeShown) -> CallToolResult 
             tool_result
         }
     }
+}
+
+/// The key of a shown answer's structured content that lists the earlier
+/// calls whose outcomes their agent never received.
+pub const UNDELIVERED_KEY: &str = "dev.leasegate/undelivered";
+
+/// The `_meta` key of a shown answer: `{"sent": false, "operations": [..]}`.
+pub const SHOWN_META: &str = "dev.leasegate/shown";
+
+/// A call not sent because earlier calls of its tool have outcomes its
+/// agent never received: those calls and outcomes, in words and in
+/// structured content, and how to send the call after all.
+fn shown_result(tool: &str, calls: &[crate::dispatch::ShownCall]) -> CallToolResult {
+    let mut text = format!(
+        "[leasegate] nothing was sent. An earlier call to {tool} in this task ended without its \
+         answer reaching you:"
+    );
+    for call in calls {
+        text.push_str(&format!(
+            "\n- operation {} with arguments {} is {}",
+            call.operation_id,
+            call.arguments,
+            call.status.as_str()
+        ));
+        let answer = call
+            .result
+            .as_ref()
+            .and_then(|result| result.get("content"))
+            .and_then(Value::as_array)
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .filter_map(|block| block.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .filter(|answer| !answer.is_empty());
+        match (call.status, answer) {
+            (crate::ledger::OperationStatus::Unknown, _) => text.push_str(
+                ": it may have happened; its fate is being reconciled (leasegate ops show)",
+            ),
+            (crate::ledger::OperationStatus::Dispatching, _) => {
+                text.push_str(": still running; its outcome is not known yet")
+            }
+            (_, Some(answer)) => text.push_str(&format!("; its answer: {answer}")),
+            (_, None) => {}
+        }
+    }
+    text.push_str(
+        "\nIf that earlier call is what you meant, do not send it again in other words. If this \
+         call is a different one, call again with the same arguments to send it.",
+    );
+    let listed: Vec<Value> = calls.iter().map(|call| call.to_json()).collect();
+    let mut tool_result = CallToolResult::error(vec![ContentBlock::text(text)]);
+    tool_result.structured_content = Some(json!({
+        UNDELIVERED_KEY: listed,
+        "sent": false,
+        "advice": "call again with the same arguments to send this call",
+    }));
+    let mut meta = MetaObject::new();
+    meta.insert(
+        SHOWN_META.to_owned(),
+        json!({
+            "sent": false,
+            "operations": calls.iter().map(|c| c.operation_id.as_str()).collect::<Vec<_>>(),
+        }),
+    );
+    tool_result.meta = Some(meta);
+    tool_result.result_type = Some(ResultType::COMPLETE);
+    tool_result
 }
 
 /// The JSON-RPC error for a refused call. Internal details never leak.

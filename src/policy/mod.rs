@@ -31,6 +31,9 @@ pub struct RawPolicy {
     pub claim_ttl: Option<String>,
     /// How long a call waits for the same intent in flight elsewhere.
     pub in_flight_wait: Option<String>,
+    /// How long an outcome its agent never received is shown before a
+    /// different call to the same tool is sent (adapter `after_undelivered`).
+    pub undelivered_hold: Option<String>,
     /// Whether a replayed answer also says so in its content (default true).
     pub outcome_in_content: Option<bool>,
     /// "derived" (default: step id from tool + digest) or "explicit".
@@ -117,6 +120,8 @@ pub struct Policy {
     pub heartbeat_interval: Duration,
     pub claim_ttl: Duration,
     pub in_flight_wait: Duration,
+    /// See [`RawPolicy::undelivered_hold`].
+    pub undelivered_hold: Duration,
     /// A replayed answer carries a line saying so in its content, beside
     /// `_meta`, and the same sentence in a free-form object structured
     /// content (`mcp::convert::OutcomeShown`): clients that drop `_meta`, or
@@ -189,6 +194,7 @@ impl RawPolicy {
         let heartbeat_interval = duration("heartbeat_interval", &self.heartbeat_interval, "5s")?;
         let claim_ttl = duration("claim_ttl", &self.claim_ttl, "2m")?;
         let in_flight_wait = duration("in_flight_wait", &self.in_flight_wait, "1s")?;
+        let undelivered_hold = duration("undelivered_hold", &self.undelivered_hold, "10m")?;
         if heartbeat_interval >= lease_ttl_ceiling {
             return Err(FieldError::new(
                 "heartbeat_interval",
@@ -339,6 +345,7 @@ impl RawPolicy {
             heartbeat_interval,
             claim_ttl,
             in_flight_wait,
+            undelivered_hold,
             outcome_in_content: self.outcome_in_content.unwrap_or(true),
             step_identity,
             request_body,

@@ -17,4 +17,5 @@ mod failover;
 mod pasted_commands;
 mod postgres_binaries;
 mod python_agent;
+mod replanned_sdk;
 mod sdk_transparency;

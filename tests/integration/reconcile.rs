@@ -1408,12 +1408,7 @@ async fn a_process_paused_past_its_claim_before_sending_sends_nothing_and_the_op
         Claimed {
             tool,
             arguments,
-            context: CallContext {
-                meta: Default::default(),
-                agent: None,
-                cancel: Default::default(),
-                tasks: None,
-            },
+            context: CallContext::default(),
         },
     )
     .await;

@@ -449,3 +449,92 @@ async fn a_client_with_a_three_second_timeout_hears_of_the_call_in_flight_before
     assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
     proxy.stop().await;
 }
+
+/// `leasegate stdio --task <task>` with `mailer` as the mailer's adapter,
+/// and an rmcp client on it.
+async fn stdio_agent(
+    db: &TestDb,
+    mailer: &str,
+    task: &str,
+) -> (Scenario, common::proxy::AgentClient) {
+    let scenario = Scenario::with_adapters(&db.url, POLICY, PAYMENTS_ADAPTER, mailer);
+    scenario.prepend_config("lease_mode = \"session\"");
+    let mut command = tokio::process::Command::new(LEASEGATE);
+    command
+        .arg("stdio")
+        .arg("--config")
+        .arg(scenario.config_path())
+        .args(["--task", task])
+        .env_remove("LEASEGATE_TASK");
+    let transport = TokioChildProcess::new(command).unwrap();
+    let agent = within("leasegate stdio to answer initialize", async {
+        common::proxy::Agent::default()
+            .serve(transport)
+            .await
+            .unwrap()
+    })
+    .await;
+    (scenario, agent)
+}
+
+/// Starts a call that hangs at the tool after sending, waits for the
+/// e-mail, and cancels it as an SDK does when its timeout runs out.
+async fn send_and_give_up(scenario: &Scenario, agent: &common::proxy::AgentClient, to: &str) {
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest};
+    let arguments = json!({"to": to, "subject": "Receipt", "body": "first", "hang_ms": 20000});
+    let params = CallToolRequestParams::new("mailer__send_email")
+        .with_arguments(arguments.as_object().cloned().unwrap());
+    let handle = agent
+        .peer()
+        .send_request_with_option(
+            ClientRequest::CallToolRequest(CallToolRequest::new(params)),
+            rmcp::service::PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    wait_until("the e-mail to be sent", || async {
+        (scenario.side_effects("emails.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    handle.cancel(Some("timed out".into())).await.unwrap();
+}
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn after_undelivered_show_holds_a_different_call_once_and_send_sends_it(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    for (setting, held) in [("show", true), ("send", false)] {
+        let mailer = format!(
+            "upstream = \"mailer\"\ntimeout = \"30s\"\n[tools.send_email]\ncapability = \"none\"\n\
+             after_undelivered = \"{setting}\"\n"
+        );
+        let (scenario, agent) = stdio_agent(&db, &mailer, &format!("undelivered-{setting}")).await;
+        send_and_give_up(&scenario, &agent, "ann@example.com").await;
+        let replanned = json!({"to": "ann@example.com", "subject": "Your receipt"});
+        let answer = common::proxy::call(&agent, "mailer__send_email", replanned.clone(), None)
+            .await
+            .expect("answered");
+        let shown = answer
+            .meta
+            .as_ref()
+            .and_then(|meta| meta.get(leasegate::mcp::convert::SHOWN_META).cloned());
+        assert_eq!(shown.is_some(), held, "{setting}: {answer:?}");
+        let emails = if held { 1 } else { 2 };
+        assert_eq!(
+            scenario.side_effects("emails.jsonl").len(),
+            emails,
+            "{setting}"
+        );
+        if held {
+            // Shown once: the same call again is sent.
+            let again = common::proxy::call(&agent, "mailer__send_email", replanned, None)
+                .await
+                .expect("answered");
+            assert_eq!(common::proxy::operation_note(&again)["status"], "succeeded");
+            assert_eq!(scenario.side_effects("emails.jsonl").len(), 2);
+        }
+        let _ = agent.cancel().await;
+    }
+}

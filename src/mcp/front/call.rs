@@ -38,7 +38,13 @@ impl Front {
         let tally = Tally::new(context, "read_only", &request.name);
         let upstream = resolved.upstream;
         let cancel = watch.cancel.clone();
-        self.watch_request(context, cancel.clone(), false, watch.detach.clone());
+        self.watch_request(
+            context,
+            &CallWatch {
+                explicit_only: false,
+                ..watch.clone()
+            },
+        );
         let call = UpstreamCall {
             upstream: upstream.clone(),
             tool: resolved.tool,
@@ -234,12 +240,7 @@ impl Front {
             answered.effect_version = step.effect_version;
         }
         let cancel = watch.cancel.clone();
-        self.watch_request(
-            context,
-            cancel.clone(),
-            watch.explicit_only,
-            watch.detach.clone(),
-        );
+        self.watch_request(context, watch);
         let call = CallRequest {
             lease,
             step,
@@ -250,6 +251,7 @@ impl Front {
                 meta,
                 agent: Some(agent),
                 cancel: cancel.clone(),
+                gone: watch.gone.clone(),
                 tasks: agent_follows_tasks(context).then(|| self.state.dispatcher.tasks().clone()),
             },
         };
@@ -293,7 +295,7 @@ impl Front {
                     | CallError::Cancelled { operation_id }
                     | CallError::NotSent { operation_id, .. },
                 ) => Some(operation_id.as_str().to_owned()),
-                Err(_) => None,
+                Ok(CallReply::Shown { .. }) | Err(_) => None,
             };
             if let Some(operation_id) = &operation_id {
                 span.record("operation_id", operation_id.as_str());

@@ -21,39 +21,38 @@ impl Front {
         context: &RequestContext<RoleServer>,
         explicit_only: bool,
     ) -> CancellationToken {
-        let token = CancellationToken::new();
-        self.watch_request(
-            context,
-            token.clone(),
+        let watch = CallWatch {
             explicit_only,
-            CancellationToken::new(),
-        );
-        token
+            ..CallWatch::default()
+        };
+        self.watch_request(context, &watch);
+        watch.cancel
     }
 
-    /// Fires `token` when the agent cancels this request, and, unless
-    /// `explicit_only`, when it merely goes away (its connection or response
-    /// stream closed), until the call ends (`token` fires) or `detach`
-    /// fires: a stateless-MCP call that waits for the agent's input
-    /// outlives the request that started it and is watched through the
-    /// request that resumes it. Side-effecting calls pass
-    /// [`CallWatch::explicit_only`]: the adapter's `on_disconnect`.
-    pub(super) fn watch_request(
-        &self,
-        context: &RequestContext<RoleServer>,
-        token: CancellationToken,
-        explicit_only: bool,
-        detach: CancellationToken,
-    ) {
+    /// Fires the watch's `cancel` when the agent cancels this request, and,
+    /// unless `explicit_only`, when it merely goes away (its connection or
+    /// response stream closed) — which always fires `gone` —, until the
+    /// call ends (`cancel` fires) or `detach` fires: a stateless-MCP call
+    /// that waits for the agent's input outlives the request that started
+    /// it and is watched through the request that resumes it.
+    /// Side-effecting calls pass [`CallWatch::explicit_only`]: the
+    /// adapter's `on_disconnect`.
+    pub(super) fn watch_request(&self, context: &RequestContext<RoleServer>, watch: &CallWatch) {
+        let CallWatch {
+            cancel: token,
+            detach,
+            explicit_only,
+            gone,
+        } = watch.clone();
         let key = request_key(&context.id);
         // The agent's notifications/cancelled finds the token here (sessions,
         // stdio) ...
-        let watch = self
+        let watch_id = self
             .session
             .next_watch
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Ok(mut cancels) = self.session.cancels.lock() {
-            cancels.insert(key.clone(), (watch, token.clone()));
+            cancels.insert(key.clone(), (watch_id, token.clone()));
         }
         // ... or, from a stateless HTTP agent, arrives as its own POST: the
         // in-flight registry finds this request by client and id.
@@ -82,6 +81,7 @@ impl Front {
                 // The request's own token also fires when the agent merely
                 // goes away (session closed, connection dropped).
                 _ = watched.cancelled() => {
+                    gone.cancel();
                     if !explicit_only {
                         fire.cancel();
                     }
@@ -92,7 +92,7 @@ impl Front {
                 }
             }
             if let Ok(mut cancels) = session.cancels.lock()
-                && cancels.get(&key).is_some_and(|(w, _)| *w == watch)
+                && cancels.get(&key).is_some_and(|(w, _)| *w == watch_id)
             {
                 cancels.remove(&key);
             }
@@ -113,12 +113,14 @@ pub(super) fn cancelled_by_the_agent() -> McpError {
 /// How a tool call is cancelled: `cancel` reaches the upstream; `detach`
 /// ends the watch of the request currently carrying the call;
 /// `explicit_only`: only the agent's explicit cancel fires `cancel`, not
-/// its going away.
+/// its going away; `gone` fires when the agent goes away, cancel or not
+/// (its outcome will not reach it: `dispatch::CallContext::gone`).
 #[derive(Clone, Default)]
 pub(super) struct CallWatch {
     pub(super) cancel: CancellationToken,
     pub(super) detach: CancellationToken,
     pub(super) explicit_only: bool,
+    pub(super) gone: CancellationToken,
 }
 
 impl CallWatch {

@@ -152,12 +152,7 @@ impl Front {
                 PARK_TTL.as_secs()
             )));
         };
-        self.watch_request(
-            context,
-            pending.watch.cancel.clone(),
-            pending.watch.explicit_only,
-            pending.watch.detach.clone(),
-        );
+        self.watch_request(context, &pending.watch);
         for (key, answer) in responses {
             if let Some(reply) = pending.waiting.remove(&key) {
                 pending.asked.remove(&key);
