@@ -18,6 +18,11 @@ pub const OPERATION_ID_META: &str = "dev.leasegate/operation_id";
 #[derive(Debug)]
 pub struct CallRequest {
     pub lease: LeaseClaim,
+    /// The lease is one leasegate holds for an agent that knows nothing of
+    /// leases (lease modes `session` and `key`): an agent whose model
+    /// plans its calls, whose undelivered outcomes are shown before a
+    /// different call is sent (`after_undelivered`).
+    pub lease_held_for_agent: bool,
     pub step: Option<StepRef>,
     /// The name the agent called (namespaced); part of the digest.
     pub exposed_name: String,

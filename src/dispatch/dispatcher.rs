@@ -237,6 +237,7 @@ impl<U: Upstream> Dispatcher<U> {
     ) -> Result<(CallReply, Option<WalPosition>), CallError> {
         let CallRequest {
             lease,
+            lease_held_for_agent,
             step,
             exposed_name,
             tool,
@@ -257,6 +258,7 @@ impl<U: Upstream> Dispatcher<U> {
             _ => None,
         };
         let arguments = Value::Object(arguments);
+        let derived = step.is_none();
         // Explicit steps keep their own identity; a derived step hashes the
         // declared identity fields when the tool has them.
         let identity = match &step {
@@ -278,8 +280,15 @@ impl<U: Upstream> Dispatcher<U> {
         // claim is written.
         intent.request_body = arguments;
         // An outcome this run's agent never received from this tool is shown
-        // before a different call to it is sent.
-        let place = (tool.adapter.after_undelivered == AfterUndelivered::Show).then(|| CallPlace {
+        // before a different call to it is sent, for an agent under a lease
+        // leasegate holds for it. A caller with a lease of its own or that
+        // names its steps, or a tool that declares its identity, says itself
+        // which calls are the same effect: none is second-guessed.
+        let shows = lease_held_for_agent
+            && derived
+            && identity.is_none()
+            && tool.adapter.after_undelivered == AfterUndelivered::Show;
+        let place = shows.then(|| CallPlace {
             run_id: lease.run_id,
             tool: exposed_name.clone(),
         });

@@ -497,6 +497,15 @@ async fn send_and_give_up(scenario: &Scenario, agent: &common::proxy::AgentClien
     })
     .await;
     handle.cancel(Some("timed out".into())).await.unwrap();
+    // The tool heard the cancel after leasegate did: the call is over.
+    wait_until("the tool to see the cancel", || async {
+        std::fs::read_to_string(scenario.dir.join("state/calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .any(|line| line.contains(to) && line.contains("\"cancelled\":true"))
+            .then_some(())
+    })
+    .await;
 }
 
 #[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]

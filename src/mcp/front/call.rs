@@ -243,6 +243,7 @@ impl Front {
         self.watch_request(context, watch);
         let call = CallRequest {
             lease,
+            lease_held_for_agent: matches!(tally.mode, "session" | "key"),
             step,
             exposed_name: name,
             tool: resolved,
