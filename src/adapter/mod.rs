@@ -110,8 +110,8 @@ pub enum OnRephrase {
 
 /// What the next call to a tool with a *different* request gets while an
 /// earlier call of the same run to that tool has an outcome its agent never
-/// received (it cancelled, its SDK timed out and cancelled, its request was
-/// dropped, or the outcome is `unknown`).
+/// received (it cancelled, its SDK timed out and cancelled, or its request
+/// was dropped).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AfterUndelivered {

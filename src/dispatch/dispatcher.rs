@@ -210,9 +210,6 @@ impl<U: Upstream> Dispatcher<U> {
         // The high-water before this call's reading began (DurabilityGate::acknowledged_at).
         let baseline = self.gate.baseline();
         let reply = self.call_unchecked(request, delivery).await;
-        if let Ok((CallReply::Unknown { .. }, _)) = &reply {
-            delivery.unknown();
-        }
         match &reply {
             Ok((_, sampled)) => {
                 self.gate
@@ -311,6 +308,8 @@ impl<U: Upstream> Dispatcher<U> {
         // Taken by the claimed branch, which ends the loop.
         let (tasks, agent) = (context.tasks.clone(), context.agent.clone());
         let mut context = Some(context);
+        // A rephrased call that sends the earlier call's recorded request.
+        let mut sent_for = None;
         let (mut reply, sampled) = loop {
             // Runs of other tenants are not found (their existence is not this
             // tenant's business; operation ids derive from the run's tenant):
@@ -357,6 +356,18 @@ impl<U: Upstream> Dispatcher<U> {
                         .await?
                     {
                         Rephrase::Answered(reply) => break (reply, None),
+                        // The earlier call is registered but provably not
+                        // sent: its request (the one on record) goes now.
+                        Rephrase::SendRecorded {
+                            arguments,
+                            digest,
+                            rephrased,
+                        } => {
+                            intent.request_body = arguments;
+                            intent.request_digest = digest;
+                            sent_for = Some(rephrased);
+                            continue;
+                        }
                         // The earlier call ended without an effect: this one
                         // is the corrected plan, the step's next version.
                         Rephrase::NextVersion => {
@@ -411,6 +422,7 @@ impl<U: Upstream> Dispatcher<U> {
         remark(&mut reply, |remarks| {
             remarks.filled_argument = filled_argument;
             remarks.filled_meta = filled_meta;
+            remarks.rephrased = remarks.rephrased.take().or(sent_for);
         });
         Ok((reply, sampled))
     }
@@ -477,12 +489,26 @@ impl<U: Upstream> Dispatcher<U> {
         ) {
             return Ok(Rephrase::NextVersion);
         }
+        let original = super::outbox::is_original(&record, &recorded);
         let rephrased = Rephrased {
             identity: tool.adapter.identity.clone().unwrap_or_default(),
             // Only a request kept in full says which fields differ.
-            differs: super::outbox::is_original(&record, &recorded)
+            differs: original
                 .then(|| crate::intent::differing_fields(&recorded, &intent.request_body)),
         };
+        // Registered, provably never sent (its send was refused): the same
+        // effect is due, as the earlier call asked for it. Only a request
+        // kept in full can be sent again.
+        if record.status == OperationStatus::Prepared
+            && original
+            && tool.adapter.on_rephrase == crate::adapter::OnRephrase::Replay
+        {
+            return Ok(Rephrase::SendRecorded {
+                arguments: recorded,
+                digest: record.request_digest,
+                rephrased,
+            });
+        }
         metrics::counter!("leasegate_rephrased_calls_total", "policy" => match tool.adapter.on_rephrase {
             crate::adapter::OnRephrase::Replay => "replay",
             crate::adapter::OnRephrase::Conflict => "conflict",
@@ -662,6 +688,11 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(250);
 enum Rephrase {
     Answered(CallReply),
     NextVersion,
+    SendRecorded {
+        arguments: Value,
+        digest: crate::intent::RequestDigest,
+        rephrased: Rephrased,
+    },
 }
 
 /// Adds to the remarks of `reply`'s operation (an answer or a task handle).

@@ -1,7 +1,8 @@
 //! Outcomes an agent never received: the calls of this process whose agent
 //! went away before the answer (it cancelled — an SDK's timeout sends a
-//! cancel —, or its request was dropped with its connection), and the
-//! calls whose outcome is `unknown`. A model whose call timed out usually
+//! cancel —, or its request was dropped with its connection). An `unknown`
+//! outcome that reached its agent was delivered: its answer already says
+//! what happened and what not to do. A model whose call timed out usually
 //! plans it again with different words; while such an outcome is held, the
 //! next call to the same tool in the same run with a *different* request is
 //! not sent but answered with the earlier call and its outcome
@@ -154,12 +155,6 @@ impl Delivery {
     pub(super) fn abandoned(&self) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         state.abandoned = true;
-        self.hold_locked(&mut state);
-    }
-
-    /// The outcome is unknown: held whether or not the agent read it.
-    pub(super) fn unknown(&self) {
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         self.hold_locked(&mut state);
     }
 
