@@ -1,6 +1,7 @@
 """The duplicate-effect benchmark: what retries do to real side effects.
 
     python bench/duplicates/duplicates.py --intents 2000 --agents 48 --seed 7 [--paths direct,resilient,mcp-proxy,explicit,session,key]
+    python bench/duplicates/duplicates.py --retry replan --intents 2000 --agents 48 --seed 7
 
 (`bench/duplicates/run.sh` makes its pinned virtual environment first.)
 
@@ -32,10 +33,23 @@ intent), spawned by its caller; every effect is a line in its state dir.
 stdio kill; this script kills and restarts the proxy process and
 terminates leasegate's database backends at seeded points of the burst.
 
+With `--retry replan` the agent is a re-planning one: its scripted model
+answers every timeout, cut stream or error by planning the call again (a new
+tool-call id, so a new key; the key argument re-minted; the free-text field
+reworded; an optional field added), and its tasks mix in legitimate calls
+that look alike (the same tool, another recipient, amount or name). The
+leasegate paths then run in lease modes `session` (a task key per agent
+task) and `key` (a new key per model turn, the task key beside it), each
+with today's adapters and with `identity` declared (`<mode>-identity`:
+`adapters/identity/`), and the table adds the false holds (a legitimate
+call answered from another call, or shown and not sent) and the calls shown
+and not sent.
+
 Prints the table (paths × counts) and writes `summary.json` and `table.md`
-under `--out`. Exit 1 if a leasegate path shows a duplicate effect, a lost
-intent, a wrong answer or an unknown neither converged nor listed for an
-operator; 2 if the benchmark could not run.
+under `--out`. Exit 1 if a leasegate path (with `--retry replan`: one with
+`identity` declared) shows a duplicate effect, a lost intent, a wrong
+answer, an unknown neither converged nor listed for an operator or a false
+hold; 2 if the benchmark could not run.
 """
 
 import argparse
@@ -45,6 +59,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import signal
 import socket
@@ -53,6 +68,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 import warnings
 
 import httpx2
@@ -65,8 +81,15 @@ warnings.simplefilter("ignore")
 MCP_PROXY_PATH = "/"
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-LEASEGATE_PATHS = ("explicit", "session", "key")
+LEASE_MODES = ("explicit", "session", "key")
+# A leasegate path is a lease mode, with today's adapters or (`-identity`)
+# with each tool's identity fields declared.
+IDENTITY_PATHS = tuple(f"{mode}-identity" for mode in LEASE_MODES)
+LEASEGATE_PATHS = (*LEASE_MODES, *IDENTITY_PATHS)
 ALL_PATHS = ("direct", "resilient", "mcp-proxy", *LEASEGATE_PATHS)
+DEFAULT_PATHS = {"reissue": ("direct", "resilient", "mcp-proxy", *LEASE_MODES),
+                 "replan": ("direct", "resilient", "mcp-proxy", "session", "key",
+                            "session-identity", "key-identity")}
 # The intents' kinds: the four tools over Streamable HTTP, and `create_bucket`
 # once more from a tool server over stdio (`storage`), the one a stdio kill hits.
 KINDS = ("charge", "create_bucket", "submit_job", "send_email", "stdio_bucket")
@@ -93,7 +116,15 @@ parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--intents", type=int, default=2000, help="intended calls per path")
 parser.add_argument("--agents", type=int, default=16, help="concurrent agents per path")
 parser.add_argument("--seed", type=int, default=7)
-parser.add_argument("--paths", default=",".join(ALL_PATHS))
+parser.add_argument("--paths", default=None,
+                    help=f"of {', '.join(ALL_PATHS)} (default: {', '.join(DEFAULT_PATHS['reissue'])}; "
+                         f"with --retry replan: {', '.join(DEFAULT_PATHS['replan'])})")
+parser.add_argument("--retry", choices=("reissue", "replan"), default="reissue",
+                    help="what the agent does after a timeout, a cut stream or an error: issue the same "
+                         "call again (a framework's retry) or have its model plan the call again")
+parser.add_argument("--look-alikes", type=float, default=0.5,
+                    help="with --retry replan: share of tasks whose second call looks like the first "
+                         "(the same tool, another recipient, amount or name)")
 parser.add_argument("--timeout", type=float, default=5.0, help="the agent's timeout per call, seconds")
 parser.add_argument("--attempts", type=int, default=4, help="calls per intent, the first included")
 parser.add_argument("--cut", type=float, default=0.08, help="share of intents whose first answer stream is cut")
@@ -147,12 +178,24 @@ def log(message):
 # ---------------------------------------------------------------- the schedule
 
 def make_schedule():
-    """The workload and the faults, from the seed alone: the same on every path."""
+    """The workload and the faults, from the seed alone: the same on every
+    path. The intents come in tasks, each run by one agent in order: one
+    intent each, or with `--retry replan` a share of them followed by a
+    look-alike (the same tool and words, another recipient, amount or name)."""
     rng = random.Random(args.seed)
-    intents, plan = [], {}
+    shapes = random.Random(f"tasks-{args.seed}")
+    intents, tasks, plan = [], [], {}
     for i in range(args.intents):
-        kind = KINDS[i % len(KINDS)]
         label = f"dupbench-{i:06d}"
+        if args.retry == "reissue":
+            kind = KINDS[i % len(KINDS)]
+            tasks.append([i])
+        elif tasks and len(tasks[-1]) == 1 and shapes.random() < args.look_alikes:
+            kind = intents[tasks[-1][0]]["kind"]
+            tasks[-1].append(i)
+        else:
+            kind = KINDS[len(tasks) % len(KINDS)]
+            tasks.append([i])
         draw = rng.random()
         fault = None
         if kind in STDIO_KINDS:
@@ -167,12 +210,17 @@ def make_schedule():
             fault = {"tool": "slow"}
         if fault:
             plan[label] = fault
-        intents.append({"index": i, "kind": kind, "label": label, "arguments": arguments(kind, i, label)})
+        if args.retry == "reissue":
+            intents.append({"index": i, "kind": kind, "label": label, "arguments": arguments(kind, i, label)})
+        else:
+            task = len(tasks) - 1
+            intents.append({"index": i, "kind": kind, "label": label, "task": task,
+                            "look_alike": len(tasks[-1]) > 1, "arguments": planned_arguments(kind, i, label, task)})
     kills = args.proxy_kills if args.proxy_kills >= 0 else max(1, args.intents // 500)
     terminations = args.db_terminations if args.db_terminations >= 0 else max(1, args.intents // 500)
     points = rng.sample(range(args.intents // 10, args.intents * 9 // 10 or 1), kills + terminations)
     process = sorted([(p, "proxy_kill") for p in points[:kills]] + [(p, "db_terminate") for p in points[kills:]])
-    return intents, plan, process
+    return intents, tasks, plan, process
 
 
 def arguments(kind, i, label):
@@ -185,6 +233,49 @@ def arguments(kind, i, label):
     if kind == "submit_job":
         return {"name": label, "job_id": label}
     return {"to": f"{label}@bench.test", "subject": label, "body": "duplicate-effect benchmark"}
+
+
+def planned_arguments(kind, i, label, task):
+    """A re-planning agent's first call: the intent's label in the field that
+    makes it this effect (the recipient, the order and its amount, the name),
+    the task's words in the others, so that a task's look-alike differs from
+    its first call there alone."""
+    if kind == "charge":
+        return {"amount": 100000 + i, "currency": "eur", "customer": f"cus_{task:06d}", "order": label,
+                "memo": f"Order of customer cus_{task:06d}"}
+    if kind in ("create_bucket", "stdio_bucket"):
+        return {"name": label, "region": ["eu", "us", "ap"][task % 3], "size": 1 + task % 7,
+                "description": f"Invoices of team {task}"}
+    if kind == "submit_job":
+        return {"name": label, "job_id": label, "note": f"Nightly export of team {task}"}
+    return {"to": f"{label}@bench.test", "subject": f"Invoice INV-{task:06d}", "body": "Your invoice is attached."}
+
+
+# What the model changes when it plans a call again: the free-text field it
+# rewords, and the optional field it adds.
+FREE_TEXT = {"charge": "memo", "send_email": "body", "create_bucket": "description",
+             "stdio_bucket": "description", "submit_job": "note"}
+REWORDINGS = ("{text}", "Re: {text}", "{text} Thank you.", "As discussed: {text}")
+OPTIONAL_FIELD = {"charge": ("statement_descriptor", "BENCH ORDER"), "send_email": ("reply_to", "desk@bench.test"),
+                  "create_bucket": ("versioning", True), "stdio_bucket": ("versioning", True),
+                  "submit_job": ("priority", "high")}
+
+
+def replanned(intent, turn):
+    """The call as the model plans it on its `turn`-th try (0: the first): a
+    new tool-call id (its key in lease mode `key`) and the key argument
+    minted anew every time, as a model does; from the second try on the
+    free-text field reworded and an optional field added."""
+    kind = intent["kind"]
+    planned = dict(intent["arguments"])
+    if kind == "charge":
+        planned["idempotency_key"] = f"model-{uuid.uuid4().hex[:16]}"
+    text = FREE_TEXT[kind]
+    planned[text] = REWORDINGS[turn % len(REWORDINGS)].format(text=planned[text])
+    if turn:
+        field, value = OPTIONAL_FIELD[kind]
+        planned[field] = value
+    return {**intent, "arguments": planned, "key": f"call-{uuid.uuid4().hex}"}
 
 
 def effects_per_label(state):
@@ -202,7 +293,9 @@ def effects_per_label(state):
                 if file == "charges.jsonl":
                     label = f"dupbench-{int(effect.get('amount', 0)) - 100000:06d}"
                 elif file == "emails.jsonl":
-                    label = effect.get("subject")
+                    # The recipient names the intent (with --retry replan a
+                    # task's look-alike shares the subject).
+                    label = (effect.get("to") or "").split("@")[0]
                 else:
                     label = effect.get("name")
                 counts[label] = counts.get(label, 0) + 1
@@ -230,19 +323,28 @@ def spawn_ready(name, command, work, ready_url):
     raise RuntimeError(f"{name} did not answer within 60 s")
 
 
+def lease_mode(path):
+    """The lease mode a leasegate path serves in; None for the other paths."""
+    return path.removesuffix("-identity") if path in LEASEGATE_PATHS else None
+
+
 class Leasegate:
-    def __init__(self, work, mode, tool_ports, stdio_servers):
+    def __init__(self, work, path, tool_ports, stdio_servers):
         self.work = work
-        self.mode = mode
+        mode = lease_mode(path)
         self.mcp_port, self.control_port = free_port(), free_port()
-        self.database = f"leasegate_dupbench_{mode}_{os.getpid()}"
+        self.database = f"leasegate_dupbench_{path.replace('-', '_')}_{os.getpid()}"
         base = args.admin_url.rsplit("/", 1)[0]
         self.database_url = f"{base}/{self.database}"
         self.process = None
         os.makedirs(os.path.join(work, "adapters"), exist_ok=True)
-        # The five tool servers' adapter files, upstream timeout 5 s.
-        for name in os.listdir(os.path.join(HERE, "adapters")):
-            shutil.copy(os.path.join(HERE, "adapters", name), os.path.join(work, "adapters", name))
+        # The five tool servers' adapter files, upstream timeout 5 s; on an
+        # `-identity` path the same files with each tool's identity declared.
+        adapters = os.path.join(HERE, "adapters", "identity") if path in IDENTITY_PATHS \
+            else os.path.join(HERE, "adapters")
+        for name in os.listdir(adapters):
+            if name.endswith(".toml"):
+                shutil.copy(os.path.join(adapters, name), os.path.join(work, "adapters", name))
         with open(os.path.join(work, "policy.toml"), "w") as file:
             # A re-issue waiting for its first call hears "in flight, call
             # again" well before the agent's own timeout: the wait is half of
@@ -369,27 +471,33 @@ class Agent:
     request id), as an agent re-issuing a call after a failure does."""
 
     def __init__(self, path, number, entry, task_key, errlog):
-        self.path = path
+        self.lease_mode = lease_mode(path)
         self.errlog = errlog
         self.mode = "auto" if number % 2 == 0 else "legacy"
         self.entry = entry
-        self.headers = {"Leasegate-Task": task_key} if path == "session" else {}
+        # The task key, in lease mode `session`; with --retry replan in mode
+        # `key` too, where it scopes a declared identity across the keys a
+        # framework mints anew every turn.
+        self.task_key = task_key
+        self.sends_task = self.lease_mode == "session" or (self.lease_mode == "key" and args.retry == "replan")
         self.phases = {}
 
     async def once(self, intent, lease):
-        """One call: its classified answer, or an exception (timeout, broken stream, error)."""
+        """One call: its classified answer, or an exception (timeout, broken
+        stream, error). `intent["key"]`, when there, is the call's own key (a
+        re-planned call's); else the intent's label is."""
         import anyio
         target, name = self.entry(intent["kind"])
         if isinstance(target, StdioServerParameters):
             # The agent spawns the stdio tool server itself, one per client.
             opened = stdio_client(target, errlog=self.errlog)
         else:
-            opened = transport(target, self.headers)
+            opened = transport(target, {"Leasegate-Task": self.task_key} if self.sends_task else {})
         meta = None
-        if self.path == "explicit":
+        if self.lease_mode == "explicit":
             meta = {"dev.leasegate/lease": lease}
-        elif self.path == "key":
-            meta = {"dev.leasegate/idempotency_key": intent["label"]}
+        elif self.lease_mode == "key":
+            meta = {"dev.leasegate/idempotency_key": intent.get("key", intent["label"])}
         # Where each call's time went (connect, the call, closing), for the
         # records: a call that took longer than the agent's timeout says why.
         phases = self.phases = {}
@@ -419,12 +527,22 @@ class Agent:
 
 def classify(result):
     data = result.model_dump(by_alias=True, exclude_none=True, mode="json")
-    operation = (data.get("_meta") or {}).get("dev.leasegate/operation") or {}
+    meta = data.get("_meta") or {}
+    operation = meta.get("dev.leasegate/operation") or {}
     structured = data.get("structuredContent") or {}
     status = operation.get("status") or structured.get("status")
     answer = {"operation_id": operation.get("operation_id") or structured.get("operation_id"),
               "replayed": operation.get("replayed")}
-    if status == "unknown":
+    if operation.get("rephrased"):
+        answer["rephrased"] = operation["rephrased"]
+    shown = meta.get("dev.leasegate/shown")
+    if isinstance(shown, dict) and shown.get("sent") is False:
+        # Not sent: an earlier call to the tool has an outcome its agent never
+        # received, and the answer shows it (an error result listing it).
+        answer["answer"] = "shown"
+        answer["shown_operations"] = shown.get("operations") or []
+        answer["undelivered"] = structured.get("dev.leasegate/undelivered")
+    elif status == "unknown":
         answer["answer"] = "unknown"
         answer["reason"] = structured.get("reason")
     elif data.get("isError"):
@@ -439,15 +557,22 @@ def error_code(error):
     return code if code is not None else getattr(error, "code", None)
 
 
-async def framework_retry(agent, intent, lease):
-    """Re-issue on timeout, broken stream or error, a new request each time."""
+async def framework_retry(agent, intent, lease, wrapped=False):
+    """Re-issue on timeout, broken stream or error, a new request each time:
+    the same call (a framework's retry) or, with `--retry replan`, the call as
+    the model plans it again, `wrapped` in mcp-resilient's retry on that path."""
     record = {"calls": 0, "errors": []}
-    for attempt in range(args.attempts):
+    replan = args.retry == "replan"
+
+    async def send(call):
         record["calls"] += 1
+        return await agent.once(call, lease)
+
+    if wrapped:
+        send = reliable(agent, record, intent["kind"])
+    for attempt in range(args.attempts):
         try:
-            record.update(await agent.once(intent, lease))
-            record.setdefault("phases", []).append(agent.phases)
-            return record
+            answer = await send(replanned(intent, attempt) if replan else intent)
         except Exception as error:  # noqa: BLE001 - what the agent does with any failure is the measure
             record.setdefault("phases", []).append(agent.phases)
             record["errors"].append(describe(error))
@@ -461,33 +586,89 @@ async def framework_retry(agent, intent, lease):
                 record["answer"] = "in_flight"
             else:
                 record.pop("answer", None)
+            if replan:
+                record.setdefault("turns", []).append(
+                    {"error": code if code is not None else type(leaf(error)).__name__,
+                     "operation_id": data.get("operation_id") if isinstance(data, dict) else None})
             await asyncio.sleep(min(1.0, 0.25 * 2 ** attempt))
+            continue
+        if replan:
+            record.setdefault("turns", []).append({key: answer[key] for key in TURN_KEYS if key in answer})
+            if answer["answer"] == "shown":
+                answer = adopted(answer, intent, record)
+                if answer is None:
+                    record.setdefault("phases", []).append(agent.phases)
+                    record.pop("answer", None)
+                    continue
+        record.update(answer)
+        record.setdefault("phases", []).append(agent.phases)
+        return record
     if "answer" not in record:
         record["answer"] = "failed"
         record["gave_up"] = True
     return record
 
 
-async def resilient_retry(agent, intent):
+# What a re-planning agent's record keeps of each answered turn.
+TURN_KEYS = ("answer", "operation_id", "replayed", "rephrased", "shown_operations", "undelivered")
+LABEL = re.compile(r"dupbench-\d{6}")
+# A shown call's status as the model takes it for its own call's answer.
+ADOPTED = {"succeeded": "succeeded", "dispatching": "in_flight", "prepared": "not_sent"}
+
+
+def adopted(answer, intent, record):
+    """What the model makes of a call leasegate showed instead of sending.
+    The earlier call it lists is this intent's own when it names the
+    intent's label, or, when the listing names no label, when one of this
+    intent's calls went unanswered: then that call's outcome is the answer
+    (unknown unless the listing says otherwise; an earlier call that did
+    nothing is planned again). Otherwise the model takes note of another
+    call's outcome and plans its own call again (None)."""
+    listed = answer.get("undelivered")
+    entries = listed if isinstance(listed, list) else [listed] if listed else []
+    text = json.dumps(listed)
+    mine = next((e for e in entries if intent["label"] in json.dumps(e)), None)
+    if mine is None and not LABEL.search(text) and any("error" in turn for turn in record.get("turns", [])):
+        mine = entries[0] if entries else {}
+    if mine is None:
+        return None
+    status = mine.get("status") if isinstance(mine, dict) else None
+    if status in ("failed_final", "cancelled"):
+        return None
+    operation = (mine.get("operation_id") if isinstance(mine, dict) else None) \
+        or next(iter(answer.get("shown_operations") or []), None)
+    return {**answer, "answer": ADOPTED.get(status, "unknown"), "operation_id": operation}
+
+
+def reliable(agent, record, kind):
+    """`agent.once` under `mcp-resilient`'s `@mcp_reliable` (its defaults: 3
+    attempts, decorrelated jitter; its per-attempt timeout the agent's, its
+    circuit breaker off so that every call is tried), each call counted and
+    each failure recorded; raises once the wrapper gives up."""
     from mcp_resilient import ReliabilityConfig, mcp_reliable
     from mcp_resilient.core.config import CircuitBreakerConfig, RetryConfig
     config = ReliabilityConfig(
-        tool_name=intent["kind"],
+        tool_name=kind,
         retry=RetryConfig(timeout_seconds=args.timeout),
         circuit_breaker=CircuitBreakerConfig(enabled=False))
-    record = {"calls": 0, "errors": []}
 
     @mcp_reliable(config)
-    async def call():
+    async def send(call):
         record["calls"] += 1
         try:
-            return await agent.once(intent, None)
+            return await agent.once(call, None)
         except Exception as error:
             record["errors"].append(describe(error))
             raise
 
+    return send
+
+
+async def resilient_retry(agent, intent):
+    """The wrapper's retry alone: the same call, up to its attempts."""
+    record = {"calls": 0, "errors": []}
     try:
-        record.update(await call())
+        record.update(await reliable(agent, record, intent["kind"])(intent))
     except Exception as error:  # noqa: BLE001
         record["errors"].append("gave up: " + describe(error))
         record["answer"] = "failed"
@@ -511,7 +692,7 @@ def describe(error):
 
 # ---------------------------------------------------------------- one path
 
-async def run_path(path, intents, plan, process_faults, work):
+async def run_path(path, intents, tasks, plan, process_faults, work):
     os.makedirs(work, exist_ok=True)
     state = os.path.join(work, "state")
     os.makedirs(state, exist_ok=True)
@@ -581,7 +762,7 @@ async def run_path(path, intents, plan, process_faults, work):
             if lg:
                 lg.create_database()
             gateway.start()
-            if path == "explicit":
+            if lease_mode(path) == "explicit":
                 # One run per intent (a task of its own), leased before the burst.
                 for intent in intents:
                     made = lg.control("POST", "/v1/runs", {"task_id": f"{intent['label']}-{os.getpid()}",
@@ -590,7 +771,7 @@ async def run_path(path, intents, plan, process_faults, work):
                                                "epoch": made.get("epoch") or (made.get("lease") or {}).get("epoch") or 1, "token": made["lease_token"]}
         records = [None] * len(intents)
         started = time.monotonic()
-        counter = {"next": 0}
+        counter = {"next": 0, "started": 0}
         injected_process = []
         # A proxy process is killed on every path that has one; backends
         # terminated where there is a database.
@@ -613,20 +794,26 @@ async def run_path(path, intents, plan, process_faults, work):
         async def work_loop(number):
             agent = Agent(path, number, entry, f"bench-task-{number}", stdio_errlog)
             try:
-                while counter["next"] < len(intents):
-                    i = counter["next"]
+                while counter["next"] < len(tasks):
+                    task = tasks[counter["next"]]
                     counter["next"] += 1
-                    while pending and pending[0][0] <= i:
+                    counter["started"] += len(task)
+                    while pending and pending[0][0] <= task[0]:
                         fault_tasks.append(asyncio.create_task(process_fault(pending.pop(0)[1])))
-                    intent = intents[i]
-                    begin = time.monotonic()
-                    if path == "resilient":
-                        record = await resilient_retry(agent, intent)
-                    else:
-                        record = await framework_retry(agent, intent, leases.get(intent["label"]))
-                    record["answered_at"] = time.monotonic()
-                    record["latency_s"] = record["answered_at"] - begin
-                    records[i] = record
+                    if args.retry == "replan":
+                        # A task key per agent task: its look-alike shares it.
+                        agent.task_key = f"bench-task-{intents[task[0]]['task']}"
+                    for i in task:
+                        intent = intents[i]
+                        begin = time.monotonic()
+                        if path == "resilient" and args.retry == "reissue":
+                            record = await resilient_retry(agent, intent)
+                        else:
+                            record = await framework_retry(agent, intent, leases.get(intent["label"]),
+                                                           wrapped=path == "resilient")
+                        record["answered_at"] = time.monotonic()
+                        record["latency_s"] = record["answered_at"] - begin
+                        records[i] = record
             finally:
                 await agent.close()
 
@@ -664,7 +851,7 @@ async def run_path(path, intents, plan, process_faults, work):
 async def report_progress(path, counter, total):
     while True:
         await asyncio.sleep(10)
-        log(f"{path}: {min(counter['next'], total)}/{total} intents started")
+        log(f"{path}: {min(counter['started'], total)}/{total} intents started")
 
 
 def injected_summary(state):
@@ -726,8 +913,16 @@ async def settle(lg, intents, records, started, first_seen):
             break
         await asyncio.sleep(1.0)
     listed = await asyncio.to_thread(operator_list, lg)
-    return {"statuses": statuses, "listed": listed, "first_seen": first_seen,
+    owners = await asyncio.to_thread(operation_labels, lg)
+    return {"statuses": statuses, "listed": listed, "first_seen": first_seen, "owners": owners,
             "settled_at": now - started, "open": open_count, "waiting": len(waiting)}
+
+
+def operation_labels(lg):
+    """Each recorded operation's intent: the label its request names."""
+    rows = psql(lg.database_url,
+                "SELECT operation_id, substring(request_body::text FROM 'dupbench-[0-9]{6}') FROM tool_operations")
+    return dict(line.split("|", 1) for line in rows.split("\n") if "|" in line)
 
 
 def operator_list(lg):
@@ -754,14 +949,13 @@ def operator_list(lg):
     return listed
 
 
-def record_kind(label):
-    return KINDS[int(label.rsplit("-", 1)[1]) % len(KINDS)]
-
-
 def count(path, intents, records, effects, convergence, burst):
     row = {"path": path, "intended": len(intents), "effects": 0, "duplicates": 0, "lost": 0,
            "unknown": 0, "unknown_with_effect": 0, "not_sent": 0, "told_failed_happened": 0,
            "told_succeeded_did_not": 0, "gave_up_happened": 0, "calls": 0, "burst_s": round(burst, 1)}
+    if args.retry == "replan":
+        row.update(look_alikes=sum(1 for intent in intents if intent["look_alike"]),
+                   **held(intents, records, (convergence or {}).get("owners", {})))
     unknown_labels = []
     for intent, record in zip(intents, records):
         n = effects.get(intent["label"], 0)
@@ -790,6 +984,7 @@ def count(path, intents, records, effects, convergence, burst):
         converged, operator, unsettled, wrong_convergence = 0, [], [], 0
         times = []
         by_label = {i["label"]: r for i, r in zip(intents, records)}
+        kind_of = {i["label"]: i["kind"] for i in intents}
         for label in unknown_labels:
             record = by_label[label]
             op = record.get("operation_id")
@@ -804,7 +999,7 @@ def count(path, intents, records, effects, convergence, burst):
             elif status == "unknown" and convergence["listed"].get(op, {}).get("reason"):
                 listed = convergence["listed"][op]
                 operator.append({"label": label, "operation_id": op, "tool": listed["tool"],
-                                 "capability": CAPABILITY[record_kind(label)], "reason": listed["reason"],
+                                 "capability": CAPABILITY[kind_of[label]], "reason": listed["reason"],
                                  "effects": effects.get(label, 0)})
             else:
                 unsettled.append({"label": label, "operation_id": op, "status": status})
@@ -818,6 +1013,31 @@ def count(path, intents, records, effects, convergence, burst):
         row["operator_list"] = operator
         row["unsettled"] = unsettled
     return row
+
+
+def held(intents, records, owners):
+    """What became of a re-planning agent's calls that were not sent as
+    they came. A call is a false hold when it was shown instead of sent and
+    the earlier calls listed are all another intent's, or when its answer
+    (a recorded outcome, "in flight") names another intent's operation
+    (`owners`: the ledger's operations by the label their request names).
+    A call answered `replayed` with its own intent's operation is a re-plan
+    answered from its first call."""
+    counts = {"false_holds": 0, "shown": 0, "replayed_own": 0}
+    for intent, record in zip(intents, records):
+        label = intent["label"]
+        for turn in record.get("turns", []):
+            if turn.get("answer") == "shown":
+                counts["shown"] += 1
+                counts["false_holds"] += not (label in json.dumps(turn.get("undelivered")) or any(
+                    owners.get(op) == label for op in turn.get("shown_operations", [])))
+                continue
+            owner = owners.get(turn.get("operation_id"))
+            if owner is not None and owner != label:
+                counts["false_holds"] += 1
+            elif owner == label and turn.get("replayed"):
+                counts["replayed_own"] += 1
+    return counts
 
 
 # ---------------------------------------------------------------- the report
@@ -874,16 +1094,26 @@ COLUMNS = [("path", "path"), ("intended", "intended"), ("effects", "effects"),
            ("calls", "calls sent by the agent"), ("burst_s", "burst (s)")]
 
 
-def table(rows):
-    lines = ["| " + " | ".join(title for _, title in COLUMNS) + " |",
-             "|" + "---|" * len(COLUMNS)]
+# The re-planning agent's table: what each path did with re-planned calls
+# and their look-alikes.
+REPLAN_COLUMNS = [("path", "path"), ("intended", "intended"), ("look_alikes", "of which look-alikes"),
+                  ("effects", "effects"), ("duplicates", "duplicate effects"), ("lost", "lost intents"),
+                  ("wrong", "wrong answers"), ("false_holds", "false holds"),
+                  ("shown", "calls shown, not sent"), ("replayed_own", "re-plans answered replayed from their first call"),
+                  ("unknown", "answered unknown"), ("unknown_to_operator", "unknown to operator"),
+                  ("calls", "calls sent by the agent"), ("burst_s", "burst (s)")]
+
+
+def table(rows, columns):
+    lines = ["| " + " | ".join(title for _, title in columns) + " |",
+             "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(str(row.get(key, "–")) for key, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(str(row.get(key, "–")) for key, _ in columns) + " |")
     return "\n".join(lines)
 
 
 async def main():
-    paths = [p for p in args.paths.split(",") if p]
+    paths = [p for p in args.paths.split(",") if p] if args.paths else list(DEFAULT_PATHS[args.retry])
     for path in paths:
         if path not in ALL_PATHS:
             parser.error(f"unknown path {path!r}; the paths are {', '.join(ALL_PATHS)}")
@@ -893,7 +1123,7 @@ async def main():
             return 2
     out = args.out or tempfile.mkdtemp(prefix="leasegate-duplicates-")
     os.makedirs(out, exist_ok=True)
-    intents, plan, process_faults = make_schedule()
+    intents, tasks, plan, process_faults = make_schedule()
     header = {
         "seed": args.seed, "intents_per_path": args.intents, "agents": args.agents,
         "agent_timeout_s": args.timeout, "attempts": args.attempts,
@@ -904,12 +1134,15 @@ async def main():
         "versions": versions(), "machine": machine(),
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if args.retry == "replan":
+        header.update(retry="replan", tasks=len(tasks), look_alike_share=args.look_alikes,
+                      look_alikes=sum(1 for intent in intents if intent["look_alike"]))
     print(json.dumps({"schedule": header}), flush=True)
     rows = []
     begun = time.monotonic()
     for path in paths:
         log(f"{path}: {args.intents} intents")
-        row = await run_path(path, intents, plan, process_faults, os.path.join(out, path))
+        row = await run_path(path, intents, tasks, plan, process_faults, os.path.join(out, path))
         rows.append(row)
         print(json.dumps({"row": row}), flush=True)
         log(f"{path}: {row['effects']} effects, {row['duplicates']} duplicates, {row['lost']} lost, "
@@ -917,13 +1150,15 @@ async def main():
     header["total_s"] = round(time.monotonic() - begun, 1)
     with open(os.path.join(out, "summary.json"), "w") as file:
         json.dump({"schedule": header, "rows": rows}, file, indent=2)
-    text = table(rows)
+    text = table(rows, REPLAN_COLUMNS if args.retry == "replan" else COLUMNS)
     with open(os.path.join(out, "table.md"), "w") as file:
         file.write(text + "\n")
     print(text)
     print(f"results: {out}", file=sys.stderr)
-    broken = [r for r in rows if r["path"] in LEASEGATE_PATHS and
-              (r["duplicates"] or r["lost"] or r["wrong"] or r.get("unknown_unsettled"))]
+    # Re-planned calls are leasegate's to hold only where a tool's identity is declared.
+    judged = IDENTITY_PATHS if args.retry == "replan" else LEASEGATE_PATHS
+    broken = [r for r in rows if r["path"] in judged and
+              (r["duplicates"] or r["lost"] or r["wrong"] or r.get("unknown_unsettled") or r.get("false_holds"))]
     return 1 if broken else 0
 
 

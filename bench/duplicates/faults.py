@@ -8,9 +8,10 @@ own next to the agents): `python faults.py CONFIG.json`. It prints one line
 
 Each proxy forwards one request per connection (`Connection: close` both
 ways) and relays the answer byte for byte. A fault is looked up by the
-intent label the request's body names (`dupbench-NNNNNN`) and applies to the
-first `tools/call` of that intent reaching that proxy only, so every path
-sees the same faults at the same intents whatever it sends after:
+intent label the request's body names (`dupbench-NNNNNN`, a string of its
+own or an address's local part) and applies to the first `tools/call` of
+that intent reaching that proxy only, so every path sees the same faults at
+the same intents whatever it sends after:
 
 - `cut` (client side): the request is forwarded, the whole answer is read
   (the tool acted), and the agent's connection is closed without a byte;
@@ -30,7 +31,7 @@ import signal
 import sys
 import time
 
-LABEL = re.compile(rb'"(dupbench-\d{6})"')
+LABEL = re.compile(rb'"(dupbench-\d{6})["@]')
 
 
 class ToolServer:

@@ -87,6 +87,13 @@ const BLOCKS: &[(&str, &str, RunBy)] = &[
         "cargo build --release --bins",
         RunBy::Test("retries_under_faults_duplicate_no_effect_through_leasegate_in_any_lease_mode"),
     ),
+    (
+        "docs/benchmarks.md",
+        "bench/duplicates/run.sh --retry replan --intents 2000 --agents 48 --seed 7 --out /tmp/replan",
+        RunBy::Test(
+            "a_re_planning_agent_duplicates_no_effect_and_holds_no_look_alike_where_identity_is_declared",
+        ),
+    ),
     ("docs/testing.md", ".ci/run", RunBy::Ci),
     (
         "docs/testing.md",
