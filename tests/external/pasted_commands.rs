@@ -712,6 +712,11 @@ const BENCHMARK_COMMANDS: &[(&str, &str)] = &[
         "bench/duplicates/run.sh --intents 2000 --agents 48 --seed 7",
         "",
     ),
+    // Run with small counts by `duplicates::a_re_planning_agent_…`.
+    (
+        "bench/duplicates/run.sh --retry replan --intents 2000 --agents 48 --seed 7",
+        "",
+    ),
     ("cargo build --release --bins --example chaos", ""),
     (
         "target/release/examples/chaos --intents 10000 --proxies 3 --agents 12 --seed 10",
