@@ -547,3 +547,38 @@ async fn after_undelivered_show_holds_a_different_call_once_and_send_sends_it(
         let _ = agent.cancel().await;
     }
 }
+
+#[sqlx::test(migrator = "leasegate::ledger::MIGRATOR")]
+async fn a_call_waiting_for_the_same_intent_in_flight_reports_progress(
+    pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = TestDb::new(pool, connect).await;
+    let mailer =
+        "upstream = \"mailer\"\ntimeout = \"30s\"\n[tools.send_email]\ncapability = \"none\"\n";
+    let (scenario, agent) = stdio_agent(&db, mailer, "progress-1").await;
+    let agent = std::sync::Arc::new(agent);
+    let hanging = json!({"to": "ann@example.com", "subject": "Receipt", "hang_ms": 3000});
+    let first = common::proxy::spawn_call(&agent, "mailer__send_email", hanging.clone());
+    wait_until("the e-mail to be sent", || async {
+        (scenario.side_effects("emails.jsonl").len() == 1).then_some(())
+    })
+    .await;
+    let mut meta = serde_json::Map::new();
+    meta.insert("progressToken".into(), json!("waiting-1"));
+    let (code, _) = common::proxy::call(&agent, "mailer__send_email", hanging, Some(meta))
+        .await
+        .expect_err("still in flight after the wait");
+    assert_eq!(code, codes::IN_PROGRESS);
+    let progress = agent.service().progress.lock().unwrap().clone();
+    assert!(
+        progress.iter().any(|p| p
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("is in flight"))),
+        "{progress:?}"
+    );
+    let first = first.await.unwrap().expect("answered");
+    assert_eq!(common::proxy::operation_note(&first)["status"], "succeeded");
+    assert_eq!(scenario.side_effects("emails.jsonl").len(), 1);
+}
